@@ -1,0 +1,41 @@
+# Two entry points, each doing all set-up on a fresh machine:
+#   make demo   -> creates .venv, installs losslens, runs `losslens demo --out demo-out`
+#   make test   -> creates .venv, installs losslens with dev extras, runs the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+DEMO_OUT ?= demo-out
+PYTEST_ARGS ?=
+
+.PHONY: demo test install install-dev bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+
+# torch first, pinned, so no later step resolves a multi-GB CUDA build.
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-peers.txt
+	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install --no-deps -r requirements-peers.txt
+	$(BIN)/pip install jaxtyping mpmath
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: $(VENV)/.installed
+	$(BIN)/losslens demo --out $(DEMO_OUT)
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/losslens bench all
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT)

@@ -1,0 +1,1 @@
+"""losslens.geometry: curvature and loss surfaces of any differentiable loss."""

@@ -1,0 +1,94 @@
+"""The interface every curvature estimator consumes: a symmetric linear operator on flat vectors.
+
+Estimators (trace, eigenvalues, density, ...) only need ``matmat`` on flat ``[k, dim]`` blocks plus
+a few attributes, so they run unchanged on the exact :class:`~geometry.dense.DenseOperator` (tests,
+tiny problems) and on the Hessian-vector-product :class:`~geometry.hessian.HessianOperator`.
+"""
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+import torch
+
+from .params import ParamSpace
+
+
+class OperatorError(ValueError):
+    """Bad input to a linear operator (wrong shape, k = 0, non-finite result, ...)."""
+
+
+class CurvatureOperator(abc.ABC):
+    """A symmetric ``dim x dim`` operator applied to blocks of k vectors stored as rows.
+
+    Subclasses implement :meth:`_matmat_flat`; this base class validates shapes, counts
+    matrix-vector products in :attr:`num_matvecs` (k per ``matmat`` call) and provides
+    ``matvec``/``to_scipy``. ``space`` (a :class:`ParamSpace`) is present when the operator's
+    coordinates are model parameters; it gives the flat slice of each parameter for per-block
+    estimators.
+    """
+
+    space: ParamSpace | None = None
+    num_matvecs: int = 0
+
+    @property
+    @abc.abstractmethod
+    def dim(self) -> int:
+        """Number of rows/columns."""
+
+    @property
+    @abc.abstractmethod
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    @abc.abstractmethod
+    def device(self) -> torch.device: ...
+
+    @abc.abstractmethod
+    def _matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
+        """``V`` [k, dim] (validated) -> ``V @ H`` [k, dim] (H symmetric, so rows are H v_i)."""
+
+    def matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
+        """Apply the operator to k flat vectors: ``V`` [k, dim] -> [k, dim]. Costs k matvecs."""
+        if not isinstance(V, torch.Tensor) or V.ndim != 2:
+            raise OperatorError(f"expected a [k, {self.dim}] tensor of row vectors, got {getattr(V, 'shape', type(V))}")
+        if V.shape[0] == 0:
+            raise OperatorError("k = 0: pass at least one vector")
+        if V.shape[1] != self.dim:
+            raise OperatorError(f"vectors have length {V.shape[1]}, the operator has dim {self.dim}")
+        out = self._matmat_flat(V.to(device=self.device, dtype=self.dtype))
+        self.num_matvecs += V.shape[0]
+        if not torch.isfinite(out).all():
+            raise OperatorError("the operator returned NaN/Inf; check the loss and the model's weights")
+        return out
+
+    def matvec_flat(self, v: torch.Tensor) -> torch.Tensor:
+        """One flat vector ``v`` [dim] -> ``H v`` [dim]. Costs one matvec."""
+        if not isinstance(v, torch.Tensor) or v.ndim != 1:
+            raise OperatorError(f"expected a [{self.dim}] vector, got {getattr(v, 'shape', type(v))}")
+        return self.matmat_flat(v.unsqueeze(0))[0]
+
+    def to_scipy(self):
+        """This operator as a ``scipy.sparse.linalg.LinearOperator`` (float64 numpy in and out).
+
+        scipy's column convention ``[dim, k]`` is transposed to rows internally. Each product is
+        counted in :attr:`num_matvecs`.
+        """
+        from scipy.sparse.linalg import LinearOperator
+
+        def mv(x):
+            t = torch.as_tensor(np.asarray(x).reshape(-1), device=self.device, dtype=self.dtype)
+            return self.matvec_flat(t).detach().cpu().double().numpy()
+
+        def mm(X):
+            t = torch.as_tensor(np.asarray(X).T.copy(), device=self.device, dtype=self.dtype)
+            return self.matmat_flat(t).detach().cpu().double().numpy().T
+
+        return LinearOperator((self.dim, self.dim), matvec=mv, rmatvec=mv, matmat=mm, rmatmat=mm, dtype=np.float64)
+
+    def generator(self, seed: int) -> torch.Generator:
+        """A ``torch.Generator`` on this operator's device seeded with ``seed`` (CPU generators
+        are used for CUDA too, then moved, so numbers are identical across devices)."""
+        g = torch.Generator(device="cpu")
+        g.manual_seed(int(seed))
+        return g

@@ -1,0 +1,1 @@
+"""losslens.probes: language-model measurements built on geometry."""

@@ -1,0 +1,101 @@
+"""The language-model loss (SCIENCE.md §1) and its evaluation over a token set.
+
+``lm_loss(model, batch)`` is the mean next-token cross-entropy in nats over every target token of
+a ``[batch, seq]`` LongTensor: positions 0..seq-2 predict tokens 1..seq-1, so one batch holds
+``batch * (seq - 1)`` targets. It is a valid ``loss_fn`` for :class:`geometry.HessianOperator`.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LossError(ValueError):
+    """The loss could not be computed as defined (bad batch shape, sequence too long, NaN, ...)."""
+
+
+def _logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    out = model(input_ids=input_ids) if _accepts_input_ids(model) else model(input_ids)
+    logits = getattr(out, "logits", out)
+    if isinstance(logits, tuple):
+        logits = logits[0]
+    return logits
+
+
+def _accepts_input_ids(model: nn.Module) -> bool:
+    return hasattr(model, "config") and hasattr(model.config, "vocab_size")
+
+
+def check_batch(model: nn.Module, batch: torch.Tensor) -> None:
+    """Raise :class:`LossError` when ``batch`` is not a [b, s >= 2] integer tensor the model can take."""
+    if not isinstance(batch, torch.Tensor) or batch.ndim != 2 or batch.dtype not in (torch.long, torch.int32, torch.int64):
+        raise LossError(f"a batch must be an integer tensor [batch, seq]; got {getattr(batch, 'dtype', type(batch))} {tuple(getattr(batch, 'shape', ()))}")
+    if batch.shape[1] < 2:
+        raise LossError("sequences need at least 2 tokens to have a next-token target")
+    config = getattr(model, "config", None)
+    ctx = getattr(config, "max_position_embeddings", None)
+    if ctx is not None and batch.shape[1] > ctx:
+        raise LossError(f"sequence length {batch.shape[1]} exceeds the model's context of {ctx} tokens; build the token set with seq <= {ctx}")
+    vocab = getattr(config, "vocab_size", None)
+    if vocab is not None and batch.numel() and int(batch.max()) >= vocab:
+        raise LossError(f"token id {int(batch.max())} is outside the model's vocabulary of {vocab}; was the token set built with another tokenizer?")
+
+
+def lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats, scalar) of ``model`` on ``batch`` [b, s]."""
+    device = next(model.parameters()).device
+    ids = batch.to(device=device, dtype=torch.long)
+    logits = _logits(model, ids)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+
+
+def target_count(batch: torch.Tensor) -> int:
+    """Number of next-token targets in a [b, s] batch: ``b * (s - 1)``."""
+    return int(batch.shape[0] * (batch.shape[1] - 1))
+
+
+@dataclass(frozen=True)
+class LossResult:
+    """Loss (nats per target token) and perplexity of a model over a token set."""
+
+    loss: float
+    ppl: float
+    n_tokens: int
+    seconds: float
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable[torch.Tensor], progress: bool = False, desc: str = "eval") -> LossResult:
+    """L and PPL = exp(L) over every target token of ``batches`` (token-weighted mean).
+
+    ``batches`` is a :class:`probes.data.TokenSet` or any iterable of [b, s] LongTensors. The model
+    is put in eval mode for the call and its previous mode restored. Cost: one forward per batch.
+    Raises :class:`LossError` on an empty set or a non-finite loss.
+    """
+    from tqdm.auto import tqdm
+
+    batches = list(batches)
+    if not batches:
+        raise LossError("no evaluation batches: the token set is empty")
+    was_training = model.training
+    model.eval()
+    t0 = time.perf_counter()
+    total, count = 0.0, 0
+    try:
+        for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
+            check_batch(model, batch)
+            n = target_count(batch)
+            total += float(lm_loss(model, batch)) * n
+            count += n
+    finally:
+        model.train(was_training)
+    loss = total / count
+    if not math.isfinite(loss):
+        raise LossError(f"the evaluation loss is {loss}; the model's weights or the token set are broken")
+    return LossResult(loss=loss, ppl=math.exp(loss), n_tokens=count, seconds=time.perf_counter() - t0)
