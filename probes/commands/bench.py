@@ -1,0 +1,73 @@
+"""`losslens bench NAME|all`: run the benchmark suite in benchmarks/ and print ratio tables.
+
+The benchmarks live in the source checkout (``benchmarks/`` beside ``probes/``), not in the
+installed package; this command finds them there (editable installs, `make bench`).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+SUITE = ("hvp_throughput", "estimators", "quantize", "surface", "sweep")
+ALIASES = {"hvp": "hvp_throughput"}
+
+
+def _benchmarks_root() -> Path:
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "benchmarks" / "__init__.py").is_file():
+        raise typer.BadParameter(
+            f"no benchmarks/ folder beside the installed package (looked in {root}); "
+            "run from a source checkout installed with `pip install -e .` (see README)"
+        )
+    return root
+
+
+def _load(name: str):
+    root = _benchmarks_root()
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module(f"benchmarks.{name}")
+
+
+def _print_rows(name: str, rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if not rows:
+        return
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    table = Table(title=name)
+    for c in cols:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols])
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def bench(
+        name: str = typer.Argument("all", help=f"one of {', '.join(SUITE)} (or 'hvp'), or 'all'"),
+        quick: bool = typer.Option(False, "--quick", help="small settings (each benchmark < ~90 s)"),
+        json_out: Path = typer.Option(None, "--json", help="also write all rows to this JSON file"),
+    ) -> None:
+        """Run benchmarks (HVP throughput, estimator accuracy, GPTQ, surface, sweep) against their peers."""
+        names = SUITE if name == "all" else (ALIASES.get(name, name),)
+        unknown = [n for n in names if n not in SUITE]
+        if unknown:
+            raise typer.BadParameter(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(SUITE)}, hvp or all")
+        everything = {}
+        for n in names:
+            typer.echo(f"== benchmark {n}{' (quick)' if quick else ''}")
+            rows = _load(n).run(quick=quick)
+            everything[n] = rows
+            _print_rows(n, rows)
+        if json_out:
+            json_out.write_text(json.dumps(everything, indent=2, default=str))
+            typer.echo(f"wrote {json_out}")
