@@ -1,0 +1,421 @@
+"""The embedded default trajectory: a tiny GPT-NeoX trained here, on CPU, on the embedded corpus.
+
+A nanoGPT-style loop -- read it top to bottom:
+
+1. **Data** (:func:`prepare_data`). The embedded corpus (:mod:`probes.data`) is split by document
+   hash into *train* (~90%) and *held-out* (~10%) parts. A byte-level BPE with ``vocab_size``
+   entries is trained on the train part only; both parts are tokenized into streams. The tokenizer
+   and streams are cached in ``OUT/data/`` (keyed by the corpus hash, vocab size and tokenizers
+   version), so reruns skip this. The validation set -- ``val_batches`` batches of
+   ``[batch_size, seq_len]`` non-overlapping windows of the held-out stream -- is saved as
+   ``OUT/validation.safetensors``; it never overlaps the training text.
+2. **Model**: ``GPTNeoXForCausalLM`` from a ``GPTNeoXConfig`` (eager attention, untied embeddings,
+   no dropout), initialised after ``torch.manual_seed(seed)``.
+3. **Loop**: ``steps`` AdamW updates (betas 0.9/0.95, decoupled weight decay on matrices and
+   embeddings, none on biases and LayerNorms), gradient-norm clipping, LR from :func:`lr_at`.
+   Batch ``t`` is ``batch_size`` random windows of the train stream drawn with a generator seeded
+   by ``(data_seed, t)`` -- so the data order depends only on the step, which makes resuming and
+   forking exact.
+4. **Checkpoints**: at ``checkpoints`` evenly spaced steps (the last is ``steps``),
+   ``OUT/step-000100/`` gets ``config.json``, ``model.safetensors`` and the tokenizer files
+   (plus ``training_state.pt`` with the AdamW state when ``save_optimizer``), and
+   ``OUT/trajectory.json`` is rewritten with, per checkpoint: step, tokens seen
+   (``step * batch_size * seq_len``), the LR of the last update, the mean training loss since the
+   previous checkpoint, and the validation loss (:func:`probes.lm.evaluate` on the validation set).
+
+Resuming / forking: ``train_tiny(cfg, out, resume_from=ckpt_dir)`` loads a checkpoint's weights
+(and AdamW state when it has ``training_state.pt``; otherwise the moments restart from zero --
+documented in ``trajectory.json``) and continues at its step under ``cfg``'s schedule. Rerunning
+``train_tiny`` with the same config into a finished folder returns the existing trajectory.
+
+Measured on 2 shared CPU cores (see the project README): the default (1.06M params, 600 steps of
+32x128) takes a few minutes; ``TrainConfig.tiny()`` a few seconds.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .checkpoints import CheckpointRef, Trajectory
+from .lm import evaluate, lm_loss
+from .tokenset import TokenSet
+
+__all__ = ["TrainConfig", "TrainError", "lr_at", "train_tiny", "prepare_data", "build_model", "SCHEDULES"]
+
+SCHEDULES = ("wsd", "cosine", "constant", "linear")
+FORMAT = "losslens-trajectory/1"
+
+
+class TrainError(ValueError):
+    """Bad training config, or an output folder that holds a different run."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines a tiny training run (same config -> same weights).
+
+    Schedule: ``warmup`` and ``decay`` are fractions of ``steps``; the LR rises linearly to
+    ``peak_lr`` over the warmup, then ``wsd`` holds it and decays linearly to
+    ``min_lr_ratio * peak_lr`` over the last ``decay`` fraction; ``cosine`` / ``linear`` decay from
+    the end of warmup to the end; ``constant`` holds it. See :func:`lr_at`.
+    """
+
+    schedule: str = "wsd"
+    peak_lr: float = 3e-3
+    steps: int = 600
+    checkpoints: int = 10
+    seed: int = 0
+    warmup: float = 0.05
+    decay: float = 0.2
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.1
+    batch_size: int = 32
+    seq_len: int = 128
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int | None = None  # default 4 * hidden_size
+    vocab_size: int = 1024
+    grad_clip: float = 1.0
+    val_batches: int = 8
+    beta1: float = 0.9
+    beta2: float = 0.95
+    data_seed: int | None = None  # default: seed
+    docstrings: bool = True  # corpus: pydoc topics + stdlib docstrings (False: topics only)
+    save_optimizer: bool = False
+    name: str | None = None
+
+    @classmethod
+    def tiny(cls, **overrides: Any) -> "TrainConfig":
+        """The ``--tiny`` preset for tests and smoke runs: ~60k parameters, 60 steps of 8x32, 3
+        checkpoints; a few seconds on 2 cores (plus ~5 s of one-off data preparation)."""
+        base = dict(steps=60, checkpoints=3, batch_size=8, seq_len=32, hidden_size=32, num_layers=2, num_heads=2,
+                    vocab_size=512, val_batches=2, warmup=0.1)
+        base.update(overrides)
+        return cls(**base)
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise TrainError(f"unknown schedule {self.schedule!r}; choose one of {SCHEDULES}")
+        if self.steps < 1 or self.checkpoints < 1 or self.checkpoints > self.steps:
+            raise TrainError(f"need steps >= 1 and 1 <= checkpoints <= steps (got steps={self.steps}, "
+                             f"checkpoints={self.checkpoints})")
+        for name in ("warmup", "decay", "min_lr_ratio"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise TrainError(f"{name} must be a fraction in [0, 1], got {getattr(self, name)}")
+        if self.schedule == "wsd" and self.warmup + self.decay > 1.0:
+            raise TrainError(f"wsd: warmup + decay fractions exceed 1 ({self.warmup} + {self.decay})")
+        if self.peak_lr <= 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise TrainError("peak_lr must be > 0, weight_decay and grad_clip >= 0")
+        if self.hidden_size % self.num_heads:
+            raise TrainError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.seq_len < 2 or self.batch_size < 1 or self.val_batches < 1:
+            raise TrainError("need seq_len >= 2, batch_size >= 1 and val_batches >= 1")
+
+    @property
+    def run_name(self) -> str:
+        return self.name or f"tiny-{self.schedule}-lr{self.peak_lr:g}-wd{self.weight_decay:g}-s{self.seed}"
+
+    @property
+    def checkpoint_steps(self) -> list[int]:
+        """Steps at which checkpoints are written: ``round(steps * i / checkpoints)``, i = 1..checkpoints."""
+        return sorted({max(1, round(self.steps * i / self.checkpoints)) for i in range(1, self.checkpoints + 1)})
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """Learning rate of the optimizer update that produces step ``step`` (1-based: update 1 turns
+    the initial weights into step 1). Pure function of (step, config); see :class:`TrainConfig`."""
+    peak, low, total = config.peak_lr, config.peak_lr * config.min_lr_ratio, config.steps
+    warm = round(config.warmup * total)
+    if warm > 0 and step <= warm:
+        return peak * step / warm
+    if config.schedule == "constant":
+        return peak
+    if config.schedule == "wsd":
+        decay_steps = round(config.decay * total)
+        start = total - decay_steps
+        if decay_steps == 0 or step <= start:
+            return peak
+        return peak + (low - peak) * min(1.0, (step - start) / decay_steps)
+    progress = min(1.0, (step - warm) / max(1, total - warm))
+    if config.schedule == "cosine":
+        return low + (peak - low) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return peak + (low - peak) * progress  # linear
+
+
+# --------------------------------------------------------------------------------------------
+# data
+# --------------------------------------------------------------------------------------------
+
+def prepare_data(config: TrainConfig, out_dir: str | Path, data_dir: str | Path | None = None
+                 ) -> tuple[Any, torch.Tensor, TokenSet]:
+    """(tokenizer, train stream [n_train] int64, validation TokenSet [val_batches, batch, seq]).
+
+    Cached in ``data_dir`` (default ``out_dir/data/``; runs may share one): the trained tokenizer
+    and both token streams, reused when the Python build (whose stdlib *is* the corpus), vocab size,
+    corpus options and tokenizers version match; ``data.json`` records the corpus SHA-256. The
+    validation set is written to ``out_dir/validation.safetensors``. Cost the first time: ~3 s
+    corpus + ~2 s BPE training + ~2 s tokenization (2 cores, unloaded); cached: < 1 s.
+    """
+    import sys
+    import sysconfig
+
+    import tokenizers
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    from .data import (HELDOUT_MODULUS, TextSource, embedded_documents, token_sets_from_stream, token_stream,
+                       tokenizer_fingerprint, tokenizer_name, train_bpe_tokenizer)
+
+    out = Path(out_dir)
+    cache = Path(data_dir) if data_dir is not None else out / "data"
+    key = {"format": 1, "python": sys.version, "stdlib": sysconfig.get_paths()["stdlib"],
+           "vocab_size": config.vocab_size, "docstrings": config.docstrings, "heldout_modulus": HELDOUT_MODULUS,
+           "tokenizers": tokenizers.__version__}
+    info_path = cache / "data.json"
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    if info.get("key") == key and (cache / "streams.safetensors").is_file():
+        tok = AutoTokenizer.from_pretrained(str(cache / "tokenizer"))
+        streams = load_file(str(cache / "streams.safetensors"))
+        train, heldout = streams["train"], streams["heldout"]
+    else:
+        train_docs = embedded_documents(config.docstrings, "train")
+        h = hashlib.sha256()
+        for name, text in train_docs:
+            h.update(name.encode() + b"\0" + text.encode() + b"\0")
+        train_bpe_tokenizer([t for _, t in train_docs], config.vocab_size, cache / "tokenizer",
+                            name=f"losslens-bpe-{config.vocab_size}")
+        tok = AutoTokenizer.from_pretrained(str(cache / "tokenizer"))  # exactly what checkpoints will load
+        train = token_stream(tok, TextSource.embedded("train", config.docstrings))
+        heldout = token_stream(tok, TextSource.embedded("heldout", config.docstrings))
+        save_file({"train": train.contiguous(), "heldout": heldout.contiguous()}, str(cache / "streams.safetensors"))
+        info = {"key": key, "train_corpus_sha256": h.hexdigest(), "train_tokens": len(train),
+                "heldout_tokens": len(heldout)}
+        _write_json(info_path, info)
+    if len(train) < config.seq_len + 1:
+        raise TrainError(f"the training stream has {len(train)} tokens, fewer than one sequence of {config.seq_len}")
+    shapes = {"validation": (config.val_batches, config.batch_size, config.seq_len)}
+    meta = {"source": "embedded[heldout]", "split": "heldout", "tokenizer": tokenizer_name(tok),
+            "tokenizer_fingerprint": tokenizer_fingerprint(tok)}
+    val = token_sets_from_stream(heldout, shapes, _data_seed(config), meta,
+                                 source_name="the held-out stream of the embedded corpus")["validation"]
+    val.save(out / "validation.safetensors")
+    return tok, train, val
+
+
+def _data_seed(config: TrainConfig) -> int:
+    return config.seed if config.data_seed is None else config.data_seed
+
+
+def get_batch(stream: torch.Tensor, step: int, config: TrainConfig) -> torch.Tensor:
+    """Batch of update ``step``: [batch_size, seq_len] random windows of ``stream``, seeded by
+    (data_seed, step) only -- identical whether the run was resumed or not."""
+    g = torch.Generator().manual_seed(_data_seed(config) * 1_000_003 + step)
+    starts = torch.randint(0, len(stream) - config.seq_len + 1, (config.batch_size,), generator=g)
+    return stream[starts[:, None] + torch.arange(config.seq_len)[None, :]]
+
+
+# --------------------------------------------------------------------------------------------
+# model and optimizer
+# --------------------------------------------------------------------------------------------
+
+def build_model(config: TrainConfig, tokenizer: Any = None) -> nn.Module:
+    """A freshly initialised ``GPTNeoXForCausalLM`` (eager attention) for ``config``; seeded by
+    ``config.seed``. Context length = ``seq_len``."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    eos = getattr(tokenizer, "eos_token_id", None)
+    eos = 0 if eos is None else eos
+    cfg = GPTNeoXConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads, intermediate_size=config.intermediate_size or 4 * config.hidden_size,
+        max_position_embeddings=config.seq_len, tie_word_embeddings=False, bos_token_id=eos, eos_token_id=eos,
+        attention_dropout=0.0, hidden_dropout=0.0, use_cache=False, attn_implementation="eager")
+    torch.manual_seed(config.seed)
+    return GPTNeoXForCausalLM(cfg)
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on every >= 2-D parameter (matrices, embeddings), none on biases/norms."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.peak_lr, betas=(config.beta1, config.beta2), eps=1e-8)
+
+
+def save_checkpoint(folder: Path, model: nn.Module, tokenizer: Any, optimizer: torch.optim.Optimizer | None = None,
+                    step: int | None = None) -> None:
+    """Write an HF checkpoint: config.json, model.safetensors, tokenizer files (+ training_state.pt)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(str(folder))
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
+    if optimizer is not None:
+        torch.save({"optimizer": optimizer.state_dict(), "step": step}, folder / "training_state.pt")
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------
+# the loop
+# --------------------------------------------------------------------------------------------
+
+def train_tiny(config: TrainConfig, out_dir: str | Path, progress: bool = True, resume_from: str | Path | None = None,
+               overwrite: bool = False, data_dir: str | Path | None = None, num_threads: int | None = None
+               ) -> Trajectory:
+    """Train a tiny GPT-NeoX under ``config`` and write its trajectory to ``out_dir``.
+
+    Returns ``Trajectory.from_folder(out_dir)``. If ``out_dir`` already holds a finished run with
+    the same config, returns it without training; a different run there raises :class:`TrainError`
+    unless ``overwrite=True`` (which deletes its step-* folders and trajectory.json). An unfinished
+    run with the same config continues from its last checkpoint if that has ``training_state.pt``
+    (``save_optimizer=True``), and restarts otherwise.
+    ``resume_from``: a checkpoint folder (of this or another run) to continue from at its step.
+    ``data_dir``: where the tokenizer / token streams are cached (default ``out_dir/data``).
+    ``num_threads``: torch CPU threads during training, restored afterwards. ``None`` = auto: 1
+    thread when ``hidden_size <= 64`` (such models are too small to gain from threads, and on a
+    loaded machine 2 threads were measured 25x slower than 1), torch's default otherwise; 0 =
+    torch's default.
+    Cost: ``steps`` forward+backward passes of [batch_size, seq_len] plus ``checkpoints`` x
+    ``val_batches`` forward passes.
+    """
+    old_threads = torch.get_num_threads()
+    if num_threads is None:
+        num_threads = 1 if config.hidden_size <= 64 else 0
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    try:
+        return _train(config, Path(out_dir), progress, resume_from, overwrite, data_dir)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _train(config: TrainConfig, out: Path, progress: bool, resume_from, overwrite: bool, data_dir) -> Trajectory:
+    from tqdm.auto import tqdm
+
+    out.mkdir(parents=True, exist_ok=True)
+    tj_path = out / "trajectory.json"
+    if tj_path.is_file() and resume_from is None:
+        old = json.loads(tj_path.read_text())
+        if old.get("config") == config.to_dict() and old.get("complete") and not overwrite:
+            return Trajectory.from_folder(out)
+        if not overwrite and old.get("config") != config.to_dict():
+            raise TrainError(f"{out} already holds a run with a different config ({old.get('name')}); use another "
+                             "output folder or overwrite=True (--force)")
+        done = [r for r in old.get("checkpoints", []) if (out / r["path"] / "training_state.pt").is_file()]
+        if not overwrite and done:  # an unfinished run that saved its optimizer: continue it
+            return _train(config, out, progress, out / done[-1]["path"], overwrite, data_dir)
+        for p in out.glob("step-*"):
+            if p.is_dir():
+                shutil.rmtree(p)
+        tj_path.unlink()
+
+    t_start = time.perf_counter()
+    tok, train, val = prepare_data(config, out, data_dir)
+    tok.save_pretrained(str(out / "tokenizer"))
+    model = build_model(config, tok)
+    optimizer = build_optimizer(model, config)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    start, records, notes = 0, [], []
+    if resume_from is not None:
+        start, records, notes = _resume(Path(resume_from), model, optimizer, config, out)
+    record = {
+        "format": FORMAT, "name": config.run_name, "config": config.to_dict(), "n_params": n_params,
+        "tokenizer": "tokenizer", "validation_set": "validation.safetensors",
+        "data": {"source": "embedded[train]", "validation_source": "embedded[heldout]", "train_tokens": len(train),
+                 "validation_hash": val.content_hash, "split": "document-level sha256 hash, 1 in 10 held out",
+                 "tokens_per_step": config.tokens_per_step},
+        "versions": {"torch": torch.__version__, "python": platform.python_version(),
+                     "transformers": __import__("transformers").__version__},
+        "notes": notes, "checkpoints": records, "complete": False,
+    }
+    ckpt_steps = [s for s in config.checkpoint_steps if s > start]
+    model.train()
+    t_loop = time.perf_counter()
+    losses: list[float] = []
+    bar = tqdm(range(start + 1, config.steps + 1), desc=config.run_name, disable=not progress, unit="step")
+    for step in bar:
+        lr = lr_at(step, config)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss = lm_loss(model, get_batch(train, step, config))
+        if not math.isfinite(loss.item()):
+            raise TrainError(f"training diverged at step {step} (loss {float(loss)}); lower peak_lr")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        if progress:
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr:.2e}", refresh=False)
+        if step in ckpt_steps:
+            val_loss = evaluate(model, val).loss
+            model.train()
+            folder = out / f"step-{step:06d}"
+            save_checkpoint(folder, model, tok, optimizer if config.save_optimizer else None, step)
+            records.append({"path": folder.name, "step": step, "tokens": step * config.tokens_per_step, "lr": lr,
+                            "train_loss": sum(losses) / len(losses), "val_loss": val_loss,
+                            "seconds": round(time.perf_counter() - t_start, 3)})
+            losses = []
+            record["seconds"] = round(time.perf_counter() - t_start, 3)
+            record["steps_per_second"] = round((step - start) / (time.perf_counter() - t_loop), 3)
+            record["complete"] = step == config.steps
+            _write_json(tj_path, record)
+    bar.close()
+    return Trajectory.from_folder(out)
+
+
+def _resume(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig,
+            out: Path) -> tuple[int, list, list]:
+    """Load weights (+ AdamW state if saved) from ``ckpt``; return (start step, kept records, notes)."""
+    from .checkpoints import CheckpointLoader
+
+    ref = CheckpointRef.from_path(ckpt)
+    if ref.step is None:
+        raise TrainError(f"cannot tell the step of {ckpt}; name it step-<N>")
+    loaded = CheckpointLoader(ref).load(ref)
+    model.load_state_dict(loaded.state_dict())
+    notes = [f"resumed from {ckpt} at step {ref.step}"]
+    state_file = ckpt / "training_state.pt"
+    if state_file.is_file():
+        optimizer.load_state_dict(torch.load(state_file, map_location="cpu", weights_only=True)["optimizer"])
+    else:
+        notes.append("no training_state.pt: AdamW moments restarted from zero")
+    records = []
+    tj = ckpt.parent / "trajectory.json"
+    if ckpt.parent.resolve() == out.resolve() and tj.is_file():
+        records = [r for r in json.loads(tj.read_text()).get("checkpoints", []) if r["step"] <= ref.step]
+    return ref.step, records, notes
