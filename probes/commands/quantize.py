@@ -1,0 +1,115 @@
+"""`losslens quantize CHECKPOINT --spec ... [--spec ...] [--json]`: quantization error of one checkpoint.
+
+For every spec: quantize a copy of the checkpoint, evaluate it on the evaluation set and print
+FP loss, quantized loss, ΔQ L = L̂/L − 1 and ΔQ PPL = exp(L̂ − L) − 1 (SCIENCE.md §2) — one JSON
+object per line with ``--json``, a table otherwise. Data: the checkpoint's own tokenizer and
+:func:`probes.data.default_token_sets` (held-out embedded corpus; disjoint eval and calibration
+sets), or token sets saved with :meth:`probes.tokenset.TokenSet.save` (``--eval-set``,
+``--calib-set``).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+DEFAULT_SPECS = ["int8", "rtn:4:g128", "rtn:3:g128", "gptq:4:g128"]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def quantize(
+        checkpoint: Path = typer.Argument(..., help="Hugging Face checkpoint folder (config.json + weights)"),
+        spec: Optional[List[str]] = typer.Option(
+            None, "--spec", "-s",
+            help="quantizer spec, repeatable: rtn:4:g128, rtn:3:row, int8, gptq:4:g128, gptq:3:g128:act, "
+                 f"bnb-nf4, ... (default: {' '.join(DEFAULT_SPECS)})"),
+        json_out: bool = typer.Option(False, "--json", help="print one JSON object per spec (one per line)"),
+        calib_batches: Optional[int] = typer.Option(
+            None, "--calib-batches", min=1, help="use only the first N calibration batches (GPTQ)"),
+        eval_batches: Optional[int] = typer.Option(None, "--eval-batches", min=1, help="use only the first N evaluation batches"),
+        eval_set: Optional[Path] = typer.Option(None, "--eval-set", help="evaluation TokenSet file (TokenSet.save)"),
+        calib_set: Optional[Path] = typer.Option(None, "--calib-set", help="calibration TokenSet file (TokenSet.save)"),
+        quick: bool = typer.Option(False, "--quick", help="small default token sets (smoke runs)"),
+        modules: Optional[List[str]] = typer.Option(
+            None, "--modules", "-m", help="glob(s) of linear layers to quantize (default: every Linear in the blocks)"),
+        device: Optional[str] = typer.Option(None, "--device", help="torch device (default: cpu)"),
+        progress: bool = typer.Option(False, "--progress/--no-progress", help="progress bars on stderr"),
+    ) -> None:
+        """Quantization error (ΔQ L, ΔQ PPL) of CHECKPOINT under each --spec."""
+        from probes.lm import evaluate
+        from probes.quant import QuantizeError, QuantSpec, quantization_error
+        from probes.tokenset import TokenSet, TokenSetError
+
+        specs_text = spec or DEFAULT_SPECS
+        try:
+            specs = [QuantSpec.parse(s) for s in specs_text]
+        except QuantizeError as e:
+            raise typer.BadParameter(str(e), param_hint="--spec") from None
+        if not checkpoint.exists():
+            raise typer.BadParameter(f"no such checkpoint: {checkpoint}", param_hint="CHECKPOINT")
+
+        from probes.checkpoints import CheckpointError, load_model
+
+        try:
+            model = load_model(str(checkpoint), device=device)
+        except (CheckpointError, OSError, ValueError) as e:
+            raise typer.BadParameter(f"cannot load {checkpoint}: {e}", param_hint="CHECKPOINT") from None
+        model.eval()
+        try:
+            sets = {}
+            if eval_set is None or (calib_set is None and any(s.needs_calibration for s in specs)):
+                from probes.data import default_token_sets
+
+                sets = default_token_sets(str(checkpoint), quick=quick)
+            ev = TokenSet.load(eval_set) if eval_set else sets["eval"]
+            cal = TokenSet.load(calib_set) if calib_set else sets.get("calibration")
+        except (TokenSetError, OSError, ValueError) as e:
+            raise typer.BadParameter(f"cannot build or read the token sets: {e}") from None
+        try:
+            if eval_batches:
+                ev = ev.subset(eval_batches)
+            if calib_batches and cal is not None:
+                cal = cal.subset(calib_batches)
+        except TokenSetError as e:
+            raise typer.BadParameter(str(e)) from None
+
+        fp = evaluate(model, ev, progress=progress)
+        rows = []
+        for s in specs:
+            try:
+                err = quantization_error(model, s, ev, calibration=cal if s.needs_calibration else None,
+                                         modules=modules or None, fp_loss=fp)
+            except QuantizeError as e:
+                typer.echo(f"error: {s}: {e}", err=True)
+                raise typer.Exit(2)
+            errs = list(err.layer_errors.values())
+            row = {
+                "checkpoint": str(checkpoint), "spec": err.spec, "fp_loss": err.fp_loss, "q_loss": err.q_loss,
+                "rel_loss_error": err.rel_loss_error, "ppl_gap": err.ppl_gap, "fp_ppl": err.fp_ppl,
+                "q_ppl": err.q_ppl, "mean_rel_weight_error": sum(errs) / len(errs) if errs else math.nan,
+                "kurtosis": err.kurtosis, "n_layers": len(errs), "n_tokens": err.n_tokens,
+                "eval_hash": ev.content_hash,
+                "calib_hash": cal.content_hash if (cal is not None and s.needs_calibration) else None,
+                "quant_seconds": err.quant_seconds, "seconds": err.seconds, "notes": list(err.notes),
+            }
+            rows.append(row)
+            if json_out:
+                typer.echo(json.dumps(row))
+        if not json_out:
+            from rich.console import Console
+            from rich.table import Table
+
+            table = Table(title=f"quantization error of {checkpoint} (FP loss {fp.loss:.4f}, {fp.n_tokens} tokens)")
+            for c in ("spec", "q_loss", "ΔQ L", "ΔQ PPL", "mean ‖Ŵ−W‖/‖W‖", "kurtosis", "seconds"):
+                table.add_column(c, justify="left" if c == "spec" else "right", no_wrap=c == "spec")
+            for r in rows:
+                table.add_row(r["spec"], f"{r['q_loss']:.4f}", f"{r['rel_loss_error']:+.3%}", f"{r['ppl_gap']:+.3%}",
+                              f"{r['mean_rel_weight_error']:.4f}", f"{r['kurtosis']:.3f}", f"{r['quant_seconds']:.2f}")
+            Console().print(table)
+            notes = [f"{r['spec']}: {n}" for r in rows for n in r["notes"]]
+            for n in notes[:20]:
+                typer.echo(f"note: {n}")

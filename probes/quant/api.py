@@ -1,0 +1,214 @@
+"""``quantize(model, spec, calibration)``: the one interface to every quantizer.
+
+Weight-only fake quantization (SCIENCE.md §2): the selected ``nn.Linear`` weights are replaced by
+full-precision tensors holding the dequantized values, so the result is an ordinary model of the
+same class (HVPs, losses and surfaces work on it unchanged). By default every ``nn.Linear`` inside
+the decoder blocks is quantized (embeddings, LM head and norms stay full precision); ``modules``
+takes fnmatch globs on dotted module names instead.
+
+Calibration (GPTQ only): a :class:`probes.tokenset.TokenSet`, a LongTensor [n_batches, batch, seq]
+or [batch, seq], or a sequence of [batch, seq] LongTensors. Every token position is one row of the
+layer-input matrix, so a set of N sequences × S tokens gives n = N·S rows per layer (the GPTQ paper
+used 128 × 2048 C4 tokens). The set must hold at least as many token rows as the largest
+``in_features`` of the selected layers (fewer rows leave H rank-deficient and GPTQ regularised only
+by its damping); :class:`CalibrationError` otherwise. The default calibration set of the CLI is
+:func:`probes.data.default_token_sets`'s ``"calibration"`` set, disjoint from the evaluation set.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from probes.lm import LossError, check_batch
+from probes.modules import select_linears
+
+from .errors import CalibrationError, QuantizeError
+from .gptq import GPTQResult
+from .rtn import int8_quantize, rtn_quantize
+from .spec import QuantSpec
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """What quantization did to one linear layer.
+
+    Attributes:
+        name: dotted module name.
+        rel_weight_error: ‖Ŵ − W‖_F / ‖W‖_F (0 when W = 0 and Ŵ = 0).
+        seconds: wall time spent on this layer (for GPTQ the per-layer algorithm, not the forwards).
+        damping: GPTQ λ actually used (None for calibration-free methods).
+        notes: anything unusual (dead input columns, Cholesky retries with more damping, fallbacks).
+    """
+
+    name: str
+    rel_weight_error: float
+    seconds: float
+    damping: float | None = None
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "rel_weight_error": self.rel_weight_error, "seconds": self.seconds,
+                "damping": self.damping, "notes": list(self.notes)}
+
+
+@dataclass
+class QuantizedModel:
+    """A fake-quantized model with its spec and per-layer report.
+
+    Attributes:
+        model: the quantized ``nn.Module`` (a deep copy unless ``inplace=True`` was asked).
+        spec: the :class:`QuantSpec` used (``str(spec)`` is the canonical string to record).
+        report: one :class:`LayerReport` per quantized linear, in quantization order.
+        seconds: total wall time of :func:`quantize`.
+    """
+
+    model: nn.Module
+    spec: QuantSpec
+    report: list[LayerReport] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def layer_errors(self) -> dict[str, float]:
+        """Relative weight error per quantized layer name."""
+        return {r.name: r.rel_weight_error for r in self.report}
+
+    @property
+    def names(self) -> list[str]:
+        return [r.name for r in self.report]
+
+    def notes(self) -> list[str]:
+        """Every layer note, prefixed by the layer name."""
+        return [f"{r.name}: {n}" for r in self.report for n in r.notes]
+
+
+def rel_error(new: torch.Tensor, old: torch.Tensor) -> float:
+    """‖new − old‖_F / ‖old‖_F computed in float64 (0 if both are zero, inf if only old is)."""
+    num = float(torch.linalg.vector_norm((new.double() - old.double())))
+    den = float(torch.linalg.vector_norm(old.double()))
+    if den == 0:
+        return 0.0 if num == 0 else float("inf")
+    return num / den
+
+
+def calibration_batches(calibration, model: nn.Module | None = None) -> list[torch.Tensor]:
+    """Normalise calibration data to a list of [batch, seq] LongTensors, checked against ``model``."""
+    from probes.tokenset import TokenSet
+
+    if calibration is None:
+        raise CalibrationError("no calibration data given")
+    if isinstance(calibration, TokenSet):
+        batches = list(calibration)
+    elif isinstance(calibration, torch.Tensor):
+        if calibration.ndim == 2:
+            batches = [calibration]
+        elif calibration.ndim == 3:
+            batches = list(calibration)
+        else:
+            raise CalibrationError(f"calibration tensor must be [n_batches, batch, seq] or [batch, seq], got {tuple(calibration.shape)}")
+    elif isinstance(calibration, Iterable):
+        batches = list(calibration)
+    else:
+        raise CalibrationError(f"calibration must be a TokenSet, a LongTensor or a list of [batch, seq] LongTensors, got {type(calibration).__name__}")
+    if not batches:
+        raise CalibrationError("the calibration set is empty")
+    for b in batches:
+        if model is not None:
+            try:
+                check_batch(model, b)
+            except LossError as e:
+                raise CalibrationError(f"bad calibration batch: {e}") from None
+        elif not isinstance(b, torch.Tensor) or b.ndim != 2:
+            raise CalibrationError("calibration batches must be [batch, seq] LongTensors")
+    return batches
+
+
+def _check_enough(batches: list[torch.Tensor], linears: dict[str, nn.Linear]) -> None:
+    rows = sum(int(b.shape[0] * b.shape[1]) for b in batches)
+    need = max(lin.in_features for lin in linears.values())
+    if rows < need:
+        seq = int(batches[0].shape[1])
+        raise CalibrationError(
+            f"calibration too short: {rows} token rows but the widest quantized layer has {need} input features; "
+            f"GPTQ needs at least {need} rows (>= {-(-need // seq)} sequences of {seq} tokens) for a full-rank H. "
+            "Use more calibration batches."
+        )
+
+
+def _set_weight(lin: nn.Linear, new: torch.Tensor) -> None:
+    lin.weight.data.copy_(new.to(device=lin.weight.device, dtype=lin.weight.dtype))
+
+
+def quantize(
+    model: nn.Module,
+    spec: "QuantSpec | str",
+    calibration=None,
+    modules: "str | Sequence[str] | None" = None,
+    inplace: bool = False,
+    progress: bool = False,
+) -> QuantizedModel:
+    """Fake-quantize ``model``'s linear layers with ``spec`` and report per layer.
+
+    Args:
+        model: any ``nn.Module`` with decoder blocks (see :func:`probes.modules.find_blocks`) or
+            explicit ``modules`` globs. It is not modified unless ``inplace``.
+        spec: a :class:`QuantSpec` or its string (``"rtn:4:g128"``, ``"int8"``, ``"gptq:3:g128:act"``...).
+        calibration: calibration token batches (see the module docstring); needed by GPTQ, ignored
+            by calibration-free methods.
+        modules: fnmatch globs selecting linears; default every Linear in the decoder blocks.
+        inplace: quantize ``model`` itself instead of a deep copy (saves one model of memory).
+        progress: show a progress bar.
+
+    Returns:
+        :class:`QuantizedModel` (``.model``, ``.spec``, ``.report``).
+
+    Cost: RTN/INT8 O(parameters); GPTQ one forward per calibration batch to capture block 0's
+    inputs, then per block (#input groups + 2) block forwards over the calibration set and one
+    Cholesky + O(out·in²) update per linear (see :mod:`probes.quant.sequential`).
+
+    Raises:
+        SpecError, CalibrationError, ModuleSelectionError, CholeskyError, BackendUnavailable.
+    """
+    from tqdm.auto import tqdm
+
+    t0 = time.perf_counter()
+    spec = QuantSpec.parse(spec)
+    select_linears(model, modules)  # validate the selection before copying anything
+    batches = None
+    if spec.needs_calibration:
+        if calibration is None:
+            raise CalibrationError(f"{spec} needs calibration data (a TokenSet of token batches); RTN and INT8 do not")
+        batches = calibration_batches(calibration, model)
+        _check_enough(batches, select_linears(model, modules))
+    target = model if inplace else copy.deepcopy(model)
+    linears = select_linears(target, modules)
+    report: list[LayerReport] = []
+
+    if spec.method in ("rtn", "int8"):
+        for name, lin in tqdm(linears.items(), desc=str(spec), disable=not progress, leave=False):
+            t = time.perf_counter()
+            W = lin.weight.data
+            new = int8_quantize(W) if spec.method == "int8" else rtn_quantize(W, spec.bits, spec.group_size, spec.symmetric)
+            err = rel_error(new, W)
+            _set_weight(lin, new)
+            report.append(LayerReport(name, err, time.perf_counter() - t))
+    elif spec.method == "gptq":
+        from .sequential import gptq_sequential
+
+        def on_layer(name: str, lin: nn.Linear, res: GPTQResult) -> None:
+            err = rel_error(res.weight, lin.weight.data)
+            _set_weight(lin, res.weight)
+            report.append(LayerReport(name, err, res.seconds, res.damping, tuple(res.notes)))
+
+        gptq_sequential(target, batches, linears, spec, on_layer, progress=progress)
+    elif spec.method in ("gptqmodel", "bnb-int8", "bnb-nf4"):
+        from . import backends
+
+        report = backends.quantize_with_backend(target, spec, linears, batches, progress=progress)
+    else:  # pragma: no cover - QuantSpec validates methods
+        raise QuantizeError(f"no quantizer for method {spec.method!r}")
+    return QuantizedModel(model=target, spec=spec, report=report, seconds=time.perf_counter() - t0)
