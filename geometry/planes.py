@@ -1,0 +1,525 @@
+"""Planes and lines through parameter space (SCIENCE.md §5).
+
+Points are parameter dicts ``{name: Tensor}`` (state-dict-like pytrees). Nothing here needs a model:
+a plane is an origin plus two direction dicts, a line an origin plus one.
+
+- :func:`plane_through_points` -- the *quantization plane* through A = Θ_K, B = Θ_{K−1},
+  C = Θ̂_K: u = B − A, v = C − A over the flattened vector of all floating-point keys,
+  e₁ = u/‖u‖, e₂ = (v − (v·e₁)e₁)/‖v − (v·e₁)e₁‖ (Gram–Schmidt). Coordinates A = (0, 0),
+  B = (‖u‖, 0), C = (v·e₁, ‖v − (v·e₁)e₁‖), all computed in float64. Plane points are
+  θ(x, y) = A + x·e₁ + y·e₂, x and y in parameter-space (Euclidean) units.
+- :func:`random_plane` -- two seeded Gaussian directions, filter-normalised (Li et al. 2018).
+- :func:`line` -- a 1-D slice origin + x·e₁.
+- :class:`GridSpec` -- the grid that covers all marked points with a margin.
+
+Cost: every constructor makes a constant number of passes over the parameters, one key at a time
+(float64 temporaries of one tensor at a time), and stores the directions in the dtype of the origin.
+Memory: the plane holds three dicts the size of the model (origin, e₁, e₂).
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+Params = Mapping[str, torch.Tensor]
+
+
+class PlaneError(ValueError):
+    """The points do not define a plane (different architectures, coincident or collinear points)."""
+
+
+class GridError(ValueError):
+    """A grid specification cannot produce a grid (resolution < 2, empty range, ...)."""
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+def _float_keys(points: Sequence[Params], labels: Sequence[str]) -> list[str]:
+    """Keys shared by all points (same order as the first), checked for architecture equality."""
+    first = points[0]
+    keys = list(first.keys())
+    for lab, p in zip(labels[1:], points[1:]):
+        missing = [k for k in keys if k not in p]
+        extra = [k for k in p if k not in first]
+        if missing or extra:
+            raise PlaneError(
+                f"point {labels[0]!r} and point {lab!r} have different parameter names "
+                f"(missing in {lab!r}: {missing[:4]}, extra: {extra[:4]}); they come from different "
+                "architectures and cannot span a plane"
+            )
+        for k in keys:
+            if tuple(first[k].shape) != tuple(p[k].shape):
+                raise PlaneError(
+                    f"parameter {k!r} has shape {tuple(first[k].shape)} in {labels[0]!r} but "
+                    f"{tuple(p[k].shape)} in {lab!r}: different architectures cannot span a plane"
+                )
+    out = []
+    for k in keys:
+        if torch.is_floating_point(first[k]):
+            out.append(k)
+        else:  # integer buffers cannot move along a plane; they must agree
+            for lab, p in zip(labels[1:], points[1:]):
+                if not torch.equal(first[k].cpu(), p[k].cpu()):
+                    raise PlaneError(f"non-floating entry {k!r} differs between {labels[0]!r} and {lab!r}")
+    if not out:
+        raise PlaneError("the points have no floating-point parameters")
+    return out
+
+
+def _dot(a: Params, b: Params, keys: Sequence[str]) -> float:
+    """float64 inner product over ``keys`` (one tensor at a time)."""
+    s = 0.0
+    for k in keys:
+        s += float(torch.sum(a[k].double() * b[k].double()))
+    return s
+
+
+def _norm(a: Params, keys: Sequence[str]) -> float:
+    return math.sqrt(max(_dot(a, a, keys), 0.0))
+
+
+def _gaussian_like(ref: Params, keys: Sequence[str], gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Seeded N(0, 1) directions, drawn on CPU in float32 so the numbers do not depend on the device."""
+    return {
+        k: torch.randn(ref[k].shape, generator=gen, dtype=torch.float32).to(device=ref[k].device, dtype=ref[k].dtype)
+        for k in keys
+    }
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    """A pattern matches when it is a substring of the name or an fnmatch glob matching it."""
+    return any((p in name) or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+# --------------------------------------------------------------------------------------------
+# Plane and Line
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Plane:
+    """A 2-D affine slice θ(x, y) = origin + x·e1 + y·e2 of parameter space.
+
+    Attributes
+    ----------
+    origin, e1, e2 : dict name -> Tensor (the origin's shapes, dtype and device).
+    coords : label -> (x, y) coordinates of the marked points (e.g. A, B, C), float64-exact.
+    norms : named scalars describing the plane (``|B-A|``, ``|C-A|``, ``cos(B-A,C-A)``, ``|e1|``...).
+    kind : ``"points"`` (through three points), ``"points+random"`` (degenerate points with the
+        random fallback), ``"random"`` (Li et al.), ``"line"`` (a :class:`Line` promoted to a plane).
+    scale : a natural half-width of the plot when the marked points do not span an axis
+        (random planes: 1.0 = one filter-normalised direction length).
+    meta : free-form provenance (seed, filter normalisation settings, labels).
+    """
+
+    origin: dict[str, torch.Tensor]
+    e1: dict[str, torch.Tensor]
+    e2: dict[str, torch.Tensor]
+    coords: dict[str, tuple[float, float]]
+    norms: dict[str, float]
+    kind: str
+    scale: float = 1.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        """Parameter names the plane moves."""
+        return list(self.origin.keys())
+
+    @property
+    def dim(self) -> int:
+        return int(sum(t.numel() for t in self.origin.values()))
+
+    def point(self, x: float, y: float) -> dict[str, torch.Tensor]:
+        """θ(x, y) = origin + x·e1 + y·e2 as a new dict (allocates one model-sized copy)."""
+        return {k: torch.add(o, self.e1[k], alpha=float(x)).add_(self.e2[k], alpha=float(y)) for k, o in self.origin.items()}
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able metadata (no tensors): kind, coords, norms, scale, dim, meta."""
+        return {
+            "kind": self.kind,
+            "coords": {k: [float(v[0]), float(v[1])] for k, v in self.coords.items()},
+            "norms": {k: float(v) for k, v in self.norms.items()},
+            "scale": float(self.scale),
+            "dim": self.dim,
+            "n_tensors": len(self.origin),
+            "meta": _jsonable(self.meta),
+        }
+
+
+@dataclass
+class Line:
+    """A 1-D slice θ(x) = origin + x·e1 (``e1`` unit-norm unless built with ``normalize=False``).
+
+    ``coords`` maps labels to x; ``norms`` holds ``|direction|`` (and ``|e1|``).
+    """
+
+    origin: dict[str, torch.Tensor]
+    e1: dict[str, torch.Tensor]
+    coords: dict[str, float]
+    norms: dict[str, float]
+    kind: str = "line"
+    scale: float = 1.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.origin.keys())
+
+    def point(self, x: float) -> dict[str, torch.Tensor]:
+        return {k: torch.add(o, self.e1[k], alpha=float(x)) for k, o in self.origin.items()}
+
+    def as_plane(self) -> Plane:
+        """This line as a plane with a zero second direction (so the grid code can evaluate it)."""
+        return Plane(
+            origin=self.origin,
+            e1=self.e1,
+            e2={k: torch.zeros_like(v) for k, v in self.e1.items()},
+            coords={k: (float(x), 0.0) for k, x in self.coords.items()},
+            norms=dict(self.norms),
+            kind="line",
+            scale=self.scale,
+            meta=dict(self.meta),
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "coords": {k: float(v) for k, v in self.coords.items()},
+            "norms": {k: float(v) for k, v in self.norms.items()},
+            "scale": float(self.scale),
+            "meta": _jsonable(self.meta),
+        }
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.floating, np.integer)):
+        return obj.item()
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+# --------------------------------------------------------------------------------------------
+# constructors
+# --------------------------------------------------------------------------------------------
+def plane_through_points(
+    A: Params,
+    B: Params,
+    C: Params,
+    labels: Sequence[str] = ("A", "B", "C"),
+    fallback: str | None = None,
+    seed: int = 0,
+    tol: float = 1e-6,
+) -> Plane:
+    """The plane through A (origin), B and C with an orthonormal basis (Gram–Schmidt).
+
+    Parameters
+    ----------
+    A, B, C : parameter dicts with the same keys and shapes (e.g. ``model.state_dict()`` of the
+        checkpoint Θ_K, its predecessor Θ_{K−1} and its quantized self Θ̂_K). Only floating-point
+        entries span the plane; non-floating entries (integer buffers) must be equal.
+    labels : names of the three points in ``Plane.coords``.
+    fallback : ``None`` (default) raises :class:`PlaneError` on a degenerate plane. ``"random"``
+        opts in to a seeded random unit direction orthogonal to the non-degenerate one: when C lies
+        on the line AB (or C = A), e₂ is random; when A = B but C ≠ A, e₁ = (C − A)/‖C − A‖ and e₂ is
+        random. A = B = C always raises. (For a 1-D slice use :func:`line`.)
+    seed : seed of the random fallback direction.
+    tol : degeneracy threshold: ‖u‖ ≤ tol·max(‖A‖, tiny) means A = B; ‖v − (v·e₁)e₁‖ ≤ tol·‖v‖ means
+        C is on the line through A and B (float32 points carry ~1e-7 relative rounding).
+
+    Returns
+    -------
+    Plane with ``kind="points"`` (or ``"points+random"``), ``coords`` {A: (0, 0), B: (‖u‖, 0),
+    C: (v·e₁, ‖v⊥‖)} computed in float64, and ``norms`` {``|B-A|``, ``|C-A|``, ``cos(B-A,C-A)``,
+    ``|A|``}. e₁, e₂ are stored in A's dtype.
+
+    Cost: five passes over the parameters, each in float64 one tensor at a time.
+    """
+    labels = tuple(labels)
+    if len(labels) != 3:
+        raise PlaneError(f"labels must name three points, got {labels!r}")
+    if fallback not in (None, "random"):
+        raise PlaneError(f"fallback must be None or 'random', got {fallback!r}")
+    keys = _float_keys([A, B, C], labels)
+    la, lb, lc = labels
+    norm_a = _norm(A, keys)
+    u = {k: B[k].double() - A[k].double() for k in keys}
+    v = {k: C[k].double() - A[k].double() for k in keys}
+    nu = _norm(u, keys)
+    nv = _norm(v, keys)
+    scale_ref = max(norm_a, 1e-30)
+    a_eq_b = nu <= tol * scale_ref
+    c_eq_a = nv <= tol * scale_ref
+    kind = "points"
+    gen = torch.Generator().manual_seed(int(seed))
+
+    def _random_orth(e1d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r = {k: torch.randn(A[k].shape, generator=gen, dtype=torch.float32).to(device=A[k].device, dtype=torch.float64) for k in keys}
+        proj = _dot(r, e1d, keys)
+        r = {k: r[k] - proj * e1d[k] for k in keys}
+        nr = _norm(r, keys)
+        return {k: r[k] / nr for k in keys}
+
+    if a_eq_b:
+        if fallback != "random" or c_eq_a:
+            raise PlaneError(
+                f"degenerate plane: {lb!r} equals {la!r} (‖{lb}−{la}‖ = {nu:.3g}, ‖{la}‖ = {norm_a:.3g})"
+                + (f" and {lc!r} equals {la!r} too" if c_eq_a else "")
+                + "; the three points do not span a plane. Pass fallback='random' to use a random second "
+                "direction, or use geometry.planes.line for a 1-D slice."
+            )
+        e1 = {k: v[k] / nv for k in keys}
+        e2 = _random_orth(e1)
+        kind = "points+random"
+    else:
+        e1 = {k: u[k] / nu for k in keys}
+        c1 = _dot(v, e1, keys)
+        w = {k: v[k] - c1 * e1[k] for k in keys}
+        nw = _norm(w, keys)
+        if nw <= tol * max(nv, 1e-30) or c_eq_a:
+            if fallback != "random":
+                what = f"{lc!r} equals {la!r}" if c_eq_a else f"{lc!r} lies on the line through {la!r} and {lb!r}"
+                raise PlaneError(
+                    f"degenerate plane: {what} (distance from the line {nw:.3g}, ‖{lc}−{la}‖ = {nv:.3g}); "
+                    "the three points do not span a plane. Pass fallback='random' to use a random second "
+                    "direction, or use geometry.planes.line for a 1-D slice."
+                )
+            e2 = _random_orth(e1)
+            kind = "points+random"
+        else:
+            e2 = {k: w[k] / nw for k in keys}
+    # exact float64 coordinates (against the float64 basis)
+    coords = {
+        la: (0.0, 0.0),
+        lb: (_dot(u, e1, keys), _dot(u, e2, keys)),
+        lc: (_dot(v, e1, keys), _dot(v, e2, keys)),
+    }
+    if kind == "points":  # the definitions, exactly
+        coords[lb] = (nu, 0.0)
+        coords[lc] = (_dot(v, e1, keys), _norm({k: v[k] - coords[lc][0] * e1[k] for k in keys}, keys))
+    cos_uv = _dot(u, v, keys) / (nu * nv) if nu > 0 and nv > 0 else float("nan")
+    norms = {f"|{lb}-{la}|": nu, f"|{lc}-{la}|": nv, f"cos({lb}-{la},{lc}-{la})": cos_uv, f"|{la}|": norm_a}
+    origin = {k: A[k].detach().clone() for k in keys}
+    e1_out = {k: e1[k].to(dtype=A[k].dtype) for k in keys}
+    e2_out = {k: e2[k].to(dtype=A[k].dtype) for k in keys}
+    xs = [c[0] for c in coords.values()]
+    ys = [c[1] for c in coords.values()]
+    scale = max(max(xs) - min(xs), max(ys) - min(ys), 1e-12) / 2
+    return Plane(origin, e1_out, e2_out, coords, norms, kind, scale=scale,
+                 meta={"labels": list(labels), "fallback": fallback, "seed": seed if kind != "points" else None})
+
+
+def filter_normalize(
+    direction: Params,
+    weights: Params,
+    ignore: Sequence[str] = ("bias", "norm"),
+    one_d: str = "zero",
+    eps: float = 1e-10,
+) -> dict[str, torch.Tensor]:
+    """Filter normalisation of Li et al. (2018), returning a new dict.
+
+    For every tensor with ≥ 2 dims, each row along dim 0 (an output unit of an ``nn.Linear``
+    weight ``[out, in]``, a token row of an embedding, a filter of a conv) is rescaled to the norm
+    of the same row of ``weights``: d_i ← d_i · ‖w_i‖ / (‖d_i‖ + eps) (eps as in the paper's code).
+    Tensors whose name matches a pattern of ``ignore`` (substring or fnmatch glob) get a zero
+    direction. 1-D tensors (biases, LayerNorm gains) follow ``one_d``:
+
+    - ``"zero"`` (default; the paper's ``ignore='biasbn'`` convention): zero direction;
+    - ``"weights"`` (the paper's other branch): the direction is a copy of the weights;
+    - ``"filter"``: the whole vector is one filter, rescaled to ‖w‖.
+    """
+    if one_d not in ("zero", "weights", "filter"):
+        raise PlaneError(f"one_d must be 'zero', 'weights' or 'filter', got {one_d!r}")
+    out = {}
+    for k, d in direction.items():
+        w = weights[k]
+        if _matches(k, ignore):
+            out[k] = torch.zeros_like(d)
+        elif d.ndim <= 1:
+            if one_d == "zero":
+                out[k] = torch.zeros_like(d)
+            elif one_d == "weights":
+                out[k] = w.detach().clone().to(d.dtype)
+            else:
+                out[k] = d * (w.double().norm() / (d.double().norm() + eps)).to(d.dtype)
+        else:
+            d2 = d.reshape(d.shape[0], -1).double()
+            w2 = w.reshape(w.shape[0], -1).double()
+            factor = w2.norm(dim=1, keepdim=True) / (d2.norm(dim=1, keepdim=True) + eps)
+            out[k] = (d2 * factor).reshape(d.shape).to(d.dtype)
+    return out
+
+
+def random_plane(
+    center: Params,
+    seed: int = 0,
+    filter_normalize: bool = True,
+    ignore: Sequence[str] = ("bias", "norm"),
+    one_d: str = "zero",
+    label: str = "center",
+) -> Plane:
+    """A random plane through ``center`` (Li et al. 2018, "Visualizing the loss landscape").
+
+    Two directions d₁, d₂ ~ N(0, I) drawn from ``torch.Generator().manual_seed(seed)`` (on CPU,
+    float32, in key order: all of d₁ then all of d₂ -- same seed, same plane, on any device). With
+    ``filter_normalize=True`` each is filter-normalised (:func:`filter_normalize`: rows rescaled to
+    the weight rows' norms, ``ignore`` patterns and, by default, 1-D tensors zeroed). Without it
+    the ``ignore`` patterns are still zeroed. As in the paper the directions are neither
+    orthogonalised nor unit: x, y are in units of the directions (x = 1 moves every filter by its
+    own norm), and ``norms`` records ``|e1|``, ``|e2|`` and their cosine (≈ 0 in high dimension).
+
+    Returns a Plane with ``kind="random"``, ``coords={label: (0, 0)}``, ``scale=1``.
+    """
+    keys = _float_keys([center], [label])
+    gen = torch.Generator().manual_seed(int(seed))
+    d1 = _gaussian_like(center, keys, gen)
+    d2 = _gaussian_like(center, keys, gen)
+    ref = {k: center[k] for k in keys}
+    if filter_normalize:
+        d1 = filter_normalize_fn(d1, ref, ignore=ignore, one_d=one_d)
+        d2 = filter_normalize_fn(d2, ref, ignore=ignore, one_d=one_d)
+    else:
+        for d in (d1, d2):
+            for k in keys:
+                if _matches(k, ignore):
+                    d[k].zero_()
+    n1, n2 = _norm(d1, keys), _norm(d2, keys)
+    cos = _dot(d1, d2, keys) / (n1 * n2) if n1 > 0 and n2 > 0 else float("nan")
+    if n1 == 0 or n2 == 0:
+        raise PlaneError("every parameter was ignored: the random directions are zero; loosen `ignore` or `one_d`")
+    origin = {k: center[k].detach().clone() for k in keys}
+    return Plane(origin, d1, d2, {label: (0.0, 0.0)},
+                 {"|e1|": n1, "|e2|": n2, "cos(e1,e2)": cos, f"|{label}|": _norm(ref, keys)},
+                 kind="random", scale=1.0,
+                 meta={"seed": int(seed), "filter_normalize": bool(filter_normalize), "ignore": list(ignore),
+                       "one_d": one_d, "labels": [label]})
+
+
+filter_normalize_fn = filter_normalize  # alias usable inside random_plane (whose argument shadows the name)
+
+
+def line(
+    origin: Params,
+    direction: Params | None = None,
+    end: Params | None = None,
+    normalize: bool = True,
+    labels: Sequence[str] = ("A", "B"),
+) -> Line:
+    """A 1-D slice θ(x) = origin + x·e₁.
+
+    Give either ``direction`` (a parameter dict, e.g. B − A or a random direction) or ``end`` (a
+    point: direction = end − origin). With ``normalize=True`` (default) e₁ is unit-norm and x is a
+    Euclidean distance in parameter space; with ``normalize=False`` e₁ = direction (x = 1 reaches
+    ``end``). ``coords`` holds {labels[0]: 0} and, when ``end`` is given, {labels[1]: x of end}.
+    """
+    if (direction is None) == (end is None):
+        raise PlaneError("give exactly one of `direction` (a parameter dict) or `end` (a point)")
+    if end is not None:
+        keys = _float_keys([origin, end], labels[:2])
+        d = {k: end[k].double() - origin[k].double() for k in keys}
+    else:
+        keys = _float_keys([origin, direction], [labels[0], "direction"])
+        d = {k: direction[k].double() for k in keys}
+    nd = _norm(d, keys)
+    if nd == 0:
+        raise PlaneError("degenerate line: the direction is zero (end equals origin)")
+    e1 = {k: (d[k] / nd if normalize else d[k]).to(origin[k].dtype) for k in keys}
+    coords = {labels[0]: 0.0}
+    if end is not None:
+        coords[labels[1]] = nd if normalize else 1.0
+    return Line(
+        origin={k: origin[k].detach().clone() for k in keys},
+        e1=e1,
+        coords=coords,
+        norms={"|direction|": nd, "|e1|": 1.0 if normalize else nd},
+        scale=(nd if normalize else 1.0) if end is not None else 1.0,
+        meta={"normalize": normalize, "labels": list(labels)},
+    )
+
+
+def orthonormality(plane: Plane) -> dict[str, float]:
+    """float64 Gram entries of the plane's basis: {"e1.e1", "e2.e2", "e1.e2"} (1, 1, 0 when orthonormal)."""
+    keys = plane.names
+    return {"e1.e1": _dot(plane.e1, plane.e1, keys), "e2.e2": _dot(plane.e2, plane.e2, keys),
+            "e1.e2": _dot(plane.e1, plane.e2, keys)}
+
+
+# --------------------------------------------------------------------------------------------
+# grid
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GridSpec:
+    """Grid of plane coordinates.
+
+    Parameters
+    ----------
+    resolution : points per axis (int) or ``(nx, ny)``; each ≥ 2.
+    margin : fraction of the marked points' extent added on each side of each axis (0.25 = 25%).
+        An axis the points do not span (random planes, a point on the x axis) gets the half-width
+        ``max(plane.scale, the other axis' extent / 2)`` around the points.
+    x_range, y_range : explicit ``(lo, hi)`` ranges overriding the automatic ones.
+    """
+
+    resolution: int | tuple[int, int] = 21
+    margin: float = 0.25
+    x_range: tuple[float, float] | None = None
+    y_range: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        nx, ny = self.shape
+        if nx < 2 or ny < 2:
+            raise GridError(f"grid resolution must be at least 2 points per axis, got {self.resolution!r}")
+        if self.margin < 0 or not math.isfinite(self.margin):
+            raise GridError(f"margin must be a finite non-negative fraction, got {self.margin!r}")
+        for name, r in (("x_range", self.x_range), ("y_range", self.y_range)):
+            if r is not None and not (len(r) == 2 and math.isfinite(r[0]) and math.isfinite(r[1]) and r[1] > r[0]):
+                raise GridError(f"{name} must be (lo, hi) with lo < hi, got {r!r}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(nx, ny)."""
+        r = self.resolution
+        if isinstance(r, (tuple, list)):
+            if len(r) != 2:
+                raise GridError(f"resolution must be an int or (nx, ny), got {r!r}")
+            return int(r[0]), int(r[1])
+        return int(r), int(r)
+
+    def axes(self, plane: Plane | Line | Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(x[nx], y[ny]) float64 grid axes covering every marked point of ``plane`` with the margin."""
+        nx, ny = self.shape
+        coords: dict = {}
+        scale = 1.0
+        if isinstance(plane, Line):
+            plane = plane.as_plane()
+        if isinstance(plane, Plane):
+            coords, scale = plane.coords, plane.scale
+        elif isinstance(plane, Mapping):
+            coords = plane.get("coords", {})
+            scale = float(plane.get("scale", 1.0))
+        pts = np.array([[float(c[0]), float(c[1])] for c in coords.values()]) if coords else np.zeros((1, 2))
+        lo, hi = pts.min(axis=0), pts.max(axis=0)
+        ext = hi - lo
+        ranges = []
+        for i, explicit in enumerate((self.x_range, self.y_range)):
+            if explicit is not None:
+                ranges.append((float(explicit[0]), float(explicit[1])))
+                continue
+            if ext[i] > 1e-12 * max(1.0, float(np.abs(pts).max())):
+                pad = self.margin * ext[i]
+                ranges.append((lo[i] - pad, hi[i] + pad))
+            else:
+                half = max(scale, ext[1 - i] / 2)
+                ranges.append((lo[i] - half, hi[i] + half))
+        x = np.linspace(ranges[0][0], ranges[0][1], nx)
+        y = np.linspace(ranges[1][0], ranges[1][1], ny)
+        return x, y

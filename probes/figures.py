@@ -1,0 +1,462 @@
+"""Trajectory figures (Plotly) from the tidy results DataFrame of a sweep.
+
+Every function takes results -- the DataFrame of :meth:`probes.sweep.Store.results` (columns ``run,
+checkpoint, step, tokens, lr, derived, probe, spec, metric, value, stderr, ci_low, ci_high, n_hvp,
+seconds, status, error, seed, data_hash``), plus already-computed phases and correlations -- and
+returns a ``plotly.graph_objects.Figure``. Nothing is recomputed here.
+
+Conventions: x = ``step`` (checkpoint position when steps are unknown); one trace per run (the
+``run`` column) and series; derived checkpoints (LAWA / soups, ``derived=True``) are drawn as
+separate star markers, not joined to the trajectory line; error bars are ``stderr`` when present;
+the LR schedule is a dotted grey line on a secondary y axis; phases (``[{"name", "step", "lr"}]``
+or a :class:`probes.analysis.Phases`) are shaded from their onset to the end of the trajectory with
+a labelled vertical line. Figures display inline in Jupyter (``fig.show()`` or as the cell value).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+PHASE_COLOURS = ("rgba(31,119,180,0.10)", "rgba(214,39,40,0.10)", "rgba(44,160,44,0.10)", "rgba(148,103,189,0.10)")
+PHASE_LINES = ("rgb(31,119,180)", "rgb(214,39,40)", "rgb(44,160,44)", "rgb(148,103,189)")
+RUN_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+
+
+class FigureError(ValueError):
+    """The results table lacks what a figure needs."""
+
+
+# --------------------------------------------------------------------------- data access
+def _runs(df) -> list[str]:
+    runs = df["run"].fillna("run").astype(str) if "run" in df else None
+    return list(dict.fromkeys(runs)) if runs is not None else ["run"]
+
+
+def _run_col(df):
+    return df["run"].fillna("run").astype(str) if "run" in df else np.array(["run"] * len(df))
+
+
+def _x(sub) -> np.ndarray:
+    step = sub["step"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    if np.isnan(step).all():  # no steps known: use trajectory order
+        return np.arange(len(sub), dtype=float)
+    return step
+
+
+def metric_rows(df, probe: str, metric: str, spec: str | None = None):
+    """Rows of one measured series (status ok, finite value), ordered as in the table."""
+    sel = df[(df["probe"] == probe) & (df["metric"] == metric) & (df["status"] == "ok")]
+    if spec is not None:
+        sel = sel[sel["spec"] == spec]
+    return sel[np.isfinite(sel["value"].astype(float))]
+
+
+def specs_of(df, probe: str) -> list[str]:
+    return [s for s in dict.fromkeys(df.loc[df["probe"] == probe, "spec"]) if isinstance(s, str)]
+
+
+def _checkpoints(df):
+    cols = [c for c in ("run", "checkpoint", "step", "lr", "derived") if c in df]
+    d = df[cols].drop_duplicates(subset=[c for c in ("run", "checkpoint") if c in cols])
+    return d
+
+
+def _phase_list(phases) -> list[dict]:
+    if phases is None:
+        return []
+    if hasattr(phases, "convergence") and hasattr(phases, "divergence"):
+        out = []
+        for name, onset in (("FP convergence", phases.convergence), ("quantization divergence", phases.divergence)):
+            if getattr(onset, "found", False) and onset.step is not None:
+                out.append({"name": name, "step": onset.step, "lr": onset.lr})
+        return out
+    if isinstance(phases, Mapping):
+        if "convergence" in phases or "divergence" in phases:
+            out = []
+            for key, name in (("convergence", "FP convergence"), ("divergence", "quantization divergence")):
+                o = phases.get(key)
+                if o and o.get("found", True) and o.get("step") is not None:
+                    out.append({"name": name, "step": o["step"], "lr": o.get("lr")})
+            return out
+        phases = [phases]
+    out = []
+    for p in phases:
+        if p is None or p.get("step") is None:
+            continue
+        if isinstance(p.get("step"), float) and math.isnan(p["step"]):
+            continue
+        out.append({"name": str(p.get("name", "phase")), "step": float(p["step"]), "lr": p.get("lr")})
+    return out
+
+
+def _fmt_lr(lr) -> str:
+    try:
+        return f"{float(lr):.3g}" if lr is not None and math.isfinite(float(lr)) else "?"
+    except (TypeError, ValueError):
+        return "?"
+
+
+# --------------------------------------------------------------------------- building blocks
+def _add_series(fig, df, probe: str, metric: str, spec: str | None, name: str, colour_index: int,
+                secondary_y: bool | None = None, row: int | None = None, col: int | None = None,
+                error_bars: bool = True, positive_only: bool = False) -> int:
+    """One line per run (+ star markers for derived checkpoints). Returns the number of points drawn."""
+    import plotly.graph_objects as go
+
+    rows = metric_rows(df, probe, metric, spec)
+    if positive_only:
+        rows = rows[rows["value"].astype(float) > 0]
+    if rows.empty:
+        return 0
+    runs = _run_col(rows)
+    n = 0
+    multi = len(dict.fromkeys(runs)) > 1
+    for r_i, run in enumerate(dict.fromkeys(runs)):
+        sub = rows[runs == run]
+        colour = RUN_COLOURS[(colour_index + r_i) % len(RUN_COLOURS)]
+        label = f"{name} · {run}" if multi else name
+        derived = sub["derived"].astype(bool).to_numpy() if "derived" in sub else np.zeros(len(sub), bool)
+        for is_derived in (False, True):
+            part = sub[derived == is_derived]
+            if part.empty:
+                continue
+            xs = _x(part)
+            order = np.argsort(xs, kind="stable")
+            part = part.iloc[order]
+            xs = xs[order]
+            err = part["stderr"].astype(float).to_numpy() if "stderr" in part else None
+            err_arg = None
+            if error_bars and err is not None and np.isfinite(err).any():
+                err_arg = dict(type="data", array=np.where(np.isfinite(err), err, 0.0).tolist(), visible=True, thickness=1)
+            custom = list(zip(part["checkpoint"].astype(str), [_fmt_lr(v) for v in part.get("lr", [None] * len(part))]))
+            kw = dict(
+                x=xs.tolist(), y=part["value"].astype(float).tolist(), error_y=err_arg, customdata=custom,
+                hovertemplate=f"{label}<br>checkpoint %{{customdata[0]}}<br>step %{{x}}<br>value %{{y:.6g}}"
+                              f"<br>lr %{{customdata[1]}}<extra></extra>",
+            )
+            if is_derived:
+                trace = go.Scatter(name=f"{label} (derived/LAWA)", mode="markers",
+                                   marker=dict(symbol="star", size=13, color=colour, line=dict(width=1, color="black")),
+                                   legendgroup=label, **kw)
+            else:
+                trace = go.Scatter(name=label, mode="lines+markers", line=dict(color=colour), marker=dict(size=6),
+                                   legendgroup=label, **kw)
+            add_kw = {}
+            if row is not None:
+                add_kw.update(row=row, col=col or 1)
+            if secondary_y is not None:
+                add_kw["secondary_y"] = secondary_y
+            fig.add_trace(trace, **add_kw)
+            n += len(part)
+    return n
+
+
+def _add_lr(fig, df, row: int | None = None, col: int | None = None, showlegend: bool = True) -> bool:
+    """The LR schedule (per run) as a dotted line on the secondary y axis."""
+    import plotly.graph_objects as go
+
+    ck = _checkpoints(df)
+    if "lr" not in ck or not np.isfinite(ck["lr"].astype(float)).any():
+        return False
+    ck = ck[~ck["derived"].astype(bool)] if "derived" in ck else ck
+    runs = _run_col(ck)
+    multi = len(dict.fromkeys(runs)) > 1
+    for run in dict.fromkeys(runs):
+        sub = ck[runs == run]
+        xs = _x(sub)
+        lr = sub["lr"].astype(float).to_numpy()
+        keep = np.isfinite(xs) & np.isfinite(lr)
+        order = np.argsort(xs[keep], kind="stable")
+        kw = dict(secondary_y=True)
+        if row is not None:
+            kw.update(row=row, col=col or 1)
+        fig.add_trace(go.Scatter(x=xs[keep][order].tolist(), y=lr[keep][order].tolist(), mode="lines",
+                                 name=f"LR · {run}" if multi else "LR", line=dict(color="grey", dash="dot", width=1.5),
+                                 showlegend=showlegend, legendgroup=f"LR · {run}",
+                                 hovertemplate="step %{x}<br>lr %{y:.3g}<extra></extra>"), **kw)
+    return True
+
+
+def _shade_phases(fig, phases: list[dict], x_max: float | None, row: int | None = None, col: int | None = None,
+                  annotate: bool = True) -> None:
+    for i, p in enumerate(phases):
+        x0 = float(p["step"])
+        x1 = x_max if x_max is not None and x_max > x0 else x0
+        kw = {} if row is None else dict(row=row, col=col or 1)
+        label = f"{p['name']} (step {x0:g}, lr {_fmt_lr(p.get('lr'))})"
+        if x1 > x0:
+            fig.add_vrect(x0=x0, x1=x1, fillcolor=PHASE_COLOURS[i % len(PHASE_COLOURS)], line_width=0, layer="below", **kw)
+        ann = dict(annotation_text=label, annotation_position="top left" if i % 2 == 0 else "bottom left",
+                   annotation_font_size=10) if annotate else {}
+        fig.add_vline(x=x0, line=dict(color=PHASE_LINES[i % len(PHASE_LINES)], dash="dash", width=1.5), **ann, **kw)
+
+
+def _x_max(df) -> float | None:
+    ck = _checkpoints(df)
+    xs = _x(ck)
+    return float(np.nanmax(xs)) if np.isfinite(xs).any() else None
+
+
+def _base(secondary: bool, title: str, ytitle: str, log_y: bool = False):
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(specs=[[{"secondary_y": secondary}]])
+    fig.update_layout(title=title, hovermode="closest", height=430, legend=dict(orientation="h", y=-0.2),
+                      margin=dict(l=60, r=60, t=70, b=40))
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text=ytitle, type="log" if log_y else "linear", secondary_y=False)
+    if secondary:
+        fig.update_yaxes(title_text="learning rate", secondary_y=True, showgrid=False, rangemode="tozero", type="linear", tickmode="auto", nticks=6,
+                         tickformat=".2g")
+    return fig
+
+
+# --------------------------------------------------------------------------- figures
+def loss_figure(df, phases=None, lr: bool = True, metric: str = "loss"):
+    """Full-precision loss (``loss`` probe, metric ``loss`` or ``ppl``) vs step, LR on a secondary axis."""
+    fig = _base(lr, f"full-precision {metric} vs step", f"FP {metric} (nats)" if metric == "loss" else metric)
+    n = _add_series(fig, df, "loss", metric, None, f"FP {metric}", 0, secondary_y=False if lr else None)
+    if n == 0:
+        _empty(fig, "no 'loss' probe in the results")
+    if lr:
+        _add_lr(fig, df)
+    _shade_phases(fig, _phase_list(phases), _x_max(df))
+    return fig
+
+
+def quant_error_figure(df, phases=None, metric: str = "rel_loss_error", lr: bool = True, specs: Sequence[str] | None = None):
+    """Quantization error per spec vs step (log y). Non-positive values cannot be drawn on a log
+    axis; they are left out and counted in the title."""
+    specs = list(specs) if specs is not None else specs_of(df, "quant")
+    fig = _base(lr, f"quantization error ({metric}) vs step", metric, log_y=True)
+    drawn, dropped = 0, 0
+    n_runs = max(1, len(_runs(df)))
+    for i, spec in enumerate(specs):
+        rows = metric_rows(df, "quant", metric, spec)
+        dropped += int((rows["value"].astype(float) <= 0).sum())
+        drawn += _add_series(fig, df, "quant", metric, spec, spec, i * n_runs, secondary_y=False if lr else None,
+                             error_bars=False, positive_only=True)
+    if drawn == 0:
+        _empty(fig, "no positive quantization errors in the results")
+    if dropped:
+        fig.update_layout(title=f"quantization error ({metric}) vs step — {dropped} value(s) ≤ 0 not shown on the log axis")
+    if lr:
+        _add_lr(fig, df)
+    _shade_phases(fig, _phase_list(phases), _x_max(df))
+    return fig
+
+
+def curvature_figure(df, phases=None, lr: bool = True, trace_spec: str | None = None, eigen_metric: str = "lambda_1"):
+    """Hessian trace (top) and λ_max (bottom) vs step, with stderr bars and the LR on secondary axes."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        specs=[[{"secondary_y": lr}], [{"secondary_y": lr}]],
+                        subplot_titles=("Hessian trace", f"λ_max ({eigen_metric})"))
+    tspecs = [trace_spec] if trace_spec else specs_of(df, "trace")
+    n1 = sum(_add_series(fig, df, "trace", "trace", s, f"trace ({s})", i, secondary_y=False if lr else None, row=1, col=1)
+             for i, s in enumerate(tspecs))
+    n2 = _add_series(fig, df, "eigen", eigen_metric, None, "λ_max", 3, secondary_y=False if lr else None, row=2, col=1)
+    if lr:
+        _add_lr(fig, df, row=1, col=1)
+        _add_lr(fig, df, row=2, col=1, showlegend=False)
+        fig.update_yaxes(title_text="learning rate", secondary_y=True, showgrid=False, rangemode="tozero", type="linear", tickmode="auto", nticks=6,
+                         tickformat=".2g")
+    phases = _phase_list(phases)
+    xm = _x_max(df)
+    _shade_phases(fig, phases, xm, row=1, col=1)
+    _shade_phases(fig, phases, xm, row=2, col=1, annotate=False)
+    fig.update_yaxes(title_text="tr H", row=1, col=1, secondary_y=False)
+    fig.update_yaxes(title_text="λ_max", row=2, col=1, secondary_y=False)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    fig.update_layout(title="sharpness vs step", height=620, legend=dict(orientation="h", y=-0.12),
+                      margin=dict(l=60, r=60, t=80, b=40))
+    if n1 + n2 == 0:
+        _empty(fig, "no 'trace' or 'eigen' probe in the results")
+    return fig
+
+
+def _corr_text(correlation) -> str:
+    if correlation is None:
+        return ""
+    c = correlation.to_dict() if hasattr(correlation, "to_dict") else dict(correlation)
+    r = c.get("r", float("nan"))
+    lo, hi = c.get("ci_low", float("nan")), c.get("ci_high", float("nan"))
+    method = c.get("method", "r")
+    p = c.get("p")
+    n = c.get("n")
+    ctrl = c.get("covariates") or c.get("controls")
+    ctrl = ", ".join(ctrl) if isinstance(ctrl, (list, tuple)) else (ctrl or "")
+    s = f"{method}{' | ' + ctrl if ctrl else ''} r = {r:+.3f} [95% CI {lo:+.3f}, {hi:+.3f}]"
+    if p is not None and not (isinstance(p, float) and math.isnan(p)):
+        s += f", p = {float(p):.3g}"
+    if n is not None:
+        s += f", n = {int(n)}"
+    return s
+
+
+def sharpness_vs_quant_figure(df, x: tuple[str, str | None, str] = ("trace", None, "trace"),
+                              y: tuple[str, str | None, str] | str | None = None, correlation=None, log: bool = False):
+    """Scatter of a sharpness series (default Hessian trace) against a quantization error (default
+    the first quant spec's ``rel_loss_error``), one point per checkpoint coloured by step, derived
+    checkpoints as stars; ``correlation`` (a :class:`probes.analysis.Correlation` or a dict with
+    r, ci_low, ci_high[, p, n, method]) goes into the title."""
+    import plotly.graph_objects as go
+
+    if y is None:
+        specs = specs_of(df, "quant")
+        y = ("quant", specs[0] if specs else None, "rel_loss_error")
+    elif isinstance(y, str):
+        y = ("quant", y, "rel_loss_error")
+    xr = metric_rows(df, x[0], x[2], x[1])
+    yr = metric_rows(df, y[0], y[2], y[1])
+    key = ["run", "checkpoint"] if "run" in df else ["checkpoint"]
+    xr = xr.assign(run=_run_col(xr)) if "run" in xr else xr
+    yr = yr.assign(run=_run_col(yr)) if "run" in yr else yr
+    xlab, ylab = _series_label(x), _series_label(y)
+    merged = xr[key + ["step", "derived", "value"]].drop_duplicates(key, keep="last").merge(
+        yr[key + ["value"]].drop_duplicates(key, keep="last"), on=key, suffixes=("_x", "_y"))
+    fig = go.Figure()
+    if merged.empty:
+        _empty(fig, f"no checkpoint has both {xlab} and {ylab}")
+    else:
+        steps = merged["step"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+        derived = merged["derived"].astype(bool).to_numpy()
+        runs = list(dict.fromkeys(merged["run"])) if "run" in merged else ["run"]
+        symbols = ("circle", "square", "diamond", "triangle-up", "cross", "x")
+        cmin, cmax = (float(np.nanmin(steps)), float(np.nanmax(steps))) if np.isfinite(steps).any() else (0.0, 1.0)
+        first = True
+        for r_i, run in enumerate(runs):
+            for is_d in (False, True):
+                m = ((merged["run"] == run).to_numpy() if "run" in merged else np.ones(len(merged), bool)) & (derived == is_d)
+                if not m.any():
+                    continue
+                part = merged[m]
+                fig.add_trace(go.Scatter(
+                    x=part["value_x"].astype(float).tolist(), y=part["value_y"].astype(float).tolist(), mode="markers",
+                    name=f"{run}{' (derived/LAWA)' if is_d else ''}",
+                    marker=dict(size=15 if is_d else 10, symbol="star" if is_d else symbols[r_i % len(symbols)],
+                                color=np.nan_to_num(steps[m], nan=cmin).tolist(), colorscale="Viridis", cmin=cmin, cmax=cmax,
+                                showscale=first, colorbar=dict(title="step") if first else None,
+                                line=dict(width=1, color="black")),
+                    customdata=list(zip(part["checkpoint"].astype(str), steps[m].tolist())),
+                    hovertemplate="checkpoint %{customdata[0]}<br>step %{customdata[1]}<br>x %{x:.6g}<br>y %{y:.6g}<extra></extra>",
+                ))
+                first = False
+    ct = _corr_text(correlation)
+    fig.update_layout(title=f"{xlab} vs {ylab}" + (f"<br><sup>{ct}</sup>" if ct else ""), xaxis_title=xlab, yaxis_title=ylab,
+                      height=460, legend=dict(orientation="h", y=-0.2))
+    if log:
+        fig.update_xaxes(type="log")
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def _series_label(key: tuple[str, str | None, str]) -> str:
+    probe, spec, metric = key
+    if probe == "quant":
+        return f"{metric} ({spec})" if spec else metric
+    head = metric if metric == probe or probe == "eigen" else f"{probe} {metric}"
+    return f"{head} ({spec})" if spec else head
+
+
+def _empty(fig, message: str) -> None:
+    fig.add_annotation(text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5, font=dict(size=14, color="grey"))
+
+
+def trajectory_figures(df, phases=None, correlations=None, specs: Sequence[str] | None = None) -> dict[str, Any]:
+    """Every trajectory figure the results support, in report order: ``{"loss", "quant",
+    "sharpness", "scatter[:spec]"...}``. ``correlations`` may be a mapping ``{spec: Correlation|dict}``
+    (for the scatters), a single Correlation/dict (for the first scatter), or the
+    :func:`probes.analysis.summary` DataFrame (the first Pearson row without controls per y)."""
+    if df is None or len(df) == 0:
+        raise FigureError("the results table is empty")
+    figs: dict[str, Any] = {}
+    probes = set(df["probe"].dropna())
+    if "loss" in probes:
+        figs["loss"] = loss_figure(df, phases)
+    if "quant" in probes:
+        figs["quant"] = quant_error_figure(df, phases, specs=specs)
+    if probes & {"trace", "eigen"}:
+        figs["sharpness"] = curvature_figure(df, phases)
+    qspecs = list(specs) if specs is not None else specs_of(df, "quant")
+    sharp = ("trace", None, "trace") if "trace" in probes else (("eigen", None, "lambda_1") if "eigen" in probes else None)
+    if sharp is not None and sharp[0] == "trace":
+        tspecs = specs_of(df, "trace")
+        sharp = ("trace", tspecs[0] if len(tspecs) > 1 else None, "trace")
+    if sharp is not None:
+        for i, spec in enumerate(qspecs):
+            figs[f"scatter:{spec}"] = sharpness_vs_quant_figure(df, x=sharp, y=spec,
+                                                                 correlation=_pick_corr(correlations, spec, i, sharp[0]))
+    return figs
+
+
+def _pick_corr(correlations, spec: str, index: int, xname: str):
+    if correlations is None:
+        return None
+    if hasattr(correlations, "columns") and {"x", "y", "r"} <= set(correlations.columns):
+        t = correlations
+        sel = t[(t["y"].astype(str) == spec) & (t["controls"].fillna("") == "")] if "controls" in t else t[t["y"] == spec]
+        pref = sel[(sel["x"] == xname)] if (sel["x"] == xname).any() else sel
+        pear = pref[pref["method"] == "pearson"] if "method" in pref else pref
+        row = (pear if len(pear) else pref)
+        if len(row) == 0:
+            return None
+        d = row.iloc[0].to_dict()
+        d["covariates"] = ()
+        return d
+    if isinstance(correlations, Mapping) and spec in correlations:
+        return correlations[spec]
+    if isinstance(correlations, Mapping) and "r" in correlations:
+        return correlations if index == 0 else None
+    if hasattr(correlations, "r"):
+        return correlations if index == 0 else None
+    return None
+
+
+def synthetic_results(n_checkpoints: int = 8, runs: Iterable[str] = ("wsd",), specs: Sequence[str] = ("rtn:4:g128", "int8"),
+                      lawa: bool = True, seed: int = 0):
+    """A small, plausible tidy results DataFrame (for tests, docs and the report demo): loss
+    falling, trace rising through an LR decay, quantization error tracking the trace."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for r_i, run in enumerate(runs):
+        peak = 1e-3 * (3 ** r_i)
+        steps = np.linspace(100, 100 * n_checkpoints, n_checkpoints).astype(int)
+        for k, step in enumerate(steps):
+            decay = max(0.0, (k - 0.6 * n_checkpoints) / (0.4 * n_checkpoints))
+            lr = peak * (1 - decay) if decay > 0 else peak
+            loss = 3.0 + 2.5 * math.exp(-k / 2) - 0.2 * decay + rng.normal(0, 0.01)
+            trace = (300 + 400 * decay) / (1 + r_i) * (1 + rng.normal(0, 0.03))
+            rows += _rows(run, f"{run}-step{step}", int(step), float(lr), False, loss, trace, specs, rng)
+        if lawa:
+            rows += _rows(run, f"{run}-lawa", int(steps[-1]), None, True, 3.05, 500 / (1 + r_i), specs, rng)
+    return pd.DataFrame(rows, columns=["run", "checkpoint", "step", "tokens", "lr", "derived", "probe", "spec", "metric",
+                                       "value", "stderr", "ci_low", "ci_high", "n_hvp", "seconds", "status", "error",
+                                       "seed", "data_hash"])
+
+
+def _rows(run, ckpt, step, lr, derived, loss, trace, specs, rng):
+    base = dict(run=run, checkpoint=ckpt, step=step, tokens=step * 4096, lr=lr, derived=derived, n_hvp=0, seconds=0.1,
+                status="ok", error=None, seed=0, data_hash="synthetic")
+    nan = float("nan")
+    out = [dict(base, probe="loss", spec="", metric="loss", value=loss, stderr=nan, ci_low=nan, ci_high=nan),
+           dict(base, probe="loss", spec="", metric="ppl", value=math.exp(loss), stderr=nan, ci_low=nan, ci_high=nan),
+           dict(base, probe="trace", spec="hutch++", metric="trace", value=trace, stderr=0.03 * trace,
+                ci_low=0.94 * trace, ci_high=1.06 * trace, n_hvp=100),
+           dict(base, probe="eigen", spec="lanczos", metric="lambda_1", value=trace / 12, stderr=nan, ci_low=nan,
+                ci_high=nan, n_hvp=60)]
+    for i, spec in enumerate(specs):
+        err = trace * 1e-5 * (10 ** (-i)) * (1 + rng.normal(0, 0.05))
+        out.append(dict(base, probe="quant", spec=spec, metric="rel_loss_error", value=err, stderr=nan, ci_low=nan, ci_high=nan))
+        out.append(dict(base, probe="quant", spec=spec, metric="ppl_gap", value=math.expm1(err * loss), stderr=nan,
+                        ci_low=nan, ci_high=nan))
+    return out
+
+
+__all__ = ["FigureError", "loss_figure", "quant_error_figure", "curvature_figure", "sharpness_vs_quant_figure",
+           "trajectory_figures", "synthetic_results", "metric_rows", "specs_of"]

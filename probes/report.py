@@ -1,0 +1,310 @@
+"""A self-contained HTML report of a sweep.
+
+:func:`build_report` writes ONE HTML file: plotly.js is embedded once (inline, no CDN, works
+offline), followed by the trajectory figures of :mod:`probes.figures`, the correlation table, the
+detected phases, quantization planes (:class:`geometry.surface.Surface` figures), failed probes,
+the plan and the software versions. Figures are built from results; nothing is recomputed.
+
+``losslens report results.sqlite --out report.html`` (see :mod:`probes.commands.surface`) loads the
+store with :mod:`probes.sweep` and computes correlations and phases with :mod:`probes.analysis`.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .figures import trajectory_figures
+
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1200px;padding:16px 24px;color:#222}
+h1{font-size:1.6em;margin-bottom:0}h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:32px}
+.sub{color:#666;margin-top:4px}.figure{margin:12px 0 24px 0;border:1px solid #eee;border-radius:4px}
+table{border-collapse:collapse;font-size:.9em;margin:8px 0}th,td{border:1px solid #ddd;padding:3px 8px;text-align:right}
+th{background:#f5f5f5}td.l,th.l{text-align:left}pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:.85em}
+nav a{margin-right:12px}.note{color:#666;font-size:.9em}
+"""
+
+
+class ReportError(ValueError):
+    """The report cannot be built (empty results, unwritable path)."""
+
+
+def versions() -> dict[str, str]:
+    """python, torch, transformers, plotly, losslens versions (those installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": sys.version.split()[0]}
+    for pkg in ("losslens", "torch", "transformers", "plotly", "numpy", "pandas"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "–"
+        return f"{v:.4g}"
+    return html.escape(str(v))
+
+
+def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, left: Sequence[str] = ()) -> str:
+    if not rows:
+        return '<p class="note">none</p>'
+    columns = list(columns or rows[0].keys())
+    head = "".join(f'<th class="{"l" if c in left else ""}">{html.escape(str(c))}</th>' for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{"l" if c in left else ""}">{_fmt(r.get(c))}</td>' for c in columns) + "</tr>"
+        for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _correlation_rows(correlations) -> list[dict]:
+    if correlations is None:
+        return []
+    if hasattr(correlations, "to_dict") and hasattr(correlations, "columns"):
+        return correlations.to_dict("records")
+    if isinstance(correlations, Mapping):
+        rows = []
+        for name, c in correlations.items():
+            d = c.to_dict() if hasattr(c, "to_dict") else dict(c)
+            cov = d.get("covariates")
+            if isinstance(cov, (list, tuple)):
+                d["covariates"] = ", ".join(cov)
+            rows.append({"pair": name, **d})
+        return rows
+    return [c.to_dict() if hasattr(c, "to_dict") else dict(c) for c in correlations]
+
+
+def _phase_rows(phases) -> list[dict]:
+    if phases is None:
+        return []
+    items = phases.items() if isinstance(phases, Mapping) and not {"name", "step"} <= set(phases) else [("", phases)]
+    rows = []
+    for run, ph in items:
+        if hasattr(ph, "convergence"):
+            for o in (ph.convergence, ph.divergence):
+                rows.append({"run": run, "phase": o.kind, "found": o.found, "step": o.step, "lr": o.lr, "n": o.n})
+        elif isinstance(ph, Mapping) and ("convergence" in ph or "divergence" in ph):
+            for key in ("convergence", "divergence"):
+                o = ph.get(key) or {}
+                rows.append({"run": run, "phase": o.get("kind", key), "found": o.get("found"), "step": o.get("step"),
+                             "lr": o.get("lr"), "n": o.get("n")})
+        else:
+            for p in (ph if isinstance(ph, (list, tuple)) else [ph]):
+                rows.append({"run": run, "phase": p.get("name"), "found": p.get("found", True), "step": p.get("step"),
+                             "lr": p.get("lr"), "n": p.get("n")})
+    return rows
+
+
+def _phases_for_figures(phases):
+    """Phases in the form probes.figures takes (a list of dicts, or a Phases object)."""
+    if phases is None:
+        return None
+    if isinstance(phases, Mapping) and not ({"name", "step"} <= set(phases)) and not (
+            "convergence" in phases or "divergence" in phases):
+        out = []  # {run: Phases} -> one list with the run in the name
+        for run, ph in phases.items():
+            for row in _phase_rows({run: ph}):
+                if row.get("found") and row.get("step") is not None:
+                    out.append({"name": f"{row['phase']} ({run})" if run else row["phase"], "step": row["step"], "lr": row["lr"]})
+        return out
+    return phases
+
+
+def _plan_json(plan) -> str | None:
+    if plan is None:
+        return None
+    if hasattr(plan, "to_dict"):
+        plan = plan.to_dict()
+    try:
+        return json.dumps(plan, indent=2, sort_keys=True, default=str)
+    except TypeError:
+        return str(plan)
+
+
+def _surfaces(surfaces) -> list[tuple[str, Any]]:
+    if surfaces is None:
+        return []
+    if isinstance(surfaces, Mapping):
+        return list(surfaces.items())
+    if hasattr(surfaces, "figure"):
+        return [("surface", surfaces)]
+    return [(f"surface {i + 1}", s) for i, s in enumerate(surfaces)]
+
+
+def figure_html(fig, div_id: str) -> str:
+    """A figure as a ``<div>`` + script, without plotly.js (embedded once by the page)."""
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+                       config={"displaylogo": False, "responsive": True})
+
+
+def build_report(
+    df,
+    out_path: str | os.PathLike,
+    correlations=None,
+    phases=None,
+    surfaces=None,
+    plan=None,
+    versions: Mapping[str, str] | None = None,
+    title: str = "losslens report",
+    notes: str | None = None,
+) -> Path:
+    """Write a self-contained HTML report; returns its path.
+
+    Parameters
+    ----------
+    df : tidy results DataFrame (:meth:`probes.sweep.Store.results` schema).
+    out_path : the ``.html`` file to write (parent folders are created).
+    correlations : the :func:`probes.analysis.summary` DataFrame, or ``{name: Correlation|dict}``.
+    phases : a :class:`probes.analysis.Phases`, ``{run: Phases}``, or ``[{"name", "step", "lr"}]``.
+    surfaces : ``{label: Surface}`` or a list of :class:`geometry.surface.Surface`.
+    plan : the sweep plan (a ``Plan`` or a dict), shown as JSON.
+    versions : software versions to print; default :func:`versions` of this process.
+    """
+    import plotly
+    from plotly.offline import get_plotlyjs
+
+    if df is None or len(df) == 0:
+        raise ReportError("the results table is empty: nothing to report (did the sweep write any row?)")
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    figs = trajectory_figures(df, phases=_phases_for_figures(phases), correlations=correlations)
+    sections: list[tuple[str, str, str]] = []  # (anchor, heading, html)
+
+    fig_html = []
+    for i, (name, fig) in enumerate(figs.items()):
+        fig_html.append(f'<div class="figure" data-figure="{html.escape(name)}">{figure_html(fig, f"fig-{i}")}</div>')
+    sections.append(("trajectory", "Trajectory", "".join(fig_html)))
+
+    crows = _correlation_rows(correlations)
+    if crows:
+        cols = [c for c in ("pair", "x", "y", "method", "controls", "covariates", "r", "ci_low", "ci_high", "p", "n",
+                            "n_excluded", "note") if any(c in r for r in crows)]
+        sections.append(("correlations", "Correlations",
+                         '<p class="note">r with bootstrap 95% interval [ci_low, ci_high] and p-value across checkpoints '
+                         '(derived checkpoints excluded).</p>' + _table(crows, cols, left=("pair", "x", "y", "method", "controls",
+                                                                                             "covariates", "note"))))
+    prows = _phase_rows(phases)
+    if prows:
+        sections.append(("phases", "Phases", _table(prows, ["run", "phase", "found", "step", "lr", "n"], left=("run", "phase"))))
+
+    surf = _surfaces(surfaces)
+    if surf:
+        parts = []
+        for j, (label, s) in enumerate(surf):
+            fig = s.figure(title=f"{label}")
+            pts = [{"point": k, "x": v[0], "y": v[1], "loss": v[2]} for k, v in s.points.items()]
+            norms = [{"quantity": k, "value": v} for k, v in (s.plane.get("norms") or {}).items()]
+            parts.append(f"<h3>{html.escape(str(label))}</h3>"
+                         f'<div class="figure" data-figure="surface:{html.escape(str(label))}">{figure_html(fig, f"surf-{j}")}</div>'
+                         + _table(pts, ["point", "x", "y", "loss"], left=("point",)) + _table(norms, left=("quantity",))
+                         + (f'<p class="note">{s.n_nonfinite} grid point(s) had a non-finite loss (holes).</p>'
+                            if s.n_nonfinite else ""))
+        sections.append(("planes", "Quantization planes", "".join(parts)))
+
+    if "status" in df:
+        failed = df[df["status"] == "failed"]
+        if len(failed):
+            frows = failed.drop_duplicates(["checkpoint", "probe", "spec"])[["checkpoint", "probe", "spec", "error"]].to_dict("records")
+            sections.append(("failed", f"Failed probes ({len(frows)})", _table(frows, left=("checkpoint", "probe", "spec", "error"))))
+
+    counts = {"checkpoints": int(df["checkpoint"].nunique()), "runs": int(df["run"].fillna("run").nunique()) if "run" in df else 1,
+              "result rows": int(len(df))}
+    plan_text = _plan_json(plan)
+    meta = _table([{"item": k, "value": v} for k, v in counts.items()], left=("item",))
+    if plan_text:
+        meta += f"<h3>Plan</h3><pre>{html.escape(plan_text)}</pre>"
+    vers = dict(versions) if versions is not None else globals()["versions"]()
+    meta += "<h3>Versions</h3>" + _table([{"package": k, "version": v} for k, v in vers.items()], left=("package", "version"))
+    if "data_hash" in df:
+        hashes = sorted({str(h) for h in df["data_hash"].dropna()})
+        if hashes:
+            meta += f'<p class="note">data hash(es): {html.escape(", ".join(hashes))}</p>'
+    sections.append(("plan", "Plan and versions", meta))
+
+    nav = " ".join(f'<a href="#{a}">{html.escape(h)}</a>' for a, h, _ in sections)
+    body = "".join(f'<section id="{a}"><h2>{html.escape(h)}</h2>{content}</section>' for a, h, content in sections)
+    created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    page = (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
+        f"<script type=\"text/javascript\">/* plotly.js {plotly.__version__} embedded */{get_plotlyjs()}</script>"
+        "</head><body>"
+        f"<h1>{html.escape(title)}</h1><p class=\"sub\">generated {created} by losslens</p>"
+        + (f"<p>{html.escape(notes)}</p>" if notes else "")
+        + f"<nav>{nav}</nav>{body}</body></html>\n"
+    )
+    tmp = out_path.with_suffix(out_path.suffix + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, out_path)
+    return out_path
+
+
+def surface_page(surface, out_path: str | os.PathLike, title: str = "losslens surface", log: bool = False,
+                 extra: Mapping[str, Any] | None = None, profiles: bool = True) -> Path:
+    """A self-contained HTML page for one :class:`geometry.surface.Surface`: the 3D surface +
+    contour, 1-D profiles along e₁ (through A and B) and e₂, the marked points and the plane's norms."""
+    import plotly
+    from plotly.offline import get_plotlyjs
+
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    figs = [("surface", surface.figure(log=log, title=title))]
+    if profiles:
+        figs.append(("profile-x", surface.profile("x", 0.0, log=log)))
+        figs.append(("profile-y", surface.profile("y", 0.0, log=log)))
+    parts = [f'<div class="figure" data-figure="{n}">{figure_html(f, f"fig-{i}")}</div>' for i, (n, f) in enumerate(figs)]
+    pts = [{"point": k, "x": v[0], "y": v[1], "loss": v[2]} for k, v in surface.points.items()]
+    norms = [{"quantity": k, "value": v} for k, v in (surface.plane.get("norms") or {}).items()]
+    info = [{"item": k, "value": v} for k, v in (extra or {}).items()]
+    info += [{"item": "grid", "value": f"{len(surface.x)}×{len(surface.y)}"},
+             {"item": "non-finite grid points", "value": surface.n_nonfinite},
+             {"item": "seconds", "value": round(surface.seconds, 2)}]
+    page = (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
+        f"<script type=\"text/javascript\">/* plotly.js {plotly.__version__} embedded */{get_plotlyjs()}</script>"
+        f"</head><body><h1>{html.escape(title)}</h1>"
+        + "".join(parts)
+        + "<h2>Points</h2>" + _table(pts, ["point", "x", "y", "loss"], left=("point",))
+        + "<h2>Plane</h2>" + _table(norms, left=("quantity",))
+        + _table(info, left=("item", "value"))
+        + "</body></html>\n"
+    )
+    out_path.write_text(page, encoding="utf-8")
+    return out_path
+
+
+def export_png(fig, path: str | os.PathLike, **kwargs) -> bool:
+    """Write ``fig`` as a static PNG through kaleido when kaleido and a Chromium are available.
+
+    Returns True on success, False (with a warning) when kaleido or its browser is missing -- PNG
+    export is optional; the HTML report never needs it.
+    """
+    import warnings
+
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        warnings.warn("static PNG export needs `pip install kaleido` (and a Chromium); skipped", RuntimeWarning, stacklevel=2)
+        return False
+    try:
+        fig.write_image(str(path), **kwargs)
+        return True
+    except Exception as exc:  # kaleido present but no browser, or another runtime failure
+        warnings.warn(f"static PNG export failed ({type(exc).__name__}: {exc}); skipped", RuntimeWarning, stacklevel=2)
+        return False
+
+
+__all__ = ["ReportError", "build_report", "surface_page", "export_png", "versions", "figure_html"]

@@ -1,0 +1,169 @@
+"""probes.figures and probes.report: traces and markers from results, the HTML report, `losslens report`."""
+from __future__ import annotations
+
+import math
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from probes.figures import (
+    curvature_figure,
+    loss_figure,
+    quant_error_figure,
+    sharpness_vs_quant_figure,
+    synthetic_results,
+    trajectory_figures,
+)
+from probes.report import build_report, export_png, surface_page
+
+PHASES = [{"name": "FP convergence", "step": 400, "lr": 1e-3}, {"name": "quantization divergence", "step": 500, "lr": 7e-4}]
+
+
+@pytest.fixture(scope="module")
+def df():
+    return synthetic_results(n_checkpoints=6, runs=("wsd", "cosine"), specs=("rtn:4:g128", "int8"))
+
+
+def _names(fig):
+    return [t.name for t in fig.data]
+
+
+def test_loss_figure_runs_derived_lr_and_phases(df):
+    fig = loss_figure(df, phases=PHASES)
+    names = _names(fig)
+    assert names == ["FP loss · wsd", "FP loss · wsd (derived/LAWA)", "FP loss · cosine", "FP loss · cosine (derived/LAWA)",
+                     "LR · wsd", "LR · cosine"]
+    line, lawa = fig.data[0], fig.data[1]
+    assert line.mode == "lines+markers" and lawa.mode == "markers" and lawa.marker.symbol == "star"
+    assert len(line.x) == 6 and len(lawa.x) == 1
+    wsd = df[(df.run == "wsd") & (df.probe == "loss") & (df.metric == "loss") & ~df.derived]
+    assert list(line.y) == pytest.approx(wsd["value"].tolist())
+    lr = fig.data[4]
+    assert lr.yaxis == "y2" and fig.layout.yaxis2.title.text == "learning rate"
+    rects = [s for s in fig.layout.shapes if s.type == "rect"]
+    vlines = [s for s in fig.layout.shapes if s.type == "line"]
+    assert len(rects) == 2 and len(vlines) == 2 and rects[0].x0 == 400 and rects[1].x0 == 500 and rects[1].x1 == 600
+    assert any("FP convergence" in a.text for a in fig.layout.annotations)
+
+
+def test_quant_figure_is_log_per_spec_and_counts_non_positive(df):
+    fig = quant_error_figure(df)
+    assert fig.layout.yaxis.type == "log"
+    assert {n.split(" · ")[0] for n in _names(fig) if not n.startswith("LR")} == {"rtn:4:g128", "int8"}
+    bad = df.copy()
+    idx = bad.index[(bad.probe == "quant") & (bad.metric == "rel_loss_error")][:2]
+    bad.loc[idx, "value"] = [-1e-4, 0.0]
+    fig2 = quant_error_figure(bad)
+    assert "2 value(s) ≤ 0 not shown" in fig2.layout.title.text
+    drawn = sum(len(t.y) for t in fig2.data if not t.name.startswith("LR"))
+    assert drawn == sum(len(t.y) for t in fig.data if not t.name.startswith("LR")) - 2
+
+
+def test_curvature_figure_trace_and_lambda_with_error_bars(df):
+    fig = curvature_figure(df, phases=PHASES)
+    names = _names(fig)
+    assert "trace (hutch++) · wsd" in names and "λ_max · cosine" in names and "λ_max · wsd (derived/LAWA)" in names
+    tr = fig.data[names.index("trace (hutch++) · wsd")]
+    assert tr.error_y.array is not None and len(tr.error_y.array) == 6
+    assert sum(1 for t in fig.data if t.name and t.name.startswith("LR") and t.showlegend is not False) == 2
+    assert len([s for s in fig.layout.shapes if s.type == "rect"]) == 4  # shaded in both rows
+
+
+def test_scatter_coloured_by_step_with_correlation_in_title(df):
+    corr = {"r": 0.91, "ci_low": 0.5, "ci_high": 0.98, "p": 0.002, "n": 6, "method": "pearson"}
+    fig = sharpness_vs_quant_figure(df, y="rtn:4:g128", correlation=corr)
+    assert "r = +0.910" in fig.layout.title.text and "95% CI +0.500, +0.980" in fig.layout.title.text
+    first = fig.data[0]
+    assert first.marker.colorbar.title.text == "step" and first.marker.showscale
+    assert list(first.marker.color) == pytest.approx([100, 200, 300, 400, 500, 600])
+    stars = [t for t in fig.data if t.marker.symbol == "star"]
+    assert len(stars) == 2  # one LAWA point per run
+
+
+def test_trajectory_figures_with_analysis_objects(df):
+    analysis = pytest.importorskip("probes.analysis")
+    wsd = df[df.run == "wsd"]
+    phases = analysis.detect_phases(wsd, gap="rtn:4:g128")
+    table = analysis.summary(wsd, n_boot=100)
+    figs = trajectory_figures(df, phases=phases, correlations=table)
+    assert list(figs) == ["loss", "quant", "sharpness", "scatter:rtn:4:g128", "scatter:int8"]
+    row = table[(table.x == "trace") & (table.y == "rtn:4:g128") & (table.method == "pearson")].iloc[0]
+    assert f"r = {row.r:+.3f}" in figs["scatter:rtn:4:g128"].layout.title.text
+    c = analysis.correlate(np.arange(5.0), np.arange(5.0) ** 2, n_boot=50)
+    fig = sharpness_vs_quant_figure(df, y="int8", correlation=c)
+    assert f"r = {c.r:+.3f}" in fig.layout.title.text
+
+
+def test_figures_never_crash_on_missing_probes():
+    only_loss = synthetic_results(n_checkpoints=3)
+    only_loss = only_loss[only_loss.probe == "loss"]
+    figs = trajectory_figures(only_loss)
+    assert list(figs) == ["loss"]
+    fig = curvature_figure(only_loss)
+    assert any("no 'trace'" in a.text for a in fig.layout.annotations)
+
+
+def _tiny_surface():
+    from geometry.surface import Surface
+
+    x, y = np.linspace(-1, 2, 5), np.linspace(-1, 2, 4)
+    loss = 3 + np.add.outer(y ** 2, x ** 2)
+    return Surface(x, y, loss, {"A": (0, 0, 3.0), "B": (1, 0, 4.0), "C": (0.1, 1, 4.1)}, {"kind": "points", "norms": {"|B-A|": 1.0}})
+
+
+def test_build_report_is_one_self_contained_file(df, tmp_path):
+    out = build_report(df, tmp_path / "sub" / "r.html", phases=PHASES, surfaces=[_tiny_surface()],
+                       plan={"quant": ["rtn:4:g128"]}, versions={"torch": "x.y"}, title="T")
+    text = out.read_text()
+    assert text.count("<script type=\"text/javascript\">/* plotly.js") == 1  # plotly.js embedded once
+    assert not re.search(r"<script[^>]+src=", text)
+    assert len(re.findall(r'class="plotly-graph-div"', text)) == 6  # 5 trajectory figures + 1 surface
+    for section in ("Trajectory", "Phases", "Quantization planes", "Plan and versions"):
+        assert f">{section}</h2>" in text
+    assert "x.y" in text and "rtn:4:g128" in text
+    with pytest.raises(ValueError, match="empty"):
+        build_report(df.iloc[:0], tmp_path / "e.html")
+
+
+def test_surface_page_and_png_export_skip(tmp_path):
+    out = surface_page(_tiny_surface(), tmp_path / "s.html", extra={"A (checkpoint)": "step-100"})
+    text = out.read_text()
+    assert len(re.findall(r'class="plotly-graph-div"', text)) == 3 and "step-100" in text
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        with pytest.warns(RuntimeWarning, match="kaleido"):
+            assert export_png(_tiny_surface().figure(), tmp_path / "s.png") is False
+
+
+def test_report_command_on_a_store(df, tmp_path):
+    sweep = pytest.importorskip("probes.sweep")
+    from typer.testing import CliRunner
+
+    from probes.cli import app
+
+    path = tmp_path / "results.sqlite"
+    wsd = df[df.run == "wsd"]
+    with sweep.Store(path) as st:
+        cks = wsd.drop_duplicates("checkpoint")
+        st.add_checkpoints(SimpleNamespace(label=r.checkpoint, step=int(r.step), tokens=int(r.tokens),
+                                           lr=None if r.lr is None or (isinstance(r.lr, float) and math.isnan(r.lr)) else r.lr,
+                                           kind="derived" if r.derived else "hf_dir", location=None)
+                           for r in cks.itertuples())
+        for (ck, probe, spec), g in wsd.groupby(["checkpoint", "probe", "spec"], sort=False):
+            metrics = [{"metric": m.metric, "value": m.value, "stderr": None if math.isnan(m.stderr) else m.stderr,
+                        "ci_low": None, "ci_high": None} for m in g.itertuples()]
+            st.write(sweep.ProbeRow(ck, probe, spec, metrics=metrics), data_hash="h", run="wsd")
+        st.write(sweep.ProbeRow("wsd-step100", "kurtosis", "", status="failed", error="ValueError: boom"), run="wsd")
+    surf = tmp_path / "plane.json"
+    _tiny_surface().save(surf)
+    out = tmp_path / "report.html"
+    res = CliRunner().invoke(app, ["report", str(path), "--out", str(out), "--surface", str(surf), "--n-boot", "100"])
+    assert res.exit_code == 0, res.output
+    text = out.read_text()
+    assert "Correlations" in text and "Phases" in text and "boom" in text and "plane" in text
+    assert len(re.findall(r'class="plotly-graph-div"', text)) == 6
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "missing.sqlite")])
+    assert res.exit_code == 2
