@@ -1,0 +1,75 @@
+"""Curvature of the loss along one direction: gᵀd, dᵀHd and the second-order prediction.
+
+For a quantization step d = θ̂ − θ this links sharpness to quantization error directly
+(SCIENCE.md §4): ΔL ≈ gᵀd + ½ dᵀHd, to compare with the measured L(θ̂) − L(θ).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Mapping
+
+import torch
+
+from .operator import CurvatureOperator
+from .results import DirectionalCurvature, EstimatorError
+from .trace import _check_op
+
+__all__ = ["directional_curvature"]
+
+
+def directional_curvature(
+    op: CurvatureOperator,
+    direction: Mapping[str, torch.Tensor] | torch.Tensor,
+) -> DirectionalCurvature:
+    """Loss, slope and curvature of the loss along ``direction``.
+
+    Args:
+        op: a curvature operator with a ``gradient() -> (loss, flat grad [dim])`` method, e.g.
+            :class:`~geometry.hessian.HessianOperator`.
+        direction: d as a dict ``{name: tensor of the parameter's shape}`` with exactly the keys of
+            ``op.space`` (e.g. ``{n: q[n] - p[n]}`` for a quantized copy), or a flat ``[dim]``
+            tensor in the space's order. Cast to the operator's dtype and device; not scaled.
+
+    Returns:
+        :class:`DirectionalCurvature`: ``loss``, ``gTd``, ``dHd``, ``predicted_delta = gTd + dHd/2``
+        (second-order change of the loss, loss units), ``direction_norm``. Cost: one gradient (one
+        forward + backward per batch) and one HVP.
+    """
+    _check_op(op)
+    gradient = getattr(op, "gradient", None)
+    if not callable(gradient):
+        raise EstimatorError(
+            f"directional_curvature needs an operator with a gradient() method (e.g. HessianOperator); "
+            f"{type(op).__name__} has none"
+        )
+    if isinstance(direction, Mapping):
+        if op.space is None:
+            raise EstimatorError("a dict direction needs op.space to order its entries; pass a flat [dim] tensor")
+        d = op.space.flatten({k: torch.as_tensor(v) for k, v in direction.items()})
+    elif isinstance(direction, torch.Tensor):
+        d = direction
+    else:
+        raise EstimatorError(f"direction must be a dict of tensors or a flat tensor, got {type(direction).__name__}")
+    if d.ndim != 1 or d.shape[0] != op.dim:
+        raise EstimatorError(f"direction has shape {tuple(d.shape)}; expected a flat [{op.dim}] vector")
+    d = d.detach().to(device=op.device, dtype=op.dtype)
+    if not torch.isfinite(d).all():
+        raise EstimatorError("direction contains NaN/Inf")
+    t0, n0 = time.perf_counter(), op.num_matvecs
+    loss, g = gradient()
+    loss = float(loss)
+    g = g.detach().reshape(-1).to(device=op.device)
+    if g.shape[0] != op.dim:
+        raise EstimatorError(f"op.gradient() returned a gradient of length {g.shape[0]}, expected {op.dim}")
+    Hd = op.matvec_flat(d)
+    gTd = float(torch.dot(g.double(), d.double()))
+    dHd = float(torch.dot(d.double(), Hd.double()))
+    norm = float(d.double().norm())
+    for name, x in (("loss", loss), ("gTd", gTd), ("dHd", dHd)):
+        if not math.isfinite(x):
+            raise EstimatorError(f"{name} is not finite ({x}); check the loss and the direction")
+    return DirectionalCurvature(
+        loss=loss, gTd=gTd, dHd=dHd, predicted_delta=gTd + 0.5 * dHd, direction_norm=norm,
+        num_matvecs=op.num_matvecs - n0, seconds=time.perf_counter() - t0, num_gradients=1,
+    )
