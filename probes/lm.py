@@ -52,7 +52,9 @@ def lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     device = next(model.parameters()).device
     ids = batch.to(device=device, dtype=torch.long)
     logits = _logits(model, ids)
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+    if logits.dtype in (torch.float16, torch.bfloat16):  # half precision: take the softmax in float32
+        logits = logits.float()
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
 def target_count(batch: torch.Tensor) -> int:

@@ -20,6 +20,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+# Tiny models on 2 cores: one intra-op thread is faster (no synchronisation on small matrices)
+# and makes timings independent of the machine's other load.
+torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     torch.manual_seed(0)

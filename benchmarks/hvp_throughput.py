@@ -1,0 +1,273 @@
+"""HVP throughput: per-vector Hessian-vector-product time ÷ one gradient time (lower is better).
+
+``python -m benchmarks.hvp_throughput [--quick] [--repeats N] [--json PATH]``
+
+Models: randomly initialised HF GPT-NeoX (LayerNorm, GELU) and Llama (RMSNorm, SiLU) causal LMs
+with eager attention in float32, ~1M parameters (hidden 128, 4 layers, vocab 512) and ~9M
+parameters (hidden 256, 6 layers, vocab 8192); batches of 8 sequences × 128 tokens; loss
+:func:`probes.lm.lm_loss`; curvature w.r.t. every parameter.
+
+Methods (each timing is paired with a gradient of the same batches measured just before it, so
+machine-load drift cancels; the reported ratio is the median over repeats of
+``t_call / (k · t_gradient)``):
+
+- ``ours-reverse-vec`` / ``ours-reverse-seq``: :class:`geometry.hessian.HessianOperator`, reverse
+  backend, ``vectorize=True`` / ``False``, one ``matmat`` of k vectors (graph build included);
+- ``ours-forward``: forward backend (jvp of grad, vmapped), one ``matmat`` of k vectors;
+- ``pyhessian``: PyHessian 0.1. One batch: ``hessian_vector_product`` called k times on the graph
+  built once by ``hessian(...)`` — the graph build is *not* charged (favourable to PyHessian).
+  Several batches: ``dataloader_hv_product`` per vector (it rebuilds the graph per batch);
+- ``curvlinops-matvec`` / ``curvlinops-matmat``: curvlinops 3.x ``HessianLinearOperator @ v``
+  (k = 1) and ``@ M`` with k columns (vmapped jvp of jacrev).
+
+For each peer the relative error of its products against ours (``rel_err``, ‖peer − ours‖/‖ours‖
+over the same vectors) is recorded; peer failures are caught and recorded in ``status``.
+``--quick`` (used by the test suite's smoke test): 1M models only, batches 4×64, one repeat, a
+reduced method set, 2 instead of 8 batches for the multi-batch rows. Runs single-threaded by
+default (``--threads``) for stable ratios on a shared machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from geometry.hessian import HessianOperator
+from probes.lm import lm_loss
+
+SIZES = {"1M": dict(hidden=128, layers=4, vocab=512), "10M": dict(hidden=256, layers=6, vocab=8192)}
+BATCH, SEQ = 8, 128
+QUICK_SHAPE = (4, 64)  # --quick: smaller batches so the smoke test stays well under a minute
+
+
+def build_model(arch: str, size: str, seed: int = 0) -> nn.Module:
+    """Random HF causal LM (float32, eager attention, eval mode)."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    h, L, V = SIZES[size]["hidden"], SIZES[size]["layers"], SIZES[size]["vocab"]
+    torch.manual_seed(seed)
+    if arch == "neox":
+        cfg = GPTNeoXConfig(vocab_size=V, hidden_size=h, num_hidden_layers=L, num_attention_heads=4,
+                            intermediate_size=4 * h, max_position_embeddings=SEQ, tie_word_embeddings=False,
+                            use_cache=False, attn_implementation="eager")
+        model = GPTNeoXForCausalLM(cfg)
+    else:
+        cfg = LlamaConfig(vocab_size=V, hidden_size=h, num_hidden_layers=L, num_attention_heads=4,
+                          num_key_value_heads=4, intermediate_size=(8 * h // 3) // 8 * 8, max_position_embeddings=SEQ,
+                          tie_word_embeddings=False, use_cache=False, attn_implementation="eager")
+        model = LlamaForCausalLM(cfg)
+    return model.eval()
+
+
+class _Logits(nn.Module):
+    """``ids [b, s] -> logits [b, s, V]`` (PyHessian's ``model(inputs)``)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.m = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.m(input_ids=ids).logits
+
+
+class _FlatLogits(_Logits):
+    """``ids -> logits[:, :-1]`` flattened to [b (s-1), V] (curvlinops' ``model_func``)."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        logits = self.m(input_ids=ids).logits
+        return logits[:, :-1].reshape(-1, logits.shape[-1])
+
+
+def _shifted_ce(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """PyHessian's ``criterion(outputs, targets)``: the same loss as ``lm_loss``."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+
+
+def _gradient(model: nn.Module, batches: list[torch.Tensor]) -> Callable[[], None]:
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def run() -> None:
+        for b in batches:
+            torch.autograd.grad(lm_loss(model, b), params)
+
+    return run
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def _methods(model: nn.Module, batches: list[torch.Tensor], quick: bool):
+    """Yield ``(method, k, call)``; ``call(V [k, dim]) -> [k, dim]`` (or raises)."""
+    multi = len(batches) > 1
+    if multi:
+        ks_rev = {False: (4,) if quick else (8,), True: ()}
+    else:
+        ks_rev = {v: (4,) if quick else (1, 4, 8, 16) for v in (False, True)}
+    for vec in (False, True):
+        op = HessianOperator(model, lm_loss, batches, backend="reverse", vectorize=vec)
+        for k in ks_rev[vec]:
+            yield f"ours-reverse-{'vec' if vec else 'seq'}", k, op.matmat_flat
+    if not multi:
+        op = HessianOperator(model, lm_loss, batches, backend="forward")
+        for k in ((2,) if quick else (1, 4, 8)):
+            yield "ours-forward", k, op.matmat_flat
+    yield "pyhessian", (1 if quick and multi else 2 if quick or multi else 8), _pyhessian(model, batches)
+    if not multi and not quick:
+        yield "curvlinops-matvec", 1, _curvlinops(model, batches)
+    yield "curvlinops-matmat", (2 if quick else 8), _curvlinops(model, batches)
+
+
+def _pyhessian(model: nn.Module, batches: list[torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    from pyhessian import hessian
+    from pyhessian.utils import hessian_vector_product
+
+    wrapped = _Logits(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    shapes = [p.shape for p in params]
+
+    def split(v: torch.Tensor) -> list[torch.Tensor]:
+        return [t.view(s) for t, s in zip(torch.split(v, [s.numel() for s in shapes]), shapes)]
+
+    def call(V: torch.Tensor) -> torch.Tensor:
+        try:
+            if len(batches) == 1:
+                H = hessian(wrapped, _shifted_ce, data=(batches[0], batches[0]), cuda=False)
+                t0 = time.perf_counter()  # graph build not charged: only the k HVPs count
+                out = [torch.cat([h.reshape(-1) for h in hessian_vector_product(H.gradsH, H.params, split(v))]) for v in V]
+                call.charged = time.perf_counter() - t0
+            else:
+                H = hessian(wrapped, _shifted_ce, dataloader=[(b, b) for b in batches], cuda=False)
+                out = [torch.cat([h.reshape(-1) for h in H.dataloader_hv_product(split(v))[1]]) for v in V]
+                call.charged = None
+            return torch.stack(out).detach()
+        finally:
+            model.zero_grad(set_to_none=True)  # PyHessian leaves create_graph grads in .grad
+
+    call.charged = None
+    return call
+
+
+def _curvlinops(model: nn.Module, batches: list[torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def call(V: torch.Tensor) -> torch.Tensor:
+        from curvlinops import HessianLinearOperator
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        data = [(b, b[:, 1:].reshape(-1)) for b in batches]
+        op = HessianLinearOperator(_FlatLogits(model), nn.CrossEntropyLoss(), params, data,
+                                   check_deterministic=False, num_data=sum(b.shape[0] for b in batches))
+        out = op @ (V[0] if V.shape[0] == 1 else V.T)
+        return (out.unsqueeze(0) if V.shape[0] == 1 else out.T).detach()
+
+    call.charged = None
+    return call
+
+
+def bench_model(arch: str, size: str, n_batches: int, repeats: int, quick: bool, seed: int = 0) -> list[dict]:
+    """Rows for one model and batch count (see module docstring for the columns)."""
+    model = build_model(arch, size, seed)
+    vocab = SIZES[size]["vocab"]
+    g = torch.Generator().manual_seed(seed)
+    shape = QUICK_SHAPE if quick else (BATCH, SEQ)
+    batches = [torch.randint(0, vocab, shape, generator=g) for _ in range(n_batches)]
+    n_params = sum(p.numel() for p in model.parameters())
+    grad = _gradient(model, batches)
+    grad()  # warm-up
+    V = torch.randn(16, n_params, generator=g)
+    reference: dict[int, torch.Tensor] = {}
+    rows = []
+    for method, k, call in _methods(model, batches, quick):
+        row = dict(arch=arch, size=size, params=n_params, batches=n_batches, tokens=shape[0] * shape[1] * n_batches,
+                   method=method, k=k, ratio=None, hvp_s=None, grad_s=None, rel_err=None, status="ok")
+        try:
+            ratios, hvps, grads = [], [], []
+            if method.startswith("ours"):
+                call(V[:1])  # warm-up (first-call overhead of vmap / the autograd engine)
+            for _ in range(repeats):
+                tg, _ = _timed(grad)
+                th, out = _timed(lambda: call(V[:k]))
+                th = getattr(call, "charged", None) or th
+                ratios.append(th / (k * tg)); hvps.append(th / k); grads.append(tg)
+            row.update(ratio=statistics.median(ratios), hvp_s=statistics.median(hvps), grad_s=statistics.median(grads))
+            if method.startswith("ours-reverse") and k not in reference:
+                reference[k] = out
+            ref = reference.get(max(reference)) if reference else None
+            if not method.startswith("ours") and ref is not None:
+                row["rel_err"] = _rel(out, ref[:k])
+            elif method == "ours-forward" and ref is not None:
+                row["rel_err"] = _rel(out, ref[:k])
+        except Exception as e:  # peers are expected to fail on some models: record, do not crash
+            row["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+        rows.append(row)
+    return rows
+
+
+def run(quick: bool = False, repeats: int | None = None, sizes: tuple[str, ...] | None = None,
+        threads: int | None = 1) -> list[dict]:
+    """All benchmark rows (list of dicts, columns as in :func:`format_table`).
+
+    ``quick``: 1M models, batches 4×64, one repeat, a reduced method set, 2-batch rows.
+    ``threads``: torch intra-op threads for the run (1 by default: the most stable ratios on a
+    shared machine; ``None`` leaves torch's default). Multi-batch rows are run for the 1M models.
+    """
+    repeats = repeats if repeats is not None else (1 if quick else 3)
+    sizes = ("1M",) if quick else (sizes or ("1M", "10M"))
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    rows: list[dict] = []
+    try:
+        for size in sizes:
+            for arch in ("neox", "llama"):
+                rows += bench_model(arch, size, 1, repeats, quick)
+                if size == "1M":
+                    rows += bench_model(arch, size, 2 if quick else 8, repeats, quick)
+    finally:
+        torch.set_num_threads(old_threads)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'model':<12}{'batches':>8}  {'method':<20}{'k':>4}{'HVP/grad':>10}{'grad s':>9}{'rel err':>10}  status"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+        gs = f"{r['grad_s']:.3f}" if r["grad_s"] is not None else "-"
+        err = f"{r['rel_err']:.1e}" if r["rel_err"] is not None else "-"
+        lines.append(f"{r['arch'] + '-' + r['size']:<12}{r['batches']:>8}  {r['method']:<20}{r['k']:>4}{ratio:>10}{gs:>9}{err:>10}  {r['status']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1M models, one repeat, reduced set (< 60 s)")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--sizes", default="1M,10M", help="comma-separated model sizes (1M, 10M)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+    print(f"# torch {torch.__version__}, {platform.machine()} {platform.processor() or ''}, "
+          f"{args.threads or torch.get_num_threads()} threads")
+    rows = run(quick=args.quick, repeats=args.repeats, sizes=tuple(args.sizes.split(",")), threads=args.threads or None)
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
