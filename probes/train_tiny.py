@@ -23,7 +23,17 @@ A nanoGPT-style loop -- read it top to bottom:
    (``step * batch_size * seq_len``), the LR of the last update, the mean training loss since the
    previous checkpoint, and the validation loss (:func:`probes.lm.evaluate` on the validation set).
 
-Resuming / forking: ``train_tiny(cfg, out, resume_from=ckpt_dir)`` loads a checkpoint's weights
+Schedules (``wsd`` / ``cosine`` / ``constant`` / ``linear``) are the pure functions of
+:mod:`probes.schedules`; :func:`lr_at` picks one from the config.
+
+Sweeps: :func:`train_sweep` (``losslens train-tiny --sweep lr=1e-3,3e-3 --sweep wd=0.1,0.5
+--seeds 0,1``) trains the cartesian product of config values, one folder per run named like
+``wsd-lr3e-3-wd0.5-s0``, indexed in ``OUT/sweep.json``; reruns skip finished runs.
+
+Schedule forks (continue a checkpoint under cosine / SGDR / oscillating schedules, compare the
+forks' quantization gaps) live in :mod:`probes.forks` and reuse :func:`run_loop`.
+
+Resuming: ``train_tiny(cfg, out, resume_from=ckpt_dir)`` loads a checkpoint's weights
 (and AdamW state when it has ``training_state.pt``; otherwise the moments restart from zero --
 documented in ``trajectory.json``) and continues at its step under ``cfg``'s schedule. Rerunning
 ``train_tiny`` with the same config into a finished folder returns the existing trajectory.
@@ -47,11 +57,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import schedules
 from .checkpoints import CheckpointRef, Trajectory
 from .lm import evaluate, lm_loss
 from .tokenset import TokenSet
 
-__all__ = ["TrainConfig", "TrainError", "lr_at", "train_tiny", "prepare_data", "build_model", "SCHEDULES"]
+__all__ = ["TrainConfig", "TrainError", "lr_at", "train_tiny", "prepare_data", "build_model", "build_optimizer",
+           "get_batch", "save_checkpoint", "run_loop", "SCHEDULES", "train_sweep", "plan_sweep", "parse_sweep",
+           "sweep_run_name", "format_value", "SWEEP_ALIASES"]
 
 SCHEDULES = ("wsd", "cosine", "constant", "linear")
 FORMAT = "losslens-trajectory/1"
@@ -125,7 +138,9 @@ class TrainConfig:
 
     @property
     def run_name(self) -> str:
-        return self.name or f"tiny-{self.schedule}-lr{self.peak_lr:g}-wd{self.weight_decay:g}-s{self.seed}"
+        """``name``, or ``tiny-{schedule}-lr{peak_lr}-wd{weight_decay}-s{seed}`` (e.g. ``tiny-wsd-lr3e-3-wd0.1-s0``)."""
+        return self.name or (f"tiny-{self.schedule}-lr{format_value(self.peak_lr)}-wd{format_value(self.weight_decay)}"
+                             f"-s{self.seed}")
 
     @property
     def checkpoint_steps(self) -> list[int]:
@@ -147,23 +162,17 @@ class TrainConfig:
 
 def lr_at(step: int, config: TrainConfig) -> float:
     """Learning rate of the optimizer update that produces step ``step`` (1-based: update 1 turns
-    the initial weights into step 1). Pure function of (step, config); see :class:`TrainConfig`."""
+    the initial weights into step 1). Pure function of (step, config); see :class:`TrainConfig`
+    and the schedule functions in :mod:`probes.schedules`."""
     peak, low, total = config.peak_lr, config.peak_lr * config.min_lr_ratio, config.steps
     warm = round(config.warmup * total)
-    if warm > 0 and step <= warm:
-        return peak * step / warm
     if config.schedule == "constant":
-        return peak
+        return schedules.constant_lr(step, peak, warm)
     if config.schedule == "wsd":
-        decay_steps = round(config.decay * total)
-        start = total - decay_steps
-        if decay_steps == 0 or step <= start:
-            return peak
-        return peak + (low - peak) * min(1.0, (step - start) / decay_steps)
-    progress = min(1.0, (step - warm) / max(1, total - warm))
+        return schedules.wsd_lr(step, total, peak, low, warm, round(config.decay * total))
     if config.schedule == "cosine":
-        return low + (peak - low) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    return peak + (low - peak) * progress  # linear
+        return schedules.cosine_lr(step, total, peak, low, warm)
+    return schedules.linear_lr(step, total, peak, low, warm)
 
 
 # --------------------------------------------------------------------------------------------
@@ -322,8 +331,6 @@ def train_tiny(config: TrainConfig, out_dir: str | Path, progress: bool = True, 
 
 
 def _train(config: TrainConfig, out: Path, progress: bool, resume_from, overwrite: bool, data_dir) -> Trajectory:
-    from tqdm.auto import tqdm
-
     out.mkdir(parents=True, exist_ok=True)
     tj_path = out / "trajectory.json"
     if tj_path.is_file() and resume_from is None:
@@ -361,18 +368,42 @@ def _train(config: TrainConfig, out: Path, progress: bool, resume_from, overwrit
                      "transformers": __import__("transformers").__version__},
         "notes": notes, "checkpoints": records, "complete": False,
     }
-    ckpt_steps = [s for s in config.checkpoint_steps if s > start]
+    run_loop(model, optimizer, train, val, tok, out, record, config, start=start,
+             checkpoint_steps=config.checkpoint_steps, lr_fn=lambda step: lr_at(step, config), progress=progress,
+             t_start=t_start)
+    return Trajectory.from_folder(out)
+
+
+def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, train: torch.Tensor, val: TokenSet, tok: Any,
+             out: Path, record: dict, config: TrainConfig, start: int, checkpoint_steps: list[int], lr_fn,
+             progress: bool = False, t_start: float | None = None, checkpoint_extra=None) -> None:
+    """The training loop shared by :func:`train_tiny` and forks (:mod:`probes.forks`).
+
+    Runs updates ``start + 1 .. config.steps``; update ``step`` uses LR ``lr_fn(step)`` on batch
+    :func:`get_batch` ``(train, step, config)``. At each step of ``checkpoint_steps`` (those
+    ``> start``) it evaluates the validation loss, writes ``out/step-NNNNNN/`` (with AdamW state when
+    ``config.save_optimizer``), appends a record (step, tokens, lr, mean train loss since the last
+    checkpoint, val loss, seconds since ``t_start``, plus ``checkpoint_extra(step)`` when given) to
+    ``record["checkpoints"]`` and rewrites ``out/trajectory.json``; ``record["complete"]`` turns
+    true at ``config.steps``.
+    """
+    from tqdm.auto import tqdm
+
+    t_start = time.perf_counter() if t_start is None else t_start
+    tj_path = out / "trajectory.json"
+    ckpt_steps = {s for s in checkpoint_steps if s > start}
+    records = record["checkpoints"]
     model.train()
     t_loop = time.perf_counter()
     losses: list[float] = []
-    bar = tqdm(range(start + 1, config.steps + 1), desc=config.run_name, disable=not progress, unit="step")
+    bar = tqdm(range(start + 1, config.steps + 1), desc=record["name"], disable=not progress, unit="step")
     for step in bar:
-        lr = lr_at(step, config)
+        lr = lr_fn(step)
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss = lm_loss(model, get_batch(train, step, config))
         if not math.isfinite(loss.item()):
-            raise TrainError(f"training diverged at step {step} (loss {float(loss)}); lower peak_lr")
+            raise TrainError(f"training diverged at step {step} (loss {float(loss)}); lower the learning rate")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.grad_clip > 0:
@@ -388,14 +419,14 @@ def _train(config: TrainConfig, out: Path, progress: bool, resume_from, overwrit
             save_checkpoint(folder, model, tok, optimizer if config.save_optimizer else None, step)
             records.append({"path": folder.name, "step": step, "tokens": step * config.tokens_per_step, "lr": lr,
                             "train_loss": sum(losses) / len(losses), "val_loss": val_loss,
-                            "seconds": round(time.perf_counter() - t_start, 3)})
+                            "seconds": round(time.perf_counter() - t_start, 3),
+                            **(checkpoint_extra(step) if checkpoint_extra else {})})
             losses = []
             record["seconds"] = round(time.perf_counter() - t_start, 3)
             record["steps_per_second"] = round((step - start) / (time.perf_counter() - t_loop), 3)
             record["complete"] = step == config.steps
             _write_json(tj_path, record)
     bar.close()
-    return Trajectory.from_folder(out)
 
 
 def _resume(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig,
@@ -419,3 +450,180 @@ def _resume(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer, conf
     if ckpt.parent.resolve() == out.resolve() and tj.is_file():
         records = [r for r in json.loads(tj.read_text()).get("checkpoints", []) if r["step"] <= ref.step]
     return ref.step, records, notes
+
+
+# --------------------------------------------------------------------------------------------
+# sweeps: the cartesian product of config values, one run folder each
+# --------------------------------------------------------------------------------------------
+
+SWEEP_FORMAT = "losslens-sweep/1"
+#: short names accepted in sweep grids (``--sweep lr=...``) for TrainConfig fields
+SWEEP_ALIASES = {"lr": "peak_lr", "wd": "weight_decay", "hidden": "hidden_size", "layers": "num_layers",
+                 "heads": "num_heads", "vocab": "vocab_size", "batch": "batch_size", "seq": "seq_len"}
+#: how each field appears in run names (``wsd-lr3e-3-wd0.5-s0``); other fields use their own name
+_NAME_KEYS = {"peak_lr": "lr", "weight_decay": "wd", "hidden_size": "h", "num_layers": "layers", "num_heads": "heads",
+              "vocab_size": "vocab", "batch_size": "batch", "seq_len": "seq", "min_lr_ratio": "minlr",
+              "data_seed": "ds", "grad_clip": "clip"}
+
+
+def format_value(v: Any) -> str:
+    """Compact, file-name-safe number format for run names: 3e-3, 0.5, 1e-2, 600, true."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        if v != 0 and abs(v) < 0.1:
+            mant, exp = f"{v:e}".split("e")
+            mant = mant.rstrip("0").rstrip(".")
+            return f"{mant}e{int(exp)}"
+        return f"{v:g}"
+    return str(v)
+
+
+def _field_types() -> dict[str, str]:
+    return {f.name: str(f.type) for f in fields(TrainConfig)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """``value`` (often a CLI string) converted to the type of TrainConfig field ``name``."""
+    kind = _field_types()[name]
+    if not isinstance(value, str):
+        return value
+    if value.lower() == "none" and "None" in kind:
+        return None
+    try:
+        if kind.startswith("bool"):
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1", "yes")
+        if kind.startswith("int"):
+            return int(value)
+        if kind.startswith("float"):
+            return float(value)
+    except ValueError:
+        raise TrainError(f"sweep value {value!r} for {name} is not of type {kind}") from None
+    return value
+
+
+def parse_sweep(specs: "list[str] | tuple[str, ...]") -> dict[str, list]:
+    """``["lr=1e-3,3e-3", "wd=0.1,0.5"]`` -> ``{"peak_lr": [0.001, 0.003], "weight_decay": [0.1, 0.5]}``.
+    Keys: TrainConfig field names or :data:`SWEEP_ALIASES`; values converted to the field's type."""
+    grid: dict[str, list] = {}
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        if not sep or not values.strip():
+            raise TrainError(f"bad --sweep {spec!r}: expected KEY=V1,V2,... (e.g. lr=1e-3,3e-3,1e-2)")
+        grid[key.strip()] = [v.strip() for v in values.split(",") if v.strip()]
+    return normalize_grid(grid)
+
+
+def normalize_grid(grid: dict) -> dict[str, list]:
+    """Resolve aliases, convert values to the fields' types, reject unknown/duplicate keys and values."""
+    known = set(_field_types())
+    out: dict[str, list] = {}
+    for key, values in grid.items():
+        name = SWEEP_ALIASES.get(key, key)
+        if name not in known or name in ("seed", "name"):
+            hint = "use seeds=/--seeds for seeds" if name == "seed" else \
+                f"choose from {sorted(set(SWEEP_ALIASES) | known - {'seed', 'name'})}"
+            raise TrainError(f"cannot sweep {key!r}: {hint}")
+        if name in out:
+            raise TrainError(f"{key!r} is swept twice")
+        vals = [_coerce(name, v) for v in (values if isinstance(values, (list, tuple)) else [values])]
+        if not vals:
+            raise TrainError(f"sweep {key!r} has no values")
+        if len({format_value(v) for v in vals}) != len(vals):
+            raise TrainError(f"sweep {key!r} repeats a value: {vals}")
+        out[name] = vals
+    return out
+
+
+def sweep_run_name(config: TrainConfig, keys: "list[str] | tuple[str, ...]" = ()) -> str:
+    """``{schedule}-{key}{value}...-s{seed}`` with the swept ``keys`` in order, e.g.
+    ``wsd-lr3e-3-wd0.5-s0`` (the schedule is always first, the seed always last)."""
+    parts = [config.schedule]
+    for k in keys:
+        if k == "schedule":
+            continue
+        v = getattr(config, k)
+        parts.append(format_value(v) if isinstance(v, str) else f"{_NAME_KEYS.get(k, k)}{format_value(v)}")
+    parts.append(f"s{config.seed}")
+    return "-".join(parts)
+
+
+def plan_sweep(base_config: TrainConfig, grid: dict, seeds: "list[int] | tuple[int, ...] | None" = None
+               ) -> list[TrainConfig]:
+    """The configs of a sweep: the cartesian product of ``grid`` (values vary slowest for the first
+    key) times ``seeds`` (innermost; default ``[base_config.seed]``), each named by
+    :func:`sweep_run_name`."""
+    import itertools
+
+    from dataclasses import replace
+
+    grid = normalize_grid(grid)
+    seeds = [base_config.seed] if seeds is None else [int(s) for s in seeds]
+    if len(set(seeds)) != len(seeds) or not seeds:
+        raise TrainError(f"seeds must be distinct and non-empty, got {seeds}")
+    keys = list(grid)
+    configs = []
+    for combo in itertools.product(*(grid[k] for k in keys)):
+        for seed in seeds:
+            cfg = replace(base_config, **dict(zip(keys, combo)), seed=seed, name=None)
+            configs.append(replace(cfg, name=sweep_run_name(cfg, keys)))
+    return configs
+
+
+def train_sweep(base_config: TrainConfig, grid: dict, out_dir: str | Path,
+                seeds: "list[int] | tuple[int, ...] | None" = None, progress: bool = True, overwrite: bool = False,
+                data_dir: str | Path | None = None, num_threads: int | None = None, on_run=None) -> list[Trajectory]:
+    """Train every config of :func:`plan_sweep` into ``out_dir/<run name>/`` and index them in
+    ``out_dir/sweep.json``.
+
+    ``grid``: ``{field or alias: [values]}`` (e.g. ``{"lr": [1e-3, 3e-3], "wd": [0.1, 0.5]}``;
+    strings are converted). Runs already finished with the same config are skipped (status
+    ``cached``); a run that diverges is recorded as ``failed`` (with the error) and the sweep goes on.
+    A folder holding a different run raises :class:`TrainError` before anything is trained
+    (unless ``overwrite``). The runs share one tokenizer / token-stream cache (``data_dir``, default
+    ``out_dir/data``). ``on_run(entry_dict)`` is called after each run. Returns the trajectories
+    of the runs that finished, in plan order. Cost: the sum of the runs (sequential).
+    ``sweep.json``: ``{"format", "base_config", "grid", "seeds", "runs": [{"name", "path", "params",
+    "seed", "status" (pending|done|cached|failed), "error", "final_val_loss", "seconds"}]}``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    grid = normalize_grid(grid)
+    configs = plan_sweep(base_config, grid, seeds)
+    data_dir = Path(data_dir) if data_dir is not None else out / "data"
+    entries = []
+    for cfg in configs:
+        tj = out / cfg.name / "trajectory.json"
+        old = json.loads(tj.read_text()) if tj.is_file() else None
+        if old is not None and old.get("config") != cfg.to_dict() and not overwrite:
+            raise TrainError(f"{tj.parent} already holds a run with a different config; use another --out or "
+                             "overwrite=True (--force)")
+        cached = bool(old and old.get("complete") and old.get("config") == cfg.to_dict() and not overwrite)
+        entries.append({"name": cfg.name, "path": cfg.name, "params": {k: getattr(cfg, k) for k in grid},
+                        "seed": cfg.seed, "status": "cached" if cached else "pending", "error": None,
+                        "final_val_loss": (old["checkpoints"][-1]["val_loss"] if cached and old.get("checkpoints")
+                                           else None), "seconds": old.get("seconds") if cached else None})
+    index = {"format": SWEEP_FORMAT, "base_config": base_config.to_dict(), "grid": grid,
+             "seeds": sorted({c.seed for c in configs}, key=[c.seed for c in configs].index), "runs": entries}
+    _write_json(out / "sweep.json", index)
+    trajectories = []
+    for cfg, entry in zip(configs, entries):
+        if entry["status"] != "cached":
+            try:
+                train_tiny(cfg, out / cfg.name, progress=progress, overwrite=overwrite, data_dir=data_dir,
+                           num_threads=num_threads)
+            except TrainError as exc:
+                entry.update(status="failed", error=str(exc))
+            else:
+                entry["status"] = "done"
+        if entry["status"] != "failed":
+            traj = Trajectory.from_folder(out / cfg.name)
+            trajectories.append(traj)
+            entry["final_val_loss"] = traj[-1].meta.get("val_loss")
+            entry["seconds"] = traj.meta.get("seconds")
+        _write_json(out / "sweep.json", index)
+        if on_run is not None:
+            on_run(dict(entry))
+    return trajectories

@@ -1,0 +1,567 @@
+"""Schedule forks: continue a checkpoint of a ``train-tiny`` trajectory under a new LR schedule,
+with several data-order seeds, and compare the forks by their quantization gap (seed 004, §5).
+
+A fork of parent checkpoint ``step-S`` under :class:`ForkSchedule` ``sched`` with seed ``k`` is a
+trajectory folder of its own::
+
+    OUT/<kind>[-params]-at<S>-n<N>-s<k>/
+        trajectory.json      # like train-tiny's, plus "fork": the lineage (below)
+        validation.safetensors, tokenizer/
+        step-<S>/            # the fork's step 0: the parent checkpoint, re-saved and re-evaluated
+        step-<S + ...>/ ...  # checkpoints of the N fork updates (global step numbers)
+
+- **Exact resumption.** The fork loads the parent checkpoint's weights *and* its AdamW state
+  (``training_state.pt``, written when the parent ran with ``save_optimizer=True`` /
+  ``--save-optimizer``); without that state a fork is refused unless ``restart_moments=True``,
+  which restarts AdamW's moments from zero and says so in the lineage. The fork re-evaluates the
+  parent's validation set at step ``S`` and records whether that loss equals the parent's
+  (``fork.start_loss_matches``). Update ``S + t`` uses batch ``get_batch(stream, S + t)`` with
+  data seed ``k``: seed ``k`` equal to the parent's data seed continues the parent's own data
+  order, so the ``parent`` schedule with that seed reproduces the parent bit for bit.
+- **Lineage** (``trajectory.json["fork"]``, also ``Trajectory.meta["fork"]``): parent folder and
+  name, parent checkpoint label / step / LR / validation loss, the resolved schedule, its label and
+  condition (name without the seed), the seed, how the optimizer state was obtained.
+- **Phases**: every fork checkpoint record has ``phase``: ``"start"`` (the fork point), ``"bump"``
+  or ``"cool"`` (oscillate), or ``None`` (schedules without bumps).
+
+Units: steps are optimizer updates; LRs are AdamW learning rates; losses are mean next-token CE in
+nats; the quantization gap is ``ppl_gap = exp(q_loss - fp_loss) - 1`` (a fraction, 0.05 = 5%).
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from . import schedules
+from .checkpoints import CheckpointRef, Trajectory
+from .train_tiny import (FORMAT, TrainConfig, TrainError, _write_json, build_model, build_optimizer, format_value,
+                         lr_at, prepare_data, run_loop, save_checkpoint)
+
+__all__ = ["FORK_KINDS", "ForkSchedule", "fork_trajectory", "fork_checkpoint_steps", "parent_checkpoint",
+           "lr_function", "find_forks", "compare_forks", "fork_wins", "wins_summary"]
+
+FORK_KINDS = ("cosine", "sgdr", "oscillate", "parent")
+FORKS_FORMAT = "losslens-forks/1"
+
+
+@dataclass(frozen=True)
+class ForkSchedule:
+    """The LR schedule of a fork, as a function of ``t`` = updates since the fork checkpoint.
+
+    ``kind``:
+      - ``cosine`` -- cosine continuation from ``start_lr`` to ``min_lr`` over ``steps``.
+      - ``sgdr`` -- warm restarts: cycles of ``period`` updates (times ``period_mult`` per cycle),
+        each a half cosine from ``restart_lr`` to ``min_lr``.
+      - ``oscillate`` -- oscillating lock-in: the cosine continuation plus ``amplitude`` (an LR,
+        added) for ``bump_steps`` updates, then ``cool_steps`` updates on the baseline, repeated.
+      - ``parent`` -- the parent's own schedule continued unchanged (``lr_at(S + t, parent)``).
+
+    ``None`` fields are filled by :meth:`resolve` from the parent: ``start_lr`` = the LR of the
+    parent's last update before the checkpoint; ``min_lr`` = the parent's final LR
+    (``peak_lr * min_lr_ratio``); ``period`` = ``steps // 3``; ``restart_lr`` = the parent's peak LR
+    (full-amplitude restarts as in seed 004); ``amplitude`` = ``start_lr`` (bumps double the LR).
+    """
+
+    kind: str = "cosine"
+    steps: int = 300
+    start_lr: float | None = None
+    min_lr: float | None = None
+    period: int | None = None
+    restart_lr: float | None = None
+    period_mult: float = 1.0
+    amplitude: float | None = None
+    bump_steps: int = 25
+    cool_steps: int = 100
+
+    def __post_init__(self):
+        if self.kind not in FORK_KINDS:
+            raise TrainError(f"unknown fork schedule {self.kind!r}; choose one of {FORK_KINDS}")
+        if self.steps < 1:
+            raise TrainError(f"a fork needs steps >= 1 (got {self.steps})")
+        for name in ("start_lr", "min_lr", "restart_lr", "amplitude"):
+            v = getattr(self, name)
+            if v is not None and (v < 0 or not math.isfinite(v)):
+                raise TrainError(f"{name} must be a finite LR >= 0, got {v}")
+        if self.period is not None and self.period < 1:
+            raise TrainError(f"period must be >= 1 update, got {self.period}")
+        if self.period_mult <= 0:
+            raise TrainError(f"period_mult must be > 0, got {self.period_mult}")
+        if self.bump_steps < 0 or self.cool_steps < 1:
+            raise TrainError(f"need bump_steps >= 0 and cool_steps >= 1 (got {self.bump_steps}, {self.cool_steps})")
+
+    def resolve(self, parent_config: TrainConfig, parent_lr: float) -> "ForkSchedule":
+        """A copy with every ``None`` filled from the parent (see the class docstring)."""
+        start = parent_lr if self.start_lr is None else self.start_lr
+        changes: dict[str, Any] = {"start_lr": start}
+        if self.min_lr is None:
+            changes["min_lr"] = parent_config.peak_lr * parent_config.min_lr_ratio
+        if self.kind == "sgdr":
+            if self.period is None:
+                changes["period"] = max(1, self.steps // 3)
+            if self.restart_lr is None:
+                changes["restart_lr"] = parent_config.peak_lr
+        if self.kind == "oscillate" and self.amplitude is None:
+            changes["amplitude"] = start
+        return replace(self, **changes)
+
+    @property
+    def resolved(self) -> bool:
+        return self.start_lr is not None and self.min_lr is not None and (
+            self.kind != "sgdr" or (self.period is not None and self.restart_lr is not None)) and (
+            self.kind != "oscillate" or self.amplitude is not None)
+
+    def lr(self, t: int, parent_lr_fn: Callable[[int], float] | None = None, fork_step: int = 0) -> float:
+        """LR of fork update ``t`` (1-based). ``parent`` needs ``parent_lr_fn`` (global step -> LR)
+        and ``fork_step``. Needs a resolved schedule."""
+        if self.kind == "parent":
+            if parent_lr_fn is None:
+                raise TrainError("the 'parent' fork schedule needs the parent's LR function")
+            return parent_lr_fn(fork_step + t)
+        if not self.resolved:
+            raise TrainError("resolve() the fork schedule against its parent before asking for LRs")
+        if self.kind == "cosine":
+            return schedules.cosine_continuation_lr(t, self.steps, self.start_lr, self.min_lr)
+        if self.kind == "sgdr":
+            return schedules.sgdr_lr(t, self.period, self.restart_lr, self.min_lr, self.period_mult)
+        return schedules.oscillate_lr(t, self.steps, self.start_lr, self.min_lr, self.amplitude, self.bump_steps,
+                                      self.cool_steps)
+
+    def phase(self, t: int) -> str | None:
+        """``"start"`` at t = 0; ``"bump"`` / ``"cool"`` for oscillate; ``None`` otherwise."""
+        if t <= 0:
+            return "start"
+        if self.kind == "oscillate":
+            return schedules.oscillate_phase(t, self.bump_steps, self.cool_steps)
+        return None
+
+    @property
+    def label(self) -> str:
+        """Readable schedule id used in fork names: ``cosine``, ``sgdr-p100-r3e-3``,
+        ``oscillate-a1e-3-b25-c100``, ``parent`` (plus ``-min<lr>`` when ``min_lr`` was given)."""
+        parts = [self.kind]
+        if self.kind == "sgdr":
+            parts += [f"p{self.period}" if self.period is not None else "pauto",
+                      *( [f"x{format_value(float(self.period_mult))}"] if self.period_mult != 1 else []),
+                      f"r{format_value(self.restart_lr)}" if self.restart_lr is not None else "rpeak"]
+        if self.kind == "oscillate":
+            parts += [f"a{format_value(self.amplitude)}" if self.amplitude is not None else "aauto",
+                      f"b{self.bump_steps}", f"c{self.cool_steps}"]
+        return "-".join(parts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ForkSchedule":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# --------------------------------------------------------------------------------------------
+# LR of any train-tiny / fork trajectory
+# --------------------------------------------------------------------------------------------
+
+def lr_function(meta: dict) -> Callable[[int], float]:
+    """Global step -> LR for a train-tiny trajectory or a fork, from its ``trajectory.json``
+    content (``Trajectory.meta``). Forks of forks under ``parent`` read their parent's folder."""
+    cfg = TrainConfig.from_dict(meta["config"])
+    fork = meta.get("fork")
+    if not fork:
+        return lambda step: lr_at(step, cfg)
+    sched = ForkSchedule.from_dict(fork["schedule"])
+    s0 = int(fork["parent_step"])
+    parent_fn = None
+    if sched.kind == "parent":
+        parent_fn = lr_function(Trajectory.from_folder(fork["parent"]).meta)
+    return lambda step: sched.lr(step - s0, parent_fn, s0) if step > s0 else float(fork["parent_lr"])
+
+
+# --------------------------------------------------------------------------------------------
+# forking
+# --------------------------------------------------------------------------------------------
+
+def parent_checkpoint(traj: Trajectory, at: "str | int") -> CheckpointRef:
+    """The checkpoint ``at`` of ``traj``: a label (``"step-000300"``), a step number (int or digit
+    string), or ``"last"``; :class:`TrainError` listing what exists otherwise."""
+    if isinstance(at, str) and at in ("last", "final"):
+        return traj.real[-1]
+    if isinstance(at, int) or (isinstance(at, str) and at.strip().isdigit()):
+        step = int(at)
+        for ref in traj.real:
+            if ref.step == step:
+                return ref
+        raise TrainError(f"{traj.name} has no checkpoint at step {step}; it has steps {traj.steps}")
+    try:
+        return traj[at]
+    except (KeyError, IndexError):
+        raise TrainError(f"{traj.name} has no checkpoint {at!r}; it has {traj.labels}") from None
+
+
+def fork_checkpoint_steps(fork_step: int, steps: int, checkpoints: int | None = None, every: int | None = None
+                          ) -> list[int]:
+    """Global steps of a fork's checkpoints after its start ``fork_step``: every ``every`` updates,
+    or ``checkpoints`` evenly spaced (default ``min(10, steps)``); the last update is always one."""
+    if every is not None:
+        if every < 1:
+            raise TrainError(f"every must be >= 1 update, got {every}")
+        rel = set(range(every, steps + 1, every))
+    else:
+        n = min(10, steps) if checkpoints is None else checkpoints
+        if not 1 <= n <= steps:
+            raise TrainError(f"need 1 <= checkpoints <= fork steps ({steps}), got {n}")
+        rel = {max(1, round(steps * i / n)) for i in range(1, n + 1)}
+    rel.add(steps)
+    return sorted(fork_step + r for r in rel)
+
+
+def fork_trajectory(parent: "str | Path | Trajectory", at: "str | int", schedule: ForkSchedule,
+                    out_dir: str | Path, seeds: Sequence[int] = (0,), checkpoints: int | None = None,
+                    every: int | None = None, save_optimizer: bool = False, restart_moments: bool = False,
+                    progress: bool = True, overwrite: bool = False, data_dir: str | Path | None = None,
+                    num_threads: int | None = None) -> list[Trajectory]:
+    """Fork ``parent``'s checkpoint ``at`` (label such as ``"step-000300"``, a step number, or
+    ``"last"``) under ``schedule`` once per seed; each fork goes to ``out_dir/<name>/`` (see the
+    module docstring) and ``out_dir/forks.json`` indexes them. Returns one trajectory per seed.
+
+    ``checkpoints`` / ``every``: fork checkpoint spacing (:func:`fork_checkpoint_steps`).
+    ``save_optimizer``: also save AdamW state in the fork's checkpoints (forkable forks).
+    ``restart_moments``: allow a parent checkpoint without AdamW state (moments restart at zero).
+    A finished fork with the same lineage and config is returned as is; a folder holding another
+    run raises :class:`TrainError` unless ``overwrite``. ``data_dir``: tokenizer / token-stream
+    cache (default: the parent's ``data/`` when present, else ``out_dir/data``). ``num_threads`` as
+    in :func:`probes.train_tiny.train_tiny`. Cost per seed: ``schedule.steps`` training updates
+    plus (number of checkpoints + 1) validation evaluations.
+    """
+    ptraj = parent if isinstance(parent, Trajectory) else Trajectory.from_folder(parent)
+    if "config" not in ptraj.meta:
+        raise TrainError(f"{ptraj.meta.get('folder', ptraj.name)} is not a train-tiny trajectory (no config in "
+                         "trajectory.json); forks need the parent's training config")
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise TrainError(f"seeds must be distinct and non-empty, got {seeds}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pfolder = Path(ptraj.meta["folder"])
+    if data_dir is None:
+        data_dir = pfolder / "data" if (pfolder / "data" / "data.json").is_file() else out / "data"
+    old_threads = torch.get_num_threads()
+    pcfg = TrainConfig.from_dict(ptraj.meta["config"])
+    if num_threads is None:
+        num_threads = 1 if pcfg.hidden_size <= 64 else 0
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    results = []
+    try:
+        for seed in seeds:
+            results.append(_fork_one(ptraj, at, schedule, out, seed, checkpoints, every, save_optimizer,
+                                     restart_moments, progress, overwrite, Path(data_dir)))
+            _write_index(out, results)
+    finally:
+        torch.set_num_threads(old_threads)
+    return results
+
+
+def _write_index(out: Path, trajs: list[Trajectory]) -> None:
+    path = out / "forks.json"
+    index = json.loads(path.read_text()) if path.is_file() else {"format": FORKS_FORMAT, "forks": []}
+    entries = {e["path"]: e for e in index.get("forks", [])}
+    for t in trajs:
+        f = t.meta["fork"]
+        name = Path(t.meta["folder"]).name
+        entries[name] = {"path": name, "condition": f["condition"], "seed": f["seed"], "parent": f["parent"],
+                         "parent_checkpoint": f["parent_checkpoint"], "schedule": f["schedule"],
+                         "final_val_loss": t[-1].meta.get("val_loss")}
+    index["forks"] = sorted(entries.values(), key=lambda e: (e["condition"], e["seed"]))
+    _write_json(path, index)
+
+
+def _fork_one(ptraj: Trajectory, at, schedule: ForkSchedule, out: Path, seed: int, checkpoints, every,
+              save_optimizer: bool, restart_moments: bool, progress: bool, overwrite: bool, data_dir: Path
+              ) -> Trajectory:
+    from .checkpoints import CheckpointLoader
+    from .lm import evaluate
+
+    t_start = time.perf_counter()
+    pcfg = TrainConfig.from_dict(ptraj.meta["config"])
+    ref = parent_checkpoint(ptraj, at)
+    s0 = int(ref.step)
+    parent_fn = lr_function(ptraj.meta)
+    parent_lr = float(ref.lr) if ref.lr is not None else parent_fn(s0)
+    sched = schedule.resolve(pcfg, parent_lr)
+    condition = f"{schedule_label(schedule, sched)}-at{s0}-n{sched.steps}"
+    name = f"{condition}-s{seed}"
+    folder = out / name
+    ckpt_steps = fork_checkpoint_steps(s0, sched.steps, checkpoints, every)
+    cfg = replace(pcfg, steps=s0 + sched.steps, checkpoints=len(ckpt_steps), data_seed=seed, name=name,
+                  save_optimizer=save_optimizer)
+    state_file = Path(ref.location) / "training_state.pt"
+    if state_file.is_file():
+        opt_note = f"restored from the parent's {ref.label}/training_state.pt"
+    elif restart_moments:
+        opt_note = "restarted: the parent checkpoint has no training_state.pt, AdamW moments start from zero"
+    else:
+        raise TrainError(f"parent checkpoint {ref.location} has no AdamW state (training_state.pt), so the fork "
+                         "cannot resume exactly; retrain the parent with save_optimizer=True (--save-optimizer), or "
+                         "pass restart_moments=True (--restart-moments) to restart AdamW's moments from zero")
+    lineage = {
+        "parent": str(Path(ptraj.meta["folder"]).resolve()), "parent_name": ptraj.name, "parent_checkpoint": ref.label,
+        "parent_step": s0, "parent_lr": parent_lr, "parent_val_loss": ref.meta.get("val_loss"),
+        "schedule": sched.to_dict(), "label": sched.label, "condition": condition, "seed": seed,
+        "data_seed": seed, "optimizer_state": opt_note, "checkpoint_steps": ckpt_steps,
+    }
+
+    # an existing fork folder: return it when finished with the same lineage, else refuse or redo
+    tj_path = folder / "trajectory.json"
+    if tj_path.is_file():
+        old = json.loads(tj_path.read_text())
+        same = old.get("config") == cfg.to_dict() and _same_lineage(old.get("fork") or {}, lineage)
+        if same and old.get("complete") and not overwrite:
+            return Trajectory.from_folder(folder)
+        if not same and not overwrite:
+            raise TrainError(f"{folder} already holds a different run; use another --out or overwrite=True (--force)")
+        for p in folder.glob("step-*"):
+            if p.is_dir():
+                shutil.rmtree(p)
+        tj_path.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+
+    # data: the parent's tokenizer, training stream and validation set (the parent's data seed)
+    tok, train, val = prepare_data(pcfg, folder, data_dir)
+    pval = (ptraj.meta.get("data") or {}).get("validation_hash")
+    if pval is not None and val.content_hash != pval:
+        raise TrainError(f"the rebuilt validation set differs from the parent's ({val.content_hash[:12]} vs "
+                         f"{pval[:12]}): the embedded corpus or tokenizer changed (another Python build?)")
+    tok.save_pretrained(str(folder / "tokenizer"))
+
+    # model + optimizer at the parent checkpoint
+    model = build_model(pcfg, tok)
+    model.load_state_dict(CheckpointLoader(ref).load(ref).state_dict())
+    optimizer = build_optimizer(model, cfg)
+    if state_file.is_file():
+        optimizer.load_state_dict(torch.load(state_file, map_location="cpu", weights_only=True)["optimizer"])
+    start_loss = evaluate(model, val).loss
+    pv = lineage["parent_val_loss"]
+    lineage["start_val_loss"] = start_loss
+    lineage["start_loss_matches"] = None if pv is None else bool(abs(start_loss - pv) <= 1e-6 * max(1.0, abs(pv)))
+
+    record = {
+        "format": FORMAT, "name": name, "config": cfg.to_dict(), "n_params": sum(p.numel() for p in model.parameters()),
+        "tokenizer": "tokenizer", "validation_set": "validation.safetensors",
+        "data": {**(ptraj.meta.get("data") or {}), "validation_hash": val.content_hash, "train_tokens": len(train),
+                 "tokens_per_step": cfg.tokens_per_step, "data_seed": seed},
+        "versions": ptraj.meta.get("versions"), "fork": lineage,
+        "notes": [f"fork of {ptraj.name} at {ref.label} (step {s0}) under {sched.label}, seed {seed}; "
+                  f"optimizer state {opt_note}"],
+        "checkpoints": [], "complete": False,
+    }
+    start_folder = folder / f"step-{s0:06d}"
+    model.train()
+    save_checkpoint(start_folder, model, tok, optimizer if save_optimizer else None, s0)
+    record["checkpoints"].append({"path": start_folder.name, "step": s0, "tokens": s0 * cfg.tokens_per_step,
+                                  "lr": parent_lr, "train_loss": ref.meta.get("train_loss"), "val_loss": start_loss,
+                                  "seconds": round(time.perf_counter() - t_start, 3), "phase": "start",
+                                  "fork_start": True})
+    _write_json(tj_path, record)
+
+    run_loop(model, optimizer, train, val, tok, folder, record, cfg, start=s0, checkpoint_steps=ckpt_steps,
+             lr_fn=lambda step: sched.lr(step - s0, parent_fn, s0), progress=progress, t_start=t_start,
+             checkpoint_extra=lambda step: {"phase": sched.phase(step - s0)})
+    return Trajectory.from_folder(folder)
+
+
+def schedule_label(requested: ForkSchedule, resolved: ForkSchedule) -> str:
+    """The fork's schedule label: the resolved label, plus ``-min<lr>`` when ``min_lr`` was given."""
+    label = resolved.label
+    if requested.min_lr is not None:
+        label += f"-min{format_value(float(requested.min_lr))}"
+    return label
+
+
+def _same_lineage(a: dict, b: dict) -> bool:
+    keys = ("parent", "parent_checkpoint", "parent_step", "schedule", "seed", "checkpoint_steps", "optimizer_state")
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
+# --------------------------------------------------------------------------------------------
+# comparing forks by their quantization gap
+# --------------------------------------------------------------------------------------------
+
+def find_forks(paths: Iterable[str | Path]) -> list[Path]:
+    """Fork folders among ``paths``: each path is a fork folder (its trajectory.json has ``fork``)
+    or a folder whose sub-folders are forks (e.g. the ``--out`` of ``losslens fork``)."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if _is_fork(p):
+            found.append(p)
+            continue
+        subs = sorted(c for c in p.iterdir() if c.is_dir() and _is_fork(c)) if p.is_dir() else []
+        if not subs:
+            raise TrainError(f"{p} is neither a fork folder nor a folder of forks (no trajectory.json with 'fork')")
+        found.extend(subs)
+    uniq: list[Path] = []
+    for p in found:
+        if p.resolve() not in {u.resolve() for u in uniq}:
+            uniq.append(p)
+    return uniq
+
+
+def _is_fork(p: Path) -> bool:
+    tj = p / "trajectory.json"
+    if not tj.is_file():
+        return False
+    try:
+        return bool(json.loads(tj.read_text()).get("fork"))
+    except ValueError:
+        return False
+
+
+def compare_forks(fork_dirs: Iterable[str | Path], spec: str = "rtn:3:row", cool_only: bool = True,
+                  eval_set=None, quick: bool = False, pairing: str = "seed", by: str = "final",
+                  progress: bool = False, num_threads: int | None = None):
+    """Quantization gap at every checkpoint of every fork, with wins per seed pair.
+
+    ``fork_dirs``: fork folders or folders of forks (:func:`find_forks`). For each checkpoint
+    (with ``cool_only``: those not inside a bump, i.e. phase ``start`` / ``cool`` / none) it runs
+    :func:`probes.quant.quantization_error` with ``spec`` on ``eval_set`` (default: the held-out
+    ``"eval"`` set of :func:`probes.data.default_token_sets` for the first fork, ``quick`` as
+    there; all forks must share its tokenizer).
+
+    Returns a pandas DataFrame, one row per (fork, checkpoint): ``fork, condition, seed, parent,
+    step, t`` (updates since the fork), ``lr, phase, fork_start, val_loss, fp_loss, q_loss, gap``
+    (ppl gap, fraction), ``rel_loss_error, seconds``. ``df.attrs``: ``spec``, ``cool_only``,
+    ``wins`` (:func:`fork_wins` with ``pairing`` / ``by``) and ``summary`` (:func:`wins_summary`).
+    The fork-start checkpoint of forks sharing a parent checkpoint is measured once.
+    ``num_threads``: torch CPU threads (restored afterwards); ``None`` = 1 for hidden size <= 64
+    (tiny models; 2 threads on a loaded 2-core machine were measured ~25x slower), else torch's
+    default; 0 = torch's default.
+    Cost: per checkpoint, one quantization plus two evaluations of ``eval_set`` (tiny preset,
+    4,096 eval tokens: ~0.1-0.2 s).
+    """
+    dirs = find_forks(fork_dirs)
+    if not dirs:
+        raise TrainError("no forks to compare")
+    trajs = [Trajectory.from_folder(d) for d in dirs]
+    old_threads = torch.get_num_threads()
+    if num_threads is None:
+        hidden = (trajs[0].meta.get("config") or {}).get("hidden_size", 0)
+        num_threads = 1 if hidden and hidden <= 64 else 0
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    try:
+        return _compare(trajs, spec, cool_only, eval_set, quick, pairing, by, progress)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _compare(trajs: list[Trajectory], spec, cool_only: bool, eval_set, quick: bool, pairing: str, by: str,
+             progress: bool):
+    import pandas as pd
+
+    from .checkpoints import CheckpointLoader
+    from .data import default_token_sets, load_tokenizer, tokenizer_fingerprint
+    from .quant import quantization_error
+
+    if eval_set is None:
+        eval_set = default_token_sets(trajs[0], quick=quick)["eval"]
+        fp0 = eval_set.meta.get("tokenizer_fingerprint")
+        for t in trajs[1:]:
+            if fp0 is not None and tokenizer_fingerprint(load_tokenizer(t)) != fp0:
+                raise TrainError(f"{t.meta['folder']} uses another tokenizer than {trajs[0].meta['folder']}; "
+                                 "compare forks of one parent (or pass eval_set)")
+    rows = []
+    start_cache: dict[tuple, Any] = {}  # (parent folder, parent step) -> QuantError of the shared fork start
+    for traj in trajs:
+        fork = traj.meta["fork"]
+        loader = CheckpointLoader(traj)
+        for ref in traj.real:
+            phase = ref.meta.get("phase")
+            if cool_only and phase == "bump":
+                continue
+            key = (fork["parent"], fork["parent_step"]) if ref.meta.get("fork_start") else None
+            if key is not None and key in start_cache:
+                q = start_cache[key]
+            else:
+                q = quantization_error(loader.load(ref), spec, eval_set)
+                if key is not None:
+                    start_cache[key] = q
+            rows.append({"fork": traj.name, "condition": fork["condition"], "seed": fork["seed"],
+                         "parent": fork["parent_name"], "step": ref.step, "t": ref.step - fork["parent_step"],
+                         "lr": ref.lr, "phase": phase, "fork_start": bool(ref.meta.get("fork_start", False)),
+                         "val_loss": ref.meta.get("val_loss"), "fp_loss": q.fp_loss, "q_loss": q.q_loss,
+                         "gap": q.ppl_gap, "rel_loss_error": q.rel_loss_error, "seconds": q.seconds})
+            if progress:
+                print(f"  {traj.name} {ref.label}: gap {q.ppl_gap:.4%}", flush=True)
+    df = pd.DataFrame(rows)
+    wins = fork_wins(df, pairing=pairing, by=by)
+    df.attrs.update(spec=str(spec), cool_only=cool_only, pairing=pairing, by=by, wins=wins,
+                    summary=wins_summary(wins))
+    return df
+
+
+def _per_fork_value(df, by: str):
+    """{(condition, seed): (value, step)}: the gap at the fork's last non-start checkpoint in ``df``
+    (``by="final"``) or the mean over its non-start checkpoints (``by="mean"``)."""
+    out = {}
+    for (cond, seed), g in df[~df["fork_start"]].groupby(["condition", "seed"], sort=False):
+        g = g.sort_values("step")
+        if by == "final":
+            out[(cond, seed)] = (float(g["gap"].iloc[-1]), int(g["step"].iloc[-1]))
+        elif by == "mean":
+            out[(cond, seed)] = (float(g["gap"].mean()), int(g["step"].iloc[-1]))
+        else:
+            raise TrainError(f"by must be 'final' or 'mean', got {by!r}")
+    return out
+
+
+def fork_wins(df, pairing: str = "seed", by: str = "final"):
+    """Pairwise wins between fork conditions: for every pair of conditions (A, B) (in order of
+    first appearance) and every pair of their forks -- the same seed (``pairing="seed"``) or every
+    seed of A against every seed of B (``"all"``, the 3 x 3 = 9 comparisons of seed 004) -- which
+    has the lower gap (``by`` = the ``final`` checkpoint's gap, or the ``mean`` over the fork's
+    checkpoints in ``df``). Columns: ``condition_a, condition_b, seed_a, seed_b, gap_a, gap_b,
+    step_a, step_b, diff`` (gap_a - gap_b), ``winner`` (``"a"``, ``"b"`` or ``"tie"``)."""
+    import pandas as pd
+
+    if pairing not in ("seed", "all"):
+        raise TrainError(f"pairing must be 'seed' or 'all', got {pairing!r}")
+    cols = ["condition_a", "condition_b", "seed_a", "seed_b", "gap_a", "gap_b", "step_a", "step_b", "diff", "winner"]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    vals = _per_fork_value(df, by)
+    conds = list(dict.fromkeys(df["condition"]))
+    rows = []
+    for i, a in enumerate(conds):
+        for b in conds[i + 1:]:
+            seeds_a = sorted(s for c, s in vals if c == a)
+            seeds_b = sorted(s for c, s in vals if c == b)
+            pairs = [(s, s) for s in seeds_a if s in seeds_b] if pairing == "seed" else \
+                [(sa, sb) for sa in seeds_a for sb in seeds_b]
+            for sa, sb in pairs:
+                (ga, ta), (gb, tb) = vals[(a, sa)], vals[(b, sb)]
+                rows.append({"condition_a": a, "condition_b": b, "seed_a": sa, "seed_b": sb, "gap_a": ga,
+                             "gap_b": gb, "step_a": ta, "step_b": tb, "diff": ga - gb,
+                             "winner": "a" if ga < gb else "b" if gb < ga else "tie"})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def wins_summary(wins):
+    """Per condition pair: ``n`` comparisons, ``a_wins``, ``b_wins``, ``ties``, ``mean_diff``
+    (mean of gap_a - gap_b; negative = A lower)."""
+    import pandas as pd
+
+    cols = ["condition_a", "condition_b", "n", "a_wins", "b_wins", "ties", "mean_diff"]
+    if wins.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for (a, b), g in wins.groupby(["condition_a", "condition_b"], sort=False):
+        rows.append({"condition_a": a, "condition_b": b, "n": len(g), "a_wins": int((g["winner"] == "a").sum()),
+                     "b_wins": int((g["winner"] == "b").sum()), "ties": int((g["winner"] == "tie").sum()),
+                     "mean_diff": float(g["diff"].mean())})
+    return pd.DataFrame(rows, columns=cols)
