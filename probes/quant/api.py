@@ -205,6 +205,10 @@ def quantize(
             report.append(LayerReport(name, err, res.seconds, res.damping, tuple(res.notes)))
 
         gptq_sequential(target, batches, linears, spec, on_layer, progress=progress)
+    elif spec.method == "awq":
+        from .awq import awq_model
+
+        report = awq_model(target, batches, linears, spec, progress=progress)
     elif spec.method in ("gptqmodel", "bnb-int8", "bnb-nf4"):
         from . import backends
 

@@ -54,8 +54,11 @@ def quantize_with_backend(model: nn.Module, spec, linears: dict[str, nn.Linear],
                 new = q.float() * (scb.float().unsqueeze(1) / 127.0)
                 notes = ("bitsandbytes int8 weights (per-row absmax); activations not quantized",)
             else:
-                qt, state = bf.quantize_4bit(Wf, blocksize=spec.group_size, quant_type="nf4")
-                new = bf.dequantize_4bit(qt, state).float()
+                # flattened: bitsandbytes 0.50.2's CPU dequantize_4bit kernel is wrong for 2-D weights whose
+                # rows are not a multiple of the block size (e.g. [64, 32] with blocks of 64: up to 0.8
+                # relative error); NF4 blocks run over the flattened tensor anyway, so this is the same format
+                qt, state = bf.quantize_4bit(Wf.reshape(-1), blocksize=spec.group_size, quant_type="nf4")
+                new = bf.dequantize_4bit(qt, state).float().reshape(W.shape)
                 notes = (f"bitsandbytes NF4, block size {spec.group_size}",)
             err = rel_error(new, W)
             lin.weight.data.copy_(new.to(W.dtype))

@@ -9,6 +9,7 @@ printed form is canonical)::
     gptqmodel:BITS[:GROUP][:sym][:act][:damp=F] GPTQ through the optional GPTQModel package
     bnb-int8[:threshold=F]                      bitsandbytes int8 weights (optional package)
     bnb-nf4[:GROUP]                             bitsandbytes NF4, GROUP = its block size (default g64)
+    awq:BITS[:GROUP][:sym][:grid=N][:clip=0|1][:shrink=F]  AWQ scale + clip search (probes.quant.awq); default g128
 
 GROUP is ``g<N>`` (N > 0 consecutive input columns per group) or ``row`` (= ``g-1``: one group per
 output row). BITS is 2..8. ``sym`` selects the symmetric grid of the GPTQ reference quantizer
@@ -27,11 +28,11 @@ from dataclasses import dataclass, field
 
 from .errors import SpecError
 
-METHODS = ("rtn", "int8", "gptq", "gptqmodel", "bnb-int8", "bnb-nf4")
+METHODS = ("rtn", "int8", "gptq", "gptqmodel", "bnb-int8", "bnb-nf4", "awq")
 _GPTQ_LIKE = ("gptq", "gptqmodel")
-_DEFAULT_GROUP = {"rtn": 128, "int8": -1, "gptq": 128, "gptqmodel": 128, "bnb-int8": -1, "bnb-nf4": 64}
+_DEFAULT_GROUP = {"rtn": 128, "int8": -1, "gptq": 128, "gptqmodel": 128, "bnb-int8": -1, "bnb-nf4": 64, "awq": 128}
 _FIXED_BITS = {"int8": 8, "bnb-int8": 8, "bnb-nf4": 4}
-_EXTRA_KEYS = {"bnb-int8": ("threshold",), "gptqmodel": (), "bnb-nf4": ()}
+_EXTRA_KEYS = {"bnb-int8": ("threshold",), "gptqmodel": (), "bnb-nf4": (), "awq": ("clip", "grid", "shrink")}
 DEFAULT_DAMP = 0.01
 DEFAULT_BLOCK = 128
 
@@ -195,8 +196,8 @@ class QuantSpec:
 
     @property
     def needs_calibration(self) -> bool:
-        """True for the methods that need calibration data (GPTQ and its backend)."""
-        return self.method in _GPTQ_LIKE
+        """True for the methods that need calibration data (GPTQ, its backend, AWQ)."""
+        return self.method in _GPTQ_LIKE or self.method == "awq"
 
     def to_dict(self) -> dict:
         return {"spec": str(self), "method": self.method, "bits": self.bits, "group_size": self.group_size,

@@ -1,0 +1,607 @@
+"""The seed studies' model families as tiny random-init models, and the second-order AD check.
+
+Families
+--------
+The studies losslens serves quantized checkpoints of six architectures. :data:`FAMILIES` holds a
+tiny, CPU-friendly configuration of each, built from its own ``transformers`` config class (no
+download, random init), so every probe can be tested on every family:
+
+===========  ======================  ==========================================================
+family       transformers classes    what is architecture-specific (seed checkpoints)
+===========  ======================  ==========================================================
+gpt_neox     GPTNeoXConfig /         LayerNorm with bias, parallel residual, fused QKV linear,
+             GPTNeoXForCausalLM      partial rotary (25%), GELU MLP (Pythia)
+olmo         OlmoConfig /            non-parametric LayerNorm (no weight/bias), q/k/v clamped to
+             OlmoForCausalLM         ±clip_qkv (OLMo-7B-0424), SwiGLU (OLMo 1)
+olmo2        Olmo2Config /           RMSNorm *after* attention/MLP (post-norm residual), QK-norm
+             Olmo2ForCausalLM        over the full q/k projections (OLMo 2)
+smollm3      SmolLM3Config /         GQA, NoPE layers (every ``no_rope_layer_interval``-th layer has
+             SmolLM3ForCausalLM      no rotary embedding), tied embeddings (SmolLM3)
+apertus      ApertusConfig /         xIELU activation (trainable α_p, α_n), non-gated MLP,
+             ApertusForCausalLM      per-head QK-RMSNorm, llama3 RoPE scaling (Apertus)
+llama        LlamaConfig /           RMSNorm, SwiGLU, GQA (Amber, LLM360)
+             LlamaForCausalLM
+===========  ======================  ==========================================================
+
+:func:`tiny_model` builds one (hidden 32, 2 layers, vocab 96 by default; a few thousand
+parameters, milliseconds per forward). Weights come from the model's own initialiser with a
+larger ``initializer_range`` (0.2 instead of 0.02) so that a random model has non-degenerate
+curvature and visible quantization error.
+
+Second-order AD check
+---------------------
+Curvature needs double backward (``"reverse"`` HVP backend) or forward-mode AD over reverse
+(``"forward"``). Most ops have both rules, but a model may contain ops that lack one or — worse —
+custom ``autograd.Function`` s whose backward is not itself differentiable, which makes double
+backward return a *silently wrong* Hessian. :func:`check_second_order` probes a model on one tiny
+batch: it computes a few HVPs with both backends and compares them with a central finite
+difference of gradients (an AD-rule-free reference), records the error messages (which name the
+op), lists custom autograd Functions found in the loss graph with the modules that produced them,
+and recommends a backend. :func:`ensure_second_order` wraps it for sweeps and the CLI: it runs the
+check once per architecture (cached), warns with a message naming the op when it falls back to
+the other backend, and raises :class:`SecondOrderError` when no backend is trustworthy — never a
+silent wrong number.
+
+Attention: PyTorch's fused SDPA kernels have neither rule; :class:`geometry.hessian.HessianOperator`
+runs every forward under the SDPA MATH backend. Attention implementations outside ``eager`` and
+``sdpa`` (flash-attention, flex-attention, hub kernels) are not covered by that context;
+:func:`curvature_safe` switches such a model to ``sdpa`` (MATH under the operator) for the
+duration of a block and says so.
+
+Measured on the six tiny families (float64, transformers 5.23, torch 2.13 CPU): every family has
+both rules for every op, reverse and forward agree to ~1e-7 relative (HF's norms and eager softmax
+compute in float32 even in a float64 model, which bounds the agreement), and both match the
+finite difference; Apertus' xIELU runs its pure-PyTorch path on CPU (``torch.where``/``expm1``,
+twice differentiable, forward-AD capable). Its CUDA kernel (``xielu`` wheel) is a ``torch.classes``
+op without autograd: :func:`curvature_safe` switches it to the Python path during curvature, with a
+warning. No family needs a backend fallback on CPU; the fallbacks are exercised by tests with
+custom ``autograd.Function`` activations (no forward-AD rule → reverse backend with a warning; a
+non-differentiable backward → :class:`SecondOrderError`).
+
+Hooking into sweeps / the CLI: before building a :class:`~geometry.hessian.HessianOperator` for a
+checkpoint, call ``backend = ensure_second_order(model, first_curvature_batch[:2, :16], backend=
+requested)``, build the operator with that backend and run its products inside ``with
+curvature_safe(model):`` (a no-op for eager/sdpa models); the check is
+cached per architecture, so a trajectory pays for it once.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import re
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+# --------------------------------------------------------------------------- families
+
+VOCAB = 96
+HIDDEN = 32
+LAYERS = 2
+HEADS = 2
+CONTEXT = 64
+INIT_RANGE = 0.2
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: its transformers classes, a tiny config and the checkpoints it stands for.
+
+    Attributes:
+        name: short key (``"gpt_neox"``, ``"olmo"``, ...).
+        config_class, model_class: class names in ``transformers``.
+        config: keyword arguments of the tiny config (besides the shared sizes).
+        seeds: hub repositories of the studies' real checkpoints (documentation only; never downloaded).
+        notes: what is architecture-specific.
+    """
+
+    name: str
+    config_class: str
+    model_class: str
+    config: Mapping[str, Any]
+    seeds: tuple[str, ...] = ()
+    notes: str = ""
+
+    def config_object(self, **overrides):
+        """The tiny ``transformers`` config (shared sizes + family kwargs + ``overrides``)."""
+        import transformers
+
+        kw: dict[str, Any] = dict(
+            vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+            intermediate_size=2 * HIDDEN, max_position_embeddings=CONTEXT, initializer_range=INIT_RANGE,
+            use_cache=False,
+        )
+        kw.update(self.config)
+        kw.update(overrides)
+        return getattr(transformers, self.config_class)(**kw)
+
+
+_SPECIAL = dict(pad_token_id=1, bos_token_id=0, eos_token_id=2)
+
+FAMILIES: dict[str, Family] = {
+    "gpt_neox": Family(
+        "gpt_neox", "GPTNeoXConfig", "GPTNeoXForCausalLM",
+        dict(rotary_pct=0.25, hidden_act="gelu", use_parallel_residual=True, tie_word_embeddings=False,
+             bos_token_id=0, eos_token_id=2),
+        ("EleutherAI/pythia-160m",), "LayerNorm, parallel residual, fused query_key_value, partial rotary"),
+    "olmo": Family(
+        "olmo", "OlmoConfig", "OlmoForCausalLM", dict(clip_qkv=8.0, **_SPECIAL),
+        ("allenai/OLMo-1B-hf", "allenai/OLMo-7B-0424-hf"), "non-parametric LayerNorm, clip_qkv clamp, SwiGLU"),
+    "olmo2": Family(
+        "olmo2", "Olmo2Config", "Olmo2ForCausalLM", dict(**_SPECIAL),
+        ("allenai/OLMo-2-0425-1B",), "post-norm RMSNorm, QK-norm over full projections"),
+    "smollm3": Family(
+        "smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
+        dict(num_key_value_heads=1, no_rope_layer_interval=2, tie_word_embeddings=True, **_SPECIAL),
+        ("HuggingFaceTB/SmolLM3-3B",), "GQA, NoPE every 2nd layer, tied embeddings"),
+    "apertus": Family(
+        "apertus", "ApertusConfig", "ApertusForCausalLM",
+        dict(rope_parameters={"rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0,
+                              "original_max_position_embeddings": 32, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0}, **_SPECIAL),
+        ("swiss-ai/Apertus-8B-2509",), "xIELU activation, QK-RMSNorm, llama3 RoPE"),
+    "llama": Family(
+        "llama", "LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=1, tie_word_embeddings=False),
+        ("LLM360/Amber",), "RMSNorm, SwiGLU, GQA"),
+}
+"""The seed families, by name (see the module docstring)."""
+
+
+def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, attn: str = "sdpa",
+               **config_overrides) -> nn.Module:
+    """A tiny random-init causal LM of ``family`` (a key of :data:`FAMILIES`), in eval mode.
+
+    Args:
+        family: ``"gpt_neox"``, ``"olmo"``, ``"olmo2"``, ``"smollm3"``, ``"apertus"`` or ``"llama"``.
+        seed: seed of the initialisation (the global RNG is left untouched).
+        dtype: parameter dtype (float64 for exact curvature checks).
+        attn: ``attn_implementation`` (``"sdpa"``, HF's default, or ``"eager"``).
+        config_overrides: any config field (``hidden_size=16``, ``num_hidden_layers=1``, ...).
+
+    Returns the ``*ForCausalLM`` model (default sizes: hidden 32, 2 layers, 2 heads, MLP 64,
+    vocab 96, context 64; 6–9k parameters).
+    """
+    import transformers
+
+    if family not in FAMILIES:
+        raise KeyError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
+    fam = FAMILIES[family]
+    config = fam.config_object(attn_implementation=attn, **config_overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = getattr(transformers, fam.model_class)(config)
+    return model.to(dtype).eval()
+
+
+def family_of(model: nn.Module) -> str | None:
+    """The :data:`FAMILIES` key of a model (by its config's ``model_type``), or None."""
+    mt = getattr(getattr(model, "config", None), "model_type", None)
+    return mt if mt in FAMILIES else None
+
+
+# --------------------------------------------------------------------------- second-order check
+
+
+class SecondOrderError(RuntimeError):
+    """No HVP backend gives a trustworthy Hessian for this model (message names the op)."""
+
+
+class SecondOrderWarning(UserWarning):
+    """A curvature backend was replaced by the other one, or attention/activations were switched."""
+
+
+@dataclass(frozen=True)
+class BackendCheck:
+    """How one HVP backend did on the probe batch.
+
+    Attributes:
+        backend: ``"reverse"`` or ``"forward"``.
+        ok: ran and matched the finite-difference reference within tolerance.
+        error: the exception (type: message) when it raised, else None.
+        rel_error_fd: ‖Hv − FD‖ / ‖FD‖ over the probe vectors (None when it raised).
+        worst_params: up to 3 ``(parameter, relative error)`` with the largest mismatch (when not ok).
+        ops: op / Function names extracted from the error message.
+    """
+
+    backend: str
+    ok: bool
+    error: str | None = None
+    rel_error_fd: float | None = None
+    worst_params: tuple[tuple[str, float], ...] = ()
+    ops: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SecondOrderReport:
+    """Result of :func:`check_second_order`.
+
+    Attributes:
+        model: model class name; family: :data:`FAMILIES` key or None.
+        dtype: dtype the check ran in; dim: number of parameters probed.
+        attention: the model's ``attn_implementation`` (None for non-HF models).
+        reverse, forward: :class:`BackendCheck` per backend.
+        backend_agreement: ‖H_rev v − H_fwd v‖ / ‖H_rev v‖ (None unless both ran).
+        fd_noise: relative difference of the FD reference at steps ε and ε/2 (its own accuracy).
+        rtol: tolerance used against the FD reference.
+        custom_functions: ``"module (Class): FunctionBackward"`` for every custom autograd Function
+            found in the loss graph (the usual culprits of missing/incorrect rules).
+        recommended: the backend to use (the preferred one when ok, else the other one when ok),
+            or None when neither is trustworthy.
+        messages: human-readable findings (each names the op when one is at fault).
+        seconds: wall time.
+    """
+
+    model: str
+    family: str | None
+    dtype: str
+    dim: int
+    attention: str | None
+    reverse: BackendCheck
+    forward: BackendCheck
+    backend_agreement: float | None
+    fd_noise: float
+    rtol: float
+    custom_functions: tuple[str, ...]
+    recommended: str | None
+    messages: tuple[str, ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """Both backends are trustworthy."""
+        return self.reverse.ok and self.forward.ok
+
+    @property
+    def usable(self) -> bool:
+        """At least one backend is trustworthy."""
+        return self.recommended is not None
+
+    def message(self) -> str:
+        """One paragraph summarising the findings."""
+        head = (f"second-order check of {self.model} ({self.dtype}, {self.dim} parameters, attention "
+                f"{self.attention}): reverse {'ok' if self.reverse.ok else 'FAILED'}, forward "
+                f"{'ok' if self.forward.ok else 'FAILED'}; recommended backend: {self.recommended}")
+        return head + ("" if not self.messages else "\n  - " + "\n  - ".join(self.messages))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ok"] = self.ok
+        d["usable"] = self.usable
+        return d
+
+
+_OP_PATTERNS = (
+    re.compile(r"vmap over (\w+)"),
+    re.compile(r"forward AD with (\S+)"),
+    re.compile(r"derivative for (\S+) is not implemented"),
+    re.compile(r"(aten::\w+(?:\.\w+)?)"),
+    re.compile(r"function (\w+Backward\d*) returned"),
+    re.compile(r"\b(\w+Backward\d*)\b"),
+)
+
+
+def _ops_in(message: str) -> tuple[str, ...]:
+    found: list[str] = []
+    for pat in _OP_PATTERNS:
+        for m in pat.findall(message):
+            m = m.strip("'\".,:;")
+            if m and m not in found:
+                found.append(m)
+    return tuple(found)
+
+
+def _is_custom(fn) -> bool:
+    return fn is not None and (hasattr(fn, "_forward_cls") or type(fn).__name__ == "BackwardCFunction")
+
+
+def _custom_functions(model: nn.Module, loss_fn: Callable, batch) -> tuple[str, ...]:
+    """Custom autograd Functions in the loss graph, with the module whose output they produced."""
+    producers: dict[int, str] = {}
+    handles = []
+
+    def make(name: str, mod: nn.Module):
+        def hook(_m, _args, out):
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            for t in outs:
+                if isinstance(t, torch.Tensor) and _is_custom(t.grad_fn):
+                    producers.setdefault(id(t.grad_fn), f"{name or '<model>'} ({type(mod).__name__})")
+        return hook
+
+    for name, mod in model.named_modules():
+        handles.append(mod.register_forward_hook(make(name, mod)))
+    try:
+        from geometry.attention import second_order_attention
+
+        with torch.enable_grad(), second_order_attention():
+            loss = loss_fn(model, batch)
+            seen: set[int] = set()
+            stack = [loss.grad_fn]
+            found: list[str] = []
+            while stack:
+                fn = stack.pop()
+                if fn is None or id(fn) in seen:
+                    continue
+                seen.add(id(fn))
+                if _is_custom(fn):
+                    cls = getattr(fn, "_forward_cls", None)
+                    label = (cls.__name__ if cls is not None else type(fn).__name__)
+                    where = producers.get(id(fn), "inside a module (not its direct output)")
+                    found.append(f"{where}: {label}")
+                stack.extend(nxt for nxt, _ in fn.next_functions)
+    finally:
+        for h in handles:
+            h.remove()
+    return tuple(sorted(set(found)))
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    den = float(torch.linalg.vector_norm(b.double()))
+    num = float(torch.linalg.vector_norm(a.double() - b.double()))
+    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+
+
+def _fd_hvp(op, V: torch.Tensor, eps: float) -> torch.Tensor:
+    """Central finite difference of the gradient: (g(θ+εv) − g(θ−εv)) / 2ε per row v of V."""
+    named = dict(op.model.named_parameters())
+    params = {n: named[n] for n in op.space.names}
+    out = torch.empty_like(V)
+    with torch.no_grad():
+        originals = {n: p.detach().clone() for n, p in params.items()}
+    try:
+        for i in range(V.shape[0]):
+            step = op.space.unflatten(V[i] * eps)
+            grads = []
+            for sign in (1.0, -1.0):
+                with torch.no_grad():
+                    for n, p in params.items():
+                        p.copy_(originals[n] + sign * step[n].view_as(p))
+                grads.append(op.gradient()[1])
+            out[i] = (grads[0] - grads[1]) / (2 * eps)
+    finally:
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(originals[n])
+    return out
+
+
+def _worst(space, HV: torch.Tensor, ref: torch.Tensor, n: int = 3) -> tuple[tuple[str, float], ...]:
+    errs = []
+    for name, sl in space.slices.items():
+        den = float(torch.linalg.vector_norm(ref[:, sl].double())) + 1e-30
+        errs.append((name, float(torch.linalg.vector_norm((HV[:, sl] - ref[:, sl]).double())) / den))
+    errs.sort(key=lambda t: -t[1])
+    return tuple((nm, round(e, 6)) for nm, e in errs[:n])
+
+
+def _format_exc(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:500]
+
+
+def check_second_order(
+    model: nn.Module,
+    batch,
+    loss_fn: Callable | None = None,
+    params=None,
+    num_vectors: int = 2,
+    seed: int = 0,
+    precision: str | torch.dtype = "auto",
+    rtol: float | None = None,
+    eps: float | None = None,
+    preferred: str = "reverse",
+) -> SecondOrderReport:
+    """Probe whether both HVP backends give the true Hessian of ``model`` on one tiny batch.
+
+    For ``num_vectors`` seeded unit vectors v it computes H v with the ``"reverse"`` and
+    ``"forward"`` backends of :class:`geometry.hessian.HessianOperator` and a central finite
+    difference of gradients (g(θ+εv) − g(θ−εv))/2ε, which needs no second-order rule. A backend
+    is *ok* when it runs and its relative error against the FD reference is ≤ ``rtol``; an
+    exception (missing forward-AD rule, missing/``once_differentiable`` double backward) is
+    recorded with the op names its message gives. Custom ``autograd.Function`` s in the loss graph
+    are listed with the module that produced them, so a silent mismatch (a backward that is not
+    itself differentiable) can be traced to its op.
+
+    Args:
+        model: the model (not modified: weights are restored bit-exactly after the FD steps).
+        batch: one small batch (e.g. a [2, 8] LongTensor) or a list of batches.
+        loss_fn: ``loss_fn(model, batch)``; default :func:`probes.lm.lm_loss`.
+        params: parameter globs (default all); restrict to a block for large models.
+        num_vectors: probe vectors (each costs 2 HVPs + 4 gradients).
+        seed: seed of the probe vectors.
+        precision: ``"auto"`` (run on a float64 copy when the model has < 50M parameters, else
+            in place in the model's dtype), a dtype, or ``"native"``.
+        rtol: tolerance against the FD reference; default 2e-3 (float64), 1e-2 (float32), 5e-2 (half);
+            raised to 10× the FD reference's own noise (|FD(ε) − FD(ε/2)| / |FD(ε)|) when that is
+            larger (reported in ``messages``).
+        eps: FD step along unit vectors; default 1e-2 (float64) / 3e-2 (float32) / 0.1 (half).
+            HF norms and softmax compute in float32 even in a float64 model, so the gradient carries
+            ~1e-7 relative noise; 1e-2 balances that noise (~1e-5/ε) against the O(ε²) truncation
+            (measured FD accuracy 2e-5..2e-4 on the tiny families).
+        preferred: backend to recommend when both are ok.
+
+    Returns :class:`SecondOrderReport`. Cost: 2·num_vectors HVPs + 8·num_vectors gradients on the
+    batch, plus a float64 copy of the model under ``precision="auto"`` for small models.
+    """
+    from geometry.hessian import HessianOperator
+
+    from probes.lm import lm_loss
+
+    t0 = time.perf_counter()
+    loss_fn = loss_fn or lm_loss
+    batches = [batch] if isinstance(batch, torch.Tensor) else list(batch)
+    n_params = sum(p.numel() for p in model.parameters())
+    model_dtype = next(model.parameters()).dtype
+    if precision == "auto":
+        target = torch.float64 if n_params < 50_000_000 else None
+    elif precision == "native":
+        target = None
+    elif isinstance(precision, torch.dtype):
+        target = precision
+    else:
+        raise ValueError(f"precision must be 'auto', 'native' or a torch dtype, got {precision!r}")
+    work = model
+    if target is not None and target != model_dtype:
+        work = copy.deepcopy(model).to(target)
+    dtype = next(work.parameters()).dtype
+    wide = dtype == torch.float64
+    if eps is None:
+        eps = 1e-2 if wide else (3e-2 if dtype == torch.float32 else 1e-1)
+    base_rtol = rtol if rtol is not None else (2e-3 if wide else 1e-2 if dtype == torch.float32 else 5e-2)
+    messages: list[str] = []
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if attention not in (None, "eager", "sdpa"):
+        messages.append(f"attention implementation {attention!r} is not covered by the SDPA-MATH context of the "
+                        "HVP operators; wrap curvature in probes.families.curvature_safe(model) (switches to sdpa)")
+    with curvature_safe(work, quiet=True):
+        customs = _custom_functions(work, loss_fn, batches[0])
+        op_rev = HessianOperator(work, loss_fn, batches, params=params, backend="reverse")
+        g = torch.Generator().manual_seed(seed)
+        V = torch.randn(num_vectors, op_rev.dim, generator=g, dtype=torch.float64)
+        V = (V / torch.linalg.vector_norm(V, dim=1, keepdim=True)).to(dtype=dtype, device=op_rev.device)
+        ref = _fd_hvp(op_rev, V, eps)
+        ref_half = _fd_hvp(op_rev, V, eps / 2)
+        fd_noise = _rel(ref, ref_half)
+        tol = max(base_rtol, 10 * fd_noise)
+        if tol > base_rtol:
+            messages.append(f"the finite-difference reference is only accurate to {fd_noise:.1e} (relative) in {dtype}; "
+                            f"tolerance raised to {tol:.1e}")
+        checks: dict[str, BackendCheck] = {}
+        products: dict[str, torch.Tensor] = {}
+        for backend in ("reverse", "forward"):
+            op = op_rev if backend == "reverse" else HessianOperator(work, loss_fn, batches, params=params, backend=backend)
+            try:
+                HV = op.matmat_flat(V)
+            except Exception as e:  # noqa: BLE001 - every failure is reported, none is swallowed silently
+                text = _format_exc(e)
+                checks[backend] = BackendCheck(backend, False, error=text, ops=_ops_in(str(e)))
+                continue
+            products[backend] = HV
+            err = _rel(HV, ref)
+            ok = err <= tol
+            checks[backend] = BackendCheck(backend, ok, rel_error_fd=err,
+                                           worst_params=() if ok else _worst(op_rev.space, HV, ref))
+    agreement = _rel(products["forward"], products["reverse"]) if len(products) == 2 else None
+    suspects = ", ".join(customs) if customs else "none found (the op is a built-in one)"
+    for backend, chk in checks.items():
+        if chk.ok:
+            continue
+        if chk.error is not None:
+            ops = f" (op: {', '.join(chk.ops)})" if chk.ops else ""
+            messages.append(f"{backend} backend raised{ops}: {chk.error}; custom autograd Functions in the graph: {suspects}")
+        else:
+            where = ", ".join(f"{n} ({e:.2g})" for n, e in chk.worst_params)
+            messages.append(f"{backend} backend gives a WRONG Hessian: relative error {chk.rel_error_fd:.2g} against finite "
+                            f"differences (tolerance {tol:.1g}); worst parameters: {where}; custom autograd Functions "
+                            f"in the graph (a backward that is not itself differentiable is the usual cause): {suspects}")
+    other = "forward" if preferred == "reverse" else "reverse"
+    if checks[preferred].ok:
+        recommended = preferred
+    elif checks[other].ok:
+        recommended = other
+        messages.append(f"falling back from the {preferred} backend to the {other} backend")
+    else:
+        recommended = None
+        messages.append("no HVP backend is trustworthy for this model: curvature probes must not run "
+                        "(replace the op named above by a differentiable implementation, e.g. eager attention / "
+                        "a pure-PyTorch activation)")
+    return SecondOrderReport(
+        model=type(model).__name__, family=family_of(model), dtype=str(dtype).replace("torch.", ""),
+        dim=op_rev.dim, attention=attention, reverse=checks["reverse"], forward=checks["forward"],
+        backend_agreement=agreement, fd_noise=fd_noise, rtol=tol, custom_functions=customs,
+        recommended=recommended, messages=tuple(messages), seconds=time.perf_counter() - t0,
+    )
+
+
+# --------------------------------------------------------------------------- handling
+
+@contextlib.contextmanager
+def curvature_safe(model: nn.Module, quiet: bool = False) -> Iterator[nn.Module]:
+    """Switch ops without second-order / forward-AD rules to implementations that have them.
+
+    * attention implementations other than ``eager``/``sdpa`` (flash-attention, flex, hub kernels)
+      → ``sdpa`` (which the HVP operators run under the MATH backend);
+    * xIELU's CUDA kernel (``xielu`` wheel, a ``torch.classes`` op with no autograd) → its
+      pure-PyTorch path.
+
+    Everything is restored on exit. A :class:`SecondOrderWarning` names each switch (unless ``quiet``).
+    """
+    undo: list[Callable[[], None]] = []
+    config = getattr(model, "config", None)
+    attn = getattr(config, "_attn_implementation", None)
+    if attn not in (None, "eager", "sdpa") and hasattr(model, "set_attn_implementation"):
+        try:
+            model.set_attn_implementation("sdpa")
+            undo.append(lambda: model.set_attn_implementation(attn))
+            if not quiet:
+                warnings.warn(f"attention {attn!r} has no double-backward/forward-AD rule; using sdpa (MATH backend) "
+                              "for curvature", SecondOrderWarning, stacklevel=3)
+        except Exception as e:  # noqa: BLE001
+            warnings.warn(f"attention {attn!r} could not be switched to sdpa ({e}); curvature may fail", SecondOrderWarning,
+                          stacklevel=3)
+    for name, mod in model.named_modules():
+        if type(mod).__name__ == "XIELUActivation" and getattr(mod, "_xielu_cuda_obj", None) is not None:
+            obj = mod._xielu_cuda_obj
+            mod._xielu_cuda_obj = None
+            undo.append(lambda mod=mod, obj=obj: setattr(mod, "_xielu_cuda_obj", obj))
+            if not quiet:
+                warnings.warn(f"{name}: the xIELU CUDA kernel has no autograd rules; using its PyTorch path for curvature",
+                              SecondOrderWarning, stacklevel=3)
+    try:
+        yield model
+    finally:
+        for f in reversed(undo):
+            f()
+
+
+_CACHE: dict[str, SecondOrderReport] = {}
+
+
+def architecture_key(model: nn.Module, params=None) -> str:
+    """Key identifying an architecture (class, config, dtype, device, params) for caching checks."""
+    cfg = getattr(model, "config", None)
+    try:
+        cfg_s = json.dumps(cfg.to_dict(), sort_keys=True, default=str) if cfg is not None else ""
+    except Exception:  # noqa: BLE001
+        cfg_s = repr(cfg)
+    p = next(model.parameters())
+    shapes = [(n, tuple(q.shape)) for n, q in model.named_parameters()][:4]
+    return f"{type(model).__name__}|{p.dtype}|{p.device.type}|{params!r}|{shapes}|{hash(cfg_s)}"
+
+
+def ensure_second_order(model: nn.Module, batch, backend: str = "reverse", params=None, loss_fn=None,
+                        cache: bool = True) -> str:
+    """The HVP backend to use for ``model``: ``backend`` when trustworthy, else the other one with a
+    :class:`SecondOrderWarning` naming the op; raises :class:`SecondOrderError` when neither is.
+
+    Runs :func:`check_second_order` on ``batch`` (trim it to ~2×8 tokens: the check costs
+    2 HVPs + 8 gradients per probe vector) once per architecture (:func:`architecture_key`), so a
+    sweep over a trajectory pays once. Use as::
+
+        backend = ensure_second_order(model, curvature_batches[0][:2, :16], backend="reverse")
+        op = HessianOperator(model, lm_loss, batches, backend=backend)
+    """
+    key = architecture_key(model, params) + f"|{backend}"
+    rep = _CACHE.get(key) if cache else None
+    if rep is None:
+        rep = check_second_order(model, batch, loss_fn=loss_fn, params=params, preferred=backend)
+        if cache:
+            _CACHE[key] = rep
+        if rep.usable and rep.recommended != backend:
+            warnings.warn(rep.message(), SecondOrderWarning, stacklevel=2)
+        elif rep.usable and not rep.ok:
+            warnings.warn(rep.message(), SecondOrderWarning, stacklevel=2)
+    if not rep.usable:
+        raise SecondOrderError(rep.message())
+    return rep.recommended
+
+
+__all__ = ["FAMILIES", "Family", "tiny_model", "family_of", "check_second_order", "SecondOrderReport", "BackendCheck",
+           "SecondOrderError", "SecondOrderWarning", "ensure_second_order", "curvature_safe", "architecture_key"]
