@@ -70,7 +70,7 @@ def rtn_direct(W: torch.Tensor, bits: int, g: int) -> torch.Tensor:
 
 
 def out_sq(X, Wq, W) -> float:
-    return float(((X @ Wq.T - X @ W.T) ** 2).sum())
+    return float(((X @ Wq.T - X @ W.T) ** 2).sum().detach())
 
 
 def awq_direct(X: torch.Tensor, Ws: list[torch.Tensor], bits: int, g: int, n_grid: int = 20, n_clip: int = 20,
