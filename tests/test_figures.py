@@ -148,10 +148,10 @@ def test_report_command_on_a_store(df, tmp_path):
     wsd = df[df.run == "wsd"]
     with sweep.Store(path) as st:
         cks = wsd.drop_duplicates("checkpoint")
-        st.add_checkpoints(SimpleNamespace(label=r.checkpoint, step=int(r.step), tokens=int(r.tokens),
+        st.add_checkpoints((SimpleNamespace(label=r.checkpoint, step=int(r.step), tokens=int(r.tokens),
                                            lr=None if r.lr is None or (isinstance(r.lr, float) and math.isnan(r.lr)) else r.lr,
                                            kind="derived" if r.derived else "hf_dir", location=None)
-                           for r in cks.itertuples())
+                           for r in cks.itertuples()), run="wsd")
         for (ck, probe, spec), g in wsd.groupby(["checkpoint", "probe", "spec"], sort=False):
             metrics = [{"metric": m.metric, "value": m.value, "stderr": None if math.isnan(m.stderr) else m.stderr,
                         "ci_low": None, "ci_high": None} for m in g.itertuples()]

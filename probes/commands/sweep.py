@@ -1,0 +1,202 @@
+"""`losslens sweep`, `losslens sharpness`, `losslens correlate`: trajectory sweeps and their statistics."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    c = Console(stderr=stderr)
+    return c if c.is_terminal else Console(stderr=stderr, width=160)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.3g}" if abs(v) < 1e-2 and v != 0 else f"{v:.3f}"
+    return str(v)
+
+
+def print_table(df, title: str, console=None) -> None:
+    """Print a small DataFrame as a rich table."""
+    from rich.table import Table
+
+    console = console or _console()
+    if "note" in df.columns and (df["note"] == "").all():
+        df = df.drop(columns=["note"])
+    t = Table(title=title)
+    for c in df.columns:
+        t.add_column(str(c))
+    for _, row in df.iterrows():
+        t.add_row(*[_fmt(v) for v in row])
+    console.print(t)
+
+
+def correlation_summary(df, x=None, y=None, controls=None, methods=("pearson", "spearman"), n_boot: int = 2000):
+    """The summary table printed at the end of a sweep (x: curvature series, y: quantizer specs;
+    a partial correlation on LR when there are enough checkpoints)."""
+    from probes.analysis import series, summary
+
+    if controls is None:
+        try:
+            lr = series(df, "lr")
+            controls = ["lr"] if lr.notna().sum() >= 5 and lr.nunique() > 1 else []
+        except Exception:
+            controls = []
+    return summary(df, x=x, y=y, controls=controls, methods=methods, n_boot=n_boot)
+
+
+def print_phases(df, console=None, gap: str | None = None) -> None:
+    """Print the FP-convergence onset and the divergence onset of a quantization gap (SCIENCE §6)."""
+    from probes.analysis import AnalysisError, convergence_onset, divergence_onset, series_frame
+
+    con = console or _console()
+    qs = list(dict.fromkeys(df.loc[(df["probe"] == "quant") & (df["status"] == "ok"), "spec"]))
+    if gap is None and qs:
+        gap = next((q for q in qs if q.startswith("rtn:4")), qs[0])
+    try:
+        frame = series_frame(df, ["step", "lr", "loss"])
+        c = convergence_onset(frame["step"], frame["loss"], frame["lr"])
+        tail = "" if c.found else " (the loss still improves at the last checkpoint)"
+        con.print(f"FP-convergence onset: step {c.step:g}, lr {c.lr}{tail}")
+    except (AnalysisError, KeyError) as exc:
+        con.print(f"FP-convergence onset: not computed ({exc})")
+    if gap is None:
+        return
+    try:
+        frame = series_frame(df, ["step", "lr", gap])
+        d = divergence_onset(frame["step"], frame[gap], frame["lr"])
+        excl = f"; {d.n_excluded} non-positive/NaN gaps excluded" if d.n_excluded else ""
+        con.print(f"divergence onset of the {gap} gap: step {d.step:g}, lr {d.lr} (log-gap slope "
+                  f"{d.details['slope_before']:.3g} -> {d.details['slope_after']:.3g} per step{excl})")
+    except (AnalysisError, KeyError) as exc:
+        con.print(f"divergence onset of the {gap} gap: not computed ({exc})")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def sweep(
+        trajectory: Path = typer.Argument(..., help="Trajectory folder (probes.checkpoints.Trajectory.from_folder)."),
+        out: Path = typer.Option(Path("results.sqlite"), "--out", "-o", help="SQLite results store (created or resumed)."),
+        plan: Optional[Path] = typer.Option(None, "--plan", help="Plan file (.toml/.yaml/.json); default: the built-in plan."),
+        executor: str = typer.Option("local", "--executor", help="local | ray"),
+        address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start a local cluster)."),
+        num_workers: Optional[int] = typer.Option(None, "--num-workers", help="CPUs of the local Ray cluster."),
+        retry_failed: bool = typer.Option(False, "--retry-failed", help="Rerun rows stored as failed."),
+        allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Add to a store written by another plan."),
+        quick: bool = typer.Option(False, "--quick", help="Smaller default plan (fewer HVPs, smaller data)."),
+        device: Optional[str] = typer.Option(None, "--device", help="Device to load checkpoints on (default: cuda if present)."),
+        threads: Optional[int] = typer.Option(None, "--threads", help="torch threads per process/task (default: torch's; 1 is best for tiny models)."),
+        export: Optional[Path] = typer.Option(None, "--export", help="Also write the tidy results to .csv or .parquet."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display (for logs)."),
+    ) -> None:
+        """Run every probe of a plan on every checkpoint of a trajectory; resumable (kill and rerun)."""
+        from probes.sweep import PlanError, Plan, Store, StoreError, SweepError, load_plan, run_sweep
+
+        try:
+            p = Plan.default(quick=quick) if plan is None else load_plan(plan)
+            report = run_sweep(trajectory, p, out=out, executor=executor, address=address, retry_failed=retry_failed,
+                               allow_mixed=allow_mixed, progress=not quiet, device=device, num_workers=num_workers,
+                               num_threads=threads)
+        except (PlanError, StoreError, SweepError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2)
+        con = _console()
+        con.print(str(report))
+        for ck, probe, spec, err in report.failures[:20]:
+            con.print(f"  [red]failed[/red] {ck} {probe} {spec}: {err}")
+        with Store(out) as st:
+            df = st.results()
+            if export is not None:
+                st.export(export)
+                con.print(f"tidy results -> {export}")
+        tab = correlation_summary(df)
+        if len(tab):
+            print_table(tab, "correlations across checkpoints", con)
+        print_phases(df, con)
+
+    @app.command()
+    def sharpness(
+        checkpoint: Path = typer.Argument(..., help="A checkpoint folder (HF format) or a trajectory folder."),
+        label: Optional[str] = typer.Option(None, "--label", help="Checkpoint label inside a trajectory folder (default: last)."),
+        num_matvecs: int = typer.Option(100, "--num-matvecs", help="HVP budget of the trace estimate."),
+        method: str = typer.Option("hutch++", "--method", help="hutch++ | hutchinson"),
+        k: int = typer.Option(1, "--k", help="Top-k eigenvalues."),
+        params: Optional[List[str]] = typer.Option(None, "--params", help="Parameter globs (repeatable; default all)."),
+        seed: int = typer.Option(0, "--seed"),
+        quick: bool = typer.Option(False, "--quick", help="Quick (small) curvature set."),
+        device: Optional[str] = typer.Option(None, "--device"),
+        data: Optional[Path] = typer.Option(None, "--data", help="Saved TokenSet file for the curvature set (default: built)."),
+        threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """Sharpness of one checkpoint: Hessian trace (95% CI), top eigenvalue(s), HVPs, timing."""
+        from probes.sweep.sharpness import SharpnessError, sharpness as _sharpness
+
+        try:
+            res = _sharpness(checkpoint, label=label, num_matvecs=num_matvecs, method=method, k=k, params=params, seed=seed,
+                             quick=quick, device=device, data=data, num_threads=threads)
+        except SharpnessError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2)
+        if as_json:
+            typer.echo(json.dumps(res, indent=2))
+            return
+        tr = res["trace"]
+        con = _console()
+        con.print(f"{res['checkpoint']}: tr H = {tr['value']:.4g} ± {tr['stderr']:.2g} "
+                  f"(95% CI [{tr['ci_low']:.4g}, {tr['ci_high']:.4g}], {tr['method']}, {tr['num_matvecs']} HVPs, {tr['seconds']:.1f} s)")
+        ev = res["eigen"]
+        con.print(f"λ_max = {ev['values'][0]:.4g} (residual {ev['residuals'][0]:.2g}, {ev['num_matvecs']} HVPs, {ev['seconds']:.1f} s); "
+                  f"{res['dim']} parameters, curvature set {res['data']['shape']}")
+
+    @app.command()
+    def correlate(
+        results: Path = typer.Argument(..., help="SQLite store written by `losslens sweep`."),
+        x: List[str] = typer.Option(["trace"], "--x", help="x series (repeatable): trace, lambda_max, kurtosis, loss, lr, ..."),
+        y: List[str] = typer.Option([], "--y", help="y series (repeatable), e.g. gptq:3:g128 (its rel_loss_error); default every quant spec."),
+        control: List[str] = typer.Option([], "--control", help="Covariates for a partial correlation (repeatable): lr, loss, tokens."),
+        method: List[str] = typer.Option(["pearson", "spearman", "kendall"], "--method", help="pearson | spearman | kendall (repeatable)."),
+        n_boot: int = typer.Option(2000, "--n-boot", help="Bootstrap resamples for the 95% interval."),
+        seed: int = typer.Option(0, "--seed"),
+        include_derived: bool = typer.Option(False, "--include-derived", help="Include LAWA/derived checkpoints."),
+        as_json: bool = typer.Option(False, "--json", help="Print the table as JSON records."),
+    ) -> None:
+        """Correlate two per-checkpoint series of a sweep (bootstrap 95% CI, p-value, partial on controls)."""
+        from probes.analysis import AnalysisError, summary
+        from probes.sweep import Store, StoreError
+
+        if not results.is_file():
+            typer.echo(f"error: no results store at {results}", err=True)
+            raise typer.Exit(2)
+        try:
+            with Store(results) as st:
+                df = st.results()
+        except StoreError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2)
+        if df.empty:
+            typer.echo(f"error: {results} holds no results yet", err=True)
+            raise typer.Exit(2)
+        try:
+            from probes.analysis import series_frame
+
+            series_frame(df, [*x, *(y or []), *control], include_derived=include_derived)  # validate names early
+            tab = summary(df, x=x, y=y or None, controls=control or None, methods=method, n_boot=n_boot, seed=seed,
+                          include_derived=include_derived)
+        except AnalysisError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2)
+        if as_json:
+            typer.echo(tab.to_json(orient="records", indent=2))
+        else:
+            print_table(tab, f"correlations ({results.name})")
+        bad = tab[tab["note"] != ""]
+        if len(bad) == len(tab) and len(tab):
+            typer.echo(f"error: {bad['note'].iloc[0]}", err=True)
+            raise typer.Exit(1)

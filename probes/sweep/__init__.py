@@ -1,0 +1,20 @@
+"""Sweeps along a trajectory: a plan of probes, a resumable SQLite store, local and Ray executors.
+
+    from probes.sweep import Plan, Store, run_sweep
+    run_sweep("runs/wsd", Plan.default(), out="wsd.sqlite")     # kill it, rerun it: it resumes
+    df = Store("wsd.sqlite").results()                          # tidy table (see store.RESULT_COLUMNS)
+
+See :mod:`.plan` (what to measure), :mod:`.store` (where rows go), :mod:`.runner` (what each
+probe computes) and :mod:`.executor` (how checkpoints are scheduled).
+"""
+from .executor import EXECUTORS, SweepError, SweepReport, build_data, data_hashes, resolve_trajectory, run_sweep
+from .plan import PROBES, BlockTraceProbe, DataSpec, EigenProbe, Plan, PlanError, Task, TraceProbe, load_plan
+from .runner import CheckpointState, ProbeError, probe_checkpoint
+from .store import RESULT_COLUMNS, ProbeRow, Store, StoreError
+
+__all__ = [
+    "Plan", "PlanError", "TraceProbe", "EigenProbe", "BlockTraceProbe", "DataSpec", "Task", "PROBES", "load_plan",
+    "Store", "StoreError", "ProbeRow", "RESULT_COLUMNS",
+    "run_sweep", "SweepReport", "SweepError", "EXECUTORS", "build_data", "data_hashes", "resolve_trajectory",
+    "probe_checkpoint", "CheckpointState", "ProbeError",
+]

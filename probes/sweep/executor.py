@@ -1,0 +1,376 @@
+"""Running a plan over a trajectory: in-process or on Ray, every finished probe committed at once.
+
+:func:`run_sweep` is the one entry point (the CLI's ``losslens sweep`` calls it)::
+
+    from probes.sweep import Plan, run_sweep
+    report = run_sweep("runs/wsd", Plan.default(), out="wsd.sqlite")            # in-process
+    report = run_sweep("runs/wsd", "plan.toml", out="wsd.sqlite", executor="ray",
+                       address="auto")                                         # an existing cluster
+
+Steps: resolve the trajectory (a folder → :meth:`Trajectory.from_folder`) and append the plan's LAWA
+checkpoints; build the token sets once (:func:`probes.data.default_token_sets` with the plan's
+shapes and seed, or the plan's saved files, or ``token_sets=``) and hash them; bind the store
+(refusing another plan's store unless ``allow_mixed``); skip every row already ``ok`` with the same
+settings (and ``failed`` rows unless ``retry_failed``); run the rest.
+
+Executors
+---------
+``local``  one process; checkpoints in trajectory order; each probe's row is written (its own
+           transaction) the moment it finishes, so a kill loses at most the probe in flight.
+``ray``    one Ray task per checkpoint (``num_cpus=1``, ``num_gpus=1`` when the cluster has GPUs);
+           the token sets and plan go to the object store once; each worker process keeps one
+           :class:`CheckpointLoader` (one model instance) across its tasks; rows come back to the
+           driver, which writes them as each task completes (``ray.wait``). A kill loses at most the
+           checkpoints in flight. A worker crash is recorded as failed rows of that checkpoint.
+           ``ray.init(address=...)`` joins a cluster; without an address a local one is started
+           (``num_workers`` CPUs, default all cores, no dashboard) and shut down at the end.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .plan import Plan, PlanError, Task, load_plan
+from .runner import get_loader, probe_checkpoint
+from .store import ProbeRow, Store
+
+EXECUTORS = ("local", "ray")
+
+
+class SweepError(RuntimeError):
+    """The sweep cannot start (bad trajectory, unknown checkpoint label, Ray missing, ...)."""
+
+
+@dataclass
+class SweepReport:
+    """What a :func:`run_sweep` call did.
+
+    ``n_tasks``: row keys of the plan over all checkpoints; ``n_skipped``: already in the store;
+    ``n_run`` = ``n_ok + n_failed`` rows written by this call; ``seconds``: wall time of the call
+    (data building included); ``checkpoint_seconds``: per checkpoint, load + probes (local) or the
+    task's probe time (ray); ``probe_seconds``: ``{checkpoint: {probe[:spec]: seconds}}``.
+    """
+
+    store: Path
+    plan_hash: str
+    data_hash: str
+    executor: str
+    n_checkpoints: int
+    n_tasks: int
+    n_run: int = 0
+    n_ok: int = 0
+    n_failed: int = 0
+    n_skipped: int = 0
+    seconds: float = 0.0
+    data_seconds: float = 0.0
+    checkpoint_seconds: dict[str, float] = field(default_factory=dict)
+    probe_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
+    failures: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        s = (f"{self.n_checkpoints} checkpoints, {self.n_tasks} rows: {self.n_ok} ok, {self.n_failed} failed, "
+             f"{self.n_skipped} already done; {self.seconds:.1f} s ({self.executor}) -> {self.store}")
+        return s
+
+
+# --------------------------------------------------------------------------- inputs
+def resolve_trajectory(trajectory):
+    """A :class:`probes.checkpoints.Trajectory` from a Trajectory or a folder path."""
+    from probes.checkpoints import Trajectory
+
+    if isinstance(trajectory, Trajectory):
+        return trajectory
+    if isinstance(trajectory, (str, Path)):
+        p = Path(trajectory).expanduser()
+        if not p.exists():
+            raise SweepError(f"no trajectory at {p}: the folder does not exist")
+        return Trajectory.from_folder(p)
+    raise SweepError(f"a trajectory must be a probes.checkpoints.Trajectory or a folder path, got {type(trajectory).__name__}")
+
+
+def with_plan_checkpoints(traj, plan: Plan):
+    """The trajectory with the plan's LAWA checkpoints appended, and the refs the plan selects."""
+    for k in plan.lawa:
+        real = [r for r in traj if getattr(r, "kind", None) != "derived"]
+        if len(real) < k:
+            raise PlanError(f"lawa k={k} needs at least {k} checkpoints; the trajectory has {len(real)}")
+        traj = traj.with_lawa(k=k)
+    refs = list(traj)
+    if plan.checkpoints is not None:
+        labels = [str(r.label) for r in refs]
+        unknown = [c for c in plan.checkpoints if c not in labels]
+        if unknown:
+            raise PlanError(f"plan.checkpoints names unknown label(s) {unknown}; the trajectory has: {', '.join(labels)}")
+        keep = set(plan.checkpoints)
+        refs = [r for r in refs if str(r.label) in keep]
+    return traj, refs
+
+
+def build_data(plan: Plan, trajectory) -> dict:
+    """The eval / calibration / curvature token sets of the plan (files, or built from the source)."""
+    from probes.tokenset import TokenSet
+
+    files = dict(plan.data.files)
+    out = {name: TokenSet.load(path) for name, path in files.items()}
+    todo = {n: s for n, s in plan.data.shapes.items() if n not in out}
+    if todo:
+        from probes.data import default_token_sets
+
+        source = None if plan.data.source == "embedded" else plan.data.source
+        shapes = dict(plan.data.shapes)
+        if plan.data.fit_context:
+            ctx = _context(trajectory)
+            if ctx:
+                shapes = {k: (nb, b, min(s, int(ctx))) for k, (nb, b, s) in shapes.items()}
+        built = default_token_sets(trajectory, source=source, seed=plan.data.seed, shapes=shapes)
+        for n in todo:
+            out[n] = built[n]
+    return out
+
+
+def _context(trajectory) -> int | None:
+    try:
+        from probes.checkpoints import read_config
+
+        first = next(r for r in trajectory if getattr(r, "kind", None) != "derived")
+        cfg = read_config(first)
+        return cfg.get("max_position_embeddings") or cfg.get("n_positions")
+    except Exception:
+        return None
+
+
+def data_hashes(token_sets: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
+    """(combined SHA-256, per-set content hashes) of the token sets."""
+    per = {k: v.content_hash for k, v in sorted(token_sets.items())}
+    return hashlib.sha256(json.dumps(per, sort_keys=True).encode()).hexdigest(), per
+
+
+# --------------------------------------------------------------------------- progress
+class SweepProgress:
+    """Rich progress display: one bar over probes (ETA) and one over checkpoints; no-op when quiet."""
+
+    def __init__(self, n_probes: int, n_checkpoints: int, enabled: bool = True):
+        self.enabled = enabled and n_probes > 0
+        self._p = None
+        if not self.enabled:
+            return
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        self._p = Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                           TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+        self._ck = self._p.add_task("checkpoints", total=n_checkpoints)
+        self._pr = self._p.add_task("probes", total=n_probes)
+        self._p.start()
+
+    def start_probe(self, label: str, task: Task) -> None:
+        if self._p is not None:
+            spec = f" {task.spec}" if task.spec else ""
+            self._p.update(self._pr, description=f"{label} · {task.probe}{spec}")
+
+    def probe_done(self, n: int = 1) -> None:
+        if self._p is not None:
+            self._p.advance(self._pr, n)
+
+    def checkpoint_done(self, label: str) -> None:
+        if self._p is not None:
+            self._p.update(self._ck, advance=1, description=f"checkpoints (last: {label})")
+
+    def close(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+            self._p = None
+
+
+# --------------------------------------------------------------------------- executors
+class _threads:
+    """Context: ``torch.set_num_threads(n)`` inside, the previous count restored after (None: no-op)."""
+
+    def __init__(self, n: int | None):
+        self.n, self.old = n, None
+
+    def __enter__(self):
+        if self.n:
+            import torch
+
+            self.old = torch.get_num_threads()
+            torch.set_num_threads(int(self.n))
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            import torch
+
+            torch.set_num_threads(self.old)
+
+
+def _execute_local(work, plan, token_sets, traj, write, progress: SweepProgress, device, dtype, num_threads=None):
+    loader = get_loader(traj, device=device, dtype=dtype)
+    with _threads(num_threads):
+        for ref, tasks in work:
+            for row in probe_checkpoint(ref, tasks, plan, token_sets, loader, on_start=progress.start_probe):
+                write(row)
+                progress.probe_done()
+            progress.checkpoint_done(str(ref.label))
+
+
+def _auto_device(device):
+    if device is not None:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else None
+
+
+def _remote_checkpoint(payload, ref, tasks):
+    """Body of a Ray task: every pending task of one checkpoint, rows returned as a list."""
+    plan, token_sets, traj, device, dtype, num_threads = payload
+    loader = get_loader(traj, device=_auto_device(device), dtype=dtype)
+    with _threads(num_threads):
+        return list(probe_checkpoint(ref, tasks, plan, token_sets, loader))
+
+
+def _execute_ray(work, plan, token_sets, traj, write, progress: SweepProgress, device, dtype, address, num_workers, num_gpus,
+                 num_threads=None):
+    try:
+        import ray
+    except ImportError as exc:
+        raise SweepError("the ray executor needs Ray: pip install 'ray[default]' (or losslens[ray])") from exc
+    started = False
+    if not ray.is_initialized():
+        kw: dict[str, Any] = dict(logging_level=logging.WARNING, log_to_driver=False)
+        if address:
+            ray.init(address=address, **kw)
+        else:
+            ray.init(num_cpus=int(num_workers or os.cpu_count() or 1), include_dashboard=False, **kw)
+        started = True
+    try:
+        if num_gpus is None:
+            num_gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+        remote = ray.remote(num_cpus=1, num_gpus=num_gpus, max_retries=0)(_remote_checkpoint)
+        payload = ray.put((plan, dict(token_sets), traj, device, dtype, num_threads))
+        futures = {remote.remote(payload, ref, tasks): (ref, tasks) for ref, tasks in work}
+        pending = list(futures)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for fut in ready:
+                ref, tasks = futures[fut]
+                try:
+                    rows = ray.get(fut)
+                except Exception as exc:  # worker died, object lost, ...
+                    msg = f"ray task for checkpoint {ref.label!r} failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                    rows = [ProbeRow.failed(str(ref.label), t, msg) for t in tasks]
+                for row in rows:
+                    write(row)
+                progress.probe_done(len(rows))
+                progress.checkpoint_done(str(ref.label))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# --------------------------------------------------------------------------- entry point
+def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out: "str | Path | Store" = "results.sqlite",
+              executor: str = "local", address: str | None = None, retry_failed: bool = False, allow_mixed: bool = False,
+              token_sets: Mapping[str, Any] | None = None, progress: bool = True, device=None, dtype=None,
+              num_workers: int | None = None, num_gpus: float | None = None, num_threads: int | None = None,
+              on_row: Callable[[ProbeRow], None] | None = None, run: str | None = None) -> SweepReport:
+    """Run ``plan`` over ``trajectory`` and write every probe's row to the store ``out``.
+
+    Args:
+        trajectory: a :class:`Trajectory` or a trajectory folder.
+        plan: a :class:`Plan`, a .toml/.yaml/.json file, a mapping, or None (:meth:`Plan.default`).
+        out: the SQLite file (created if missing) or an open :class:`Store`.
+        executor: 'local' (in-process) or 'ray'. ``address``: Ray cluster address ('auto', 'ray://…');
+            None starts a local cluster with ``num_workers`` CPUs. ``num_gpus`` per Ray task: default
+            1 when the cluster has GPUs, else 0.
+        retry_failed: rerun rows stored as failed (otherwise they are kept and skipped).
+        allow_mixed: accept a store written by another plan/data (rows keep their plan hash; rows
+            computed with other settings are recomputed).
+        token_sets: ``{"eval", "calibration", "curvature": TokenSet}`` to use instead of building them.
+        progress: show the rich progress display (False: quiet).
+        num_threads: torch intra-op threads while probing (local: this process, restored after;
+            ray: each task). None keeps torch's default (Ray workers get 1 per CPU requested).
+            Small models run fastest with 1 thread; a machine shared with other jobs can slow
+            multi-threaded torch down by an order of magnitude (oversubscription).
+        device, dtype: where/how checkpoints are loaded (default: the loader's; CUDA when present).
+        on_row: called with each row after it is committed.
+        run: name of this trajectory's run in the store (default: the plan's name). One store can
+            hold several runs (e.g. a WSD and a cosine trajectory) as long as they share plan and data.
+
+    Returns:
+        :class:`SweepReport`. Raises :class:`PlanError`, :class:`StoreError`, :class:`SweepError`
+        before any work when the inputs are wrong; probe failures never raise (failed rows).
+    """
+    t_start = time.perf_counter()
+    if executor not in EXECUTORS:
+        raise SweepError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
+    plan = load_plan(plan)
+    traj, refs = with_plan_checkpoints(resolve_trajectory(trajectory), plan)
+    if not refs:
+        raise SweepError("the trajectory has no checkpoint to probe")
+    t_data = time.perf_counter()
+    sets = dict(token_sets) if token_sets is not None else build_data(plan, traj)
+    missing = [n for n in ("eval", "calibration", "curvature") if n not in sets]
+    if missing:
+        raise SweepError(f"token_sets lacks {missing}; pass eval, calibration and curvature sets")
+    data_seconds = time.perf_counter() - t_data
+    dhash, per = data_hashes(sets)
+    own_store = not isinstance(out, Store)
+    store = Store(out) if own_store else out
+    try:
+        run = run if run is not None else plan.name
+        store.bind(plan, dhash, per, allow_mixed=allow_mixed, run=run)
+        store.add_checkpoints(list(traj), run=run)
+        tasks = plan.tasks()
+        existing = store.existing(run)
+        work = []
+        for ref in refs:
+            todo = store.pending(str(ref.label), tasks, dhash, retry_failed=retry_failed, existing=existing, run=run)
+            if todo:
+                work.append((ref, todo))
+        n_todo = sum(len(t) for _, t in work)
+        report = SweepReport(store.path, plan.hash, dhash, executor, len(refs), len(refs) * len(tasks),
+                             n_skipped=len(refs) * len(tasks) - n_todo, data_seconds=data_seconds)
+
+        def write(row: ProbeRow) -> None:
+            store.write(row, data_hash=dhash, plan_hash=plan.hash, run=run)
+            report.n_run += 1
+            if row.status == "ok":
+                report.n_ok += 1
+            else:
+                report.n_failed += 1
+                report.failures.append((row.checkpoint, row.probe, row.spec, row.error or ""))
+            key = f"{row.probe}:{row.spec}" if row.spec else row.probe
+            ps = report.probe_seconds.setdefault(row.checkpoint, {})
+            ps[key] = float(row.seconds or 0.0)
+            load = float(row.extra.get("load_seconds", 0.0)) if row.extra else 0.0
+            if load:
+                ps["load"] = load
+            report.checkpoint_seconds[row.checkpoint] = sum(ps.values())
+            if on_row is not None:
+                on_row(row)
+
+        bar = SweepProgress(n_todo, len(work), enabled=progress)
+        try:
+            if executor == "local":
+                _execute_local(work, plan, sets, traj, write, bar, _auto_device(device), dtype, num_threads)
+            else:
+                _execute_ray(work, plan, sets, traj, write, bar, device, dtype, address, num_workers, num_gpus, num_threads)
+        finally:
+            bar.close()
+        report.seconds = time.perf_counter() - t_start
+        return report
+    finally:
+        if own_store:
+            store.close()
+
+
+__all__ = ["run_sweep", "SweepReport", "SweepError", "SweepProgress", "resolve_trajectory", "build_data", "data_hashes",
+           "with_plan_checkpoints", "EXECUTORS"]

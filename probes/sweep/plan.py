@@ -1,0 +1,487 @@
+"""Sweep plans: which probes run on which checkpoints, with which data and seeds.
+
+A :class:`Plan` is plain, frozen data. It is declared in Python::
+
+    Plan(quant=("rtn:3", "rtn:4", "gptq:3"), trace=TraceProbe("hutch++", 100), eigen=EigenProbe(k=1),
+         kurtosis=True, directional=("rtn:4",), lawa=(4,))
+
+or in a TOML / YAML / JSON file (:meth:`Plan.from_file`)::
+
+    name = "wsd-study"
+    seed = 0
+    lawa = [4]                      # derived checkpoints: LAWA of the last k checkpoints
+    curvature_params = ["*layers*"] # parameter globs for every curvature probe (default: all)
+
+    [data]                          # token sets: (n_batches, batch, seq) each, built once per study
+    source = "embedded"             # or a text file path
+    seed = 0
+    eval = [8, 4, 64]
+    calibration = [4, 4, 64]
+    curvature = [2, 4, 64]
+
+    [probes]
+    loss = true
+    quant = ["rtn:3", "rtn:4", "int8", "gptq:3", "gptq:4"]
+    trace = { method = "hutch++", num_matvecs = 100 }
+    eigen = { k = 1, method = "power" }
+    block_trace = { groups = "module", num_matvecs = 50 }
+    directional = ["rtn:4"]
+    kurtosis = true
+
+Validation happens at construction: an unknown probe, option, trace method or quantizer spec
+raises :class:`PlanError` naming the valid choices. :attr:`Plan.hash` is a SHA-256 of the
+canonical JSON of everything that changes a number (the ``name`` is excluded), stored in the
+results store's metadata so a store is never silently mixed with another plan's rows.
+
+A plan expands into :class:`Task` s, one per stored row key ``(probe, spec)`` per checkpoint, in
+execution order (cheap probes first). Each task carries a ``config_hash`` of exactly the settings
+that produce its numbers, so resuming a store reuses a row only when it was computed the same way.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+PROBES = ("loss", "quant", "trace", "eigen", "block_trace", "directional", "kurtosis")
+"""Probe names, in execution order."""
+
+TRACE_METHODS = ("hutch++", "hutchinson")
+EIGEN_METHODS = ("power", "lanczos")
+DATA_SETS = ("eval", "calibration", "curvature")
+_FALLBACK_QUANT_METHODS = ("rtn", "int8", "gptq")
+
+
+class PlanError(ValueError):
+    """A plan names an unknown probe, option or spec, or has an invalid value."""
+
+
+# --------------------------------------------------------------------------- probe settings
+@dataclass(frozen=True)
+class TraceProbe:
+    """Hessian trace by ``method`` ('hutch++' | 'hutchinson') with a budget of ``num_matvecs`` HVPs."""
+
+    method: str = "hutch++"
+    num_matvecs: int = 100
+
+    def __post_init__(self):
+        if self.method not in TRACE_METHODS:
+            raise PlanError(f"trace method {self.method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
+        _positive_int("trace.num_matvecs", self.num_matvecs, minimum=3 if self.method == "hutch++" else 1)
+
+
+@dataclass(frozen=True)
+class EigenProbe:
+    """Top-``k`` Hessian eigenvalues (by magnitude, sign kept) by power iteration or Lanczos."""
+
+    k: int = 1
+    method: str = "power"
+    tol: float = 1e-3
+    max_iter: int = 100
+
+    def __post_init__(self):
+        if self.method not in EIGEN_METHODS:
+            raise PlanError(f"eigen method {self.method!r} is unknown; valid: {', '.join(EIGEN_METHODS)}")
+        _positive_int("eigen.k", self.k)
+        _positive_int("eigen.max_iter", self.max_iter)
+        if not (isinstance(self.tol, (int, float)) and self.tol > 0):
+            raise PlanError(f"eigen.tol must be a positive number, got {self.tol!r}")
+
+
+@dataclass(frozen=True)
+class BlockTraceProbe:
+    """Per-group Hessian traces. ``groups``: 'module' | 'parameter' | 'block' (one group per decoder
+    block plus 'other') or a mapping ``{group: glob | [globs]}`` (as :meth:`ParamSpace.groups`)."""
+
+    groups: Any = "block"
+    num_matvecs: int = 50
+
+    def __post_init__(self):
+        g = self.groups
+        if isinstance(g, str):
+            if g not in ("module", "parameter", "block"):
+                raise PlanError(f"block_trace.groups {g!r} is unknown; valid: 'block', 'module', 'parameter' or a mapping of globs")
+        elif isinstance(g, Mapping):
+            if not g:
+                raise PlanError("block_trace.groups mapping is empty")
+            norm = {}
+            for k, v in g.items():
+                globs = (v,) if isinstance(v, str) else tuple(v)
+                if not globs or not all(isinstance(x, str) for x in globs):
+                    raise PlanError(f"block_trace.groups[{k!r}] must be a glob or a list of globs, got {v!r}")
+                norm[str(k)] = globs
+            object.__setattr__(self, "groups", tuple(sorted(norm.items())))
+        elif isinstance(g, tuple) and all(isinstance(x, tuple) and len(x) == 2 for x in g):
+            pass  # already normalised
+        else:
+            raise PlanError(f"block_trace.groups must be 'block', 'module', 'parameter' or a mapping, got {g!r}")
+        _positive_int("block_trace.num_matvecs", self.num_matvecs)
+
+    def groups_arg(self):
+        """The groups in the form :meth:`ParamSpace.groups` takes ('block' is resolved by the runner)."""
+        return self.groups if isinstance(self.groups, str) else {k: list(v) for k, v in self.groups}
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """The three token sets of a study (SCIENCE.md §1): shapes ``(n_batches, batch, seq)``.
+
+    ``source``: 'embedded' (the held-out part of the package's corpus) or a path to a text file /
+    folder. ``files``: optional ``{set_name: path}`` of saved :class:`TokenSet` files that replace
+    building. ``fit_context``: cap each built set's seq at the model's ``max_position_embeddings``
+    (the data hash records the shapes actually used).
+    """
+
+    eval: tuple[int, int, int] = (8, 4, 64)
+    calibration: tuple[int, int, int] = (4, 4, 64)
+    curvature: tuple[int, int, int] = (2, 4, 64)
+    seed: int = 0
+    source: str = "embedded"
+    files: tuple[tuple[str, str], ...] = ()
+    fit_context: bool = True
+
+    def __post_init__(self):
+        for name in DATA_SETS:
+            shape = getattr(self, name)
+            if not (isinstance(shape, (tuple, list)) and len(shape) == 3 and all(isinstance(x, int) and x > 0 for x in shape)):
+                raise PlanError(f"data.{name} must be three positive integers (n_batches, batch, seq), got {shape!r}")
+            object.__setattr__(self, name, tuple(int(x) for x in shape))
+        files = self.files
+        if isinstance(files, Mapping):
+            files = tuple(sorted((str(k), str(v)) for k, v in files.items()))
+        for k, _ in files:
+            if k not in DATA_SETS:
+                raise PlanError(f"data.files key {k!r} is unknown; valid: {', '.join(DATA_SETS)}")
+        object.__setattr__(self, "files", tuple(files))
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, int, int]]:
+        return {n: getattr(self, n) for n in DATA_SETS}
+
+
+# --------------------------------------------------------------------------- tasks
+@dataclass(frozen=True)
+class Task:
+    """One stored row key of a checkpoint: ``probe`` and ``spec`` plus the settings that produce it.
+
+    ``spec`` is the quantizer spec for quant/directional, the trace method for trace, ``"top{k}"``
+    for eigen, the groups' name for block_trace (the tidy results expand it into one row per group)
+    and ``""`` for loss and kurtosis.
+    """
+
+    probe: str
+    spec: str
+    options: tuple[tuple[str, Any], ...] = ()
+    config_hash: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.probe, self.spec)
+
+    @property
+    def opts(self) -> dict:
+        return dict(self.options)
+
+    @property
+    def curvature(self) -> bool:
+        return self.probe in ("trace", "eigen", "block_trace", "directional")
+
+
+# --------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class Plan:
+    """What a sweep measures. See the module docstring for the file format.
+
+    Fields: ``loss`` (FP loss/PPL on the eval set), ``quant`` (quantizer specs; quantization error
+    on the eval set, GPTQ calibrated on the calibration set), ``trace``, ``eigen``, ``block_trace``
+    (curvature on the curvature set w.r.t. ``curvature_params``), ``directional`` (quantizer specs;
+    gᵀδ, δᵀHδ along δ = θ̂ − θ), ``kurtosis`` (pooled weight excess kurtosis), ``quant_modules``
+    (module globs to quantize; default every Linear in the decoder blocks), ``lawa`` (k values:
+    one derived LAWA checkpoint of the last k checkpoints each), ``checkpoints`` (labels to keep;
+    default all), ``seed`` (estimator seed), ``data`` (:class:`DataSpec`).
+    """
+
+    loss: bool = True
+    quant: tuple[str, ...] = ()
+    trace: TraceProbe | None = None
+    eigen: EigenProbe | None = None
+    block_trace: BlockTraceProbe | None = None
+    directional: tuple[str, ...] = ()
+    kurtosis: bool = False
+    data: DataSpec = field(default_factory=DataSpec)
+    curvature_params: tuple[str, ...] | None = None
+    quant_modules: tuple[str, ...] | None = None
+    lawa: tuple[int, ...] = ()
+    checkpoints: tuple[str, ...] | None = None
+    seed: int = 0
+    name: str = "sweep"
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        if isinstance(self.quant, str):
+            set_("quant", (self.quant,))
+        if isinstance(self.directional, str):
+            set_("directional", (self.directional,))
+        set_("quant", tuple(canonical_spec(s, "quant") for s in self.quant))
+        set_("directional", tuple(canonical_spec(s, "directional") for s in self.directional))
+        for name in ("quant", "directional"):
+            seen = getattr(self, name)
+            dup = sorted({s for s in seen if seen.count(s) > 1})
+            if dup:
+                raise PlanError(f"{name} lists {dup} more than once")
+        for name, cls in (("trace", TraceProbe), ("eigen", EigenProbe), ("block_trace", BlockTraceProbe)):
+            v = getattr(self, name)
+            if v is None or isinstance(v, cls):
+                continue
+            if v is True:
+                set_(name, cls())
+            elif v is False:
+                set_(name, None)
+            elif isinstance(v, Mapping):
+                set_(name, _build(cls, v, name))
+            else:
+                raise PlanError(f"{name} must be a {cls.__name__}, a table of its options, true/false; got {v!r}")
+        if isinstance(self.data, Mapping):
+            set_("data", _build(DataSpec, self.data, "data"))
+        elif not isinstance(self.data, DataSpec):
+            raise PlanError(f"data must be a DataSpec or a table, got {self.data!r}")
+        for name in ("curvature_params", "quant_modules", "checkpoints"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            v = (v,) if isinstance(v, str) else tuple(v)
+            if not v or not all(isinstance(x, str) and x for x in v):
+                raise PlanError(f"{name} must be a non-empty list of strings, got {getattr(self, name)!r}")
+            set_(name, v)
+        lawa = (self.lawa,) if isinstance(self.lawa, int) else tuple(self.lawa)
+        for k in lawa:
+            if not isinstance(k, int) or isinstance(k, bool) or k < 2:
+                raise PlanError(f"lawa entries are k >= 2 (average of the last k checkpoints), got {k!r}")
+        set_("lawa", lawa)
+        for name in ("loss", "kurtosis"):
+            if not isinstance(getattr(self, name), bool):
+                raise PlanError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise PlanError(f"seed must be an integer, got {self.seed!r}")
+        if not self.tasks():
+            raise PlanError("the plan has no probe; enable at least one of: " + ", ".join(PROBES))
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def default(cls, quick: bool = False, **overrides) -> "Plan":
+        """The plan for the embedded trajectory: loss, RTN 3/4 (g128), INT8, GPTQ 3/4 (g128),
+        Hutch++ with 100 HVPs, λ_max, kurtosis, directional curvature along RTN-4.
+        ``quick`` shrinks the data and HVP budget for smoke tests."""
+        kw: dict[str, Any] = dict(
+            loss=True,
+            quant=("rtn:3", "rtn:4", "int8", "gptq:3", "gptq:4"),
+            trace=TraceProbe("hutch++", 30 if quick else 100),
+            eigen=EigenProbe(k=1, method="power", tol=1e-3, max_iter=20 if quick else 100),
+            directional=("rtn:4",),
+            kurtosis=True,
+            name="default",
+        )
+        if quick:
+            kw["data"] = DataSpec(eval=(4, 4, 64), calibration=(2, 4, 64), curvature=(1, 4, 64))
+        kw.update(overrides)
+        return cls(**kw)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Plan":
+        """Build from a nested mapping (the parsed TOML/YAML/JSON). Probes may sit under a
+        ``[probes]`` table or at top level. Unknown keys raise :class:`PlanError` listing valid ones."""
+        if not isinstance(d, Mapping):
+            raise PlanError(f"a plan must be a table/mapping, got {type(d).__name__}")
+        d = dict(d)
+        probes = d.pop("probes", {}) or {}
+        if not isinstance(probes, Mapping):
+            raise PlanError("[probes] must be a table mapping probe names to their settings")
+        unknown = [k for k in probes if k not in PROBES]
+        if unknown:
+            raise PlanError(f"unknown probe(s) {unknown}; valid probes: {', '.join(PROBES)}")
+        valid_top = {f.name for f in fields(cls)}
+        unknown = [k for k in d if k not in valid_top]
+        if unknown:
+            raise PlanError(f"unknown plan key(s) {unknown}; valid keys: probes, {', '.join(sorted(valid_top))}")
+        both = [k for k in probes if k in d]
+        if both:
+            raise PlanError(f"probe(s) {both} given both at top level and under [probes]")
+        kw = {**d, **probes}
+        # An unlisted probe is off (loss included) when a [probes] table is given.
+        if probes and "loss" not in kw:
+            kw["loss"] = False
+        return cls(**kw)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Plan":
+        """Read a plan from ``.toml`` (tomllib), ``.yaml``/``.yml`` (PyYAML) or ``.json``."""
+        path = Path(path)
+        if not path.is_file():
+            raise PlanError(f"no plan file at {path}")
+        text = path.read_text(encoding="utf-8")
+        suffix = path.suffix.lower()
+        try:
+            if suffix == ".toml":
+                try:
+                    import tomllib
+                except ModuleNotFoundError:  # pragma: no cover - python 3.10
+                    import tomli as tomllib
+                d = tomllib.loads(text)
+            elif suffix in (".yaml", ".yml"):
+                import yaml
+
+                d = yaml.safe_load(text) or {}
+            elif suffix == ".json":
+                d = json.loads(text)
+            else:
+                raise PlanError(f"{path}: plan files are .toml, .yaml/.yml or .json")
+        except PlanError:
+            raise
+        except Exception as exc:
+            raise PlanError(f"{path} is not a valid {suffix[1:]} file: {exc}") from exc
+        data = d.get("data") if isinstance(d, Mapping) else None
+        if isinstance(data, Mapping):  # relative data paths are relative to the plan file
+            data = dict(data)
+            base = path.resolve().parent
+            if isinstance(data.get("files"), Mapping):
+                data["files"] = {k: str(base / v) if not Path(str(v)).expanduser().is_absolute() else str(Path(str(v)).expanduser())
+                                 for k, v in data["files"].items()}
+            src = data.get("source")
+            if isinstance(src, str) and src != "embedded" and ":" not in src and not Path(src).expanduser().is_absolute():
+                data["source"] = str(base / src)
+            d = {**d, "data": data}
+        return cls.from_dict(d)
+
+    # ----------------------------------------------------------------- identity
+    def to_dict(self) -> dict:
+        """Canonical plain-data form (JSON-serialisable; ``from_dict(to_dict())`` round-trips)."""
+        d = asdict(self)
+        if self.block_trace is not None:
+            d["block_trace"]["groups"] = _jsonable_groups(self.block_trace.groups)
+        d["data"]["files"] = dict(self.data.files)
+        for k in ("quant", "directional", "lawa"):
+            d[k] = list(d[k])
+        for k in ("eval", "calibration", "curvature"):
+            d["data"][k] = list(d["data"][k])
+        for k in ("curvature_params", "quant_modules", "checkpoints"):
+            if d[k] is not None:
+                d[k] = list(d[k])
+        probes = {k: d.pop(k) for k in PROBES}
+        d["probes"] = {k: v for k, v in probes.items() if v not in (None, False, [], ())}
+        return d
+
+    @property
+    def hash(self) -> str:
+        """SHA-256 (hex) of the canonical JSON of the plan without its ``name``."""
+        d = self.to_dict()
+        d.pop("name", None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def replace(self, **kw) -> "Plan":
+        return replace(self, **kw)
+
+    # ----------------------------------------------------------------- expansion
+    def tasks(self) -> list[Task]:
+        """Row keys per checkpoint, in execution order: loss, kurtosis, quant…, directional…,
+        trace, eigen, block_trace."""
+        curv = {"curvature_params": list(self.curvature_params) if self.curvature_params else None, "data": list(self.data.curvature)}
+        qdata = {"quant_modules": list(self.quant_modules) if self.quant_modules else None,
+                 "eval": list(self.data.eval), "calibration": list(self.data.calibration)}
+        out: list[Task] = []
+        if self.loss:
+            out.append(_task("loss", "", {"eval": list(self.data.eval)}))
+        if self.kurtosis:
+            out.append(_task("kurtosis", "", {"quant_modules": qdata["quant_modules"]}))
+        for s in self.quant:
+            out.append(_task("quant", s, qdata))
+        for s in self.directional:
+            out.append(_task("directional", s, {**qdata, **curv}))
+        if self.trace is not None:
+            out.append(_task("trace", self.trace.method, {**asdict(self.trace), **curv, "seed": self.seed}))
+        if self.eigen is not None:
+            out.append(_task("eigen", f"top{self.eigen.k}", {**asdict(self.eigen), **curv, "seed": self.seed}))
+        if self.block_trace is not None:
+            g = self.block_trace.groups
+            gname = g if isinstance(g, str) else "custom"
+            out.append(_task("block_trace", gname, {"groups": _jsonable_groups(g), "num_matvecs": self.block_trace.num_matvecs,
+                                                    **curv, "seed": self.seed}))
+        return out
+
+    @property
+    def needs_curvature(self) -> bool:
+        return any(t.curvature for t in self.tasks())
+
+
+# --------------------------------------------------------------------------- helpers
+def canonical_spec(spec: str, where: str = "quant") -> str:
+    """Validate a quantizer spec and return its canonical string (``str(QuantSpec.parse(spec))``
+    when :mod:`probes.quant` is installed; a basic grammar check otherwise)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise PlanError(f"{where}: a quantizer spec must be a non-empty string like 'rtn:4:g128', got {spec!r}")
+    spec = spec.strip()
+    try:
+        from probes.quant import QuantSpec  # type: ignore
+    except ImportError:
+        QuantSpec = None
+    if QuantSpec is not None:
+        try:
+            return str(QuantSpec.parse(spec))
+        except Exception as exc:
+            raise PlanError(f"{where}: invalid quantizer spec {spec!r}: {exc}") from exc
+    method = spec.split(":", 1)[0]
+    if method not in _FALLBACK_QUANT_METHODS:
+        raise PlanError(f"{where}: unknown quantizer {method!r} in spec {spec!r}; valid quantizers: {', '.join(_FALLBACK_QUANT_METHODS)}")
+    return spec
+
+
+def _task(probe: str, spec: str, options: dict) -> Task:
+    blob = json.dumps({"probe": probe, "spec": spec, **options}, sort_keys=True, separators=(",", ":"), default=str)
+    return Task(probe, spec, tuple(sorted((k, _freeze(v)) for k, v in options.items())), hashlib.sha256(blob.encode()).hexdigest()[:16])
+
+
+def _freeze(v):
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    return v
+
+
+def _jsonable_groups(g):
+    return g if isinstance(g, str) else {k: list(v) for k, v in g}
+
+
+def _build(cls, d: Mapping, where: str):
+    valid = [f.name for f in fields(cls)]
+    unknown = [k for k in d if k not in valid]
+    if unknown:
+        raise PlanError(f"{where}: unknown option(s) {unknown}; valid options: {', '.join(valid)}")
+    kw = dict(d)
+    for k, v in kw.items():
+        if isinstance(v, list) and k != "groups":
+            kw[k] = tuple(v)
+    return cls(**kw)
+
+
+def _positive_int(name: str, v, minimum: int = 1) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise PlanError(f"{name} must be an integer >= {minimum}, got {v!r}")
+
+
+def load_plan(plan: "Plan | str | Path | Mapping | None", quick: bool = False) -> Plan:
+    """A :class:`Plan` from a Plan, a file path, a mapping, or None (the default plan)."""
+    if plan is None:
+        return Plan.default(quick=quick)
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, Mapping):
+        return Plan.from_dict(plan)
+    if isinstance(plan, (str, Path)):
+        return Plan.from_file(plan)
+    raise PlanError(f"cannot make a plan from {type(plan).__name__}")
+
+
+__all__ = ["Plan", "PlanError", "TraceProbe", "EigenProbe", "BlockTraceProbe", "DataSpec", "Task", "PROBES",
+           "canonical_spec", "load_plan"]

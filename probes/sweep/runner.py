@@ -1,0 +1,294 @@
+"""What each probe computes on one checkpoint (the unit of work of every executor).
+
+:func:`probe_checkpoint` loads one checkpoint into a reused model (:class:`CheckpointLoader`) and
+runs the pending :class:`~probes.sweep.plan.Task` s in plan order, yielding one
+:class:`~probes.sweep.store.ProbeRow` per task as soon as it finishes. A probe that raises gives a
+``failed`` row with the error and the next probe runs; a checkpoint that cannot be loaded gives a
+failed row for each of its tasks.
+
+Per checkpoint, shared between probes:
+
+* the FP loss on the eval set is computed once (by the ``loss`` probe or the first ``quant``
+  probe) and reused as ``fp_loss`` for every quantizer spec;
+* one :class:`geometry.hessian.HessianOperator` of :func:`probes.lm.lm_loss` on the curvature set,
+  w.r.t. ``plan.curvature_params``, serves trace, eigen and block_trace.
+
+Metrics per probe (SCIENCE.md §2, §4, §6):
+
+=============  ================  ===========================================================
+probe          spec              metrics (extra)
+=============  ================  ===========================================================
+loss           ""                loss (nats, eval set), ppl  (n_tokens)
+quant          quantizer spec    q_loss, rel_loss_error, ppl_gap  (fp_loss, q_ppl, layer_errors,
+                                 kurtosis of θ̂, quant_seconds, notes)
+directional    quantizer spec    gTd, dHd, pred_delta = gTd + dHd/2, actual_delta = L(θ̂) − L(θ),
+                                 all on the curvature set, w.r.t. the quantized matrices (δ = θ̂ − θ
+                                 is zero elsewhere, so this equals the full-space value)
+trace          hutch++|hutchin.  trace (stderr, 95% CI)
+eigen          top{k}            lambda_1..lambda_k (residuals, converged, iterations)
+block_trace    groups name       trace per group (the tidy table's spec = group name)
+kurtosis       ""                pooled weight excess kurtosis of the quantized matrices (per_matrix)
+=============  ================  ===========================================================
+"""
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+
+if TYPE_CHECKING:  # torch is imported lazily so that `losslens --help` stays fast
+    import torch
+
+from .plan import Plan, Task
+from .store import ProbeRow, metric
+
+
+class ProbeError(RuntimeError):
+    """A probe could not run (missing data set, unsupported option)."""
+
+
+class CheckpointState:
+    """One loaded checkpoint and what its probes share (FP loss, the Hessian operator)."""
+
+    def __init__(self, model: torch.nn.Module, plan: Plan, token_sets: Mapping[str, Any]):
+        self.model = model
+        self.plan = plan
+        self.token_sets = token_sets
+        self._fp = None
+        self._op = None
+
+    def data(self, name: str):
+        ts = self.token_sets.get(name)
+        if ts is None:
+            raise ProbeError(f"the plan needs the {name!r} token set; it was not built/passed")
+        return ts
+
+    def fp_loss(self):
+        """:class:`probes.lm.LossResult` of the FP model on the eval set (computed once)."""
+        if self._fp is None:
+            from probes.lm import evaluate
+
+            self._fp = evaluate(self.model, self.data("eval"))
+        return self._fp
+
+    def hessian(self):
+        """The shared :class:`HessianOperator` on the curvature set (built once)."""
+        if self._op is None:
+            from geometry.hessian import HessianOperator
+            from probes.lm import lm_loss
+
+            self._op = HessianOperator(self.model, lm_loss, list(self.data("curvature")), params=self.plan.curvature_params)
+        return self._op
+
+
+# --------------------------------------------------------------------------- probes
+def _loss(st: CheckpointState, task: Task) -> ProbeRow:
+    r = st.fp_loss()
+    return ProbeRow(st_label(st), "loss", "", metrics=[metric("loss", r.loss), metric("ppl", r.ppl)],
+                    extra={"n_tokens": r.n_tokens, "eval_seconds": r.seconds})
+
+
+def _quant(st: CheckpointState, task: Task) -> ProbeRow:
+    from probes.quant import quantization_error
+
+    fp = st.fp_loss()
+    e = quantization_error(st.model, task.spec, st.data("eval"), calibration=st.token_sets.get("calibration"),
+                           modules=st.plan.quant_modules, fp_loss=fp.loss)
+    return ProbeRow(st_label(st), "quant", task.spec,
+                    metrics=[metric("q_loss", e.q_loss), metric("rel_loss_error", e.rel_loss_error), metric("ppl_gap", e.ppl_gap)],
+                    extra={"fp_loss": e.fp_loss, "q_ppl": e.q_ppl, "fp_ppl": e.fp_ppl, "layer_errors": dict(e.layer_errors),
+                           "kurtosis_quantized": e.kurtosis, "quant_seconds": e.quant_seconds, "notes": list(e.notes)})
+
+
+def _directional(st: CheckpointState, task: Task) -> ProbeRow:
+    from geometry.directional import directional_curvature
+    from geometry.hessian import HessianOperator
+    from probes.lm import evaluate, lm_loss
+    from probes.quant import quantize
+
+    model = st.model
+    qm = quantize(model, task.spec, calibration=st.token_sets.get("calibration"), modules=st.plan.quant_modules)
+    names = [f"{n}.weight" for n in qm.names]
+    params = dict(model.named_parameters())
+    qparams = dict(qm.model.named_parameters())
+    missing = [n for n in names if n not in params]
+    if missing:
+        raise ProbeError(f"quantized layers without a '.weight' parameter: {missing[:3]}")
+    delta = {n: (qparams[n].detach() - params[n].detach()) for n in names}
+    curv = list(st.data("curvature"))
+    op = HessianOperator(model, lm_loss, curv, params=[_escape_glob(n) for n in names])
+    dc = directional_curvature(op, delta)
+    q_curv = evaluate(qm.model, curv).loss
+    del qm
+    return ProbeRow(st_label(st), "directional", task.spec,
+                    metrics=[metric("gTd", dc.gTd), metric("dHd", dc.dHd), metric("pred_delta", dc.predicted_delta),
+                             metric("actual_delta", q_curv - dc.loss)],
+                    extra={"loss": dc.loss, "q_loss": q_curv, "direction_norm": dc.direction_norm,
+                           "curvature": dc.curvature, "n_params": op.dim},
+                    n_hvp=int(dc.num_matvecs))
+
+
+def _trace(st: CheckpointState, task: Task) -> ProbeRow:
+    from geometry.trace import hutchinson_trace, hutchpp_trace
+
+    o = task.opts
+    op = st.hessian()
+    if task.spec == "hutch++":
+        est = hutchpp_trace(op, num_matvecs=o["num_matvecs"], seed=o["seed"])
+    else:
+        est = hutchinson_trace(op, num_matvecs=o["num_matvecs"], seed=o["seed"])
+    return ProbeRow(st_label(st), "trace", task.spec,
+                    metrics=[metric("trace", est.value, est.stderr, est.ci_low, est.ci_high)],
+                    extra={"method": est.method, "dim": op.dim, "rel_stderr": est.rel_stderr, "converged": bool(est.converged)},
+                    n_hvp=int(est.num_matvecs), seed=o["seed"])
+
+
+def _eigen(st: CheckpointState, task: Task) -> ProbeRow:
+    from geometry.eigen import top_eigenvalues
+
+    o = task.opts
+    res = top_eigenvalues(st.hessian(), k=o["k"], method=o["method"], tol=o["tol"], max_iter=o["max_iter"], seed=o["seed"])
+    return ProbeRow(st_label(st), "eigen", task.spec,
+                    metrics=[metric(f"lambda_{i + 1}", v) for i, v in enumerate(res.values)],
+                    extra={"residuals": [float(x) for x in res.residuals], "converged": [bool(c) for c in res.converged],
+                           "iterations": int(res.iterations), "method": res.method},
+                    n_hvp=int(res.num_matvecs), seed=o["seed"])
+
+
+def _block_groups(model: torch.nn.Module, groups):
+    if groups != "block":
+        return groups if isinstance(groups, str) else {k: list(v) for k, v in (groups.items() if isinstance(groups, Mapping) else groups)}
+    from probes.modules import find_blocks
+
+    prefix, blocks = find_blocks(model)
+    return {f"block{i}": f"{_escape_glob(prefix)}.{i}.*" for i in range(len(blocks))}
+
+
+def _block_trace(st: CheckpointState, task: Task) -> ProbeRow:
+    from geometry.trace import block_traces
+
+    o = task.opts
+    groups = o["groups"]
+    if isinstance(groups, tuple):  # frozen mapping
+        groups = {k: list(v) for k, v in groups}
+    res = block_traces(st.hessian(), _block_groups(st.model, groups), num_matvecs=o["num_matvecs"], seed=o["seed"])
+    ms = [metric("trace", res.values[g], res.stderr[g], res.ci_low[g], res.ci_high[g], spec=g) for g in res.values]
+    return ProbeRow(st_label(st), "block_trace", task.spec, metrics=ms,
+                    extra={"sizes": dict(res.sizes), "total": float(res.total.value), "total_stderr": float(res.total.stderr)},
+                    n_hvp=int(res.num_matvecs), seed=o["seed"])
+
+
+def _kurtosis(st: CheckpointState, task: Task) -> ProbeRow:
+    from probes.weights import weight_kurtosis
+
+    k = weight_kurtosis(st.model, st.plan.quant_modules)
+    return ProbeRow(st_label(st), "kurtosis", "", metrics=[metric("pooled", k.pooled)],
+                    extra={"per_matrix": {n: float(v) for n, v in dict(k.per_matrix).items()}})
+
+
+PROBE_FUNCS: dict[str, Callable[[CheckpointState, Task], ProbeRow]] = {
+    "loss": _loss, "quant": _quant, "directional": _directional, "trace": _trace, "eigen": _eigen,
+    "block_trace": _block_trace, "kurtosis": _kurtosis,
+}
+
+
+def st_label(st: CheckpointState) -> str:
+    return getattr(st, "label", "")
+
+
+def _escape_glob(name: str) -> str:
+    """A literal name as an fnmatch glob (brackets escaped)."""
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
+
+
+def _short_error(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {msg}{where}"[:2000]
+
+
+# --------------------------------------------------------------------------- driver of one checkpoint
+def probe_checkpoint(ref, tasks: Iterable[Task], plan: Plan, token_sets: Mapping[str, Any], loader,
+                     on_start: Callable[[str, Task], None] | None = None) -> Iterator[ProbeRow]:
+    """Run ``tasks`` on checkpoint ``ref``; yield one row per task as it finishes.
+
+    ``loader``: a :class:`probes.checkpoints.CheckpointLoader` (reused across checkpoints).
+    ``on_start(label, task)`` is called before each probe (for progress displays). The first row
+    carries ``extra["load_seconds"]`` (loading the weights). Rows carry the wall time of their probe
+    (the FP evaluation is charged to the probe that first needs it).
+    """
+    tasks = list(tasks)
+    label = str(ref.label)
+    if not tasks:
+        return
+    t0 = time.perf_counter()
+    try:
+        model = loader.load(ref)
+        for p in model.parameters():
+            p.requires_grad_(True)
+        model.eval()
+    except Exception as exc:  # corrupt or missing weights: every task of this checkpoint fails
+        err = f"loading checkpoint {label!r} failed: {_short_error(exc)}"
+        dt = time.perf_counter() - t0
+        for t in tasks:
+            yield ProbeRow.failed(label, t, err, seconds=dt)
+        return
+    load_seconds = time.perf_counter() - t0
+    st = CheckpointState(model, plan, token_sets)
+    st.label = label
+    first = True
+    for t in tasks:
+        if on_start is not None:
+            on_start(label, t)
+        t1 = time.perf_counter()
+        try:
+            row = PROBE_FUNCS[t.probe](st, t)
+            _check_finite(row)
+        except Exception as exc:
+            row = ProbeRow.failed(label, t, _short_error(exc))
+        row.seconds = time.perf_counter() - t1
+        row.config_hash = t.config_hash
+        row.checkpoint = label
+        if row.seed is None:
+            row.seed = plan.seed
+        if first:
+            row.extra = {**row.extra, "load_seconds": load_seconds}
+            first = False
+        yield row
+    del st
+
+
+def _check_finite(row: ProbeRow) -> None:
+    bad = [m["metric"] for m in row.metrics if m["value"] is None or not math.isfinite(m["value"])]
+    if bad:
+        raise ProbeError(f"{row.probe} {row.spec}: non-finite value for {bad}; the weights or data are broken")
+
+
+# --------------------------------------------------------------------------- loaders (one per process)
+_LOADERS: dict[Any, Any] = {}
+
+
+def get_loader(trajectory, device=None, dtype=None):
+    """A :class:`CheckpointLoader` for ``trajectory``, cached per process (one model instance reused)."""
+    from probes.checkpoints import CheckpointLoader
+
+    first = trajectory[0] if len(trajectory) else None
+    key = (getattr(trajectory, "name", None), str(getattr(first, "location", None)), str(device), str(dtype))
+    loader = _LOADERS.get(key)
+    if loader is None:
+        _LOADERS.clear()  # one model in memory per process
+        loader = CheckpointLoader(trajectory, dtype=dtype, device=device)
+        _LOADERS[key] = loader
+    else:
+        # the trajectory may have gained derived checkpoints since; let the loader know them
+        if hasattr(loader, "trajectory"):
+            try:
+                loader.trajectory = trajectory
+            except Exception:
+                pass
+    return loader
+
+
+__all__ = ["probe_checkpoint", "CheckpointState", "PROBE_FUNCS", "ProbeError", "get_loader"]

@@ -1,0 +1,91 @@
+"""Sharpness of one checkpoint (``losslens sharpness``): Hessian trace with its interval and λ_max.
+
+Curvature of :func:`probes.lm.lm_loss` on the curvature token set (SCIENCE.md §4): the default
+set of :func:`probes.data.default_token_sets` (held-out embedded corpus, the checkpoint's
+tokenizer) or a saved :class:`TokenSet` file. Cost: ``num_matvecs`` HVPs for the trace plus the
+eigen solver's HVPs (≤ ``max_iter`` per eigenvalue).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+from .plan import EIGEN_METHODS, TRACE_METHODS
+
+
+class SharpnessError(ValueError):
+    """Bad checkpoint path/label or options."""
+
+
+def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int = 100, method: str = "hutch++",
+              k: int = 1, eigen_method: str = "power", tol: float = 1e-3, max_iter: int = 100,
+              params: Sequence[str] | None = None, seed: int = 0, quick: bool = False, device=None,
+              data: str | Path | None = None, num_threads: int | None = None) -> dict:
+    """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint as a dict.
+
+    ``checkpoint``: a checkpoint folder, or a trajectory folder (``label`` picks one; default the
+    last real checkpoint). ``data``: a saved TokenSet file for the curvature set (default: built).
+    ``num_threads``: torch threads for the estimators (None: torch's default).
+    """
+    from probes.checkpoints import CheckpointError, CheckpointLoader, Trajectory
+
+    if method not in TRACE_METHODS:
+        raise SharpnessError(f"trace method {method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
+    if eigen_method not in EIGEN_METHODS:
+        raise SharpnessError(f"eigen method {eigen_method!r} is unknown; valid: {', '.join(EIGEN_METHODS)}")
+    path = Path(checkpoint).expanduser()
+    if not path.exists():
+        raise SharpnessError(f"no checkpoint at {path}")
+    try:
+        traj = Trajectory.from_folder(path)
+        if label is not None:
+            ref = traj[label]
+        else:
+            real = traj.real
+            ref = real[-1] if real else traj[-1]
+    except (CheckpointError, KeyError) as exc:
+        raise SharpnessError(str(exc)) from exc
+    t0 = time.perf_counter()
+    if data is not None:
+        from probes.tokenset import TokenSet
+
+        curv = TokenSet.load(data)
+    else:
+        from probes.data import default_token_sets
+
+        curv = default_token_sets(traj, quick=quick, seed=seed)["curvature"]
+    import torch
+
+    dev = device or ("cuda" if torch.cuda.is_available() else None)
+    try:
+        model = CheckpointLoader(traj, device=dev).load(ref)
+    except CheckpointError as exc:
+        raise SharpnessError(f"cannot load {ref.label!r}: {exc}") from exc
+    model.requires_grad_(True)
+    model.eval()
+    from geometry.eigen import top_eigenvalues
+    from geometry.hessian import HessianOperator
+    from geometry.trace import hutchinson_trace, hutchpp_trace
+    from probes.lm import lm_loss
+
+    from .executor import _threads
+
+    op = HessianOperator(model, lm_loss, list(curv), params=list(params) if params else None)
+    with _threads(num_threads):
+        est = (hutchpp_trace if method == "hutch++" else hutchinson_trace)(op, num_matvecs=num_matvecs, seed=seed)
+        ev = top_eigenvalues(op, k=k, method=eigen_method, tol=tol, max_iter=max_iter, seed=seed)
+    return {
+        "checkpoint": ref.label, "step": ref.step, "tokens": ref.tokens, "lr": ref.lr, "location": ref.location,
+        "dim": op.dim, "params": list(params) if params else None,
+        "data": {"shape": list(curv.tokens.shape), "content_hash": curv.content_hash},
+        "trace": {"value": est.value, "stderr": est.stderr, "ci_low": est.ci_low, "ci_high": est.ci_high,
+                  "method": est.method, "num_matvecs": est.num_matvecs, "seconds": est.seconds, "seed": seed},
+        "eigen": {"values": list(ev.values), "residuals": list(ev.residuals), "converged": list(ev.converged),
+                  "method": ev.method, "num_matvecs": ev.num_matvecs, "seconds": ev.seconds},
+        "seconds": time.perf_counter() - t0,
+        "device": str(op.device),
+    }
+
+
+__all__ = ["sharpness", "SharpnessError"]

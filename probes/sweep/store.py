@@ -1,0 +1,398 @@
+"""The results store of a sweep: one SQLite file, one row per checkpoint × probe × spec.
+
+Tables
+------
+``meta(key, value)``
+    ``plan_hash``, ``plan_json``, ``data_hash`` (hash of the three token-set hashes),
+    ``data_hashes`` (JSON per set), ``run``, ``created``, ``versions``; ``plan_hashes`` lists every
+    plan that wrote rows when mixing was allowed.
+``checkpoints(run, label, position, step, tokens, lr, derived, kind, location, ref_json)``
+    The trajectories' checkpoint references (derived = LAWA/soup), keyed by ``(run, label)``.
+``results(run, checkpoint, probe, spec, status, metrics, extra, n_hvp, seconds, error, seed, data_hash,
+plan_hash, config_hash, versions, created)`` with ``UNIQUE(run, checkpoint, probe, spec)``
+    ``metrics`` is a JSON list of ``{metric, value, stderr, ci_low, ci_high[, spec]}`` (an entry's
+    ``spec`` overrides the row's, used by block_trace to hold one trace per group); ``extra`` is a
+    JSON object of details (residuals, per-layer errors, ...).
+
+Durability: the database runs in WAL mode and every :meth:`Store.write` is its own transaction
+(an UPSERT on the unique key), so a process killed at any moment leaves every finished row intact
+and no half-written or duplicate row. A rerun of the same plan skips rows that are ``ok`` and were
+computed with the same settings (see :meth:`Store.pending`).
+
+Several runs in one store: every row and checkpoint carries the name of its run (the plan's name,
+or ``run_sweep(..., run=...)``), so trajectories whose checkpoints share labels (``step-000100`` in
+a WSD and in a cosine run) sit side by side and are compared in one table. The plan/data check of
+:meth:`Store.bind` applies to the whole store: runs of one study share the probes and the data.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import json
+import math
+import sqlite3
+import sys
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from .plan import PROBES, Plan, Task
+
+RESULT_COLUMNS = ["run", "checkpoint", "step", "tokens", "lr", "derived", "probe", "spec", "metric", "value",
+                  "stderr", "ci_low", "ci_high", "n_hvp", "seconds", "status", "error", "seed", "data_hash"]
+"""Columns of :meth:`Store.results`, in order (CONTRACT.md)."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    run TEXT NOT NULL DEFAULT '', label TEXT NOT NULL, position INTEGER NOT NULL, step INTEGER, tokens INTEGER, lr REAL,
+    derived INTEGER NOT NULL DEFAULT 0, kind TEXT, location TEXT, ref_json TEXT, PRIMARY KEY (run, label));
+CREATE TABLE IF NOT EXISTS results (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    checkpoint TEXT NOT NULL, probe TEXT NOT NULL, spec TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('ok', 'failed')),
+    metrics TEXT NOT NULL DEFAULT '[]', extra TEXT NOT NULL DEFAULT '{}',
+    n_hvp INTEGER NOT NULL DEFAULT 0, seconds REAL, error TEXT, seed INTEGER,
+    data_hash TEXT, plan_hash TEXT, config_hash TEXT, run TEXT NOT NULL DEFAULT '', versions TEXT, created TEXT,
+    UNIQUE (run, checkpoint, probe, spec));
+"""
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used as asked (another plan's store, unreadable file, bad export path)."""
+
+
+@dataclass
+class ProbeRow:
+    """One measured (or failed) probe of one checkpoint, as the executor hands it to the store.
+
+    ``metrics``: list of ``{"metric", "value", "stderr", "ci_low", "ci_high"}`` (missing error bars
+    are None; an optional ``"spec"`` overrides the row's spec in the tidy table). ``seconds``: wall
+    time of the probe. ``n_hvp``: Hessian-vector products spent.
+    """
+
+    checkpoint: str
+    probe: str
+    spec: str
+    status: str = "ok"
+    metrics: list[dict] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+    n_hvp: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+    seed: int | None = None
+    config_hash: str = ""
+
+    @classmethod
+    def failed(cls, checkpoint: str, task: Task, error: BaseException | str, seconds: float = 0.0, seed=None) -> "ProbeRow":
+        msg = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        return cls(checkpoint, task.probe, task.spec, "failed", [], {}, 0, seconds, msg, seed, task.config_hash)
+
+
+def metric(name: str, value, stderr=None, ci_low=None, ci_high=None, spec: str | None = None) -> dict:
+    """A metrics entry (floats or None)."""
+    d = {"metric": name, "value": _f(value), "stderr": _f(stderr), "ci_low": _f(ci_low), "ci_high": _f(ci_high)}
+    if spec is not None:
+        d["spec"] = spec
+    return d
+
+
+def _f(x):
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None if math.isnan(x) else x
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> tuple[tuple[str, str], ...]:
+    out = {"python": sys.version.split()[0]}
+    from importlib.metadata import PackageNotFoundError, version
+
+    for pkg in ("losslens", "torch", "transformers"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return tuple(out.items())
+
+
+def versions() -> dict[str, str]:
+    """Versions of python, losslens, torch, transformers (those installed)."""
+    return dict(_versions())
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _jsonable(x):
+    if is_dataclass(x) and not isinstance(x, type):
+        return asdict(x)
+    if isinstance(x, (set, frozenset, tuple)):
+        return list(x)
+    return str(x)
+
+
+class Store:
+    """A sweep's SQLite results file. Usable as a context manager; :meth:`close` when done.
+
+    ``Store(path)`` opens (or creates) the file. The executor calls :meth:`bind` with the plan and
+    data hash, :meth:`add_checkpoints` with the trajectory, :meth:`pending` to find the work left
+    and :meth:`write` once per finished probe. Readers use :meth:`results`, :meth:`export`,
+    :attr:`meta`, :attr:`plan`.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if self.path.exists() and self.path.is_dir():
+            raise StoreError(f"{self.path} is a directory; give a file path such as results.sqlite")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = sqlite3.connect(str(self.path), timeout=60.0)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            with self._conn:
+                self._conn.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path} is not a losslens results store (SQLite said: {exc})") from exc
+
+    # ----------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.path)!r})"
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"store {self.path} is closed")
+        return self._conn
+
+    # ----------------------------------------------------------------- metadata
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The metadata table; JSON values decoded."""
+        out = {}
+        for k, v in self.conn.execute("SELECT key, value FROM meta"):
+            try:
+                out[k] = json.loads(v)
+            except ValueError:
+                out[k] = v
+        return out
+
+    def _set_meta(self, items: Mapping[str, Any]) -> None:
+        with self.conn:
+            self.conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                                  [(k, json.dumps(v, default=_jsonable)) for k, v in items.items()])
+
+    @property
+    def plan(self) -> Plan | None:
+        """The plan that (last) wrote this store, or None for an empty store."""
+        pj = self.meta.get("plan_json")
+        return Plan.from_dict(pj) if pj else None
+
+    def bind(self, plan: Plan, data_hash: str, data_hashes: Mapping[str, str] | None = None, allow_mixed: bool = False,
+             run: str | None = None) -> None:
+        """Record ``plan`` and ``data_hash`` in the metadata, or check that they match it; make
+        ``run`` (default: the plan's name) the run that later writes default to.
+
+        Raises :class:`StoreError` when the store was written by a different plan or different
+        data, unless ``allow_mixed`` (then both plans' rows live side by side; each row keeps its
+        plan and config hash, and rows computed with other settings are recomputed).
+        """
+        meta = self.meta
+        old_plan, old_data = meta.get("plan_hash"), meta.get("data_hash")
+        has_rows = self.conn.execute("SELECT COUNT(*) FROM results").fetchone()[0] > 0
+        if old_plan is not None and has_rows and not allow_mixed:
+            if old_plan != plan.hash:
+                raise StoreError(
+                    f"{self.path} holds results of a different plan (hash {old_plan[:12]}, name "
+                    f"{meta.get('plan_json', {}).get('name')!r}); this plan is {plan.hash[:12]} ({plan.name!r}). "
+                    "Use another --out file, or pass allow_mixed=True (CLI: --allow-mixed) to add to it.")
+            if old_data is not None and old_data != data_hash:
+                raise StoreError(
+                    f"{self.path} holds results computed on other data (data hash {old_data[:12]} vs {data_hash[:12]}); "
+                    "numbers on different token sets are not comparable. Use another --out file, or pass allow_mixed=True.")
+        hashes = list(meta.get("plan_hashes", []))
+        if plan.hash not in hashes:
+            hashes.append(plan.hash)
+        items = {"plan_hash": plan.hash, "plan_json": plan.to_dict(), "data_hash": data_hash, "plan_hashes": hashes,
+                 "versions": versions(), "updated": _now()}
+        if data_hashes is not None:
+            items["data_hashes"] = dict(data_hashes)
+        if "created" not in meta:
+            items["created"] = _now()
+        items["run"] = run if run is not None else plan.name
+        self._set_meta(items)
+
+    # ----------------------------------------------------------------- checkpoints
+    def add_checkpoints(self, refs: Iterable[Any], run: str | None = None) -> None:
+        """Record checkpoint references (CheckpointRef-like: label, step, tokens, lr, kind, location)
+        of run ``run`` (default: the store's ``run`` metadata, i.e. the bound plan's name)."""
+        run = self._run(run)
+        rows = []
+        start = self.conn.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM checkpoints").fetchone()[0]
+        known = {r[0]: r[1] for r in self.conn.execute("SELECT label, position FROM checkpoints WHERE run = ?", (run,))}
+        for i, ref in enumerate(refs):
+            label = str(ref.label)
+            pos = known.get(label, start + i)
+            d = ref.to_dict() if hasattr(ref, "to_dict") else asdict(ref) if is_dataclass(ref) else dict(vars(ref))
+            rows.append((run, label, pos, _int(getattr(ref, "step", None)), _int(getattr(ref, "tokens", None)),
+                         _f(getattr(ref, "lr", None)), int(getattr(ref, "kind", None) == "derived"),
+                         getattr(ref, "kind", None), _str(getattr(ref, "location", None)), json.dumps(d, default=_jsonable)))
+        with self.conn:
+            self.conn.executemany(
+                "INSERT INTO checkpoints(run, label, position, step, tokens, lr, derived, kind, location, ref_json) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(run, label) DO UPDATE SET step=excluded.step, tokens=excluded.tokens, "
+                "lr=excluded.lr, derived=excluded.derived, kind=excluded.kind, location=excluded.location, ref_json=excluded.ref_json",
+                rows)
+
+    def checkpoints(self):
+        """The checkpoints table as a DataFrame ordered by position."""
+        import pandas as pd
+
+        df = pd.read_sql_query("SELECT run, label, position, step, tokens, lr, derived, kind, location FROM checkpoints "
+                               "ORDER BY position", self.conn)
+        df["derived"] = df["derived"].astype(bool)
+        return df
+
+    # ----------------------------------------------------------------- rows
+    def write(self, row: ProbeRow, data_hash: str | None = None, plan_hash: str | None = None, run: str | None = None) -> None:
+        """Insert or replace the row for ``(run, checkpoint, probe, spec)`` in one transaction."""
+        if row.status not in ("ok", "failed"):
+            raise StoreError(f"row status must be 'ok' or 'failed', got {row.status!r}")
+        meta = self.meta if (data_hash is None or plan_hash is None or run is None) else {}
+        vals = (row.checkpoint, row.probe, row.spec, row.status, json.dumps(row.metrics), json.dumps(row.extra, default=_jsonable),
+                int(row.n_hvp or 0), _f(row.seconds), row.error, row.seed, data_hash or meta.get("data_hash"),
+                plan_hash or meta.get("plan_hash"), row.config_hash, run or meta.get("run") or "", json.dumps(versions()), _now())
+        with self.conn:
+            self.conn.execute(
+                "INSERT INTO results(checkpoint, probe, spec, status, metrics, extra, n_hvp, seconds, error, seed, data_hash, "
+                "plan_hash, config_hash, run, versions, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT(run, checkpoint, probe, spec) DO UPDATE SET status=excluded.status, metrics=excluded.metrics, "
+                "extra=excluded.extra, n_hvp=excluded.n_hvp, seconds=excluded.seconds, error=excluded.error, seed=excluded.seed, "
+                "data_hash=excluded.data_hash, plan_hash=excluded.plan_hash, config_hash=excluded.config_hash, "
+                "versions=excluded.versions, created=excluded.created",
+                vals)
+
+    def existing(self, run: str | None = None) -> dict[tuple[str, str, str], tuple[str, str, str]]:
+        """``{(checkpoint, probe, spec): (status, config_hash, data_hash)}`` of every stored row of
+        run ``run`` (default: the store's current run)."""
+        return {(c, p, s): (st, ch or "", dh or "") for c, p, s, st, ch, dh in
+                self.conn.execute("SELECT checkpoint, probe, spec, status, config_hash, data_hash FROM results WHERE run = ?",
+                                  (self._run(run),))}
+
+    def pending(self, checkpoint: str, tasks: Iterable[Task], data_hash: str, retry_failed: bool = False,
+                existing: Mapping | None = None, run: str | None = None) -> list[Task]:
+        """Tasks of ``checkpoint`` (of run ``run``) still to run: not stored, stored with other
+        settings or data, or failed when ``retry_failed``. ``ok`` rows with the same settings are skipped."""
+        existing = self.existing(run) if existing is None else existing
+        out = []
+        for t in tasks:
+            got = existing.get((checkpoint, t.probe, t.spec))
+            if got is None:
+                out.append(t)
+                continue
+            status, cfg, dh = got
+            same = cfg == t.config_hash and dh == data_hash
+            if not same or (status == "failed" and retry_failed):
+                out.append(t)
+        return out
+
+    def count(self, status: str | None = None) -> int:
+        """Number of stored rows (of one status when given)."""
+        if status is None:
+            return self.conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        return self.conn.execute("SELECT COUNT(*) FROM results WHERE status = ?", (status,)).fetchone()[0]
+
+    def raw(self):
+        """The results table as stored (one row per checkpoint × probe × spec; JSON columns as text)."""
+        import pandas as pd
+
+        return pd.read_sql_query("SELECT * FROM results ORDER BY id", self.conn)
+
+    def results(self, include_failed: bool = True):
+        """Tidy DataFrame: one row per (checkpoint, probe, spec, metric) with :data:`RESULT_COLUMNS`.
+
+        A failed probe is one row with ``metric``/``value`` missing, ``status='failed'`` and the
+        error message. Rows are ordered by checkpoint position, probe (execution order) and
+        insertion. ``step``/``tokens``/``n_hvp``/``seed`` are nullable integers, ``derived`` bool.
+        """
+        import pandas as pd
+
+        q = ("SELECT r.id, r.run, r.checkpoint, c.position, c.step, c.tokens, c.lr, c.derived, r.probe, r.spec, r.metrics, "
+             "r.n_hvp, r.seconds, r.status, r.error, r.seed, r.data_hash FROM results r LEFT JOIN checkpoints c ON c.label = r.checkpoint AND c.run = r.run")
+        if not include_failed:
+            q += " WHERE r.status = 'ok'"
+        records = []
+        order = {p: i for i, p in enumerate(PROBES)}
+        for (rid, run, ckpt, pos, step, tokens, lr, derived, probe, spec, metrics, n_hvp, seconds, status, error, seed,
+             dh) in self.conn.execute(q):
+            base = dict(run=run, checkpoint=ckpt, step=step, tokens=tokens, lr=lr, derived=bool(derived) if derived is not None else False,
+                        probe=probe, n_hvp=n_hvp, seconds=seconds, status=status, error=error, seed=seed, data_hash=dh)
+            key = (pos if pos is not None else 1 << 30, order.get(probe, len(order)), rid)
+            ms = json.loads(metrics or "[]")
+            if not ms:
+                records.append((key, 0, {**base, "spec": spec, "metric": None, "value": math.nan, "stderr": math.nan,
+                                         "ci_low": math.nan, "ci_high": math.nan}))
+            for j, m in enumerate(ms):
+                records.append((key, j, {**base, "spec": m.get("spec", spec), "metric": m["metric"],
+                                         **{k: (math.nan if m.get(k) is None else m[k]) for k in ("value", "stderr", "ci_low", "ci_high")}}))
+        records.sort(key=lambda r: (r[0], r[1]))
+        df = pd.DataFrame([r[2] for r in records], columns=RESULT_COLUMNS)
+        for c in ("step", "tokens", "n_hvp", "seed"):
+            df[c] = df[c].astype("Int64")
+        for c in ("lr", "value", "stderr", "ci_low", "ci_high", "seconds"):
+            df[c] = df[c].astype(float)
+        df["derived"] = df["derived"].astype(bool)
+        return df.reset_index(drop=True)
+
+    def export(self, path: str | Path, include_failed: bool = True) -> Path:
+        """Write :meth:`results` to ``path``: ``.csv`` or ``.parquet`` (by suffix)."""
+        path = Path(path)
+        df = self.results(include_failed=include_failed)
+        suffix = path.suffix.lower()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if suffix == ".csv":
+            df.to_csv(path, index=False)
+        elif suffix in (".parquet", ".pq"):
+            try:
+                df.to_parquet(path, index=False)
+            except ImportError as exc:
+                raise StoreError(f"writing parquet needs pyarrow (pip install pyarrow): {exc}") from exc
+        else:
+            raise StoreError(f"export path {path} must end in .csv or .parquet")
+        return path
+
+    def runs(self) -> list[str]:
+        """Names of the runs with checkpoints in this store, in the order they were added."""
+        return [r[0] for r in self.conn.execute("SELECT run FROM checkpoints GROUP BY run ORDER BY MIN(position)")]
+
+    def _run(self, run: str | None) -> str:
+        return str(run) if run is not None else str(self.meta.get("run") or "")
+
+    def summary(self) -> dict[str, int]:
+        """Row counts: ``{"ok": n, "failed": m, "checkpoints": c}``."""
+        return {"ok": self.count("ok"), "failed": self.count("failed"),
+                "checkpoints": self.conn.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0]}
+
+
+def _int(x):
+    return None if x is None else int(x)
+
+
+def _str(x):
+    return None if x is None else str(x)
+
+
+__all__ = ["Store", "StoreError", "ProbeRow", "metric", "RESULT_COLUMNS", "versions"]
