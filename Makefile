@@ -1,6 +1,7 @@
 # Two entry points, each doing all set-up on a fresh machine:
 #   make demo   -> creates .venv, installs losslens, runs `losslens demo --out demo-out`
-#   make test   -> creates .venv, installs losslens with dev extras, runs the test suite
+#   make test   -> creates .venv, installs losslens with dev extras (+ headless Chromium when
+#                  possible), runs the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -31,7 +32,10 @@ install-dev: $(VENV)/.installed-dev
 demo: $(VENV)/.installed
 	$(BIN)/losslens demo --out $(DEMO_OUT)
 
+# The browser test needs Debian's chromium + chromedriver; the script installs them when it can
+# (root or sudo, apt-get) and otherwise warns, and that test then skips with the reason.
 test: $(VENV)/.installed-dev
+	bash scripts/install-browser.sh
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-dev

@@ -1,1 +1,35 @@
-"""losslens.geometry: curvature and loss surfaces of any differentiable loss."""
+"""losslens.geometry: curvature and loss surfaces of any differentiable loss.
+
+Model-agnostic (no transformers, no files): a loss is ``loss_fn(model, batch)`` over a fixed list
+of batches, curvature is taken w.r.t. a declared parameter set (name globs).
+
+- operators: :class:`HessianOperator` (batched HVPs, two backends), :class:`DenseOperator`,
+  :func:`exact_hessian` (row-by-row double backward, the tests' ground truth);
+- estimators: :func:`hutchinson_trace`, :func:`hutchpp_trace`, :func:`block_traces`,
+  :func:`top_eigenvalues`, :func:`spectral_density`, :func:`directional_curvature`;
+- surfaces: :func:`plane_through_points`, :func:`random_plane`, :func:`line`,
+  :func:`evaluate_surface`, :func:`evaluate_line`, :class:`Surface`.
+"""
+from .attention import second_order_attention
+from .dense import DenseOperator, exact_hessian
+from .density import spectral_density
+from .directional import directional_curvature
+from .eigen import top_eigenvalues
+from .hessian import HessianOperator, default_batch_weight
+from .operator import CurvatureOperator, OperatorError
+from .params import ParameterSelectionError, ParamSpace, select_parameters
+from .planes import (GridError, GridSpec, Line, Plane, PlaneError, filter_normalize, line, orthonormality,
+                     plane_through_points, random_plane)
+from .results import BlockTraces, DirectionalCurvature, EigenResult, EstimatorError, SpectralDensity, TraceEstimate
+from .surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
+from .trace import block_traces, hutchinson_trace, hutchpp_trace
+
+__all__ = [
+    "second_order_attention", "DenseOperator", "exact_hessian", "spectral_density", "directional_curvature",
+    "top_eigenvalues", "HessianOperator", "default_batch_weight", "CurvatureOperator", "OperatorError",
+    "ParameterSelectionError", "ParamSpace", "select_parameters", "GridError", "GridSpec", "Line", "Plane",
+    "PlaneError", "filter_normalize", "line", "orthonormality", "plane_through_points", "random_plane",
+    "BlockTraces", "DirectionalCurvature", "EigenResult", "EstimatorError", "SpectralDensity", "TraceEstimate",
+    "Profile", "Surface", "SurfaceError", "evaluate_line", "evaluate_surface", "block_traces", "hutchinson_trace",
+    "hutchpp_trace",
+]

@@ -71,24 +71,19 @@ def quantization_surface(checkpoint: Path, previous: Path | None, spec: str, gri
         plane = make_random_plane(params, seed=seed, label="A")
         info["plane"] = f"random, filter-normalised (Li et al. 2018), seed {seed}"
     else:
-        from probes.quant import quantize
-
         if previous is None:
             prev_ref = _previous_of(checkpoint)
             if prev_ref is None:
                 raise typer.BadParameter("no --previous given and no earlier checkpoint found beside CHECKPOINT")
         else:
             prev_ref = CheckpointRef.from_path(previous)
-        b_state = CheckpointLoader(prev_ref).state_dict(prev_ref)
-        missing = [n for n in params if n not in b_state]
-        if missing:
-            raise typer.BadParameter(f"--previous lacks parameters of CHECKPOINT ({missing[:3]}...): different architectures?")
-        B = {n: b_state[n].to(device=params[n].device, dtype=params[n].dtype) for n in params}
-        calib = sets.get("calibration")
-        qm = quantize(model, spec, calibration=calib, progress=progress)
-        C = {n: p.detach().to(params[n].device, params[n].dtype).clone() for n, p in qm.model.named_parameters()}
-        del qm
-        plane = plane_through_points(params, B, C, labels=("A", "B", "C"))
+        from probes.checkpoints import ArchitectureMismatchError
+        from probes.qplane import quantization_plane
+
+        try:
+            plane, model = quantization_plane(loader, ref_a, prev_ref, spec, sets.get("calibration"))
+        except ArchitectureMismatchError as exc:
+            raise typer.BadParameter(f"--previous does not match CHECKPOINT: {exc}") from exc
         info.update({"B (previous)": str(prev_ref.location or prev_ref.label), "C": f"A quantized with {spec}"})
     with torch.no_grad():
         surf = evaluate_surface(model, lm_loss, sets["eval"], plane, gs, progress=progress,
