@@ -1,0 +1,25 @@
+"""`losslens demo`: the whole study on the embedded trajectories (see :mod:`probes.demo`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def demo(
+        out: Path = typer.Option(Path("demo-out"), "--out", help="folder for runs, results.sqlite and report.html"),
+        quick: bool = typer.Option(False, "--quick", help="toy-size study (≤ 2 min; what the tests run)"),
+        executor: str = typer.Option("local", "--executor", help="sweep executor: local or ray"),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
+        threads: int = typer.Option(1, "--threads", help="torch threads (1 is fastest for the demo's tiny models)"),
+    ) -> None:
+        """Train the embedded trajectories, sweep them, correlate, draw planes, write a report. Resumable."""
+        from probes.demo import run_demo
+
+        result = run_demo(out, quick=quick, progress=not quiet, executor=executor, echo=typer.echo,
+                          threads=threads)
+        typer.echo("")
+        typer.echo(result.summary_text())
+        typer.echo(f"time: " + ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items()))

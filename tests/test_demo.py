@@ -1,0 +1,52 @@
+"""`losslens demo --quick` end to end: report written, store complete, summary printed, resumable."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from probes.cli import app
+from probes.demo import QUICK
+from probes.sweep import Store
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    result = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    return out, result.output
+
+
+def test_demo_writes_report_store_and_summary(demo_dir):
+    out, output = demo_dir
+    html = (out / "report.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and "plotly" in html.lower()
+    # one quantization plane per run, drawn from the stored surfaces
+    for run in QUICK.runs:
+        assert run.name in output and (out / "surfaces" / f"{run.name}.json").is_file()
+        assert run.name in html
+    assert "Final checkpoint of each run" in output and "r(trace, ΔQ" in output
+    assert f"report: {out / 'report.html'}" in output
+
+    with Store(out / "results.sqlite") as st:
+        raw = st.raw()
+        assert st.runs() == [r.name for r in QUICK.runs]
+    assert (raw["status"] == "ok").all(), raw.loc[raw["status"] != "ok", "error"].tolist()
+    n_tasks = len(QUICK.plan(QUICK.runs[0]).tasks())
+    n_checkpoints = QUICK.checkpoints + 1  # + one LAWA checkpoint per run
+    assert len(raw) == len(QUICK.runs) * n_checkpoints * n_tasks
+    assert not raw.duplicated(["run", "checkpoint", "probe", "spec"]).any()
+
+
+def test_demo_rerun_resumes_without_recomputing(demo_dir):
+    out, _ = demo_dir
+    with Store(out / "results.sqlite") as st:
+        before = st.raw()[["run", "checkpoint", "probe", "spec", "created"]]
+    result = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "training" in result.output and not re.search(r"quantization plane of", result.output)
+    with Store(out / "results.sqlite") as st:
+        after = st.raw()[["run", "checkpoint", "probe", "spec", "created"]]
+    assert after.equals(before)  # nothing rewritten
