@@ -14,9 +14,12 @@ machine-load drift cancels; the reported ratio is the median over repeats of
 - ``ours-reverse-vec`` / ``ours-reverse-seq``: :class:`geometry.hessian.HessianOperator`, reverse
   backend, ``vectorize=True`` / ``False``, one ``matmat`` of k vectors (graph build included);
 - ``ours-forward``: forward backend (jvp of grad, vmapped), one ``matmat`` of k vectors;
-- ``pyhessian``: PyHessian 0.1. One batch: ``hessian_vector_product`` called k times on the graph
-  built once by ``hessian(...)`` — the graph build is *not* charged (favourable to PyHessian).
-  Several batches: ``dataloader_hv_product`` per vector (it rebuilds the graph per batch);
+- ``pyhessian``: PyHessian 0.1. One batch: ``hessian(...)`` builds the gradient graph once, then
+  ``hessian_vector_product`` is called k times on it — graph build charged, as ours is (the same
+  work: k products from scratch). ``pyhessian-reuse`` charges only the k products, i.e. the
+  per-vector cost when a graph is reused across many calls (PyHessian's power iteration does
+  this; :class:`HessianOperator` rebuilds per ``matmat`` call). Several batches:
+  ``dataloader_hv_product`` per vector (it rebuilds the graph per batch and vector);
 - ``curvlinops-matvec`` / ``curvlinops-matmat``: curvlinops 3.x ``HessianLinearOperator @ v``
   (k = 1) and ``@ M`` with k columns (vmapped jvp of jacrev).
 
@@ -24,11 +27,14 @@ For each peer the relative error of its products against ours (``rel_err``, ‖p
 over the same vectors) is recorded; peer failures are caught and recorded in ``status``.
 ``--quick`` (used by the test suite's smoke test): 1M models only, batches 4×64, one repeat, a
 reduced method set, 2 instead of 8 batches for the multi-batch rows. Runs single-threaded by
-default (``--threads``) for stable ratios on a shared machine.
+default (``--threads``) for stable ratios on a shared machine. Garbage is collected before every
+timed gradient: a peer's leftover double-backward graph (PyHessian leaves one in ``.grad``) would
+otherwise be freed inside our reference gradient and inflate it (measured: 3.6 → 8 ms).
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import statistics
@@ -125,13 +131,16 @@ def _methods(model: nn.Module, batches: list[torch.Tensor], quick: bool):
         op = HessianOperator(model, lm_loss, batches, backend="forward")
         for k in ((2,) if quick else (1, 4, 8)):
             yield "ours-forward", k, op.matmat_flat
-    yield "pyhessian", (1 if quick and multi else 2 if quick or multi else 8), _pyhessian(model, batches)
+    k_py = 1 if quick and multi else 2 if quick or multi else 8
+    yield "pyhessian", k_py, _pyhessian(model, batches, charge_graph=True)
+    if not multi:
+        yield "pyhessian-reuse", k_py, _pyhessian(model, batches, charge_graph=False)
     if not multi and not quick:
         yield "curvlinops-matvec", 1, _curvlinops(model, batches)
     yield "curvlinops-matmat", (2 if quick else 8), _curvlinops(model, batches)
 
 
-def _pyhessian(model: nn.Module, batches: list[torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+def _pyhessian(model: nn.Module, batches: list[torch.Tensor], charge_graph: bool = True) -> Callable[[torch.Tensor], torch.Tensor]:
     from pyhessian import hessian
     from pyhessian.utils import hessian_vector_product
 
@@ -148,7 +157,7 @@ def _pyhessian(model: nn.Module, batches: list[torch.Tensor]) -> Callable[[torch
                 H = hessian(wrapped, _shifted_ce, data=(batches[0], batches[0]), cuda=False)
                 t0 = time.perf_counter()  # graph build not charged: only the k HVPs count
                 out = [torch.cat([h.reshape(-1) for h in hessian_vector_product(H.gradsH, H.params, split(v))]) for v in V]
-                call.charged = time.perf_counter() - t0
+                call.charged = None if charge_graph else time.perf_counter() - t0
             else:
                 H = hessian(wrapped, _shifted_ce, dataloader=[(b, b) for b in batches], cuda=False)
                 out = [torch.cat([h.reshape(-1) for h in H.dataloader_hv_product(split(v))[1]]) for v in V]
@@ -197,6 +206,7 @@ def bench_model(arch: str, size: str, n_batches: int, repeats: int, quick: bool,
             if method.startswith("ours"):
                 call(V[:1])  # warm-up (first-call overhead of vmap / the autograd engine)
             for _ in range(repeats):
+                gc.collect()
                 tg, _ = _timed(grad)
                 th, out = _timed(lambda: call(V[:k]))
                 th = getattr(call, "charged", None) or th
