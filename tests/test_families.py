@@ -267,3 +267,17 @@ def test_curvature_safe_switches_attention_and_restores():
         with curvature_safe(ap):
             assert act._xielu_cuda_obj is None
     assert act._xielu_cuda_obj is sentinel
+
+
+def test_lm_hessian_checks_the_architecture_before_any_product():
+    """Sweeps and `losslens sharpness` build their operator through lm_hessian: a silently wrong
+    double backward is refused, a missing forward-AD rule falls back to the reverse backend."""
+    from probes.curvature import lm_hessian
+    from probes.families import SecondOrderError, SecondOrderWarning
+
+    batches = [torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))]
+    with pytest.raises(SecondOrderError, match="_DetachedSiLU"):
+        lm_hessian(_with_act(_DetachedSiLU), batches)
+    with pytest.warns(SecondOrderWarning, match="_NoJvpSiLU"):
+        op = lm_hessian(_with_act(_NoJvpSiLU), batches, backend="forward")
+    assert op.backend == "reverse"

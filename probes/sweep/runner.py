@@ -75,10 +75,9 @@ class CheckpointState:
     def hessian(self):
         """The shared :class:`HessianOperator` on the curvature set (built once)."""
         if self._op is None:
-            from geometry.hessian import HessianOperator
-            from probes.lm import lm_loss
+            from probes.curvature import lm_hessian
 
-            self._op = HessianOperator(self.model, lm_loss, list(self.data("curvature")), params=self.plan.curvature_params)
+            self._op = lm_hessian(self.model, self.data("curvature"), params=self.plan.curvature_params)
         return self._op
 
 
@@ -103,8 +102,8 @@ def _quant(st: CheckpointState, task: Task) -> ProbeRow:
 
 def _directional(st: CheckpointState, task: Task) -> ProbeRow:
     from geometry.directional import directional_curvature
-    from geometry.hessian import HessianOperator
-    from probes.lm import evaluate, lm_loss
+    from probes.curvature import lm_hessian
+    from probes.lm import evaluate
     from probes.quant import quantize
 
     model = st.model
@@ -117,7 +116,7 @@ def _directional(st: CheckpointState, task: Task) -> ProbeRow:
         raise ProbeError(f"quantized layers without a '.weight' parameter: {missing[:3]}")
     delta = {n: (qparams[n].detach() - params[n].detach()) for n in names}
     curv = list(st.data("curvature"))
-    op = HessianOperator(model, lm_loss, curv, params=[_escape_glob(n) for n in names])
+    op = lm_hessian(model, curv, params=[_escape_glob(n) for n in names])
     dc = directional_curvature(op, delta)
     q_curv = evaluate(qm.model, curv).loss
     del qm

@@ -65,13 +65,12 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     model.requires_grad_(True)
     model.eval()
     from geometry.eigen import top_eigenvalues
-    from geometry.hessian import HessianOperator
     from geometry.trace import hutchinson_trace, hutchpp_trace
-    from probes.lm import lm_loss
+    from probes.curvature import lm_hessian
 
     from .executor import _threads
 
-    op = HessianOperator(model, lm_loss, list(curv), params=list(params) if params else None)
+    op = lm_hessian(model, curv, params=list(params) if params else None)
     with _threads(num_threads):
         est = (hutchpp_trace if method == "hutch++" else hutchinson_trace)(op, num_matvecs=num_matvecs, seed=seed)
         ev = top_eigenvalues(op, k=k, method=eigen_method, tol=tol, max_iter=max_iter, seed=seed)
