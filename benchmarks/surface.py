@@ -141,8 +141,15 @@ def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3×3 grids, 2 repeats, no 31×31 grid (< 60 s on an idle 2-core machine)")
     ap.add_argument("--json", help="write the rows to this JSON file")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default); 1 gives the most stable ratios")
     args = ap.parse_args(argv)
-    rows = run(quick=args.quick)
+    previous = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        rows = run(quick=args.quick)
+    finally:
+        torch.set_num_threads(previous)
     for r in rows:
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}))
     if args.json:
