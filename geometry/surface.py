@@ -328,8 +328,6 @@ class Surface:
 
         Marked points lying on that row/column (within half a grid step) are drawn as markers.
         """
-        import plotly.graph_objects as go
-
         if along not in ("x", "y"):
             raise SurfaceError(f"along must be 'x' or 'y', got {along!r}")
         if along == "x":

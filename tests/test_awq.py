@@ -17,13 +17,10 @@ VOCAB = 96
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _quiet_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
-    torch.set_num_threads(n)
 
 
 def _calib(n=2, b=4, s=16, seed=5):

@@ -21,13 +21,10 @@ G = 16  # group size: hidden 32 -> 2 groups per row on the attention/MLP-in matr
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _quiet_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
-    torch.set_num_threads(n)
 
 
 def _sets():

@@ -8,8 +8,6 @@ import torch
 from geometry.attention import second_order_attention
 from geometry.dense import DenseOperator, exact_hessian
 from geometry.hessian import HessianOperator
-from geometry.operator import OperatorError
-from geometry.params import ParameterSelectionError
 from tests.tiny_models import (
     lm_loss, micro_gptneox, micro_llama, mlp_batches, mlp_loss, random_batches, tiny_mlp,
 )
@@ -19,16 +17,6 @@ CONFIGS = [dict(backend="reverse", vectorize=True), dict(backend="reverse", vect
            dict(backend="forward"), dict(backend="reverse", vectorize=True, chunk_size=2),
            dict(backend="forward", chunk_size=2)]
 CFG_IDS = ["rev-vec", "rev-seq", "fwd", "rev-vec-chunk2", "fwd-chunk2"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny ops on a shared, loaded 2-core machine: 2 intra-op threads made exact Hessians ~15x
-    slower than 1 (oversubscription). Restored afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

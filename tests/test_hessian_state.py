@@ -1,7 +1,6 @@
 """HessianOperator: state restored after calls, attention handled, bad input rejected, determinism."""
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -10,16 +9,6 @@ from geometry.hessian import HessianOperator
 from geometry.operator import OperatorError
 from geometry.params import ParameterSelectionError
 from tests.tiny_models import lm_loss, micro_gptneox, micro_llama, mlp_batches, mlp_loss, random_batches, tiny_mlp
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny ops on a shared, loaded 2-core machine: 2 intra-op threads made exact Hessians ~15x
-    slower than 1 (oversubscription). Restored afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def rel(a, b):

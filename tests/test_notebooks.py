@@ -9,7 +9,6 @@ notebook on an idle 2-core machine.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path

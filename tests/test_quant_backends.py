@@ -14,14 +14,6 @@ HAS_BNB = importlib.util.find_spec("bitsandbytes") is not None
 HAS_GPTQMODEL = importlib.util.find_spec("gptqmodel") is not None
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 

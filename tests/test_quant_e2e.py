@@ -22,14 +22,6 @@ from probes.tokenset import TokenSet
 V, HIDDEN = 128, 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def chain(n, b, s, seed, noise=0.15):
     g = torch.Generator().manual_seed(seed)
     succ = torch.randperm(V, generator=torch.Generator().manual_seed(1234))
@@ -42,7 +34,7 @@ def chain(n, b, s, seed, noise=0.15):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, _one_thread):
+def trained(tmp_path_factory):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     cfg = GPTNeoXConfig(vocab_size=V, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,

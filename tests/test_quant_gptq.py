@@ -14,15 +14,6 @@ import torch
 from probes.quant import CholeskyError, gptq_quantize, rtn_quantize
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny matrices: intra-op threads only add contention on the shared 2-core machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def grid(w: torch.Tensor, bits: int, sym: bool):
     """Per-row (scale, zero) of the reference quantizer, written out row by row."""
     maxq = 2 ** bits - 1

@@ -9,14 +9,6 @@ import torch
 from probes.quant import int8_quantize, rtn_quantize
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def rtn_loop(W: torch.Tensor, bits: int, g: int) -> torch.Tensor:
     """SCIENCE.md §3 literally: per row, per group of g consecutive columns (last one short)."""
     rows, cols = W.shape

@@ -22,14 +22,6 @@ from probes.tokenset import TokenSet
 VOCAB, HIDDEN, CTX = 61, 32, 48
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def neox(seed=0):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 

@@ -3,7 +3,6 @@ sweep.json, finished runs skipped on rerun, failures recorded."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

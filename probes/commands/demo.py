@@ -22,4 +22,4 @@ def register(app: typer.Typer) -> None:
                           threads=threads)
         typer.echo("")
         typer.echo(result.summary_text())
-        typer.echo(f"time: " + ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items()))
+        typer.echo("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items()))

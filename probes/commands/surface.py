@@ -41,7 +41,7 @@ def quantization_surface(checkpoint: Path, previous: Path | None, spec: str, gri
     """
     import torch
 
-    from geometry.planes import GridSpec, plane_through_points
+    from geometry.planes import GridSpec
     from geometry.planes import random_plane as make_random_plane
     from geometry.surface import evaluate_surface
     from probes.checkpoints import CheckpointLoader, CheckpointRef
