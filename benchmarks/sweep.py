@@ -48,7 +48,10 @@ def embedded_trajectory(quick: bool, checkpoints: int, cache: str | None = None)
     """(trajectory, training seconds; 0 when cached)."""
     from probes.train_tiny import TrainConfig, train_tiny
 
-    cfg = TrainConfig.tiny(checkpoints=checkpoints) if quick else TrainConfig(checkpoints=checkpoints)
+    # full mode: the 1.06M-parameter model of the recorded benchmark (benchmarks/README.md), pinned
+    # here so that a change of train-tiny's defaults does not silently change what is measured
+    cfg = TrainConfig.tiny(checkpoints=checkpoints) if quick else TrainConfig(
+        checkpoints=checkpoints, steps=600, weight_decay=0.1, seq_len=128, hidden_size=128, num_layers=4, vocab_size=1024)
     out = _cache_dir(cache) / f"bench-sweep-{cfg.run_name}-{'tiny' if quick else 'default'}-c{checkpoints}"
     t = time.perf_counter()
     traj = train_tiny(cfg, out, progress=False)

@@ -84,12 +84,24 @@ class DemoSettings:
 _RUNS = (DemoRun("wsd", 3e-3), DemoRun("wsd", 1e-2), DemoRun("cosine", 3e-3), DemoRun("cosine", 1e-2))
 _QUANT = ("rtn:2:g32", "rtn:3:row", "rtn:4:row", "int8", "gptq:3:row", "gptq:4:row")
 
-#: Default demo (≈10 min on 2 CPU cores). Weight decay 1.0 brings the weight norm to equilibrium
-#: within ~1/(lr·wd) ≈ 100–330 steps, so the stable phase is reached inside the budget; INT2 in
-#: groups of 32 and per-row INT3 are grids where the error is far above checkpoint-to-checkpoint
-#: noise at hidden size 64 (per-row because "g128" is per-row at in-features ≤ 128 anyway).
-DEFAULT = DemoSettings(runs=_RUNS, steps=800, checkpoints=8, hidden_size=64, num_layers=2, num_heads=4, seq_len=64,
-                       batch_size=32, vocab_size=512, weight_decay=1.0, lawa_k=3, quant=_QUANT,
+
+def _embedded_default() -> dict:
+    """The model/training fields of :class:`~probes.train_tiny.TrainConfig`'s defaults (the
+    embedded trajectory), so the demo and `losslens train-tiny` never drift apart."""
+    from .train_tiny import TrainConfig
+
+    t = TrainConfig()
+    return dict(steps=t.steps, checkpoints=t.checkpoints, hidden_size=t.hidden_size, num_layers=t.num_layers,
+                num_heads=t.num_heads, seq_len=t.seq_len, batch_size=t.batch_size, vocab_size=t.vocab_size,
+                weight_decay=t.weight_decay)
+
+
+#: Default demo (≈6–10 min on 2 CPU cores) on the embedded trajectory settings: weight decay 1.0
+#: brings the weight norm to equilibrium within ~1/(lr·wd) ≈ 100–330 steps, so the stable phase is
+#: reached inside the budget; INT2 in groups of 32 and per-row INT3 are grids where the error is
+#: far above checkpoint-to-checkpoint noise at hidden size 64 (per-row because "g128" is per-row
+#: at in-features ≤ 128 anyway).
+DEFAULT = DemoSettings(runs=_RUNS, **_embedded_default(), lawa_k=3, quant=_QUANT,
                        headline_spec="rtn:2:g32", trace_hvps=60, eigen_iters=30, eval_shape=(8, 16, 64),
                        calibration_shape=(4, 16, 64), curvature_shape=(1, 16, 64), grid=15)
 

@@ -38,8 +38,9 @@ Resuming: ``train_tiny(cfg, out, resume_from=ckpt_dir)`` loads a checkpoint's we
 documented in ``trajectory.json``) and continues at its step under ``cfg``'s schedule. Rerunning
 ``train_tiny`` with the same config into a finished folder returns the existing trajectory.
 
-Measured on 2 shared CPU cores (see the project README): the default (1.06M params, 600 steps of
-32x128) takes a few minutes; ``TrainConfig.tiny()`` a few seconds.
+Measured on 2 CPU cores with 1 thread: the default (0.17M params, 800 steps of 32x64) takes
+about 1–1.5 min (9 s per 100 steps); the former 1.06M preset (hidden 128, 4 layers, 600 steps of
+32x128) a few minutes; ``TrainConfig.tiny()`` a few seconds.
 """
 from __future__ import annotations
 
@@ -82,24 +83,30 @@ class TrainConfig:
     ``peak_lr`` over the warmup, then ``wsd`` holds it and decays linearly to
     ``min_lr_ratio * peak_lr`` over the last ``decay`` fraction; ``cosine`` / ``linear`` decay from
     the end of warmup to the end; ``constant`` holds it. See :func:`lr_at`.
+
+    The defaults (0.17M-parameter GPT-NeoX, 800 steps of 32×64 tokens, weight decay 1.0) are the
+    embedded trajectory of ``losslens demo``: chosen so that the weight norm reaches equilibrium
+    within the budget (1/(lr·wd) ≤ 330 steps) and the quantization effect of the LR decay is
+    measurable above checkpoint noise (SCIENCE.md §8; measured effect sizes with 3-seed intervals
+    in benchmarks/README.md). About 1–1.5 min per run on 2 CPU cores with 1 thread.
     """
 
     schedule: str = "wsd"
     peak_lr: float = 3e-3
-    steps: int = 600
-    checkpoints: int = 10
+    steps: int = 800
+    checkpoints: int = 8
     seed: int = 0
     warmup: float = 0.05
     decay: float = 0.2
     min_lr_ratio: float = 0.0
-    weight_decay: float = 0.1
+    weight_decay: float = 1.0
     batch_size: int = 32
-    seq_len: int = 128
-    hidden_size: int = 128
-    num_layers: int = 4
+    seq_len: int = 64
+    hidden_size: int = 64
+    num_layers: int = 2
     num_heads: int = 4
     intermediate_size: int | None = None  # default 4 * hidden_size
-    vocab_size: int = 1024
+    vocab_size: int = 512
     grad_clip: float = 1.0
     val_batches: int = 8
     beta1: float = 0.9
