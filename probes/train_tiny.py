@@ -121,7 +121,7 @@ class TrainConfig:
         """The ``--tiny`` preset for tests and smoke runs: ~60k parameters, 60 steps of 8x32, 3
         checkpoints; a few seconds on 2 cores (plus ~5 s of one-off data preparation)."""
         base = dict(steps=60, checkpoints=3, batch_size=8, seq_len=32, hidden_size=32, num_layers=2, num_heads=2,
-                    vocab_size=512, val_batches=2, warmup=0.1)
+                    vocab_size=512, val_batches=2, warmup=0.1, weight_decay=0.1)
         base.update(overrides)
         return cls(**base)
 
