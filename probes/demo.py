@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,6 @@ class DemoSettings:
     curvature_shape: tuple[int, int, int]
     grid: int
     seed: int = 0
-    extra: dict = field(default_factory=dict)
 
     def train_config(self, run: DemoRun):
         from .train_tiny import TrainConfig
