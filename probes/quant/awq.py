@@ -58,11 +58,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from probes.modules import ModuleSelectionError, find_blocks
-
 from .errors import QuantizeError
 from .rtn import fit_grid, quantize_grid, rtn_quantize
-from .sequential import _call_model, _run_block, _Stop, capture_block_inputs, discover_groups
+from .sequential import _call_model, _run_block, _Stop, capture_block_inputs, discover_groups, partition_by_block
 
 N_GRID = 20
 CLIP_GRID = 20
@@ -304,18 +302,8 @@ def awq_model(model: nn.Module, batches: Sequence[torch.Tensor], linears: dict[s
                      f"clipping {'kept' if clipped else 'not used'} ({frac:.0%} of groups shrunk)")
             report.append(LayerReport(name, err, per, None, notes))
 
-    try:
-        prefix, blocks = find_blocks(model)
-    except ModuleSelectionError:
-        prefix, blocks = "", []
-    in_block: list[dict[str, nn.Linear]] = []
-    taken: set[str] = set()
-    for k, _ in enumerate(blocks):
-        bp = f"{prefix}.{k}." if prefix else f"{k}."
-        sel = {n: m for n, m in linears.items() if n.startswith(bp)}
-        in_block.append(sel)
-        taken |= set(sel)
-    outside = {n: m for n, m in linears.items() if n not in taken}
+    blocks, in_block, outside = partition_by_block(model, linears)
+    n_in_blocks = sum(len(sel) for sel in in_block)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -335,9 +323,9 @@ def awq_model(model: nn.Module, batches: Sequence[torch.Tensor], linears: dict[s
                 for h in handles:
                     h.remove()
             outside_stats = [(names, hooks[names[0]]) for names in groups]
-        if taken:
+        if n_in_blocks:
             inps = capture_block_inputs(model, blocks[0], batches)
-            bar = tqdm(total=len(taken), desc=str(spec), disable=not progress, leave=False)
+            bar = tqdm(total=n_in_blocks, desc=str(spec), disable=not progress, leave=False)
             last = max(k for k, sel in enumerate(in_block) if sel)
             for k, block in enumerate(blocks):
                 sel = in_block[k]

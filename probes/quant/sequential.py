@@ -174,6 +174,27 @@ def _hessian_dtype(weight: torch.Tensor) -> torch.dtype:
 
 
 @torch.no_grad()
+def partition_by_block(model: nn.Module, linears: dict[str, nn.Linear]
+                       ) -> tuple[list[nn.Module], list[dict[str, nn.Linear]], dict[str, nn.Linear]]:
+    """Split the selected ``linears`` by decoder block: ``(blocks, per-block linears, outside)``.
+
+    ``outside`` holds the selected linears in no block (e.g. ``lm_head`` chosen by glob); a model
+    without decoder blocks puts every linear there (quantized through whole-model passes).
+    """
+    try:
+        prefix, blocks = find_blocks(model)
+    except ModuleSelectionError:
+        prefix, blocks = "", []
+    in_block: list[dict[str, nn.Linear]] = []
+    taken: set[str] = set()
+    for k in range(len(blocks)):
+        bp = f"{prefix}.{k}." if prefix else f"{k}."
+        sel = {n: m for n, m in linears.items() if n.startswith(bp)}
+        in_block.append(sel)
+        taken |= set(sel)
+    return blocks, in_block, {n: m for n, m in linears.items() if n not in taken}
+
+
 def gptq_sequential(
     model: nn.Module,
     batches: Sequence[torch.Tensor],
@@ -189,25 +210,15 @@ def gptq_sequential(
     """
     from tqdm.auto import tqdm
 
-    try:
-        prefix, blocks = find_blocks(model)
-    except ModuleSelectionError:  # no decoder blocks: every selected linear goes the whole-model way
-        prefix, blocks = "", []
-    in_block: list[dict[str, nn.Linear]] = []
-    taken: set[str] = set()
-    for k, block in enumerate(blocks):
-        bp = f"{prefix}.{k}." if prefix else f"{k}."
-        sel = {n: m for n, m in linears.items() if n.startswith(bp)}
-        in_block.append(sel)
-        taken |= set(sel)
-    outside = {n: m for n, m in linears.items() if n not in taken}
+    blocks, in_block, outside = partition_by_block(model, linears)
+    n_in_blocks = sum(len(sel) for sel in in_block)
 
     was_training = model.training
     model.eval()
     try:
-        if taken:
+        if n_in_blocks:
             inps = capture_block_inputs(model, blocks[0], batches)
-            bar = tqdm(total=len(taken), desc="gptq", disable=not progress, leave=False)
+            bar = tqdm(total=n_in_blocks, desc="gptq", disable=not progress, leave=False)
             last = max(k for k, sel in enumerate(in_block) if sel)
             for k, block in enumerate(blocks):
                 sel = in_block[k]
