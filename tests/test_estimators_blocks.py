@@ -103,7 +103,6 @@ def test_directional_curvature_is_exact_for_a_quadratic():
 
 
 def test_directional_curvature_dict_direction_and_errors():
-    g = torch.Generator().manual_seed(1)
     space = ParamSpace.from_params({"w": torch.zeros(2, 3, dtype=torch.float64), "b": torch.zeros(2, dtype=torch.float64)})
     A = torch.eye(8, dtype=torch.float64) * 3
     op = Quadratic(A, torch.zeros(8, dtype=torch.float64), torch.zeros(8, dtype=torch.float64), space=space)

@@ -7,29 +7,12 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from geometry.dense import DenseOperator, exact_hessian
+from geometry.dense import DenseOperator
 from geometry.density import spectral_density
 from geometry.results import EstimatorError
 from geometry.trace import hutchinson_trace, rademacher
-
-
-def sym_with_spectrum(eigs, seed=0) -> torch.Tensor:
-    eigs = torch.as_tensor(eigs, dtype=torch.float64)
-    g = torch.Generator().manual_seed(seed)
-    U, _ = torch.linalg.qr(torch.randn(len(eigs), len(eigs), generator=g, dtype=torch.float64))
-    return (U * eigs) @ U.T
-
-
-def tiny_mlp_hessian():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
-    g = torch.Generator().manual_seed(0)
-    batch = (torch.randn(32, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (32,), generator=g))
-    H, _ = exact_hessian(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]), [batch])
-    return H
+from tests.tiny_models import classifier_mlp_hessian, sym_with_spectrum
 
 
 EIGS = np.concatenate([[25.0, 10.0, -6.0], np.linspace(-1, 3, 37)])
@@ -86,7 +69,7 @@ def test_moments_average_to_normalised_traces():
 
 
 def test_moments_on_tiny_mlp_hessian():
-    H = tiny_mlp_hessian()
+    H, _ = classifier_mlp_hessian()
     dim = H.shape[0]
     res = spectral_density(DenseOperator(H), num_runs=300, num_steps=4, seed=3)
     assert res.moment(0) == pytest.approx(1.0, abs=1e-12)

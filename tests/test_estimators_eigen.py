@@ -6,19 +6,11 @@ import json
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from geometry.dense import DenseOperator, exact_hessian
+from geometry.dense import DenseOperator
 from geometry.eigen import top_eigenvalues
 from geometry.results import EstimatorError
-
-
-def sym_with_spectrum(eigs, seed=0) -> torch.Tensor:
-    eigs = torch.as_tensor(eigs, dtype=torch.float64)
-    g = torch.Generator().manual_seed(seed)
-    U, _ = torch.linalg.qr(torch.randn(len(eigs), len(eigs), generator=g, dtype=torch.float64))
-    return (U * eigs) @ U.T
+from tests.tiny_models import classifier_mlp_hessian, sym_with_spectrum
 
 
 def goe(dim=60, seed=0) -> torch.Tensor:
@@ -30,15 +22,6 @@ def goe(dim=60, seed=0) -> torch.Tensor:
 def top_by_magnitude(H: torch.Tensor, k: int) -> np.ndarray:
     w = np.linalg.eigvalsh(H.numpy())
     return w[np.argsort(-np.abs(w), kind="stable")][:k]
-
-
-def tiny_mlp_hessian():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
-    g = torch.Generator().manual_seed(0)
-    batch = (torch.randn(32, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (32,), generator=g))
-    H, _ = exact_hessian(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]), [batch])
-    return H
 
 
 SPECTRUM = np.concatenate([[50.0, -35.0, 20.0, 12.0, -8.0], np.linspace(-2, 2, 55)])
@@ -75,7 +58,7 @@ def test_lanczos_residuals_are_true_residuals():
 
 
 def test_lanczos_on_tiny_mlp_hessian():
-    H = tiny_mlp_hessian()
+    H, _ = classifier_mlp_hessian()
     res = top_eigenvalues(DenseOperator(H), k=3, tol=1e-8)
     np.testing.assert_allclose(res.values, top_by_magnitude(H, 3), rtol=1e-6)
 

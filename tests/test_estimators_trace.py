@@ -7,20 +7,12 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from geometry.dense import DenseOperator, exact_hessian
+from geometry.dense import DenseOperator
 from geometry.operator import OperatorError
 from geometry.results import EstimatorError, TraceEstimate
 from geometry.trace import hutchinson_trace, hutchpp_trace, rademacher, t_quantile
-
-
-def sym_with_spectrum(eigs, seed=0) -> torch.Tensor:
-    eigs = torch.as_tensor(eigs, dtype=torch.float64)
-    g = torch.Generator().manual_seed(seed)
-    U, _ = torch.linalg.qr(torch.randn(len(eigs), len(eigs), generator=g, dtype=torch.float64))
-    return (U * eigs) @ U.T
+from tests.tiny_models import classifier_mlp_hessian, sym_with_spectrum
 
 
 def low_rank_plus_noise(dim=200, rank=10, noise=0.05, seed=0) -> torch.Tensor:
@@ -28,15 +20,6 @@ def low_rank_plus_noise(dim=200, rank=10, noise=0.05, seed=0) -> torch.Tensor:
     top = torch.linspace(100.0, 10.0, rank, dtype=torch.float64)
     rest = noise * torch.randn(dim - rank, generator=g, dtype=torch.float64).abs()
     return sym_with_spectrum(torch.cat([top, rest]), seed)
-
-
-def tiny_mlp_hessian(seed=0):
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
-    g = torch.Generator().manual_seed(seed)
-    batch = (torch.randn(32, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (32,), generator=g))
-    H, space = exact_hessian(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]), [batch])
-    return H, space
 
 
 # ----------------------------------------------------------------------------- Hutchinson
@@ -68,7 +51,7 @@ def test_hutchinson_is_unbiased_with_the_rademacher_variance():
 
 
 def test_hutchinson_on_exact_hessian_of_tiny_mlp():
-    H, _ = tiny_mlp_hessian()
+    H, _ = classifier_mlp_hessian()
     op = DenseOperator(H)
     res = hutchinson_trace(op, num_matvecs=400, seed=1)
     assert abs(res.value - float(torch.trace(H))) < 4 * res.stderr
@@ -118,7 +101,7 @@ def test_hutchpp_exact_when_budget_reaches_dimension(budget):
 
 
 def test_hutchpp_exact_on_tiny_mlp_hessian_which_is_singular():
-    H, _ = tiny_mlp_hessian()
+    H, _ = classifier_mlp_hessian()
     dim = H.shape[0]
     assert torch.linalg.matrix_rank(H) < dim  # softmax/CE Hessians are singular
     res = hutchpp_trace(DenseOperator(H), num_matvecs=dim + 5, seed=2)

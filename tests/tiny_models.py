@@ -187,5 +187,26 @@ def lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
+def sym_with_spectrum(eigs, seed: int = 0) -> torch.Tensor:
+    """A random symmetric float64 matrix ``U diag(eigs) Uᵀ`` with exactly the spectrum ``eigs``
+    (U from the QR of a seeded Gaussian matrix)."""
+    eigs = torch.as_tensor(eigs, dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    U, _ = torch.linalg.qr(torch.randn(len(eigs), len(eigs), generator=g, dtype=torch.float64))
+    return (U * eigs) @ U.T
+
+
+def classifier_mlp_hessian(seed: int = 0):
+    """Exact Hessian (float64, [87, 87]) and its ParamSpace of a 4-6-3 tanh MLP's cross-entropy on
+    32 random examples: a small dense oracle for the estimator tests (singular, mixed-sign)."""
+    from geometry.dense import exact_hessian
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    g = torch.Generator().manual_seed(seed)
+    batch = (torch.randn(32, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (32,), generator=g))
+    return exact_hessian(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]), [batch])
+
+
 def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
