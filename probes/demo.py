@@ -235,7 +235,8 @@ def _run_demo(out, quick, settings, progress, executor, echo) -> DemoResult:
             echo(f"[demo] {report.n_failed} probe(s) failed in {run.name}; see the store's error column")
     seconds["sweep"] = time.perf_counter() - t0
 
-    df = Store(store_path).results()
+    with Store(store_path) as store:
+        df = store.results()
     ok = df[df["status"] == "ok"]
     pooled = _pooled(ok)
     correlations = summary(pooled, x=["trace", "lambda_max"], y=[settings.headline_spec], controls=["lr", "loss"],
@@ -259,14 +260,14 @@ def _run_demo(out, quick, settings, progress, executor, echo) -> DemoResult:
         real = traj.real
         path = out / "surfaces" / f"{run.name}.json"
         if path.is_file():
-            surfaces[run.name] = Surface.from_dict(json.loads(path.read_text()))
+            surfaces[run.name] = Surface.load(path)
             continue
         echo(f"[demo] quantization plane of {run.name} ({settings.grid}x{settings.grid}, {settings.headline_spec})")
         loader = CheckpointLoader(traj)
         with torch.no_grad():
             surf = quantization_surface(loader, real[-1], real[-2], settings.headline_spec, sets, grid=settings.grid,
                                         progress=progress)
-        path.write_text(json.dumps(surf.to_dict()))
+        surf.save(path)
         surfaces[run.name] = surf
     seconds["surfaces"] = time.perf_counter() - t0
 

@@ -47,27 +47,19 @@ def quantization_surface(checkpoint: Path, previous: Path | None, spec: str, gri
     from probes.checkpoints import CheckpointLoader, CheckpointRef
     from probes.data import default_token_sets
     from probes.lm import lm_loss
+    from probes.tokenset import TokenSet
 
     gs = GridSpec(resolution=grid, margin=margin)  # bad grids fail before any loading
     ref_a = CheckpointRef.from_path(checkpoint)
     loader = CheckpointLoader(ref_a, device=device)
-    model = loader.load(ref_a)
-    if data is not None:
-        from probes.tokenset import TokenSet
-
-        sets = {"eval": TokenSet.load(data)}
-        if calibration is not None:
-            sets["calibration"] = TokenSet.load(calibration)
-    else:
-        sets = default_token_sets(ref_a, quick=quick)
-        if calibration is not None:
-            from probes.tokenset import TokenSet
-
-            sets["calibration"] = TokenSet.load(calibration)
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    sets = {"eval": TokenSet.load(data)} if data is not None else default_token_sets(ref_a, quick=quick)
+    if calibration is not None:
+        sets["calibration"] = TokenSet.load(calibration)
     info = {"A (checkpoint)": str(checkpoint), "eval set": f"{sets['eval'].name} {tuple(sets['eval'].tokens.shape)} "
                                                              f"hash {sets['eval'].content_hash[:12]}"}
     if random_plane:
+        model = loader.load(ref_a)
+        params = {n: p.detach().clone() for n, p in model.named_parameters()}
         plane = make_random_plane(params, seed=seed, label="A")
         info["plane"] = f"random, filter-normalised (Li et al. 2018), seed {seed}"
     else:
