@@ -471,8 +471,19 @@ def _resolve(df, key: str) -> tuple[str | None, str | None, str]:
     raise AnalysisError(f"unknown series {key!r}; valid keys include: {', '.join(valid)} (or 'probe/spec/metric')")
 
 
+def _run_qualified(df):
+    """``df`` with checkpoint labels made unique across runs (``run/label``) when it holds several
+    runs (a store of several trajectories shares labels such as ``step-000100``); unchanged otherwise."""
+    if "run" not in df.columns or df["run"].nunique(dropna=False) <= 1:
+        return df
+    out = df.copy()
+    out["checkpoint"] = out["run"].astype(str) + "/" + out["checkpoint"].astype(str)
+    return out
+
+
 def series(df, key: str, include_derived: bool = False):
-    """One per-checkpoint series (pandas Series indexed by checkpoint label, trajectory order).
+    """One per-checkpoint series (pandas Series indexed by checkpoint label, trajectory order;
+    ``run/label`` when the table holds several runs, which are then pooled).
 
     ``key``: a checkpoint column ('step', 'tokens', 'lr'); a probe ('loss', 'trace', 'eigen',
     'kurtosis' → its main metric; 'lambda_max' = lambda_1); a metric name measured by one probe
@@ -485,6 +496,7 @@ def series(df, key: str, include_derived: bool = False):
 
     if df is None or len(df) == 0:
         raise AnalysisError("the results table is empty")
+    df = _run_qualified(df)
     base = df if include_derived else df[~df["derived"].astype(bool)]
     order = list(dict.fromkeys(base["checkpoint"]))
     probe, spec, metric = _resolve(df, key)

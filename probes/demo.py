@@ -139,13 +139,6 @@ class DemoResult:
         return "\n".join(lines)
 
 
-def _pooled(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows of all runs with checkpoint labels made unique (``run/label``) for pooled statistics."""
-    out = df.copy()
-    out["checkpoint"] = out["run"].astype(str) + "/" + out["checkpoint"].astype(str)
-    return out
-
-
 def final_table(df: pd.DataFrame, settings: DemoSettings) -> pd.DataFrame:
     """Per run: FP loss, ΔQ (%) per spec at the last real checkpoint, the LAWA checkpoint's ΔQ at
     the headline spec, and the Hutch++ trace of both."""
@@ -238,8 +231,7 @@ def _run_demo(out, quick, settings, progress, executor, echo) -> DemoResult:
     with Store(store_path) as store:
         df = store.results()
     ok = df[df["status"] == "ok"]
-    pooled = _pooled(ok)
-    correlations = summary(pooled, x=["trace", "lambda_max"], y=[settings.headline_spec], controls=["lr", "loss"],
+    correlations = summary(ok, x=["trace", "lambda_max"], y=[settings.headline_spec], controls=["lr", "loss"],
                            methods=("spearman", "pearson"), seed=settings.seed)
     phases = {}
     for run in settings.runs:

@@ -197,6 +197,20 @@ def test_series_and_summary_from_tidy_frame():
     assert set(default["y"]) == {"rtn:4:g128", "gptq:3:g128"} and set(default["x"]) == {"trace"}
 
 
+def test_series_pools_runs_that_share_checkpoint_labels():
+    """A store of several trajectories (e.g. the demo's WSD and cosine runs) repeats labels such as
+    step100: every run's value is kept, keyed run/label, never one run's value silently dropped."""
+    a, b = _tidy(), _tidy()
+    b["run"] = "u"
+    b.loc[b.probe == "trace", "value"] += 1000.0
+    both = pd.concat([a, b], ignore_index=True)
+    tr = series(both, "trace")
+    assert len(tr) == 2 * len(series(a, "trace")) and tr.index.is_unique
+    assert tr["u/step0"] == pytest.approx(series(a, "trace")["step0"] + 1000.0)
+    assert list(series(a, "trace").index)[:1] == ["step0"]  # one run: labels unchanged
+    assert summary(both, x="trace", y=["gptq:3:g128"], methods=("pearson",), n_boot=50).loc[0, "n"] == 22
+
+
 def test_detect_phases_from_tidy_frame():
     ph = detect_phases(_tidy(20), loss="loss", gap="gptq:3:g128", tol=0.01)
     assert ph.convergence.step == 700 and ph.convergence.found
