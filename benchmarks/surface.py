@@ -66,7 +66,8 @@ def _with(model, weights):
 
 
 def run(quick: bool = False, repeats: int | None = None) -> list[dict]:
-    from geometry.planes import GridSpec, plane_through_points
+    from geometry.grid import GridSpec
+    from geometry.planes import plane_through_points
     from geometry.surface import evaluate_surface
     from probes.lm import evaluate, lm_loss
 

@@ -11,15 +11,17 @@ of batches, curvature is taken w.r.t. a declared parameter set (name globs).
   :func:`evaluate_surface`, :func:`evaluate_line`, :class:`Surface`.
 """
 from .attention import second_order_attention
+from .batches import default_batch_weight
 from .dense import DenseOperator, exact_hessian
 from .density import spectral_density
 from .directional import directional_curvature
 from .eigen import top_eigenvalues
-from .hessian import HessianOperator, default_batch_weight
+from .grid import GridError, GridSpec
+from .hessian import HessianOperator
 from .operator import CurvatureOperator, OperatorError
 from .params import ParameterSelectionError, ParamSpace, select_parameters
-from .planes import (GridError, GridSpec, Line, Plane, PlaneError, filter_normalize, line, orthonormality,
-                     plane_through_points, random_plane)
+from .planes import (Line, Plane, PlaneError, filter_normalize, line, orthonormality, plane_through_points,
+                     random_plane)
 from .results import BlockTraces, DirectionalCurvature, EigenResult, EstimatorError, SpectralDensity, TraceEstimate
 from .surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
 from .trace import block_traces, hutchinson_trace, hutchpp_trace

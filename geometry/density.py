@@ -16,10 +16,11 @@ import time
 import numpy as np
 import torch
 
+from ._checks import _check_int, _check_op
 from ._lanczos import lanczos, ritz
 from .operator import CurvatureOperator
 from .results import EstimatorError, SpectralDensity
-from .trace import _check_int, _check_op, rademacher
+from .trace import rademacher
 
 __all__ = ["spectral_density"]
 

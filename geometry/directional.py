@@ -11,9 +11,9 @@ from typing import Mapping
 
 import torch
 
+from ._checks import _check_op
 from .operator import CurvatureOperator
 from .results import DirectionalCurvature, EstimatorError
-from .trace import _check_op
 
 __all__ = ["directional_curvature"]
 

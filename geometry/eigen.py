@@ -13,10 +13,10 @@ import time
 import numpy as np
 import torch
 
+from ._checks import _check_int, _check_op
 from ._lanczos import lanczos, ritz
 from .operator import CurvatureOperator
 from .results import EigenResult, EstimatorError
-from .trace import _check_int, _check_op
 
 __all__ = ["top_eigenvalues"]
 

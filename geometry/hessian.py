@@ -51,13 +51,13 @@ Conventions, side effects and guarantees of every call:
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from .attention import second_order_attention
+from .batches import normalise_batch_weights
 from .operator import CurvatureOperator, OperatorError
 from .params import ParamGlobs, ParamSpace, select_parameters
 
@@ -68,16 +68,6 @@ Backend = Literal["reverse", "forward"]
 #: pass holds ~k copies of the backward's intermediates, so memory grows linearly with the chunk
 #: (about k × the activation memory of one gradient); per-vector cost is flat beyond k ≈ 8.
 DEFAULT_CHUNK = 16
-
-
-def default_batch_weight(batch: Any) -> float:
-    """Default weight of a batch: ``batch.shape[0]`` for a tensor, the first element's
-    ``shape[0]`` for a tuple/list starting with a tensor (``(inputs, targets)``), else 1."""
-    if isinstance(batch, torch.Tensor):
-        return float(batch.shape[0]) if batch.ndim else 1.0
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) and batch[0].ndim:
-        return float(batch[0].shape[0])
-    return 1.0
 
 
 class _LossModule(nn.Module):
@@ -103,7 +93,7 @@ class HessianOperator(CurvatureOperator):
         params: ``None`` (every parameter with ``requires_grad``), a glob or a list of globs over
             parameter names (:func:`geometry.params.select_parameters`).
         weights: one non-negative weight per batch, normalised to sum 1; default
-            :func:`default_batch_weight` (the batch size, i.e. an example-weighted mean).
+            :func:`~geometry.batches.default_batch_weight` (the batch size, i.e. an example-weighted mean).
         backend: ``"reverse"`` (default) or ``"forward"`` (see the module docstring).
         chunk_size: most vectors per pass. ``None``: :data:`DEFAULT_CHUNK` for vmapped passes
             (memory grows linearly in the chunk); sequential reverse passes take one at a time anyway.
@@ -158,7 +148,7 @@ class HessianOperator(CurvatureOperator):
         self.model = model
         self.loss_fn = loss_fn
         self.batches = batches
-        self.weights = self._normalise_weights(weights, batches)
+        self.weights = normalise_batch_weights(batches, weights, OperatorError)
         self.backend: Backend = backend
         self.chunk_size = chunk_size
         self.progress = progress
@@ -237,18 +227,6 @@ class HessianOperator(CurvatureOperator):
         return out
 
     # ------------------------------------------------------------------ internals
-    @staticmethod
-    def _normalise_weights(weights: Sequence[float] | None, batches: list) -> tuple[float, ...]:
-        raw = [default_batch_weight(b) for b in batches] if weights is None else [float(w) for w in weights]
-        if len(raw) != len(batches):
-            raise OperatorError(f"got {len(raw)} weights for {len(batches)} batches")
-        if any(not math.isfinite(w) or w < 0 for w in raw):
-            raise OperatorError(f"batch weights must be finite and non-negative, got {raw}")
-        total = sum(raw)
-        if total <= 0:
-            raise OperatorError("batch weights sum to zero")
-        return tuple(w / total for w in raw)
-
     def _iter_batches(self, desc: str) -> Iterator[tuple[float, Any]]:
         pairs = zip(self.weights, self.batches)
         if self.progress:

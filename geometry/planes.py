@@ -10,7 +10,6 @@ a plane is an origin plus two direction dicts, a line an origin plus one.
   θ(x, y) = A + x·e₁ + y·e₂, x and y in parameter-space (Euclidean) units.
 - :func:`random_plane` -- two seeded Gaussian directions, filter-normalised (Li et al. 2018).
 - :func:`line` -- a 1-D slice origin + x·e₁.
-- :class:`GridSpec` -- the grid that covers all marked points with a margin.
 
 Cost: every constructor makes a constant number of passes over the parameters, one key at a time
 (float64 temporaries of one tensor at a time), and stores the directions in the dtype of the origin.
@@ -23,18 +22,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import torch
+
+from .jsonable import jsonable
 
 Params = Mapping[str, torch.Tensor]
 
 
 class PlaneError(ValueError):
     """The points do not define a plane (different architectures, coincident or collinear points)."""
-
-
-class GridError(ValueError):
-    """A grid specification cannot produce a grid (resolution < 2, empty range, ...)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,7 +143,7 @@ class Plane:
             "scale": float(self.scale),
             "dim": self.dim,
             "n_tensors": len(self.origin),
-            "meta": _jsonable(self.meta),
+            "meta": jsonable(self.meta),
         }
 
 
@@ -192,20 +188,8 @@ class Line:
             "coords": {k: float(v) for k, v in self.coords.items()},
             "norms": {k: float(v) for k, v in self.norms.items()},
             "scale": float(self.scale),
-            "meta": _jsonable(self.meta),
+            "meta": jsonable(self.meta),
         }
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (np.floating, np.integer)):
-        return obj.item()
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    return str(obj)
 
 
 # --------------------------------------------------------------------------------------------
@@ -451,75 +435,3 @@ def orthonormality(plane: Plane) -> dict[str, float]:
     keys = plane.names
     return {"e1.e1": _dot(plane.e1, plane.e1, keys), "e2.e2": _dot(plane.e2, plane.e2, keys),
             "e1.e2": _dot(plane.e1, plane.e2, keys)}
-
-
-# --------------------------------------------------------------------------------------------
-# grid
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class GridSpec:
-    """Grid of plane coordinates.
-
-    Parameters
-    ----------
-    resolution : points per axis (int) or ``(nx, ny)``; each ≥ 2.
-    margin : fraction of the marked points' extent added on each side of each axis (0.25 = 25%).
-        An axis the points do not span (random planes, a point on the x axis) gets the half-width
-        ``max(plane.scale, the other axis' extent / 2)`` around the points.
-    x_range, y_range : explicit ``(lo, hi)`` ranges overriding the automatic ones.
-    """
-
-    resolution: int | tuple[int, int] = 21
-    margin: float = 0.25
-    x_range: tuple[float, float] | None = None
-    y_range: tuple[float, float] | None = None
-
-    def __post_init__(self) -> None:
-        nx, ny = self.shape
-        if nx < 2 or ny < 2:
-            raise GridError(f"grid resolution must be at least 2 points per axis, got {self.resolution!r}")
-        if self.margin < 0 or not math.isfinite(self.margin):
-            raise GridError(f"margin must be a finite non-negative fraction, got {self.margin!r}")
-        for name, r in (("x_range", self.x_range), ("y_range", self.y_range)):
-            if r is not None and not (len(r) == 2 and math.isfinite(r[0]) and math.isfinite(r[1]) and r[1] > r[0]):
-                raise GridError(f"{name} must be (lo, hi) with lo < hi, got {r!r}")
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(nx, ny)."""
-        r = self.resolution
-        if isinstance(r, (tuple, list)):
-            if len(r) != 2:
-                raise GridError(f"resolution must be an int or (nx, ny), got {r!r}")
-            return int(r[0]), int(r[1])
-        return int(r), int(r)
-
-    def axes(self, plane: Plane | Line | Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(x[nx], y[ny]) float64 grid axes covering every marked point of ``plane`` with the margin."""
-        nx, ny = self.shape
-        coords: dict = {}
-        scale = 1.0
-        if isinstance(plane, Line):
-            plane = plane.as_plane()
-        if isinstance(plane, Plane):
-            coords, scale = plane.coords, plane.scale
-        elif isinstance(plane, Mapping):
-            coords = plane.get("coords", {})
-            scale = float(plane.get("scale", 1.0))
-        pts = np.array([[float(c[0]), float(c[1])] for c in coords.values()]) if coords else np.zeros((1, 2))
-        lo, hi = pts.min(axis=0), pts.max(axis=0)
-        ext = hi - lo
-        ranges = []
-        for i, explicit in enumerate((self.x_range, self.y_range)):
-            if explicit is not None:
-                ranges.append((float(explicit[0]), float(explicit[1])))
-                continue
-            if ext[i] > 1e-12 * max(1.0, float(np.abs(pts).max())):
-                pad = self.margin * ext[i]
-                ranges.append((lo[i] - pad, hi[i] + pad))
-            else:
-                half = max(scale, ext[1 - i] / 2)
-                ranges.append((lo[i] - half, hi[i] + half))
-        x = np.linspace(ranges[0][0], ranges[0][1], nx)
-        y = np.linspace(ranges[1][0], ranges[1][1], ny)
-        return x, y

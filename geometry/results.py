@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .jsonable import jsonable
+
 __all__ = ["EstimatorError", "TraceEstimate", "EigenResult", "SpectralDensity", "BlockTraces", "DirectionalCurvature"]
 
 
@@ -22,17 +24,7 @@ class EstimatorError(ValueError):
     """Bad input to an estimator (``num_matvecs < 1``, ``k > dim``, ...) or a non-finite result."""
 
 
-def _plain(x: Any) -> Any:
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, (np.floating, np.integer, np.bool_)):
-        return x.item()
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if hasattr(x, "to_dict"):
-        return x.to_dict()
+def _unchanged(x: Any) -> Any:
     return x
 
 
@@ -41,7 +33,7 @@ class _ToDict:
 
     def to_dict(self) -> dict[str, Any]:
         """Fields as JSON-ready builtins (numpy arrays become nested lists)."""
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name not in self._skip}
+        return {f.name: jsonable(getattr(self, f.name), _unchanged) for f in fields(self) if f.name not in self._skip}
 
 
 @dataclass(frozen=True)

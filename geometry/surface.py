@@ -4,7 +4,9 @@
 point and evaluates ``loss_fn`` over a fixed set of batches. The model is never copied: the moved
 tensors are written in place (``t.copy_(origin).add_(e1, alpha=x).add_(e2, alpha=y)``) and the
 original tensors -- cloned once before the first point -- are copied back at the end (also on
-error or Ctrl-C), so the model is restored bit-exactly.
+error or Ctrl-C), so the model is restored bit-exactly (the machinery: :mod:`geometry.moving`).
+:class:`Surface` and :class:`Profile` are plain data; their figures are drawn in
+:mod:`probes.surface_figures`.
 
 Batching work per forward (measured on CPU, 2 shared cores, a 1.06M-parameter GPT-NeoX):
 
@@ -40,162 +42,17 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from .params import ParamGlobs, iter_names
-from .planes import GridSpec, Line, Plane
-
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
-
-
-class SurfaceError(ValueError):
-    """The surface cannot be evaluated as asked (plane does not fit the model, bad grid, bad resume file)."""
-
-
-# --------------------------------------------------------------------------------------------
-# moving a model along a plane
-# --------------------------------------------------------------------------------------------
-def _batch_weight(batch: Any) -> float:
-    if isinstance(batch, torch.Tensor):
-        return float(batch.shape[0]) if batch.ndim else 1.0
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) and batch[0].ndim:
-        return float(batch[0].shape[0])
-    return 1.0
-
-
-def _normalised_weights(batches: Sequence[Any], weights: Sequence[float] | None) -> list[float]:
-    if weights is None:
-        weights = [_batch_weight(b) for b in batches]
-    weights = [float(w) for w in weights]
-    if len(weights) != len(batches):
-        raise SurfaceError(f"{len(weights)} weights for {len(batches)} batches")
-    total = sum(weights)
-    if not total > 0 or any(w < 0 for w in weights):
-        raise SurfaceError(f"batch weights must be non-negative with a positive sum, got {weights}")
-    return [w / total for w in weights]
-
-
-class _Mover:
-    """Writes θ(x, y) into the model's tensors in place; restores the originals exactly."""
-
-    def __init__(self, model: nn.Module, plane: Plane, params: ParamGlobs = None):
-        names = iter_names(plane.names, params)
-        if not names:
-            raise SurfaceError(f"params={params!r} selects none of the plane's {len(plane.names)} tensors")
-        targets: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
-        targets.update(dict(model.named_buffers(remove_duplicate=False)))
-        missing = [n for n in names if n not in targets]
-        if missing:
-            raise SurfaceError(
-                f"the plane moves tensors the model does not have: {missing[:4]} "
-                f"({len(missing)} of {len(names)}); was the plane built from another architecture?"
-            )
-        self.names = names
-        self.targets = {n: targets[n] for n in names}
-        for n in names:
-            t = self.targets[n]
-            if tuple(t.shape) != tuple(plane.origin[n].shape):
-                raise SurfaceError(f"{n}: model tensor {tuple(t.shape)} vs plane {tuple(plane.origin[n].shape)}")
-
-        def _to(d: Mapping[str, torch.Tensor], n: str) -> torch.Tensor:
-            t = self.targets[n]
-            return d[n].to(device=t.device, dtype=t.dtype)
-
-        self.origin = {n: _to(plane.origin, n) for n in names}
-        self.e1 = {n: _to(plane.e1, n) for n in names}
-        self.e2 = {n: _to(plane.e2, n) for n in names}
-        self.originals = {n: t.detach().clone() for n, t in self.targets.items()}
-
-    @torch.no_grad()
-    def set(self, x: float, y: float) -> None:
-        for n, t in self.targets.items():
-            t.copy_(self.origin[n])
-            if x != 0.0:
-                t.add_(self.e1[n], alpha=float(x))
-            if y != 0.0:
-                t.add_(self.e2[n], alpha=float(y))
-
-    def stacked(self, xy: Sequence[tuple[float, float]]) -> dict[str, torch.Tensor]:
-        xs = torch.tensor([p[0] for p in xy], dtype=torch.float64)
-        ys = torch.tensor([p[1] for p in xy], dtype=torch.float64)
-        out = {}
-        for n in self.names:
-            o, a, b = self.origin[n], self.e1[n], self.e2[n]
-            shape = (len(xy),) + (1,) * o.ndim
-            cx = xs.to(device=o.device, dtype=o.dtype).reshape(shape)
-            cy = ys.to(device=o.device, dtype=o.dtype).reshape(shape)
-            out[n] = o.unsqueeze(0) + cx * a.unsqueeze(0) + cy * b.unsqueeze(0)
-        return out
-
-    @torch.no_grad()
-    def restore(self) -> None:
-        for n, t in self.targets.items():
-            t.copy_(self.originals[n])
-
-
-def _merge(batches: list, w: list[float], merge: bool | int, weights) -> tuple[list, list[float]]:
-    """Concatenate equal-shaped tensor batches along dim 0 (see ``merge_batches``)."""
-    if merge is None or merge is False or (merge is not True and int(merge) == 1) or len(batches) == 1:
-        return batches, w
-    if weights is not None:
-        raise SurfaceError("merge_batches needs the default batch-size weights (weights=None)")
-    if not all(isinstance(b, torch.Tensor) and b.ndim >= 1 for b in batches):
-        raise SurfaceError("merge_batches needs tensor batches (e.g. [b, s] token ids)")
-    if len({(tuple(b.shape[1:]), b.dtype, b.device) for b in batches}) != 1:
-        raise SurfaceError("merge_batches needs batches of one shape (after dim 0), dtype and device")
-    k = len(batches) if merge is True else int(merge)
-    if k < 1:
-        raise SurfaceError(f"merge_batches must be True, False or a positive int, got {merge!r}")
-    out, ow = [], []
-    for s in range(0, len(batches), k):
-        out.append(torch.cat(batches[s:s + k]))
-        ow.append(sum(w[s:s + k]))
-    return out, ow
-
-
-def _eval_point(model: nn.Module, loss_fn: LossFn, batches: Sequence[Any], weights: Sequence[float]) -> float:
-    total = 0.0
-    for b, w in zip(batches, weights):
-        val = float(loss_fn(model, b))
-        total += w * val
-    return total
-
-
-def _eval_stacked(model: nn.Module, loss_fn: LossFn, batches: Sequence[Any], weights: Sequence[float],
-                  stacked: dict[str, torch.Tensor]) -> list[float]:
-    from torch.func import vmap
-
-    def one(p, b):  # loss_fn takes a model: give it a view whose forward runs functional_call
-        return loss_fn(_FunctionalModel(model, p), b)
-
-    k = next(iter(stacked.values())).shape[0]
-    total = np.zeros(k)
-    for b, w in zip(batches, weights):
-        vals = vmap(one, in_dims=(0, None))(stacked, b)
-        total += w * vals.detach().double().cpu().numpy()
-    return total.tolist()
-
-
-class _FunctionalModel(nn.Module):
-    """A model view whose forward runs ``functional_call(model, params, ...)`` (for vmap)."""
-
-    def __init__(self, model: nn.Module, params: dict[str, torch.Tensor]):
-        super().__init__()
-        object.__setattr__(self, "_model", model)
-        object.__setattr__(self, "_params", params)
-        object.__setattr__(self, "config", getattr(model, "config", None))
-
-    def parameters(self, recurse: bool = True):  # device/dtype queries in loss functions
-        return self._model.parameters(recurse)
-
-    def forward(self, *args, **kwargs):
-        from torch.func import functional_call
-
-        return functional_call(self._model, self._params, args, kwargs, strict=False)
+from .batches import normalise_batch_weights
+from .grid import GridSpec
+from .moving import LossFn, PlaneMover, SurfaceError, concat_batches, evaluate_point, evaluate_stacked
+from .params import ParamGlobs
+from .planes import Line, Plane
 
 
 # --------------------------------------------------------------------------------------------
@@ -270,98 +127,6 @@ class Surface:
         """Loss at the grid node nearest to (x, y)."""
         return float(self.loss[int(np.argmin(np.abs(self.y - y))), int(np.argmin(np.abs(self.x - x)))])
 
-    # -- figures ----------------------------------------------------------------------------
-    def figure(self, log: bool = False, title: str | None = None, height: int = 520):
-        """Plotly figure: 3D surface (left) and contour (right) with the marked points.
-
-        ``log=True`` draws log10(loss) (non-positive losses become holes); hover always shows the
-        coordinates and the loss itself. Non-finite grid losses are holes (``connectgaps=False``).
-        """
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
-
-        z = np.where(np.isfinite(self.loss), self.loss, np.nan)
-        if log:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                z = np.where(z > 0, np.log10(z), np.nan)
-        zlabel = "log10 loss" if log else "loss"
-        zdata = [[None if not math.isfinite(v) else float(v) for v in row] for row in z]
-        custom = [[None if not math.isfinite(v) else float(v) for v in row] for row in self.loss]
-        fig = make_subplots(rows=1, cols=2, specs=[[{"type": "surface"}, {"type": "xy"}]],
-                            column_widths=[0.55, 0.45], subplot_titles=("surface", "contour"))
-        hover = "x=%{x:.4g}<br>y=%{y:.4g}<br>loss=%{customdata:.6g}<extra></extra>"
-        fig.add_trace(go.Surface(x=self.x, y=self.y, z=zdata, customdata=custom, colorscale="Viridis",
-                                 hovertemplate=hover, name="loss surface", showscale=False,
-                                 connectgaps=False), row=1, col=1)
-        fig.add_trace(go.Contour(x=self.x, y=self.y, z=zdata, customdata=custom, colorscale="Viridis",
-                                 connectgaps=False, hovertemplate=hover, name="loss contour",
-                                 colorbar=dict(title=zlabel), ncontours=25), row=1, col=2)
-        if self.points:
-            labels = list(self.points)
-            px = [self.points[k][0] for k in labels]
-            py = [self.points[k][1] for k in labels]
-            pl = [self.points[k][2] for k in labels]
-            pz = [(math.log10(v) if (log and v > 0) else (v if not log else None)) if math.isfinite(v) else None for v in pl]
-            text = [f"{k}: ({x:.4g}, {y:.4g}) loss {v:.6g}" for k, x, y, v in zip(labels, px, py, pl)]
-            fig.add_trace(go.Scatter3d(x=px, y=py, z=pz, mode="markers+text", text=labels, hovertext=text,
-                                       hovertemplate="%{hovertext}<extra></extra>", name="points (3D)",
-                                       marker=dict(size=5, color="red", symbol="diamond"),
-                                       textfont=dict(color="red")), row=1, col=1)
-            fig.add_trace(go.Scatter(x=px, y=py, mode="markers+text", text=labels, textposition="top center",
-                                     customdata=text, hovertemplate="%{customdata}<extra></extra>", name="points",
-                                     marker=dict(size=10, color="red", symbol="x", line=dict(width=1, color="white")),
-                                     textfont=dict(color="red", size=14)), row=1, col=2)
-        kind = self.plane.get("kind", "plane")
-        t = title or f"loss on the {kind} plane ({len(self.x)}×{len(self.y)} grid)"
-        if self.n_nonfinite:
-            t += f" — {self.n_nonfinite} non-finite point(s) shown as holes"
-        fig.update_layout(title=t, height=height, showlegend=False,
-                          scene=dict(xaxis_title="x (e1)", yaxis_title="y (e2)", zaxis_title=zlabel, aspectmode="cube",
-                                     camera=dict(eye=dict(x=1.5, y=-1.6, z=1.0))),
-                          margin=dict(l=10, r=10, t=60, b=10))
-        fig.update_xaxes(title_text="x (e1)", row=1, col=2)
-        fig.update_yaxes(title_text="y (e2)", row=1, col=2)
-        return fig
-
-    def profile(self, along: str = "x", at: float = 0.0, log: bool = False, title: str | None = None):
-        """1-D Plotly profile of the grid: loss along x at the row nearest y=``at`` (or along y).
-
-        Marked points lying on that row/column (within half a grid step) are drawn as markers.
-        """
-        if along not in ("x", "y"):
-            raise SurfaceError(f"along must be 'x' or 'y', got {along!r}")
-        if along == "x":
-            j = int(np.argmin(np.abs(self.y - at)))
-            coord, vals, fixed = self.x, self.loss[j], float(self.y[j])
-            step = float(np.min(np.diff(self.y))) if len(self.y) > 1 else np.inf
-        else:
-            i = int(np.argmin(np.abs(self.x - at)))
-            coord, vals, fixed = self.y, self.loss[:, i], float(self.x[i])
-            step = float(np.min(np.diff(self.x))) if len(self.x) > 1 else np.inf
-        other = "y" if along == "x" else "x"
-        pts = {k: v for k, v in self.points.items() if abs((v[1] if along == "x" else v[0]) - fixed) <= step / 2}
-        return _profile_figure(coord, vals, {k: ((v[0] if along == "x" else v[1]), v[2]) for k, v in pts.items()},
-                               xlabel=f"{along} (e{1 if along == 'x' else 2})", log=log,
-                               title=title or f"loss along {along} at {other} = {fixed:.4g}")
-
-
-def _profile_figure(x, loss, points: Mapping[str, tuple[float, float]], xlabel: str, log: bool, title: str):
-    import plotly.graph_objects as go
-
-    y = [None if not math.isfinite(v) else float(v) for v in np.asarray(loss, float)]
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(x=list(map(float, x)), y=y, mode="lines+markers", name="loss", connectgaps=False,
-                             hovertemplate=f"{xlabel.split()[0]}=%{{x:.4g}}<br>loss=%{{y:.6g}}<extra></extra>"))
-    if points:
-        labels = list(points)
-        fig.add_trace(go.Scatter(x=[points[k][0] for k in labels], y=[points[k][1] for k in labels],
-                                 mode="markers+text", text=labels, textposition="top center", name="points",
-                                 marker=dict(size=11, color="red", symbol="x")))
-    fig.update_layout(title=title, xaxis_title=xlabel, yaxis_title="loss", height=380, showlegend=False)
-    if log:
-        fig.update_yaxes(type="log")
-    return fig
-
 
 @dataclass
 class Profile:
@@ -374,9 +139,6 @@ class Profile:
     n_nonfinite: int = 0
     seconds: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
-
-    def figure(self, log: bool = False, title: str | None = None):
-        return _profile_figure(self.x, self.loss, self.points, "x (e1)", log, title or "loss along the line")
 
     def to_dict(self) -> dict[str, Any]:
         return {"x": np.asarray(self.x, float).tolist(), "loss": _nan_to_none(self.loss),
@@ -501,8 +263,8 @@ def evaluate_surface(
     batches = list(batches)
     if not batches:
         raise SurfaceError("no batches: the loss needs at least one batch")
-    w = _normalised_weights(batches, weights)
-    grid_batches, grid_w = _merge(batches, w, merge_batches, weights)
+    w = list(normalise_batch_weights(batches, weights, SurfaceError))
+    grid_batches, grid_w = concat_batches(batches, w, merge_batches, weights)
     x, y = _grid_axes(grid, plane)
     nx, ny = len(x), len(y)
     marked = {k: (float(v[0]), float(v[1])) for k, v in plane.coords.items()}
@@ -512,7 +274,7 @@ def evaluate_surface(
     if k_pts < 1:
         raise SurfaceError(f"points_per_forward must be >= 1, got {points_per_forward}")
 
-    mover = _Mover(model, plane, params)
+    mover = PlaneMover(model, plane, params)
     fp = (_fingerprint(plane, x, y, batches, w, list(mover.names) + [f"merge={merge_batches}", f"vmap={k_pts}"])
           if checkpoint_path is not None else "")
     if checkpoint_path is not None:
@@ -539,13 +301,13 @@ def evaluate_surface(
                 if k_pts == 1:
                     for i in range(nx):
                         mover.set(float(x[i]), float(y[j]))
-                        loss[j, i] = _eval_point(model, loss_fn, grid_batches, grid_w)
+                        loss[j, i] = evaluate_point(model, loss_fn, grid_batches, grid_w)
                         bar.update(1)
                 else:
                     mover.restore()
                     for s in range(0, nx, k_pts):
                         xy = [(float(x[i]), float(y[j])) for i in range(s, min(nx, s + k_pts))]
-                        vals = _eval_stacked(model, loss_fn, grid_batches, grid_w, mover.stacked(xy))
+                        vals = evaluate_stacked(model, loss_fn, grid_batches, grid_w, mover.stacked(xy))
                         loss[j, s:s + len(xy)] = vals
                         bar.update(len(xy))
                 n_eval += nx
@@ -554,7 +316,7 @@ def evaluate_surface(
                     _save_checkpoint(checkpoint_path, fp, x, y, loss, done)
             for label, (px, py) in marked.items():
                 mover.set(px, py)
-                point_losses[label] = (px, py, _eval_point(model, loss_fn, batches, w))
+                point_losses[label] = (px, py, evaluate_point(model, loss_fn, batches, w))
                 bar.update(1)
     finally:
         mover.restore()

@@ -19,6 +19,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
+from ._checks import _check_int, _check_op
 from .operator import CurvatureOperator
 from .params import ParamGlobs
 from .results import BlockTraces, EstimatorError, TraceEstimate
@@ -29,19 +30,6 @@ DEFAULT_BLOCK_SIZE = 16
 
 
 # ----------------------------------------------------------------------------------- helpers
-def _check_op(op: CurvatureOperator) -> None:
-    if not isinstance(op, CurvatureOperator):
-        raise EstimatorError(f"op must be a CurvatureOperator (e.g. HessianOperator, DenseOperator), got {type(op).__name__}")
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise EstimatorError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise EstimatorError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
 def rademacher(generator: torch.Generator, k: int, dim: int, dtype: torch.dtype, device) -> torch.Tensor:
     """``[k, dim]`` i.i.d. ±1 entries from a CPU ``generator``, cast to ``dtype`` on ``device``."""
     bits = torch.randint(0, 2, (k, dim), generator=generator, dtype=torch.int8)

@@ -10,7 +10,8 @@ from typing import Any, Mapping
 
 import torch
 
-from geometry.planes import GridSpec, Plane, plane_through_points
+from geometry.grid import GridSpec
+from geometry.planes import Plane, plane_through_points
 from geometry.surface import Surface, evaluate_surface
 
 from .lm import lm_loss

@@ -2,7 +2,7 @@
 
 :func:`build_report` writes ONE HTML file: plotly.js is embedded once (inline, no CDN, works
 offline), followed by the trajectory figures of :mod:`probes.figures`, the correlation table, the
-detected phases, quantization planes (:class:`geometry.surface.Surface` figures), failed probes,
+detected phases, quantization planes (:mod:`probes.surface_figures`), failed probes,
 the plan and the software versions. Figures are built from results; nothing is recomputed.
 
 ``losslens report results.sqlite --out report.html`` (see :mod:`probes.commands.surface`) loads the
@@ -19,7 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from geometry.surface import Surface
+
 from .figures import trajectory_figures
+from .surface_figures import surface_figure, surface_profile_figure
 
 _CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1200px;padding:16px 24px;color:#222}
@@ -138,7 +141,7 @@ def _surfaces(surfaces) -> list[tuple[str, Any]]:
         return []
     if isinstance(surfaces, Mapping):
         return list(surfaces.items())
-    if hasattr(surfaces, "figure"):
+    if isinstance(surfaces, Surface):
         return [("surface", surfaces)]
     return [(f"surface {i + 1}", s) for i, s in enumerate(surfaces)]
 
@@ -203,7 +206,7 @@ def build_report(
     if surf:
         parts = []
         for j, (label, s) in enumerate(surf):
-            fig = s.figure(title=f"{label}")
+            fig = surface_figure(s, title=f"{label}")
             pts = [{"point": k, "x": v[0], "y": v[1], "loss": v[2]} for k, v in s.points.items()]
             norms = [{"quantity": k, "value": v} for k, v in (s.plane.get("norms") or {}).items()]
             parts.append(f"<h3>{html.escape(str(label))}</h3>"
@@ -260,10 +263,10 @@ def surface_page(surface, out_path: str | os.PathLike, title: str = "losslens su
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    figs = [("surface", surface.figure(log=log, title=title))]
+    figs = [("surface", surface_figure(surface, log=log, title=title))]
     if profiles:
-        figs.append(("profile-x", surface.profile("x", 0.0, log=log)))
-        figs.append(("profile-y", surface.profile("y", 0.0, log=log)))
+        figs.append(("profile-x", surface_profile_figure(surface, "x", 0.0, log=log)))
+        figs.append(("profile-y", surface_profile_figure(surface, "y", 0.0, log=log)))
     parts = [f'<div class="figure" data-figure="{n}">{figure_html(f, f"fig-{i}")}</div>' for i, (n, f) in enumerate(figs)]
     pts = [{"point": k, "x": v[0], "y": v[1], "loss": v[2]} for k, v in surface.points.items()]
     norms = [{"quantity": k, "value": v} for k, v in (surface.plane.get("norms") or {}).items()]

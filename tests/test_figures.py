@@ -17,6 +17,7 @@ from probes.figures import (
     trajectory_figures,
 )
 from probes.report import build_report, export_png, surface_page
+from probes.surface_figures import surface_figure
 
 PHASES = [{"name": "FP convergence", "step": 400, "lr": 1e-3}, {"name": "quantization divergence", "step": 500, "lr": 7e-4}]
 
@@ -135,7 +136,7 @@ def test_surface_page_and_png_export_skip(tmp_path):
         import kaleido  # noqa: F401
     except ImportError:
         with pytest.warns(RuntimeWarning, match="kaleido"):
-            assert export_png(_tiny_surface().figure(), tmp_path / "s.png") is False
+            assert export_png(surface_figure(_tiny_surface()), tmp_path / "s.png") is False
 
 
 def test_report_command_on_a_store(df, tmp_path):

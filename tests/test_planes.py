@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from geometry.grid import GridError, GridSpec
 from geometry.planes import (
-    GridError,
-    GridSpec,
     PlaneError,
     filter_normalize,
     line,

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.planes import GridSpec, line, plane_through_points, random_plane
+from geometry.grid import GridSpec
+from geometry.planes import line, plane_through_points, random_plane
 from geometry.surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
 from probes.lm import evaluate, lm_loss
+from probes.surface_figures import profile_figure, surface_figure, surface_profile_figure
 from tests.tiny_models import micro_gptneox, random_batches
 
 NB = 2  # batches per point
@@ -107,7 +109,7 @@ def test_nan_losses_are_kept_counted_and_drawn_as_holes(setup):
     assert s.n_nonfinite == 2
     flat = s.loss.ravel()
     assert np.isnan(flat[2]) and np.isnan(flat[7]) and np.isfinite(np.delete(flat, [2, 7])).all()
-    fig = s.figure()
+    fig = surface_figure(s)
     z = fig.data[0].z
     assert z[0][2] is None and z[2][1] is None  # holes, not interpolated
     assert fig.data[1].connectgaps is False and fig.data[0].connectgaps is False
@@ -180,7 +182,7 @@ def test_random_plane_and_line(setup):
     prof = evaluate_line(model, lm_loss, batches, ln, 5)
     assert isinstance(prof, Profile) and len(prof.x) == 5
     assert prof.points["B"][1] == pytest.approx(evaluate(_fresh(B), batches).loss, rel=1e-6)
-    fig = prof.figure()
+    fig = profile_figure(prof)
     assert [t.name for t in fig.data] == ["loss", "points"]
     assert Profile.from_dict(json.loads(json.dumps(prof.to_dict()))).points.keys() == prof.points.keys()
 
@@ -189,7 +191,7 @@ def test_figure_has_surface_contour_and_marked_points(setup):
     model, A, B, C, batches = setup
     plane = plane_through_points(A, B, C)
     s = evaluate_surface(model, lm_loss, batches, plane, GridSpec(resolution=3))
-    fig = s.figure()
+    fig = surface_figure(s)
     types = [t.type for t in fig.data]
     assert types == ["surface", "contour", "scatter3d", "scatter"]
     pts3d, pts2d = fig.data[2], fig.data[3]
@@ -198,13 +200,13 @@ def test_figure_has_surface_contour_and_marked_points(setup):
     for k, hover in zip("ABC", pts2d.customdata):
         assert f"{s.points[k][2]:.6g}" in hover and k in hover
     assert "loss=%{customdata" in fig.data[0].hovertemplate
-    logfig = s.figure(log=True)
+    logfig = surface_figure(s, log=True)
     assert logfig.data[0].z[0][0] == pytest.approx(math.log10(s.loss[0, 0]))
     assert list(logfig.data[2].z) == pytest.approx([math.log10(s.points[k][2]) for k in "ABC"])
-    prof = s.profile("x", at=0.0)
+    prof = surface_profile_figure(s, "x", at=0.0)
     assert prof.data[0].type == "scatter" and len(prof.data[0].x) == 3
     with pytest.raises(SurfaceError):
-        s.profile("z")
+        surface_profile_figure(s, "z")
     back = Surface.from_dict(json.loads(json.dumps(s.to_dict())))
     np.testing.assert_allclose(back.loss, s.loss)
     assert back.points.keys() == s.points.keys()

@@ -41,7 +41,7 @@ def quantization_surface(checkpoint: Path, previous: Path | None, spec: str, gri
     """
     import torch
 
-    from geometry.planes import GridSpec
+    from geometry.grid import GridSpec
     from geometry.planes import random_plane as make_random_plane
     from geometry.surface import evaluate_surface
     from probes.checkpoints import CheckpointLoader, CheckpointRef
@@ -85,7 +85,8 @@ def quantization_surface(checkpoint: Path, previous: Path | None, spec: str, gri
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by the inputs (printed as one line, exit code 2) rather than bugs."""
-    from geometry.planes import GridError, PlaneError
+    from geometry.grid import GridError
+    from geometry.planes import PlaneError
     from geometry.surface import SurfaceError
 
     errs: list[type[BaseException]] = [PlaneError, GridError, SurfaceError, FileNotFoundError]
@@ -122,6 +123,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Draw the quantization plane through a checkpoint, its predecessor and its quantized self."""
         from probes.report import export_png, surface_page
+        from probes.surface_figures import surface_figure
 
         try:
             surf, info = quantization_surface(checkpoint, previous, spec, grid=grid, margin=margin, quick=quick,
@@ -139,7 +141,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"{len(surf.x)}×{len(surf.y)} grid in {surf.seconds:.1f} s "
                    f"({surf.meta['points_per_second']:.2f} points/s); {surf.n_nonfinite} non-finite point(s)")
         if png:
-            ok = export_png(surf.figure(log=log, title=title), png, width=1300, height=560)
+            ok = export_png(surface_figure(surf, log=log, title=title), png, width=1300, height=560)
             typer.echo(f"PNG {'written to ' + str(png) if ok else 'skipped (kaleido/Chromium unavailable)'}")
         typer.echo(f"wrote {out}")
 
