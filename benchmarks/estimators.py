@@ -10,7 +10,7 @@ Two problems, every estimator through :mod:`geometry.trace`:
   the reference is the exact trace.
 - ``neox-1M``: a randomly initialised HF GPT-NeoX causal LM (hidden 128, 4 layers, 4 heads, MLP 512,
   vocab 1024, untied embeddings: 1,055,488 parameters, float32, eager attention), one batch of
-  2 × 32 random tokens, :func:`probes.lm.lm_loss`, through
+  2 × 32 random tokens, :func:`probes.core.lm.lm_loss`, through
   :class:`geometry.hessian.HessianOperator`; the reference is a long Hutchinson run (2,000 HVPs,
   seed 10,000, its own relative standard error is reported as ``ref_rel_se``: errors below it are
   not resolved). ``--quick`` skips it (the MLP part alone runs in well under a minute on 2 cores);
@@ -41,6 +41,7 @@ from torch import nn
 
 from geometry.dense import DenseOperator, exact_hessian
 from geometry.trace import _hutchinson_samples, hutchinson_trace, hutchpp_trace
+from probes.core.numerics import rel_error
 
 BUDGETS = (10, 30, 100, 300)
 
@@ -66,7 +67,7 @@ def _neox_problem(micro: bool, device: str = "cpu"):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     from geometry.hessian import HessianOperator
-    from probes.lm import lm_loss
+    from probes.core.lm import lm_loss
 
     if micro:
         cfg = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
@@ -80,10 +81,6 @@ def _neox_problem(micro: bool, device: str = "cpu"):
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, cfg["vocab_size"], tokens, generator=g).to(device)]
     return HessianOperator(model, lm_loss, batches), sum(p.numel() for p in model.parameters())
-
-
-def _rel(x: float, ref: float) -> float:
-    return abs(x - ref) / abs(ref)
 
 
 def _rows(problem: str, dim: int, ref: float, ref_rel_se: float, budgets, errs_h, errs_pp, secs) -> list[dict]:
@@ -106,8 +103,8 @@ def bench_mlp(seeds: int) -> list[dict]:
     errs_pp = {m: [] for m in BUDGETS}
     for m in BUDGETS:
         for s in range(seeds):
-            errs_h[m].append(_rel(hutchinson_trace(DenseOperator(H), m, seed=s).value, exact))
-            errs_pp[m].append(_rel(hutchpp_trace(DenseOperator(H), m, seed=s).value, exact))
+            errs_h[m].append(rel_error(hutchinson_trace(DenseOperator(H), m, seed=s).value, exact))
+            errs_pp[m].append(rel_error(hutchpp_trace(DenseOperator(H), m, seed=s).value, exact))
     return _rows("mlp-exact", space.dim, exact, 0.0, BUDGETS, errs_h, errs_pp, time.perf_counter() - t0)
 
 
@@ -129,8 +126,8 @@ def bench_neox(seeds: int, micro: bool = False, device: str = "cpu") -> list[dic
     for s in range(seeds):
         samples, _, _ = _hutchinson_samples(op, max(budgets), s, 16, None)
         for m in budgets:
-            errs_h[m].append(_rel(float(samples[:m].mean()), ref))
-            errs_pp[m].append(_rel(hutchpp_trace(op, m, seed=s).value, ref))
+            errs_h[m].append(rel_error(float(samples[:m].mean()), ref))
+            errs_pp[m].append(rel_error(hutchpp_trace(op, m, seed=s).value, ref))
         _log(f"seed {s} ({time.perf_counter() - t0:.0f} s): " + ", ".join(
             f"m={m} hutchinson {errs_h[m][-1]:.4f} hutch++ {errs_pp[m][-1]:.4f}" for m in budgets))
     name = "neox-micro" if micro else "neox-1M"

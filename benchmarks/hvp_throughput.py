@@ -5,7 +5,7 @@
 Models: randomly initialised HF GPT-NeoX (LayerNorm, GELU) and Llama (RMSNorm, SiLU) causal LMs
 with eager attention in float32, ~1M parameters (hidden 128, 4 layers, vocab 512) and ~9M
 parameters (hidden 256, 6 layers, vocab 8192); batches of 8 sequences × 128 tokens; loss
-:func:`probes.lm.lm_loss`; curvature w.r.t. every parameter.
+:func:`probes.core.lm.lm_loss`; curvature w.r.t. every parameter.
 
 Methods (each timing is paired with a gradient of the same batches measured just before it, so
 machine-load drift cancels; the reported ratio is the median over repeats of
@@ -46,7 +46,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from geometry.hessian import HessianOperator
-from probes.lm import lm_loss
+from probes.core.lm import lm_loss
+from probes.core.numerics import rel_error
+from probes.core.threads import torch_threads
 
 SIZES = {"1M": dict(hidden=128, layers=4, vocab=512), "10M": dict(hidden=256, layers=6, vocab=8192)}
 BATCH, SEQ = 8, 128
@@ -110,10 +112,6 @@ def _timed(fn: Callable[[], object]) -> tuple[float, object]:
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
 
 
 def _methods(model: nn.Module, batches: list[torch.Tensor], quick: bool):
@@ -216,9 +214,9 @@ def bench_model(arch: str, size: str, n_batches: int, repeats: int, quick: bool,
                 reference[k] = out
             ref = reference.get(max(reference)) if reference else None
             if not method.startswith("ours") and ref is not None:
-                row["rel_err"] = _rel(out, ref[:k])
+                row["rel_err"] = rel_error(out, ref[:k])
             elif method == "ours-forward" and ref is not None:
-                row["rel_err"] = _rel(out, ref[:k])
+                row["rel_err"] = rel_error(out, ref[:k])
         except Exception as e:  # peers are expected to fail on some models: record, do not crash
             row["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
         rows.append(row)
@@ -235,18 +233,13 @@ def run(quick: bool = False, repeats: int | None = None, sizes: tuple[str, ...] 
     """
     repeats = repeats if repeats is not None else (1 if quick else 3)
     sizes = ("1M",) if quick else (sizes or ("1M", "10M"))
-    old_threads = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
     rows: list[dict] = []
-    try:
+    with torch_threads(threads):
         for size in sizes:
             for arch in ("neox", "llama"):
                 rows += bench_model(arch, size, 1, repeats, quick)
                 if size == "1M":
                     rows += bench_model(arch, size, 2 if quick else 8, repeats, quick)
-    finally:
-        torch.set_num_threads(old_threads)
     return rows
 
 

@@ -31,6 +31,8 @@ import time
 
 import torch
 
+from probes.core.threads import torch_threads
+
 
 def _neox(hidden, layers, inter, vocab, ctx, seed=0):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
@@ -141,13 +143,9 @@ def run(quick: bool = False, threads: int | None = None) -> list[dict]:
     default, except 1 in quick mode (on a small shared machine OpenMP barriers, not flops,
     dominate these tiny matrices — 2 threads under load measured ~30× slower than 1).
     """
-    old = torch.get_num_threads()
-    n = threads if threads is not None else (1 if quick else old)
-    torch.set_num_threads(n)
-    try:
+    n = threads if threads is not None else (1 if quick else torch.get_num_threads())
+    with torch_threads(n):
         rows = _tiny_rows() + _neox10m_rows(quick)
-    finally:
-        torch.set_num_threads(old)
     for r in rows:
         r.setdefault("threads", n)
         r.setdefault("device", "cpu")

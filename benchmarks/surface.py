@@ -9,7 +9,7 @@ The plane: A = the model, B = A + a small perturbation (a "previous checkpoint")
 per row to 16 levels (an RTN-like "quantized A").
 
 Rows (one "point" = the loss over all 4 batches at one set of weights):
-- ``forward``: ``probes.lm.evaluate`` on the unchanged model, points/s -- the plain-forward ceiling.
+- ``forward``: ``probes.core.lm.evaluate`` on the unchanged model, points/s -- the plain-forward ceiling.
 - ``losslens``: ``evaluate_surface`` batch by batch (``merge_batches=False``), in-place moves.
 - ``losslens-merged``: ``evaluate_surface(merge_batches=True)`` (one forward per point; what
   ``losslens surface`` uses).
@@ -29,6 +29,8 @@ import json
 import time
 
 import torch
+
+from probes.core.threads import torch_threads
 
 N_BATCHES, BATCH, SEQ = 4, 4, 64
 
@@ -69,7 +71,7 @@ def run(quick: bool = False, repeats: int | None = None) -> list[dict]:
     from geometry.grid import GridSpec
     from geometry.planes import plane_through_points
     from geometry.surface import evaluate_surface
-    from probes.lm import evaluate, lm_loss
+    from probes.core.lm import evaluate, lm_loss
 
     repeats = repeats or (2 if quick else 3)
     steps = 3 if quick else 6  # grid side for the throughput comparison
@@ -144,13 +146,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--json", help="write the rows to this JSON file")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default); 1 gives the most stable ratios")
     args = ap.parse_args(argv)
-    previous = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
+    with torch_threads(args.threads):
         rows = run(quick=args.quick)
-    finally:
-        torch.set_num_threads(previous)
     for r in rows:
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}))
     if args.json:

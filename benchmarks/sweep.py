@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.sweep [--quick] [--checkpoints N] [--no-ray] [--cache DIR] [--json PATH]``
 
-1. The embedded trajectory is trained once with :func:`probes.train_tiny.train_tiny` and cached
+1. The embedded trajectory is trained once with :func:`probes.train.tiny.train_tiny` and cached
    (``--cache``, default ``$LOSSLENS_CACHE`` or ``~/.cache/losslens``): full mode the default
    ``TrainConfig`` (GPT-NeoX, hidden 128, 4 layers, 1.06M parameters, 600 steps, WSD) with 20
    checkpoints; ``--quick`` the ``TrainConfig.tiny`` preset (hidden 32, 2 layers) with 20
@@ -46,7 +46,8 @@ def _cache_dir(cache: str | None) -> Path:
 
 def embedded_trajectory(quick: bool, checkpoints: int, cache: str | None = None):
     """(trajectory, training seconds; 0 when cached)."""
-    from probes.train_tiny import TrainConfig, train_tiny
+    from probes.train.config import TrainConfig
+    from probes.train.tiny import train_tiny
 
     # full mode: the 1.06M-parameter model of the recorded benchmark (benchmarks/README.md), pinned
     # here so that a change of train-tiny's defaults does not silently change what is measured

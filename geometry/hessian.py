@@ -88,7 +88,7 @@ class HessianOperator(CurvatureOperator):
     Args:
         model: any ``nn.Module``; read live at each call (weights copied into it later are used).
         loss_fn: ``loss_fn(model, batch) -> scalar tensor`` (mean loss of the batch), e.g.
-            :func:`probes.lm.lm_loss`.
+            :func:`probes.core.lm.lm_loss`.
         batches: non-empty sequence of batches (anything ``loss_fn`` accepts).
         params: ``None`` (every parameter with ``requires_grad``), a glob or a list of globs over
             parameter names (:func:`geometry.params.select_parameters`).

@@ -6,7 +6,7 @@ tensors are written in place (``t.copy_(origin).add_(e1, alpha=x).add_(e2, alpha
 original tensors -- cloned once before the first point -- are copied back at the end (also on
 error or Ctrl-C), so the model is restored bit-exactly (the machinery: :mod:`geometry.moving`).
 :class:`Surface` and :class:`Profile` are plain data; their figures are drawn in
-:mod:`probes.surface_figures`.
+:mod:`probes.report.surface_figures`.
 
 Batching work per forward (measured on CPU, 2 shared cores, a 1.06M-parameter GPT-NeoX):
 
@@ -233,7 +233,7 @@ def evaluate_surface(
     ----------
     model : the model whose tensors named in ``plane`` are moved (parameters or buffers; tied
         names are written consistently). Restored bit-exactly on return (and on error).
-    loss_fn : ``loss_fn(model, batch) -> scalar`` mean loss (e.g. :func:`probes.lm.lm_loss`).
+    loss_fn : ``loss_fn(model, batch) -> scalar`` mean loss (e.g. :func:`probes.core.lm.lm_loss`).
     batches : a non-empty sequence (or iterable, e.g. a TokenSet) of batches, reused at every point.
     plane : a :class:`Plane` (or a :class:`Line`, evaluated with y = 0).
     grid : :class:`GridSpec`, an int resolution, ``(nx, ny)``, or explicit ``(x_axis, y_axis)`` arrays.
@@ -248,7 +248,7 @@ def evaluate_surface(
     points_per_forward : grid points per vmapped forward (see module docstring; default 1).
     merge_batches : ``True`` concatenates all batches (``k``: groups of k) along dim 0 into one
         forward per grid node -- fewer, larger forwards (about 3× faster on CPU for small batches).
-        Valid only when ``loss_fn`` is a mean over the rows of a batch (as :func:`probes.lm.lm_loss`
+        Valid only when ``loss_fn`` is a mean over the rows of a batch (as :func:`probes.core.lm.lm_loss`
         with equal sequence lengths) and ``weights`` is None; the grid values then differ from
         batch-by-batch evaluation by float rounding only (~1e-7 relative). The marked points are
         always evaluated batch by batch, exactly as a direct evaluation would.

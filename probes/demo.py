@@ -1,7 +1,7 @@
 """`losslens demo`: the whole study, offline, on the embedded trajectories.
 
 1. trains tiny GPT-NeoX trajectories on the embedded corpus under several LR schedules and peak
-   LRs (:mod:`probes.train_tiny`; one shared tokenizer and token stream in ``DIR/data``);
+   LRs (:mod:`probes.train.tiny`; one shared tokenizer and token stream in ``DIR/data``);
 2. adds a LAWA checkpoint (mean of the last k checkpoints) to each run;
 3. sweeps every checkpoint (FP loss, RTN / INT8 / GPTQ error, Hutch++ trace, λ_max, kurtosis,
    directional curvature along RTN) into one resumable store ``DIR/results.sqlite``;
@@ -63,7 +63,7 @@ class DemoSettings:
     seed: int = 0
 
     def train_config(self, run: DemoRun):
-        from .train_tiny import TrainConfig
+        from .train.config import TrainConfig
 
         return TrainConfig(schedule=run.schedule, peak_lr=run.peak_lr, steps=self.steps, checkpoints=self.checkpoints,
                            seed=self.seed, weight_decay=self.weight_decay, batch_size=self.batch_size,
@@ -85,9 +85,9 @@ _QUANT = ("rtn:2:g32", "rtn:3:row", "rtn:4:row", "int8", "gptq:3:row", "gptq:4:r
 
 
 def _embedded_default() -> dict:
-    """The model/training fields of :class:`~probes.train_tiny.TrainConfig`'s defaults (the
+    """The model/training fields of :class:`~probes.train.config.TrainConfig`'s defaults (the
     embedded trajectory), so the demo and `losslens train-tiny` never drift apart."""
-    from .train_tiny import TrainConfig
+    from .train.config import TrainConfig
 
     t = TrainConfig()
     return dict(steps=t.steps, checkpoints=t.checkpoints, hidden_size=t.hidden_size, num_layers=t.num_layers,
@@ -179,15 +179,10 @@ def run_demo(out: str | Path = "demo-out", quick: bool = False, settings: DemoSe
     tiny (hidden 64): one thread is faster than two on 2 cores (measured 5× under load, from
     synchronisation on small matrices). ``None`` leaves torch's setting alone.
     """
-    import torch
+    from .core.threads import torch_threads
 
-    previous_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(int(threads))
-    try:
+    with torch_threads(threads):
         return _run_demo(out, quick, settings, progress, executor, echo)
-    finally:
-        torch.set_num_threads(previous_threads)
 
 
 def _run_demo(out, quick, settings, progress, executor, echo) -> DemoResult:
@@ -196,9 +191,9 @@ def _run_demo(out, quick, settings, progress, executor, echo) -> DemoResult:
     from .analysis import AnalysisError, detect_phases, summary
     from .checkpoints import CheckpointLoader
     from .data import default_token_sets
-    from .report import build_report
+    from .report.pages import build_report
     from .sweep import Store, run_sweep
-    from .train_tiny import train_tiny
+    from .train.tiny import train_tiny
 
     settings = settings or (QUICK if quick else DEFAULT)
     out = Path(out)
@@ -243,7 +238,7 @@ def _run_demo(out, quick, settings, progress, executor, echo) -> DemoResult:
     t0 = time.perf_counter()
     from geometry.surface import Surface
 
-    from .qplane import quantization_surface
+    from .quant.plane import quantization_surface
 
     surfaces = {}
     (out / "surfaces").mkdir(exist_ok=True)

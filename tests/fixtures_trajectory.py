@@ -31,7 +31,8 @@ def data_cache_dir() -> Path:
 
 def tiny_trajectory_dir(**overrides) -> Path:
     """Folder of a finished ``TrainConfig.tiny(**overrides)`` run, trained on first use (per process)."""
-    from probes.train_tiny import TrainConfig, train_tiny
+    from probes.train.config import TrainConfig
+    from probes.train.tiny import train_tiny
 
     key = repr(sorted(overrides.items()))
     if key not in _CACHE:

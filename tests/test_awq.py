@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from probes.families import FAMILIES, tiny_model
+from probes.models.families import FAMILIES, tiny_model
 from probes.quant import CalibrationError, QuantSpec, quantize, rtn_quantize
 from probes.quant.awq import awq_model
 
@@ -126,7 +126,7 @@ def test_awq_matches_direct_search():
     names = [f"model.layers.{l}.{n}" for l in range(2) for grp in LLAMA_GROUPS for n in grp]
     X = _inputs(model, calib, names)
     results = []
-    from probes.modules import select_linears
+    from probes.core.modules import select_linears
 
     target = __import__("copy").deepcopy(model)
     awq_model(target, list(calib), select_linears(target), QuantSpec.parse(f"awq:{BITS}:g{G}"), on_group=results.append)
@@ -173,7 +173,7 @@ def test_awq_output_error_le_rtn_on_calibration():
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_awq_le_rtn_every_family(family):
-    from probes.modules import select_linears
+    from probes.core.modules import select_linears
 
     model = tiny_model(family)
     calib = _calib(seed=9)

@@ -8,9 +8,9 @@ from torch import nn
 from geometry.dense import DenseOperator
 from geometry.operator import OperatorError
 from geometry.params import ParameterSelectionError, ParamSpace, select_parameters
-from probes.lm import LossError, evaluate, lm_loss
-from probes.modules import ModuleSelectionError, find_blocks, select_linears
-from probes.tokenset import TokenSet, TokenSetError
+from probes.core.lm import LossError, evaluate, lm_loss
+from probes.core.modules import ModuleSelectionError, find_blocks, select_linears
+from probes.core.tokenset import TokenSet, TokenSetError
 
 
 def _mlp():

@@ -23,7 +23,7 @@ from probes.data import (
     tokenizer_fingerprint,
     train_bpe_tokenizer,
 )
-from probes.tokenset import TokenSet
+from probes.core.tokenset import TokenSet
 
 TEXT = "\n\n".join(f"Paragraph {i}: the quick brown fox number {i * 7 % 13} jumps over the lazy dog. " * 3
                    for i in range(60))

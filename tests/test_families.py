@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from probes.families import FAMILIES, check_second_order, ensure_second_order, tiny_model
+from probes.models.families import FAMILIES, tiny_model
+from probes.models.second_order import check_second_order, ensure_second_order
 
 HAS_BNB = importlib.util.find_spec("bitsandbytes") is not None
 HAS_SURFACE = importlib.util.find_spec("geometry.surface") is not None
@@ -28,7 +29,7 @@ def _quiet_warnings():
 
 
 def _sets():
-    from probes.tokenset import TokenSet
+    from probes.core.tokenset import TokenSet
 
     g = torch.Generator().manual_seed(123)
     return {"eval": TokenSet(torch.randint(0, VOCAB, (2, 2, 16), generator=g), "eval"),
@@ -62,8 +63,8 @@ def _perturbed(model: nn.Module, seed: int, scale: float = 0.02) -> nn.Module:
 def test_family_end_to_end(family, tmp_path):
     from geometry.hessian import HessianOperator
     from geometry.trace import hutchpp_trace
-    from probes.lm import evaluate, lm_loss
-    from probes.modules import find_blocks, select_linears
+    from probes.core.lm import evaluate, lm_loss
+    from probes.core.modules import find_blocks, select_linears
     from probes.quant import quantization_error, quantize
 
     sets = _sets()
@@ -211,7 +212,7 @@ def _with_act(fn):
 
 
 def test_missing_forward_ad_rule_falls_back_to_reverse():
-    from probes.families import SecondOrderWarning
+    from probes.models.second_order import SecondOrderWarning
 
     model = _with_act(_NoJvpSiLU)
     batch = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
@@ -227,7 +228,7 @@ def test_missing_forward_ad_rule_falls_back_to_reverse():
 
 
 def test_silently_wrong_double_backward_is_caught():
-    from probes.families import SecondOrderError
+    from probes.models.second_order import SecondOrderError
 
     model = _with_act(_DetachedSiLU)
     batch = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
@@ -245,7 +246,7 @@ def test_curvature_safe_switches_attention_and_restores():
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from probes.families import SecondOrderWarning, curvature_safe
+    from probes.models.second_order import SecondOrderWarning, curvature_safe
 
     AttentionInterface.register("fused_test_kernel", sdpa_attention_forward)
     model = tiny_model("olmo2", attn="fused_test_kernel")
@@ -269,8 +270,8 @@ def test_curvature_safe_switches_attention_and_restores():
 def test_lm_hessian_checks_the_architecture_before_any_product():
     """Sweeps and `losslens sharpness` build their operator through lm_hessian: a silently wrong
     double backward is refused, a missing forward-AD rule falls back to the reverse backend."""
-    from probes.curvature import lm_hessian
-    from probes.families import SecondOrderError, SecondOrderWarning
+    from probes.models.curvature import lm_hessian
+    from probes.models.second_order import SecondOrderError, SecondOrderWarning
 
     batches = [torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))]
     with pytest.raises(SecondOrderError, match="_DetachedSiLU"):

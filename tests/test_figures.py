@@ -1,4 +1,4 @@
-"""probes.figures and probes.report: traces and markers from results, the HTML report, `losslens report`."""
+"""probes.report.figures and probes.report.pages: traces and markers from results, the HTML report, `losslens report`."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from probes.figures import (
+from probes.report.figures import (
     curvature_figure,
     loss_figure,
     quant_error_figure,
@@ -16,8 +16,8 @@ from probes.figures import (
     synthetic_results,
     trajectory_figures,
 )
-from probes.report import build_report, export_png, surface_page
-from probes.surface_figures import surface_figure
+from probes.report.pages import build_report, export_png, surface_page
+from probes.report.surface_figures import surface_figure
 
 PHASES = [{"name": "FP convergence", "step": 400, "lr": 1e-3}, {"name": "quantization divergence", "step": 500, "lr": 7e-4}]
 

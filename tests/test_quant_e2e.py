@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 
-from probes.lm import evaluate, lm_loss
+from probes.core.lm import evaluate, lm_loss
 from probes.quant import CalibrationError, QuantError, quantization_error
-from probes.tokenset import TokenSet
+from probes.core.tokenset import TokenSet
 
 V, HIDDEN = 128, 32
 
@@ -54,7 +54,7 @@ def trained(tmp_path_factory):
         loss.backward()
         opt.step()
     model.eval()
-    from probes.train_tiny import save_checkpoint
+    from probes.train.tiny import save_checkpoint
 
     folder = tmp_path_factory.mktemp("ckpt") / "step-000080"
     save_checkpoint(folder, model, None)  # config.json + model.safetensors, as the project writes them
@@ -142,7 +142,8 @@ def test_cli_default_token_sets(tmp_path):
     from typer.testing import CliRunner
 
     from probes.cli import app
-    from probes.train_tiny import TrainConfig, train_tiny
+    from probes.train.config import TrainConfig
+    from probes.train.tiny import train_tiny
 
     traj = train_tiny(TrainConfig.tiny(steps=4, checkpoints=1), tmp_path / "run", progress=False)
     ckpt = traj.checkpoints[-1].location

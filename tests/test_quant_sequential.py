@@ -16,8 +16,8 @@ from probes.quant import (
     rtn_quantize,
 )
 from probes.quant.sequential import capture_block_inputs, discover_groups, _run_block
-from probes.modules import find_blocks
-from probes.tokenset import TokenSet
+from probes.core.modules import find_blocks
+from probes.core.tokenset import TokenSet
 
 VOCAB, HIDDEN, CTX = 61, 32, 48
 

@@ -102,8 +102,8 @@ def _check_page(driver, path: Path, screenshot: Path, timeout: float = 45.0) -> 
 
 def test_report_renders_in_chromium(driver, tmp_path):
     from probes import analysis
-    from probes.figures import synthetic_results
-    from probes.report import build_report
+    from probes.report.figures import synthetic_results
+    from probes.report.pages import build_report
 
     df = synthetic_results(n_checkpoints=8, runs=("wsd", "cosine"))
     wsd = df[df["run"] == "wsd"]
@@ -123,7 +123,7 @@ def test_report_renders_in_chromium(driver, tmp_path):
 
 
 def test_surface_page_renders_in_chromium(driver, tmp_path):
-    from probes.report import surface_page
+    from probes.report.pages import surface_page
 
     out = surface_page(_tiny_surface(), tmp_path / "surface.html", title="tiny surface")
     assert _check_page(driver, out, ARTIFACTS / "surface.png") == 3

@@ -13,8 +13,8 @@ import torch
 from geometry.grid import GridSpec
 from geometry.planes import line, plane_through_points, random_plane
 from geometry.surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
-from probes.lm import evaluate, lm_loss
-from probes.surface_figures import profile_figure, surface_figure, surface_profile_figure
+from probes.core.lm import evaluate, lm_loss
+from probes.report.surface_figures import profile_figure, surface_figure, surface_profile_figure
 from tests.tiny_models import micro_gptneox, random_batches
 
 NB = 2  # batches per point
@@ -253,7 +253,7 @@ def test_surface_command_end_to_end(tmp_path):
     assert s.loss.shape == (3, 3) and set(s.points) == {"A", "B", "C"} and s.plane["kind"] == "points"
     # A's loss on the page equals a direct evaluation of the checkpoint
     from probes.checkpoints import load_model
-    from probes.tokenset import TokenSet
+    from probes.core.tokenset import TokenSet
 
     direct = evaluate(load_model(folder / "step-000200"), TokenSet.load(folder / "data" / "eval.safetensors")).loss
     assert s.points["A"][2] == pytest.approx(direct, rel=1e-6)

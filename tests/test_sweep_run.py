@@ -45,7 +45,7 @@ def test_local_sweep_values_resume_and_mixed(traj, cheap_plan, tmp_path):
     assert df.lr.notna().all() and list(df.drop_duplicates("checkpoint").step) == [100, 200, 300, 400]
     # the FP loss equals a direct evaluation; rel_loss_error is consistent with q_loss
     from probes.checkpoints import CheckpointLoader, Trajectory
-    from probes.lm import evaluate
+    from probes.core.lm import evaluate
 
     tr = Trajectory.from_folder(traj)
     sets = tiny_token_sets(traj)

@@ -12,10 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from probes import schedules as S
 from probes.checkpoints import Trajectory
-from probes.forks import ForkSchedule, compare_forks, find_forks, fork_trajectory, fork_wins, lr_function, wins_summary
-from probes.train_tiny import TrainError
+from probes.train import schedules as S
+from probes.train.config import TrainError
+from probes.train.fork_compare import compare_forks, find_forks, fork_wins, wins_summary
+from probes.train.forks import ForkSchedule, fork_trajectory, lr_function
 from tests.fixtures_trajectory import data_cache_dir, tiny_trajectory_dir
 
 PARENT = dict(steps=24, checkpoints=3, save_optimizer=True)  # checkpoints at steps 8, 16, 24 (with AdamW state)

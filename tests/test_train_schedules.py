@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from probes import schedules as S
-from probes.forks import ForkSchedule, lr_function
-from probes.train_tiny import TrainConfig, TrainError, lr_at
+from probes.train import schedules as S
+from probes.train.config import TrainConfig, TrainError, lr_at
+from probes.train.forks import ForkSchedule, lr_function
 
 
 def test_base_schedules_at_known_steps():

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-import probes.train_tiny as tt
+import probes.train.grid as tt
 from probes.checkpoints import Trajectory
-from probes.train_tiny import (TrainConfig, TrainError, format_value, parse_sweep, plan_sweep, sweep_run_name,
-                               train_sweep)
+from probes.train.config import TrainConfig, TrainError, format_value
+from probes.train.grid import parse_sweep, plan_sweep, sweep_run_name, train_sweep
 from tests.fixtures_trajectory import data_cache_dir
 
 

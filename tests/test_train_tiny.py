@@ -11,9 +11,10 @@ from safetensors.torch import load_file
 
 from probes.checkpoints import CheckpointLoader, Trajectory
 from probes.data import default_token_sets, load_tokenizer, tokenizer_fingerprint
-from probes.lm import evaluate
-from probes.tokenset import TokenSetError
-from probes.train_tiny import TrainConfig, TrainError, lr_at, train_tiny
+from probes.core.lm import evaluate
+from probes.core.tokenset import TokenSetError
+from probes.train.config import TrainConfig, TrainError, lr_at
+from probes.train.tiny import train_tiny
 from tests.fixtures_trajectory import data_cache_dir, tiny_trajectory  # noqa: F401
 
 

@@ -15,7 +15,7 @@ factory             architecture                                  parameters
 ==================  ============================================  ==========
 
 LM batches are ``[batch, seq]`` LongTensors from :func:`random_batches`; the LM loss is :func:`lm_loss`
-(:func:`probes.lm.lm_loss`, kept in float64 for float64 models). MLP batches are ``(x [b, 5], y [b])`` tuples from :func:`mlp_batches`
+(:func:`probes.core.lm.lm_loss`, kept in float64 for float64 models). MLP batches are ``(x [b, 5], y [b])`` tuples from :func:`mlp_batches`
 with :func:`mlp_loss` (mean cross-entropy). Models are returned in eval mode.
 """
 from __future__ import annotations
@@ -171,13 +171,13 @@ def random_batches(vocab: int = VOCAB, n_batches: int = 2, batch: int = 4, seq: 
 
 
 def lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    """:func:`probes.lm.lm_loss` (mean next-token cross-entropy, nats), kept in float64 for float64 models.
+    """:func:`probes.core.lm.lm_loss` (mean next-token cross-entropy, nats), kept in float64 for float64 models.
 
-    Delegates to ``probes.lm.lm_loss`` unless that returns a lower precision than the logits (it
+    Delegates to ``probes.core.lm.lm_loss`` unless that returns a lower precision than the logits (it
     upcasts with ``.float()``, which *down*casts float64 logits to float32 and limits Hessian checks
     to ~1e-7); then the same formula is evaluated in the logits' dtype.
     """
-    from probes.lm import _logits, lm_loss as probe_loss
+    from probes.core.lm import _logits, lm_loss as probe_loss
 
     dtype = next(model.parameters()).dtype
     if dtype != torch.float64:

@@ -4,7 +4,7 @@ For every spec: quantize a copy of the checkpoint, evaluate it on the evaluation
 FP loss, quantized loss, ΔQ L = L̂/L − 1 and ΔQ PPL = exp(L̂ − L) − 1 (SCIENCE.md §2) — one JSON
 object per line with ``--json``, a table otherwise. Data: the checkpoint's own tokenizer and
 :func:`probes.data.default_token_sets` (held-out embedded corpus; disjoint eval and calibration
-sets), or token sets saved with :meth:`probes.tokenset.TokenSet.save` (``--eval-set``,
+sets), or token sets saved with :meth:`probes.core.tokenset.TokenSet.save` (``--eval-set``,
 ``--calib-set``).
 """
 from __future__ import annotations
@@ -40,9 +40,9 @@ def register(app: typer.Typer) -> None:
         progress: bool = typer.Option(False, "--progress/--no-progress", help="progress bars on stderr"),
     ) -> None:
         """Quantization error (ΔQ L, ΔQ PPL) of CHECKPOINT under each --spec."""
-        from probes.lm import evaluate
+        from probes.core.lm import evaluate
+        from probes.core.tokenset import TokenSet, TokenSetError
         from probes.quant import QuantizeError, QuantSpec, quantization_error
-        from probes.tokenset import TokenSet, TokenSetError
 
         specs_text = spec or DEFAULT_SPECS
         try:

@@ -1,9 +1,9 @@
-"""`losslens surface` (the quantization plane of a checkpoint as an interactive page) and
-`losslens report` (a sweep's results store as a self-contained HTML report)."""
+"""`losslens surface`: the quantization plane of a checkpoint (or a random plane around it) as an
+interactive page."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -28,12 +28,13 @@ def _previous_of(checkpoint: Path):
     return None
 
 
-def quantization_surface(checkpoint: Path, previous: Path | None, spec: str, grid: int = 31, margin: float = 0.25,
-                         quick: bool = False, device: str | None = None, resume: Path | None = None,
-                         progress: bool = True, seed: int = 0, random_plane: bool = False,
-                         data: Path | None = None, calibration: Path | None = None):
-    """Build the plane A = checkpoint, B = previous, C = quantize(A, spec) (or Li et al.'s random
-    plane around A) and evaluate the eval token set on a ``grid``×``grid`` grid.
+def checkpoint_surface(checkpoint: Path, previous: Path | None, spec: str, grid: int = 31, margin: float = 0.25,
+                       quick: bool = False, device: str | None = None, resume: Path | None = None,
+                       progress: bool = True, seed: int = 0, random_plane: bool = False,
+                       data: Path | None = None, calibration: Path | None = None):
+    """The surface ``losslens surface`` draws, from paths: the quantization plane A = checkpoint,
+    B = previous, C = quantize(A, spec) (:func:`probes.quant.plane.quantization_surface`), or Li et
+    al.'s random plane around A, evaluated on the eval token set on a ``grid``×``grid`` grid.
 
     Returns ``(surface, info)`` where ``info`` describes the inputs. Cost: one quantization of A
     plus (grid² + 3) × n_eval_batches forwards. ``data``/``calibration``: TokenSet files to use
@@ -44,10 +45,11 @@ def quantization_surface(checkpoint: Path, previous: Path | None, spec: str, gri
     from geometry.grid import GridSpec
     from geometry.planes import random_plane as make_random_plane
     from geometry.surface import evaluate_surface
-    from probes.checkpoints import CheckpointLoader, CheckpointRef
+    from probes.checkpoints import ArchitectureMismatchError, CheckpointLoader, CheckpointRef
+    from probes.core.lm import lm_loss
+    from probes.core.tokenset import TokenSet
     from probes.data import default_token_sets
-    from probes.lm import lm_loss
-    from probes.tokenset import TokenSet
+    from probes.quant.plane import quantization_surface
 
     gs = GridSpec(resolution=grid, margin=margin)  # bad grids fail before any loading
     ref_a = CheckpointRef.from_path(checkpoint)
@@ -57,29 +59,28 @@ def quantization_surface(checkpoint: Path, previous: Path | None, spec: str, gri
         sets["calibration"] = TokenSet.load(calibration)
     info = {"A (checkpoint)": str(checkpoint), "eval set": f"{sets['eval'].name} {tuple(sets['eval'].tokens.shape)} "
                                                              f"hash {sets['eval'].content_hash[:12]}"}
+    resume_path = str(resume) if resume else None
     if random_plane:
         model = loader.load(ref_a)
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
         plane = make_random_plane(params, seed=seed, label="A")
         info["plane"] = f"random, filter-normalised (Li et al. 2018), seed {seed}"
+        with torch.no_grad():
+            surf = evaluate_surface(model, lm_loss, sets["eval"], plane, gs, progress=progress,
+                                    checkpoint_path=resume_path, merge_batches=True)
+        return surf, info
+    if previous is None:
+        prev_ref = _previous_of(checkpoint)
+        if prev_ref is None:
+            raise typer.BadParameter("no --previous given and no earlier checkpoint found beside CHECKPOINT")
     else:
-        if previous is None:
-            prev_ref = _previous_of(checkpoint)
-            if prev_ref is None:
-                raise typer.BadParameter("no --previous given and no earlier checkpoint found beside CHECKPOINT")
-        else:
-            prev_ref = CheckpointRef.from_path(previous)
-        from probes.checkpoints import ArchitectureMismatchError
-        from probes.qplane import quantization_plane
-
-        try:
-            plane, model = quantization_plane(loader, ref_a, prev_ref, spec, sets.get("calibration"))
-        except ArchitectureMismatchError as exc:
-            raise typer.BadParameter(f"--previous does not match CHECKPOINT: {exc}") from exc
-        info.update({"B (previous)": str(prev_ref.location or prev_ref.label), "C": f"A quantized with {spec}"})
-    with torch.no_grad():
-        surf = evaluate_surface(model, lm_loss, sets["eval"], plane, gs, progress=progress,
-                                checkpoint_path=str(resume) if resume else None, merge_batches=True)
+        prev_ref = CheckpointRef.from_path(previous)
+    try:
+        surf = quantization_surface(loader, ref_a, prev_ref, spec, sets, grid=gs, progress=progress,
+                                    resume=resume_path)
+    except ArchitectureMismatchError as exc:
+        raise typer.BadParameter(f"--previous does not match CHECKPOINT: {exc}") from exc
+    info.update({"B (previous)": str(prev_ref.location or prev_ref.label), "C": f"A quantized with {spec}"})
     return surf, info
 
 
@@ -91,7 +92,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
     errs: list[type[BaseException]] = [PlaneError, GridError, SurfaceError, FileNotFoundError]
     for mod, name in (("probes.checkpoints", "CheckpointError"), ("probes.quant", "QuantizeError"),
-                      ("probes.tokenset", "TokenSetError"), ("probes.lm", "LossError")):
+                      ("probes.core.tokenset", "TokenSetError"), ("probes.core.lm", "LossError")):
         try:
             errs.append(getattr(__import__(mod, fromlist=[name]), name))
         except (ImportError, AttributeError):
@@ -122,13 +123,13 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     ) -> None:
         """Draw the quantization plane through a checkpoint, its predecessor and its quantized self."""
-        from probes.report import export_png, surface_page
-        from probes.surface_figures import surface_figure
+        from probes.report.pages import export_png, surface_page
+        from probes.report.surface_figures import surface_figure
 
         try:
-            surf, info = quantization_surface(checkpoint, previous, spec, grid=grid, margin=margin, quick=quick,
-                                              device=device, resume=resume, progress=not quiet, seed=seed,
-                                              random_plane=random, data=data, calibration=calibration)
+            surf, info = checkpoint_surface(checkpoint, previous, spec, grid=grid, margin=margin, quick=quick,
+                                            device=device, resume=resume, progress=not quiet, seed=seed,
+                                            random_plane=random, data=data, calibration=calibration)
         except _user_errors() as exc:
             _echo_err(f"{type(exc).__name__}: {exc}")
             raise typer.Exit(2)
@@ -144,88 +145,3 @@ def register(app: typer.Typer) -> None:
             ok = export_png(surface_figure(surf, log=log, title=title), png, width=1300, height=560)
             typer.echo(f"PNG {'written to ' + str(png) if ok else 'skipped (kaleido/Chromium unavailable)'}")
         typer.echo(f"wrote {out}")
-
-    @app.command()
-    def report(
-        store: Path = typer.Argument(..., help="Results store of a sweep (SQLite, from `losslens sweep`)."),
-        out: Path = typer.Option(Path("report.html"), "--out", "-o", help="Self-contained HTML report to write."),
-        surfaces: Optional[List[Path]] = typer.Option(None, "--surface", help="Surface JSON(s) from `losslens surface --json` to include."),
-        title: Optional[str] = typer.Option(None, "--title", help="Report title."),
-        n_boot: int = typer.Option(2000, "--n-boot", help="Bootstrap resamples for the correlation intervals."),
-    ) -> None:
-        """Turn a sweep's results store into one self-contained HTML report (works offline)."""
-        from geometry.surface import Surface
-        from probes.report import ReportError, build_report
-
-        if not store.exists():
-            _echo_err(f"no results store at {store}")
-            raise typer.Exit(2)
-        df, plan, vers = load_store(store)
-        if df is None or len(df) == 0:
-            _echo_err(f"{store} holds no results yet; run `losslens sweep` first")
-            raise typer.Exit(2)
-        correlations, phases, notes = analyse(df, n_boot=n_boot)
-        surf = {}
-        for p in surfaces or []:
-            try:
-                surf[p.stem] = Surface.load(p)
-            except (OSError, ValueError, KeyError) as exc:
-                _echo_err(f"cannot read surface {p}: {exc}")
-                raise typer.Exit(2)
-        try:
-            path = build_report(df, out, correlations=correlations, phases=phases, surfaces=surf or None, plan=plan,
-                                versions=vers, title=title or f"losslens report: {store.name}",
-                                notes="; ".join(notes) if notes else None)
-        except ReportError as exc:
-            _echo_err(str(exc))
-            raise typer.Exit(2)
-        typer.echo(f"wrote {path} ({df['checkpoint'].nunique()} checkpoints, {len(df)} result rows)")
-
-
-def load_store(path: Path):
-    """(results DataFrame, plan or None, versions dict) of a sweep store (probes.sweep)."""
-    from probes.report import versions as current_versions
-
-    try:
-        from probes.sweep import Store
-    except ImportError:  # pragma: no cover - package __init__ not written yet
-        from probes.sweep.store import Store
-    with Store(path) as st:
-        df = st.results()
-        try:
-            plan = st.plan
-        except Exception:
-            plan = st.meta.get("plan_json")
-        stored = st.meta.get("versions") or {}
-    vers = {f"{k} (sweep)": v for k, v in (stored.items() if isinstance(stored, dict) else [])}
-    vers.update({f"{k} (report)": v for k, v in current_versions().items()})
-    return df, plan, vers
-
-
-def analyse(df, n_boot: int = 2000):
-    """Correlation table and per-run phases from probes.analysis (whatever can be computed).
-
-    Returns ``(correlations DataFrame | None, {run: Phases} | None, notes)``."""
-    notes: list[str] = []
-    try:
-        from probes import analysis
-    except ImportError:  # pragma: no cover
-        return None, None, ["probes.analysis unavailable: no correlations or phases"]
-    correlations = None
-    runs = list(dict.fromkeys(df["run"].fillna("run"))) if "run" in df else ["run"]
-    try:
-        base = df[df["run"].fillna("run") == runs[0]] if len(runs) > 1 else df
-        correlations = analysis.summary(base, n_boot=n_boot)
-        if len(runs) > 1:
-            notes.append(f"correlations computed on run {runs[0]!r}")
-    except Exception as exc:
-        notes.append(f"correlations unavailable: {exc}")
-    phases = {}
-    qspecs = [s for s in dict.fromkeys(df.loc[df["probe"] == "quant", "spec"]) if isinstance(s, str)]
-    for run in runs:
-        sub = df[df["run"].fillna("run") == run] if "run" in df else df
-        try:
-            phases[run if len(runs) > 1 else ""] = analysis.detect_phases(sub, gap=qspecs[0] if qspecs else "rtn:4")
-        except Exception as exc:
-            notes.append(f"phases of {run!r} unavailable: {exc}")
-    return correlations, (phases or None), notes

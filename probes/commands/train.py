@@ -62,7 +62,9 @@ def register(app: typer.Typer) -> None:
         With --sweep / --seeds: train every combination (finished runs are skipped on reruns) and
         index them in OUT/sweep.json. Add --save-optimizer to make the runs forkable
         (`losslens fork`)."""
-        from probes.train_tiny import TrainConfig, TrainError, parse_sweep, train_sweep, train_tiny
+        from probes.train.config import TrainConfig, TrainError
+        from probes.train.grid import parse_sweep, train_sweep
+        from probes.train.tiny import train_tiny
 
         overrides = dict(schedule=schedule, peak_lr=peak_lr, steps=steps, checkpoints=checkpoints, seed=seed,
                          weight_decay=weight_decay, warmup=warmup, decay=decay, min_lr_ratio=min_lr_ratio,
@@ -148,8 +150,8 @@ def register(app: typer.Typer) -> None:
         Each fork is its own trajectory (OUT/<schedule>-at<step>-n<steps>-s<seed>/) whose
         trajectory.json records its lineage; its first checkpoint is the parent checkpoint."""
         from probes.checkpoints import CheckpointError, Trajectory
-        from probes.forks import ForkSchedule, parent_checkpoint, fork_trajectory
-        from probes.train_tiny import TrainConfig, TrainError
+        from probes.train.config import TrainConfig, TrainError
+        from probes.train.forks import ForkSchedule, fork_trajectory, parent_checkpoint
 
         try:
             ptraj = Trajectory.from_folder(parent)
@@ -193,8 +195,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Quantization gap (ppl gap) at the forks' checkpoints and wins per seed pair."""
         from probes.checkpoints import CheckpointError
-        from probes.forks import compare_forks
-        from probes.train_tiny import TrainError
+        from probes.train.config import TrainError
+        from probes.train.fork_compare import compare_forks
 
         try:
             df = compare_forks(dirs, spec=spec, cool_only=not all_phases, quick=quick, pairing=pairing, by=by,

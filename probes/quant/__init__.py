@@ -12,10 +12,13 @@ One interface for every quantizer::
 Methods: ``rtn`` (asymmetric per-group INT-b), ``int8`` (per-channel absmax), ``gptq`` (native,
 reference-exact, sequential), optional ``gptqmodel``, ``bnb-int8``, ``bnb-nf4`` backends.
 Modules: :mod:`.spec` (QuantSpec), :mod:`.rtn` (RTN/INT8 + the INT-b grid), :mod:`.gptq` (per-layer
-GPTQ), :mod:`.sequential` (model-level GPTQ driver), :mod:`.backends`, :mod:`.api` (quantize),
-:mod:`.metrics` (quantization_error).
+GPTQ), :mod:`.sequential` (model-level GPTQ driver), :mod:`.awq` (AWQ), :mod:`.backends`,
+:mod:`.api` (quantize), :mod:`.results` (QuantizedModel, LayerReport), :mod:`.metrics`
+(quantization_error), :mod:`.plane` (the quantization plane A = Θ_K, B = Θ_{K−1}, C = Θ̂_K).
 """
-from .api import LayerReport, QuantizedModel, calibration_batches, quantize, rel_error
+from probes.core.numerics import rel_error
+
+from .api import calibration_batches, quantize
 from .errors import (
     BackendUnavailable,
     CalibrationError,
@@ -26,6 +29,7 @@ from .errors import (
 )
 from .gptq import GPTQResult, gptq_quantize
 from .metrics import QuantError, quantization_error
+from .results import LayerReport, QuantizedModel
 from .rtn import fit_grid, int8_quantize, quantize_grid, rtn_quantize
 from .spec import METHODS, QuantSpec
 

@@ -6,7 +6,7 @@ same class (HVPs, losses and surfaces work on it unchanged). By default every ``
 the decoder blocks is quantized (embeddings, LM head and norms stay full precision); ``modules``
 takes fnmatch globs on dotted module names instead.
 
-Calibration (GPTQ only): a :class:`probes.tokenset.TokenSet`, a LongTensor [n_batches, batch, seq]
+Calibration (GPTQ only): a :class:`probes.core.tokenset.TokenSet`, a LongTensor [n_batches, batch, seq]
 or [batch, seq], or a sequence of [batch, seq] LongTensors. Every token position is one row of the
 layer-input matrix, so a set of N sequences × S tokens gives n = N·S rows per layer (the GPTQ paper
 used 128 × 2048 C4 tokens). The set must hold at least as many token rows as the largest
@@ -18,87 +18,25 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import torch
 from torch import nn
 
-from probes.lm import LossError, check_batch
-from probes.modules import select_linears
+from probes.core.lm import LossError, check_batch
+from probes.core.modules import select_linears
+from probes.core.numerics import rel_error
+from probes.core.tokenset import TokenSet
 
 from .errors import CalibrationError, QuantizeError
 from .gptq import GPTQResult
+from .results import LayerReport, QuantizedModel
 from .rtn import int8_quantize, rtn_quantize
 from .spec import QuantSpec
 
 
-@dataclass(frozen=True)
-class LayerReport:
-    """What quantization did to one linear layer.
-
-    Attributes:
-        name: dotted module name.
-        rel_weight_error: ‖Ŵ − W‖_F / ‖W‖_F (0 when W = 0 and Ŵ = 0).
-        seconds: wall time spent on this layer (for GPTQ the per-layer algorithm, not the forwards).
-        damping: GPTQ λ actually used (None for calibration-free methods).
-        notes: anything unusual (dead input columns, Cholesky retries with more damping, fallbacks).
-    """
-
-    name: str
-    rel_weight_error: float
-    seconds: float
-    damping: float | None = None
-    notes: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "rel_weight_error": self.rel_weight_error, "seconds": self.seconds,
-                "damping": self.damping, "notes": list(self.notes)}
-
-
-@dataclass
-class QuantizedModel:
-    """A fake-quantized model with its spec and per-layer report.
-
-    Attributes:
-        model: the quantized ``nn.Module`` (a deep copy unless ``inplace=True`` was asked).
-        spec: the :class:`QuantSpec` used (``str(spec)`` is the canonical string to record).
-        report: one :class:`LayerReport` per quantized linear, in quantization order.
-        seconds: total wall time of :func:`quantize`.
-    """
-
-    model: nn.Module
-    spec: QuantSpec
-    report: list[LayerReport] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def layer_errors(self) -> dict[str, float]:
-        """Relative weight error per quantized layer name."""
-        return {r.name: r.rel_weight_error for r in self.report}
-
-    @property
-    def names(self) -> list[str]:
-        return [r.name for r in self.report]
-
-    def notes(self) -> list[str]:
-        """Every layer note, prefixed by the layer name."""
-        return [f"{r.name}: {n}" for r in self.report for n in r.notes]
-
-
-def rel_error(new: torch.Tensor, old: torch.Tensor) -> float:
-    """‖new − old‖_F / ‖old‖_F computed in float64 (0 if both are zero, inf if only old is)."""
-    num = float(torch.linalg.vector_norm((new.double() - old.double())))
-    den = float(torch.linalg.vector_norm(old.double()))
-    if den == 0:
-        return 0.0 if num == 0 else float("inf")
-    return num / den
-
-
 def calibration_batches(calibration, model: nn.Module | None = None) -> list[torch.Tensor]:
     """Normalise calibration data to a list of [batch, seq] LongTensors, checked against ``model``."""
-    from probes.tokenset import TokenSet
-
     if calibration is None:
         raise CalibrationError("no calibration data given")
     if isinstance(calibration, TokenSet):
@@ -154,7 +92,7 @@ def quantize(
     """Fake-quantize ``model``'s linear layers with ``spec`` and report per layer.
 
     Args:
-        model: any ``nn.Module`` with decoder blocks (see :func:`probes.modules.find_blocks`) or
+        model: any ``nn.Module`` with decoder blocks (see :func:`probes.core.modules.find_blocks`) or
             explicit ``modules`` globs. It is not modified unless ``inplace``.
         spec: a :class:`QuantSpec` or its string (``"rtn:4:g128"``, ``"int8"``, ``"gptq:3:g128:act"``...).
         calibration: calibration token batches (see the module docstring); needed by GPTQ, ignored

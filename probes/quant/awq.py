@@ -58,7 +58,10 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from probes.core.numerics import rel_error
+
 from .errors import QuantizeError
+from .results import LayerReport
 from .rtn import fit_grid, quantize_grid, rtn_quantize
 from .sequential import _call_model, _run_block, _Stop, capture_block_inputs, discover_groups, partition_by_block
 
@@ -269,8 +272,6 @@ def awq_model(model: nn.Module, batches: Sequence[torch.Tensor], linears: dict[s
     run on the calibration data are RTN-quantized with a note. Cost: see the module docstring.
     """
     from tqdm.auto import tqdm
-
-    from .api import LayerReport, rel_error
 
     opts = _options(spec)
     report: list = []

@@ -20,7 +20,10 @@ import time
 import torch
 from torch import nn
 
+from probes.core.numerics import rel_error
+
 from .errors import BackendUnavailable, QuantizeError
+from .results import LayerReport
 
 
 def available() -> dict[str, bool]:
@@ -35,8 +38,6 @@ def _need(pkg: str, spec) -> None:
 
 def quantize_with_backend(model: nn.Module, spec, linears: dict[str, nn.Linear], batches, progress: bool = False):
     """Quantize ``linears`` of ``model`` in place with a backend; returns the list of LayerReports."""
-    from .api import LayerReport, rel_error
-
     if spec.method in ("bnb-int8", "bnb-nf4"):
         _need("bitsandbytes", spec)
         import warnings
@@ -75,8 +76,6 @@ def _gptqmodel(model: nn.Module, spec, linears: dict[str, nn.Linear], batches): 
     import tempfile
 
     from gptqmodel import GPTQModel, QuantizeConfig
-
-    from .api import LayerReport, rel_error
 
     if not hasattr(model, "save_pretrained"):
         raise BackendUnavailable("the gptqmodel backend needs a Hugging Face model (save_pretrained)")

@@ -1,11 +1,11 @@
 """Exceptions of :mod:`probes.quant`. All derive from :class:`QuantizeError` (a ``ValueError``).
 
-A module glob that matches nothing raises :class:`probes.modules.ModuleSelectionError` (also a
+A module glob that matches nothing raises :class:`probes.core.modules.ModuleSelectionError` (also a
 ``ValueError``), re-exported here for convenience.
 """
 from __future__ import annotations
 
-from probes.modules import ModuleSelectionError  # noqa: F401  (re-export)
+from probes.core.modules import ModuleSelectionError  # noqa: F401  (re-export)
 
 
 class QuantizeError(ValueError):

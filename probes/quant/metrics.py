@@ -9,9 +9,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from probes.lm import LossResult, evaluate
+from probes.core.lm import LossResult, evaluate
+from probes.models.weights import weight_kurtosis
 
-from .api import quantize
+from .api import calibration_batches, quantize
 from .errors import CalibrationError
 from .spec import QuantSpec
 
@@ -29,7 +30,7 @@ class QuantError:
         fp_ppl, q_ppl: exp of the losses.
         layer_errors: ‖Ŵ − W‖/‖W‖ per quantized layer.
         kurtosis: pooled excess kurtosis of the quantized weight matrices
-            (:func:`probes.weights.weight_kurtosis` on the quantized model, same layers).
+            (:func:`probes.models.weights.weight_kurtosis` on the quantized model, same layers).
         seconds: wall time of quantization plus the quantized (and, if computed here, FP) evaluation.
         n_tokens: evaluation targets; quant_seconds: time spent quantizing; notes: per-layer notes.
     """
@@ -93,14 +94,10 @@ def quantization_error(
     Cost: one evaluation of the quantized model (+1 of the FP model without ``fp_loss``) plus the
     quantization itself (see :func:`probes.quant.quantize`). Peak memory: two models.
     """
-    from probes.weights import weight_kurtosis
-
     t0 = time.perf_counter()
     spec = QuantSpec.parse(spec)
     eval_batches = list(eval_set)
     if calibration is not None and spec.needs_calibration:
-        from .api import calibration_batches
-
         check_disjoint(eval_batches, calibration_batches(calibration))
     if fp_loss is None:
         fp = evaluate(model, eval_batches).loss

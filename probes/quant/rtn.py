@@ -50,11 +50,6 @@ def quantize_grid(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits
     return scale * (q - zero)
 
 
-def _groups(cols: int, group_size: int) -> list[tuple[int, int]]:
-    g = cols if group_size == -1 else group_size
-    return [(i, min(i + g, cols)) for i in range(0, cols, g)]
-
-
 @torch.no_grad()
 def rtn_quantize(W: torch.Tensor, bits: int, group_size: int = 128, sym: bool = False) -> torch.Tensor:
     """Round-to-nearest INT-b of ``W`` [out, in] per (row, group of ``group_size`` input columns).

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from probes.modules import ModuleSelectionError, find_blocks
+from probes.core.modules import ModuleSelectionError, find_blocks
 
 from .errors import CalibrationError
 from .gptq import GPTQResult, gptq_quantize

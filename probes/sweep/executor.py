@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from probes.core.threads import torch_threads
+
 from .plan import Plan, PlanError, Task, load_plan
 from .runner import get_loader, probe_checkpoint
 from .store import ProbeRow, Store
@@ -114,7 +116,7 @@ def with_plan_checkpoints(traj, plan: Plan):
 
 def build_data(plan: Plan, trajectory) -> dict:
     """The eval / calibration / curvature token sets of the plan (files, or built from the source)."""
-    from probes.tokenset import TokenSet
+    from probes.core.tokenset import TokenSet
 
     files = dict(plan.data.files)
     out = {name: TokenSet.load(path) for name, path in files.items()}
@@ -190,29 +192,9 @@ class SweepProgress:
 
 
 # --------------------------------------------------------------------------- executors
-class _threads:
-    """Context: ``torch.set_num_threads(n)`` inside, the previous count restored after (None: no-op)."""
-
-    def __init__(self, n: int | None):
-        self.n, self.old = n, None
-
-    def __enter__(self):
-        if self.n:
-            import torch
-
-            self.old = torch.get_num_threads()
-            torch.set_num_threads(int(self.n))
-
-    def __exit__(self, *exc):
-        if self.old is not None:
-            import torch
-
-            torch.set_num_threads(self.old)
-
-
 def _execute_local(work, plan, token_sets, traj, write, progress: SweepProgress, device, dtype, num_threads=None):
     loader = get_loader(traj, device=device, dtype=dtype)
-    with _threads(num_threads):
+    with torch_threads(num_threads):
         for ref, tasks in work:
             for row in probe_checkpoint(ref, tasks, plan, token_sets, loader, on_start=progress.start_probe):
                 write(row)
@@ -232,7 +214,7 @@ def _remote_checkpoint(payload, ref, tasks):
     """Body of a Ray task: every pending task of one checkpoint, rows returned as a list."""
     plan, token_sets, traj, device, dtype, num_threads = payload
     loader = get_loader(traj, device=_auto_device(device), dtype=dtype)
-    with _threads(num_threads):
+    with torch_threads(num_threads):
         return list(probe_checkpoint(ref, tasks, plan, token_sets, loader))
 
 

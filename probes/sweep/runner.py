@@ -10,7 +10,7 @@ Per checkpoint, shared between probes:
 
 * the FP loss on the eval set is computed once (by the ``loss`` probe or the first ``quant``
   probe) and reused as ``fp_loss`` for every quantizer spec;
-* one :class:`geometry.hessian.HessianOperator` of :func:`probes.lm.lm_loss` on the curvature set,
+* one :class:`geometry.hessian.HessianOperator` of :func:`probes.core.lm.lm_loss` on the curvature set,
   w.r.t. ``plan.curvature_params``, serves trace, eigen and block_trace.
 
 Metrics per probe (SCIENCE.md §2, §4, §6):
@@ -65,9 +65,9 @@ class CheckpointState:
         return ts
 
     def fp_loss(self):
-        """:class:`probes.lm.LossResult` of the FP model on the eval set (computed once)."""
+        """:class:`probes.core.lm.LossResult` of the FP model on the eval set (computed once)."""
         if self._fp is None:
-            from probes.lm import evaluate
+            from probes.core.lm import evaluate
 
             self._fp = evaluate(self.model, self.data("eval"))
         return self._fp
@@ -75,7 +75,7 @@ class CheckpointState:
     def hessian(self):
         """The shared :class:`HessianOperator` on the curvature set (built once)."""
         if self._op is None:
-            from probes.curvature import lm_hessian
+            from probes.models.curvature import lm_hessian
 
             self._op = lm_hessian(self.model, self.data("curvature"), params=self.plan.curvature_params)
         return self._op
@@ -102,8 +102,8 @@ def _quant(st: CheckpointState, task: Task) -> ProbeRow:
 
 def _directional(st: CheckpointState, task: Task) -> ProbeRow:
     from geometry.directional import directional_curvature
-    from probes.curvature import lm_hessian
-    from probes.lm import evaluate
+    from probes.core.lm import evaluate
+    from probes.models.curvature import lm_hessian
     from probes.quant import quantize
 
     model = st.model
@@ -158,7 +158,7 @@ def _eigen(st: CheckpointState, task: Task) -> ProbeRow:
 def _block_groups(model: torch.nn.Module, groups):
     if groups != "block":
         return groups if isinstance(groups, str) else {k: list(v) for k, v in (groups.items() if isinstance(groups, Mapping) else groups)}
-    from probes.modules import find_blocks
+    from probes.core.modules import find_blocks
 
     prefix, blocks = find_blocks(model)
     return {f"block{i}": f"{_escape_glob(prefix)}.{i}.*" for i in range(len(blocks))}
@@ -179,7 +179,7 @@ def _block_trace(st: CheckpointState, task: Task) -> ProbeRow:
 
 
 def _kurtosis(st: CheckpointState, task: Task) -> ProbeRow:
-    from probes.weights import weight_kurtosis
+    from probes.models.weights import weight_kurtosis
 
     k = weight_kurtosis(st.model, st.plan.quant_modules)
     return ProbeRow(st_label(st), "kurtosis", "", metrics=[metric("pooled", k.pooled)],

@@ -1,6 +1,6 @@
 """Sharpness of one checkpoint (``losslens sharpness``): Hessian trace with its interval and λ_max.
 
-Curvature of :func:`probes.lm.lm_loss` on the curvature token set (SCIENCE.md §4): the default
+Curvature of :func:`probes.core.lm.lm_loss` on the curvature token set (SCIENCE.md §4): the default
 set of :func:`probes.data.default_token_sets` (held-out embedded corpus, the checkpoint's
 tokenizer) or a saved :class:`TokenSet` file. Cost: ``num_matvecs`` HVPs for the trace plus the
 eigen solver's HVPs (≤ ``max_iter`` per eigenvalue).
@@ -48,7 +48,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
         raise SharpnessError(str(exc)) from exc
     t0 = time.perf_counter()
     if data is not None:
-        from probes.tokenset import TokenSet
+        from probes.core.tokenset import TokenSet
 
         curv = TokenSet.load(data)
     else:
@@ -66,12 +66,11 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     model.eval()
     from geometry.eigen import top_eigenvalues
     from geometry.trace import hutchinson_trace, hutchpp_trace
-    from probes.curvature import lm_hessian
-
-    from .executor import _threads
+    from probes.core.threads import torch_threads
+    from probes.models.curvature import lm_hessian
 
     op = lm_hessian(model, curv, params=list(params) if params else None)
-    with _threads(num_threads):
+    with torch_threads(num_threads):
         est = (hutchpp_trace if method == "hutch++" else hutchinson_trace)(op, num_matvecs=num_matvecs, seed=seed)
         ev = top_eigenvalues(op, k=k, method=eigen_method, tol=tol, max_iter=max_iter, seed=seed)
     return {

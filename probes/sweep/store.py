@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from geometry.jsonable import jsonable
+
 from .plan import PROBES, Plan, Task
 
 RESULT_COLUMNS = ["run", "checkpoint", "step", "tokens", "lr", "derived", "probe", "spec", "metric", "value",
@@ -126,14 +128,6 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _jsonable(x):
-    if is_dataclass(x) and not isinstance(x, type):
-        return asdict(x)
-    if isinstance(x, (set, frozenset, tuple)):
-        return list(x)
-    return str(x)
-
-
 class Store:
     """A sweep's SQLite results file. Usable as a context manager; :meth:`close` when done.
 
@@ -193,7 +187,7 @@ class Store:
     def _set_meta(self, items: Mapping[str, Any]) -> None:
         with self.conn:
             self.conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                                  [(k, json.dumps(v, default=_jsonable)) for k, v in items.items()])
+                                  [(k, json.dumps(v, default=jsonable)) for k, v in items.items()])
 
     @property
     def plan(self) -> Plan | None:
@@ -249,7 +243,7 @@ class Store:
             d = ref.to_dict() if hasattr(ref, "to_dict") else asdict(ref) if is_dataclass(ref) else dict(vars(ref))
             rows.append((run, label, pos, _int(getattr(ref, "step", None)), _int(getattr(ref, "tokens", None)),
                          _f(getattr(ref, "lr", None)), int(getattr(ref, "kind", None) == "derived"),
-                         getattr(ref, "kind", None), _str(getattr(ref, "location", None)), json.dumps(d, default=_jsonable)))
+                         getattr(ref, "kind", None), _str(getattr(ref, "location", None)), json.dumps(d, default=jsonable)))
         with self.conn:
             self.conn.executemany(
                 "INSERT INTO checkpoints(run, label, position, step, tokens, lr, derived, kind, location, ref_json) "
@@ -272,7 +266,7 @@ class Store:
         if row.status not in ("ok", "failed"):
             raise StoreError(f"row status must be 'ok' or 'failed', got {row.status!r}")
         meta = self.meta if (data_hash is None or plan_hash is None or run is None) else {}
-        vals = (row.checkpoint, row.probe, row.spec, row.status, json.dumps(row.metrics), json.dumps(row.extra, default=_jsonable),
+        vals = (row.checkpoint, row.probe, row.spec, row.status, json.dumps(row.metrics), json.dumps(row.extra, default=jsonable),
                 int(row.n_hvp or 0), _f(row.seconds), row.error, row.seed, data_hash or meta.get("data_hash"),
                 plan_hash or meta.get("plan_hash"), row.config_hash, run or meta.get("run") or "", json.dumps(versions()), _now())
         with self.conn:

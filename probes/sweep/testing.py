@@ -5,7 +5,7 @@ weights drift from a random init like a short training run would (each step adds
 perturbation and slowly grows the weight norm), a ``trajectory.json`` with step / tokens / LR
 (warmup-stable-decay), and random-token :class:`TokenSet` files for eval / calibration / curvature.
 :func:`tiny_plan_toml` writes a plan file pointing at those token sets, so ``losslens sweep``
-needs no tokenizer. Real studies use :mod:`probes.train_tiny` instead.
+needs no tokenizer. Real studies use :mod:`probes.train.tiny` instead.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def tiny_trajectory(folder: str | Path, n: int = 4, seed: int = 0, step_every: i
     into ``folder``; return the folder. Deterministic for (n, seed, step_every, hidden, layers)."""
     from transformers import LlamaForCausalLM
 
-    from probes.tokenset import TokenSet
+    from probes.core.tokenset import TokenSet
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -69,7 +69,7 @@ def tiny_trajectory(folder: str | Path, n: int = 4, seed: int = 0, step_every: i
 
 def tiny_token_sets(folder: str | Path) -> dict:
     """The token sets written by :func:`tiny_trajectory`."""
-    from probes.tokenset import TokenSet
+    from probes.core.tokenset import TokenSet
 
     return {n: TokenSet.load(Path(folder) / "data" / f"{n}.safetensors") for n in ("eval", "calibration", "curvature")}
 

@@ -14,6 +14,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from probes.core.modules import select_linears
+
 __all__ = ["excess_kurtosis", "weight_kurtosis", "KurtosisResult", "WeightStatsError"]
 
 
@@ -71,13 +73,11 @@ class KurtosisResult:
 def weight_kurtosis(model: nn.Module, modules: "str | Sequence[str] | dict | None" = None) -> KurtosisResult:
     """Excess kurtosis of the weight matrices of ``model``'s quantized linears.
 
-    ``modules``: None -> :func:`probes.modules.select_linears` default (every ``nn.Linear`` in the
+    ``modules``: None -> :func:`probes.core.modules.select_linears` default (every ``nn.Linear`` in the
     decoder blocks); globs -> ``select_linears(model, globs)``; or a ``{name: nn.Linear}`` dict.
     Biases are excluded. Pooled = kurtosis of the concatenation of all selected weights, computed
     in two passes over the matrices (no concatenated copy). Cost: O(number of weights).
     """
-    from .modules import select_linears
-
     chosen = modules if isinstance(modules, dict) else select_linears(model, modules)
     if not chosen:
         raise WeightStatsError("no weight matrices selected")

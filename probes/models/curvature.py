@@ -1,13 +1,13 @@
 """The curvature operator of a language model's loss, with its second-order capability checked.
 
 :func:`lm_hessian` is what every LM-level curvature probe uses (sweeps, ``losslens sharpness``):
-a :class:`geometry.HessianOperator` of :func:`probes.lm.lm_loss`, built only after
-:func:`probes.families.ensure_second_order` has checked — once per architecture, on a 2×16-token
-slice — that the chosen backend's products agree with a finite difference of gradients. An
-architecture whose ops lack a forward-AD rule falls back to the reverse backend with a
-:class:`~probes.families.SecondOrderWarning` naming the op; one whose products cannot be trusted
-raises :class:`~probes.families.SecondOrderError` (recorded as a failed row by sweeps) — never a
-silently wrong number.
+a :class:`geometry.HessianOperator` of :func:`probes.core.lm.lm_loss`, built only after
+:func:`probes.models.second_order.ensure_second_order` has checked — once per architecture, on a
+2×16-token slice — that the chosen backend's products agree with a finite difference of
+gradients. An architecture whose ops lack a forward-AD rule falls back to the reverse backend with
+a :class:`~probes.models.second_order.SecondOrderWarning` naming the op; one whose products cannot
+be trusted raises :class:`~probes.models.second_order.SecondOrderError` (recorded as a failed row
+by sweeps) — never a silently wrong number.
 """
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from geometry.hessian import HessianOperator
+from probes.core.lm import lm_loss
 
-from .lm import lm_loss
+from .second_order import ensure_second_order
 
 
 def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, backend: str = "reverse",
@@ -31,8 +32,6 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     """
     batches = list(batches)
     if check and batches:
-        from .families import ensure_second_order
-
         probe = batches[0][:2, :16]
         backend = ensure_second_order(model, probe, backend=backend, params=params)
     return HessianOperator(model, lm_loss, batches, params=params, backend=backend, **kwargs)

@@ -2,7 +2,7 @@
 
 A nanoGPT-style loop -- read it top to bottom:
 
-1. **Data** (:func:`prepare_data`). The embedded corpus (:mod:`probes.data`) is split by document
+1. **Data** (:func:`prepare_data`). The embedded corpus (:mod:`probes.data.corpus`) is split by document
    hash into *train* (~90%) and *held-out* (~10%) parts. A byte-level BPE with ``vocab_size``
    entries is trained on the train part only; both parts are tokenized into streams. The tokenizer
    and streams are cached in ``OUT/data/`` (keyed by the corpus hash, vocab size and tokenizers
@@ -21,17 +21,13 @@ A nanoGPT-style loop -- read it top to bottom:
    (plus ``training_state.pt`` with the AdamW state when ``save_optimizer``), and
    ``OUT/trajectory.json`` is rewritten with, per checkpoint: step, tokens seen
    (``step * batch_size * seq_len``), the LR of the last update, the mean training loss since the
-   previous checkpoint, and the validation loss (:func:`probes.lm.evaluate` on the validation set).
+   previous checkpoint, and the validation loss (:func:`probes.core.lm.evaluate` on the validation set).
 
-Schedules (``wsd`` / ``cosine`` / ``constant`` / ``linear``) are the pure functions of
-:mod:`probes.schedules`; :func:`lr_at` picks one from the config.
-
-Sweeps: :func:`train_sweep` (``losslens train-tiny --sweep lr=1e-3,3e-3 --sweep wd=0.1,0.5
---seeds 0,1``) trains the cartesian product of config values, one folder per run named like
-``wsd-lr3e-3-wd0.5-s0``, indexed in ``OUT/sweep.json``; reruns skip finished runs.
-
-Schedule forks (continue a checkpoint under cosine / SGDR / oscillating schedules, compare the
-forks' quantization gaps) live in :mod:`probes.forks` and reuse :func:`run_loop`.
+The config and schedules (``wsd`` / ``cosine`` / ``constant`` / ``linear``) are in
+:mod:`probes.train.config` (:class:`~probes.train.config.TrainConfig`, :func:`~probes.train.config.lr_at`).
+Grids of runs (``losslens train-tiny --sweep lr=1e-3,3e-3 --seeds 0,1``) are in
+:mod:`probes.train.grid`; schedule forks (continue a checkpoint under cosine / SGDR / oscillating
+schedules) in :mod:`probes.train.forks`, which reuses :func:`run_loop`.
 
 Resuming: ``train_tiny(cfg, out, resume_from=ckpt_dir)`` loads a checkpoint's weights
 (and AdamW state when it has ``training_state.pt``; otherwise the moments restart from zero --
@@ -43,6 +39,7 @@ about 1–1.5 min (9 s per 100 steps); the former 1.06M preset (hidden 128, 4 la
 32x128) a few minutes; ``TrainConfig.tiny()`` a few seconds.
 """
 from __future__ import annotations
+from __future__ import annotations
 
 import hashlib
 import json
@@ -51,135 +48,22 @@ import os
 import platform
 import shutil
 import time
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import schedules
-from .checkpoints import CheckpointRef, Trajectory
-from .lm import evaluate, lm_loss
-from .tokenset import TokenSet
+from probes.checkpoints import CheckpointLoader, CheckpointRef, Trajectory
+from probes.core.lm import evaluate, lm_loss
+from probes.core.threads import torch_threads
+from probes.core.tokenset import TokenSet
+from probes.data import (HELDOUT_MODULUS, TextSource, embedded_documents, token_sets_from_stream, token_stream,
+                         tokenizer_fingerprint, tokenizer_name, train_bpe_tokenizer)
 
-__all__ = ["TrainConfig", "TrainError", "lr_at", "train_tiny", "prepare_data", "build_model", "build_optimizer",
-           "get_batch", "save_checkpoint", "run_loop", "SCHEDULES", "train_sweep", "plan_sweep", "parse_sweep",
-           "sweep_run_name", "format_value", "SWEEP_ALIASES"]
+from .config import FORMAT, TrainConfig, TrainError, lr_at
 
-SCHEDULES = ("wsd", "cosine", "constant", "linear")
-FORMAT = "losslens-trajectory/1"
-
-
-class TrainError(ValueError):
-    """Bad training config, or an output folder that holds a different run."""
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything that determines a tiny training run (same config -> same weights).
-
-    Schedule: ``warmup`` and ``decay`` are fractions of ``steps``; the LR rises linearly to
-    ``peak_lr`` over the warmup, then ``wsd`` holds it and decays linearly to
-    ``min_lr_ratio * peak_lr`` over the last ``decay`` fraction; ``cosine`` / ``linear`` decay from
-    the end of warmup to the end; ``constant`` holds it. See :func:`lr_at`.
-
-    The defaults (0.17M-parameter GPT-NeoX, 800 steps of 32×64 tokens, weight decay 1.0) are the
-    embedded trajectory of ``losslens demo``: chosen so that the weight norm reaches equilibrium
-    within the budget (1/(lr·wd) ≤ 330 steps) and the quantization effect of the LR decay is
-    measurable above checkpoint noise (SCIENCE.md §8; measured effect sizes with 3-seed intervals
-    in benchmarks/README.md). About 1–1.5 min per run on 2 CPU cores with 1 thread.
-    """
-
-    schedule: str = "wsd"
-    peak_lr: float = 3e-3
-    steps: int = 800
-    checkpoints: int = 8
-    seed: int = 0
-    warmup: float = 0.05
-    decay: float = 0.2
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 1.0
-    batch_size: int = 32
-    seq_len: int = 64
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int | None = None  # default 4 * hidden_size
-    vocab_size: int = 512
-    grad_clip: float = 1.0
-    val_batches: int = 8
-    beta1: float = 0.9
-    beta2: float = 0.95
-    data_seed: int | None = None  # default: seed
-    docstrings: bool = True  # corpus: pydoc topics + stdlib docstrings (False: topics only)
-    save_optimizer: bool = False
-    name: str | None = None
-
-    @classmethod
-    def tiny(cls, **overrides: Any) -> "TrainConfig":
-        """The ``--tiny`` preset for tests and smoke runs: ~60k parameters, 60 steps of 8x32, 3
-        checkpoints; a few seconds on 2 cores (plus ~5 s of one-off data preparation)."""
-        base = dict(steps=60, checkpoints=3, batch_size=8, seq_len=32, hidden_size=32, num_layers=2, num_heads=2,
-                    vocab_size=512, val_batches=2, warmup=0.1, weight_decay=0.1)
-        base.update(overrides)
-        return cls(**base)
-
-    def __post_init__(self):
-        if self.schedule not in SCHEDULES:
-            raise TrainError(f"unknown schedule {self.schedule!r}; choose one of {SCHEDULES}")
-        if self.steps < 1 or self.checkpoints < 1 or self.checkpoints > self.steps:
-            raise TrainError(f"need steps >= 1 and 1 <= checkpoints <= steps (got steps={self.steps}, "
-                             f"checkpoints={self.checkpoints})")
-        for name in ("warmup", "decay", "min_lr_ratio"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise TrainError(f"{name} must be a fraction in [0, 1], got {getattr(self, name)}")
-        if self.schedule == "wsd" and self.warmup + self.decay > 1.0:
-            raise TrainError(f"wsd: warmup + decay fractions exceed 1 ({self.warmup} + {self.decay})")
-        if self.peak_lr <= 0 or self.weight_decay < 0 or self.grad_clip < 0:
-            raise TrainError("peak_lr must be > 0, weight_decay and grad_clip >= 0")
-        if self.hidden_size % self.num_heads:
-            raise TrainError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        if self.seq_len < 2 or self.batch_size < 1 or self.val_batches < 1:
-            raise TrainError("need seq_len >= 2, batch_size >= 1 and val_batches >= 1")
-
-    @property
-    def run_name(self) -> str:
-        """``name``, or ``tiny-{schedule}-lr{peak_lr}-wd{weight_decay}-s{seed}`` (e.g. ``tiny-wsd-lr3e-3-wd0.1-s0``)."""
-        return self.name or (f"tiny-{self.schedule}-lr{format_value(self.peak_lr)}-wd{format_value(self.weight_decay)}"
-                             f"-s{self.seed}")
-
-    @property
-    def checkpoint_steps(self) -> list[int]:
-        """Steps at which checkpoints are written: ``round(steps * i / checkpoints)``, i = 1..checkpoints."""
-        return sorted({max(1, round(self.steps * i / self.checkpoints)) for i in range(1, self.checkpoints + 1)})
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.seq_len
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-
-def lr_at(step: int, config: TrainConfig) -> float:
-    """Learning rate of the optimizer update that produces step ``step`` (1-based: update 1 turns
-    the initial weights into step 1). Pure function of (step, config); see :class:`TrainConfig`
-    and the schedule functions in :mod:`probes.schedules`."""
-    peak, low, total = config.peak_lr, config.peak_lr * config.min_lr_ratio, config.steps
-    warm = round(config.warmup * total)
-    if config.schedule == "constant":
-        return schedules.constant_lr(step, peak, warm)
-    if config.schedule == "wsd":
-        return schedules.wsd_lr(step, total, peak, low, warm, round(config.decay * total))
-    if config.schedule == "cosine":
-        return schedules.cosine_lr(step, total, peak, low, warm)
-    return schedules.linear_lr(step, total, peak, low, warm)
+__all__ = ["train_tiny", "prepare_data", "build_model", "build_optimizer", "get_batch", "save_checkpoint", "run_loop"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,9 +86,6 @@ def prepare_data(config: TrainConfig, out_dir: str | Path, data_dir: str | Path 
     import tokenizers
     from safetensors.torch import load_file, save_file
     from transformers import AutoTokenizer
-
-    from .data import (HELDOUT_MODULUS, TextSource, embedded_documents, token_sets_from_stream, token_stream,
-                       tokenizer_fingerprint, tokenizer_name, train_bpe_tokenizer)
 
     out = Path(out_dir)
     cache = Path(data_dir) if data_dir is not None else out / "data"
@@ -230,7 +111,7 @@ def prepare_data(config: TrainConfig, out_dir: str | Path, data_dir: str | Path 
         save_file({"train": train.contiguous(), "heldout": heldout.contiguous()}, str(cache / "streams.safetensors"))
         info = {"key": key, "train_corpus_sha256": h.hexdigest(), "train_tokens": len(train),
                 "heldout_tokens": len(heldout)}
-        _write_json(info_path, info)
+        write_json(info_path, info)
     if len(train) < config.seq_len + 1:
         raise TrainError(f"the training stream has {len(train)} tokens, fewer than one sequence of {config.seq_len}")
     shapes = {"validation": (config.val_batches, config.batch_size, config.seq_len)}
@@ -297,7 +178,8 @@ def save_checkpoint(folder: Path, model: nn.Module, tokenizer: Any, optimizer: t
         torch.save({"optimizer": optimizer.state_dict(), "step": step}, folder / "training_state.pt")
 
 
-def _write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` to ``path`` as indented JSON, atomically (a temporary file, then a rename)."""
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
@@ -326,15 +208,10 @@ def train_tiny(config: TrainConfig, out_dir: str | Path, progress: bool = True, 
     Cost: ``steps`` forward+backward passes of [batch_size, seq_len] plus ``checkpoints`` x
     ``val_batches`` forward passes.
     """
-    old_threads = torch.get_num_threads()
     if num_threads is None:
         num_threads = 1 if config.hidden_size <= 64 else 0
-    if num_threads:
-        torch.set_num_threads(num_threads)
-    try:
+    with torch_threads(num_threads):
         return _train(config, Path(out_dir), progress, resume_from, overwrite, data_dir)
-    finally:
-        torch.set_num_threads(old_threads)
 
 
 def _train(config: TrainConfig, out: Path, progress: bool, resume_from, overwrite: bool, data_dir) -> Trajectory:
@@ -384,7 +261,7 @@ def _train(config: TrainConfig, out: Path, progress: bool, resume_from, overwrit
 def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, train: torch.Tensor, val: TokenSet, tok: Any,
              out: Path, record: dict, config: TrainConfig, start: int, checkpoint_steps: list[int], lr_fn,
              progress: bool = False, t_start: float | None = None, checkpoint_extra=None) -> None:
-    """The training loop shared by :func:`train_tiny` and forks (:mod:`probes.forks`).
+    """The training loop shared by :func:`train_tiny` and forks (:mod:`probes.train.forks`).
 
     Runs updates ``start + 1 .. config.steps``; update ``step`` uses LR ``lr_fn(step)`` on batch
     :func:`get_batch` ``(train, step, config)``. At each step of ``checkpoint_steps`` (those
@@ -432,15 +309,13 @@ def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, train: torch.Te
             record["seconds"] = round(time.perf_counter() - t_start, 3)
             record["steps_per_second"] = round((step - start) / (time.perf_counter() - t_loop), 3)
             record["complete"] = step == config.steps
-            _write_json(tj_path, record)
+            write_json(tj_path, record)
     bar.close()
 
 
 def _resume(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig,
             out: Path) -> tuple[int, list, list]:
     """Load weights (+ AdamW state if saved) from ``ckpt``; return (start step, kept records, notes)."""
-    from .checkpoints import CheckpointLoader
-
     ref = CheckpointRef.from_path(ckpt)
     if ref.step is None:
         raise TrainError(f"cannot tell the step of {ckpt}; name it step-<N>")
@@ -457,180 +332,3 @@ def _resume(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer, conf
     if ckpt.parent.resolve() == out.resolve() and tj.is_file():
         records = [r for r in json.loads(tj.read_text()).get("checkpoints", []) if r["step"] <= ref.step]
     return ref.step, records, notes
-
-
-# --------------------------------------------------------------------------------------------
-# sweeps: the cartesian product of config values, one run folder each
-# --------------------------------------------------------------------------------------------
-
-SWEEP_FORMAT = "losslens-sweep/1"
-#: short names accepted in sweep grids (``--sweep lr=...``) for TrainConfig fields
-SWEEP_ALIASES = {"lr": "peak_lr", "wd": "weight_decay", "hidden": "hidden_size", "layers": "num_layers",
-                 "heads": "num_heads", "vocab": "vocab_size", "batch": "batch_size", "seq": "seq_len"}
-#: how each field appears in run names (``wsd-lr3e-3-wd0.5-s0``); other fields use their own name
-_NAME_KEYS = {"peak_lr": "lr", "weight_decay": "wd", "hidden_size": "h", "num_layers": "layers", "num_heads": "heads",
-              "vocab_size": "vocab", "batch_size": "batch", "seq_len": "seq", "min_lr_ratio": "minlr",
-              "data_seed": "ds", "grad_clip": "clip"}
-
-
-def format_value(v: Any) -> str:
-    """Compact, file-name-safe number format for run names: 3e-3, 0.5, 1e-2, 600, true."""
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, float):
-        if v != 0 and abs(v) < 0.1:
-            mant, exp = f"{v:e}".split("e")
-            mant = mant.rstrip("0").rstrip(".")
-            return f"{mant}e{int(exp)}"
-        return f"{v:g}"
-    return str(v)
-
-
-def _field_types() -> dict[str, str]:
-    return {f.name: str(f.type) for f in fields(TrainConfig)}
-
-
-def _coerce(name: str, value: Any) -> Any:
-    """``value`` (often a CLI string) converted to the type of TrainConfig field ``name``."""
-    kind = _field_types()[name]
-    if not isinstance(value, str):
-        return value
-    if value.lower() == "none" and "None" in kind:
-        return None
-    try:
-        if kind.startswith("bool"):
-            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(value)
-            return value.lower() in ("true", "1", "yes")
-        if kind.startswith("int"):
-            return int(value)
-        if kind.startswith("float"):
-            return float(value)
-    except ValueError:
-        raise TrainError(f"sweep value {value!r} for {name} is not of type {kind}") from None
-    return value
-
-
-def parse_sweep(specs: "list[str] | tuple[str, ...]") -> dict[str, list]:
-    """``["lr=1e-3,3e-3", "wd=0.1,0.5"]`` -> ``{"peak_lr": [0.001, 0.003], "weight_decay": [0.1, 0.5]}``.
-    Keys: TrainConfig field names or :data:`SWEEP_ALIASES`; values converted to the field's type."""
-    grid: dict[str, list] = {}
-    for spec in specs:
-        key, sep, values = spec.partition("=")
-        if not sep or not values.strip():
-            raise TrainError(f"bad --sweep {spec!r}: expected KEY=V1,V2,... (e.g. lr=1e-3,3e-3,1e-2)")
-        grid[key.strip()] = [v.strip() for v in values.split(",") if v.strip()]
-    return normalize_grid(grid)
-
-
-def normalize_grid(grid: dict) -> dict[str, list]:
-    """Resolve aliases, convert values to the fields' types, reject unknown/duplicate keys and values."""
-    known = set(_field_types())
-    out: dict[str, list] = {}
-    for key, values in grid.items():
-        name = SWEEP_ALIASES.get(key, key)
-        if name not in known or name in ("seed", "name"):
-            hint = "use seeds=/--seeds for seeds" if name == "seed" else \
-                f"choose from {sorted(set(SWEEP_ALIASES) | known - {'seed', 'name'})}"
-            raise TrainError(f"cannot sweep {key!r}: {hint}")
-        if name in out:
-            raise TrainError(f"{key!r} is swept twice")
-        vals = [_coerce(name, v) for v in (values if isinstance(values, (list, tuple)) else [values])]
-        if not vals:
-            raise TrainError(f"sweep {key!r} has no values")
-        if len({format_value(v) for v in vals}) != len(vals):
-            raise TrainError(f"sweep {key!r} repeats a value: {vals}")
-        out[name] = vals
-    return out
-
-
-def sweep_run_name(config: TrainConfig, keys: "list[str] | tuple[str, ...]" = ()) -> str:
-    """``{schedule}-{key}{value}...-s{seed}`` with the swept ``keys`` in order, e.g.
-    ``wsd-lr3e-3-wd0.5-s0`` (the schedule is always first, the seed always last)."""
-    parts = [config.schedule]
-    for k in keys:
-        if k == "schedule":
-            continue
-        v = getattr(config, k)
-        parts.append(format_value(v) if isinstance(v, str) else f"{_NAME_KEYS.get(k, k)}{format_value(v)}")
-    parts.append(f"s{config.seed}")
-    return "-".join(parts)
-
-
-def plan_sweep(base_config: TrainConfig, grid: dict, seeds: "list[int] | tuple[int, ...] | None" = None
-               ) -> list[TrainConfig]:
-    """The configs of a sweep: the cartesian product of ``grid`` (values vary slowest for the first
-    key) times ``seeds`` (innermost; default ``[base_config.seed]``), each named by
-    :func:`sweep_run_name`."""
-    import itertools
-
-    from dataclasses import replace
-
-    grid = normalize_grid(grid)
-    seeds = [base_config.seed] if seeds is None else [int(s) for s in seeds]
-    if len(set(seeds)) != len(seeds) or not seeds:
-        raise TrainError(f"seeds must be distinct and non-empty, got {seeds}")
-    keys = list(grid)
-    configs = []
-    for combo in itertools.product(*(grid[k] for k in keys)):
-        for seed in seeds:
-            cfg = replace(base_config, **dict(zip(keys, combo)), seed=seed, name=None)
-            configs.append(replace(cfg, name=sweep_run_name(cfg, keys)))
-    return configs
-
-
-def train_sweep(base_config: TrainConfig, grid: dict, out_dir: str | Path,
-                seeds: "list[int] | tuple[int, ...] | None" = None, progress: bool = True, overwrite: bool = False,
-                data_dir: str | Path | None = None, num_threads: int | None = None, on_run=None) -> list[Trajectory]:
-    """Train every config of :func:`plan_sweep` into ``out_dir/<run name>/`` and index them in
-    ``out_dir/sweep.json``.
-
-    ``grid``: ``{field or alias: [values]}`` (e.g. ``{"lr": [1e-3, 3e-3], "wd": [0.1, 0.5]}``;
-    strings are converted). Runs already finished with the same config are skipped (status
-    ``cached``); a run that diverges is recorded as ``failed`` (with the error) and the sweep goes on.
-    A folder holding a different run raises :class:`TrainError` before anything is trained
-    (unless ``overwrite``). The runs share one tokenizer / token-stream cache (``data_dir``, default
-    ``out_dir/data``). ``on_run(entry_dict)`` is called after each run. Returns the trajectories
-    of the runs that finished, in plan order. Cost: the sum of the runs (sequential).
-    ``sweep.json``: ``{"format", "base_config", "grid", "seeds", "runs": [{"name", "path", "params",
-    "seed", "status" (pending|done|cached|failed), "error", "final_val_loss", "seconds"}]}``.
-    """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    grid = normalize_grid(grid)
-    configs = plan_sweep(base_config, grid, seeds)
-    data_dir = Path(data_dir) if data_dir is not None else out / "data"
-    entries = []
-    for cfg in configs:
-        tj = out / cfg.name / "trajectory.json"
-        old = json.loads(tj.read_text()) if tj.is_file() else None
-        if old is not None and old.get("config") != cfg.to_dict() and not overwrite:
-            raise TrainError(f"{tj.parent} already holds a run with a different config; use another --out or "
-                             "overwrite=True (--force)")
-        cached = bool(old and old.get("complete") and old.get("config") == cfg.to_dict() and not overwrite)
-        entries.append({"name": cfg.name, "path": cfg.name, "params": {k: getattr(cfg, k) for k in grid},
-                        "seed": cfg.seed, "status": "cached" if cached else "pending", "error": None,
-                        "final_val_loss": (old["checkpoints"][-1]["val_loss"] if cached and old.get("checkpoints")
-                                           else None), "seconds": old.get("seconds") if cached else None})
-    index = {"format": SWEEP_FORMAT, "base_config": base_config.to_dict(), "grid": grid,
-             "seeds": sorted({c.seed for c in configs}, key=[c.seed for c in configs].index), "runs": entries}
-    _write_json(out / "sweep.json", index)
-    trajectories = []
-    for cfg, entry in zip(configs, entries):
-        if entry["status"] != "cached":
-            try:
-                train_tiny(cfg, out / cfg.name, progress=progress, overwrite=overwrite, data_dir=data_dir,
-                           num_threads=num_threads)
-            except TrainError as exc:
-                entry.update(status="failed", error=str(exc))
-            else:
-                entry["status"] = "done"
-        if entry["status"] != "failed":
-            traj = Trajectory.from_folder(out / cfg.name)
-            trajectories.append(traj)
-            entry["final_val_loss"] = traj[-1].meta.get("val_loss")
-            entry["seconds"] = traj.meta.get("seconds")
-        _write_json(out / "sweep.json", index)
-        if on_run is not None:
-            on_run(dict(entry))
-    return trajectories

@@ -1,12 +1,13 @@
-"""A self-contained HTML report of a sweep.
+"""Self-contained HTML pages: the report of a sweep, and the page of one loss surface.
 
 :func:`build_report` writes ONE HTML file: plotly.js is embedded once (inline, no CDN, works
-offline), followed by the trajectory figures of :mod:`probes.figures`, the correlation table, the
-detected phases, quantization planes (:mod:`probes.surface_figures`), failed probes,
-the plan and the software versions. Figures are built from results; nothing is recomputed.
+offline), followed by the trajectory figures of :mod:`probes.report.figures`, the correlation
+table, the detected phases, quantization planes (:mod:`probes.report.surface_figures`), failed
+probes, the plan and the software versions. Figures are built from results; nothing is recomputed.
 
-``losslens report results.sqlite --out report.html`` (see :mod:`probes.commands.surface`) loads the
-store with :mod:`probes.sweep` and computes correlations and phases with :mod:`probes.analysis`.
+``losslens report results.sqlite --out report.html`` (:mod:`probes.commands.report`) reads the
+store with :func:`load_store` and computes correlations and phases with
+:func:`probes.analysis.analyse`.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from geometry.surface import Surface
+from probes.sweep.store import Store
 
 from .figures import trajectory_figures
 from .surface_figures import surface_figure, surface_profile_figure
@@ -111,7 +113,7 @@ def _phase_rows(phases) -> list[dict]:
 
 
 def _phases_for_figures(phases):
-    """Phases in the form probes.figures takes (a list of dicts, or a Phases object)."""
+    """Phases in the form probes.report.figures takes (a list of dicts, or a Phases object)."""
     if phases is None:
         return None
     if isinstance(phases, Mapping) and not ({"name", "step"} <= set(phases)) and not (
@@ -310,4 +312,18 @@ def export_png(fig, path: str | os.PathLike, **kwargs) -> bool:
         return False
 
 
-__all__ = ["ReportError", "build_report", "surface_page", "export_png", "versions", "figure_html"]
+def load_store(path: str | os.PathLike):
+    """(results DataFrame, plan or None, versions dict) of a sweep store (probes.sweep)."""
+    with Store(path) as st:
+        df = st.results()
+        try:
+            plan = st.plan
+        except Exception:
+            plan = st.meta.get("plan_json")
+        stored = st.meta.get("versions") or {}
+    vers = {f"{k} (sweep)": v for k, v in (stored.items() if isinstance(stored, dict) else [])}
+    vers.update({f"{k} (report)": v for k, v in versions().items()})
+    return df, plan, vers
+
+
+__all__ = ["ReportError", "build_report", "surface_page", "export_png", "versions", "figure_html", "load_store"]

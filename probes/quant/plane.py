@@ -13,8 +13,9 @@ import torch
 from geometry.grid import GridSpec
 from geometry.planes import Plane, plane_through_points
 from geometry.surface import Surface, evaluate_surface
+from probes.core.lm import lm_loss
 
-from .lm import lm_loss
+from .api import quantize
 
 
 def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -27,8 +28,6 @@ def quantization_plane(loader, ref, previous, spec: str, calibration=None) -> tu
     Returns the plane and the loader's model holding A's weights (ready for
     :func:`geometry.surface.evaluate_surface`). Cost: two checkpoint loads and one quantization.
     """
-    from .quant import quantize
-
     B = _params(loader.load(previous))
     model = loader.load(ref)
     A = _params(model)

@@ -1,0 +1,28 @@
+"""Statistics along a trajectory (SCIENCE.md §6): correlations, partial correlations, phases.
+
+    from probes.analysis import summary
+    print(summary(df, x="trace", y="rtn:3:row", controls=["lr", "loss"]))
+
+Inputs are per-checkpoint series pulled out of the tidy results DataFrame of
+:meth:`probes.sweep.Store.results`. Modules:
+
+- :mod:`.series`      -- :func:`series` / :func:`series_frame`: one per-checkpoint series by a short key;
+- :mod:`.correlation` -- :func:`correlate` (Pearson, Spearman, Kendall with bootstrap intervals) and
+  :func:`partial_correlation`;
+- :mod:`.phases`      -- :func:`convergence_onset`, :func:`divergence_onset`, :func:`detect_phases`
+  (seed 004's phases);
+- :mod:`.summary`     -- :func:`summary` (a table of correlations for several x/y pairs) and
+  :func:`analyse` (what ``losslens report`` shows);
+- :mod:`.inputs`      -- :class:`AnalysisError` and the input checks.
+
+Missing values: a pair with a NaN on either side (or in a covariate) is excluded from every
+statistic and counted in ``n_excluded``; values are never imputed or averaged in.
+"""
+from .correlation import Correlation, correlate, partial_correlation
+from .inputs import METHODS, AnalysisError
+from .phases import Onset, Phases, convergence_onset, detect_phases, divergence_onset
+from .series import series, series_frame
+from .summary import analyse, summary
+
+__all__ = ["Correlation", "Onset", "Phases", "AnalysisError", "correlate", "partial_correlation", "convergence_onset",
+           "divergence_onset", "detect_phases", "series", "series_frame", "summary", "analyse", "METHODS"]

@@ -1,0 +1,82 @@
+"""Summary tables of a sweep: correlations (plain and partial) for several x/y pairs, and the
+statistics a report shows (:func:`analyse`)."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from .correlation import correlate, partial_correlation
+from .inputs import AnalysisError
+from .phases import detect_phases
+from .series import series_frame
+
+__all__ = ["summary", "analyse"]
+
+
+def summary(df, x: str | Sequence[str] | None = None, y: str | Sequence[str] | None = None,
+            controls: Sequence[str] | str | None = None, methods: Sequence[str] = ("pearson", "spearman"),
+            n_boot: int = 2000, seed: int = 0, include_derived: bool = False):
+    """Correlation table: one row per (x, y, method, controls) with r, CI, p, n, n_excluded.
+
+    Defaults: x = every curvature/weight series present (trace, lambda_max, kurtosis); y = every
+    quantizer spec present (its rel_loss_error). With ``controls`` each pair also gets a partial
+    correlation row (Pearson/Spearman only). Pairs that cannot be computed (too few points,
+    constant series) get a row with NaNs and the reason in ``note``.
+    """
+    import pandas as pd
+
+    xs = _keys(x) if x is not None else [k for k, p in (("trace", "trace"), ("lambda_max", "eigen"), ("kurtosis", "kurtosis"))
+                                         if (df["probe"] == p).any()]
+    ys = _keys(y) if y is not None else list(dict.fromkeys(df.loc[df["probe"] == "quant", "spec"]))
+    ctrl = _keys(controls) if controls else []
+    rows = []
+    for xk in xs:
+        for yk in ys:
+            for m in methods:
+                variants = [()] + ([tuple(ctrl)] if ctrl and m != "kendall" else [])
+                for cv in variants:
+                    row = {"x": xk, "y": yk, "method": m, "controls": ",".join(cv)}
+                    try:
+                        frame = series_frame(df, [xk, yk, *cv], include_derived=include_derived)
+                        if cv:
+                            c = partial_correlation(frame[xk], frame[yk], frame[list(cv)], method=m, n_boot=n_boot, seed=seed)
+                        else:
+                            c = correlate(frame[xk], frame[yk], method=m, n_boot=n_boot, seed=seed)
+                        row.update(r=c.r, ci_low=c.ci_low, ci_high=c.ci_high, p=c.p, n=c.n, n_excluded=c.n_excluded, note="")
+                    except AnalysisError as exc:
+                        row.update(r=math.nan, ci_low=math.nan, ci_high=math.nan, p=math.nan, n=0, n_excluded=0, note=str(exc))
+                    rows.append(row)
+    cols = ["x", "y", "method", "controls", "r", "ci_low", "ci_high", "p", "n", "n_excluded", "note"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _keys(v) -> list[str]:
+    if isinstance(v, str):
+        return [v]
+    return list(v)
+
+
+def analyse(df, n_boot: int = 2000):
+    """Correlation table and per-run phases of a results table (whatever can be computed): what
+    ``losslens report`` shows.
+
+    Returns ``(correlations DataFrame | None, {run: Phases} | None, notes)``."""
+    notes: list[str] = []
+    correlations = None
+    runs = list(dict.fromkeys(df["run"].fillna("run"))) if "run" in df else ["run"]
+    try:
+        base = df[df["run"].fillna("run") == runs[0]] if len(runs) > 1 else df
+        correlations = summary(base, n_boot=n_boot)
+        if len(runs) > 1:
+            notes.append(f"correlations computed on run {runs[0]!r}")
+    except Exception as exc:
+        notes.append(f"correlations unavailable: {exc}")
+    phases = {}
+    qspecs = [s for s in dict.fromkeys(df.loc[df["probe"] == "quant", "spec"]) if isinstance(s, str)]
+    for run in runs:
+        sub = df[df["run"].fillna("run") == run] if "run" in df else df
+        try:
+            phases[run if len(runs) > 1 else ""] = detect_phases(sub, gap=qspecs[0] if qspecs else "rtn:4")
+        except Exception as exc:
+            notes.append(f"phases of {run!r} unavailable: {exc}")
+    return correlations, (phases or None), notes

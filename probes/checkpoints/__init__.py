@@ -1,0 +1,31 @@
+"""Checkpoints, trajectories, safe loading and derived (LAWA / soup) checkpoints (SCIENCE.md §6).
+
+    from probes.checkpoints import Trajectory, CheckpointLoader
+    traj = Trajectory.from_folder("runs/wsd").with_lawa(k=3)
+    model = CheckpointLoader(traj).load(traj[-1])      # one model instance, weights copied in
+
+Modules (each imports only the ones above it):
+
+- :mod:`.errors`     -- :class:`CheckpointError` and its subclasses;
+- :mod:`.refs`       -- :class:`CheckpointRef` (where one checkpoint is; no weights), :func:`parse_step`;
+- :mod:`.hub`        -- hub ``repo@revision`` resolved through the local HF cache (offline-capable);
+- :mod:`.files`      -- config / weight files, safe weight reading (safetensors; torch files only
+  with ``weights_only=True``; pickles refused unless ``allow_pickle=True``);
+- :mod:`.derived`    -- :func:`lawa`: LAWA / soup checkpoints, averaged when loaded;
+- :mod:`.trajectory` -- :class:`Trajectory` (from a folder, the hub or a list), :func:`tokenizer_folder`;
+- :mod:`.loader`     -- :class:`CheckpointLoader` (one reused model) and :func:`load_model`.
+"""
+from .derived import lawa
+from .errors import (ArchitectureMismatchError, CheckpointError, CorruptCheckpointError, MissingWeightsError,
+                     NoCheckpointsError, RevisionNotCachedError, UnsafeCheckpointError)
+from .files import local_folder, read_config, weight_files
+from .loader import CheckpointLoader, load_model
+from .refs import CheckpointRef, parse_step
+from .trajectory import CheckpointProblem, Trajectory, tokenizer_folder
+
+__all__ = [
+    "CheckpointError", "NoCheckpointsError", "MissingWeightsError", "CorruptCheckpointError", "UnsafeCheckpointError",
+    "ArchitectureMismatchError", "RevisionNotCachedError", "CheckpointRef", "CheckpointProblem", "Trajectory",
+    "CheckpointLoader", "load_model", "lawa", "parse_step", "weight_files", "read_config", "local_folder",
+    "tokenizer_folder",
+]

@@ -1,0 +1,33 @@
+"""Exceptions of :mod:`probes.checkpoints`: all derive from :class:`CheckpointError`."""
+from __future__ import annotations
+
+__all__ = ["CheckpointError", "NoCheckpointsError", "MissingWeightsError", "CorruptCheckpointError",
+           "UnsafeCheckpointError", "ArchitectureMismatchError", "RevisionNotCachedError"]
+
+
+class CheckpointError(RuntimeError):
+    """Base class: a checkpoint or trajectory could not be found, read or used."""
+
+
+class NoCheckpointsError(CheckpointError):
+    """A folder / hub pattern yielded no checkpoints."""
+
+
+class MissingWeightsError(CheckpointError, FileNotFoundError):
+    """A checkpoint's weight or config file does not exist."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A weight file exists but cannot be parsed."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A torch file needs arbitrary pickle to load and ``allow_pickle`` was not given."""
+
+
+class ArchitectureMismatchError(CheckpointError):
+    """Checkpoints of different architectures were mixed in one trajectory / loader / average."""
+
+
+class RevisionNotCachedError(CheckpointError):
+    """A hub revision is not in the local cache while offline."""

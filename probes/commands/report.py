@@ -1,0 +1,46 @@
+"""`losslens report`: a sweep's results store as one self-contained HTML report."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def report(
+        store: Path = typer.Argument(..., help="Results store of a sweep (SQLite, from `losslens sweep`)."),
+        out: Path = typer.Option(Path("report.html"), "--out", "-o", help="Self-contained HTML report to write."),
+        surfaces: Optional[List[Path]] = typer.Option(None, "--surface", help="Surface JSON(s) from `losslens surface --json` to include."),
+        title: Optional[str] = typer.Option(None, "--title", help="Report title."),
+        n_boot: int = typer.Option(2000, "--n-boot", help="Bootstrap resamples for the correlation intervals."),
+    ) -> None:
+        """Turn a sweep's results store into one self-contained HTML report (works offline)."""
+        from geometry.surface import Surface
+        from probes.analysis import analyse
+        from probes.report.pages import ReportError, build_report, load_store
+
+        if not store.exists():
+            typer.echo(f"error: no results store at {store}", err=True)
+            raise typer.Exit(2)
+        df, plan, vers = load_store(store)
+        if df is None or len(df) == 0:
+            typer.echo(f"error: {store} holds no results yet; run `losslens sweep` first", err=True)
+            raise typer.Exit(2)
+        correlations, phases, notes = analyse(df, n_boot=n_boot)
+        surf = {}
+        for p in surfaces or []:
+            try:
+                surf[p.stem] = Surface.load(p)
+            except (OSError, ValueError, KeyError) as exc:
+                typer.echo(f"error: cannot read surface {p}: {exc}", err=True)
+                raise typer.Exit(2)
+        try:
+            path = build_report(df, out, correlations=correlations, phases=phases, surfaces=surf or None, plan=plan,
+                                versions=vers, title=title or f"losslens report: {store.name}",
+                                notes="; ".join(notes) if notes else None)
+        except ReportError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2)
+        typer.echo(f"wrote {path} ({df['checkpoint'].nunique()} checkpoints, {len(df)} result rows)")

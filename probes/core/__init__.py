@@ -1,0 +1,19 @@
+"""The pieces every room of probes uses; imports no other room of probes.
+
+- :mod:`.lm`       -- :func:`lm_loss` (mean next-token cross-entropy, nats), :func:`evaluate`
+  (loss and perplexity over a token set), :func:`check_batch`;
+- :mod:`.tokenset` -- :class:`TokenSet`: a fixed [n_batches, batch, seq] set of token ids, hashed,
+  saved as safetensors (built from text in :mod:`probes.data`);
+- :mod:`.modules`  -- :func:`find_blocks` (the decoder blocks) and :func:`select_linears` (the
+  linears a quantizer or weight statistic touches);
+- :mod:`.numerics` -- :func:`rel_error` (‖a − b‖ / ‖b‖ in float64);
+- :mod:`.threads`  -- :func:`torch_threads` (torch's thread count for a block, restored after).
+"""
+from .lm import LossError, LossResult, check_batch, evaluate, lm_loss
+from .modules import ModuleSelectionError, find_blocks, select_linears
+from .numerics import rel_error
+from .threads import torch_threads
+from .tokenset import TokenSet, TokenSetError
+
+__all__ = ["lm_loss", "evaluate", "check_batch", "LossResult", "LossError", "TokenSet", "TokenSetError",
+           "find_blocks", "select_linears", "ModuleSelectionError", "rel_error", "torch_threads"]

@@ -1,0 +1,12 @@
+"""Models: architecture families, the second-order check, the LM Hessian and weight statistics.
+
+- :mod:`.families`     -- :data:`FAMILIES` and :func:`tiny_model`: tiny random-init models of the
+  seed studies' six architectures (GPT-NeoX, OLMo, OLMo2, SmolLM3, Apertus, Llama);
+- :mod:`.second_order` -- :func:`check_second_order` / :func:`ensure_second_order`: whether the
+  HVP backends give the true Hessian of a model (against finite differences), and
+  :func:`curvature_safe`;
+- :mod:`.curvature`    -- :func:`lm_hessian`: the checked :class:`geometry.HessianOperator` of the LM loss;
+- :mod:`.weights`      -- :func:`weight_kurtosis`: excess kurtosis of the quantized weight matrices.
+
+Loading checkpoints is :mod:`probes.checkpoints`; finding blocks and linears is :mod:`probes.core.modules`.
+"""

@@ -1,0 +1,9 @@
+"""Reports: Plotly figures drawn from results, and self-contained HTML pages. Nothing is recomputed here.
+
+- :mod:`.figures`         -- trajectory figures from the tidy results table (loss, quantization
+  error, curvature, sharpness vs quantization error), and :func:`~.figures.synthetic_results`;
+- :mod:`.surface_figures` -- :func:`~.surface_figures.surface_figure` and the profiles of a
+  :class:`geometry.surface.Surface` / :class:`~geometry.surface.Profile`;
+- :mod:`.pages`           -- :func:`~.pages.build_report` (one offline HTML file per sweep),
+  :func:`~.pages.surface_page`, :func:`~.pages.export_png`, :func:`~.pages.load_store`.
+"""

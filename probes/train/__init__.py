@@ -1,0 +1,9 @@
+"""Training tiny trajectories here: the embedded default trajectory, grids of runs, schedule forks.
+
+- :mod:`.config`       -- :class:`TrainConfig` (everything that determines a run) and :func:`lr_at`;
+- :mod:`.schedules`    -- the LR schedules as pure functions (WSD, cosine, linear, SGDR, oscillating);
+- :mod:`.tiny`         -- :func:`train_tiny`: a nanoGPT-style loop writing HF checkpoints + trajectory.json;
+- :mod:`.grid`         -- :func:`train_sweep`: the cartesian product of config values, one folder per run;
+- :mod:`.forks`        -- :func:`fork_trajectory`: continue a checkpoint under a new schedule, exactly;
+- :mod:`.fork_compare` -- :func:`compare_forks`: the forks' quantization gaps and wins per seed pair.
+"""
