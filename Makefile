@@ -2,13 +2,14 @@
 #   make demo   -> creates .venv, installs losslens, runs `losslens demo --out demo-out`
 #   make test   -> creates .venv, installs losslens with dev extras (+ headless Chromium when
 #                  possible), runs the test suite
+#   make check  -> the house rules (ARCHITECTURE.md): module sizes, no import circles, geometry's imports
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: demo test install install-dev bench clean
+.PHONY: demo test install install-dev bench check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +41,10 @@ test: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/losslens bench all
+
+# The house rules of ARCHITECTURE.md (stdlib only: needs no virtual environment).
+check:
+	$(PYTHON) scripts/check_house.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT)
