@@ -1,38 +1,50 @@
-"""Lanczos with full re-orthogonalisation, several independent runs in lock-step.
+"""Lanczos tridiagonalisation for quadrature: several independent runs in lock-step.
 
-Shared core of :func:`geometry.eigen.top_eigenvalues` (one run, Ritz values) and
-:func:`geometry.density.spectral_density` (several runs, Gauss quadrature). Each step applies the
-operator to the current Lanczos vector of every active run in ONE ``matmat_flat`` call (k = number
-of active runs), then orthogonalises against the whole basis of its run twice (classical
-Gram–Schmidt, "twice is enough"), so the basis stays orthonormal to working precision.
+The core of :func:`geometry.density.spectral_density`. Each step applies the operator to the
+current Lanczos vector of every active run in ONE ``matmat_flat`` call (k = number of active
+runs). Two re-orthogonalisation modes:
 
-Cost: one HVP per run per step. Memory: the bases, ``runs × steps × dim`` numbers on the
-operator's device.
+``"full"``
+    each run keeps its basis (:class:`~geometry._linalg.RowBasis`, grown as used; on the host or
+    in a lower precision on request) and every new vector is orthogonalised against all of it
+    twice (classical Gram–Schmidt, "twice is enough"), as PyHessian does. Memory: runs × steps ×
+    dim numbers.
+``"none"``
+    the three-term recurrence with a local re-orthogonalisation against the previous two vectors
+    only. Memory: 3 × runs × dim numbers. Accuracy cost: orthogonality is lost once Ritz values
+    converge, so converged eigenvalues reappear as "ghost" copies; the quadrature weights split
+    between the copies, and the Gauss quadrature of smooth functions (moments, the smoothed
+    density) stays accurate (Greenbaum 1989; Knizhnerman 1996), while individual node positions
+    and multiplicities are not to be read off.
+
+A run stops when its Krylov space becomes invariant (‖residual‖ ≤ 10·ε·‖T‖, ε the coarser of
+the products' and the vectors' precision): its Gauss quadrature is then exact.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
 
+from ._linalg import RowBasis, gram, rowdot
 from .operator import CurvatureOperator
+
+REORTH_MODES = ("full", "none")
 
 
 @dataclass
 class LanczosRun:
-    """One Lanczos run: T = tridiag(betas, alphas, betas) of size m, and the basis [m, dim].
+    """One Lanczos run: T = tridiag(betas, alphas, betas) of size m.
 
     ``beta_next`` is the norm of the residual after the last step (the (m+1, m) entry that was not
-    used); Ritz pair residual estimates are ``|beta_next · s_{m,i}|``. A zero in ``betas`` marks a
-    restart after an invariant subspace was found (``on_breakdown="restart"``).
+    used); ``breakdown`` tells whether the run ended on an invariant Krylov space (then
+    ``beta_next`` is 0 and the quadrature is exact).
     """
 
     alphas: np.ndarray
     betas: np.ndarray
     beta_next: float
-    basis: torch.Tensor | None
     breakdown: bool = False
 
     @property
@@ -47,43 +59,42 @@ class LanczosRun:
         return T
 
 
-StopFn = Callable[[list, list, float], bool]
-
-
 def lanczos(
     op: CurvatureOperator,
     starts: torch.Tensor,
     num_steps: int,
     *,
-    generator: torch.Generator | None = None,
-    on_breakdown: str = "stop",
-    stop: StopFn | None = None,
-    keep_basis: bool = True,
+    reorth: str = "full",
+    basis_device=None,
+    basis_dtype: torch.dtype | None = None,
 ) -> list[LanczosRun]:
     """Run ``r`` Lanczos recurrences from the rows of ``starts`` [r, dim] (normalised here).
 
     Args:
         num_steps: steps per run, capped at ``dim``.
-        on_breakdown: when the Krylov space of a run becomes invariant (‖residual‖ ≤ 10·eps·√dim·‖T‖):
-            ``"stop"`` ends that run (Gauss quadrature is then exact), ``"restart"`` continues
-            with a random Gaussian vector from ``generator`` orthogonalised against the basis
-            (recorded as a zero off-diagonal), so that more eigenvalues can be found.
-        stop: optional ``stop(alphas, betas, beta_next) -> bool`` called after every step of
-            every run; True ends that run.
+        reorth: ``"full"`` or ``"none"`` (module docstring).
+        basis_device, basis_dtype: where and in which dtype the ``"full"`` bases are stored
+            (default: the operator's device and ``op.dtype``).
     Returns:
         One :class:`LanczosRun` per start vector. Cost: ≤ r · num_steps HVPs.
     """
+    if reorth not in REORTH_MODES:
+        raise ValueError(f"reorth must be one of {REORTH_MODES}, got {reorth!r}")
     r, dim = starts.shape
     m_max = int(min(num_steps, dim))
     dtype, device = op.dtype, op.device
-    eps = float(torch.finfo(dtype).eps)
-    bd_tol = 10.0 * eps * float(np.sqrt(dim))
-    Q = torch.zeros(r, m_max, dim, dtype=dtype, device=device)
-    v0 = starts.to(device=device, dtype=dtype)
-    norms = v0.norm(dim=1, keepdim=True)
+    bdtype = basis_dtype or dtype
+    eps = 10.0 * max(op.product_eps, float(torch.finfo(dtype).eps), float(torch.finfo(bdtype).eps))
+    cur = starts.to(device=device, dtype=dtype).clone()
+    norms = rowdot(cur, cur).sqrt()
     if not torch.all(norms > 0):
         raise ValueError("a Lanczos start vector is zero")
-    Q[:, 0] = v0 / norms
+    cur /= norms.to(device=device, dtype=dtype)[:, None]
+    prev = torch.zeros_like(cur) if reorth == "none" else None
+    bases = [RowBasis(dim, bdtype, basis_device or device) for _ in range(r)] if reorth == "full" else None
+    if bases is not None:
+        for run in range(r):
+            bases[run].append(cur[run])
     alphas: list[list[float]] = [[] for _ in range(r)]
     betas: list[list[float]] = [[] for _ in range(r)]
     beta_next = [0.0] * r
@@ -93,46 +104,43 @@ def lanczos(
     for j in range(m_max):
         if not active:
             break
-        if len(active) == r:                                   # all runs active: views, no copies
-            Qa, q = Q[:, : j + 1], Q[:, j]
-        else:
-            idx = torch.tensor(active, device=device)
-            Qa, q = Q[idx, : j + 1], Q[idx, j]                 # [a, j+1, dim], [a, dim]
-        W = op.matmat_flat(q.contiguous())                     # [a, dim]: one HVP per active run
-        C1 = torch.bmm(Qa, W.unsqueeze(2))                     # [a, j+1, 1]
-        W = W - torch.bmm(Qa.transpose(1, 2), C1).squeeze(2)
-        C2 = torch.bmm(Qa, W.unsqueeze(2))
-        W = W - torch.bmm(Qa.transpose(1, 2), C2).squeeze(2)
-        alpha = (C1[:, j, 0].double() + C2[:, j, 0].double()).cpu().tolist()
-        bnorm = W.norm(dim=1).double().cpu().tolist()
+        q = cur if len(active) == r else cur[torch.tensor(active, device=device)]
+        W = op.matmat_flat(q)                                  # [a, dim]: one HVP per active run
         still = []
         for pos, run in enumerate(active):
-            a, b = alpha[pos], bnorm[pos]
+            w = W[pos:pos + 1]
+            prev_beta = betas[run][-1] if betas[run] else 0.0
+            if bases is not None:
+                a = float(bases[run].orthogonalize(w)[j])
+            else:
+                a = float(rowdot(cur[run:run + 1], w)[0])
+                w.add_(cur[run], alpha=-a)
+                if prev_beta:
+                    w.add_(prev[run], alpha=-prev_beta)
+                local = torch.stack([prev[run], cur[run]])     # one local re-orthogonalisation pass
+                c = gram(w, local)
+                w.addmm_(c.to(device=device, dtype=dtype), local, alpha=-1.0)
+                a += float(c[0, 1])
+            b = float(rowdot(w, w)[0] ** 0.5)
             alphas[run].append(a)
-            prev = betas[run][-1] if betas[run] else 0.0
-            anorm[run] = max(anorm[run], abs(a) + b + prev)
+            anorm[run] = max(anorm[run], abs(a) + b + prev_beta)
             beta_next[run] = b
             if j + 1 >= m_max:
                 continue
-            if b <= bd_tol * max(anorm[run], np.finfo(float).tiny):
-                if on_breakdown == "stop" or generator is None:
-                    broke[run] = True
-                    beta_next[run] = 0.0
-                    continue
-                x = torch.randn(dim, generator=generator, dtype=torch.float64).to(device=device, dtype=dtype)
-                for _ in range(2):
-                    x = x - Q[run, : j + 1].T @ (Q[run, : j + 1] @ x)
-                Q[run, j + 1] = x / x.norm()
-                betas[run].append(0.0)
+            if b <= eps * max(anorm[run], np.finfo(float).tiny):
+                broke[run] = True
                 beta_next[run] = 0.0
-            else:
-                Q[run, j + 1] = W[pos] / W[pos].norm()
-                betas[run].append(b)
-            if stop is not None and stop(alphas[run], betas[run][: len(alphas[run]) - 1], beta_next[run]):
-                betas[run] = betas[run][: len(alphas[run]) - 1]
                 continue
+            nxt = w[0] / b
+            if bases is not None:
+                bases[run].append(nxt)
+            else:
+                prev[run] = cur[run]
+            cur[run] = nxt
+            betas[run].append(b)
             still.append(run)
         active = still
+        del W
     out = []
     for run in range(r):
         m = len(alphas[run])
@@ -140,7 +148,6 @@ def lanczos(
             alphas=np.asarray(alphas[run], dtype=np.float64),
             betas=np.asarray(betas[run][: m - 1], dtype=np.float64),
             beta_next=float(beta_next[run]),
-            basis=Q[run, :m] if keep_basis else None,
             breakdown=broke[run],
         ))
     return out
@@ -154,4 +161,3 @@ def ritz(run: LanczosRun) -> tuple[np.ndarray, np.ndarray]:
         return run.alphas.copy(), np.ones((1, 1))
     theta, S = eigh_tridiagonal(run.alphas, run.betas)
     return theta, S
-

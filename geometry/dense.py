@@ -53,9 +53,12 @@ def exact_hessian(
 
     Weights default to 1 per batch (plain mean) unless given. Cost: one gradient plus ``dim``
     second backwards per batch. Returns the matrix and the :class:`ParamSpace` fixing its order.
-    Attention runs under the MATH SDPA backend so every op has a double-backward rule.
+    Attention runs under the MATH SDPA backend so every op has a double-backward rule, and
+    embeddings' ``padding_idx`` is cleared (:func:`geometry.derivatives.true_derivatives`) so the
+    rows are those of the loss's Hessian (a padding row's zeroed gradient would make it P·H).
     """
     from .attention import second_order_attention
+    from .derivatives import true_derivatives
 
     sel = select_parameters(model, params)
     space = ParamSpace.from_params(sel)
@@ -63,7 +66,7 @@ def exact_hessian(
     w = w / w.sum()
     H = torch.zeros(space.dim, space.dim, dtype=space.dtype, device=space.device)
     tensors = list(sel.values())
-    with second_order_attention():
+    with second_order_attention(), true_derivatives(model):
         for wi, batch in zip(w.tolist(), batches):
             loss = loss_fn(model, batch)
             grads = torch.autograd.grad(loss, tensors, create_graph=True)

@@ -5,8 +5,9 @@ run, a Rademacher vector normalised to unit length starts a Lanczos recurrence; 
 of the m × m tridiagonal are quadrature nodes and the squared first components of its
 eigenvectors are the weights; the density is the average over runs of Gaussians centred at the
 nodes, weighted, on a grid, normalised to unit area. Here the runs go in lock-step, so each step
-is ONE ``matmat`` with k = number of runs (the HVP backend's batching pays off), and every run
-uses full re-orthogonalisation (PyHessian does too).
+is ONE ``matmat`` with k = number of runs in a group (the HVP backend's batching pays off), and
+every run uses full re-orthogonalisation (PyHessian does too) unless its basis cannot fit the
+memory budget (:func:`estimate_memory`; the choice is recorded in the result).
 """
 from __future__ import annotations
 
@@ -16,15 +17,54 @@ import time
 import numpy as np
 import torch
 
-from ._checks import _check_int, _check_op
+from ._checks import check_int, check_op
 from ._lanczos import lanczos, ritz
+from .memory import (Candidate, MemoryEstimate, basis_storage, choose, default_budget, pass_options, resolve_budget,
+                     vector_bytes, with_basis)
 from .operator import CurvatureOperator
 from .results import EstimatorError, SpectralDensity
 from .trace import rademacher
 
-__all__ = ["spectral_density"]
+__all__ = ["spectral_density", "estimate_memory"]
 
-_BASIS_BYTES = 1 << 30  # runs are grouped so that their Lanczos bases take at most ~1 GiB
+_ADVICE = ("use fewer runs or steps, reorth='none' (3 vectors per run), fewer or shorter curvature batches, "
+           "fewer parameters (params=...), or raise max_memory")
+
+
+def estimate_memory(op: CurvatureOperator, num_runs: int = 4, num_steps: int = 40, max_memory=None,
+                    reorth: str = "auto", basis_device=None, basis_dtype: torch.dtype | None = None) -> MemoryEstimate:
+    """The memory plan :func:`spectral_density` would run with: how many runs go in lock-step and
+    whether they keep their bases (``reorth="full"``) or not (``"none"``). Full
+    re-orthogonalisation is preferred; ``"auto"`` falls back to ``"none"`` only when not even one
+    run's basis fits. Raises :class:`~geometry.memory.MemoryBudgetError` when nothing fits."""
+    if reorth not in ("auto", "full", "none"):
+        raise EstimatorError(f"reorth must be 'auto', 'full' or 'none', got {reorth!r}")
+    budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
+    steps = min(num_steps, op.dim)
+    vec = vector_bytes(op.dim, op.dtype)
+    bdev, bdtype, on_host = basis_storage(op.device, basis_device, basis_dtype, op.dtype)
+    host_budget = default_budget("cpu") if on_host else 0
+    groups = sorted({num_runs, *[g for g in (16, 8, 4, 2, 1) if g < num_runs]}, reverse=True)
+    modes = ("full", "none") if reorth == "auto" else (reorth,)
+    for mode in modes:
+        cands = []
+        for r in groups:
+            calls = -(-num_runs // r) * steps
+            for settings, pass_b, cost in pass_options(op, r, calls, num_runs * steps):
+                parts = {f"current vectors and products [{2 * r}, dim]": 2 * r * vec, "operator pass": pass_b}
+                host = {}
+                if mode == "full":
+                    rows = r * (-(-steps // 16) * 16)
+                    parts, host = with_basis(parts, f"bases [{r} x {rows // r}, dim] {str(bdtype).replace('torch.', '')}",
+                                             rows * vector_bytes(op.dim, bdtype), on_host)
+                else:
+                    parts = {f"previous vectors [{r}, dim]": r * vec, **parts}
+                cands.append(Candidate(MemoryEstimate(parts, budget, {"reorth": mode, "runs_per_group": r,
+                                                                      "basis_device": str(bdev), **settings},
+                                                      host, host_budget), cost))
+        if any(c.estimate.fits for c in cands) or mode == modes[-1]:
+            return choose(cands, "spectral_density", _ADVICE)
+    raise AssertionError("unreachable")
 
 
 def spectral_density(
@@ -34,6 +74,10 @@ def spectral_density(
     seed: int = 0,
     grid_size: int = 500,
     sigma: float | None = None,
+    max_memory: int | str | None = None,
+    reorth: str = "auto",
+    basis_device=None,
+    basis_dtype: torch.dtype | None = None,
 ) -> SpectralDensity:
     """SLQ estimate of the eigenvalue density of H.
 
@@ -48,33 +92,46 @@ def spectral_density(
             ``max(sqrt(1e-5 · max(1, span)), 3 · span / grid_size)`` with span = max − min node —
             PyHessian's kernel width (its "sigma_squared" = 1e-5 · max(1, span)) unless that is
             narrower than the grid can resolve. The grid spans [min node − 4σ, max node + 4σ].
+        max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
+            :func:`geometry.memory.default_budget`).
+        reorth: ``"full"`` (each run keeps its Lanczos basis; as PyHessian), ``"none"`` (three-term
+            recurrence, 3 vectors per run; see :mod:`geometry._lanczos` for its accuracy cost) or
+            ``"auto"`` (full when at least one run's basis fits, with as many runs in lock-step as
+            fit, else none).
+        basis_device, basis_dtype: keep the bases in host RAM (operator on a GPU) or in a lower
+            precision such as bfloat16 (orthogonality then only to ~4e-3).
 
     Returns:
         :class:`SpectralDensity` (nodes/weights per run, grid, density normalised to unit area,
-        ``moment(p)`` estimating tr(Hᵖ)/dim). Cost: ≤ num_runs · num_steps HVPs, applied
-        num_runs at a time. Memory: Lanczos bases, num_runs · num_steps · dim numbers (runs are
-        processed in groups to stay under ~1 GiB when that is exceeded).
+        ``moment(p)`` estimating tr(Hᵖ)/dim, the steps of each run, breakdowns, the memory plan).
+        Cost: ≤ num_runs · num_steps HVPs, applied to a group of runs at a time. Memory: with full
+        re-orthogonalisation ``group · num_steps · dim`` numbers of bases, else ``3 · group · dim``,
+        plus one operator pass (:func:`estimate_memory`).
     """
-    _check_op(op)
-    num_runs = _check_int("num_runs", num_runs, 1)
-    num_steps = _check_int("num_steps", num_steps, 1)
-    grid_size = _check_int("grid_size", grid_size, 2)
+    check_op(op)
+    num_runs = check_int("num_runs", num_runs, 1)
+    num_steps = check_int("num_steps", num_steps, 1)
+    grid_size = check_int("grid_size", grid_size, 2)
     if sigma is not None and not (isinstance(sigma, (int, float)) and sigma > 0 and math.isfinite(sigma)):
         raise EstimatorError(f"sigma must be a positive finite number or None, got {sigma!r}")
+    plan = estimate_memory(op, num_runs, num_steps, max_memory, reorth, basis_device, basis_dtype)
+    per_group, mode = plan.settings["runs_per_group"], plan.settings["reorth"]
     t0, n0 = time.perf_counter(), op.num_matvecs
     dim = op.dim
     steps = min(num_steps, dim)
     g = op.generator(seed)
-    starts = rademacher(g, num_runs, dim, op.dtype, op.device)
-    elem = torch.tensor([], dtype=op.dtype).element_size()
-    per_group = max(1, min(num_runs, _BASIS_BYTES // max(1, steps * dim * elem)))
-    nodes, weights = [], []
-    for start in range(0, num_runs, per_group):
-        runs = lanczos(op, starts[start:start + per_group], steps, on_breakdown="stop", keep_basis=False)
-        for run in runs:
-            theta, S = ritz(run)
-            nodes.append(theta)
-            weights.append(S[0, :] ** 2)
+    nodes, weights, run_steps, breakdowns = [], [], [], 0
+    with op.configured(**{k: plan.settings[k] for k in ("chunk_size", "cache_graphs") if k in plan.settings}):
+        for start in range(0, num_runs, per_group):
+            starts = rademacher(g, min(per_group, num_runs - start), dim, op.dtype, op.device)
+            runs = lanczos(op, starts, steps, reorth=mode, basis_device=basis_device, basis_dtype=basis_dtype)
+            del starts
+            for run in runs:
+                theta, S = ritz(run)
+                nodes.append(theta)
+                weights.append(S[0, :] ** 2)
+                run_steps.append(run.steps)
+                breakdowns += int(run.breakdown)
     all_nodes = np.concatenate(nodes)
     if not np.all(np.isfinite(all_nodes)):
         raise EstimatorError("SLQ nodes are not finite; check the loss and the operator")
@@ -93,5 +150,6 @@ def spectral_density(
     return SpectralDensity(
         nodes=tuple(nodes), weights=tuple(weights), grid=grid, density=dens, sigma=float(sigma),
         dim=dim, num_runs=num_runs, num_steps=steps, num_matvecs=op.num_matvecs - n0,
-        seconds=time.perf_counter() - t0, seed=int(seed),
+        seconds=time.perf_counter() - t0, seed=int(seed), steps=tuple(run_steps), breakdowns=breakdowns,
+        memory=plan.to_dict(),
     )

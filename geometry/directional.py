@@ -11,16 +11,29 @@ from typing import Mapping
 
 import torch
 
-from ._checks import _check_op
-from .operator import CurvatureOperator
+from ._checks import check_op
+from ._linalg import rowdot
+from .memory import MemoryEstimate, first_fitting, resolve_budget, vector_bytes
+from .operator import CurvatureOperator, is_finite
 from .results import DirectionalCurvature, EstimatorError
 
-__all__ = ["directional_curvature"]
+__all__ = ["directional_curvature", "estimate_memory"]
+
+
+def estimate_memory(op: CurvatureOperator, max_memory=None) -> MemoryEstimate:
+    """Memory of :func:`directional_curvature`: the direction, the gradient and H d (three full-dim
+    vectors of ``op.dtype``) plus one operator pass (no graph kept: one product)."""
+    budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
+    vec = vector_bytes(op.dim, op.dtype)
+    parts = {"direction, gradient, H d [3, dim]": 3 * vec, "operator pass": op.pass_bytes(1, cached=False)}
+    return first_fitting([MemoryEstimate(parts, budget, {"cache_graphs": False})], "directional_curvature",
+                         "use fewer or shorter curvature batches, fewer parameters (params=...), or raise max_memory")
 
 
 def directional_curvature(
     op: CurvatureOperator,
     direction: Mapping[str, torch.Tensor] | torch.Tensor,
+    max_memory: int | str | None = None,
 ) -> DirectionalCurvature:
     """Loss, slope and curvature of the loss along ``direction``.
 
@@ -30,13 +43,14 @@ def directional_curvature(
         direction: d as a dict ``{name: tensor of the parameter's shape}`` with exactly the keys of
             ``op.space`` (e.g. ``{n: q[n] - p[n]}`` for a quantized copy), or a flat ``[dim]``
             tensor in the space's order. Cast to the operator's dtype and device; not scaled.
+        max_memory: bytes (or ``"8GB"``) the call may allocate (:func:`estimate_memory`).
 
     Returns:
         :class:`DirectionalCurvature`: ``loss``, ``gTd``, ``dHd``, ``predicted_delta = gTd + dHd/2``
-        (second-order change of the loss, loss units), ``direction_norm``. Cost: one gradient (one
-        forward + backward per batch) and one HVP.
+        (second-order change of the loss, loss units), ``direction_norm``, ``memory``. Cost: one
+        gradient (one forward + backward per batch) and one HVP. Memory: :func:`estimate_memory`.
     """
-    _check_op(op)
+    check_op(op)
     gradient = getattr(op, "gradient", None)
     if not callable(gradient):
         raise EstimatorError(
@@ -54,8 +68,9 @@ def directional_curvature(
     if d.ndim != 1 or d.shape[0] != op.dim:
         raise EstimatorError(f"direction has shape {tuple(d.shape)}; expected a flat [{op.dim}] vector")
     d = d.detach().to(device=op.device, dtype=op.dtype)
-    if not torch.isfinite(d).all():
+    if not is_finite(d):
         raise EstimatorError("direction contains NaN/Inf")
+    plan = estimate_memory(op, max_memory)
     t0, n0 = time.perf_counter(), op.num_matvecs
     loss, g = gradient()
     loss = float(loss)
@@ -63,13 +78,14 @@ def directional_curvature(
     if g.shape[0] != op.dim:
         raise EstimatorError(f"op.gradient() returned a gradient of length {g.shape[0]}, expected {op.dim}")
     Hd = op.matvec_flat(d)
-    gTd = float(torch.dot(g.double(), d.double()))
-    dHd = float(torch.dot(d.double(), Hd.double()))
-    norm = float(d.double().norm())
+    gTd = float(rowdot(g[None], d[None])[0])
+    dHd = float(rowdot(d[None], Hd[None])[0])
+    norm = float(rowdot(d[None], d[None])[0]) ** 0.5
     for name, x in (("loss", loss), ("gTd", gTd), ("dHd", dHd)):
         if not math.isfinite(x):
             raise EstimatorError(f"{name} is not finite ({x}); check the loss and the direction")
     return DirectionalCurvature(
         loss=loss, gTd=gTd, dHd=dHd, predicted_delta=gTd + 0.5 * dHd, direction_norm=norm,
         num_matvecs=op.num_matvecs - n0, seconds=time.perf_counter() - t0, num_gradients=1,
+        memory=plan.to_dict(),
     )

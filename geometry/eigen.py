@@ -1,9 +1,19 @@
-"""Extreme eigenvalues of a curvature operator: Lanczos (default) and deflated power iteration.
+"""Extreme eigenvalues of a curvature operator: thick-restart Lanczos (default) and deflated power
+iteration.
 
 Eigenvalues are ranked by magnitude with their sign kept: a Hessian away from a minimum can have
 a negative eigenvalue larger in magnitude than the largest positive one, and power iteration finds
 exactly that one. Both methods start from a seeded Gaussian unit vector drawn from
-``op.generator(seed)`` (CPU generator; identical numbers on every device).
+``op.generator(seed)`` (CPU generator; identical numbers on every device). Vectors live in
+``op.dtype`` (float32 at least); recurrences, Ritz problems and dot products run in float64.
+
+Memory (n = dim, b = bytes of ``op.dtype``): Lanczos holds its basis, at most ``m · n · b`` with
+m = the basis size (``max_basis``, or the largest that fits ``max_memory``), plus ``(2k + 1) · n · b``
+for the residual and the final Ritz vectors; when m is smaller than the steps wanted, the basis is
+thick-restarted (Wu & Simon 2000): the best Ritz vectors are kept and the recurrence goes on, so
+memory stays at m vectors for any number of steps. Power iteration holds ``(k + 3) · n · b``.
+Both add one operator pass, with every batch's gradient graph kept between steps when it fits
+(each step then costs one second backward, not a graph rebuild).
 """
 from __future__ import annotations
 
@@ -13,17 +23,71 @@ import time
 import numpy as np
 import torch
 
-from ._checks import _check_int, _check_op
-from ._lanczos import lanczos, ritz
+from ._checks import check_int, check_op
+from ._linalg import RowBasis, project_out
+from .memory import (MemoryEstimate, basis_storage, default_budget, first_fitting, pass_options, resolve_budget,
+                     vector_bytes, with_basis)
 from .operator import CurvatureOperator
 from .results import EigenResult, EstimatorError
 
-__all__ = ["top_eigenvalues"]
+__all__ = ["top_eigenvalues", "estimate_memory"]
+
+_ADVICE = ("lower max_iter or max_basis, use method='power' (k + 3 vectors), use fewer or shorter curvature "
+           "batches, select fewer parameters (params=...), or raise max_memory")
 
 
 def _gaussian_unit(g: torch.Generator, dim: int, dtype, device) -> torch.Tensor:
-    x = torch.randn(dim, generator=g, dtype=torch.float64)
-    return (x / x.norm()).to(device=device, dtype=dtype)
+    """A Gaussian unit vector drawn on the CPU in ``dtype`` (no float64 copy at model scale)."""
+    x = torch.randn(dim, generator=g, dtype=dtype)
+    x /= x.double().norm().to(dtype)
+    return x.to(device=device)
+
+
+def _settings(plan: MemoryEstimate) -> dict:
+    return {k: plan.settings[k] for k in ("chunk_size", "cache_graphs") if k in plan.settings}
+
+
+def estimate_memory(op: CurvatureOperator, k: int = 1, method: str = "lanczos", max_iter: int = 100,
+                    max_memory=None, max_basis: int | None = None, basis_device=None,
+                    basis_dtype: torch.dtype | None = None) -> MemoryEstimate:
+    """The memory plan :func:`top_eigenvalues` would run with, without running it (raises
+    :class:`~geometry.memory.MemoryBudgetError` when nothing fits)."""
+    budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
+    vec = vector_bytes(op.dim, op.dtype)
+    bdev, bdtype, on_host = basis_storage(op.device, basis_device, basis_dtype, op.dtype)
+    host_budget = default_budget("cpu") if on_host else 0
+    bvec = vector_bytes(op.dim, bdtype)
+    steps = min(op.dim, max(max_iter, k))
+    cands = []
+    if method == "power":
+        for settings, pass_b, _ in pass_options(op, 1, steps):
+            parts = {f"eigenvectors found (and their stack) [{2 * k}, dim]": 2 * k * vec,
+                     "iterate, product, deflation [3, dim]": 3 * vec,
+                     "operator pass": pass_b}
+            cands.append(MemoryEstimate(parts, budget, {**settings}))
+        cands.sort(key=lambda e: not e.settings.get("cache_graphs", False))
+        return first_fitting(cands, "top_eigenvalues (power)", _ADVICE)
+    if method != "lanczos":
+        raise EstimatorError(f"method must be 'lanczos' or 'power', got {method!r}")
+    full = min(steps, op.dim)
+    smallest = min(full, max(2 * k + 2, k + 4))
+    sizes = [max_basis] if max_basis is not None else sorted({full, *[min(full, m) for m in (64, 32)]}, reverse=True)
+    small = [] if max_basis is not None else sorted({min(full, m) for m in (24, 16, smallest) if m >= smallest}, reverse=True)
+    order = [(m, c) for c in (True, False) for m in sizes] + [(m, c) for m in small for c in (True, False)]
+    options = {s.get("cache_graphs", False): (s, b) for s, b, _ in pass_options(op, 1, steps)}
+    final = {s.get("cache_graphs", False): (s, b) for s, b, _ in pass_options(op, k, 1)}
+    for m, cache in order:
+        if cache not in options:
+            continue
+        settings, pass_b = options[cache]
+        m16 = -(-m // 16) * 16                                  # the basis grows in blocks of 16 rows
+        parts, host = with_basis({"residual [1, dim]": vec, f"Ritz vectors and products [{2 * k}, dim]": 2 * k * vec,
+                                  "operator pass": max(pass_b, final[cache][1] if cache in final else pass_b)},
+                                 f"basis [{m16}, dim] {str(bdtype).replace('torch.', '')}", m16 * bvec, on_host)
+        cands.append(MemoryEstimate(parts, budget, {"basis_size": m, "restarted": m < full,
+                                                    "basis_device": str(bdev), "basis_dtype": str(bdtype).replace("torch.", ""),
+                                                    **settings}, host, host_budget))
+    return first_fitting(cands, "top_eigenvalues (lanczos)", _ADVICE)
 
 
 def top_eigenvalues(
@@ -33,6 +97,10 @@ def top_eigenvalues(
     tol: float = 1e-4,
     max_iter: int = 100,
     seed: int = 0,
+    max_memory: int | str | None = None,
+    max_basis: int | None = None,
+    basis_device: str | torch.device | None = None,
+    basis_dtype: torch.dtype | None = None,
 ) -> EigenResult:
     """The k eigenvalues of largest magnitude (sign kept), with residual norms.
 
@@ -40,13 +108,15 @@ def top_eigenvalues(
         op: any symmetric curvature operator of dimension ``dim``.
         k: how many eigenvalues, ``1 <= k <= dim``.
         method:
-            ``"lanczos"`` — Lanczos with full re-orthogonalisation from one random start vector:
-            after every step the tridiagonal T is diagonalised (cheap, m × m) and the run stops when
-            every one of the k largest-|θ| Ritz values has residual estimate
-            ``|β_{m+1} s_{m,i}| < tol·|θ_i|``, or after ``max_iter`` steps (at least k, at most dim;
-            an invariant Krylov space is continued from a fresh random vector orthogonal to it).
-            Cost: one HVP per step, plus one block of k HVPs for the true residuals of the Ritz
-            vectors. Memory: the basis, ``max_iter × dim`` numbers.
+            ``"lanczos"`` — Lanczos with full re-orthogonalisation (twice, against the whole basis)
+            from one random start vector; the projected matrix T = QᵀHQ is kept dense and
+            diagonalised after every step, and the run stops when every one of the k largest-|θ|
+            Ritz values has residual estimate ``β · |s_{m,i}| < tol·|θ_i|``, or after ``max_iter``
+            steps (at least k, at most dim). An invariant Krylov space is continued from a fresh
+            random vector orthogonal to it. When the basis reaches its size m (below the steps
+            wanted: memory), it is thick-restarted: the ⌈(m+k)/2⌉ Ritz vectors of largest |θ| are
+            kept with their coupling to the residual (Wu & Simon 2000). Cost: one HVP per step,
+            plus one block of k HVPs for the true residuals of the Ritz vectors.
 
             ``"power"`` — power iteration for the largest-|λ| eigenpair, then deflated power
             iteration (iterates orthogonalised against the eigenvectors already found, as PyHessian
@@ -58,36 +128,53 @@ def top_eigenvalues(
         tol: relative tolerance (see above), > 0.
         max_iter: Lanczos steps, or power iterations per eigenvalue, ≥ 1.
         seed: seed of the random start vector(s).
+        max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
+            :func:`geometry.memory.default_budget`); see the module docstring.
+        max_basis: Lanczos basis size (default: the steps wanted, or the largest that fits).
+            Accuracy cost of a small basis: none at convergence, but more steps (thick restarts
+            keep the best Ritz vectors, so the top few converge almost as fast as without).
+        basis_device: ``"cpu"`` keeps the Lanczos basis in host RAM when the operator is on a GPU
+            (no accuracy cost; each step moves the basis through PCIe).
+        basis_dtype: store the basis in e.g. ``torch.bfloat16`` (half the memory; arithmetic stays
+            float32). Accuracy cost: orthogonality only to ~4e-3, so Ritz values settle at about
+            that relative accuracy and ``tol`` below it is not reached.
 
     Returns:
         :class:`EigenResult` with ``values`` sorted by |λ| (largest first), ``residuals``
         ``‖H v_i − λ_i v_i‖`` for unit v_i, ``converged`` flags (Lanczos: true residual
-        ≤ tol·|λ_i| up to float round-off, 10·eps·√dim·|λ_1|; power: the relative-change criterion
-        was met), ``vectors`` [k, dim] and ``num_matvecs``.
+        ≤ tol·|λ_i| up to the products' round-off, 10·ε·|λ_1| with ε the precision of the products
+        or the vectors, whichever is coarser; power: the relative-change criterion was met),
+        ``vectors`` [k, dim], ``num_matvecs`` and ``memory`` (the plan, plus restarts).
     """
-    _check_op(op)
+    check_op(op)
     dim = op.dim
-    k = _check_int("k", k, 1)
+    k = check_int("k", k, 1)
     if k > dim:
         raise EstimatorError(f"k must be <= the operator dimension {dim}, got k={k}")
-    max_iter = _check_int("max_iter", max_iter, 1)
+    max_iter = check_int("max_iter", max_iter, 1)
     if not (isinstance(tol, (int, float)) and tol > 0 and math.isfinite(tol)):
         raise EstimatorError(f"tol must be a positive finite number, got {tol!r}")
     if method not in ("lanczos", "power"):
         raise EstimatorError(f"method must be 'lanczos' or 'power', got {method!r}")
+    if max_basis is not None:
+        max_basis = check_int("max_basis", max_basis, k + 2)
+    plan = estimate_memory(op, k, method, max_iter, max_memory, max_basis, basis_device, basis_dtype)
     t0, n0 = time.perf_counter(), op.num_matvecs
     g = op.generator(seed)
-    if method == "lanczos":
-        values, residuals, converged, vectors, iters = _lanczos_topk(op, k, tol, max_iter, g)
-    else:
-        values, residuals, converged, vectors, iters = _power_topk(op, k, tol, max_iter, g)
+    with op.configured(**_settings(plan)):
+        if method == "lanczos":
+            values, residuals, converged, vectors, iters, extra = _lanczos_topk(
+                op, k, tol, max_iter, g, plan.settings["basis_size"], basis_device, basis_dtype)
+        else:
+            values, residuals, converged, vectors, iters = _power_topk(op, k, tol, max_iter, g)
+            extra = {}
     for name, xs in (("eigenvalue", values), ("eigen residual", residuals)):
         if not all(math.isfinite(x) for x in xs):
             raise EstimatorError(f"{name} estimates are not finite ({xs}); check the loss and the operator")
     return EigenResult(
         values=tuple(values), residuals=tuple(residuals), converged=tuple(converged),
         num_matvecs=op.num_matvecs - n0, seconds=time.perf_counter() - t0, seed=int(seed),
-        method=method, iterations=iters, vectors=vectors,
+        method=method, iterations=iters, vectors=vectors, memory={**plan.to_dict(), **extra},
     )
 
 
@@ -97,39 +184,73 @@ def _select(theta: np.ndarray, k: int) -> np.ndarray:
     return order[:k]
 
 
-def _lanczos_topk(op, k, tol, max_iter, g):
+def _breakdown_eps(op: CurvatureOperator) -> float:
+    """Relative size under which a residual is rounding noise: 10 × the coarser of the products'
+    and the vectors' precision (no √dim factor: dot products are summed pairwise)."""
+    return 10.0 * max(op.product_eps, float(torch.finfo(op.dtype).eps))
+
+
+def _lanczos_topk(op, k, tol, max_iter, g, basis_size, basis_device=None, basis_dtype=None):
     dim = op.dim
-    steps = min(dim, max(max_iter, k))
-
-    def stop(alphas, betas, beta_next):
-        m = len(alphas)
-        if m < k:
-            return False
-        from scipy.linalg import eigh_tridiagonal
-
-        a = np.asarray(alphas)
-        if m == 1:
-            theta, S = a, np.ones((1, 1))
+    steps_total = min(dim, max(max_iter, k))
+    m = max(min(basis_size, steps_total), min(k + 2, dim))
+    keep = min(m - 1, max(k + 1, (m + k + 1) // 2))
+    eps = _breakdown_eps(op)
+    Q = RowBasis(dim, basis_dtype or op.dtype, basis_device or op.device)
+    Q.append(_gaussian_unit(g, dim, op.dtype, op.device))
+    T = np.zeros((m + 1, m + 1))
+    j, steps, restarts, breakdowns = 0, 0, 0, 0
+    tnorm = 0.0
+    while True:
+        w = op.matvec_flat(Q.row(j)).unsqueeze(0)                 # one HVP
+        steps += 1
+        c = Q.orthogonalize(w)
+        T[: j + 1, j] = c
+        T[j, : j + 1] = c
+        beta = float(w.double().norm())
+        theta, S = np.linalg.eigh(T[: j + 1, : j + 1])
+        tnorm = max(tnorm, float(np.max(np.abs(theta))))
+        sel = _select(theta, min(k, j + 1))
+        est = beta * np.abs(S[j, sel])
+        done = (j + 1 >= k and bool(np.all(est < tol * np.abs(theta[sel])))) or steps >= steps_total or j + 1 >= dim
+        if done:
+            break
+        if beta <= eps * max(tnorm, np.finfo(float).tiny):         # invariant subspace: fresh direction
+            breakdowns += 1
+            x = _gaussian_unit(g, dim, op.dtype, op.device).unsqueeze(0)
+            Q.orthogonalize(x)
+            nx = float(x.double().norm())
+            if not nx > eps:
+                break
+            nxt, coupling = x[0] / nx, 0.0
         else:
-            theta, S = eigh_tridiagonal(a, np.asarray(betas))
-        sel = _select(theta, k)
-        est = np.abs(beta_next * S[-1, sel])
-        return bool(np.all(est < tol * np.abs(theta[sel])))
-
-    v0 = _gaussian_unit(g, dim, op.dtype, op.device)
-    (run,) = lanczos(op, v0.unsqueeze(0), steps, generator=g, on_breakdown="restart", stop=stop)
-    theta, S = ritz(run)
+            nxt, coupling = w[0] / beta, beta
+        if j + 1 < m:
+            Q.append(nxt)
+            T[j + 1, j] = T[j, j + 1] = coupling
+            j += 1
+            continue
+        # thick restart: keep the `keep` Ritz vectors of largest |θ| and the next direction
+        kept = _select(theta, keep)
+        Q.keep_combinations(S[:, kept].T.copy())
+        Q.append(nxt)
+        T[:] = 0.0
+        T[:keep, :keep] = np.diag(theta[kept])
+        T[keep, :keep] = T[:keep, keep] = coupling * S[j, kept]
+        j = keep
+        restarts += 1
+    theta, S = np.linalg.eigh(T[: j + 1, : j + 1])
     sel = _select(theta, k)
     vals = theta[sel]
-    Sk = torch.as_tensor(S[:, sel].T.copy(), dtype=op.dtype, device=op.device)   # [k, m]
-    Y = Sk @ run.basis                                                            # [k, dim]
-    Y = Y / Y.norm(dim=1, keepdim=True)
-    HY = op.matmat_flat(Y)                                                        # k HVPs
-    lam = torch.as_tensor(vals, dtype=op.dtype, device=op.device)
-    res = (HY - lam[:, None] * Y).norm(dim=1).double().cpu().numpy()
-    floor = 10.0 * float(torch.finfo(op.dtype).eps) * math.sqrt(dim) * float(np.max(np.abs(theta)))
+    Y = Q.combine(S[:, sel].T.copy(), op.dtype, op.device)          # [k, dim]
+    Y = Y / Y.double().norm(dim=1, keepdim=True).to(Y.dtype)
+    HY = op.matmat_flat(Y)                                          # k HVPs
+    lam = torch.as_tensor(vals, dtype=torch.float64)
+    res = torch.stack([(HY[i].double() - lam[i] * Y[i].double()).norm() for i in range(len(vals))]).numpy()
+    floor = eps * float(np.max(np.abs(theta)))
     conv = [bool(r <= tol * abs(v) + floor) for r, v in zip(res, vals)]
-    return [float(v) for v in vals], [float(r) for r in res], conv, Y, run.steps
+    extra = {"restarts": restarts, "breakdowns": breakdowns, "basis_size": m}
+    return [float(v) for v in vals], [float(r) for r in res], conv, Y, steps, extra
 
 
 def _power_topk(op, k, tol, max_iter, g):
@@ -138,16 +259,10 @@ def _power_topk(op, k, tol, max_iter, g):
     iters = 0
     for _ in range(k):
         B = torch.stack(found) if found else None
-
-        def deflate(x):
-            if B is None:
-                return x
-            for _ in range(2):
-                x = x - B.T @ (B @ x)
-            return x
-
-        v = deflate(_gaussian_unit(g, op.dim, op.dtype, op.device))
-        v = v / v.norm()
+        v = _gaussian_unit(g, op.dim, op.dtype, op.device).unsqueeze(0)
+        if B is not None:
+            project_out(v, B)
+        v = v[0] / v.double().norm().to(v.dtype)
         lam_prev, lam, r, ok = None, 0.0, math.inf, False
         pair = v                  # the vector that lam and r belong to
         for _ in range(max_iter):
@@ -155,7 +270,7 @@ def _power_topk(op, k, tol, max_iter, g):
             iters += 1
             pair = v
             lam = float(torch.dot(v.double(), w.double()))
-            r = float((w - lam * v).norm())
+            r = float((w.double() - lam * v.double()).norm())
             if lam_prev is not None and abs(lam - lam_prev) < tol * abs(lam):
                 ok = True
                 break
@@ -163,9 +278,12 @@ def _power_topk(op, k, tol, max_iter, g):
                 ok = True
                 break
             lam_prev = lam
-            w = deflate(w)
-            n = w.norm()
-            if not float(n) > 0:  # H v lies in the span of the found vectors: nothing left to iterate
+            if B is not None:
+                w = w.unsqueeze(0)
+                project_out(w, B)
+                w = w[0]
+            n = float(w.double().norm())
+            if not n > 0:         # H v lies in the span of the found vectors: nothing left to iterate
                 ok = True
                 break
             v = w / n

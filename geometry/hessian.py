@@ -1,56 +1,55 @@
-"""Hessian-vector products of a model's loss, batched over k vectors (SCIENCE.md §4).
+"""Hessian-vector products of a model's loss, batched over k vectors (docs/science.md §4).
 
 :class:`HessianOperator` is the Hessian ``H = ∇²_θ L(θ)`` of the weighted mean loss
 
     L(θ) = Σ_b w_b · loss_fn(model, batch_b),      Σ_b w_b = 1,
 
 with respect to a declared parameter set θ (globs over parameter names), applied to blocks of k
-vectors without ever forming H. Two backends compute exactly the same products:
+vectors without ever forming H. Two backends compute the same products:
 
 ``"reverse"`` (default), reverse-over-reverse
     Per data batch the gradient ``g = ∇L_b`` is built once with ``create_graph=True`` and that graph
     is reused for all k vectors: ``H_b v = ∇(g · v)``. The k second backwards run either as one
     vmapped backward (``is_grads_batched=True``, ``vectorize=True``) or as k sequential backwards on
     the retained graph (``vectorize=False``). Only one batch's graph is alive at a time (batches
-    outer, chunks of vectors inner).
+    outer, chunks of vectors inner), unless graphs are kept between calls (``cache_graphs``): then
+    every batch's graph stays alive until the parameters change or :meth:`release_graphs`, so an
+    iterative solver (power iteration, Lanczos, SLQ) pays the graph build once, not every step.
 ``"forward"``, forward-over-reverse
     ``torch.func.jvp`` of ``torch.func.grad`` over ``torch.func.functional_call``, vmapped over the
-    k tangents (chunked). Non-selected parameters and buffers enter as constants. This is the
-    torch.func path (``torch.compile`` may speed it up; not tried here); it rebuilds the forward and gradient for every
-    chunk, so it costs more per vector than ``"reverse"`` on CPU.
+    k tangents (chunked). Non-selected parameters and buffers enter as constants. It rebuilds the
+    forward and gradient for every chunk, so it costs more per vector than ``"reverse"`` on CPU.
 
-Choice of ``vectorize`` (measured on this project's CPU machine: 2 shared, heavily loaded cores,
-1 torch thread, torch 2.13; HF GPT-NeoX / Llama ≈0.9M parameters, eager attention, one batch
-8×128; per-vector HVP time ÷ one gradient time, each paired with a gradient timed just before,
-graph build included; two rounds each)::
+``vectorize="auto"`` picks the sequential second backwards on CPU (measured faster there, see
+benchmarks/README.md, "HVP throughput") and the vectorized one on CUDA.
 
-                        k=1         k=8
-    NeoX  sequential    4.19, 3.45  2.52, 1.72
-    NeoX  vectorized    3.90, 4.13  2.84, 7.07
-    Llama sequential    4.11, 3.27  2.41, 2.38
-    Llama vectorized    3.89, 3.77  3.03, 2.62
+Precision: products run in the model's dtype. Vectors in and out of :meth:`matmat_flat` and all
+accumulation over batches are in :attr:`dtype`, which is float32 for a float16/bfloat16 model
+(the model's dtype otherwise), so estimator linear algebra never runs in half precision. To
+compute the products themselves in float32, load the model in float32.
 
-The sequential second backwards win at k = 8 (vmap's batching rules add work on CPU), so
-``vectorize="auto"`` picks sequential on CPU (:data:`AUTO_VECTORIZE_CPU`) and the vectorized
-second backward on CUDA (unmeasured here; one kernel per op instead of k is the usual GPU win).
-Full tables: ``python -m benchmarks.hvp_throughput``.
+Memory: :meth:`pass_bytes` predicts the peak of one product of k vectors beyond the vectors
+themselves, from the double-backward graph of the largest batch measured once (saved-tensor
+hooks on one row of each batch shape): see :mod:`geometry.memory` and benchmarks/README.md
+("Scale") for the check against measured peaks.
 
 Conventions, side effects and guarantees of every call:
 
-- attention runs under :func:`geometry.attention.second_order_attention` (SDPA MATH backend), so
-  models using SDPA work without the caller knowing;
-- the model is put in **eval mode** for the call (dropout off: the Hessian of a random function
-  is not what anyone means), and every submodule's previous mode is restored afterwards;
-- ``.grad`` of every parameter is left as it was (the same tensor object or ``None``): products
-  use ``torch.autograd.grad``, never ``.backward()``, so no graph is ever attached to ``.grad``;
+- attention runs under :func:`geometry.attention.second_order_attention` (SDPA MATH backend), and
+  embeddings' ``padding_idx`` is cleared (:func:`geometry.derivatives.true_derivatives`), so the
+  products are those of the loss the forward computes;
+- the model is put in **eval mode** for the call, and every submodule's previous mode is restored;
+- ``.grad`` of every parameter is left as it was: products use ``torch.autograd.grad``;
   ``requires_grad`` flags and parameter values are untouched;
-- works in any floating dtype the model has (float64 for exact tests); all selected parameters
-  must share one dtype and device;
+- a selected parameter whose gradient has no autograd graph (a zero Hessian row) is checked once
+  with a finite difference of gradients: a loss linear in it passes, a non-differentiable backward
+  on its path raises :class:`~geometry.operator.OperatorError` instead of a silent zero row;
 - grad mode is switched on internally, so calls work inside ``torch.no_grad()``.
 """
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 import torch
@@ -58,16 +57,22 @@ from torch import nn
 
 from .attention import second_order_attention
 from .batches import normalise_batch_weights
-from .operator import CurvatureOperator, OperatorError
+from .derivatives import true_derivatives
+from .operator import CurvatureOperator, OperatorError, estimator_dtype, is_finite
 from .params import ParamGlobs, ParamSpace, select_parameters
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 Backend = Literal["reverse", "forward"]
 
 #: Default bound on k per pass for the vmapped passes (vectorized reverse, forward). A vmapped
-#: pass holds ~k copies of the backward's intermediates, so memory grows linearly with the chunk
-#: (about k × the activation memory of one gradient); per-vector cost is flat beyond k ≈ 8.
+#: pass holds ~k copies of the backward's intermediates, so memory grows linearly with the chunk.
 DEFAULT_CHUNK = 16
+
+#: Transient of one second backward, as a multiple of the batch's saved graph: the activation
+#: gradients flowing through the graph (fitted on GPT-NeoX 14M–160M shapes, benchmarks/README.md "Scale").
+SECOND_BACKWARD_FACTOR = 1.45
+#: The same for one tangent of the forward backend (forward, gradient and their tangents).
+FORWARD_FACTOR = 3.0
 
 
 class _LossModule(nn.Module):
@@ -80,6 +85,16 @@ class _LossModule(nn.Module):
 
     def forward(self, batch: Any) -> torch.Tensor:
         return self.loss_fn(self.model, batch)
+
+
+@dataclass
+class _Graph:
+    """One batch's gradient with its graph: the live gradients (those that have a graph) and
+    which selected tensors they belong to."""
+
+    loss: torch.Tensor
+    outputs: list[torch.Tensor]
+    live: list[int]
 
 
 class HessianOperator(CurvatureOperator):
@@ -100,19 +115,24 @@ class HessianOperator(CurvatureOperator):
         progress: show a tqdm bar over batches.
         vectorize: reverse backend only: ``True`` one vmapped second backward per chunk,
             ``False`` k sequential second backwards on the retained graph, ``"auto"`` the measured
-            faster one for the device (module docstring).
+            faster one for the device (sequential on CPU, vectorized on CUDA).
+        cache_graphs: reverse backend: keep every batch's gradient graph between calls (until the
+            parameters change or :meth:`release_graphs`). Estimators switch it on themselves when
+            it fits their memory budget (:meth:`configured`).
+        max_memory: default memory budget of the estimators run on this operator (bytes or
+            ``"8GB"``; None: :func:`geometry.memory.default_budget` at each estimator call).
 
     Cost of ``matmat`` on k vectors with B batches, in gradient-equivalents (one gradient = one
     forward + one backward of ``loss_fn``), measured on CPU: reverse ≈ B · (≈1.5 + ≈2·k) (one
-    graph-building gradient with ``create_graph``, then one second backward per vector: ≈2.4
-    gradients per vector at k = 8, ≈3.5–4 at k = 1); forward ≈ B · k · ≈4 (forward and gradient
-    are re-run under the jvp for every chunk). Memory: one batch's double-backward graph plus the
-    chunk's intermediates.
+    graph-building gradient with ``create_graph``, then one second backward per vector; the 1.5 is
+    paid once per batch overall when graphs are cached); forward ≈ B · k · ≈4. Memory:
+    :meth:`pass_bytes`.
 
     Attributes:
         space: the :class:`ParamSpace` fixing names, shapes and flat order of the parameters.
         weights: normalised batch weights (tuple of floats).
         num_matvecs: number of Hessian-vector products computed so far.
+        num_graph_builds: number of per-batch gradient graphs built so far.
     """
 
     def __init__(
@@ -126,6 +146,8 @@ class HessianOperator(CurvatureOperator):
         chunk_size: int | None = None,
         progress: bool = False,
         vectorize: bool | Literal["auto"] = "auto",
+        cache_graphs: bool = False,
+        max_memory: int | str | None = None,
     ):
         if not isinstance(model, nn.Module):
             raise OperatorError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -153,7 +175,14 @@ class HessianOperator(CurvatureOperator):
         self.chunk_size = chunk_size
         self.progress = progress
         self.vectorize = (self.space.device.type != "cpu" or AUTO_VECTORIZE_CPU) if vectorize == "auto" else bool(vectorize)
+        self.cache_graphs = bool(cache_graphs)
+        self.max_memory = max_memory
         self.num_matvecs = 0
+        self.num_graph_builds = 0
+        self._graphs: dict[int, _Graph] = {}
+        self._fingerprint: tuple | None = None
+        self._graph_bytes: dict[Any, int] = {}
+        self._dead_checked = False
 
     # ------------------------------------------------------------------ attributes
     @property
@@ -162,6 +191,12 @@ class HessianOperator(CurvatureOperator):
 
     @property
     def dtype(self) -> torch.dtype:
+        """dtype of vectors in and out: the model's, promoted to at least float32."""
+        return estimator_dtype(self.space.dtype)
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """dtype the products are computed in (the selected parameters')."""
         return self.space.dtype
 
     @property
@@ -171,7 +206,8 @@ class HessianOperator(CurvatureOperator):
     def __repr__(self) -> str:
         mode = f"vectorize={self.vectorize}" if self.backend == "reverse" else "vmap"
         return (f"HessianOperator(dim={self.dim}, params={len(self.space.names)} tensors, batches={len(self.batches)}, "
-                f"backend={self.backend!r}, {mode}, chunk_size={self.chunk_size}, dtype={self.dtype})")
+                f"backend={self.backend!r}, {mode}, chunk_size={self.chunk_size}, dtype={self.param_dtype}, "
+                f"cache_graphs={self.cache_graphs})")
 
     # ------------------------------------------------------------------ public API
     def matvec(self, v: Mapping[str, torch.Tensor] | torch.Tensor) -> dict[str, torch.Tensor] | torch.Tensor:
@@ -187,7 +223,7 @@ class HessianOperator(CurvatureOperator):
 
     def matmat(self, V: Mapping[str, torch.Tensor] | torch.Tensor) -> dict[str, torch.Tensor] | torch.Tensor:
         """``H v_i`` for k vectors: a dict ``{name: Tensor[k, *shape]}`` or a flat ``Tensor[k, dim]``
-        (vectors as rows); returns the same kind. Cost: k Hessian-vector products."""
+        (vectors as rows); returns the same kind (in :attr:`dtype`). Cost: k Hessian-vector products."""
         if isinstance(V, Mapping):
             k = self.space.check_dict(V, batched=True)
             if k == 0:
@@ -203,18 +239,96 @@ class HessianOperator(CurvatureOperator):
 
     def gradient(self) -> tuple[float, torch.Tensor]:
         """``(L, ∇L)``: the weighted mean loss (float, the loss_fn's units) and its gradient, flat
-        ``Tensor[dim]`` in :attr:`space` order. Cost: one gradient per batch."""
+        ``Tensor[dim]`` in :attr:`space` order and :attr:`dtype`. Cost: one gradient per batch."""
         grad = torch.zeros(self.dim, dtype=self.dtype, device=self.device)
         total = 0.0
         with self._call_context() as params:
-            for i, (w, batch) in enumerate(self._iter_batches("gradient")):
+            for i, (w, batch) in self._iter_batches("gradient"):
                 loss = self._loss(params, batch, i)
                 gs = torch.autograd.grad(loss, list(params.values()), allow_unused=True, materialize_grads=True)
-                grad.add_(torch.cat([g.reshape(-1) for g in gs]), alpha=w)
+                for s, gi in zip(self.space.slices.values(), gs):
+                    grad[s].add_(gi.reshape(-1), alpha=w)
                 total += w * float(loss.detach())
-        if not torch.isfinite(grad).all():
+        if not is_finite(grad):
             raise OperatorError("the gradient is NaN/Inf; check the model's weights and the batches")
         return total, grad
+
+    # ------------------------------------------------------------------ memory and graph cache
+    def graph_bytes(self, index: int) -> int:
+        """Bytes of batch ``index``'s double-backward graph: the tensors autograd saves for the
+        forward and for the ``create_graph`` backward (parameters and buffers excluded, they are
+        resident), plus the first-order gradients. Measured once per batch shape on a one-row
+        slice with saved-tensor hooks and scaled by the rows (cost: one small gradient)."""
+        batch = self.batches[index]
+        rows, sliced, key = _one_row(batch)
+        if key not in self._graph_bytes:
+            self._graph_bytes[key] = self._measure_saved(sliced)
+        saved = self._graph_bytes[key] * rows
+        return int(saved + self.dim * _itemsize(self.param_dtype))
+
+    def _measure_saved(self, batch: Any) -> int:
+        resident = {t.untyped_storage().data_ptr() for t in list(self.model.parameters()) + list(self.model.buffers())}
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            try:
+                st = t.untyped_storage()
+                ptr = st.data_ptr()
+                if ptr not in resident:
+                    seen[ptr] = st.nbytes()
+            except (RuntimeError, NotImplementedError):  # tensor subclasses without a plain storage
+                seen[id(t)] = t.numel() * t.element_size()
+            return t
+
+        with self._call_context() as params, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = self._loss(params, batch, 0)
+            torch.autograd.grad(loss, list(params.values()), create_graph=True, allow_unused=True)
+        return int(sum(seen.values()))
+
+    def pass_bytes(self, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
+        """Predicted peak bytes of one :meth:`matmat_flat` of ``k`` vectors beyond its input and
+        output ``[k, dim]`` tensors: the live graph(s) plus the transient of the products.
+
+        reverse: graph (largest batch, or every batch when ``cached``) + sequential: one second
+        backward (:data:`SECOND_BACKWARD_FACTOR` × saved graph + 2 gradients of the parameters'
+        dtype), vectorized: that × the chunk; forward: chunk × :data:`FORWARD_FACTOR` × saved graph.
+        """
+        cached = self.cache_graphs if cached is None else cached
+        chunk = chunk or self._chunk(k, True)
+        per_batch = [self.graph_bytes(i) for i in range(len(self.batches))]
+        grads = self.dim * _itemsize(self.param_dtype)
+        saved_max = max(per_batch) - grads
+        if self.backend == "forward":
+            chunk = min(k, chunk)
+            return int(chunk * (FORWARD_FACTOR * saved_max + 3 * grads))
+        live = sum(per_batch) if cached else max(per_batch)
+        chunk = min(k, chunk) if self.vectorize else 1
+        return int(live + chunk * (SECOND_BACKWARD_FACTOR * saved_max + 2 * grads))
+
+    @contextlib.contextmanager
+    def configured(self, chunk_size: int | None = None, cache_graphs: bool | None = None) -> Iterator["HessianOperator"]:
+        """Temporarily set ``chunk_size`` / ``cache_graphs`` (estimators do this to fit their
+        budget); graphs kept for the block are released at its end."""
+        old = (self.chunk_size, self.cache_graphs)
+        if chunk_size is not None:
+            self.chunk_size = chunk_size
+        if cache_graphs is not None:
+            self.cache_graphs = bool(cache_graphs) and self.backend == "reverse"
+        try:
+            yield self
+        finally:
+            if self.cache_graphs and not old[1]:
+                self.release_graphs()
+            self.chunk_size, self.cache_graphs = old
+
+    def release_graphs(self) -> None:
+        """Free the gradient graphs kept between calls."""
+        self._graphs.clear()
+        self._fingerprint = None
+
+    def _model_fingerprint(self) -> tuple:
+        ts = list(self.model.parameters()) + list(self.model.buffers())
+        return tuple((t.data_ptr(), t._version, t.dtype) for t in ts)
 
     # ------------------------------------------------------------------ base-class hook
     def _matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
@@ -227,15 +341,16 @@ class HessianOperator(CurvatureOperator):
         return out
 
     # ------------------------------------------------------------------ internals
-    def _iter_batches(self, desc: str) -> Iterator[tuple[float, Any]]:
-        pairs = zip(self.weights, self.batches)
+    def _iter_batches(self, desc: str) -> Iterator[tuple[int, tuple[float, Any]]]:
+        pairs = list(zip(self.weights, self.batches))
+        items: Any = enumerate(pairs)
         if self.progress:
             from tqdm.auto import tqdm
 
-            pairs = tqdm(pairs, total=len(self.batches), desc=desc, leave=False)
-        for w, batch in pairs:
+            items = tqdm(items, total=len(pairs), desc=desc, leave=False)
+        for i, (w, batch) in items:
             if w > 0:
-                yield w, batch
+                yield i, (w, batch)
 
     def _current_params(self) -> dict[str, torch.Tensor]:
         """The selected parameters as they are in the model now (weights may have been replaced)."""
@@ -243,20 +358,21 @@ class HessianOperator(CurvatureOperator):
         out = {}
         for name, shape in zip(self.space.names, self.space.shapes):
             p = named.get(name)
-            if p is None or p.shape != shape or p.dtype != self.dtype or p.device != self.device:
+            if p is None or p.shape != shape or p.dtype != self.param_dtype or p.device != self.device:
                 raise OperatorError(f"parameter {name!r} vanished or changed shape/dtype/device since the operator was built")
             out[name] = p
         return out
 
     @contextlib.contextmanager
     def _call_context(self) -> Iterator[dict[str, torch.Tensor]]:
-        """Eval mode, MATH attention, grad enabled; restores modes and ``.grad`` afterwards."""
+        """Eval mode, MATH attention, true embedding derivatives, grad enabled; restores modes and
+        ``.grad`` afterwards."""
         modes = [(m, m.training) for m in self.model.modules()]
         grads = [(p, p.grad) for p in self.model.parameters()]
         params = self._current_params()
         self.model.eval()
         try:
-            with torch.enable_grad(), second_order_attention():
+            with torch.enable_grad(), second_order_attention(), true_derivatives(self.model):
                 yield params
         finally:
             for m, training in modes:
@@ -301,40 +417,103 @@ class HessianOperator(CurvatureOperator):
             else:
                 self._forward(params, vs, outs)
         for name, o in zip(self.space.names, outs):
-            if not torch.isfinite(o).all():
+            if not is_finite(o):
                 raise OperatorError(f"the Hessian-vector product is NaN/Inf (first at parameter {name!r}); "
                                     "check the model's weights, the vectors and the loss")
+
+    def _graph(self, params: dict[str, torch.Tensor], batch: Any, index: int) -> _Graph:
+        """Batch ``index``'s gradient graph: from the cache when kept and still valid, else built."""
+        if self.cache_graphs:
+            fp = self._model_fingerprint()
+            if fp != self._fingerprint:
+                self._graphs.clear()
+                self._fingerprint = fp
+            if index in self._graphs:
+                return self._graphs[index]
+        tensors = list(params.values())
+        loss = self._loss(params, batch, index)
+        grads = torch.autograd.grad(loss, tensors, create_graph=True, allow_unused=True, materialize_grads=True)
+        self.num_graph_builds += 1
+        # a gradient that does not depend on θ has a zero Hessian row: right for a loss linear in
+        # that tensor, wrong when an op's backward is not differentiable -> checked once
+        live = [j for j, g in enumerate(grads) if g.requires_grad]
+        if len(live) < len(tensors) and not self._dead_checked:
+            self._dead_checked = True
+            self._check_dead_rows(params, batch, index, [j for j in range(len(tensors)) if j not in live])
+        graph = _Graph(loss, [grads[j] for j in live], live)
+        if self.cache_graphs:
+            self._graphs[index] = graph
+        return graph
+
+    def _check_dead_rows(self, params: dict[str, torch.Tensor], batch: Any, index: int, dead: list[int]) -> None:
+        """Raise when moving the tensors whose gradient has no graph changes the gradient (their
+        Hessian rows are then not zero: a non-differentiable backward). Cost: two gradients."""
+        names = list(params)
+        tensors = list(params.values())
+        eps = 3e-2 if self.param_dtype in (torch.float16, torch.bfloat16) else 1e-2
+        saved = [tensors[j].detach().clone() for j in dead]
+        gen = torch.Generator().manual_seed(0)
+
+        def grad_at(sign: float) -> torch.Tensor:
+            with torch.no_grad():
+                for j, orig in zip(dead, saved):
+                    u = torch.randn(orig.shape, generator=gen, dtype=torch.float64)
+                    scale = eps * max(float(orig.double().norm()), 1.0) / max(float(u.norm()), 1e-30)
+                    tensors[j].copy_(orig + sign * (scale * u).to(device=orig.device, dtype=orig.dtype))
+            loss = self._loss(params, batch, index)
+            gs = torch.autograd.grad(loss, tensors, allow_unused=True, materialize_grads=True)
+            return torch.cat([g.detach().reshape(-1).to(torch.float64) for g in gs])
+
+        try:
+            gen.manual_seed(0)
+            g_plus = grad_at(+1.0)
+            gen.manual_seed(0)
+            g_minus = grad_at(-1.0)
+        finally:
+            with torch.no_grad():
+                for j, orig in zip(dead, saved):
+                    tensors[j].copy_(orig)
+        change = float((g_plus - g_minus).norm())
+        scale = max(float(g_plus.norm()), float(g_minus.norm()), 1e-30)
+        tol = max(1e3 * torch.finfo(self.param_dtype).eps, 1e-6)
+        if change > tol * scale:
+            which = ", ".join(names[j] for j in dead[:6]) + (" ..." if len(dead) > 6 else "")
+            raise OperatorError(
+                f"the gradient of {which} has no autograd graph (a zero Hessian row), yet moving those tensors by "
+                f"{eps:g} of their norm changes the gradient by {change / scale:.2g} of its norm: an op on their path "
+                "has a backward that is not differentiable (a custom autograd.Function whose backward runs without "
+                "grad, or a detach). Its curvature would silently be zero; exclude these parameters (params=...) or "
+                "give the op a differentiable backward"
+            )
 
     def _reverse(self, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
         tensors = list(params.values())
         k = vs[0].shape[0]
         chunk = self._chunk(k, self.vectorize)
-        for i, (w, batch) in enumerate(self._iter_batches("hvp")):
-            loss = self._loss(params, batch, i)
-            grads = torch.autograd.grad(loss, tensors, create_graph=True, allow_unused=True, materialize_grads=True)
-            # gradients that do not depend on θ (loss linear in that tensor) have zero Hessian rows
-            live = [j for j, g in enumerate(grads) if g.requires_grad]
-            if not live:
+        pdt = self.param_dtype
+        for i, (w, batch) in self._iter_batches("hvp"):
+            graph = self._graph(params, batch, i)
+            if not graph.live:
                 continue
-            outputs = [grads[j] for j in live]
             for start in range(0, k, chunk):
                 stop = min(start + chunk, k)
                 if self.vectorize:
                     hv = torch.autograd.grad(
-                        outputs, tensors, grad_outputs=[vs[j][start:stop] for j in live], retain_graph=True,
-                        is_grads_batched=True, allow_unused=True, materialize_grads=True,
+                        graph.outputs, tensors, grad_outputs=[vs[j][start:stop].to(pdt) for j in graph.live],
+                        retain_graph=True, is_grads_batched=True, allow_unused=True, materialize_grads=True,
                     )
                     for o, h in zip(outs, hv):
                         o[start:stop].add_(h, alpha=w)
                 else:
                     for r in range(start, stop):
                         hv = torch.autograd.grad(
-                            outputs, tensors, grad_outputs=[vs[j][r] for j in live], retain_graph=True,
-                            allow_unused=True, materialize_grads=True,
+                            graph.outputs, tensors, grad_outputs=[vs[j][r].to(pdt) for j in graph.live],
+                            retain_graph=True, allow_unused=True, materialize_grads=True,
                         )
                         for o, h in zip(outs, hv):
                             o[r].add_(h, alpha=w)
-            del grads, outputs, loss  # free this batch's graph before the next batch
+                        del hv
+            del graph  # not cached: this batch's graph is freed before the next batch
 
     def _forward(self, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
         from torch.func import functional_call, grad, jvp, vmap
@@ -346,7 +525,8 @@ class HessianOperator(CurvatureOperator):
         consts = {"model." + n: p.detach() for n, p in self.model.named_parameters() if id(p) not in selected}
         k = vs[0].shape[0]
         chunk = self._chunk(k, True)
-        for i, (w, batch) in enumerate(self._iter_batches("hvp")):
+        pdt = self.param_dtype
+        for i, (w, batch) in self._iter_batches("hvp"):
 
             def loss_of(p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
                 full = {"model." + n: t for n, t in p.items()}
@@ -364,7 +544,7 @@ class HessianOperator(CurvatureOperator):
             batched = vmap(hvp, in_dims=(0,), randomness="same")
             for start in range(0, k, chunk):
                 stop = min(start + chunk, k)
-                hv, losses = batched({n: v[start:stop] for n, v in zip(names, vs)})
+                hv, losses = batched({n: v[start:stop].to(pdt) for n, v in zip(names, vs)})
                 if not torch.isfinite(losses).all():
                     raise OperatorError(f"the loss is {float(losses.reshape(-1)[0])} on batch {i}; "
                                         "the Hessian of a non-finite loss is undefined")
@@ -372,5 +552,21 @@ class HessianOperator(CurvatureOperator):
                     o[start:stop].add_(hv[n], alpha=w)
 
 
-#: Measured choice for ``vectorize="auto"`` on CPU (see the module docstring's table).
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _one_row(batch: Any) -> tuple[int, Any, Any]:
+    """``(rows, one-row slice, shape key)`` of a batch: a tensor or a tuple/list of tensors sharing
+    their first dimension; anything else is measured whole (rows = 1)."""
+    if isinstance(batch, torch.Tensor) and batch.ndim >= 1 and batch.shape[0] > 0:
+        return batch.shape[0], batch[:1], ("t", tuple(batch.shape[1:]), batch.dtype)
+    if (isinstance(batch, (tuple, list)) and batch and all(isinstance(t, torch.Tensor) and t.ndim >= 1 for t in batch)
+            and len({t.shape[0] for t in batch}) == 1 and batch[0].shape[0] > 0):
+        key = ("s",) + tuple((tuple(t.shape[1:]), t.dtype) for t in batch)
+        return batch[0].shape[0], type(batch)(t[:1] for t in batch), key
+    return 1, batch, ("whole", id(batch))
+
+
+#: Measured choice for ``vectorize="auto"`` on CPU (benchmarks/README.md, "HVP throughput").
 AUTO_VECTORIZE_CPU = False

@@ -7,6 +7,8 @@ tiny problems) and on the Hessian-vector-product :class:`~geometry.hessian.Hessi
 from __future__ import annotations
 
 import abc
+import contextlib
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -16,6 +18,18 @@ from .params import ParamSpace
 
 class OperatorError(ValueError):
     """Bad input to a linear operator (wrong shape, k = 0, non-finite result, ...)."""
+
+
+def estimator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype estimator vectors and linear algebra use for an operator whose products run in
+    ``dtype``: float32 for half precision (float16/bfloat16), ``dtype`` itself otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def is_finite(x: torch.Tensor) -> bool:
+    """Whether every entry of ``x`` is finite, without a full-size boolean temporary: the float64
+    sum of finite float32/float64 entries is finite, and any NaN/Inf makes it NaN/Inf."""
+    return bool(torch.isfinite(x.sum(dtype=torch.float64)))
 
 
 class CurvatureOperator(abc.ABC):
@@ -30,6 +44,8 @@ class CurvatureOperator(abc.ABC):
 
     space: ParamSpace | None = None
     num_matvecs: int = 0
+    #: default memory budget of estimators on this operator (None: geometry.memory.default_budget)
+    max_memory: int | str | None = None
 
     @property
     @abc.abstractmethod
@@ -43,6 +59,26 @@ class CurvatureOperator(abc.ABC):
     @property
     @abc.abstractmethod
     def device(self) -> torch.device: ...
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """dtype the products are computed in (``dtype`` unless the operator says otherwise)."""
+        return self.dtype
+
+    @property
+    def product_eps(self) -> float:
+        """Relative precision of one product: the machine epsilon of :attr:`param_dtype`."""
+        return float(torch.finfo(self.param_dtype).eps)
+
+    def pass_bytes(self, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
+        """Bytes one :meth:`matmat_flat` of k vectors allocates beyond its input and output
+        (0 for an explicit matrix); operators with a graph override this."""
+        return 0
+
+    @contextlib.contextmanager
+    def configured(self, chunk_size: int | None = None, cache_graphs: bool | None = None) -> Iterator["CurvatureOperator"]:
+        """Temporarily apply an estimator's memory plan (a no-op for operators without knobs)."""
+        yield self
 
     @abc.abstractmethod
     def _matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
@@ -58,7 +94,7 @@ class CurvatureOperator(abc.ABC):
             raise OperatorError(f"vectors have length {V.shape[1]}, the operator has dim {self.dim}")
         out = self._matmat_flat(V.to(device=self.device, dtype=self.dtype))
         self.num_matvecs += V.shape[0]
-        if not torch.isfinite(out).all():
+        if not is_finite(out):
             raise OperatorError("the operator returned NaN/Inf; check the loss and the model's weights")
         return out
 

@@ -57,6 +57,8 @@ class TraceEstimate(_ToDict):
             without ``tol`` (nothing to reach) and for Hutch++: ``True``.
         num_samples: number of Rademacher samples behind ``stderr`` (Hutch++: the residual part).
         dim: dimension of the operator.
+        memory: the memory plan it ran with (:meth:`geometry.memory.MemoryEstimate.to_dict`:
+            predicted bytes, budget, and the settings chosen: block size, Hutch++ sketch size, ...).
     """
 
     value: float
@@ -70,6 +72,7 @@ class TraceEstimate(_ToDict):
     converged: bool = True
     num_samples: int = 0
     dim: int = 0
+    memory: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def rel_stderr(self) -> float:
@@ -91,6 +94,7 @@ class EigenResult(_ToDict):
         num_matvecs, seconds, seed: cost, wall time, seed of the random start.
         method: ``"lanczos"`` or ``"power"``.
         iterations: Lanczos steps taken, or power iterations summed over the k values.
+        memory: the memory plan (predicted bytes, budget, basis size, restarts, graph cache).
         vectors: the unit eigenvector estimates as a ``[k, dim]`` tensor on the operator's device
             (not part of ``to_dict()`` or equality).
     """
@@ -104,6 +108,7 @@ class EigenResult(_ToDict):
     method: str
     iterations: int = 0
     vectors: Any = field(default=None, repr=False, compare=False)
+    memory: dict = field(default_factory=dict, compare=False, hash=False)
 
     _skip = ("vectors",)
 
@@ -132,6 +137,9 @@ class SpectralDensity(_ToDict):
         dim: dimension of the operator.
         num_runs, num_steps: as requested (``num_steps`` capped at ``dim``).
         num_matvecs, seconds, seed: cost (≤ num_runs · num_steps HVPs), wall time, seed.
+        steps: Lanczos steps each run actually took (fewer than ``num_steps`` after a breakdown).
+        breakdowns: runs that ended on an invariant Krylov space (their quadrature is exact).
+        memory: the memory plan (re-orthogonalisation mode, runs per group, predicted bytes).
     """
 
     nodes: tuple[np.ndarray, ...]
@@ -145,6 +153,9 @@ class SpectralDensity(_ToDict):
     num_matvecs: int
     seconds: float
     seed: int
+    steps: tuple[int, ...] = ()
+    breakdowns: int = 0
+    memory: dict = field(default_factory=dict, compare=False, hash=False)
 
     def moment(self, p: int) -> float:
         """Mean over runs of ``Σ_i w_i λ_i^p``: an unbiased estimate of ``tr(H^p) / dim``.
@@ -207,6 +218,7 @@ class DirectionalCurvature(_ToDict):
         num_matvecs: HVPs spent (1).
         seconds: wall time (one gradient + one HVP).
         num_gradients: gradient evaluations spent (1).
+        memory: the memory plan (predicted bytes and budget).
     """
 
     loss: float
@@ -217,6 +229,7 @@ class DirectionalCurvature(_ToDict):
     num_matvecs: int
     seconds: float
     num_gradients: int = 1
+    memory: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def curvature(self) -> float:

@@ -3,9 +3,16 @@
 All three run on any :class:`~geometry.operator.CurvatureOperator` through
 ``op.matmat_flat(V[k, dim])`` and apply the probes in blocks of k vectors, so a batched HVP
 backend (one gradient graph reused for k vectors) pays off. Probes are Rademacher (±1 entries),
-drawn from ``op.generator(seed)`` (a CPU generator; probes are moved to the operator's device), so
-the same seed gives bit-identical numbers on every device and run. Per-probe quadratic forms are
-accumulated in float64.
+drawn from ``op.generator(seed)`` (a CPU generator; probes are moved to the operator's device) in
+blocks: the stream does not depend on the block size, so the same seed gives bit-identical probes
+on every device, run and memory plan. Per-probe quadratic forms are accumulated in float64.
+
+Memory (n = dim, b = bytes of ``op.dtype``, float32 at least): Hutchinson and block traces hold
+one block of probes and its products, ``2 · block · n · b``; Hutch++ holds its sketch basis,
+``s · n · b`` (``s`` = sketch size), plus one block of ``2 · block · n · b``; each adds one
+operator pass (:meth:`~geometry.hessian.HessianOperator.pass_bytes`). Within ``max_memory``
+(see :mod:`geometry.memory`) they pick the fastest block size and graph cache, and Hutch++ the
+largest sketch up to m/3, and record the choice in the result's ``memory``.
 
 Cost is counted in Hessian-vector products (HVPs, ≈ 2 gradients each with the reverse backend)
 and read from ``op.num_matvecs``.
@@ -19,21 +26,27 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from ._checks import _check_int, _check_op
+from ._checks import check_int, check_op
+from ._linalg import orthonormalize_rows, project_out, rowdot
+from .memory import Candidate, MemoryEstimate, choose, pass_options, resolve_budget, vector_bytes
 from .operator import CurvatureOperator
 from .params import ParamGlobs
 from .results import BlockTraces, EstimatorError, TraceEstimate
 
-__all__ = ["hutchinson_trace", "hutchpp_trace", "block_traces", "rademacher", "t_quantile"]
+__all__ = ["hutchinson_trace", "hutchpp_trace", "block_traces", "rademacher", "t_quantile", "estimate_memory"]
 
 DEFAULT_BLOCK_SIZE = 16
+_BLOCKS = (16, 8, 4, 2, 1)
+_ADVICE = ("use fewer or shorter curvature batches (the graph of one batch dominates), select fewer parameters "
+           "(params=...), or raise max_memory")
 
 
 # ----------------------------------------------------------------------------------- helpers
 def rademacher(generator: torch.Generator, k: int, dim: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """``[k, dim]`` i.i.d. ±1 entries from a CPU ``generator``, cast to ``dtype`` on ``device``."""
+    """``[k, dim]`` i.i.d. ±1 entries from a CPU ``generator``, cast to ``dtype`` on ``device``.
+    Drawing k rows at once or in several calls gives the same numbers."""
     bits = torch.randint(0, 2, (k, dim), generator=generator, dtype=torch.int8)
-    return (bits.to(device=device, dtype=dtype) * 2 - 1)
+    return bits.to(device=device, dtype=dtype).mul_(2).sub_(1)
 
 
 def t_quantile(n: int, level: float = 0.95) -> float:
@@ -68,6 +81,36 @@ def _finite(name: str, *xs: float) -> None:
             raise EstimatorError(f"{name} is not finite ({x}); check the loss and the operator")
 
 
+def _blocks(m: int, block_size: int | None) -> list[int]:
+    return [block_size] if block_size is not None else sorted({min(m, b) for b in _BLOCKS}, reverse=True)
+
+
+def plan_probe_blocks(op: CurvatureOperator, m: int, block_size: int | None, max_memory, what: str) -> MemoryEstimate:
+    """Memory plan of m probes in blocks (Hutchinson, block traces): the fastest block size and
+    graph cache within the budget. Memory: ``2 · block · dim`` vectors + one pass."""
+    budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
+    vec = vector_bytes(op.dim, op.dtype)
+    cands = []
+    for b in _blocks(m, block_size):
+        calls = math.ceil(m / b)
+        for settings, pass_b, cost in pass_options(op, b, calls, m):
+            parts = {f"probes [{b}, dim]": b * vec, f"products [{b}, dim]": b * vec, "operator pass": pass_b}
+            cands.append(Candidate(MemoryEstimate(parts, budget, {"block_size": b, **settings}), cost))
+    return choose(cands, what, _ADVICE)
+
+
+def estimate_memory(op: CurvatureOperator, method: str = "hutch++", num_matvecs: int = 100,
+                    max_memory=None, block_size: int | None = None) -> MemoryEstimate:
+    """The memory plan :func:`hutchinson_trace` / :func:`hutchpp_trace` / :func:`block_traces`
+    would run with (``method`` ``"hutchinson"``, ``"hutch++"`` or ``"blocks"``), without running
+    it. Raises :class:`~geometry.memory.MemoryBudgetError` when nothing fits."""
+    if method == "hutch++":
+        return _plan_hutchpp(op, num_matvecs, max_memory)
+    if method in ("hutchinson", "blocks"):
+        return plan_probe_blocks(op, num_matvecs, block_size, max_memory, f"{method} trace")
+    raise EstimatorError(f"method must be 'hutchinson', 'hutch++' or 'blocks', got {method!r}")
+
+
 # ------------------------------------------------------------------------------- Hutchinson
 def _hutchinson_samples(op, num_matvecs, seed, block_size, tol, group_slices=None):
     """Run blocks of Rademacher probes; return per-probe samples (float64 numpy), per-group
@@ -80,15 +123,14 @@ def _hutchinson_samples(op, num_matvecs, seed, block_size, tol, group_slices=Non
         b = min(block_size, num_matvecs - done)
         V = rademacher(g, b, op.dim, op.dtype, op.device)
         HV = op.matmat_flat(V)
-        prod = V * HV
         if parts is None:
-            full.append(prod.sum(dim=1, dtype=torch.float64).cpu())
+            full.append(rowdot(V, HV))
         else:
-            per = {name: torch.stack([prod[:, s].sum(dim=1, dtype=torch.float64) for s in sl], 0).sum(0).cpu()
-                   for name, sl in group_slices.items()}
+            per = {name: sum(rowdot(V[:, s], HV[:, s]) for s in sl) for name, sl in group_slices.items()}
             for name, x in per.items():
                 parts[name].append(x)
             full.append(torch.stack(list(per.values()), 0).sum(0))
+        del V, HV
         done += b
         if tol is not None and done >= 2:
             s = torch.cat(full).numpy()
@@ -107,6 +149,7 @@ def hutchinson_trace(
     tol: float | None = None,
     seed: int = 0,
     block_size: int | None = None,
+    max_memory: int | str | None = None,
 ) -> TraceEstimate:
     """Hutchinson estimate of tr(H): mean of ``vᵢᵀ H vᵢ`` over Rademacher probes vᵢ.
 
@@ -116,99 +159,163 @@ def hutchinson_trace(
         tol: optional relative standard-error target; checked after each block of probes (once at
             least 2 samples exist); the run stops early when ``stderr / |estimate| < tol``.
         seed: seed of the probes.
-        block_size: probes per ``matmat`` call (default ``min(num_matvecs, 16)``); the operator may
-            chunk further. Memory: two ``[block_size, dim]`` tensors.
+        block_size: probes per ``matmat`` call (default: the fastest of 16, 8, 4, 2, 1 that fits
+            ``max_memory``). Memory: ``2 · block_size · dim`` numbers plus one operator pass.
+        max_memory: bytes (or ``"8GB"``) the call may allocate; default ``op.max_memory`` or
+            :func:`geometry.memory.default_budget`.
 
     Returns:
         :class:`TraceEstimate` with ``stderr = std(samples, ddof=1)/√m`` and a 95% Student-t
         interval (m − 1 degrees of freedom); ``converged`` tells whether ``tol`` was met (``True``
-        when no ``tol`` was given). Cost: m ≤ ``num_matvecs`` HVPs.
+        when no ``tol`` was given); ``memory`` the plan. Cost: m ≤ ``num_matvecs`` HVPs.
     """
-    _check_op(op)
-    num_matvecs = _check_int("num_matvecs", num_matvecs, 1)
-    block_size = min(num_matvecs, DEFAULT_BLOCK_SIZE) if block_size is None else _check_int("block_size", block_size, 1)
+    check_op(op)
+    num_matvecs = check_int("num_matvecs", num_matvecs, 1)
+    if block_size is not None:
+        block_size = check_int("block_size", block_size, 1)
     if tol is not None and not (isinstance(tol, (int, float)) and tol > 0 and math.isfinite(tol)):
         raise EstimatorError(f"tol must be a positive finite number or None, got {tol!r}")
+    plan = plan_probe_blocks(op, num_matvecs, block_size, max_memory, "hutchinson_trace")
     t0, n0 = time.perf_counter(), op.num_matvecs
-    samples, _, reached = _hutchinson_samples(op, num_matvecs, seed, block_size, tol)
+    with op.configured(**_op_settings(plan)):
+        samples, _, reached = _hutchinson_samples(op, num_matvecs, seed, plan.settings["block_size"], tol)
     value, se = _mean_stderr(samples)
     _finite("hutchinson trace estimate", value)
     lo, hi = _interval(value, se, len(samples))
     return TraceEstimate(
         value=value, stderr=se, ci_low=lo, ci_high=hi, num_matvecs=op.num_matvecs - n0,
         seconds=time.perf_counter() - t0, seed=int(seed), method="hutchinson",
-        converged=True if tol is None else reached, num_samples=len(samples), dim=op.dim,
+        converged=True if tol is None else reached, num_samples=len(samples), dim=op.dim, memory=plan.to_dict(),
     )
 
 
+def _op_settings(plan: MemoryEstimate) -> dict:
+    return {k: plan.settings[k] for k in ("chunk_size", "cache_graphs") if k in plan.settings}
+
+
 # ---------------------------------------------------------------------------------- Hutch++
-def hutchpp_trace(op: CurvatureOperator, num_matvecs: int = 100, seed: int = 0) -> TraceEstimate:
+def _split(m: int, s: int) -> tuple[int, int]:
+    """(sketch size, residual probes) for a budget of m HVPs with sketch s ≤ m/3: 2s + r = m."""
+    return s, m - 2 * s
+
+
+def _plan_hutchpp(op: CurvatureOperator, m: int, max_memory) -> MemoryEstimate:
+    """Largest sketch s ≤ m/3 (then fastest block and cache) within the budget. Memory: the basis
+    ``s · dim`` + a block ``2 · block · dim`` + one pass; s = 0 is plain Hutchinson."""
+    budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
+    vec = vector_bytes(op.dim, op.dtype)
+    target = m // 3
+    sizes = sorted({target, *[int(target * f) for f in (0.75, 0.5, 0.35, 0.25, 0.15, 0.1)], *range(min(target, 8), -1, -1)},
+                   reverse=True)
+    for s in sizes:
+        s, r = _split(m, s)
+        cands = []
+        for b in _blocks(max(s, r, 1), None):
+            calls = (2 * math.ceil(s / b) if s else 0) + math.ceil(r / b)
+            for settings, pass_b, cost in pass_options(op, b, max(calls, 1), m):
+                parts = {f"sketch basis [{s}, dim]": s * vec, f"block [{b}, dim]": b * vec,
+                         f"block products [{b}, dim]": b * vec, "operator pass": pass_b}
+                cands.append(Candidate(MemoryEstimate(parts, budget, {"sketch_size": s, "residual_probes": r,
+                                                                        "sketch_capped": s < target,
+                                                                        "block_size": b, **settings}), cost))
+        if any(c.estimate.fits for c in cands) or s == 0:
+            return choose(cands, "hutchpp_trace", _ADVICE)
+    raise AssertionError("unreachable")  # s = 0 returns above
+
+
+def hutchpp_trace(op: CurvatureOperator, num_matvecs: int = 100, seed: int = 0,
+                  max_memory: int | str | None = None) -> TraceEstimate:
     """Hutch++ (Meyer, Musco, Musco & Woodruff, 2021) estimate of tr(H) with a budget of m HVPs.
 
-    With s = m // 3 and r = m − 2s: draw a Rademacher sketch S [s, dim] and compute H S (s HVPs,
-    one block); Q = orthonormal basis of the columns of (H S)ᵀ (QR); the low-rank part tr(QᵀHQ)
-    costs s HVPs (one block); the rest is Hutchinson with r Rademacher probes G projected onto the
-    complement, ``mean_i (P gᵢ)ᵀ H (P gᵢ)`` with P = I − QQᵀ (r HVPs, one block), scaled to the
-    trace of PHP. The estimate is ``tr(QᵀHQ) + tr_est(PHP)``; ``stderr`` is the standard error of
-    the residual Hutchinson part (the low-rank part is exact given Q), with a 95% Student-t
-    interval on r − 1 degrees of freedom.
+    With s = m // 3 and r = m − 2s: draw a Rademacher sketch S [s, dim] and compute Y = H S
+    (s HVPs); Q = orthonormal basis of the rows of Y (in place, Gram-matrix orthonormalisation in
+    float64, two passes; numerically dependent directions are dropped, their HVPs go to the
+    residual); the low-rank part tr(QᵀHQ) costs |Q| HVPs; the rest is Hutchinson with r Rademacher
+    probes G projected onto the complement, ``mean_i (P gᵢ)ᵀ H (P gᵢ)`` with P = I − QQᵀ. The
+    estimate is ``tr(QᵀHQ) + tr_est(PHP)``; ``stderr`` is the standard error of the residual
+    Hutchinson part (the low-rank part is exact given Q), with a 95% Student-t interval on r − 1
+    degrees of freedom. The estimator is unbiased for any orthonormal Q.
+
+    **Memory-capped split.** The basis takes ``s · dim`` numbers (21 GB for s = 33 at 162M float32
+    parameters). When ``max_memory`` cannot hold it, s is reduced to the largest that fits and
+    r = m − 2s grows, keeping the HVP budget: the estimate stays unbiased and its variance moves
+    from Hutch++'s towards Hutchinson's (s = 0 is Hutchinson, reported as such). The chosen s is in
+    ``memory["settings"]["sketch_size"]``.
 
     When ``num_matvecs >= dim`` the best use of the budget is the exact trace: H is applied to the
-    identity (dim HVPs, in blocks of 16), ``method="exact"``, ``stderr = 0``. When the sketch
-    width reaches dim (never with the split above unless m ≥ dim) Q spans the whole space and the
-    residual is zero.
+    identity (dim HVPs, in blocks of 16), ``method="exact"``, ``stderr = 0``.
 
     Args:
-        op: any curvature operator; num_matvecs: budget m ≥ 3; seed: seed of S and G.
+        op: any curvature operator; num_matvecs: budget m ≥ 3; seed: seed of S and G;
+        max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
+            :func:`geometry.memory.default_budget`).
     Returns:
-        :class:`TraceEstimate` (``method="hutch++"`` or ``"exact"``). Cost: m HVPs (dim if m ≥ dim).
-        Memory: about four ``[m/3, dim]`` tensors.
+        :class:`TraceEstimate` (``method="hutch++"``, ``"hutchinson"`` when no sketch fits, or
+        ``"exact"``). Cost: m HVPs (dim if m ≥ dim). Memory: ``(s + 2·block) · dim`` numbers + one pass.
     """
-    _check_op(op)
-    num_matvecs = _check_int("num_matvecs", num_matvecs, 3)
-    t0, n0 = time.perf_counter(), op.num_matvecs
+    check_op(op)
+    num_matvecs = check_int("num_matvecs", num_matvecs, 3)
     dim = op.dim
     if num_matvecs >= dim:
-        total = 0.0
-        for start in range(0, dim, DEFAULT_BLOCK_SIZE):
-            b = min(DEFAULT_BLOCK_SIZE, dim - start)
-            rows = torch.arange(b, device=op.device)
-            E = torch.zeros(b, dim, dtype=op.dtype, device=op.device)
-            E[rows, rows + start] = 1
-            HE = op.matmat_flat(E)
-            total += float(HE[rows, rows + start].sum(dtype=torch.float64))
-        _finite("exact trace", total)
-        return TraceEstimate(
-            value=total, stderr=0.0, ci_low=total, ci_high=total, num_matvecs=op.num_matvecs - n0,
-            seconds=time.perf_counter() - t0, seed=int(seed), method="exact", converged=True,
-            num_samples=0, dim=dim,
-        )
-    s = num_matvecs // 3
-    r = num_matvecs - 2 * s
+        return _exact_trace(op, seed, max_memory)
+    plan = _plan_hutchpp(op, num_matvecs, max_memory)
+    s, r, b = plan.settings["sketch_size"], plan.settings["residual_probes"], plan.settings["block_size"]
+    t0, n0 = time.perf_counter(), op.num_matvecs
     g = op.generator(seed)
-    S = rademacher(g, s, dim, op.dtype, op.device)
-    Y = op.matmat_flat(S)                                   # [s, dim] rows H s_j
-    Q = torch.linalg.qr(Y.T, mode="reduced").Q.T.contiguous()  # [min(s,dim), dim] orthonormal rows
-    HQ = op.matmat_flat(Q)
-    low = float((Q * HQ).sum(dtype=torch.float64))
-    residual = np.zeros(0)
-    if Q.shape[0] < dim and r > 0:
-        G = rademacher(g, r, dim, op.dtype, op.device)
-        PG = G - (G @ Q.T) @ Q
-        PG = PG - (PG @ Q.T) @ Q                           # second pass: orthogonal to working precision
-        HPG = op.matmat_flat(PG)
-        residual = (PG * HPG).sum(dim=1, dtype=torch.float64).cpu().numpy()
-    if residual.size:
-        rest, se = _mean_stderr(residual)
-    else:
-        rest, se = 0.0, 0.0
+    low = 0.0
+    with op.configured(**_op_settings(plan)):
+        if s > 0:
+            Q = torch.empty(s, dim, dtype=op.dtype, device=op.device)
+            for start in range(0, s, b):                      # Y = H S, block by block, into Q
+                stop = min(start + b, s)
+                Q[start:stop] = op.matmat_flat(rademacher(g, stop - start, dim, op.dtype, op.device))
+            Q = orthonormalize_rows(Q)
+            r += s - Q.shape[0]                                # dropped directions: their HVPs go to the residual
+            for start in range(0, Q.shape[0], b):              # tr(QᵀHQ), block by block
+                stop = min(start + b, Q.shape[0])
+                low += float(rowdot(Q[start:stop], op.matmat_flat(Q[start:stop])).sum())
+        else:
+            Q = torch.empty(0, dim, dtype=op.dtype, device=op.device)
+        residual = []
+        for start in range(0, r, b):
+            stop = min(start + b, r)
+            G = rademacher(g, stop - start, dim, op.dtype, op.device)
+            project_out(G, Q)
+            residual.append(rowdot(G, op.matmat_flat(G)))
+            del G
+    residual = torch.cat(residual).numpy() if residual else np.zeros(0)
+    rest, se = _mean_stderr(residual) if residual.size else (0.0, 0.0)
     value = low + rest
     _finite("hutch++ trace estimate", value)
     lo, hi = _interval(value, se, residual.size)
     return TraceEstimate(
         value=value, stderr=se, ci_low=lo, ci_high=hi, num_matvecs=op.num_matvecs - n0,
-        seconds=time.perf_counter() - t0, seed=int(seed), method="hutch++", converged=True,
-        num_samples=int(residual.size), dim=dim,
+        seconds=time.perf_counter() - t0, seed=int(seed), method="hutch++" if s > 0 else "hutchinson",
+        converged=True, num_samples=int(residual.size), dim=dim,
+        memory={**plan.to_dict(), "basis_rank": int(Q.shape[0])},
+    )
+
+
+def _exact_trace(op: CurvatureOperator, seed: int, max_memory) -> TraceEstimate:
+    """tr H from H applied to the identity, in blocks (dim HVPs; tiny problems)."""
+    dim = op.dim
+    plan = plan_probe_blocks(op, dim, None, max_memory, "hutchpp_trace (exact, m >= dim)")
+    b = plan.settings["block_size"]
+    t0, n0 = time.perf_counter(), op.num_matvecs
+    total = 0.0
+    with op.configured(**_op_settings(plan)):
+        for start in range(0, dim, b):
+            k = min(b, dim - start)
+            rows = torch.arange(k, device=op.device)
+            E = torch.zeros(k, dim, dtype=op.dtype, device=op.device)
+            E[rows, rows + start] = 1
+            HE = op.matmat_flat(E)
+            total += float(HE[rows, rows + start].sum(dtype=torch.float64))
+    _finite("exact trace", total)
+    return TraceEstimate(
+        value=total, stderr=0.0, ci_low=total, ci_high=total, num_matvecs=op.num_matvecs - n0,
+        seconds=time.perf_counter() - t0, seed=int(seed), method="exact", converged=True,
+        num_samples=0, dim=dim, memory=plan.to_dict(),
     )
 
 
@@ -219,6 +326,7 @@ def block_traces(
     num_matvecs: int = 100,
     seed: int = 0,
     block_size: int | None = None,
+    max_memory: int | str | None = None,
 ) -> BlockTraces:
     """Hutchinson estimates of tr(H_gg) for each parameter group g, from one set of probes.
 
@@ -228,27 +336,31 @@ def block_traces(
             parameters form ``"other"``), ``"module"`` or ``"parameter"``. The groups partition
             the parameters.
         num_matvecs: number of probes m ≥ 1 (= HVPs spent); seed: seed of the probes (the same
-            probes as :func:`hutchinson_trace` with the same seed and block size).
-        block_size: probes per ``matmat`` call (default ``min(m, 16)``).
+            probes as :func:`hutchinson_trace` with the same seed).
+        block_size: probes per ``matmat`` call (default: the fastest that fits ``max_memory``).
+        max_memory: as :func:`hutchinson_trace`. Memory: as Hutchinson's.
 
     Returns:
         :class:`BlockTraces`; block g's estimate is ``mean_i v_{i,g}ᵀ (H v_i)_g`` and the blocks
         sum to ``total.value`` (the full Hutchinson estimate) up to float64 round-off. Cost: m HVPs.
     """
-    _check_op(op)
+    check_op(op)
     space = getattr(op, "space", None)
     if space is None:
         raise EstimatorError(
             "block_traces needs an operator with a parameter space (op.space); build it from a model "
             "(HessianOperator) or pass space= to DenseOperator"
         )
-    num_matvecs = _check_int("num_matvecs", num_matvecs, 1)
-    block_size = min(num_matvecs, DEFAULT_BLOCK_SIZE) if block_size is None else _check_int("block_size", block_size, 1)
+    num_matvecs = check_int("num_matvecs", num_matvecs, 1)
+    if block_size is not None:
+        block_size = check_int("block_size", block_size, 1)
     members = space.groups(groups)
     slices = space.slices
     group_slices = {gname: [slices[n] for n in names] for gname, names in members.items()}
+    plan = plan_probe_blocks(op, num_matvecs, block_size, max_memory, "block_traces")
     t0, n0 = time.perf_counter(), op.num_matvecs
-    samples, per_group, _ = _hutchinson_samples(op, num_matvecs, seed, block_size, None, group_slices)
+    with op.configured(**_op_settings(plan)):
+        samples, per_group, _ = _hutchinson_samples(op, num_matvecs, seed, plan.settings["block_size"], None, group_slices)
     m = len(samples)
     values, stderr, ci_low, ci_high = {}, {}, {}, {}
     for gname, x in per_group.items():
@@ -261,7 +373,8 @@ def block_traces(
     spent = op.num_matvecs - n0
     tlo, thi = _interval(tv, tse, m)
     total = TraceEstimate(value=tv, stderr=tse, ci_low=tlo, ci_high=thi, num_matvecs=spent, seconds=seconds,
-                          seed=int(seed), method="hutchinson", converged=True, num_samples=m, dim=op.dim)
+                          seed=int(seed), method="hutchinson", converged=True, num_samples=m, dim=op.dim,
+                          memory=plan.to_dict())
     sizes = {gname: int(sum(s.stop - s.start for s in sl)) for gname, sl in group_slices.items()}
     return BlockTraces(values=values, stderr=stderr, ci_low=ci_low, ci_high=ci_high, sizes=sizes,
                        members={k: tuple(v) for k, v in members.items()}, total=total,

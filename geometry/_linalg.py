@@ -1,0 +1,191 @@
+"""Row-block linear algebra for full-dim vectors, with no full-size temporaries.
+
+Estimators hold their vectors as rows of ``[k, dim]`` tensors. At model scale (dim ≈ 1e8–1e10)
+an expression like ``(V * HV).sum(1)`` or ``torch.linalg.qr(Y.T)`` allocates one or more extra
+copies of the block; these helpers work column chunk by column chunk instead (temporaries of
+``k × CHUNK`` numbers), accumulate reductions in float64, and orthonormalise in place.
+A basis may live on another device than the vectors it acts on (``basis on host``): chunks of
+it are moved as they are used.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Arithmetic dtype for stored rows: float32 for half-precision storage, else the dtype."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+#: Numbers per temporary (2 Mi: 16 MB in float64): a chunk has CHUNK // rows columns.
+CHUNK = 1 << 21
+
+
+def spans(dim: int, rows: int = 1):
+    step = max(4096, CHUNK // max(1, rows))
+    for start in range(0, dim, step):
+        yield slice(start, min(start + step, dim))
+
+
+def rowdot(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``[k]`` float64 (CPU): ``Σ_j A[i, j] · B[i, j]`` for each row i of two ``[k, dim]`` tensors."""
+    out = torch.zeros(A.shape[0], dtype=torch.float64)
+    for s in spans(A.shape[1], A.shape[0]):
+        a = A[:, s].to(torch.float64)
+        b = B[:, s].to(device=a.device, dtype=torch.float64)
+        out += (a * b).sum(dim=1).cpu()
+    return out
+
+
+def row_norms(A: torch.Tensor) -> torch.Tensor:
+    """``[k]`` float64 Euclidean norms of the rows of ``A``."""
+    return rowdot(A, A).sqrt()
+
+
+def gram(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``A @ B.T`` as float64 ``[a, b]`` (CPU), accumulated over column chunks (products of each
+    chunk in the inputs' dtype, at least float32)."""
+    out = torch.zeros(A.shape[0], B.shape[0], dtype=torch.float64)
+    dt = _compute_dtype(A.dtype)
+    for s in spans(A.shape[1], A.shape[0] + B.shape[0]):
+        a = A[:, s].to(dt)
+        b = B[:, s].to(device=a.device, dtype=dt)
+        out += (a @ b.T).to(torch.float64).cpu()
+    return out
+
+
+def combine_into(out: torch.Tensor, C: torch.Tensor, B: torch.Tensor, alpha: float = 1.0, beta: float = 1.0) -> None:
+    """In place: ``out = beta · out + alpha · C @ B`` for ``out`` [a, dim], ``C`` [a, b], ``B`` [b, dim]
+    (``B`` may live on another device), chunk by chunk."""
+    dt = _compute_dtype(out.dtype)
+    Cd = C.to(device=out.device, dtype=dt)
+    for s in spans(out.shape[1], out.shape[0] + B.shape[0]):
+        b = B[:, s].to(device=out.device, dtype=dt)
+        if dt == out.dtype:
+            out[:, s].mul_(beta).addmm_(Cd, b, alpha=alpha)
+        else:
+            out[:, s] = torch.addmm(out[:, s].to(dt), Cd, b, beta=beta, alpha=alpha).to(out.dtype)
+
+
+def project_out(X: torch.Tensor, Q: torch.Tensor, passes: int = 2) -> None:
+    """In place: ``X ← X − (X Qᵀ) Q`` for orthonormal rows ``Q`` [r, dim], ``passes`` times
+    (classical Gram–Schmidt twice: orthogonal to working precision)."""
+    if Q.shape[0] == 0:
+        return
+    for _ in range(passes):
+        C = gram(X, Q)
+        combine_into(X, C, Q, alpha=-1.0)
+
+
+def transform_rows(Y: torch.Tensor, M: torch.Tensor) -> torch.Tensor:
+    """In place: the first ``r`` rows of ``Y`` [s, dim] become ``M @ Y`` for ``M`` [r, s] (r ≤ s);
+    returns the view ``Y[:r]``. Temporaries: ``r × CHUNK`` numbers."""
+    r = M.shape[0]
+    dt = _compute_dtype(Y.dtype)
+    Md = M.to(device=Y.device, dtype=dt)
+    for s in spans(Y.shape[1], Y.shape[0] + r):
+        block = Md @ Y[:, s].to(dt)
+        Y[:r, s].copy_(block)
+    return Y[:r]
+
+
+def orthonormalize_rows(Y: torch.Tensor, rtol: float | None = None, passes: int = 2) -> torch.Tensor:
+    """Orthonormal basis of the row space of ``Y`` [s, dim], computed in place; returns ``Y[:r]``.
+
+    Each pass forms the Gram matrix G = Y Yᵀ in float64, diagonalises it (G = U Λ Uᵀ), drops the
+    directions with ``λ ≤ rtol · λ_max`` (numerically dependent rows; default ``rtol = s · eps``
+    of Y's dtype: a singular value below √rtol of the largest is rounding noise), and replaces the rows by ``Λ^{-1/2} Uᵀ Y``. Two passes make
+    the rows orthonormal to working precision even when Y is ill-conditioned (the second pass
+    starts from a Gram matrix close to I). Cost per pass: s² · dim multiply-adds.
+    """
+    if rtol is None:
+        rtol = Y.shape[0] * float(torch.finfo(Y.dtype).eps)
+    out = Y
+    for _ in range(passes):
+        if out.shape[0] == 0:
+            return out
+        G = gram(out, out).numpy()
+        lam, U = np.linalg.eigh(G)
+        lmax = float(lam.max()) if lam.size else 0.0
+        if not lmax > 0:
+            return out[:0]
+        keep = lam > rtol * lmax
+        order = np.argsort(-lam[keep])
+        lam_k, U_k = lam[keep][order], U[:, keep][:, order]
+        M = torch.as_tensor((U_k / np.sqrt(lam_k)).T.copy())  # [r, s]
+        out = transform_rows(out, M)
+    return out
+
+
+class RowBasis:
+    """Orthonormal rows stored in blocks of 16 (no storage beyond what is used), on any device and
+    in any dtype (a basis on the host, or in bfloat16, acting on vectors elsewhere).
+
+    Memory: ``ceil(n / 16) · 16 · dim`` numbers of ``dtype`` on ``device``.
+    """
+
+    BLOCK = 16
+
+    def __init__(self, dim: int, dtype: torch.dtype, device):
+        self.dim, self.dtype, self.device = dim, dtype, torch.device(device)
+        self.blocks: list[torch.Tensor] = []
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def row(self, i: int) -> torch.Tensor:
+        return self.blocks[i // self.BLOCK][i % self.BLOCK]
+
+    def append(self, v: torch.Tensor) -> None:
+        if self.n == len(self.blocks) * self.BLOCK:
+            self.blocks.append(torch.empty(self.BLOCK, self.dim, dtype=self.dtype, device=self.device))
+        self.row(self.n).copy_(v)
+        self.n += 1
+
+    def views(self) -> list[torch.Tensor]:
+        """The used rows as a list of [≤16, dim] views."""
+        out, left = [], self.n
+        for b in self.blocks:
+            if left <= 0:
+                break
+            out.append(b[: min(left, self.BLOCK)])
+            left -= self.BLOCK
+        return out
+
+    def orthogonalize(self, w: torch.Tensor, passes: int = 2) -> np.ndarray:
+        """In place: remove from ``w`` [1, dim] its components along the basis, ``passes`` times;
+        returns the float64 projection coefficients Qᵀw summed over the passes."""
+        coef = np.zeros(self.n)
+        for _ in range(passes):
+            start = 0
+            for B in self.views():
+                c = gram(w, B)                                   # [1, rows] float64
+                coef[start:start + B.shape[0]] += c[0].numpy()
+                combine_into(w, c, B, alpha=-1.0)
+                start += B.shape[0]
+        return coef
+
+    def keep_combinations(self, M: np.ndarray) -> None:
+        """Replace the basis by the ``r`` rows ``M @ Q`` (M [r, n], r ≤ n), in place
+        (temporaries: ``(n + r) × chunk`` numbers)."""
+        r = M.shape[0]
+        dt = _compute_dtype(self.dtype)
+        Md = torch.as_tensor(M).to(device=self.device, dtype=dt)
+        views = self.views()
+        for s in spans(self.dim, self.n + r):
+            X = torch.cat([B[:, s] for B in views]).to(dt)     # [n, chunk]
+            Y = Md @ X
+            for i in range(r):
+                self.row(i)[s].copy_(Y[i])
+        self.n = r
+        self.blocks = self.blocks[: (r + self.BLOCK - 1) // self.BLOCK + 1]
+
+    def combine(self, M: np.ndarray, dtype: torch.dtype, device) -> torch.Tensor:
+        """A new ``[r, dim]`` tensor ``M @ Q`` (M [r, n]) of ``dtype`` on ``device``."""
+        out = torch.zeros(M.shape[0], self.dim, dtype=dtype, device=device)
+        start = 0
+        for B in self.views():
+            combine_into(out, torch.as_tensor(M[:, start:start + B.shape[0]].copy()), B)
+            start += B.shape[0]
+        return out

@@ -1,0 +1,268 @@
+"""The memory model and budget of the curvature estimators.
+
+Every estimator in losslens states its peak memory as a formula and checks it before it starts:
+
+    peak ≈ resident (model weights, data: already allocated, not counted)
+         + state   (the full-dim vectors the estimator holds, n · dim · bytes(dtype))
+         + pass    (one operator product on k vectors: the double-backward graph of one batch,
+                    or of every batch when graphs are kept between calls, plus the transient
+                    of the second backward; see :meth:`geometry.hessian.HessianOperator.pass_bytes`)
+
+``max_memory`` is the number of bytes an estimator may add on top of what is resident. It is an
+int (bytes), a string such as ``"8GB"``/``"512MiB"``, or None for :func:`default_budget`: a safe
+fraction of what the operator's device has free now. Estimators pick the largest fitting setting
+(block size, Hutch++ sketch, Lanczos basis, graph cache) and record it in their result
+(``memory`` field); when even the smallest setting does not fit they raise
+:class:`MemoryBudgetError` before any work, with the bytes needed, the bytes available and what
+would fit.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .results import EstimatorError
+
+__all__ = [
+    "MemoryBudgetError", "MemoryEstimate", "available_bytes", "default_budget", "parse_bytes", "resolve_budget",
+    "format_bytes", "vector_bytes", "CPU_FRACTION", "CUDA_FRACTION",
+]
+
+#: Fraction of the free memory an estimator takes by default. CPU RAM is shared with the OS, other
+#: processes and the allocator's fragmentation, so a third; a GPU's free memory is ours.
+CPU_FRACTION = 1 / 3
+CUDA_FRACTION = 0.8
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+class MemoryBudgetError(EstimatorError):
+    """A curvature plan cannot fit in its memory budget (raised before any work is done)."""
+
+
+def format_bytes(n: float) -> str:
+    """``1.5e9`` -> ``"1.50 GB"`` (decimal units, as ``--max-memory`` takes them)."""
+    n = float(n)
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def parse_bytes(value: Any) -> int:
+    """Bytes from an int/float or a string with a unit: ``"8GB"``, ``"8 GiB"``, ``"512MB"``, ``"1e9"``."""
+    if isinstance(value, bool):
+        raise MemoryBudgetError(f"max_memory must be a number of bytes or a string like '8GB', got {value!r}")
+    if isinstance(value, (int, float)):
+        n = float(value)
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", value)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise MemoryBudgetError(f"cannot read memory size {value!r}; write e.g. '8GB', '512MiB' or a number of bytes")
+        n = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    else:
+        raise MemoryBudgetError(f"max_memory must be a number of bytes or a string like '8GB', got {type(value).__name__}")
+    if not math.isfinite(n) or n <= 0:
+        raise MemoryBudgetError(f"max_memory must be positive, got {value!r}")
+    return int(n)
+
+
+def _cgroup_free() -> int | None:
+    """Bytes left under a cgroup-v2 memory limit (containers), or None without a limit."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit == "max":
+            return None
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        return max(0, int(limit) - used)
+    except (OSError, ValueError):
+        return None
+
+
+def _host_available() -> int:
+    """Bytes of RAM available to new allocations (MemAvailable, capped by a cgroup limit)."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if avail is None:  # non-Linux: total physical memory is the best cheap answer
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            avail = 8 * 2**30
+    cg = _cgroup_free()
+    return min(avail, cg) if cg is not None else avail
+
+
+def available_bytes(device: torch.device | str) -> int:
+    """Bytes free for new tensors on ``device`` now: CUDA free memory plus what torch's caching
+    allocator holds unused; host RAM available (Linux ``MemAvailable``, cgroup limits respected)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free + max(0, cached))
+    return int(_host_available())
+
+
+def default_budget(device: torch.device | str) -> int:
+    """The default ``max_memory``: :data:`CUDA_FRACTION` of the free GPU memory, or
+    :data:`CPU_FRACTION` of the available host RAM."""
+    device = torch.device(device)
+    frac = CUDA_FRACTION if device.type == "cuda" else CPU_FRACTION
+    return int(frac * available_bytes(device))
+
+
+def resolve_budget(max_memory: Any, device: torch.device | str) -> int:
+    """``max_memory`` (None, bytes or a size string) as bytes; None gives :func:`default_budget`."""
+    return default_budget(device) if max_memory is None else parse_bytes(max_memory)
+
+
+def vector_bytes(dim: int, dtype: torch.dtype, count: float = 1) -> int:
+    """Bytes of ``count`` full-dim vectors of ``dtype``."""
+    return int(count * dim * torch.empty((), dtype=dtype).element_size())
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A planned peak: named parts (bytes) against a budget, and the settings chosen.
+
+    Attributes:
+        parts: ``{what: bytes}``, e.g. ``{"sketch basis Q [8, dim] float32": 5.2e9, "operator pass": 3.1e9}``.
+        budget: bytes the estimator may add to what is resident (``max_memory``).
+        settings: the knobs the planner chose (block size, sketch size, cache, ...).
+    """
+
+    parts: dict[str, int]
+    budget: int
+    settings: dict[str, Any] = field(default_factory=dict)
+    host_parts: dict[str, int] = field(default_factory=dict)
+    host_budget: int = 0
+
+    @property
+    def total(self) -> int:
+        """Predicted bytes on the operator's device."""
+        return int(sum(self.parts.values()))
+
+    @property
+    def host_total(self) -> int:
+        """Predicted bytes kept in host RAM for an operator on a GPU (a basis on the host)."""
+        return int(sum(self.host_parts.values()))
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.budget and self.host_total <= self.host_budget
+
+    def describe(self) -> str:
+        """``"4.10 GB (sketch ... 2.60 GB + pass 1.50 GB) of a 8.00 GB budget"``."""
+        inner = " + ".join(f"{k} {format_bytes(v)}" for k, v in self.parts.items())
+        out = f"{format_bytes(self.total)} ({inner}) of a {format_bytes(self.budget)} budget"
+        if self.host_parts:
+            host = " + ".join(f"{k} {format_bytes(v)}" for k, v in self.host_parts.items())
+            out += f", and {format_bytes(self.host_total)} of host RAM ({host}) of {format_bytes(self.host_budget)}"
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"predicted_bytes": self.total, "budget_bytes": self.budget,
+               "parts": {k: int(v) for k, v in self.parts.items()}, "settings": dict(self.settings)}
+        if self.host_parts:
+            out.update(host_bytes=self.host_total, host_budget_bytes=self.host_budget,
+                       host_parts={k: int(v) for k, v in self.host_parts.items()})
+        return out
+
+
+def refuse(what: str, smallest: MemoryEstimate, advice: str) -> MemoryBudgetError:
+    """The error for a plan whose smallest setting does not fit: needed, available, what would fit."""
+    return MemoryBudgetError(
+        f"{what} needs at least {format_bytes(smallest.total)} but max_memory is {format_bytes(smallest.budget)} "
+        f"(smallest setting: {smallest.describe()}); {advice}"
+    )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One setting an estimator could run with: its memory and its cost in gradient-equivalents."""
+
+    estimate: MemoryEstimate
+    cost: float
+
+
+def choose(candidates: list[Candidate], what: str, advice: str) -> MemoryEstimate:
+    """The cheapest fitting candidate (ties: the smaller one); :class:`MemoryBudgetError` naming
+    the smallest candidate when none fits. Candidates are listed best-first for equal cost."""
+    fitting = [c for c in candidates if c.estimate.fits]
+    if not fitting:
+        raise refuse(what, min((c.estimate for c in candidates), key=lambda e: e.total), advice)
+    best = min(fitting, key=lambda c: (round(c.cost, 9), c.estimate.total))
+    return best.estimate
+
+
+def pass_options(op: Any, k: int, calls: int, hvps: int | None = None) -> list[tuple[dict[str, Any], int, float]]:
+    """``(settings, pass bytes, cost)`` of the ways ``op`` can run ``calls`` products of at most
+    ``k`` vectors each (``hvps`` vectors in all, default ``k · calls``): graphs rebuilt per call or
+    kept (``cache_graphs``), vmapped chunk sizes.
+
+    Cost in gradient-equivalents over the whole data: 1.5 per graph build of every batch, 2 per
+    vector (the reverse backend's measured shape); 4 per vector for the forward backend.
+    """
+    hvps = k * calls if hvps is None else hvps
+    backend = getattr(op, "backend", None)
+    if backend is None:  # an explicit matrix: nothing to choose
+        return [({}, op.pass_bytes(k), 2.0 * hvps)]
+    vmapped = backend == "forward" or getattr(op, "vectorize", False)
+    chunks = sorted({min(k, c) for c in (16, 8, 4, 2, 1)}, reverse=True) if vmapped and op.chunk_size is None else [None]
+    caches = (False, True) if backend == "reverse" and calls > 1 else (False,)
+    out = []
+    for chunk in chunks:
+        for cache in caches:
+            settings = {"cache_graphs": cache}
+            if chunk is not None:
+                settings["chunk_size"] = chunk
+            nbytes = op.pass_bytes(k, cached=cache, chunk=chunk)
+            if backend == "forward":
+                cost = 4.0 * hvps
+            else:
+                cost = 1.5 * (1 if cache else calls) + 2.0 * hvps
+            if chunk is not None:
+                cost += 0.01 * hvps / chunk  # larger vmapped chunks run faster
+            out.append((settings, nbytes, cost))
+    return out
+
+
+def first_fitting(candidates: list[MemoryEstimate], what: str, advice: str) -> MemoryEstimate:
+    """The first candidate (listed best-first) that fits; else :class:`MemoryBudgetError` naming
+    the smallest one."""
+    for c in candidates:
+        if c.fits:
+            return c
+    raise refuse(what, min(candidates, key=lambda e: e.total), advice)
+
+
+def basis_storage(op_device: Any, basis_device: Any = None, basis_dtype: torch.dtype | None = None,
+                  vector_dtype: torch.dtype = torch.float32) -> tuple[torch.device, torch.dtype, bool]:
+    """``(device, dtype, on_host)`` where an estimator keeps a large basis: the operator's device
+    and the vectors' dtype by default; ``basis_device="cpu"`` keeps it in host RAM when the
+    operator is on a GPU (counted against the host budget); ``basis_dtype`` (e.g. bfloat16) stores
+    it in lower precision (arithmetic still in float32)."""
+    dev = torch.device(op_device if basis_device is None else basis_device)
+    if basis_dtype is not None and basis_dtype not in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        raise MemoryBudgetError(f"basis_dtype must be a floating dtype, got {basis_dtype}")
+    return dev, basis_dtype or vector_dtype, dev != torch.device(op_device)
+
+
+def with_basis(parts: dict[str, int], name: str, nbytes: int, on_host: bool) -> tuple[dict[str, int], dict[str, int]]:
+    """``(device parts, host parts)`` with the basis entry placed where it lives."""
+    return (parts, {name: nbytes}) if on_host else ({name: nbytes, **parts}, {})
