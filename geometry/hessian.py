@@ -557,14 +557,15 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def _one_row(batch: Any) -> tuple[int, Any, Any]:
-    """``(rows, one-row slice, shape key)`` of a batch: a tensor or a tuple/list of tensors sharing
-    their first dimension; anything else is measured whole (rows = 1)."""
+    """``(rows, one-row copy, shape key)`` of a batch: a tensor or a tuple/list of tensors sharing
+    their first dimension; anything else is measured whole (rows = 1). A copy, not a view: saved
+    inputs count with their whole storage."""
     if isinstance(batch, torch.Tensor) and batch.ndim >= 1 and batch.shape[0] > 0:
-        return batch.shape[0], batch[:1], ("t", tuple(batch.shape[1:]), batch.dtype)
+        return batch.shape[0], batch[:1].clone(), ("t", tuple(batch.shape[1:]), batch.dtype)
     if (isinstance(batch, (tuple, list)) and batch and all(isinstance(t, torch.Tensor) and t.ndim >= 1 for t in batch)
             and len({t.shape[0] for t in batch}) == 1 and batch[0].shape[0] > 0):
         key = ("s",) + tuple((tuple(t.shape[1:]), t.dtype) for t in batch)
-        return batch[0].shape[0], type(batch)(t[:1] for t in batch), key
+        return batch[0].shape[0], type(batch)(t[:1].clone() for t in batch), key
     return 1, batch, ("whole", id(batch))
 
 

@@ -1,0 +1,182 @@
+"""Memory plans of the estimators: what they hold, what they choose under a budget, and refusals
+before any work. Dense operators make the state the only memory, so budgets are exact here."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from geometry.dense import DenseOperator
+from geometry.density import spectral_density
+from geometry.directional import directional_curvature
+from geometry.eigen import top_eigenvalues
+from geometry.hessian import HessianOperator
+from geometry.memory import MemoryBudgetError, format_bytes, parse_bytes, vector_bytes
+from geometry.trace import estimate_memory, hutchinson_trace, hutchpp_trace
+from tests.tiny_models import lm_loss, micro_gptneox, random_batches, sym_with_spectrum
+
+EIGS = np.concatenate([[40.0, 25.0, -15.0, 9.0, 6.0], np.linspace(-1, 3, 195)])
+
+
+def dense(seed=0):
+    return DenseOperator(sym_with_spectrum(EIGS, seed=seed))
+
+
+def vec(op, n=1):
+    return vector_bytes(op.dim, op.dtype, n)
+
+
+def test_parse_and_format_bytes():
+    assert parse_bytes("8GB") == 8_000_000_000 and parse_bytes("512MiB") == 512 * 2**20
+    assert parse_bytes(1e9) == 1_000_000_000 and parse_bytes("1.5e3") == 1500
+    for bad in ("eight", "-1GB", 0, "5 parsecs", True):
+        with pytest.raises(MemoryBudgetError):
+            parse_bytes(bad)
+    assert format_bytes(2.5e9) == "2.50 GB"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_hutchpp_caps_its_sketch_to_the_budget_and_stays_unbiased(seed):
+    H = sym_with_spectrum(EIGS, seed=seed)
+    exact = float(torch.trace(H))
+    op = DenseOperator(H)
+    m = 60
+    full = hutchpp_trace(op, num_matvecs=m, seed=seed)
+    assert full.memory["settings"]["sketch_size"] == 20 and not full.memory["settings"]["sketch_capped"]
+    budget = vec(op, 9)                                   # room for a sketch of 7 and a block of 1
+    capped = hutchpp_trace(DenseOperator(H), num_matvecs=m, seed=seed, max_memory=budget)
+    st = capped.memory["settings"]
+    assert st["sketch_capped"] and 0 < st["sketch_size"] <= 7
+    assert st["sketch_size"] * 2 + st["residual_probes"] == m and capped.num_matvecs == m
+    assert capped.memory["predicted_bytes"] <= budget
+    assert abs(capped.value - exact) < 4 * capped.stderr + 1e-9
+    # the low-rank part still catches the dominant eigenvalues: error well below plain Hutchinson's
+    hutch = hutchinson_trace(DenseOperator(H), num_matvecs=m, seed=seed)
+    assert capped.stderr < hutch.stderr
+
+
+def test_hutchpp_with_no_room_for_a_sketch_is_hutchinson_and_says_so():
+    op = dense()
+    res = hutchpp_trace(op, num_matvecs=30, seed=0, max_memory=vec(op, 2))
+    assert res.method == "hutchinson" and res.memory["settings"]["sketch_size"] == 0
+    assert res.num_matvecs == 30 and res.num_samples == 30
+
+
+def test_refusal_before_any_work_states_the_numbers():
+    op = dense()
+    for call in (lambda: hutchpp_trace(op, num_matvecs=30, max_memory=vec(op, 1)),
+                 lambda: hutchinson_trace(op, num_matvecs=30, max_memory=vec(op, 1)),
+                 lambda: top_eigenvalues(op, k=2, max_memory=vec(op, 3)),
+                 lambda: spectral_density(op, num_runs=2, num_steps=10, max_memory=vec(op, 2))):
+        with pytest.raises(MemoryBudgetError, match=r"needs at least .* but max_memory is .*smallest setting"):
+            call()
+    assert op.num_matvecs == 0
+    hop = HessianOperator(micro_gptneox(seed=0), lm_loss, random_batches(n_batches=1))
+    with pytest.raises(MemoryBudgetError, match="directional_curvature needs at least"):
+        directional_curvature(hop, torch.ones(hop.dim, dtype=hop.dtype), max_memory=vec(hop, 3))
+    assert hop.num_matvecs == 0
+
+
+def test_estimate_memory_matches_what_the_estimator_records():
+    op = dense()
+    plan = estimate_memory(op, "hutch++", 60, max_memory=vec(op, 12))
+    res = hutchpp_trace(op, num_matvecs=60, max_memory=vec(op, 12))
+    assert plan.to_dict()["settings"] == res.memory["settings"]
+    assert plan.total == res.memory["predicted_bytes"]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_thick_restart_lanczos_matches_eigh_with_a_small_basis(k):
+    H = sym_with_spectrum(EIGS, seed=3)
+    want = np.sort(np.abs(EIGS))[::-1][:k]
+    res = top_eigenvalues(DenseOperator(H), k=k, tol=1e-8, max_iter=200, max_basis=k + 6)
+    np.testing.assert_allclose(np.abs(res.values), want, rtol=1e-6)
+    assert all(res.converged) and res.memory["restarts"] > 0 and res.memory["settings"]["basis_size"] == k + 6
+
+
+def test_lanczos_budget_picks_a_smaller_basis_and_still_converges():
+    op = dense(seed=4)
+    budget = vec(op, 16 + 3 + 2)                          # one 16-row basis block, residual, Ritz vector + product
+    res = top_eigenvalues(op, k=1, tol=1e-8, max_iter=150, max_memory=budget)
+    assert res.memory["settings"]["restarted"] and res.memory["predicted_bytes"] <= budget
+    assert res.values[0] == pytest.approx(40.0, rel=1e-7) and res.converged[0]
+
+
+def test_power_iteration_fits_in_a_few_vectors():
+    op = dense(seed=5)
+    res = top_eigenvalues(op, k=1, method="power", tol=1e-10, max_iter=500, max_memory=vec(op, 5))
+    assert res.values[0] == pytest.approx(40.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("steps", [5, 20])
+def test_slq_without_reorthogonalisation_keeps_low_moments(steps):
+    H = sym_with_spectrum(EIGS, seed=6)
+    full = spectral_density(DenseOperator(H), num_runs=3, num_steps=steps, seed=2, reorth="full")
+    none = spectral_density(DenseOperator(H), num_runs=3, num_steps=steps, seed=2, reorth="none")
+    assert none.memory["settings"]["reorth"] == "none" and full.memory["settings"]["reorth"] == "full"
+    for p in (0, 1, 2, 3):
+        np.testing.assert_allclose(none.run_moments(p), full.run_moments(p), rtol=1e-9)
+    assert none.steps == (steps,) * 3 and none.breakdowns == 0
+
+
+def test_slq_auto_falls_back_to_three_term_recurrence_and_groups_runs():
+    op = dense(seed=7)
+    res = spectral_density(op, num_runs=4, num_steps=30, seed=0, max_memory=vec(op, 12))
+    st = res.memory["settings"]
+    assert st["reorth"] == "none" and st["runs_per_group"] <= 4
+    roomy = spectral_density(dense(seed=7), num_runs=4, num_steps=30, seed=0, max_memory=vec(op, 40))
+    assert roomy.memory["settings"]["reorth"] == "full" and roomy.memory["settings"]["runs_per_group"] == 1
+    for p in (1, 2):
+        assert res.moment(p) == pytest.approx(roomy.moment(p), rel=1e-8)
+
+
+def test_hessian_operator_measures_its_graph_and_scales_with_rows():
+    model = micro_gptneox(seed=0, dtype=torch.float32)
+    b4 = random_batches(batch=4, seq=8, n_batches=1)
+    b8 = [torch.cat([b4[0], b4[0]])]
+    op4 = HessianOperator(model, lm_loss, b4)
+    op8 = HessianOperator(model, lm_loss, b8)
+    grads = op4.dim * 4
+    g4, g8 = op4.graph_bytes(0) - grads, op8.graph_bytes(0) - grads
+    assert g4 > 0 and g8 == 2 * g4
+    assert op4.pass_bytes(1, cached=True) == op4.pass_bytes(1, cached=False)     # one batch: same
+    two = HessianOperator(model, lm_loss, random_batches(batch=4, seq=8, n_batches=2))
+    assert two.pass_bytes(1, cached=True) > two.pass_bytes(1, cached=False)
+
+
+def test_graph_cache_gives_identical_products_and_follows_weight_changes():
+    model = micro_gptneox(seed=1, dtype=torch.float64)
+    batches = random_batches(n_batches=3, seed=1)
+    plain = HessianOperator(model, lm_loss, batches)
+    cached = HessianOperator(model, lm_loss, batches, cache_graphs=True)
+    V = torch.randn(3, plain.dim, dtype=torch.float64)
+    a = plain.matmat(V)
+    b1, b2 = cached.matmat(V[:2]), cached.matmat(V[2:])
+    assert torch.equal(torch.cat([b1, b2]), a)
+    assert cached.num_graph_builds == 3 and plain.num_graph_builds == 3
+    with torch.no_grad():                                 # new weights: the cache must not be used
+        next(model.parameters()).mul_(1.1)
+    fresh = HessianOperator(model, lm_loss, batches).matmat(V[:1])
+    assert torch.equal(cached.matmat(V[:1]), fresh) and cached.num_graph_builds == 6
+    cached.release_graphs()
+    assert not cached._graphs
+
+
+def test_estimators_use_the_cache_only_inside_their_call():
+    model = micro_gptneox(seed=2, dtype=torch.float64)
+    op = HessianOperator(model, lm_loss, random_batches(n_batches=2, seed=2))
+    res = top_eigenvalues(op, k=1, method="power", max_iter=15, tol=1e-12)
+    assert res.memory["settings"]["cache_graphs"] is True
+    assert op.num_graph_builds == 2 and not op._graphs and op.cache_graphs is False
+    assert res.num_matvecs == res.iterations >= 2
+
+
+def test_memory_plan_is_recorded_as_plain_data():
+    import json
+
+    op = dense()
+    for res in (hutchpp_trace(op, num_matvecs=30), top_eigenvalues(op, k=2), spectral_density(op, num_runs=2, num_steps=5)):
+        d = json.loads(json.dumps(res.to_dict()))
+        assert d["memory"]["predicted_bytes"] > 0 and math.isfinite(d["memory"]["budget_bytes"])
