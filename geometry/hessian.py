@@ -55,9 +55,11 @@ from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 import torch
 from torch import nn
 
+from ._forward import forward_over_reverse
 from .attention import second_order_attention
 from .batches import normalise_batch_weights
-from .derivatives import true_derivatives
+from .derivatives import check_dead_rows, true_derivatives
+from .graph_memory import itemsize, one_row, pass_bytes, saved_graph_bytes
 from .operator import CurvatureOperator, OperatorError, estimator_dtype, is_finite
 from .params import ParamGlobs, ParamSpace, select_parameters
 
@@ -67,25 +69,6 @@ Backend = Literal["reverse", "forward"]
 #: Default bound on k per pass for the vmapped passes (vectorized reverse, forward). A vmapped
 #: pass holds ~k copies of the backward's intermediates, so memory grows linearly with the chunk.
 DEFAULT_CHUNK = 16
-
-#: Transient of one second backward, as a multiple of the batch's saved graph: the activation
-#: gradients flowing through the graph (fitted on GPT-NeoX 14M–160M shapes, benchmarks/README.md "Scale").
-SECOND_BACKWARD_FACTOR = 1.45
-#: The same for one tangent of the forward backend (forward, gradient and their tangents).
-FORWARD_FACTOR = 3.0
-
-
-class _LossModule(nn.Module):
-    """``batch -> loss_fn(model, batch)`` as a module, so ``functional_call`` can swap parameters."""
-
-    def __init__(self, model: nn.Module, loss_fn: LossFn):
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-
-    def forward(self, batch: Any) -> torch.Tensor:
-        return self.loss_fn(self.model, batch)
-
 
 @dataclass
 class _Graph:
@@ -256,54 +239,25 @@ class HessianOperator(CurvatureOperator):
     # ------------------------------------------------------------------ memory and graph cache
     def graph_bytes(self, index: int) -> int:
         """Bytes of batch ``index``'s double-backward graph: the tensors autograd saves for the
-        forward and for the ``create_graph`` backward (parameters and buffers excluded, they are
-        resident), plus the first-order gradients. Measured once per batch shape on a one-row
-        slice with saved-tensor hooks and scaled by the rows (cost: one small gradient)."""
-        batch = self.batches[index]
-        rows, sliced, key = _one_row(batch)
+        forward and the ``create_graph`` backward, plus the first-order gradients. Measured once per
+        batch shape on a one-row copy (:mod:`geometry.graph_memory`; cost: one small gradient)."""
+        rows, sliced, key = one_row(self.batches[index])
         if key not in self._graph_bytes:
-            self._graph_bytes[key] = self._measure_saved(sliced)
-        saved = self._graph_bytes[key] * rows
-        return int(saved + self.dim * _itemsize(self.param_dtype))
+            def build():
+                loss = self._loss(params, sliced, index)
+                torch.autograd.grad(loss, list(params.values()), create_graph=True, allow_unused=True)
 
-    def _measure_saved(self, batch: Any) -> int:
-        resident = {t.untyped_storage().data_ptr() for t in list(self.model.parameters()) + list(self.model.buffers())}
-        seen: dict[int, int] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            try:
-                st = t.untyped_storage()
-                ptr = st.data_ptr()
-                if ptr not in resident:
-                    seen[ptr] = st.nbytes()
-            except (RuntimeError, NotImplementedError):  # tensor subclasses without a plain storage
-                seen[id(t)] = t.numel() * t.element_size()
-            return t
-
-        with self._call_context() as params, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = self._loss(params, batch, 0)
-            torch.autograd.grad(loss, list(params.values()), create_graph=True, allow_unused=True)
-        return int(sum(seen.values()))
+            with self._call_context() as params:
+                self._graph_bytes[key] = saved_graph_bytes(self.model, build)
+        return int(self._graph_bytes[key] * rows + self.dim * itemsize(self.param_dtype))
 
     def pass_bytes(self, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         """Predicted peak bytes of one :meth:`matmat_flat` of ``k`` vectors beyond its input and
-        output ``[k, dim]`` tensors: the live graph(s) plus the transient of the products.
-
-        reverse: graph (largest batch, or every batch when ``cached``) + sequential: one second
-        backward (:data:`SECOND_BACKWARD_FACTOR` × saved graph + 2 gradients of the parameters'
-        dtype), vectorized: that × the chunk; forward: chunk × :data:`FORWARD_FACTOR` × saved graph.
-        """
-        cached = self.cache_graphs if cached is None else cached
-        chunk = chunk or self._chunk(k, True)
-        per_batch = [self.graph_bytes(i) for i in range(len(self.batches))]
-        grads = self.dim * _itemsize(self.param_dtype)
-        saved_max = max(per_batch) - grads
-        if self.backend == "forward":
-            chunk = min(k, chunk)
-            return int(chunk * (FORWARD_FACTOR * saved_max + 3 * grads))
-        live = sum(per_batch) if cached else max(per_batch)
-        chunk = min(k, chunk) if self.vectorize else 1
-        return int(live + chunk * (SECOND_BACKWARD_FACTOR * saved_max + 2 * grads))
+        output ``[k, dim]`` tensors (:func:`geometry.graph_memory.pass_bytes`), with graphs kept
+        between calls when ``cached`` (default: :attr:`cache_graphs`)."""
+        graphs = [self.graph_bytes(i) for i in range(len(self.batches))]
+        return pass_bytes(graphs, self.dim * itemsize(self.param_dtype), self.backend, self.vectorize, k,
+                          chunk or self._chunk(k, True), self.cache_graphs if cached is None else cached)
 
     @contextlib.contextmanager
     def configured(self, chunk_size: int | None = None, cache_graphs: bool | None = None) -> Iterator["HessianOperator"]:
@@ -439,52 +393,12 @@ class HessianOperator(CurvatureOperator):
         live = [j for j, g in enumerate(grads) if g.requires_grad]
         if len(live) < len(tensors) and not self._dead_checked:
             self._dead_checked = True
-            self._check_dead_rows(params, batch, index, [j for j in range(len(tensors)) if j not in live])
+            check_dead_rows(lambda: self._loss(params, batch, index), params,
+                            [j for j in range(len(tensors)) if j not in live])
         graph = _Graph(loss, [grads[j] for j in live], live)
         if self.cache_graphs:
             self._graphs[index] = graph
         return graph
-
-    def _check_dead_rows(self, params: dict[str, torch.Tensor], batch: Any, index: int, dead: list[int]) -> None:
-        """Raise when moving the tensors whose gradient has no graph changes the gradient (their
-        Hessian rows are then not zero: a non-differentiable backward). Cost: two gradients."""
-        names = list(params)
-        tensors = list(params.values())
-        eps = 3e-2 if self.param_dtype in (torch.float16, torch.bfloat16) else 1e-2
-        saved = [tensors[j].detach().clone() for j in dead]
-        gen = torch.Generator().manual_seed(0)
-
-        def grad_at(sign: float) -> torch.Tensor:
-            with torch.no_grad():
-                for j, orig in zip(dead, saved):
-                    u = torch.randn(orig.shape, generator=gen, dtype=torch.float64)
-                    scale = eps * max(float(orig.double().norm()), 1.0) / max(float(u.norm()), 1e-30)
-                    tensors[j].copy_(orig + sign * (scale * u).to(device=orig.device, dtype=orig.dtype))
-            loss = self._loss(params, batch, index)
-            gs = torch.autograd.grad(loss, tensors, allow_unused=True, materialize_grads=True)
-            return torch.cat([g.detach().reshape(-1).to(torch.float64) for g in gs])
-
-        try:
-            gen.manual_seed(0)
-            g_plus = grad_at(+1.0)
-            gen.manual_seed(0)
-            g_minus = grad_at(-1.0)
-        finally:
-            with torch.no_grad():
-                for j, orig in zip(dead, saved):
-                    tensors[j].copy_(orig)
-        change = float((g_plus - g_minus).norm())
-        scale = max(float(g_plus.norm()), float(g_minus.norm()), 1e-30)
-        tol = max(1e3 * torch.finfo(self.param_dtype).eps, 1e-6)
-        if change > tol * scale:
-            which = ", ".join(names[j] for j in dead[:6]) + (" ..." if len(dead) > 6 else "")
-            raise OperatorError(
-                f"the gradient of {which} has no autograd graph (a zero Hessian row), yet moving those tensors by "
-                f"{eps:g} of their norm changes the gradient by {change / scale:.2g} of its norm: an op on their path "
-                "has a backward that is not differentiable (a custom autograd.Function whose backward runs without "
-                "grad, or a detach). Its curvature would silently be zero; exclude these parameters (params=...) or "
-                "give the op a differentiable backward"
-            )
 
     def _reverse(self, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
         tensors = list(params.values())
@@ -516,57 +430,10 @@ class HessianOperator(CurvatureOperator):
             del graph  # not cached: this batch's graph is freed before the next batch
 
     def _forward(self, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        from torch.func import functional_call, grad, jvp, vmap
-
-        wrapper = _LossModule(self.model, self.loss_fn)
-        names = self.space.names
-        primals = {n: p.detach() for n, p in params.items()}
-        selected = {id(p) for p in params.values()}
-        consts = {"model." + n: p.detach() for n, p in self.model.named_parameters() if id(p) not in selected}
         k = vs[0].shape[0]
-        chunk = self._chunk(k, True)
-        pdt = self.param_dtype
         for i, (w, batch) in self._iter_batches("hvp"):
-
-            def loss_of(p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-                full = {"model." + n: t for n, t in p.items()}
-                full.update(consts)
-                loss = functional_call(wrapper, full, (batch,))
-                self._check_loss(loss, i, finite=False)  # values are checked outside the transforms
-                return loss, loss.detach()
-
-            grad_fn = grad(loss_of, has_aux=True)
-
-            def hvp(t: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-                _, tangent_out, aux = jvp(grad_fn, (primals,), (t,), has_aux=True)
-                return tangent_out, aux
-
-            batched = vmap(hvp, in_dims=(0,), randomness="same")
-            for start in range(0, k, chunk):
-                stop = min(start + chunk, k)
-                hv, losses = batched({n: v[start:stop].to(pdt) for n, v in zip(names, vs)})
-                if not torch.isfinite(losses).all():
-                    raise OperatorError(f"the loss is {float(losses.reshape(-1)[0])} on batch {i}; "
-                                        "the Hessian of a non-finite loss is undefined")
-                for n, o in zip(names, outs):
-                    o[start:stop].add_(hv[n], alpha=w)
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def _one_row(batch: Any) -> tuple[int, Any, Any]:
-    """``(rows, one-row copy, shape key)`` of a batch: a tensor or a tuple/list of tensors sharing
-    their first dimension; anything else is measured whole (rows = 1). A copy, not a view: saved
-    inputs count with their whole storage."""
-    if isinstance(batch, torch.Tensor) and batch.ndim >= 1 and batch.shape[0] > 0:
-        return batch.shape[0], batch[:1].clone(), ("t", tuple(batch.shape[1:]), batch.dtype)
-    if (isinstance(batch, (tuple, list)) and batch and all(isinstance(t, torch.Tensor) and t.ndim >= 1 for t in batch)
-            and len({t.shape[0] for t in batch}) == 1 and batch[0].shape[0] > 0):
-        key = ("s",) + tuple((tuple(t.shape[1:]), t.dtype) for t in batch)
-        return batch[0].shape[0], type(batch)(t[:1].clone() for t in batch), key
-    return 1, batch, ("whole", id(batch))
+            forward_over_reverse(self.model, self.loss_fn, params, batch, vs, outs, w, self._chunk(k, True),
+                                 self.param_dtype, lambda loss: self._check_loss(loss, i, finite=False), i)
 
 
 #: Measured choice for ``vectorize="auto"`` on CPU (benchmarks/README.md, "HVP throughput").

@@ -15,8 +15,8 @@ from torch import nn
 from geometry.derivatives import padding_modules
 from geometry.hessian import HessianOperator
 from geometry.operator import OperatorError
-from probes.families import FAMILIES, tiny_model
-from probes.lm import lm_loss
+from probes.models.families import FAMILIES, tiny_model
+from probes.core.lm import lm_loss
 from tests.fixtures_trajectory import tiny_trajectory  # noqa: F401  (pytest fixture)
 
 

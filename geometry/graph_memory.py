@@ -1,0 +1,76 @@
+"""How much memory one Hessian-vector product takes: the double-backward graph, measured.
+
+:meth:`geometry.hessian.HessianOperator.pass_bytes` predicts the peak of one product from the
+bytes autograd saves for a batch's forward and ``create_graph`` backward, counted with saved-tensor
+hooks on a one-row copy of the batch (parameters and buffers excluded: they are resident) and
+scaled by the rows. The transient of the second backward is a fitted multiple of that graph
+(benchmarks/README.md, "Scale", checks the model against measured peaks).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+#: Transient of one second backward, as a multiple of the batch's saved graph: the activation
+#: gradients flowing through the graph (fitted on GPT-NeoX 14M–160M shapes, benchmarks/README.md "Scale").
+SECOND_BACKWARD_FACTOR = 1.45
+#: The same for one tangent of the forward backend (forward, gradient and their tangents).
+FORWARD_FACTOR = 3.0
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    """Bytes of one number of ``dtype``."""
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def one_row(batch: Any) -> tuple[int, Any, Any]:
+    """``(rows, one-row copy, shape key)`` of a batch: a tensor or a tuple/list of tensors sharing
+    their first dimension; anything else is measured whole (rows = 1). A copy, not a view: saved
+    inputs count with their whole storage."""
+    if isinstance(batch, torch.Tensor) and batch.ndim >= 1 and batch.shape[0] > 0:
+        return batch.shape[0], batch[:1].clone(), ("t", tuple(batch.shape[1:]), batch.dtype)
+    if (isinstance(batch, (tuple, list)) and batch and all(isinstance(t, torch.Tensor) and t.ndim >= 1 for t in batch)
+            and len({t.shape[0] for t in batch}) == 1 and batch[0].shape[0] > 0):
+        key = ("s",) + tuple((tuple(t.shape[1:]), t.dtype) for t in batch)
+        return batch[0].shape[0], type(batch)(t[:1].clone() for t in batch), key
+    return 1, batch, ("whole", id(batch))
+
+
+def saved_graph_bytes(model: nn.Module, build: Callable[[], Any]) -> int:
+    """Bytes of the tensors autograd saves while ``build()`` runs a forward and a ``create_graph``
+    backward (storages counted once; the model's parameters and buffers excluded)."""
+    resident = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        try:
+            st = t.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr not in resident:
+                seen[ptr] = st.nbytes()
+        except (RuntimeError, NotImplementedError):  # tensor subclasses without a plain storage
+            seen[id(t)] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        build()
+    return int(sum(seen.values()))
+
+
+def pass_bytes(graphs: list[int], grad_bytes: int, backend: str, vectorize: bool, k: int, chunk: int,
+               cached: bool) -> int:
+    """Predicted peak of one product of k vectors beyond its input and output, from each batch's
+    graph bytes (``graphs``, gradients included) and the bytes of one gradient (``grad_bytes``).
+
+    reverse: the live graph(s) (the largest batch, or every batch when ``cached``) + the second
+    backward's transient (:data:`SECOND_BACKWARD_FACTOR` × saved graph + 2 gradients), × the chunk
+    when vmapped; forward: chunk × (:data:`FORWARD_FACTOR` × saved graph + 3 gradients).
+    """
+    saved_max = max(graphs) - grad_bytes
+    if backend == "forward":
+        return int(min(k, chunk) * (FORWARD_FACTOR * saved_max + 3 * grad_bytes))
+    live = sum(graphs) if cached else max(graphs)
+    c = min(k, chunk) if vectorize else 1
+    return int(live + c * (SECOND_BACKWARD_FACTOR * saved_max + 2 * grad_bytes))
