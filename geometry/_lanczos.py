@@ -68,7 +68,8 @@ def lanczos(
     basis_device=None,
     basis_dtype: torch.dtype | None = None,
 ) -> list[LanczosRun]:
-    """Run ``r`` Lanczos recurrences from the rows of ``starts`` [r, dim] (normalised here).
+    """Run ``r`` Lanczos recurrences from the rows of ``starts`` [r, dim] (normalised and then
+    overwritten in place when they already have the operator's dtype and device).
 
     Args:
         num_steps: steps per run, capped at ``dim``.
@@ -85,7 +86,7 @@ def lanczos(
     dtype, device = op.dtype, op.device
     bdtype = basis_dtype or dtype
     eps = 10.0 * max(op.product_eps, float(torch.finfo(dtype).eps), float(torch.finfo(bdtype).eps))
-    cur = starts.to(device=device, dtype=dtype).clone()
+    cur = starts.to(device=device, dtype=dtype)             # normalised in place: no copy of the starts
     norms = rowdot(cur, cur).sqrt()
     if not torch.all(norms > 0):
         raise ValueError("a Lanczos start vector is zero")

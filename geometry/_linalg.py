@@ -42,6 +42,18 @@ def row_norms(A: torch.Tensor) -> torch.Tensor:
     return rowdot(A, A).sqrt()
 
 
+def residual_norms(A: torch.Tensor, B: torch.Tensor, scale) -> torch.Tensor:
+    """``[k]`` float64 norms ``‖A_i − scale_i · B_i‖`` for ``[k, dim]`` A, B (e.g. ``‖Hv − λv‖``),
+    accumulated chunk by chunk in float64 (no cancellation, no full-size copy)."""
+    lam = torch.as_tensor(scale, dtype=torch.float64).reshape(-1, 1)
+    out = torch.zeros(A.shape[0], dtype=torch.float64)
+    for s in spans(A.shape[1], 2 * A.shape[0]):
+        a = A[:, s].to(torch.float64)
+        d = a - lam.to(a.device) * B[:, s].to(device=a.device, dtype=torch.float64)
+        out += (d * d).sum(dim=1).cpu()
+    return out.sqrt()
+
+
 def gram(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     """``A @ B.T`` as float64 ``[a, b]`` (CPU), accumulated over column chunks (products of each
     chunk in the inputs' dtype, at least float32)."""
@@ -118,16 +130,29 @@ def orthonormalize_rows(Y: torch.Tensor, rtol: float | None = None, passes: int 
 
 
 class RowBasis:
-    """Orthonormal rows stored in blocks of 16 (no storage beyond what is used), on any device and
-    in any dtype (a basis on the host, or in bfloat16, acting on vectors elsewhere).
+    """Orthonormal rows stored in blocks (no storage beyond what is used), on any device and in any
+    dtype (a basis on the host, or in bfloat16, acting on vectors elsewhere).
 
-    Memory: ``ceil(n / 16) · 16 · dim`` numbers of ``dtype`` on ``device``.
+    Blocks hold :meth:`block_rows` rows: 16 for small vectors, fewer as rows grow, one row at a
+    time once a row exceeds 4 MB, so at most 64 MB sit allocated but unused.
+    Memory: :meth:`allocated_rows` ``(n) · dim`` numbers of ``dtype`` on ``device``.
     """
 
-    BLOCK = 16
+    @staticmethod
+    def block_rows(dim: int, dtype: torch.dtype) -> int:
+        """Rows per storage block for vectors of ``dim`` numbers of ``dtype``."""
+        row = dim * torch.empty((), dtype=dtype).element_size()
+        return int(max(1, min(16, (1 << 26) // max(row, 1))))
+
+    @staticmethod
+    def allocated_rows(n: int, dim: int, dtype: torch.dtype) -> int:
+        """Rows allocated to hold ``n`` rows (a whole number of blocks)."""
+        b = RowBasis.block_rows(dim, dtype)
+        return -(-n // b) * b
 
     def __init__(self, dim: int, dtype: torch.dtype, device):
         self.dim, self.dtype, self.device = dim, dtype, torch.device(device)
+        self.BLOCK = self.block_rows(dim, dtype)
         self.blocks: list[torch.Tensor] = []
         self.n = 0
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ._checks import check_int, check_op
-from ._linalg import RowBasis, project_out
+from ._linalg import RowBasis, project_out, residual_norms, row_norms, rowdot
 from .memory import (MemoryEstimate, basis_storage, default_budget, first_fitting, pass_options, resolve_budget,
                      vector_bytes, with_basis)
 from .operator import CurvatureOperator
@@ -38,9 +38,9 @@ _ADVICE = ("lower max_iter or max_basis, use method='power' (k + 3 vectors), use
 
 def _gaussian_unit(g: torch.Generator, dim: int, dtype, device) -> torch.Tensor:
     """A Gaussian unit vector drawn on the CPU in ``dtype`` (no float64 copy at model scale)."""
-    x = torch.randn(dim, generator=g, dtype=dtype)
-    x /= x.double().norm().to(dtype)
-    return x.to(device=device)
+    x = torch.randn(1, dim, generator=g, dtype=dtype)
+    x /= float(row_norms(x)[0])
+    return x[0].to(device=device)
 
 
 def _settings(plan: MemoryEstimate) -> dict:
@@ -71,19 +71,25 @@ def estimate_memory(op: CurvatureOperator, k: int = 1, method: str = "lanczos", 
         raise EstimatorError(f"method must be 'lanczos' or 'power', got {method!r}")
     full = min(steps, op.dim)
     smallest = min(full, max(2 * k + 2, k + 4))
-    sizes = [max_basis] if max_basis is not None else sorted({full, *[min(full, m) for m in (64, 32)]}, reverse=True)
-    small = [] if max_basis is not None else sorted({min(full, m) for m in (24, 16, smallest) if m >= smallest}, reverse=True)
-    order = [(m, c) for c in (True, False) for m in sizes] + [(m, c) for m in small for c in (True, False)]
+    if max_basis is not None:
+        big, small = [min(max_basis, full)], []
+    else:
+        big = sorted({full, *[min(full, m) for m in (64, 32)]}, reverse=True)
+        small = sorted({m for m in (24, 20, 16, 12, 10, 8, 6, smallest) if smallest <= m < min(big)}, reverse=True)
+    # a basis of 32+ with the graphs kept beats a bigger one rebuilt every step; below that, size first
+    order = [(m, c) for c in (True, False) for m in big] + [(m, c) for m in small for c in (True, False)]
     options = {s.get("cache_graphs", False): (s, b) for s, b, _ in pass_options(op, 1, steps)}
     final = {s.get("cache_graphs", False): (s, b) for s, b, _ in pass_options(op, k, 1)}
     for m, cache in order:
         if cache not in options:
             continue
         settings, pass_b = options[cache]
-        m16 = -(-m // 16) * 16                                  # the basis grows in blocks of 16 rows
-        parts, host = with_basis({"residual [1, dim]": vec, f"Ritz vectors and products [{2 * k}, dim]": 2 * k * vec,
+        rows = RowBasis.allocated_rows(m, op.dim, bdtype)       # the basis grows in whole blocks
+        # the Ritz vectors and their products are formed after the basis is freed: the larger phase counts
+        vectors = max(vec + (0 if on_host else rows * bvec), 2 * k * vec)
+        parts, host = with_basis({"residual (or the Ritz vectors and products at the end)": vectors - (0 if on_host else rows * bvec),
                                   "operator pass": max(pass_b, final[cache][1] if cache in final else pass_b)},
-                                 f"basis [{m16}, dim] {str(bdtype).replace('torch.', '')}", m16 * bvec, on_host)
+                                 f"basis [{rows}, dim] {str(bdtype).replace('torch.', '')}", rows * bvec, on_host)
         cands.append(MemoryEstimate(parts, budget, {"basis_size": m, "restarted": m < full,
                                                     "basis_device": str(bdev), "basis_dtype": str(bdtype).replace("torch.", ""),
                                                     **settings}, host, host_budget))
@@ -207,7 +213,7 @@ def _lanczos_topk(op, k, tol, max_iter, g, basis_size, basis_device=None, basis_
         c = Q.orthogonalize(w)
         T[: j + 1, j] = c
         T[j, : j + 1] = c
-        beta = float(w.double().norm())
+        beta = float(row_norms(w)[0])
         theta, S = np.linalg.eigh(T[: j + 1, : j + 1])
         tnorm = max(tnorm, float(np.max(np.abs(theta))))
         sel = _select(theta, min(k, j + 1))
@@ -219,7 +225,7 @@ def _lanczos_topk(op, k, tol, max_iter, g, basis_size, basis_device=None, basis_
             breakdowns += 1
             x = _gaussian_unit(g, dim, op.dtype, op.device).unsqueeze(0)
             Q.orthogonalize(x)
-            nx = float(x.double().norm())
+            nx = float(row_norms(x)[0])
             if not nx > eps:
                 break
             nxt, coupling = x[0] / nx, 0.0
@@ -242,11 +248,13 @@ def _lanczos_topk(op, k, tol, max_iter, g, basis_size, basis_device=None, basis_
     theta, S = np.linalg.eigh(T[: j + 1, : j + 1])
     sel = _select(theta, k)
     vals = theta[sel]
+    del w
     Y = Q.combine(S[:, sel].T.copy(), op.dtype, op.device)          # [k, dim]
-    Y = Y / Y.double().norm(dim=1, keepdim=True).to(Y.dtype)
+    del Q                                                           # the basis is freed before H Y
+    Y /= row_norms(Y).to(device=Y.device, dtype=Y.dtype)[:, None]
     HY = op.matmat_flat(Y)                                          # k HVPs
     lam = torch.as_tensor(vals, dtype=torch.float64)
-    res = torch.stack([(HY[i].double() - lam[i] * Y[i].double()).norm() for i in range(len(vals))]).numpy()
+    res = residual_norms(HY, Y, lam).numpy()
     floor = eps * float(np.max(np.abs(theta)))
     conv = [bool(r <= tol * abs(v) + floor) for r, v in zip(res, vals)]
     extra = {"restarts": restarts, "breakdowns": breakdowns, "basis_size": m}
@@ -262,15 +270,15 @@ def _power_topk(op, k, tol, max_iter, g):
         v = _gaussian_unit(g, op.dim, op.dtype, op.device).unsqueeze(0)
         if B is not None:
             project_out(v, B)
-        v = v[0] / v.double().norm().to(v.dtype)
+        v = v[0] / float(row_norms(v)[0])
         lam_prev, lam, r, ok = None, 0.0, math.inf, False
         pair = v                  # the vector that lam and r belong to
         for _ in range(max_iter):
             w = op.matvec_flat(v)
             iters += 1
             pair = v
-            lam = float(torch.dot(v.double(), w.double()))
-            r = float((w.double() - lam * v.double()).norm())
+            lam = float(rowdot(v[None], w[None])[0])
+            r = float(residual_norms(w[None], v[None], [lam])[0])
             if lam_prev is not None and abs(lam - lam_prev) < tol * abs(lam):
                 ok = True
                 break
@@ -282,7 +290,7 @@ def _power_topk(op, k, tol, max_iter, g):
                 w = w.unsqueeze(0)
                 project_out(w, B)
                 w = w[0]
-            n = float(w.double().norm())
+            n = float(row_norms(w[None])[0])
             if not n > 0:         # H v lies in the span of the found vectors: nothing left to iterate
                 ok = True
                 break

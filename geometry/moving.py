@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .memory import MemoryEstimate, first_fitting, resolve_budget
 from .params import ParamGlobs, iter_names
 from .planes import Plane
 
@@ -29,6 +30,25 @@ class SurfaceError(ValueError):
 # --------------------------------------------------------------------------------------------
 # moving a model along a plane
 # --------------------------------------------------------------------------------------------
+def estimate_memory(model: nn.Module, plane: Plane, params: ParamGlobs = None, points_per_forward: int = 1,
+                    max_memory=None) -> MemoryEstimate:
+    """Memory of evaluating a surface (beyond the model and the plane): the clone of the moved
+    tensors that restores them, the plane's tensors converted when their dtype or device differ
+    from the model's (3 dicts), and ``points_per_forward`` stacked copies when vmapping several
+    points (> 1). Raises :class:`~geometry.memory.MemoryBudgetError` when over ``max_memory``."""
+    targets = dict(model.named_parameters(remove_duplicate=False))
+    targets.update(dict(model.named_buffers(remove_duplicate=False)))
+    names = [n for n in iter_names(plane.names, params) if n in targets]
+    moved = sum(targets[n].numel() * targets[n].element_size() for n in names)
+    converted = sum(3 * targets[n].numel() * targets[n].element_size() for n in names
+                    if (plane.origin[n].dtype, plane.origin[n].device) != (targets[n].dtype, targets[n].device))
+    parts = {"originals (restored at the end)": moved, "plane tensors converted to the model's dtype/device": converted}
+    if points_per_forward > 1:
+        parts[f"{points_per_forward} stacked points"] = points_per_forward * moved
+    device = next(iter(targets.values())).device if targets else "cpu"
+    return first_fitting([MemoryEstimate(parts, resolve_budget(max_memory, device), {"points_per_forward": points_per_forward})],
+                         "evaluate_surface", "use points_per_forward=1, move fewer tensors (params=...), or raise max_memory")
+
 class PlaneMover:
     """Writes θ(x, y) into the model's tensors in place; restores the originals exactly."""
 

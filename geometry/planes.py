@@ -13,7 +13,8 @@ a plane is an origin plus two direction dicts, a line an origin plus one.
 
 Cost: every constructor makes a constant number of passes over the parameters, one key at a time
 (float64 temporaries of one tensor at a time), and stores the directions in the dtype of the origin.
-Memory: the plane holds three dicts the size of the model (origin, e₁, e₂).
+Memory: the plane holds three dicts the size of the model (origin, e₁, e₂), a line two;
+:func:`estimate_memory` states it and every constructor checks it against ``max_memory`` first.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from .jsonable import jsonable
+from .memory import MemoryEstimate, first_fitting, resolve_budget
 
 Params = Mapping[str, torch.Tensor]
 
@@ -195,6 +197,26 @@ class Line:
 # --------------------------------------------------------------------------------------------
 # constructors
 # --------------------------------------------------------------------------------------------
+def estimate_memory(A: Params, max_memory=None, kind: str = "points") -> MemoryEstimate:
+    """Memory of building a plane (``kind`` ``"points"``/``"random"``) or line (``"line"``) from
+    points like ``A``: the result holds the origin and one direction per axis in A's dtypes
+    (3 model-size dicts for a plane, 2 for a line); temporaries are float64 copies of one tensor at
+    a time (three of the largest). Raises :class:`~geometry.memory.MemoryBudgetError` when over
+    ``max_memory`` (default: :func:`geometry.memory.default_budget` of A's device)."""
+    keys = [k for k, t in A.items() if torch.is_floating_point(t)]
+    if not keys:
+        raise PlaneError("the point has no floating-point parameters")
+    model = sum(A[k].numel() * A[k].element_size() for k in keys)
+    largest = max(A[k].numel() for k in keys) * 8
+    n = 2 if kind == "line" else 3
+    device = A[keys[0]].device
+    parts = {f"origin and {n - 1} direction(s) ({n} model-size dicts)": n * model,
+             "float64 temporaries (one tensor at a time)": 3 * largest}
+    return first_fitting([MemoryEstimate(parts, resolve_budget(max_memory, device), {"kind": kind})],
+                         f"a {kind} plane" if kind != "line" else "a line",
+                         "select fewer tensors (e.g. only the quantized matrices), or raise max_memory")
+
+
 def plane_through_points(
     A: Params,
     B: Params,
@@ -203,6 +225,8 @@ def plane_through_points(
     fallback: str | None = None,
     seed: int = 0,
     tol: float = 1e-6,
+    max_memory: int | str | None = None,
+    copy_origin: bool = True,
 ) -> Plane:
     """The plane through A (origin), B and C with an orthonormal basis (Gram–Schmidt).
 
@@ -219,6 +243,9 @@ def plane_through_points(
     seed : seed of the random fallback direction.
     tol : degeneracy threshold: ‖u‖ ≤ tol·max(‖A‖, tiny) means A = B; ‖v − (v·e₁)e₁‖ ≤ tol·‖v‖ means
         C is on the line through A and B (float32 points carry ~1e-7 relative rounding).
+    max_memory : bytes (or ``"8GB"``) the construction may allocate (:func:`estimate_memory`).
+    copy_origin : ``False`` makes A's tensors the plane's origin without a copy (saves one model of
+        memory when the caller owns A and will not modify it).
 
     Returns
     -------
@@ -226,7 +253,8 @@ def plane_through_points(
     C: (v·e₁, ‖v⊥‖)} computed in float64, and ``norms`` {``|B-A|``, ``|C-A|``, ``cos(B-A,C-A)``,
     ``|A|``}. e₁, e₂ are stored in A's dtype.
 
-    Cost: five passes over the parameters, each in float64 one tensor at a time.
+    Cost: four passes over the parameters, each in float64 one tensor at a time; e₁ and e₂ are
+    formed in float64 per tensor and stored in A's dtype. Memory: :func:`estimate_memory`.
     """
     labels = tuple(labels)
     if len(labels) != 3:
@@ -234,25 +262,22 @@ def plane_through_points(
     if fallback not in (None, "random"):
         raise PlaneError(f"fallback must be None or 'random', got {fallback!r}")
     keys = _float_keys([A, B, C], labels)
+    estimate_memory(A, max_memory, "points")
     la, lb, lc = labels
+
+    def u(k):  # B − A and C − A, one tensor at a time in float64
+        return B[k].double() - A[k].double()
+
+    def v(k):
+        return C[k].double() - A[k].double()
+
     norm_a = _norm(A, keys)
-    u = {k: B[k].double() - A[k].double() for k in keys}
-    v = {k: C[k].double() - A[k].double() for k in keys}
-    nu = _norm(u, keys)
-    nv = _norm(v, keys)
+    uu, vv, uv = (_sum(keys, lambda k: (u(k) * u(k)).sum()), _sum(keys, lambda k: (v(k) * v(k)).sum()),
+                  _sum(keys, lambda k: (u(k) * v(k)).sum()))
+    nu, nv = math.sqrt(uu), math.sqrt(vv)
     scale_ref = max(norm_a, 1e-30)
-    a_eq_b = nu <= tol * scale_ref
-    c_eq_a = nv <= tol * scale_ref
+    a_eq_b, c_eq_a = nu <= tol * scale_ref, nv <= tol * scale_ref
     kind = "points"
-    gen = torch.Generator().manual_seed(int(seed))
-
-    def _random_orth(e1d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        r = {k: torch.randn(A[k].shape, generator=gen, dtype=torch.float32).to(device=A[k].device, dtype=torch.float64) for k in keys}
-        proj = _dot(r, e1d, keys)
-        r = {k: r[k] - proj * e1d[k] for k in keys}
-        nr = _norm(r, keys)
-        return {k: r[k] / nr for k in keys}
-
     if a_eq_b:
         if fallback != "random" or c_eq_a:
             raise PlaneError(
@@ -261,14 +286,17 @@ def plane_through_points(
                 + "; the three points do not span a plane. Pass fallback='random' to use a random second "
                 "direction, or use geometry.planes.line for a 1-D slice."
             )
-        e1 = {k: v[k] / nv for k in keys}
-        e2 = _random_orth(e1)
+        def e1_64(k):
+            return v(k) / nv
+        e1 = {k: e1_64(k).to(A[k].dtype) for k in keys}
+        e2 = _random_orthogonal(A, keys, e1, seed)
         kind = "points+random"
     else:
-        e1 = {k: u[k] / nu for k in keys}
-        c1 = _dot(v, e1, keys)
-        w = {k: v[k] - c1 * e1[k] for k in keys}
-        nw = _norm(w, keys)
+        def e1_64(k):
+            return u(k) / nu
+        e1 = {k: e1_64(k).to(A[k].dtype) for k in keys}
+        c1 = uv / nu                                          # v·e₁, exactly from the float64 scalars
+        nw = math.sqrt(_sum(keys, lambda k: ((v(k) - (c1 / nu) * u(k)) ** 2).sum()))
         if nw <= tol * max(nv, 1e-30) or c_eq_a:
             if fallback != "random":
                 what = f"{lc!r} equals {la!r}" if c_eq_a else f"{lc!r} lies on the line through {la!r} and {lb!r}"
@@ -277,29 +305,42 @@ def plane_through_points(
                     "the three points do not span a plane. Pass fallback='random' to use a random second "
                     "direction, or use geometry.planes.line for a 1-D slice."
                 )
-            e2 = _random_orth(e1)
+            e2 = _random_orthogonal(A, keys, e1, seed)
             kind = "points+random"
         else:
-            e2 = {k: w[k] / nw for k in keys}
-    # exact float64 coordinates (against the float64 basis)
-    coords = {
-        la: (0.0, 0.0),
-        lb: (_dot(u, e1, keys), _dot(u, e2, keys)),
-        lc: (_dot(v, e1, keys), _dot(v, e2, keys)),
-    }
+            e2 = {k: ((v(k) - (c1 / nu) * u(k)) / nw).to(A[k].dtype) for k in keys}
     if kind == "points":  # the definitions, exactly
-        coords[lb] = (nu, 0.0)
-        coords[lc] = (_dot(v, e1, keys), _norm({k: v[k] - coords[lc][0] * e1[k] for k in keys}, keys))
-    cos_uv = _dot(u, v, keys) / (nu * nv) if nu > 0 and nv > 0 else float("nan")
+        coords = {la: (0.0, 0.0), lb: (nu, 0.0), lc: (c1, nw)}
+    else:
+        coords = {la: (0.0, 0.0),
+                  lb: (_sum(keys, lambda k: (u(k) * e1_64(k)).sum()), _sum(keys, lambda k: (u(k) * e2[k].double()).sum())),
+                  lc: (_sum(keys, lambda k: (v(k) * e1_64(k)).sum()), _sum(keys, lambda k: (v(k) * e2[k].double()).sum()))}
+    cos_uv = uv / (nu * nv) if nu > 0 and nv > 0 else float("nan")
     norms = {f"|{lb}-{la}|": nu, f"|{lc}-{la}|": nv, f"cos({lb}-{la},{lc}-{la})": cos_uv, f"|{la}|": norm_a}
-    origin = {k: A[k].detach().clone() for k in keys}
-    e1_out = {k: e1[k].to(dtype=A[k].dtype) for k in keys}
-    e2_out = {k: e2[k].to(dtype=A[k].dtype) for k in keys}
+    origin = {k: (A[k].detach().clone() if copy_origin else A[k].detach()) for k in keys}
     xs = [c[0] for c in coords.values()]
     ys = [c[1] for c in coords.values()]
     scale = max(max(xs) - min(xs), max(ys) - min(ys), 1e-12) / 2
-    return Plane(origin, e1_out, e2_out, coords, norms, kind, scale=scale,
+    return Plane(origin, e1, e2, coords, norms, kind, scale=scale,
                  meta={"labels": list(labels), "fallback": fallback, "seed": seed if kind != "points" else None})
+
+
+def _sum(keys: Sequence[str], term) -> float:
+    """Σ over keys of a float64 scalar ``term(k)`` (each evaluated on one tensor at a time)."""
+    return float(sum(float(term(k)) for k in keys))
+
+
+def _random_orthogonal(A: Params, keys: Sequence[str], e1: Params, seed: int) -> dict[str, torch.Tensor]:
+    """A seeded random unit direction orthogonal to ``e1`` (Gram–Schmidt in float64 per tensor,
+    stored in A's dtypes; drawn on CPU in float32 in key order, so the same on every device)."""
+    gen = torch.Generator().manual_seed(int(seed))
+    r = {k: torch.randn(A[k].shape, generator=gen, dtype=torch.float32).to(device=A[k].device, dtype=A[k].dtype)
+         for k in keys}
+    proj = _sum(keys, lambda k: (r[k].double() * e1[k].double()).sum())
+    nr = math.sqrt(_sum(keys, lambda k: ((r[k].double() - proj * e1[k].double()) ** 2).sum()))
+    for k in keys:
+        r[k] = ((r[k].double() - proj * e1[k].double()) / nr).to(A[k].dtype)
+    return r
 
 
 def filter_normalize(
@@ -321,26 +362,28 @@ def filter_normalize(
     - ``"weights"`` (the paper's other branch): the direction is a copy of the weights;
     - ``"filter"``: the whole vector is one filter, rescaled to ‖w‖.
     """
+    return _filter_normalize_({k: d.clone() for k, d in direction.items()}, weights, ignore, one_d, eps)
+
+
+def _filter_normalize_(direction: dict[str, torch.Tensor], weights: Params, ignore: Sequence[str], one_d: str,
+                       eps: float) -> dict[str, torch.Tensor]:
+    """:func:`filter_normalize` in place (float64 temporaries of one tensor at a time)."""
     if one_d not in ("zero", "weights", "filter"):
         raise PlaneError(f"one_d must be 'zero', 'weights' or 'filter', got {one_d!r}")
-    out = {}
     for k, d in direction.items():
         w = weights[k]
-        if _matches(k, ignore):
-            out[k] = torch.zeros_like(d)
+        if _matches(k, ignore) or (d.ndim <= 1 and one_d == "zero"):
+            d.zero_()
+        elif d.ndim <= 1 and one_d == "weights":
+            d.copy_(w.detach())
         elif d.ndim <= 1:
-            if one_d == "zero":
-                out[k] = torch.zeros_like(d)
-            elif one_d == "weights":
-                out[k] = w.detach().clone().to(d.dtype)
-            else:
-                out[k] = d * (w.double().norm() / (d.double().norm() + eps)).to(d.dtype)
+            d.mul_(float(w.double().norm() / (d.double().norm() + eps)))
         else:
-            d2 = d.reshape(d.shape[0], -1).double()
+            d2 = d.reshape(d.shape[0], -1)
             w2 = w.reshape(w.shape[0], -1).double()
-            factor = w2.norm(dim=1, keepdim=True) / (d2.norm(dim=1, keepdim=True) + eps)
-            out[k] = (d2 * factor).reshape(d.shape).to(d.dtype)
-    return out
+            factor = w2.norm(dim=1, keepdim=True) / (d2.double().norm(dim=1, keepdim=True) + eps)
+            d2.mul_(factor.to(d.dtype))
+    return direction
 
 
 def random_plane(
@@ -350,6 +393,7 @@ def random_plane(
     ignore: Sequence[str] = ("bias", "norm"),
     one_d: str = "zero",
     label: str = "center",
+    max_memory: int | str | None = None,
 ) -> Plane:
     """A random plane through ``center`` (Li et al. 2018, "Visualizing the loss landscape").
 
@@ -361,16 +405,18 @@ def random_plane(
     orthogonalised nor unit: x, y are in units of the directions (x = 1 moves every filter by its
     own norm), and ``norms`` records ``|e1|``, ``|e2|`` and their cosine (≈ 0 in high dimension).
 
-    Returns a Plane with ``kind="random"``, ``coords={label: (0, 0)}``, ``scale=1``.
+    Returns a Plane with ``kind="random"``, ``coords={label: (0, 0)}``, ``scale=1``. Memory: three
+    model-size dicts (:func:`estimate_memory`), checked against ``max_memory`` first.
     """
     keys = _float_keys([center], [label])
+    estimate_memory(center, max_memory, "random")
     gen = torch.Generator().manual_seed(int(seed))
     d1 = _gaussian_like(center, keys, gen)
     d2 = _gaussian_like(center, keys, gen)
     ref = {k: center[k] for k in keys}
     if filter_normalize:
-        d1 = filter_normalize_fn(d1, ref, ignore=ignore, one_d=one_d)
-        d2 = filter_normalize_fn(d2, ref, ignore=ignore, one_d=one_d)
+        _filter_normalize_(d1, ref, ignore, one_d, 1e-10)
+        _filter_normalize_(d2, ref, ignore, one_d, 1e-10)
     else:
         for d in (d1, d2):
             for k in keys:
@@ -388,15 +434,13 @@ def random_plane(
                        "one_d": one_d, "labels": [label]})
 
 
-filter_normalize_fn = filter_normalize  # alias usable inside random_plane (whose argument shadows the name)
-
-
 def line(
     origin: Params,
     direction: Params | None = None,
     end: Params | None = None,
     normalize: bool = True,
     labels: Sequence[str] = ("A", "B"),
+    max_memory: int | str | None = None,
 ) -> Line:
     """A 1-D slice θ(x) = origin + x·e₁.
 
@@ -404,19 +448,25 @@ def line(
     point: direction = end − origin). With ``normalize=True`` (default) e₁ is unit-norm and x is a
     Euclidean distance in parameter space; with ``normalize=False`` e₁ = direction (x = 1 reaches
     ``end``). ``coords`` holds {labels[0]: 0} and, when ``end`` is given, {labels[1]: x of end}.
+    Memory: two model-size dicts (:func:`estimate_memory`), checked against ``max_memory`` first.
     """
     if (direction is None) == (end is None):
         raise PlaneError("give exactly one of `direction` (a parameter dict) or `end` (a point)")
     if end is not None:
         keys = _float_keys([origin, end], labels[:2])
-        d = {k: end[k].double() - origin[k].double() for k in keys}
+
+        def d(k):
+            return end[k].double() - origin[k].double()
     else:
         keys = _float_keys([origin, direction], [labels[0], "direction"])
-        d = {k: direction[k].double() for k in keys}
-    nd = _norm(d, keys)
+
+        def d(k):
+            return direction[k].double()
+    estimate_memory(origin, max_memory, "line")
+    nd = math.sqrt(_sum(keys, lambda k: (d(k) ** 2).sum()))
     if nd == 0:
         raise PlaneError("degenerate line: the direction is zero (end equals origin)")
-    e1 = {k: (d[k] / nd if normalize else d[k]).to(origin[k].dtype) for k in keys}
+    e1 = {k: (d(k) / nd if normalize else d(k)).to(origin[k].dtype) for k in keys}
     coords = {labels[0]: 0.0}
     if end is not None:
         coords[labels[1]] = nd if normalize else 1.0

@@ -50,7 +50,7 @@ from torch import nn
 
 from .batches import normalise_batch_weights
 from .grid import GridSpec
-from .moving import LossFn, PlaneMover, SurfaceError, concat_batches, evaluate_point, evaluate_stacked
+from .moving import estimate_memory, LossFn, PlaneMover, SurfaceError, concat_batches, evaluate_point, evaluate_stacked
 from .params import ParamGlobs
 from .planes import Line, Plane
 
@@ -226,6 +226,7 @@ def evaluate_surface(
     weights: Sequence[float] | None = None,
     points_per_forward: int = 1,
     merge_batches: bool | int = False,
+    max_memory: int | str | None = None,
 ) -> Surface:
     """Loss of ``model`` at every node of ``grid`` on ``plane`` and at the marked points.
 
@@ -253,6 +254,10 @@ def evaluate_surface(
         batch-by-batch evaluation by float rounding only (~1e-7 relative). The marked points are
         always evaluated batch by batch, exactly as a direct evaluation would.
 
+    max_memory : bytes (or ``"8GB"``) the evaluation may allocate beyond the model and the plane
+        (:func:`geometry.moving.estimate_memory`: one copy of the moved tensors, more when the plane's
+        dtype/device differ or several points are vmapped), checked before any forward.
+
     Returns a :class:`Surface`. Cost: (nx·ny + #points) × len(batches) forward passes. The model is
     in eval mode during the call (its mode is restored). Autograd is off.
     """
@@ -274,6 +279,7 @@ def evaluate_surface(
     if k_pts < 1:
         raise SurfaceError(f"points_per_forward must be >= 1, got {points_per_forward}")
 
+    estimate_memory(model, plane, params, k_pts, max_memory)
     mover = PlaneMover(model, plane, params)
     fp = (_fingerprint(plane, x, y, batches, w, list(mover.names) + [f"merge={merge_batches}", f"vmap={k_pts}"])
           if checkpoint_path is not None else "")

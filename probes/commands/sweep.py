@@ -94,12 +94,15 @@ def register(app: typer.Typer) -> None:
         threads: Optional[int] = typer.Option(None, "--threads", help="torch threads per process/task (default: torch's; 1 is best for tiny models)."),
         export: Optional[Path] = typer.Option(None, "--export", help="Also write the tidy results to .csv or .parquet."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display (for logs)."),
+        max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory each curvature estimator may use beyond the model, e.g. 8GB (overrides the plan's max_memory)."),
     ) -> None:
         """Run every probe of a plan on every checkpoint of a trajectory; resumable (kill and rerun)."""
         from probes.sweep import PlanError, Plan, Store, StoreError, SweepError, load_plan, run_sweep
 
         try:
             p = Plan.default(quick=quick) if plan is None else load_plan(plan)
+            if max_memory is not None:
+                p = p.replace(max_memory=max_memory)
             report = run_sweep(trajectory, p, out=out, executor=executor, address=address, retry_failed=retry_failed,
                                allow_mixed=allow_mixed, progress=not quiet, device=device, num_workers=num_workers,
                                num_threads=threads)
@@ -133,14 +136,19 @@ def register(app: typer.Typer) -> None:
         device: Optional[str] = typer.Option(None, "--device"),
         data: Optional[Path] = typer.Option(None, "--data", help="Saved TokenSet file for the curvature set (default: built)."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's)."),
+        max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory each estimator may use beyond the model, e.g. 8GB (default: a third of free RAM / 80% of free GPU memory)."),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="Load the weights as float32 (default), bfloat16, float16 or float64."),
+        max_iter: int = typer.Option(100, "--max-iter", help="Eigen solver iterations (power) or Lanczos steps."),
+        eigen_method: str = typer.Option("power", "--eigen-method", help="power | lanczos"),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
-        """Sharpness of one checkpoint: Hessian trace (95% CI), top eigenvalue(s), HVPs, timing."""
+        """Sharpness of one checkpoint: Hessian trace (95% CI), top eigenvalue(s), HVPs, timing, memory plan."""
         from probes.sweep.sharpness import SharpnessError, sharpness as _sharpness
 
         try:
             res = _sharpness(checkpoint, label=label, num_matvecs=num_matvecs, method=method, k=k, params=params, seed=seed,
-                             quick=quick, device=device, data=data, num_threads=threads)
+                             quick=quick, device=device, data=data, num_threads=threads, max_memory=max_memory,
+                             dtype=dtype, max_iter=max_iter, eigen_method=eigen_method)
         except SharpnessError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2)

@@ -3,8 +3,9 @@
 :func:`lm_hessian` is what every LM-level curvature probe uses (sweeps, ``losslens sharpness``):
 a :class:`geometry.HessianOperator` of :func:`probes.core.lm.lm_loss`, built only after
 :func:`probes.models.second_order.ensure_second_order` has checked — once per architecture, on a
-2×16-token slice — that the chosen backend's products agree with a finite difference of
-gradients. An architecture whose ops lack a forward-AD rule falls back to the reverse backend with
+2×16-token slice carrying every special token (on a float64 miniature of the architecture for
+models over 50M parameters or in half precision) — that the chosen backend's products agree with
+finite differences of the gradient and of the loss. An architecture whose ops lack a forward-AD rule falls back to the reverse backend with
 a :class:`~probes.models.second_order.SecondOrderWarning` naming the op; one whose products cannot
 be trusted raises :class:`~probes.models.second_order.SecondOrderError` (recorded as a failed row
 by sweeps) — never a silently wrong number.
@@ -27,8 +28,9 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     """Hessian of the mean LM loss over ``batches`` ([b, s] token tensors) w.r.t. ``params`` globs.
 
     ``check``: run the cached second-order check first (cost, once per architecture: a float64
-    copy of models under 50M parameters plus a few HVPs and gradients on 2×16 tokens). Extra
-    keyword arguments go to :class:`HessianOperator`.
+    copy of models under 50M parameters, else a float64 miniature, plus a few HVPs, gradients and
+    forwards on 2×16 tokens). Extra keyword arguments go to :class:`HessianOperator`
+    (``max_memory``, ``chunk_size``, ...).
     """
     batches = list(batches)
     if check and batches:

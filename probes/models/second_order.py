@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import re
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -48,12 +47,14 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from geometry.attention import second_order_attention
 from geometry.hessian import HessianOperator
 from probes.core.lm import lm_loss
 from probes.core.numerics import rel_error
 
 from .families import family_of
+from .fd_references import fd_hvp, fd_quadratic, probe_vectors, with_special_tokens
+from .miniature import miniature
+from .op_diagnostics import custom_functions, format_exc, ops_in, worst_params
 
 __all__ = ["check_second_order", "SecondOrderReport", "BackendCheck", "SecondOrderError", "SecondOrderWarning",
            "ensure_second_order", "curvature_safe", "architecture_key"]
@@ -76,6 +77,8 @@ class BackendCheck:
         ok: ran and matched the finite-difference reference within tolerance.
         error: the exception (type: message) when it raised, else None.
         rel_error_fd: ‖Hv − FD‖ / ‖FD‖ over the probe vectors (None when it raised).
+        quadratic_error: max over probe vectors of |vᵀHv − q(v)| / ‖Hv‖, with q the second
+            difference of the loss (catches a first-order backward that is not the derivative).
         worst_params: up to 3 ``(parameter, relative error)`` with the largest mismatch (when not ok).
         ops: op / Function names extracted from the error message.
     """
@@ -84,6 +87,7 @@ class BackendCheck:
     ok: bool
     error: str | None = None
     rel_error_fd: float | None = None
+    quadratic_error: float | None = None
     worst_params: tuple[tuple[str, float], ...] = ()
     ops: tuple[str, ...] = ()
 
@@ -106,6 +110,8 @@ class SecondOrderReport:
             or None when neither is trustworthy.
         messages: human-readable findings (each names the op when one is at fault).
         seconds: wall time.
+        checked_on: ``"model"``, ``"float64 copy"`` or ``"float64 miniature"`` (a tiny model of
+            the same class and config pattern, :func:`probes.models.miniature.miniature`).
     """
 
     model: str
@@ -122,6 +128,7 @@ class SecondOrderReport:
     recommended: str | None
     messages: tuple[str, ...]
     seconds: float
+    checked_on: str = "model"
 
     @property
     def ok(self) -> bool:
@@ -147,106 +154,6 @@ class SecondOrderReport:
         return d
 
 
-_OP_PATTERNS = (
-    re.compile(r"vmap over (\w+)"),
-    re.compile(r"forward AD with (\S+)"),
-    re.compile(r"derivative for (\S+) is not implemented"),
-    re.compile(r"(aten::\w+(?:\.\w+)?)"),
-    re.compile(r"function (\w+Backward\d*) returned"),
-    re.compile(r"\b(\w+Backward\d*)\b"),
-)
-
-
-def _ops_in(message: str) -> tuple[str, ...]:
-    found: list[str] = []
-    for pat in _OP_PATTERNS:
-        for m in pat.findall(message):
-            m = m.strip("'\".,:;")
-            if m and m not in found:
-                found.append(m)
-    return tuple(found)
-
-
-def _is_custom(fn) -> bool:
-    return fn is not None and (hasattr(fn, "_forward_cls") or type(fn).__name__ == "BackwardCFunction")
-
-
-def _custom_functions(model: nn.Module, loss_fn: Callable, batch) -> tuple[str, ...]:
-    """Custom autograd Functions in the loss graph, with the module whose output they produced."""
-    producers: dict[int, str] = {}
-    handles = []
-
-    def make(name: str, mod: nn.Module):
-        def hook(_m, _args, out):
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            for t in outs:
-                if isinstance(t, torch.Tensor) and _is_custom(t.grad_fn):
-                    producers.setdefault(id(t.grad_fn), f"{name or '<model>'} ({type(mod).__name__})")
-        return hook
-
-    for name, mod in model.named_modules():
-        handles.append(mod.register_forward_hook(make(name, mod)))
-    try:
-        with torch.enable_grad(), second_order_attention():
-            loss = loss_fn(model, batch)
-            seen: set[int] = set()
-            stack = [loss.grad_fn]
-            found: list[str] = []
-            while stack:
-                fn = stack.pop()
-                if fn is None or id(fn) in seen:
-                    continue
-                seen.add(id(fn))
-                if _is_custom(fn):
-                    cls = getattr(fn, "_forward_cls", None)
-                    label = (cls.__name__ if cls is not None else type(fn).__name__)
-                    where = producers.get(id(fn), "inside a module (not its direct output)")
-                    found.append(f"{where}: {label}")
-                stack.extend(nxt for nxt, _ in fn.next_functions)
-    finally:
-        for h in handles:
-            h.remove()
-    return tuple(sorted(set(found)))
-
-
-def _fd_hvp(op, V: torch.Tensor, eps: float) -> torch.Tensor:
-    """Central finite difference of the gradient: (g(θ+εv) − g(θ−εv)) / 2ε per row v of V."""
-    named = dict(op.model.named_parameters())
-    params = {n: named[n] for n in op.space.names}
-    out = torch.empty_like(V)
-    with torch.no_grad():
-        originals = {n: p.detach().clone() for n, p in params.items()}
-    try:
-        for i in range(V.shape[0]):
-            step = op.space.unflatten(V[i] * eps)
-            grads = []
-            for sign in (1.0, -1.0):
-                with torch.no_grad():
-                    for n, p in params.items():
-                        p.copy_(originals[n] + sign * step[n].view_as(p))
-                grads.append(op.gradient()[1])
-            out[i] = (grads[0] - grads[1]) / (2 * eps)
-    finally:
-        with torch.no_grad():
-            for n, p in params.items():
-                p.copy_(originals[n])
-    return out
-
-
-def _worst(space, HV: torch.Tensor, ref: torch.Tensor, n: int = 3) -> tuple[tuple[str, float], ...]:
-    errs = []
-    for name, sl in space.slices.items():
-        den = float(torch.linalg.vector_norm(ref[:, sl].double())) + 1e-30
-        errs.append((name, float(torch.linalg.vector_norm((HV[:, sl] - ref[:, sl]).double())) / den))
-    errs.sort(key=lambda t: -t[1])
-    return tuple((nm, round(e, 6)) for nm, e in errs[:n])
-
-
-def _format_exc(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:500]
-
-
 def check_second_order(
     model: nn.Module,
     batch,
@@ -261,70 +168,67 @@ def check_second_order(
 ) -> SecondOrderReport:
     """Probe whether both HVP backends give the true Hessian of ``model`` on one tiny batch.
 
-    For ``num_vectors`` seeded unit vectors v it computes H v with the ``"reverse"`` and
-    ``"forward"`` backends of :class:`geometry.hessian.HessianOperator` and a central finite
-    difference of gradients (g(θ+εv) − g(θ−εv))/2ε, which needs no second-order rule. A backend
-    is *ok* when it runs and its relative error against the FD reference is ≤ ``rtol``; an
-    exception (missing forward-AD rule, missing/``once_differentiable`` double backward) is
+    For ``num_vectors`` seeded unit vectors v (:func:`~probes.models.fd_references.probe_vectors`:
+    the second one on the embedding rows of the batch's tokens) it computes H v with the
+    ``"reverse"`` and ``"forward"`` backends of :class:`geometry.hessian.HessianOperator` and two
+    references that need no second-order rule: the central difference of gradients
+    (g(θ+εv) − g(θ−εv))/2ε, and the second difference of the loss, which estimates vᵀHv from
+    forward passes only and so also catches a first-order backward that is not the derivative of
+    its forward. A backend is *ok* when it runs, its relative error against the gradient
+    difference is ≤ ``rtol`` and its vᵀHv matches the loss's second difference to ``rtol`` · ‖Hv‖.
+    An exception (missing forward-AD rule, missing/``once_differentiable`` double backward) is
     recorded with the op names its message gives. Custom ``autograd.Function`` s in the loss graph
-    are listed with the module that produced them, so a silent mismatch (a backward that is not
-    itself differentiable) can be traced to its op.
+    are listed with the module that produced them. An LM batch gets every special token of the
+    model written into its first row (:func:`~probes.models.fd_references.with_special_tokens`),
+    where token-dependent gradient masking (``padding_idx``) hides.
 
     Args:
         model: the model (not modified: weights are restored bit-exactly after the FD steps).
-        batch: one small batch (e.g. a [2, 8] LongTensor) or a list of batches.
+        batch: one small batch (e.g. a [2, 16] LongTensor) or a list of batches.
         loss_fn: ``loss_fn(model, batch)``; default :func:`probes.core.lm.lm_loss`.
-        params: parameter globs (default all); restrict to a block for large models.
-        num_vectors: probe vectors (each costs 2 HVPs + 4 gradients).
+        params: parameter globs (default all; ignored on a miniature, which checks every parameter).
+        num_vectors: probe vectors (each costs 2 HVPs, 4 gradients and 4 forwards).
         seed: seed of the probe vectors.
-        precision: ``"auto"`` (run on a float64 copy when the model has < 50M parameters, else
-            in place in the model's dtype), a dtype, or ``"native"``.
-        rtol: tolerance against the FD reference; default 2e-3 (float64), 1e-2 (float32), 5e-2 (half);
-            raised to 10× the FD reference's own noise (|FD(ε) − FD(ε/2)| / |FD(ε)|) when that is
-            larger (reported in ``messages``).
-        eps: FD step along unit vectors; default 1e-2 (float64) / 3e-2 (float32) / 0.1 (half).
-            HF norms and softmax compute in float32 even in a float64 model, so the gradient carries
-            ~1e-7 relative noise; 1e-2 balances that noise (~1e-5/ε) against the O(ε²) truncation
-            (measured FD accuracy 2e-5..2e-4 on the tiny families).
+        precision: ``"auto"``: a float64 copy of models under 50M parameters; for larger or
+            half-precision models a float64 miniature of the same architecture
+            (:func:`probes.models.miniature.miniature`; AD rules do not depend on width or depth),
+            or, when none can be built, the model itself in float32 at least. Or a dtype, or
+            ``"native"`` (the model as it is).
+        rtol: tolerance against the references; default 2e-3 (float64), 1e-2 (float32), 5e-2 (half);
+            raised to 10× the references' own noise (their change between steps ε and ε/2) when that
+            is larger (reported in ``messages``).
+        eps: gradient-difference step along unit vectors; default 1e-2 (float64) / 3e-2 (float32) /
+            0.1 (half). The loss second difference uses 10ε (its noise grows like 1/ε²).
         preferred: backend to recommend when both are ok.
 
-    Returns :class:`SecondOrderReport`. Cost: 2·num_vectors HVPs + 8·num_vectors gradients on the
-    batch, plus a float64 copy of the model under ``precision="auto"`` for small models.
+    Returns :class:`SecondOrderReport`. Cost: 2·num_vectors HVPs, 8·num_vectors gradients and
+    4·num_vectors + 2 forwards on the batch, plus the copy or miniature.
     """
     t0 = time.perf_counter()
     loss_fn = loss_fn or lm_loss
     batches = [batch] if isinstance(batch, torch.Tensor) else list(batch)
-    n_params = sum(p.numel() for p in model.parameters())
-    model_dtype = next(model.parameters()).dtype
-    if precision == "auto":
-        target = torch.float64 if n_params < 50_000_000 else None
-    elif precision == "native":
-        target = None
-    elif isinstance(precision, torch.dtype):
-        target = precision
-    else:
-        raise ValueError(f"precision must be 'auto', 'native' or a torch dtype, got {precision!r}")
-    work = model
-    if target is not None and target != model_dtype:
-        work = copy.deepcopy(model).to(target)
+    messages: list[str] = []
+    work, checked_on = _working_model(model, precision, messages)
+    if checked_on == "float64 miniature":
+        params = None
+    if work is not model:
+        _fill_zero_embedding_rows(work)
+    batches = [with_special_tokens(work, b) for b in batches]
     dtype = next(work.parameters()).dtype
     wide = dtype == torch.float64
     if eps is None:
         eps = 1e-2 if wide else (3e-2 if dtype == torch.float32 else 1e-1)
     base_rtol = rtol if rtol is not None else (2e-3 if wide else 1e-2 if dtype == torch.float32 else 5e-2)
-    messages: list[str] = []
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if attention not in (None, "eager", "sdpa"):
         messages.append(f"attention implementation {attention!r} is not covered by the SDPA-MATH context of the "
                         "HVP operators; wrap curvature in probes.models.second_order.curvature_safe(model) (switches to sdpa)")
     with curvature_safe(work, quiet=True):
-        customs = _custom_functions(work, loss_fn, batches[0])
+        customs = custom_functions(work, loss_fn, batches[0])
         op_rev = HessianOperator(work, loss_fn, batches, params=params, backend="reverse")
-        g = torch.Generator().manual_seed(seed)
-        V = torch.randn(num_vectors, op_rev.dim, generator=g, dtype=torch.float64)
-        V = (V / torch.linalg.vector_norm(V, dim=1, keepdim=True)).to(dtype=dtype, device=op_rev.device)
-        ref = _fd_hvp(op_rev, V, eps)
-        ref_half = _fd_hvp(op_rev, V, eps / 2)
+        V = probe_vectors(op_rev, num_vectors, seed, dtype)
+        ref, ref_half = fd_hvp(op_rev, V, eps), fd_hvp(op_rev, V, eps / 2)
+        quad, quad_half = fd_quadratic(op_rev, V, 10 * eps), fd_quadratic(op_rev, V, 5 * eps)
         fd_noise = rel_error(ref, ref_half)
         tol = max(base_rtol, 10 * fd_noise)
         if tol > base_rtol:
@@ -337,27 +241,19 @@ def check_second_order(
             try:
                 HV = op.matmat_flat(V)
             except Exception as e:  # noqa: BLE001 - every failure is reported, none is swallowed silently
-                text = _format_exc(e)
-                checks[backend] = BackendCheck(backend, False, error=text, ops=_ops_in(str(e)))
+                checks[backend] = BackendCheck(backend, False, error=format_exc(e), ops=ops_in(str(e)))
                 continue
             products[backend] = HV
             err = rel_error(HV, ref)
-            ok = err <= tol
-            checks[backend] = BackendCheck(backend, ok, rel_error_fd=err,
-                                           worst_params=() if ok else _worst(op_rev.space, HV, ref))
+            q = (V.double() * HV.double()).sum(1).cpu()
+            scale = torch.linalg.vector_norm(HV.double(), dim=1).cpu().clamp_min(1e-30)
+            q_noise = float(((quad - quad_half).abs() / scale).max())
+            q_err = float(((q - quad).abs() / scale).max())
+            ok = err <= tol and q_err <= max(tol, 10 * q_noise)
+            checks[backend] = BackendCheck(backend, ok, rel_error_fd=err, quadratic_error=q_err,
+                                           worst_params=() if ok else worst_params(op_rev.space, HV, ref))
     agreement = rel_error(products["forward"], products["reverse"]) if len(products) == 2 else None
-    suspects = ", ".join(customs) if customs else "none found (the op is a built-in one)"
-    for backend, chk in checks.items():
-        if chk.ok:
-            continue
-        if chk.error is not None:
-            ops = f" (op: {', '.join(chk.ops)})" if chk.ops else ""
-            messages.append(f"{backend} backend raised{ops}: {chk.error}; custom autograd Functions in the graph: {suspects}")
-        else:
-            where = ", ".join(f"{n} ({e:.2g})" for n, e in chk.worst_params)
-            messages.append(f"{backend} backend gives a WRONG Hessian: relative error {chk.rel_error_fd:.2g} against finite "
-                            f"differences (tolerance {tol:.1g}); worst parameters: {where}; custom autograd Functions "
-                            f"in the graph (a backward that is not itself differentiable is the usual cause): {suspects}")
+    _explain(checks, customs, tol, messages)
     other = "forward" if preferred == "reverse" else "reverse"
     if checks[preferred].ok:
         recommended = preferred
@@ -373,8 +269,65 @@ def check_second_order(
         model=type(model).__name__, family=family_of(model), dtype=str(dtype).replace("torch.", ""),
         dim=op_rev.dim, attention=attention, reverse=checks["reverse"], forward=checks["forward"],
         backend_agreement=agreement, fd_noise=fd_noise, rtol=tol, custom_functions=customs,
-        recommended=recommended, messages=tuple(messages), seconds=time.perf_counter() - t0,
+        recommended=recommended, messages=tuple(messages), seconds=time.perf_counter() - t0, checked_on=checked_on,
     )
+
+
+def _working_model(model: nn.Module, precision, messages: list[str]) -> tuple[nn.Module, str]:
+    """The model the check runs on, and what it is (see ``precision`` in :func:`check_second_order`)."""
+    n_params = sum(p.numel() for p in model.parameters())
+    model_dtype = next(model.parameters()).dtype
+    if precision == "native":
+        return model, "model"
+    if isinstance(precision, torch.dtype):
+        return (model, "model") if precision == model_dtype else (copy.deepcopy(model).to(precision), f"{precision} copy")
+    if precision != "auto":
+        raise ValueError(f"precision must be 'auto', 'native' or a torch dtype, got {precision!r}")
+    if n_params < 50_000_000 and model_dtype not in (torch.float16, torch.bfloat16):
+        return (model, "model") if model_dtype == torch.float64 else (copy.deepcopy(model).double(), "float64 copy")
+    mini = miniature(model)
+    if mini is not None:
+        messages.append(f"checked on a float64 miniature of {type(model).__name__} ({sum(p.numel() for p in mini.parameters())} "
+                        f"parameters): AD rules do not depend on width or depth, and the model has {n_params} parameters "
+                        f"in {str(model_dtype).replace('torch.', '')}")
+        return mini, "float64 miniature"
+    if model_dtype in (torch.float16, torch.bfloat16):
+        messages.append("no miniature of this architecture could be built; checked a float32 copy of the model")
+        return copy.deepcopy(model).float(), "float32 copy"
+    return model, "model"
+
+
+def _fill_zero_embedding_rows(work: nn.Module) -> None:
+    """In the check's own copy: give all-zero input-embedding rows (padding rows are zero from
+    initialisation) random values of the other rows' scale. At a zero row a normalisation layer is
+    singular and no finite difference converges; AD rules do not depend on the row's values."""
+    emb = getattr(work, "get_input_embeddings", None)
+    weight = getattr(emb(), "weight", None) if callable(emb) else None
+    if weight is None or weight.ndim != 2:
+        return
+    with torch.no_grad():
+        zero = weight.abs().sum(1) == 0
+        if zero.any() and not zero.all():
+            g = torch.Generator().manual_seed(0)
+            fill = torch.randn(int(zero.sum()), weight.shape[1], generator=g, dtype=torch.float64)
+            weight[zero] = (fill * weight[~zero].double().std()).to(device=weight.device, dtype=weight.dtype)
+
+
+def _explain(checks: dict[str, BackendCheck], customs: tuple[str, ...], tol: float, messages: list[str]) -> None:
+    suspects = ", ".join(customs) if customs else "none found (the op is a built-in one)"
+    for backend, chk in checks.items():
+        if chk.ok:
+            continue
+        if chk.error is not None:
+            ops = f" (op: {', '.join(chk.ops)})" if chk.ops else ""
+            messages.append(f"{backend} backend raised{ops}: {chk.error}; custom autograd Functions in the graph: {suspects}")
+        else:
+            where = ", ".join(f"{n} ({e:.2g})" for n, e in chk.worst_params)
+            messages.append(f"{backend} backend gives a WRONG Hessian: relative error {chk.rel_error_fd:.2g} against the "
+                            f"gradient difference and {chk.quadratic_error:.2g} against the loss's second difference "
+                            f"(tolerance {tol:.1g}); worst parameters: {where}; custom autograd Functions in the graph "
+                            f"(a backward that is not the derivative of its forward, or not itself differentiable, is "
+                            f"the usual cause): {suspects}")
 
 
 # --------------------------------------------------------------------------- handling

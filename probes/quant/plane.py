@@ -27,14 +27,16 @@ def quantization_plane(loader, ref, previous, spec: str, calibration=None) -> tu
 
     Returns the plane and the loader's model holding A's weights (ready for
     :func:`geometry.surface.evaluate_surface`). Cost: two checkpoint loads and one quantization.
+    Memory: at the peak the model, copies of A and B, the quantized copy C and the plane's two
+    directions (6 model-size sets of tensors; A's copy becomes the plane's origin).
     """
     B = _params(loader.load(previous))
     model = loader.load(ref)
     A = _params(model)
     qm = quantize(model, spec, calibration=calibration)
-    C = {n: p.detach().to(A[n].device, A[n].dtype).clone() for n, p in qm.model.named_parameters()}
+    C = {n: p.detach().to(A[n].device, A[n].dtype) for n, p in qm.model.named_parameters()}
     del qm
-    return plane_through_points(A, B, C, labels=("A", "B", "C")), model
+    return plane_through_points(A, B, C, labels=("A", "B", "C"), copy_origin=False), model
 
 
 def quantization_surface(loader, ref, previous, spec: str, token_sets: Mapping[str, Any], grid: int | GridSpec = 21,

@@ -200,7 +200,8 @@ class Plan:
     gᵀδ, δᵀHδ along δ = θ̂ − θ), ``kurtosis`` (pooled weight excess kurtosis), ``quant_modules``
     (module globs to quantize; default every Linear in the decoder blocks), ``lawa`` (k values:
     one derived LAWA checkpoint of the last k checkpoints each), ``checkpoints`` (labels to keep;
-    default all), ``seed`` (estimator seed), ``data`` (:class:`DataSpec`).
+    default all), ``seed`` (estimator seed), ``data`` (:class:`DataSpec`), ``max_memory`` (bytes or
+    ``"8GB"`` each curvature estimator may allocate beyond the model; None: geometry.memory's default).
     """
 
     loss: bool = True
@@ -217,6 +218,7 @@ class Plan:
     checkpoints: tuple[str, ...] | None = None
     seed: int = 0
     name: str = "sweep"
+    max_memory: int | str | None = None
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -265,6 +267,13 @@ class Plan:
                 raise PlanError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise PlanError(f"seed must be an integer, got {self.seed!r}")
+        if self.max_memory is not None:
+            from geometry.memory import MemoryBudgetError, parse_bytes
+
+            try:
+                parse_bytes(self.max_memory)
+            except MemoryBudgetError as exc:
+                raise PlanError(f"max_memory: {exc}") from exc
         if not self.tasks():
             raise PlanError("the plan has no probe; enable at least one of: " + ", ".join(PROBES))
 
@@ -386,7 +395,8 @@ class Plan:
     def tasks(self) -> list[Task]:
         """Row keys per checkpoint, in execution order: loss, kurtosis, quant…, directional…,
         trace, eigen, block_trace."""
-        curv = {"curvature_params": list(self.curvature_params) if self.curvature_params else None, "data": list(self.data.curvature)}
+        curv = {"curvature_params": list(self.curvature_params) if self.curvature_params else None, "data": list(self.data.curvature),
+                **({"max_memory": self.max_memory} if self.max_memory is not None else {})}
         qdata = {"quant_modules": list(self.quant_modules) if self.quant_modules else None,
                  "eval": list(self.data.eval), "calibration": list(self.data.calibration)}
         out: list[Task] = []

@@ -77,7 +77,8 @@ class CheckpointState:
         if self._op is None:
             from probes.models.curvature import lm_hessian
 
-            self._op = lm_hessian(self.model, self.data("curvature"), params=self.plan.curvature_params)
+            self._op = lm_hessian(self.model, self.data("curvature"), params=self.plan.curvature_params,
+                                  max_memory=self.plan.max_memory)
         return self._op
 
 
@@ -116,15 +117,15 @@ def _directional(st: CheckpointState, task: Task) -> ProbeRow:
         raise ProbeError(f"quantized layers without a '.weight' parameter: {missing[:3]}")
     delta = {n: (qparams[n].detach() - params[n].detach()) for n in names}
     curv = list(st.data("curvature"))
-    op = lm_hessian(model, curv, params=[_escape_glob(n) for n in names])
-    dc = directional_curvature(op, delta)
     q_curv = evaluate(qm.model, curv).loss
-    del qm
+    del qm, qparams                        # the quantized copy goes before the curvature's memory plan
+    op = lm_hessian(model, curv, params=[_escape_glob(n) for n in names], max_memory=st.plan.max_memory)
+    dc = directional_curvature(op, delta)
     return ProbeRow(st_label(st), "directional", task.spec,
                     metrics=[metric("gTd", dc.gTd), metric("dHd", dc.dHd), metric("pred_delta", dc.predicted_delta),
                              metric("actual_delta", q_curv - dc.loss)],
                     extra={"loss": dc.loss, "q_loss": q_curv, "direction_norm": dc.direction_norm,
-                           "curvature": dc.curvature, "n_params": op.dim},
+                           "curvature": dc.curvature, "n_params": op.dim, "memory": dc.memory},
                     n_hvp=int(dc.num_matvecs))
 
 
@@ -139,7 +140,8 @@ def _trace(st: CheckpointState, task: Task) -> ProbeRow:
         est = hutchinson_trace(op, num_matvecs=o["num_matvecs"], seed=o["seed"])
     return ProbeRow(st_label(st), "trace", task.spec,
                     metrics=[metric("trace", est.value, est.stderr, est.ci_low, est.ci_high)],
-                    extra={"method": est.method, "dim": op.dim, "rel_stderr": est.rel_stderr, "converged": bool(est.converged)},
+                    extra={"method": est.method, "dim": op.dim, "rel_stderr": est.rel_stderr, "converged": bool(est.converged),
+                           "memory": est.memory},
                     n_hvp=int(est.num_matvecs), seed=o["seed"])
 
 
@@ -151,7 +153,7 @@ def _eigen(st: CheckpointState, task: Task) -> ProbeRow:
     return ProbeRow(st_label(st), "eigen", task.spec,
                     metrics=[metric(f"lambda_{i + 1}", v) for i, v in enumerate(res.values)],
                     extra={"residuals": [float(x) for x in res.residuals], "converged": [bool(c) for c in res.converged],
-                           "iterations": int(res.iterations), "method": res.method},
+                           "iterations": int(res.iterations), "method": res.method, "memory": res.memory},
                     n_hvp=int(res.num_matvecs), seed=o["seed"])
 
 
@@ -174,7 +176,8 @@ def _block_trace(st: CheckpointState, task: Task) -> ProbeRow:
     res = block_traces(st.hessian(), _block_groups(st.model, groups), num_matvecs=o["num_matvecs"], seed=o["seed"])
     ms = [metric("trace", res.values[g], res.stderr[g], res.ci_low[g], res.ci_high[g], spec=g) for g in res.values]
     return ProbeRow(st_label(st), "block_trace", task.spec, metrics=ms,
-                    extra={"sizes": dict(res.sizes), "total": float(res.total.value), "total_stderr": float(res.total.stderr)},
+                    extra={"sizes": dict(res.sizes), "total": float(res.total.value), "total_stderr": float(res.total.stderr),
+                           "memory": res.total.memory},
                     n_hvp=int(res.num_matvecs), seed=o["seed"])
 
 

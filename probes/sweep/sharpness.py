@@ -21,12 +21,18 @@ class SharpnessError(ValueError):
 def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int = 100, method: str = "hutch++",
               k: int = 1, eigen_method: str = "power", tol: float = 1e-3, max_iter: int = 100,
               params: Sequence[str] | None = None, seed: int = 0, quick: bool = False, device=None,
-              data: str | Path | None = None, num_threads: int | None = None) -> dict:
+              data: str | Path | None = None, num_threads: int | None = None, max_memory=None,
+              dtype: str | None = None) -> dict:
     """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint as a dict.
 
     ``checkpoint``: a checkpoint folder, or a trajectory folder (``label`` picks one; default the
     last real checkpoint). ``data``: a saved TokenSet file for the curvature set (default: built).
-    ``num_threads``: torch threads for the estimators (None: torch's default).
+    ``num_threads``: torch threads for the estimators (None: torch's default). ``max_memory``:
+    bytes or ``"8GB"`` each estimator may allocate beyond the model (default: a third of the free
+    RAM, 80% of the free GPU memory; :mod:`geometry.memory`); what each chose (sketch size, block,
+    basis, graph cache) is returned under ``memory``. ``dtype``: ``float32`` (default),
+    ``bfloat16``, ``float16`` or ``float64`` to load the weights in; products run in it, estimator
+    algebra in float32 at least. A plan that cannot fit raises :class:`SharpnessError` before work.
     """
     from probes.checkpoints import CheckpointError, CheckpointLoader, Trajectory
 
@@ -58,29 +64,44 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     import torch
 
     dev = device or ("cuda" if torch.cuda.is_available() else None)
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+    if dtype is not None and dtype not in dtypes:
+        raise SharpnessError(f"dtype {dtype!r} is unknown; valid: {', '.join(dtypes)}")
     try:
-        model = CheckpointLoader(traj, device=dev).load(ref)
+        model = CheckpointLoader(traj, device=dev, dtype=dtypes.get(dtype)).load(ref)
     except CheckpointError as exc:
         raise SharpnessError(f"cannot load {ref.label!r}: {exc}") from exc
     model.requires_grad_(True)
     model.eval()
+    from geometry.eigen import estimate_memory as eigen_memory
     from geometry.eigen import top_eigenvalues
+    from geometry.memory import MemoryBudgetError
+    from geometry.trace import estimate_memory as trace_memory
     from geometry.trace import hutchinson_trace, hutchpp_trace
     from probes.core.threads import torch_threads
     from probes.models.curvature import lm_hessian
 
-    op = lm_hessian(model, curv, params=list(params) if params else None)
-    with torch_threads(num_threads):
-        est = (hutchpp_trace if method == "hutch++" else hutchinson_trace)(op, num_matvecs=num_matvecs, seed=seed)
-        ev = top_eigenvalues(op, k=k, method=eigen_method, tol=tol, max_iter=max_iter, seed=seed)
+    try:
+        op = lm_hessian(model, curv, params=list(params) if params else None, max_memory=max_memory)
+        # both plans are checked before any product: a plan that cannot fit fails here, in one line
+        trace_memory(op, method, num_matvecs)
+        eigen_memory(op, k, eigen_method, max_iter)
+        with torch_threads(num_threads):
+            est = (hutchpp_trace if method == "hutch++" else hutchinson_trace)(op, num_matvecs=num_matvecs, seed=seed)
+            ev = top_eigenvalues(op, k=k, method=eigen_method, tol=tol, max_iter=max_iter, seed=seed)
+    except MemoryBudgetError as exc:
+        raise SharpnessError(str(exc)) from exc
     return {
         "checkpoint": ref.label, "step": ref.step, "tokens": ref.tokens, "lr": ref.lr, "location": ref.location,
         "dim": op.dim, "params": list(params) if params else None,
         "data": {"shape": list(curv.tokens.shape), "content_hash": curv.content_hash},
+        "dtype": str(op.param_dtype).replace("torch.", ""),
         "trace": {"value": est.value, "stderr": est.stderr, "ci_low": est.ci_low, "ci_high": est.ci_high,
-                  "method": est.method, "num_matvecs": est.num_matvecs, "seconds": est.seconds, "seed": seed},
+                  "method": est.method, "num_matvecs": est.num_matvecs, "seconds": est.seconds, "seed": seed,
+                  "memory": est.memory},
         "eigen": {"values": list(ev.values), "residuals": list(ev.residuals), "converged": list(ev.converged),
-                  "method": ev.method, "num_matvecs": ev.num_matvecs, "seconds": ev.seconds},
+                  "method": ev.method, "num_matvecs": ev.num_matvecs, "iterations": ev.iterations,
+                  "seconds": ev.seconds, "memory": ev.memory},
         "seconds": time.perf_counter() - t0,
         "device": str(op.device),
     }

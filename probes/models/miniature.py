@@ -1,0 +1,73 @@
+"""A miniature of a model's architecture, for checks whose cost must not grow with the model.
+
+Whether an architecture's ops have correct second-order rules does not depend on its width or
+depth, so :func:`probes.models.second_order.check_second_order` checks a large or half-precision
+model on a float64 miniature of the same class: its config with the sizes shrunk (2 heads of 16,
+hidden 32, MLP 64, at most 4 layers; vocabulary, special tokens, attention implementation, rotary
+settings and per-layer patterns kept), random-initialised on the model's device. A 7B model is
+then checked in milliseconds and a few MB, in float64, where finite differences are exact enough
+(in bfloat16 a useful step is below half an ulp of most weights).
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+HEADS, HEAD_DIM, MLP, MAX_LAYERS = 2, 16, 64, 4
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+
+
+def _shrunk_config(config: Any) -> Any:
+    cfg = copy.deepcopy(config)
+    layers_key = next((k for k in _LAYER_KEYS if isinstance(getattr(cfg, k, None), int)), None)
+    if layers_key is None:
+        raise ValueError("the config names no layer count")
+    old_layers = getattr(cfg, layers_key)
+    new_layers = min(old_layers, MAX_LAYERS)
+    heads = getattr(cfg, "num_attention_heads", None)
+    kv = getattr(cfg, "num_key_value_heads", None)
+    new_heads = min(heads or HEADS, HEADS)
+    updates: dict[str, Any] = {layers_key: new_layers, "initializer_range": 0.2, "use_cache": False}
+    if heads:
+        updates["num_attention_heads"] = new_heads
+    if kv:
+        updates["num_key_value_heads"] = 1 if kv < heads else new_heads
+    for key, value in (("hidden_size", new_heads * HEAD_DIM), ("intermediate_size", MLP), ("head_dim", HEAD_DIM)):
+        if isinstance(getattr(cfg, key, None), int):
+            updates[key] = value
+    for key, value in vars(cfg).items():                 # per-layer lists follow the layer count
+        if isinstance(value, (list, tuple)) and len(value) == old_layers and old_layers != new_layers:
+            updates[key] = type(value)(value[:new_layers])
+    for key, value in updates.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def miniature(model: nn.Module, dtype: torch.dtype = torch.float64) -> nn.Module | None:
+    """A random-init miniature of ``model``'s class (HF ``PreTrainedModel`` with a ``config``) in
+    ``dtype`` on the model's device, in eval mode; None when one cannot be built (not an HF model,
+    or a config the shrinking does not fit). Cost: a model of ~10⁴–10⁶ parameters (the vocabulary
+    is kept, so token ids stay valid)."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return None
+    try:
+        cfg = _shrunk_config(config)
+        attn = getattr(config, "_attn_implementation", None)
+        if attn is not None:
+            cfg._attn_implementation = attn
+        device = next(model.parameters()).device
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            mini = type(model)(cfg)
+        return mini.to(device=device, dtype=dtype).eval()
+    except Exception:  # noqa: BLE001 - any failure means "no miniature"; the caller says how it checks instead
+        return None
+
+
+__all__ = ["miniature"]
