@@ -1,0 +1,289 @@
+"""Scale: every curvature probe on the seed models' real shapes, peak memory against the memory model.
+
+``python -m benchmarks.scale [--shapes pythia-14m,pythia-70m,pythia-160m] [--dtype float32,bfloat16]
+[--max-memory 8GB] [--probes hutch++,lanczos,...] [--threads 2] [--project] [--json PATH]``
+(also ``losslens bench scale``).
+
+Models are random-init GPT-NeoX with Pythia's published shapes (hidden, layers, heads, MLP,
+vocabulary 50,304, rotary_pct 0.25); curvature data: 2 batches of 4 × 64 random tokens (the
+``--quick`` curvature set of ``losslens sharpness``). Each probe runs in a fresh subprocess, so
+its peak resident memory (Linux ``VmHWM``) is its own; the row reports the peak above the
+subprocess's resident memory after the model and data were built, beside the memory plan the
+estimator predicted (``memory["predicted_bytes"]``) and their ratio. A timing row per shape gives
+seconds per gradient, per graph build (``create_graph``) and per HVP (sequential second backward
+on a kept graph), and their ratios to the gradient.
+
+``--project`` measures, on 1- and 2-layer slices of the 1B and 7B shapes (bfloat16, one sequence
+of 128 and 256 tokens), the bytes autograd saves per token, and projects what Hutchinson, Hutch++
+and Lanczos need on one 80 GB GPU (memory from the memory model; time from FLOP counts at an
+assumed fraction of the GPU's bf16 peak, with the HVP/gradient ratio measured here). Threads are
+pinned for the whole run (``--threads``, default 2) and restored afterwards.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+#: name -> (hidden, layers, heads, intermediate, vocab); published configs (EleutherAI/pythia-*,
+#: allenai/OLMo-2-0425-1B, allenai/OLMo-2-1124-7B).
+SHAPES = {
+    "pythia-14m": (128, 6, 4, 512, 50304), "pythia-70m": (512, 6, 8, 2048, 50304),
+    "pythia-160m": (768, 12, 12, 3072, 50304), "pythia-410m": (1024, 24, 16, 4096, 50304),
+    "pythia-1b": (2048, 16, 8, 8192, 50304), "olmo-2-1b": (2048, 16, 16, 8192, 100352),
+    "pythia-6.9b": (4096, 32, 32, 16384, 50432), "olmo-2-7b": (4096, 32, 32, 11008, 100352),
+}
+PROBES = ("hutch++", "hutchinson", "lanczos", "power", "slq", "directional", "blocks", "surface")
+BATCHES, BATCH, SEQ = 2, 4, 64
+
+
+def build(shape: str, dtype: torch.dtype, layers: int | None = None, seed: int = 0) -> torch.nn.Module:
+    """Random-init model with the shape's sizes (GPT-NeoX for pythia-*, OLMo-2 for olmo-2-*)."""
+    import transformers
+
+    h, L, heads, ff, vocab = SHAPES[shape]
+    L = layers or L
+    torch.manual_seed(seed)
+    if shape.startswith("olmo"):
+        cfg = transformers.Olmo2Config(vocab_size=vocab, hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
+                                       intermediate_size=ff, max_position_embeddings=4096, use_cache=False)
+        return transformers.Olmo2ForCausalLM(cfg).to(dtype).eval()
+    cfg = transformers.GPTNeoXConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
+                                     intermediate_size=ff, rotary_pct=0.25, max_position_embeddings=2048,
+                                     tie_word_embeddings=False, use_cache=False)
+    return transformers.GPTNeoXForCausalLM(cfg).to(dtype).eval()
+
+
+def _rss() -> tuple[int, int]:
+    """(resident, peak resident) bytes of this process."""
+    with open("/proc/self/status") as f:
+        d = dict(line.split(":", 1) for line in f)
+    return int(d["VmRSS"].split()[0]) * 1024, int(d["VmHWM"].split()[0]) * 1024
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
+    """One probe in this (fresh) process; returns the measured row."""
+    import gc
+
+    from geometry import (HessianOperator, directional_curvature, evaluate_surface, hutchinson_trace, hutchpp_trace,
+                          random_plane, spectral_density, top_eigenvalues)
+    from geometry.grid import GridSpec
+    from geometry.moving import estimate_memory as surface_memory
+    from geometry.trace import block_traces
+    from probes.core.lm import lm_loss
+
+    dt = getattr(torch, dtype)
+    model = build(shape, dt)
+    vocab = SHAPES[shape][4]
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, vocab, (BATCH, SEQ), generator=g) for _ in range(BATCHES)]
+    op = HessianOperator(model, lm_loss, batches, max_memory=max_memory)
+    row = {"shape": shape, "dtype": dtype, "probe": probe, "dim": op.dim, "max_memory": max_memory}
+    if probe == "timing":
+        return {**row, **_timing(op)}
+    graphs = [op.graph_bytes(i) for i in range(len(batches))]        # measured once, before the baseline
+    extra_setup = 0
+    if probe == "surface":
+        center = {n: p.detach() for n, p in model.named_parameters()}
+        plane = random_plane(center, seed=0, max_memory=max_memory)
+        extra_setup = 2 * sum(t.numel() * t.element_size() for t in center.values())  # e1, e2 (origin: a copy)
+    gc.collect()
+    base, _ = _rss()
+    _reset_peak()
+    t0 = time.perf_counter()
+    if probe == "hutch++":
+        res = hutchpp_trace(op, num_matvecs=30)
+        out = {"value": res.value, "stderr": res.stderr}
+    elif probe == "hutchinson":
+        res = hutchinson_trace(op, num_matvecs=8)
+        out = {"value": res.value, "stderr": res.stderr}
+    elif probe in ("lanczos", "power"):
+        res = top_eigenvalues(op, k=1, method=probe, max_iter=8, tol=1e-3)
+        out = {"value": res.values[0], "converged": res.converged[0], "iterations": res.iterations}
+    elif probe == "slq":
+        res = spectral_density(op, num_runs=2, num_steps=4)
+        out = {"steps": list(res.steps)}
+    elif probe == "directional":
+        d = torch.randn(op.dim, generator=g, dtype=torch.float32) * 1e-3
+        res = directional_curvature(op, d)
+        del d
+        out = {"dHd": res.dHd}
+    elif probe == "blocks":
+        res = block_traces(op, "module", num_matvecs=4)
+        out = {"value": res.total.value}
+    elif probe == "surface":
+        plan = surface_memory(model, plane, max_memory=max_memory)
+        surf = evaluate_surface(model, lm_loss, batches[:1], plane, GridSpec(resolution=2, x_range=(-1.0, 1.0), y_range=(-1.0, 1.0)),
+                                max_memory=max_memory)
+        res = None
+        out = {"loss_center": float(surf.loss[0, 0])}
+    else:
+        raise SystemExit(f"unknown probe {probe!r}; choose from {', '.join(PROBES)} or timing")
+    seconds = time.perf_counter() - t0
+    _, peak = _rss()
+    memory = res.memory if res is not None and hasattr(res, "memory") else plan.to_dict()
+    if probe == "blocks":
+        memory = res.total.memory
+    predicted = memory["predicted_bytes"]
+    measured = peak - base
+    return {**row, **out, "graph_bytes_per_batch": graphs[0], "predicted_GB": predicted / 1e9,
+            "measured_GB": measured / 1e9, "measured/predicted": measured / max(predicted, 1),
+            "base_GB": base / 1e9, "peak_GB": peak / 1e9, "plane_GB": extra_setup / 1e9, "seconds": seconds,
+            "num_matvecs": getattr(res, "num_matvecs", 0), "settings": memory.get("settings", {})}
+
+
+def _timing(op) -> dict:
+    """Seconds per gradient, per graph build and per HVP (sequential, graph kept), medians of 3."""
+    import statistics
+
+    def timed(fn, n=3):
+        ts = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    t_grad = timed(op.gradient)
+    V = torch.ones(4, op.dim, dtype=op.dtype)
+    with op.configured(cache_graphs=True):
+        t_build_and_4 = timed(lambda: (op.release_graphs(), op.matmat_flat(V)), n=2)
+        t_4 = timed(lambda: op.matmat_flat(V), n=2)
+    t_hvp = t_4 / 4
+    t_build = t_build_and_4 - t_4
+    return {"s_per_gradient": t_grad, "s_per_graph_build": t_build, "s_per_hvp": t_hvp,
+            "hvp/gradient": t_hvp / t_grad, "build/gradient": t_build / t_grad}
+
+
+def _run_child(shape: str, probe: str, dtype: str, max_memory: str, threads: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "LOSSLENS_BENCH_THREADS": str(threads)}
+    cmd = [sys.executable, "-m", "benchmarks.scale", "--child", shape, probe, dtype, max_memory]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(cmd, cwd=root, env={**env, "PYTHONPATH": root + os.pathsep + env.get("PYTHONPATH", "")},
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        return {"shape": shape, "dtype": dtype, "probe": probe, "status": "failed", "error": tail[0][:300]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def saved_bytes_per_sequence(shape: str, seq: int, layers: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes autograd saves (forward + ``create_graph`` backward) for one sequence of ``seq`` tokens
+    on a ``layers``-layer slice of ``shape`` (geometry.graph_memory.saved_graph_bytes)."""
+    from geometry.attention import second_order_attention
+    from geometry.graph_memory import saved_graph_bytes
+    from probes.core.lm import lm_loss
+
+    model = build(shape, dtype, layers=layers)
+    ids = torch.randint(0, SHAPES[shape][4], (1, seq))
+    params = [p for p in model.parameters()]
+
+    def run():
+        with torch.enable_grad(), second_order_attention():
+            torch.autograd.grad(lm_loss(model, ids), params, create_graph=True)
+
+    out = saved_graph_bytes(model, run)
+    del model
+    return out
+
+
+def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_bytes: float = 80e9,
+            tokens: tuple[int, int] = (8, 512), mfu: float = 0.4, peak_flops: float = 989e12,
+            hvp_ratio: float = 2.3) -> list[dict]:
+    """On-paper requirements of each shape in bfloat16 on one GPU of ``gpu_bytes``: memory from the
+    memory model with the graph measured on 1- and 2-layer slices (extrapolated linearly in layers,
+    and in s, s² per sequence), time from 6·N·T FLOPs per gradient at ``mfu`` of ``peak_flops``."""
+    from geometry.graph_memory import SECOND_BACKWARD_FACTOR
+
+    rows = []
+    b, s = tokens
+    for shape in shapes:
+        h, L, heads, ff, vocab = SHAPES[shape]
+        per = {}
+        for seq in (128, 256):
+            one, two = saved_bytes_per_sequence(shape, seq, 1), saved_bytes_per_sequence(shape, seq, 2)
+            per[seq] = (two - one, 2 * one - two)          # (per layer, outside the layers)
+        # fit a·s + c·s² per layer from the two lengths; the rest is linear in s
+        (l1, o1), (l2, o2) = per[128], per[256]
+        c = (l2 - 2 * l1) / (256**2 - 2 * 128**2)
+        a = (l1 - c * 128**2) / 128
+        layer_s = a * s + c * s * s
+        saved = b * (L * layer_s + o1 * s / 128)
+        dim = _param_count(shape)
+        grads = 2 * dim                                      # bf16 gradients
+        vec = 4 * dim                                        # float32 estimator vectors
+        pass_b = saved + grads + SECOND_BACKWARD_FACTOR * saved + 2 * grads
+        model_b = 2 * dim
+        t_grad = 6 * dim * b * s / (mfu * peak_flops)
+        for name, vectors in (("hutchinson (block 1)", 2), ("hutch++ sketch 8", 10), ("lanczos basis 8", 11), ("power", 5)):
+            need = model_b + vectors * vec + pass_b
+            rows.append({"shape": shape, "params": dim, "tokens": b * s, "estimator": name,
+                         "model_GB": model_b / 1e9, "graph_GB": (saved + grads) / 1e9, "pass_GB": pass_b / 1e9,
+                         "vectors_GB": vectors * vec / 1e9, "total_GB": need / 1e9, "fits_80GB": need <= gpu_bytes,
+                         "s_per_gradient": t_grad, "s_per_hvp": hvp_ratio * t_grad})
+    return rows
+
+
+def _param_count(shape: str) -> int:
+    h, L, heads, ff, vocab = SHAPES[shape]
+    if shape.startswith("olmo"):                             # q,k,v,o + SwiGLU (3 matrices) + 2 norms + qk-norm
+        per_layer = 4 * h * h + 3 * h * ff + 4 * h
+        return int(2 * vocab * h + L * per_layer + h)
+    per_layer = 4 * h * h + 4 * h + 2 * h * ff + ff + h + 4 * h  # qkv+dense (with biases), MLP, 2 LayerNorms
+    return int(2 * vocab * h + L * per_layer + 2 * h)
+
+
+def run(quick: bool = False, shapes: tuple[str, ...] | None = None, dtypes: tuple[str, ...] = ("float32",),
+        probes: tuple[str, ...] | None = None, max_memory: str = "8GB", threads: int = 2,
+        with_projection: bool = False) -> list[dict]:
+    """Rows of the scale table (``--quick``: the 14m shape, three probes, no projection)."""
+    shapes = shapes or (("pythia-14m",) if quick else ("pythia-14m", "pythia-70m", "pythia-160m"))
+    probes = probes or (("timing", "hutch++", "lanczos") if quick else ("timing",) + PROBES)
+    rows = [_run_child(s, p, d, max_memory, threads) for s in shapes for d in dtypes for p in probes]
+    if with_projection and not quick:
+        from probes.core.threads import torch_threads
+
+        with torch_threads(threads):
+            rows += project()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        torch.set_num_threads(int(os.environ.get("LOSSLENS_BENCH_THREADS", "1")))
+        print(json.dumps(child(*argv[1:5]), default=str))
+        return []
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=None, help="comma list (default: pythia-14m,pythia-70m,pythia-160m; --quick: pythia-14m)")
+    parser.add_argument("--dtype", default="float32", help="comma list: float32, bfloat16")
+    parser.add_argument("--probes", default=None, help=f"comma list of timing, {', '.join(PROBES)}")
+    parser.add_argument("--max-memory", default="8GB")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--project", action="store_true", help="also the 1B/7B projection (slow: builds 1-2 layer slices)")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    rows = run(quick=args.quick, shapes=tuple(args.shapes.split(",")) if args.shapes else None, dtypes=tuple(args.dtype.split(",")),
+               probes=tuple(args.probes.split(",")) if args.probes else None, max_memory=args.max_memory,
+               threads=args.threads, with_projection=args.project)
+    for r in rows:
+        print(json.dumps(r, default=str))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2, default=str)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
