@@ -228,9 +228,11 @@ def _lanczos_topk(op, k, tol, max_iter, g, basis_size, basis_device=None, basis_
             nx = float(row_norms(x)[0])
             if not nx > eps:
                 break
-            nxt, coupling = x[0] / nx, 0.0
+            x /= nx                                               # in place: no extra full-size vector
+            nxt, coupling = x[0], 0.0
         else:
-            nxt, coupling = w[0] / beta, beta
+            w /= beta
+            nxt, coupling = w[0], beta
         if j + 1 < m:
             Q.append(nxt)
             T[j + 1, j] = T[j, j + 1] = coupling

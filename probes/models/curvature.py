@@ -19,21 +19,26 @@ from torch import nn
 
 from geometry.hessian import HessianOperator
 from probes.core.lm import lm_loss
+from probes.core.lm_head import lm_loss_lean
 
 from .second_order import ensure_second_order
 
 
 def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, backend: str = "reverse",
-               check: bool = True, **kwargs) -> HessianOperator:
+               check: bool = True, lean_head: bool = True, **kwargs) -> HessianOperator:
     """Hessian of the mean LM loss over ``batches`` ([b, s] token tensors) w.r.t. ``params`` globs.
 
     ``check``: run the cached second-order check first (cost, once per architecture: a float64
     copy of models under 50M parameters, else a float64 miniature, plus a few HVPs, gradients and
-    forwards on 2×16 tokens). Extra keyword arguments go to :class:`HessianOperator`
-    (``max_memory``, ``chunk_size``, ...).
+    forwards on 2×16 tokens). ``lean_head``: with the reverse backend, take the loss through the
+    closed-form chunked LM head (:func:`probes.core.lm_head.lm_loss_lean`: the same loss, no
+    ``[tokens, vocab]`` tensor in the double-backward graph; models whose logits are not a plain
+    linear head fall back to :func:`~probes.core.lm.lm_loss` by themselves). Extra keyword
+    arguments go to :class:`HessianOperator` (``max_memory``, ``chunk_size``, ...).
     """
     batches = list(batches)
     if check and batches:
         probe = batches[0][:2, :16]
         backend = ensure_second_order(model, probe, backend=backend, params=params)
-    return HessianOperator(model, lm_loss, batches, params=params, backend=backend, **kwargs)
+    loss_fn = lm_loss_lean if lean_head and backend == "reverse" else lm_loss
+    return HessianOperator(model, loss_fn, batches, params=params, backend=backend, **kwargs)
