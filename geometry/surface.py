@@ -50,6 +50,7 @@ from torch import nn
 
 from .batches import normalise_batch_weights
 from .grid import GridSpec
+from .modes import module_modes
 from .moving import LossFn, PlaneMover, SurfaceError, concat_batches, evaluate_point, evaluate_stacked
 from .params import ParamGlobs
 from .planes import Line, Plane
@@ -254,7 +255,8 @@ def evaluate_surface(
         always evaluated batch by batch, exactly as a direct evaluation would.
 
     Returns a :class:`Surface`. Cost: (nx·ny + #points) × len(batches) forward passes. The model is
-    in eval mode during the call (its mode is restored). Autograd is off.
+    in eval mode during the call (every module's own mode is restored after,
+    :func:`geometry.modes.module_modes`). Autograd is off.
     """
     if isinstance(plane, Line):
         plane = plane.as_plane()
@@ -286,15 +288,13 @@ def evaluate_surface(
 
     from tqdm.auto import tqdm
 
-    was_training = model.training
-    model.eval()
     t0 = time.perf_counter()
     todo = int((~done).sum()) * nx + len(marked)
     bar = tqdm(total=todo, desc="surface", disable=not progress, unit="pt")
     point_losses: dict[str, tuple[float, float, float]] = {}
     n_eval = 0
     try:
-        with torch.no_grad():
+        with module_modes(model, training=False), torch.no_grad():
             for j in range(ny):
                 if done[j]:
                     continue
@@ -320,7 +320,6 @@ def evaluate_surface(
                 bar.update(1)
     finally:
         mover.restore()
-        model.train(was_training)
         bar.close()
     seconds = time.perf_counter() - t0
     bad = ~np.isfinite(loss)

@@ -58,6 +58,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from geometry.modes import module_modes
 from probes.core.numerics import rel_error
 
 from .errors import QuantizeError
@@ -306,58 +307,55 @@ def awq_model(model: nn.Module, batches: Sequence[torch.Tensor], linears: dict[s
     blocks, in_block, outside = partition_by_block(model, linears)
     n_in_blocks = sum(len(sel) for sel in in_block)
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        if outside:  # FP activations of linears outside the blocks: collected before anything changes
-            groups = discover_groups(lambda: _call_model(model, batches[0].to(device=device, dtype=torch.long)), outside)
-            hooks = {}
-            handles = []
-            for names in groups:
-                first = outside[names[0]]
-                hooks[names[0]] = _StatsHook(first.in_features, first.weight.device, _work_dtype(first.weight.dtype))
-                handles.append(first.register_forward_pre_hook(hooks[names[0]]))
-            try:
-                for ids in batches:
-                    _call_model(model, ids.to(device=device, dtype=torch.long))
-            finally:
-                for h in handles:
-                    h.remove()
-            outside_stats = [(names, hooks[names[0]]) for names in groups]
-        if n_in_blocks:
-            inps = capture_block_inputs(model, blocks[0], batches)
-            bar = tqdm(total=n_in_blocks, desc=str(spec), disable=not progress, leave=False)
-            last = max(k for k, sel in enumerate(in_block) if sel)
-            for k, block in enumerate(blocks):
-                sel = in_block[k]
-                groups = discover_groups(lambda: _run_block(block, inps[0]), sel) if sel else []
-                hooks, handles = {}, []
+    with module_modes(model, training=False):
+        try:
+            if outside:  # FP activations of linears outside the blocks: collected before anything changes
+                groups = discover_groups(lambda: _call_model(model, batches[0].to(device=device, dtype=torch.long)), outside)
+                hooks = {}
+                handles = []
                 for names in groups:
-                    first = sel[names[0]]
+                    first = outside[names[0]]
                     hooks[names[0]] = _StatsHook(first.in_features, first.weight.device, _work_dtype(first.weight.dtype))
                     handles.append(first.register_forward_pre_hook(hooks[names[0]]))
                 try:
-                    for i, inp in enumerate(inps):  # one FP pass: statistics + next block's inputs
-                        out = _run_block(block, inp)
-                        if k < last:
-                            inps[i] = (out.detach(), inp[1], inp[2])
+                    for ids in batches:
+                        _call_model(model, ids.to(device=device, dtype=torch.long))
                 finally:
                     for h in handles:
                         h.remove()
-                for names in groups:
-                    search(sel, names, hooks[names[0]])
-                    bar.update(len(names))
-                if k >= last:
-                    break
-            bar.close()
-            del inps
-        if outside:
-            for names, hook in outside_stats:
-                search(outside, names, hook)
-    except _Stop:  # pragma: no cover - no hook here stops a forward
-        raise QuantizeError("AWQ forward stopped unexpectedly") from None
-    finally:
-        model.train(was_training)
+                outside_stats = [(names, hooks[names[0]]) for names in groups]
+            if n_in_blocks:
+                inps = capture_block_inputs(model, blocks[0], batches)
+                bar = tqdm(total=n_in_blocks, desc=str(spec), disable=not progress, leave=False)
+                last = max(k for k, sel in enumerate(in_block) if sel)
+                for k, block in enumerate(blocks):
+                    sel = in_block[k]
+                    groups = discover_groups(lambda: _run_block(block, inps[0]), sel) if sel else []
+                    hooks, handles = {}, []
+                    for names in groups:
+                        first = sel[names[0]]
+                        hooks[names[0]] = _StatsHook(first.in_features, first.weight.device, _work_dtype(first.weight.dtype))
+                        handles.append(first.register_forward_pre_hook(hooks[names[0]]))
+                    try:
+                        for i, inp in enumerate(inps):  # one FP pass: statistics + next block's inputs
+                            out = _run_block(block, inp)
+                            if k < last:
+                                inps[i] = (out.detach(), inp[1], inp[2])
+                    finally:
+                        for h in handles:
+                            h.remove()
+                    for names in groups:
+                        search(sel, names, hooks[names[0]])
+                        bar.update(len(names))
+                    if k >= last:
+                        break
+                bar.close()
+                del inps
+            if outside:
+                for names, hook in outside_stats:
+                    search(outside, names, hook)
+        except _Stop:  # pragma: no cover - no hook here stops a forward
+            raise QuantizeError("AWQ forward stopped unexpectedly") from None
     return report
 
 
