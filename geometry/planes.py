@@ -1,4 +1,4 @@
-"""Planes and lines through parameter space (SCIENCE.md §5).
+"""Planes and lines through parameter space (docs/science.md §5).
 
 Points are parameter dicts ``{name: Tensor}`` (state-dict-like pytrees). Nothing here needs a model:
 a plane is an origin plus two direction dicts, a line an origin plus one.
@@ -11,9 +11,21 @@ a plane is an origin plus two direction dicts, a line an origin plus one.
 - :func:`random_plane` -- two seeded Gaussian directions, filter-normalised (Li et al. 2018).
 - :func:`line` -- a 1-D slice origin + x·e₁.
 
-Cost: every constructor makes a constant number of passes over the parameters, one key at a time
-(float64 temporaries of one tensor at a time), and stores the directions in the dtype of the origin.
-Memory: the plane holds three dicts the size of the model (origin, e₁, e₂).
+Cost: every constructor makes a constant number of passes over the parameters (dot products and
+norms accumulate in float64) and stores the directions in the dtype of the origin.
+
+Memory, besides the points passed in (P = number of floating-point parameters; the temporaries are
+whole parameter dicts, not one tensor at a time):
+
+- :func:`plane_through_points` holds up to six float64 dicts of size P at once (u, v, e₁, e₂,
+  v − (v·e₁)e₁ and a temporary for its norm): 48·P bytes, e.g. 48 GB for a 1B-parameter model.
+  Restrict the points to the tensors you need (a dict of a subset of the parameters) when that
+  does not fit.
+- :func:`random_plane` holds the two Gaussian directions and their filter-normalised copies, four
+  dicts of size P in the origin's dtype (filter normalisation converts one tensor at a time).
+- :func:`line` holds one float64 direction dict of size P.
+
+The returned plane holds three dicts of size P in the origin's dtype (origin, e₁, e₂).
 """
 from __future__ import annotations
 
@@ -226,7 +238,8 @@ def plane_through_points(
     C: (v·e₁, ‖v⊥‖)} computed in float64, and ``norms`` {``|B-A|``, ``|C-A|``, ``cos(B-A,C-A)``,
     ``|A|``}. e₁, e₂ are stored in A's dtype.
 
-    Cost: five passes over the parameters, each in float64 one tensor at a time.
+    Cost: about 20 passes over the parameters; up to six float64 parameter-sized dicts at once
+    (48 bytes per parameter; see the module docstring).
     """
     labels = tuple(labels)
     if len(labels) != 3:

@@ -1,4 +1,4 @@
-"""The language-model loss (SCIENCE.md §1) and its evaluation over a token set.
+"""The language-model loss (docs/science.md §1) and its evaluation over a token set.
 
 ``lm_loss(model, batch)`` is the mean next-token cross-entropy in nats over every target token of
 a ``[batch, seq]`` LongTensor: positions 0..seq-2 predict tokens 1..seq-1, so one batch holds
