@@ -33,8 +33,9 @@ install-dev: $(VENV)/.installed-dev
 demo: $(VENV)/.installed
 	$(BIN)/losslens demo --out $(DEMO_OUT)
 
-# The browser test needs Debian's chromium + chromedriver; the script installs them when it can
-# (root or sudo, apt-get) and otherwise warns, and that test then skips with the reason.
+# The browser and PNG-export tests need Debian's chromium + chromedriver; the script installs them
+# when it can (root or sudo, apt-get) and otherwise warns; those tests then skip with the reason,
+# except under CI (CI=true), where they fail.
 test: $(VENV)/.installed-dev
 	bash scripts/install-browser.sh
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -3,7 +3,7 @@
     python -m benchmarks.surface [--quick] [--json out.json]
 
 Model: a 1.06M-parameter HF GPT-NeoX (hidden 128, 4 layers, 4 heads, MLP 512, vocab 1024 -- the
-shape of the embedded tiny model, SCIENCE.md §8), random weights, float32, CPU. Data: 4 evaluation
+shape of the embedded tiny model, docs/science.md §8), random weights, float32, CPU. Data: 4 evaluation
 batches of 4×64 tokens (``probes.data.QUICK_SHAPES["eval"]``), identical for every contender.
 The plane: A = the model, B = A + a small perturbation (a "previous checkpoint"), C = A rounded
 per row to 16 levels (an RTN-like "quantized A").

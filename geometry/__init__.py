@@ -5,6 +5,7 @@ of batches, curvature is taken w.r.t. a declared parameter set (name globs).
 
 - operators: :class:`HessianOperator` (batched HVPs, two backends), :class:`DenseOperator`,
   :func:`exact_hessian` (row-by-row double backward, the tests' ground truth);
+- :func:`module_modes`: eval (or train) mode for a block, every module's own mode restored after;
 - estimators: :func:`hutchinson_trace`, :func:`hutchpp_trace`, :func:`block_traces`,
   :func:`top_eigenvalues`, :func:`spectral_density`, :func:`directional_curvature`;
 - surfaces: :func:`plane_through_points`, :func:`random_plane`, :func:`line`,
@@ -18,6 +19,7 @@ from .directional import directional_curvature
 from .eigen import top_eigenvalues
 from .grid import GridError, GridSpec
 from .hessian import HessianOperator
+from .modes import module_modes
 from .operator import CurvatureOperator, OperatorError
 from .params import ParameterSelectionError, ParamSpace, select_parameters
 from .planes import (Line, Plane, PlaneError, filter_normalize, line, orthonormality, plane_through_points,
@@ -28,7 +30,7 @@ from .trace import block_traces, hutchinson_trace, hutchpp_trace
 
 __all__ = [
     "second_order_attention", "DenseOperator", "exact_hessian", "spectral_density", "directional_curvature",
-    "top_eigenvalues", "HessianOperator", "default_batch_weight", "CurvatureOperator", "OperatorError",
+    "top_eigenvalues", "HessianOperator", "module_modes", "default_batch_weight", "CurvatureOperator", "OperatorError",
     "ParameterSelectionError", "ParamSpace", "select_parameters", "GridError", "GridSpec", "Line", "Plane",
     "PlaneError", "filter_normalize", "line", "orthonormality", "plane_through_points", "random_plane",
     "BlockTraces", "DirectionalCurvature", "EigenResult", "EstimatorError", "SpectralDensity", "TraceEstimate",

@@ -3,7 +3,7 @@
 ``exact_hessian`` is the ground truth of the test suite: the Hessian built row by row with double
 backward (``torch.autograd.grad`` of each gradient entry). It is O(dim) backward passes, so only
 for tiny models. It deliberately avoids ``torch.func.hessian`` and ``jvp(jacrev(...))``, which
-were measured wrong for LayerNorm weights on torch 2.13 (SCIENCE.md §4).
+were measured wrong for LayerNorm weights on torch 2.13 (docs/science.md §4).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The grid of plane coordinates a surface is evaluated on (SCIENCE.md §5).
+"""The grid of plane coordinates a surface is evaluated on (docs/science.md §5).
 
 :class:`GridSpec` covers every marked point of a :class:`~geometry.planes.Plane` (or
 :class:`~geometry.planes.Line`) with a margin, or explicit ranges; :meth:`GridSpec.axes` gives the

@@ -1,5 +1,5 @@
 """Moving a model along a plane and evaluating a loss there -- the machinery of
-:func:`geometry.surface.evaluate_surface` (SCIENCE.md §5).
+:func:`geometry.surface.evaluate_surface` (docs/science.md §5).
 
 :class:`PlaneMover` writes θ(x, y) = origin + x·e₁ + y·e₂ into the model's own tensors in place
 (``t.copy_(origin).add_(e1, alpha=x).add_(e2, alpha=y)``) and copies the originals, cloned once,

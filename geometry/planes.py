@@ -1,4 +1,4 @@
-"""Planes and lines through parameter space (SCIENCE.md §5).
+"""Planes and lines through parameter space (docs/science.md §5).
 
 Points are parameter dicts ``{name: Tensor}`` (state-dict-like pytrees). Nothing here needs a model:
 a plane is an origin plus two direction dicts, a line an origin plus one.

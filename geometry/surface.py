@@ -1,4 +1,4 @@
-"""Loss on a plane (or a line) of parameter space, evaluated on a grid (SCIENCE.md §5).
+"""Loss on a plane (or a line) of parameter space, evaluated on a grid (docs/science.md §5).
 
 :func:`evaluate_surface` moves the model's weights to θ(x, y) = origin + x·e₁ + y·e₂ for every grid
 point and evaluates ``loss_fn`` over a fixed set of batches. The model is never copied: the moved
@@ -8,16 +8,17 @@ error or Ctrl-C), so the model is restored bit-exactly (the machinery: :mod:`geo
 :class:`Surface` and :class:`Profile` are plain data; their figures are drawn in
 :mod:`probes.report.surface_figures`.
 
-Batching work per forward (measured on CPU, 2 shared cores, a 1.06M-parameter GPT-NeoX):
+Batching work per forward (the measured throughput, and the machine it was measured on, are in
+``benchmarks/README.md``, section "Loss surfaces"):
 
 - ``points_per_forward=k > 1`` evaluates k grid points in one vmapped forward
-  (:func:`torch.func.functional_call` under :func:`torch.func.vmap` over stacked weights). With
-  4 batches of 8×128, in-place evaluation gave 2.1 points/s, vmap over 2 points 0.5 and over 4
-  points 1.2 points/s (CPU matmuls are already compute-bound and SDPA has no vmap batching rule),
-  so the default is ``1`` (in place). vmap may pay off on a GPU with a tiny model.
-- ``merge_batches=True`` concatenates the evaluation batches into one forward per grid point.
-  With 4 batches of 4×64 it gave ~3× the points/s of batch-by-batch evaluation (fewer, larger
-  matmuls; less per-call overhead). Valid for losses that are means over batch rows; opt-in.
+  (:func:`torch.func.functional_call` under :func:`torch.func.vmap` over stacked weights). On CPU
+  it was slower than in-place evaluation (CPU matmuls are already compute-bound and SDPA has no
+  vmap batching rule), so the default is ``1`` (in place). vmap may pay off on a GPU with a tiny
+  model (unmeasured).
+- ``merge_batches=True`` concatenates the evaluation batches into one forward per grid point
+  (fewer, larger matmuls; less per-call overhead). Valid for losses that are means over batch
+  rows; opt-in.
 
 The marked points are always evaluated in place, batch by batch, like a direct evaluation.
 
@@ -50,7 +51,8 @@ from torch import nn
 
 from .batches import normalise_batch_weights
 from .grid import GridSpec
-from .moving import estimate_memory, LossFn, PlaneMover, SurfaceError, concat_batches, evaluate_point, evaluate_stacked
+from .modes import module_modes
+from .moving import LossFn, PlaneMover, SurfaceError, concat_batches, estimate_memory, evaluate_point, evaluate_stacked
 from .params import ParamGlobs
 from .planes import Line, Plane
 
@@ -248,7 +250,8 @@ def evaluate_surface(
         equal to the token-weighted mean for equal-shaped LM batches).
     points_per_forward : grid points per vmapped forward (see module docstring; default 1).
     merge_batches : ``True`` concatenates all batches (``k``: groups of k) along dim 0 into one
-        forward per grid node -- fewer, larger forwards (about 3× faster on CPU for small batches).
+        forward per grid node -- fewer, larger forwards (faster on CPU for small batches; measured in
+        ``benchmarks/README.md``).
         Valid only when ``loss_fn`` is a mean over the rows of a batch (as :func:`probes.core.lm.lm_loss`
         with equal sequence lengths) and ``weights`` is None; the grid values then differ from
         batch-by-batch evaluation by float rounding only (~1e-7 relative). The marked points are
@@ -259,7 +262,8 @@ def evaluate_surface(
         dtype/device differ or several points are vmapped), checked before any forward.
 
     Returns a :class:`Surface`. Cost: (nx·ny + #points) × len(batches) forward passes. The model is
-    in eval mode during the call (its mode is restored). Autograd is off.
+    in eval mode during the call (every module's own mode is restored after,
+    :func:`geometry.modes.module_modes`). Autograd is off.
     """
     if isinstance(plane, Line):
         plane = plane.as_plane()
@@ -292,15 +296,13 @@ def evaluate_surface(
 
     from tqdm.auto import tqdm
 
-    was_training = model.training
-    model.eval()
     t0 = time.perf_counter()
     todo = int((~done).sum()) * nx + len(marked)
     bar = tqdm(total=todo, desc="surface", disable=not progress, unit="pt")
     point_losses: dict[str, tuple[float, float, float]] = {}
     n_eval = 0
     try:
-        with torch.no_grad():
+        with module_modes(model, training=False), torch.no_grad():
             for j in range(ny):
                 if done[j]:
                     continue
@@ -326,7 +328,6 @@ def evaluate_surface(
                 bar.update(1)
     finally:
         mover.restore()
-        model.train(was_training)
         bar.close()
     seconds = time.perf_counter() - t0
     bad = ~np.isfinite(loss)

@@ -11,7 +11,7 @@
 
 Every stage is resumable: finished runs are not retrained, finished store rows not recomputed,
 finished surfaces (``DIR/surfaces/*.json``) not re-evaluated. The default settings were chosen so
-that the seeds' effect is measurable at this scale (SCIENCE.md §8; see :data:`DEFAULT`).
+that the seeds' effect is measurable at this scale (docs/science.md §8; see :data:`DEFAULT`).
 """
 from __future__ import annotations
 

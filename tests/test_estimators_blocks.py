@@ -13,6 +13,7 @@ from geometry.dense import DenseOperator, exact_hessian
 from geometry.density import spectral_density
 from geometry.directional import directional_curvature
 from geometry.eigen import top_eigenvalues
+from geometry.hessian import HessianOperator
 from geometry.params import ParamSpace, select_parameters
 from geometry.results import BlockTraces, EstimatorError
 from geometry.trace import block_traces, hutchinson_trace, hutchpp_trace
@@ -122,9 +123,8 @@ def test_directional_curvature_dict_direction_and_errors():
 # ------------------------------------------------------------------ through HessianOperator
 @pytest.fixture(scope="module")
 def hessian_pair():
-    hessian = pytest.importorskip("geometry.hessian")
     model, batches, H, space = tiny_problem(seed=1)
-    op = hessian.HessianOperator(model, loss_fn, batches)
+    op = HessianOperator(model, loss_fn, batches)
     assert op.space.names == space.names
     return model, batches, H, space, op
 

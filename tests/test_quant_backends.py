@@ -23,8 +23,31 @@ def tiny_llama():
     return LlamaForCausalLM(cfg).eval()
 
 
-def test_available_reports_packages():
-    assert available() == {"bitsandbytes": HAS_BNB, "gptqmodel": HAS_GPTQMODEL}
+def test_available_follows_what_is_importable(tmp_path, monkeypatch):
+    """available() tracks the import system, not a cached answer: hide an installed backend and it
+    reports False (and quantize refuses with the install hint); put a package of that name on the
+    path and it reports True."""
+    import sys
+
+    assert set(available()) == {"bitsandbytes", "gptqmodel"}
+    real = importlib.util.find_spec
+
+    def hide_bnb(name, *args, **kwargs):
+        return None if name == "bitsandbytes" else real(name, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(importlib.util, "find_spec", hide_bnb)
+        assert available()["bitsandbytes"] is False
+        with pytest.raises(BackendUnavailable, match="pip install bitsandbytes"):
+            quantize(tiny_llama(), "bnb-nf4")
+    if not HAS_GPTQMODEL:
+        assert available()["gptqmodel"] is False
+        (tmp_path / "gptqmodel").mkdir()
+        (tmp_path / "gptqmodel" / "__init__.py").write_text("")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.delitem(sys.modules, "gptqmodel", raising=False)
+        importlib.invalidate_caches()
+        assert available()["gptqmodel"] is True
 
 
 @pytest.mark.skipif(not HAS_BNB, reason="bitsandbytes not installed")

@@ -111,11 +111,11 @@ def test_cli_json_and_table(trained):
     model, ev, cal, folder = trained
     runner = CliRunner()
     args = ["quantize", str(folder), "--spec", "int8", "--spec", "rtn:4:g32", "--spec", "gptq:4:g32",
-            "--eval-set", str(folder.parent / "eval.safetensors"), "--calib-set", str(folder.parent / "calib.safetensors")]
+            "--spec", "awq:4:g32", "--eval-set", str(folder.parent / "eval.safetensors"), "--calib-set", str(folder.parent / "calib.safetensors")]
     out = runner.invoke(app, args + ["--json"])
     assert out.exit_code == 0, out.output
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert [r["spec"] for r in rows] == ["int8", "rtn:4:g32", "gptq:4:g32"]
+    assert [r["spec"] for r in rows] == ["int8", "rtn:4:g32", "gptq:4:g32", "awq:4:g32"]
     for r in rows:
         for k in ("fp_loss", "q_loss", "rel_loss_error", "ppl_gap"):
             assert isinstance(r[k], float)
@@ -124,9 +124,15 @@ def test_cli_json_and_table(trained):
     assert rows[2]["calib_hash"] == cal.content_hash and rows[0]["calib_hash"] is None
     want = quantization_error(model, "gptq:4:g32", ev, calibration=cal)
     assert rows[2]["q_loss"] == pytest.approx(want.q_loss, rel=1e-5)
-    table = runner.invoke(app, args[:2] + ["--spec", "rtn:4:g32", "--spec", "gptq:4:g32"] + args[-4:] + ["--calib-batches", "4"])
+    # AWQ states what it optimised (issue #12): its calibration output error relative to RTN's, <= 1
+    awq = quantization_error(model, "awq:4:g32", ev, calibration=cal)
+    assert rows[3]["calib_objective_ratio"] == pytest.approx(awq.calib_objective_ratio, rel=1e-9)
+    assert 0 < rows[3]["calib_objective_ratio"] <= 1 and all(r["calib_objective_ratio"] is None for r in rows[:3])
+    table = runner.invoke(app, args[:2] + ["--spec", "rtn:4:g32", "--spec", "gptq:4:g32", "--spec", "awq:4:g32"]
+                          + args[-4:] + ["--calib-batches", "4"])
     assert table.exit_code == 0, table.output
     assert "rtn:4:g32" in table.stdout and "gptq:4:g32" in table.stdout and "ΔQ L" in table.stdout
+    assert "awq:4:g32: calibration output error" in table.stdout and "AWQ can be worse than RTN" in table.stdout
     bad = runner.invoke(app, ["quantize", str(folder), "--spec", "rtn:9:g32"])
     assert bad.exit_code != 0 and "2..8" in bad.output
     tiny_cal = TokenSet(cal.tokens[:2, :1], name="tiny").save(folder.parent / "tiny_calib.safetensors")

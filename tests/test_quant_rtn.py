@@ -1,4 +1,4 @@
-"""RTN and INT8 against direct element-by-element loops of the SCIENCE.md §3 formulas."""
+"""RTN and INT8 against direct element-by-element loops of the docs/science.md §3 formulas."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ from probes.quant import int8_quantize, rtn_quantize
 
 
 def rtn_loop(W: torch.Tensor, bits: int, g: int) -> torch.Tensor:
-    """SCIENCE.md §3 literally: per row, per group of g consecutive columns (last one short)."""
+    """docs/science.md §3 literally: per row, per group of g consecutive columns (last one short)."""
     rows, cols = W.shape
     g = cols if g == -1 else g
     out = W.clone()

@@ -1,13 +1,17 @@
 """End to end: build a report, open it in headless Chromium, check every figure rendered.
 
 Needs the system Chromium and its WebDriver (Debian ``chromium`` + ``chromium-driver``; run
-``scripts/install-browser.sh``). Skipped with a reason when they are missing. The screenshot is
+``scripts/install-browser.sh``) and selenium (dev extras). Outside CI the tests skip with a reason
+when the browser or selenium is absent; under CI (``CI=true``, where ``make test`` installs them)
+they fail instead. A browser that is present but cannot start fails everywhere. The screenshot is
 saved as ``test-artifacts/report.png`` (and ``test-artifacts/surface.png``).
 """
 from __future__ import annotations
 
-import os
+import contextlib
+import importlib.util
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -15,13 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.environment import CHROMEDRIVER, CHROMIUM, UNDER_CI
+
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "", shutil.which("chromium-browser") or "")
-                 if p and os.path.exists(p)), None)
-DRIVER = next((p for p in ("/usr/bin/chromedriver", shutil.which("chromedriver") or "") if p and os.path.exists(p)), None)
 
 
 def _tiny_surface():
@@ -37,32 +40,79 @@ def _tiny_surface():
     return Surface(x, y, loss, pts, plane, n_nonfinite=1)
 
 
-@pytest.fixture(scope="module")
-def driver():
-    if CHROMIUM is None or DRIVER is None:
-        pytest.skip("headless Chromium not found (need /usr/bin/chromium and /usr/bin/chromedriver; "
-                    "run scripts/install-browser.sh)")
-    selenium = pytest.importorskip("selenium", reason="selenium is not installed (pip install selenium)")
-    del selenium
+def browser_missing() -> str | None:
+    """Why the browser test cannot run here (None when Chromium, its driver and selenium are present)."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        return ("headless Chromium not found (need /usr/bin/chromium and /usr/bin/chromedriver; "
+                "run scripts/install-browser.sh)")
+    if importlib.util.find_spec("selenium") is None:
+        return "selenium is not installed (pip install -e '.[dev]')"
+    return None
+
+
+def require_browser() -> None:
+    """Skip (outside CI) or fail (under CI) when the browser test cannot run here."""
+    missing = browser_missing()
+    if missing:
+        if UNDER_CI:
+            pytest.fail(f"CI=true but {missing}: `make test` installs them, so the browser tests must run under CI")
+        pytest.skip(missing)
+
+
+@contextlib.contextmanager
+def chromium_driver(binary: str | None = None):
+    """A headless Chromium WebDriver session. A browser that is installed but cannot start raises
+    (a failure, not a skip): a broken browser must not pass for an absent one."""
+    require_browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     profile = tempfile.mkdtemp(prefix="losslens-chromium-")
     opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
+    opts.binary_location = binary or CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
                 "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--window-size=1300,1000", f"--user-data-dir={profile}"):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     try:
-        drv = webdriver.Chrome(service=Service(DRIVER), options=opts)
-    except Exception as exc:  # pragma: no cover - depends on the machine
+        drv = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+        try:
+            yield drv
+        finally:
+            drv.quit()
+    finally:
         shutil.rmtree(profile, ignore_errors=True)
-        pytest.skip(f"Chromium could not start: {type(exc).__name__}: {str(exc).splitlines()[0]}")
-    yield drv
-    drv.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def driver():
+    with chromium_driver() as drv:
+        yield drv
+
+
+def test_missing_browser_skips_outside_ci_and_fails_under_ci(monkeypatch):
+    """Issue #12: the browser tests used to skip on any problem, also under CI where `make test`
+    installs Chromium. Simulate an absent browser both ways."""
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "CHROMIUM", None)
+    monkeypatch.setattr(module, "UNDER_CI", False)
+    with pytest.raises(pytest.skip.Exception, match="Chromium not found"):
+        require_browser()
+    monkeypatch.setattr(module, "UNDER_CI", True)
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        require_browser()
+
+
+def test_a_browser_that_cannot_start_fails():
+    """A Chromium that is present but does not start (here: a binary that exits at once) raises;
+    before issue #12 it was turned into a skip."""
+    require_browser()
+    from selenium.common.exceptions import WebDriverException
+
+    with pytest.raises(WebDriverException):
+        with chromium_driver(binary=shutil.which("false") or "/bin/false"):
+            pass
 
 
 def _check_page(driver, path: Path, screenshot: Path, timeout: float = 45.0) -> int:

@@ -237,9 +237,9 @@ def test_bad_input(setup, tmp_path):
 
 def test_surface_command_end_to_end(tmp_path):
     """`losslens surface CHECKPOINT --previous PREV --spec ... --grid N --out page.html` on tiny checkpoints."""
-    testing = pytest.importorskip("probes.sweep.testing")
-    pytest.importorskip("probes.quant")
     from typer.testing import CliRunner
+
+    from probes.sweep import testing
 
     from probes.cli import app
 

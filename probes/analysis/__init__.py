@@ -1,4 +1,4 @@
-"""Statistics along a trajectory (SCIENCE.md §6): correlations, partial correlations, phases.
+"""Statistics along a trajectory (docs/science.md §6): correlations, partial correlations, phases.
 
     from probes.analysis import summary
     print(summary(df, x="trace", y="rtn:3:row", controls=["lr", "loss"]))

@@ -1,4 +1,4 @@
-"""Correlations with bootstrap intervals, and partial correlations (SCIENCE.md §6).
+"""Correlations with bootstrap intervals, and partial correlations (docs/science.md §6).
 
 * :func:`correlate` — Pearson, Spearman or Kendall r with its scipy p-value and a percentile
   bootstrap 95% interval (pairs resampled with replacement, ``n_boot`` resamples, seeded).

@@ -1,4 +1,4 @@
-"""Checkpoints, trajectories, safe loading and derived (LAWA / soup) checkpoints (SCIENCE.md §6).
+"""Checkpoints, trajectories, safe loading and derived (LAWA / soup) checkpoints (docs/science.md §6).
 
     from probes.checkpoints import Trajectory, CheckpointLoader
     traj = Trajectory.from_folder("runs/wsd").with_lawa(k=3)

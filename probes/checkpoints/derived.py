@@ -1,4 +1,4 @@
-"""Derived checkpoints: LAWA / soup averages of listed checkpoints (SCIENCE.md §6).
+"""Derived checkpoints: LAWA / soup averages of listed checkpoints (docs/science.md §6).
 
 A derived checkpoint is a weighted mean of its sources' weights, computed when it is loaded
 (:class:`~probes.checkpoints.loader.CheckpointLoader`: float64 accumulation, cast back to the

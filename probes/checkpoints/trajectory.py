@@ -1,4 +1,4 @@
-"""Trajectories: the ordered checkpoints of one training run (SCIENCE.md §6).
+"""Trajectories: the ordered checkpoints of one training run (docs/science.md §6).
 
 A :class:`Trajectory` is an ordered list of :class:`~probes.checkpoints.refs.CheckpointRef`. Sources:
 

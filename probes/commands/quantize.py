@@ -1,8 +1,10 @@
 """`losslens quantize CHECKPOINT --spec ... [--spec ...] [--json]`: quantization error of one checkpoint.
 
 For every spec: quantize a copy of the checkpoint, evaluate it on the evaluation set and print
-FP loss, quantized loss, ΔQ L = L̂/L − 1 and ΔQ PPL = exp(L̂ − L) − 1 (SCIENCE.md §2) — one JSON
-object per line with ``--json``, a table otherwise. Data: the checkpoint's own tokenizer and
+FP loss, quantized loss, ΔQ L = L̂/L − 1 and ΔQ PPL = exp(L̂ − L) − 1 (docs/science.md §2) — one JSON
+object per line with ``--json``, a table otherwise. AWQ rows also carry ``calib_objective_ratio``
+(its calibration output error relative to RTN's, ≤ 1; ΔQ L on the evaluation set can still be
+worse than RTN's: :mod:`probes.quant.awq`). Data: the checkpoint's own tokenizer and
 :func:`probes.data.default_token_sets` (held-out embedded corpus; disjoint eval and calibration
 sets), or token sets saved with :meth:`probes.core.tokenset.TokenSet.save` (``--eval-set``,
 ``--calib-set``).
@@ -94,6 +96,7 @@ def register(app: typer.Typer) -> None:
                 "kurtosis": err.kurtosis, "n_layers": len(errs), "n_tokens": err.n_tokens,
                 "eval_hash": ev.content_hash,
                 "calib_hash": cal.content_hash if (cal is not None and s.needs_calibration) else None,
+                "calib_objective_ratio": err.calib_objective_ratio,
                 "quant_seconds": err.quant_seconds, "seconds": err.seconds, "notes": list(err.notes),
             }
             rows.append(row)
@@ -110,6 +113,12 @@ def register(app: typer.Typer) -> None:
                 table.add_row(r["spec"], f"{r['q_loss']:.4f}", f"{r['rel_loss_error']:+.3%}", f"{r['ppl_gap']:+.3%}",
                               f"{r['mean_rel_weight_error']:.4f}", f"{r['kurtosis']:.3f}", f"{r['quant_seconds']:.2f}")
             Console().print(table)
+            from probes.quant.awq import HELD_OUT_NOTE
+
+            for r in rows:
+                if r["calib_objective_ratio"] is not None:
+                    typer.echo(f"{r['spec']}: calibration output error {r['calib_objective_ratio']:.3f}× RTN's. "
+                               + HELD_OUT_NOTE)
             notes = [f"{r['spec']}: {n}" for r in rows for n in r["notes"]]
             for n in notes[:20]:
                 typer.echo(f"note: {n}")

@@ -1,4 +1,4 @@
-"""The pieces every room of probes uses; imports no other room of probes.
+"""The pieces every room of probes uses; imports no other room of probes (only geometry).
 
 - :mod:`.lm`       -- :func:`lm_loss` (mean next-token cross-entropy, nats), :func:`evaluate`
   (loss and perplexity over a token set), :func:`check_batch`;

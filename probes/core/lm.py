@@ -1,4 +1,4 @@
-"""The language-model loss (SCIENCE.md §1) and its evaluation over a token set.
+"""The language-model loss (docs/science.md §1) and its evaluation over a token set.
 
 ``lm_loss(model, batch)`` is the mean next-token cross-entropy in nats over every target token of
 a ``[batch, seq]`` LongTensor: positions 0..seq-2 predict tokens 1..seq-1, so one batch holds
@@ -14,6 +14,8 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from geometry.modes import module_modes
 
 
 class LossError(ValueError):
@@ -77,7 +79,8 @@ def evaluate(model: nn.Module, batches: Iterable[torch.Tensor], progress: bool =
     """L and PPL = exp(L) over every target token of ``batches`` (token-weighted mean).
 
     ``batches`` is a :class:`probes.data.TokenSet` or any iterable of [b, s] LongTensors. The model
-    is put in eval mode for the call and its previous mode restored. Cost: one forward per batch.
+    is put in eval mode for the call and every module's previous mode restored
+    (:func:`geometry.modes.module_modes`). Cost: one forward per batch.
     Raises :class:`LossError` on an empty set or a non-finite loss.
     """
     from tqdm.auto import tqdm
@@ -85,18 +88,14 @@ def evaluate(model: nn.Module, batches: Iterable[torch.Tensor], progress: bool =
     batches = list(batches)
     if not batches:
         raise LossError("no evaluation batches: the token set is empty")
-    was_training = model.training
-    model.eval()
     t0 = time.perf_counter()
     total, count = 0.0, 0
-    try:
+    with module_modes(model, training=False):
         for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
             check_batch(model, batch)
             n = target_count(batch)
             total += float(lm_loss(model, batch)) * n
             count += n
-    finally:
-        model.train(was_training)
     loss = total / count
     if not math.isfinite(loss):
         raise LossError(f"the evaluation loss is {loss}; the model's weights or the token set are broken")

@@ -2,7 +2,7 @@
 
 A generic rule, no per-architecture table: the decoder blocks are the children of the largest
 ``nn.ModuleList`` whose entries all share one class (GPT-NeoX ``gpt_neox.layers``, Llama/OLMo
-``model.layers``, GPT-2 ``transformer.h``). The default set of quantized matrices (SCIENCE.md §2)
+``model.layers``, GPT-2 ``transformer.h``). The default set of quantized matrices (docs/science.md §2)
 is every ``nn.Linear`` inside those blocks; embeddings, LM head and norms stay full precision.
 """
 from __future__ import annotations

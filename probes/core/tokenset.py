@@ -1,4 +1,4 @@
-"""Token sets: fixed evaluation / calibration / curvature data, hashed and reusable (SCIENCE.md §1).
+"""Token sets: fixed evaluation / calibration / curvature data, hashed and reusable (docs/science.md §1).
 
 A :class:`TokenSet` holds token ids of shape ``[n_batches, batch, seq]``. It is built once per
 study, saved beside the results, and identified by :attr:`TokenSet.content_hash` (SHA-256 of the

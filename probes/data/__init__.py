@@ -1,4 +1,4 @@
-"""Text sources, tokenizers and the evaluation / calibration / curvature token sets (SCIENCE.md §1).
+"""Text sources, tokenizers and the evaluation / calibration / curvature token sets (docs/science.md §1).
 
     from probes.data import default_token_sets
     sets = default_token_sets(trajectory)      # {"eval", "calibration", "curvature"}: disjoint, hashed

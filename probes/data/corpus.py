@@ -1,4 +1,4 @@
-"""Text sources and the embedded corpus (SCIENCE.md §1).
+"""Text sources and the embedded corpus (docs/science.md §1).
 
 Sources (:class:`TextSource`) are lists of named documents:
 

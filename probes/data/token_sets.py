@@ -1,4 +1,4 @@
-"""Token streams and the evaluation / calibration / curvature token sets (SCIENCE.md §1).
+"""Token streams and the evaluation / calibration / curvature token sets (docs/science.md §1).
 
 :func:`build_token_sets` tokenizes a source into one stream (documents separated by the
 tokenizer's EOS token when it has one) and cuts **non-overlapping** windows out of it, assigned to

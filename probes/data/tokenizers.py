@@ -1,4 +1,4 @@
-"""Tokenizers (SCIENCE.md §1): a checkpoint's own, a byte-level BPE trained here, or raw bytes.
+"""Tokenizers (docs/science.md §1): a checkpoint's own, a byte-level BPE trained here, or raw bytes.
 
 - a checkpoint's own: ``transformers.AutoTokenizer.from_pretrained(folder)`` (:func:`load_tokenizer`
   also takes a :class:`~probes.checkpoints.CheckpointRef`, a ``Trajectory`` or a trajectory folder);

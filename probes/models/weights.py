@@ -1,4 +1,4 @@
-"""Weight statistics: excess kurtosis per matrix and pooled over the quantized matrices (SCIENCE.md §6).
+"""Weight statistics: excess kurtosis per matrix and pooled over the quantized matrices (docs/science.md §6).
 
 Excess kurtosis of the entries w of a tensor: ``E[(w - mu)^4] / sigma^4 - 3`` with population
 moments (divide by n, not n - 1), computed in float64; 0 for a Gaussian, larger for heavy-tailed

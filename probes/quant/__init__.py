@@ -1,19 +1,21 @@
-"""Post-training weight quantization of language models and its loss error (SCIENCE.md §2–3).
+"""Post-training weight quantization of language models and its loss error (docs/science.md §2–3).
 
 One interface for every quantizer::
 
     from probes.quant import QuantSpec, quantize, quantization_error
     qm = quantize(model, "gptq:4:g128", calibration=token_sets["calibration"])
     qm.model            # fake-quantized deep copy (the original is untouched)
-    qm.report           # [LayerReport(name, rel_weight_error, seconds, damping, notes), ...]
+    qm.report           # [LayerReport(name, rel_weight_error, seconds, damping, notes, objective), ...]
     err = quantization_error(model, "rtn:4:g128", token_sets["eval"])
     err.rel_loss_error, err.ppl_gap
 
 Methods: ``rtn`` (asymmetric per-group INT-b), ``int8`` (per-channel absmax), ``gptq`` (native,
-reference-exact, sequential), optional ``gptqmodel``, ``bnb-int8``, ``bnb-nf4`` backends.
+reference-exact, sequential), ``awq`` (activation-aware scaling + clipping; never worse than RTN on
+its calibration objective, but ΔQ L on held-out data can be: :mod:`.awq`), optional ``gptqmodel``,
+``bnb-int8``, ``bnb-nf4`` backends.
 Modules: :mod:`.spec` (QuantSpec), :mod:`.rtn` (RTN/INT8 + the INT-b grid), :mod:`.gptq` (per-layer
 GPTQ), :mod:`.sequential` (model-level GPTQ driver), :mod:`.awq` (AWQ), :mod:`.backends`,
-:mod:`.api` (quantize), :mod:`.results` (QuantizedModel, LayerReport), :mod:`.metrics`
+:mod:`.api` (quantize), :mod:`.results` (QuantizedModel, LayerReport, CalibObjective), :mod:`.metrics`
 (quantization_error), :mod:`.plane` (the quantization plane A = Θ_K, B = Θ_{K−1}, C = Θ̂_K).
 """
 from probes.core.numerics import rel_error
@@ -29,12 +31,13 @@ from .errors import (
 )
 from .gptq import GPTQResult, gptq_quantize
 from .metrics import QuantError, quantization_error
-from .results import LayerReport, QuantizedModel
+from .results import CalibObjective, LayerReport, QuantizedModel
 from .rtn import fit_grid, int8_quantize, quantize_grid, rtn_quantize
 from .spec import METHODS, QuantSpec
 
 __all__ = [
-    "QuantSpec", "METHODS", "quantize", "QuantizedModel", "LayerReport", "quantization_error", "QuantError",
+    "QuantSpec", "METHODS", "quantize", "QuantizedModel", "LayerReport", "CalibObjective", "quantization_error",
+    "QuantError",
     "rtn_quantize", "int8_quantize", "fit_grid", "quantize_grid", "gptq_quantize", "GPTQResult",
     "calibration_batches", "rel_error",
     "QuantizeError", "SpecError", "CalibrationError", "BackendUnavailable", "CholeskyError", "ModuleSelectionError",

@@ -1,6 +1,6 @@
 """``quantize(model, spec, calibration)``: the one interface to every quantizer.
 
-Weight-only fake quantization (SCIENCE.md §2): the selected ``nn.Linear`` weights are replaced by
+Weight-only fake quantization (docs/science.md §2): the selected ``nn.Linear`` weights are replaced by
 full-precision tensors holding the dequantized values, so the result is an ordinary model of the
 same class (HVPs, losses and surfaces work on it unchanged). By default every ``nn.Linear`` inside
 the decoder blocks is quantized (embeddings, LM head and norms stay full precision); ``modules``

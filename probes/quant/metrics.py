@@ -1,4 +1,5 @@
-"""Quantization error of a model (SCIENCE.md §2): ΔQ L = L(θ̂)/L(θ) − 1 and ΔQ PPL = exp(L(θ̂) − L(θ)) − 1."""
+"""Quantization error of a model (docs/science.md §2): ΔQ L = L(θ̂)/L(θ) − 1 and
+ΔQ PPL = exp(L(θ̂) − L(θ)) − 1."""
 from __future__ import annotations
 
 import hashlib
@@ -33,6 +34,12 @@ class QuantError:
             (:func:`probes.models.weights.weight_kurtosis` on the quantized model, same layers).
         seconds: wall time of quantization plus the quantized (and, if computed here, FP) evaluation.
         n_tokens: evaluation targets; quant_seconds: time spent quantizing; notes: per-layer notes.
+        calib_objective_ratio: for AWQ, the mean over its input-sharing groups of E / E_RTN, the
+            group output MSE on the calibration inputs relative to plain RTN's
+            (:attr:`probes.quant.QuantizedModel.calib_objective_ratio`; ≤ 1 by construction). It is
+            what AWQ optimises; ``rel_loss_error`` is measured on the evaluation set and can be
+            *worse* than RTN's at the same bits although this ratio is < 1 (:mod:`probes.quant.awq`).
+            None for every other method.
     """
 
     spec: str
@@ -48,6 +55,7 @@ class QuantError:
     n_tokens: int = 0
     quant_seconds: float = 0.0
     notes: tuple[str, ...] = field(default=())
+    calib_objective_ratio: float | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -67,8 +75,8 @@ def check_disjoint(eval_set, calibration) -> None:
     """Raise :class:`CalibrationError` when any evaluation sequence also appears in the calibration set."""
     common = _row_hashes(eval_set) & _row_hashes(calibration)
     if common:
-        raise CalibrationError(f"{len(common)} evaluation sequence(s) also appear in the calibration set; "
-                               "SCIENCE.md §1 requires disjoint sets (build them with probes.data.build_token_sets)")
+        raise CalibrationError(f"{len(common)} evaluation sequence(s) also appear in the calibration set; docs/science.md "
+                               "§1 requires disjoint sets (build them with probes.data.build_token_sets)")
 
 
 def quantization_error(
@@ -112,7 +120,7 @@ def quantization_error(
         spec=str(spec), fp_loss=fp, q_loss=q, rel_loss_error=q / fp - 1.0, ppl_gap=math.expm1(q - fp),
         fp_ppl=math.exp(fp), q_ppl=math.exp(q), layer_errors=qm.layer_errors, kurtosis=pooled,
         seconds=time.perf_counter() - t0, n_tokens=q_res.n_tokens, quant_seconds=qm.seconds,
-        notes=tuple(qm.notes()),
+        notes=tuple(qm.notes()), calib_objective_ratio=qm.calib_objective_ratio,
     )
     del qm
     return out

@@ -1,4 +1,4 @@
-"""The quantization plane of one checkpoint (SCIENCE.md §5): A = Θ_K, B = Θ_{K−1}, C = Θ̂_K.
+"""The quantization plane of one checkpoint (docs/science.md §5): A = Θ_K, B = Θ_{K−1}, C = Θ̂_K.
 
 Shared by ``losslens surface``, the demo and notebooks. Weights of A and B are read through one
 :class:`~probes.checkpoints.CheckpointLoader` (so legacy key names such as GPT-NeoX's

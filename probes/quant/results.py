@@ -7,7 +7,41 @@ from torch import nn
 
 from .spec import QuantSpec
 
-__all__ = ["LayerReport", "QuantizedModel"]
+__all__ = ["CalibObjective", "LayerReport", "QuantizedModel"]
+
+
+@dataclass(frozen=True)
+class CalibObjective:
+    """What a calibration search (AWQ) optimised for one input-sharing group, and what it reached.
+
+    All errors are the group's output MSE on the calibration inputs of the full-precision model,
+    E = Σ_j ‖X (Ŵ_j − W_j)ᵀ‖²_F / (n · Σ_j out_j) (:mod:`probes.quant.awq`; units: squared
+    activations).
+
+    Attributes:
+        rtn: E of plain RTN at the same bits and group size (α = 0, no clipping).
+        scaled: E after the scale search, before clipping (≤ ``rtn``).
+        final: E of the weights the model holds (≤ ``scaled`` ≤ ``rtn`` by construction).
+        alpha: the chosen scale exponent α*.
+        group: names of the linears sharing the input (execution order).
+        n_tokens: calibration token rows n.
+    """
+
+    rtn: float
+    scaled: float
+    final: float
+    alpha: float
+    group: tuple[str, ...]
+    n_tokens: int
+
+    @property
+    def ratio(self) -> float:
+        """final / rtn (1.0 when RTN is already exact on these inputs)."""
+        return self.final / self.rtn if self.rtn > 0 else 1.0
+
+    def to_dict(self) -> dict:
+        return {"rtn": self.rtn, "scaled": self.scaled, "final": self.final, "alpha": self.alpha,
+                "group": list(self.group), "n_tokens": self.n_tokens, "ratio": self.ratio}
 
 
 @dataclass(frozen=True)
@@ -20,6 +54,9 @@ class LayerReport:
         seconds: wall time spent on this layer (for GPTQ the per-layer algorithm, not the forwards).
         damping: GPTQ λ actually used (None for calibration-free methods).
         notes: anything unusual (dead input columns, Cholesky retries with more damping, fallbacks).
+        objective: for AWQ, the calibration objective of the layer's input-sharing group
+            (:class:`CalibObjective`, shared by the group's layers); None for other methods and for
+            linears AWQ had to quantize with plain RTN (never called on the calibration data).
     """
 
     name: str
@@ -27,10 +64,12 @@ class LayerReport:
     seconds: float
     damping: float | None = None
     notes: tuple[str, ...] = ()
+    objective: CalibObjective | None = None
 
     def to_dict(self) -> dict:
         return {"name": self.name, "rel_weight_error": self.rel_weight_error, "seconds": self.seconds,
-                "damping": self.damping, "notes": list(self.notes)}
+                "damping": self.damping, "notes": list(self.notes),
+                "objective": None if self.objective is None else self.objective.to_dict()}
 
 
 @dataclass
@@ -58,6 +97,17 @@ class QuantizedModel:
     def names(self) -> list[str]:
         return [r.name for r in self.report]
 
+    @property
+    def calib_objective_ratio(self) -> float | None:
+        """Mean over the input-sharing groups of E_final / E_RTN on the calibration inputs
+        (:class:`CalibObjective`; ≤ 1 by construction for AWQ). None when no layer carries an
+        objective (every method but AWQ). Each group counts once, however many linears it has."""
+        groups = {r.objective.group: r.objective for r in self.report if r.objective is not None}
+        if not groups:
+            return None
+        return sum(o.ratio for o in groups.values()) / len(groups)
+
     def notes(self) -> list[str]:
         """Every layer note, prefixed by the layer name."""
         return [f"{r.name}: {n}" for r in self.report for n in r.notes]
+

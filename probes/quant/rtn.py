@@ -1,4 +1,4 @@
-"""Round-to-nearest quantizers on one weight matrix (SCIENCE.md §3), and the shared INT-b grid.
+"""Round-to-nearest quantizers on one weight matrix (docs/science.md §3), and the shared INT-b grid.
 
 All functions take a weight ``W`` of shape [out_features, in_features] (the ``nn.Linear`` layout)
 and return a new tensor of the same shape and dtype holding the dequantized values (weight-only
@@ -6,7 +6,7 @@ fake quantization). Cost: O(out·in), no data.
 
 Grid of an INT-b group (one output row × g consecutive input columns), ``maxq = 2^b − 1``:
 
-* asymmetric (default, SCIENCE.md §3): lo = min(w, 0), hi = max(w, 0), s = (hi − lo)/maxq,
+* asymmetric (default, docs/science.md §3): lo = min(w, 0), hi = max(w, 0), s = (hi − lo)/maxq,
   z = round(−lo/s), q = clamp(round(w/s) + z, 0, maxq), ŵ = s·(q − z);
 * symmetric (``sym``; the GPTQ reference ``Quantizer(sym=True)`` rule, kept bit-for-bit so that
   GPTQ matches the reference): hi = max(|lo|, hi), lo = −hi if lo < 0, s = (hi − lo)/maxq,

@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from geometry.modes import module_modes
 from probes.core.modules import ModuleSelectionError, find_blocks
 
 from .errors import CalibrationError
@@ -213,9 +214,7 @@ def gptq_sequential(
     blocks, in_block, outside = partition_by_block(model, linears)
     n_in_blocks = sum(len(sel) for sel in in_block)
 
-    was_training = model.training
-    model.eval()
-    try:
+    with module_modes(model, training=False):
         if n_in_blocks:
             inps = capture_block_inputs(model, blocks[0], batches)
             bar = tqdm(total=n_in_blocks, desc="gptq", disable=not progress, leave=False)
@@ -264,5 +263,3 @@ def gptq_sequential(
                 finally:
                     h.remove()
                 _gptq_group(outside, names, hook, spec, on_layer)
-    finally:
-        model.train(was_training)

@@ -3,7 +3,7 @@
 Grammar (``:``-separated tokens after the method name; order of flags is free when parsing, the
 printed form is canonical)::
 
-    rtn:BITS[:GROUP][:sym]                      asymmetric per-group INT-b (SCIENCE.md §3); default g128
+    rtn:BITS[:GROUP][:sym]                      asymmetric per-group INT-b (docs/science.md §3); default g128
     int8                                        per-channel symmetric absmax INT8 (no other tokens)
     gptq:BITS[:GROUP][:sym][:act][:static][:damp=F][:block=N]
     gptqmodel:BITS[:GROUP][:sym][:act][:damp=F] GPTQ through the optional GPTQModel package

@@ -1,9 +1,10 @@
 """Self-contained HTML pages: the report of a sweep, and the page of one loss surface.
 
 :func:`build_report` writes ONE HTML file: plotly.js is embedded once (inline, no CDN, works
-offline), followed by the trajectory figures of :mod:`probes.report.figures`, the correlation
-table, the detected phases, quantization planes (:mod:`probes.report.surface_figures`), failed
-probes, the plan and the software versions. Figures are built from results; nothing is recomputed.
+offline), followed by the trajectory figures of :mod:`probes.report.figures` (with a note that
+AWQ can lose to RTN on held-out data when AWQ specs are present), the correlation table, the
+detected phases, quantization planes (:mod:`probes.report.surface_figures`), failed probes, the
+plan and the software versions. Figures are built from results; nothing is recomputed.
 
 ``losslens report results.sqlite --out report.html`` (:mod:`probes.commands.report`) reads the
 store with :func:`load_store` and computes correlations and phases with
@@ -23,7 +24,9 @@ from typing import Any, Mapping, Sequence
 from geometry.surface import Surface
 from probes.sweep.store import Store
 
-from .figures import trajectory_figures
+from probes.quant.awq import HELD_OUT_NOTE
+
+from .figures import specs_of, trajectory_figures
 from .surface_figures import surface_figure, surface_profile_figure
 
 _CSS = """
@@ -190,6 +193,10 @@ def build_report(
     fig_html = []
     for i, (name, fig) in enumerate(figs.items()):
         fig_html.append(f'<div class="figure" data-figure="{html.escape(name)}">{figure_html(fig, f"fig-{i}")}</div>')
+    awq = [s for s in specs_of(df, "quant") if s.split(":")[0] == "awq"]
+    if awq:
+        fig_html.append(f'<p class="note" data-note="awq">{html.escape(", ".join(map(str, awq)))}: '
+                        f'{html.escape(HELD_OUT_NOTE)}</p>')
     sections.append(("trajectory", "Trajectory", "".join(fig_html)))
 
     crows = _correlation_rows(correlations)
@@ -292,7 +299,8 @@ def surface_page(surface, out_path: str | os.PathLike, title: str = "losslens su
 
 
 def export_png(fig, path: str | os.PathLike, **kwargs) -> bool:
-    """Write ``fig`` as a static PNG through kaleido when kaleido and a Chromium are available.
+    """Write ``fig`` as a static PNG through kaleido (≥ 1.0, dev extras) and the system Chromium
+    (kaleido finds ``chromium`` on the PATH, or ``$BROWSER_PATH``; it downloads nothing).
 
     Returns True on success, False (with a warning) when kaleido or its browser is missing -- PNG
     export is optional; the HTML report never needs it.

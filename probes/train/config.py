@@ -34,7 +34,7 @@ class TrainConfig:
     The defaults (0.17M-parameter GPT-NeoX, 800 steps of 32×64 tokens, weight decay 1.0) are the
     embedded trajectory of ``losslens demo``: chosen so that the weight norm reaches equilibrium
     within the budget (1/(lr·wd) ≤ 330 steps) and the quantization effect of the LR decay is
-    measurable above checkpoint noise (SCIENCE.md §8; measured effect sizes with 3-seed intervals
+    measurable above checkpoint noise (docs/science.md §8; measured effect sizes with 3-seed intervals
     in benchmarks/README.md). About 1–1.5 min per run on 2 CPU cores with 1 thread.
     """
 
