@@ -21,30 +21,25 @@ class SharpnessError(ValueError):
 def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int = 100, method: str = "hutch++",
               k: int = 1, eigen_method: str = "power", tol: float = 1e-3, max_iter: int = 100,
               params: Sequence[str] | None = None, seed: int = 0, quick: bool = False, device=None,
-              data: str | Path | None = None, num_threads: int | None = None) -> dict:
+              data: str | Path | None = None, num_threads: int | None = None, allow_pickle: bool = False) -> dict:
     """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint as a dict.
 
-    ``checkpoint``: a checkpoint folder, or a trajectory folder (``label`` picks one; default the
-    last real checkpoint). ``data``: a saved TokenSet file for the curvature set (default: built).
-    ``num_threads``: torch threads for the estimators (None: torch's default).
+    ``checkpoint``: a checkpoint folder or weight file (its step / tokens / LR are read from the
+    trajectory folder around it), or a trajectory folder (``label`` picks one; default the last
+    real checkpoint), opened by :func:`probes.checkpoints.open_checkpoint`. ``data``: a saved
+    TokenSet file for the curvature set (default: built). ``num_threads``: torch threads for the
+    estimators (None: torch's default). ``allow_pickle``: load torch files that need full pickle.
+    Bad options raise :class:`SharpnessError` before anything is loaded.
     """
-    from probes.checkpoints import CheckpointError, CheckpointLoader, Trajectory
+    from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
 
-    if method not in TRACE_METHODS:
-        raise SharpnessError(f"trace method {method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
-    if eigen_method not in EIGEN_METHODS:
-        raise SharpnessError(f"eigen method {eigen_method!r} is unknown; valid: {', '.join(EIGEN_METHODS)}")
+    _check_options(method, eigen_method, num_matvecs, k, max_iter, tol)
     path = Path(checkpoint).expanduser()
     if not path.exists():
         raise SharpnessError(f"no checkpoint at {path}")
     try:
-        traj = Trajectory.from_folder(path)
-        if label is not None:
-            ref = traj[label]
-        else:
-            real = traj.real
-            ref = real[-1] if real else traj[-1]
-    except (CheckpointError, KeyError) as exc:
+        traj, ref = open_checkpoint(path, label)
+    except CheckpointError as exc:
         raise SharpnessError(str(exc)) from exc
     t0 = time.perf_counter()
     if data is not None:
@@ -59,7 +54,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
 
     dev = device or ("cuda" if torch.cuda.is_available() else None)
     try:
-        model = CheckpointLoader(traj, device=dev).load(ref)
+        model = CheckpointLoader(traj, device=dev, allow_pickle=allow_pickle).load(ref)
     except CheckpointError as exc:
         raise SharpnessError(f"cannot load {ref.label!r}: {exc}") from exc
     model.requires_grad_(True)
@@ -84,6 +79,23 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
         "seconds": time.perf_counter() - t0,
         "device": str(op.device),
     }
+
+
+def _check_options(method: str, eigen_method: str, num_matvecs, k, max_iter, tol) -> None:
+    """Refuse bad options up front (before data and weights are loaded), naming the valid range."""
+    if method not in TRACE_METHODS:
+        raise SharpnessError(f"trace method {method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
+    if eigen_method not in EIGEN_METHODS:
+        raise SharpnessError(f"eigen method {eigen_method!r} is unknown; valid: {', '.join(EIGEN_METHODS)}")
+    least = 3 if method == "hutch++" else 1
+    if not isinstance(num_matvecs, int) or isinstance(num_matvecs, bool) or num_matvecs < least:
+        raise SharpnessError(f"num_matvecs (--num-matvecs) must be an integer >= {least} for {method} (its HVP budget"
+                             f"{'; Hutch++ splits it in three parts' if method == 'hutch++' else ''}), got {num_matvecs!r}")
+    for name, v in (("k (--k)", k), ("max_iter", max_iter)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise SharpnessError(f"{name} must be an integer >= 1, got {v!r}")
+    if not (isinstance(tol, (int, float)) and tol > 0):
+        raise SharpnessError(f"tol must be a positive number, got {tol!r}")
 
 
 __all__ = ["sharpness", "SharpnessError"]
