@@ -495,3 +495,18 @@ def test_threads_are_recorded_with_each_row(pristine, plan_file, tmp_path):
     with Store(out) as st:
         assert set(st.raw()["threads"]) == {1}
         assert (st.results()["threads"] == 1).all()
+
+
+def test_bad_device_and_executor_stop_before_any_work(pristine, plan_file, tmp_path):
+    out = tmp_path / "r.sqlite"
+    for args in (["sweep", pristine, "--out", out, "--plan", plan_file, "--device", "bogus", "--quiet"],
+                 ["sharpness", pristine, "--device", "bogus", "--num-matvecs", "3", "--data",
+                  pristine / "data" / "curvature.safetensors"]):
+        r = _cli(*args)
+        assert r.exit_code == 2, r.output
+        (line,) = _error_lines(r.output)
+        assert "device 'bogus' cannot be used here" in line
+    assert not out.exists()
+    r = _cli("demo", "--executor", "bogus", "--out", tmp_path / "demo", "--quiet")
+    assert r.exit_code == 2 and "unknown executor 'bogus'; valid: local, ray" in r.output
+    assert not (tmp_path / "demo").exists()  # refused before minutes of training

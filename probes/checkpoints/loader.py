@@ -24,7 +24,7 @@ from .files import file_shapes, load_weight_file, local_folder, read_config, ref
 from .refs import CheckpointRef
 from .trajectory import Trajectory
 
-__all__ = ["CheckpointLoader", "load_model"]
+__all__ = ["CheckpointLoader", "load_model", "usable_device"]
 
 
 class CheckpointLoader:
@@ -55,7 +55,7 @@ class CheckpointLoader:
         else:
             self.trajectory = Trajectory.from_folder(trajectory_or_ref)
         self.dtype = dtype
-        self.device = torch.device(device) if device is not None else None
+        self.device = usable_device(device)
         self.allow_pickle = allow_pickle
         self.attn_implementation = attn_implementation
         self._model: nn.Module | None = None
@@ -152,6 +152,20 @@ class CheckpointLoader:
         for f in ref_weight_files(ref):
             state.update(load_weight_file(f, self.allow_pickle, ref.label))
         return state
+
+
+def usable_device(device) -> torch.device | None:
+    """``torch.device(device)`` after one tiny allocation on it, or :class:`CheckpointError` saying why not."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+        torch.empty(1, device=dev)
+    except Exception as exc:  # unknown device string, no CUDA build / no GPU, index out of range
+        raise CheckpointError(f"device {str(device)!r} cannot be used here ({type(exc).__name__}: "
+                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); use 'cpu', 'cuda', "
+                              "'cuda:1', 'mps' ... as this machine has them") from exc
+    return dev
 
 
 def _leaves(ref: CheckpointRef) -> Iterator[CheckpointRef]:

@@ -346,6 +346,10 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
     traj, refs = with_plan_checkpoints(resolve_trajectory(trajectory), plan)
     if not refs:
         raise SweepError("the trajectory has no checkpoint to probe")
+    if executor == "local" and device is not None:
+        from probes.checkpoints.loader import usable_device
+
+        usable_device(device)  # a bad --device stops here, before data and the store
     own_store = not isinstance(out, Store)
     lock = StoreLock(out.path if not own_store else out)  # one writer per store, before any work
     lock.acquire(wait=wait, on_wait=on_wait)
