@@ -103,7 +103,7 @@ def _save_llama(folder: Path, hidden: int, seed: int = 0, vocab: int = 96) -> No
 # ------------------------------------------------------------------------------------------------
 # every checkpoint under its own config
 # ------------------------------------------------------------------------------------------------
-def test_each_checkpoint_is_evaluated_under_its_own_config(traj, plan_file, reference, tmp_path):
+def test_each_checkpoint_is_evaluated_under_its_own_config(pristine, traj, plan_file, reference, tmp_path):
     from probes.checkpoints import load_model
     from probes.core.lm import evaluate
 
@@ -113,7 +113,7 @@ def test_each_checkpoint_is_evaluated_under_its_own_config(traj, plan_file, refe
     assert r.exit_code == 0, r.output
     assert "step-000300" in r.output and "hidden_act ('silu' -> 'relu')" in r.output and "its own config" in r.output
     got = _values(out)
-    eval_set = tiny_token_sets(_data_folder(plan_file))["eval"]
+    eval_set = tiny_token_sets(pristine)["eval"]
     own = evaluate(load_model(traj / "step-000300").eval(), eval_set).loss
     assert got[("step-000300", "loss", "", "loss")] == pytest.approx(own, rel=1e-12)
     # the first checkpoint's config (silu) would have given another number: the old, silent bug
@@ -121,16 +121,6 @@ def test_each_checkpoint_is_evaluated_under_its_own_config(traj, plan_file, refe
     for key, v in reference.items():
         if key[0] != "step-000300":
             assert got[key] == v, key  # the other checkpoints: bit-identical
-
-
-def _data_folder(plan_file: Path) -> Path:
-    """The trajectory folder whose data/ the plan file's token sets live in."""
-    text = plan_file.read_text()
-    return Path(text.split('eval = "', 1)[1].split('"', 1)[0]).parent.parent
-
-
-def _eval_file(plan_file: Path) -> Path:
-    return _data_folder(plan_file) / "data" / "eval.safetensors"
 
 
 def test_config_that_allocates_more_than_the_weights_is_refused_before_allocating(traj, plan_file, reference, tmp_path):
@@ -172,7 +162,7 @@ def test_a_checkpoint_with_a_smaller_vocabulary_fails_with_a_clear_message(traj,
     r = _sweep(traj, out, plan_file)
     assert r.exit_code == 1 and "ProbeError x2 (step-000250)" in r.output
     assert "vocabulary of 48 tokens but the sweep's token sets hold ids up to 9" in _errors(out)["step-000250"]
-    assert {k: v for k, v in _values(out).items()} == reference
+    assert _values(out) == reference
 
 
 # ------------------------------------------------------------------------------------------------
@@ -410,7 +400,7 @@ def test_damaged_stores_are_one_line_errors(pristine, plan_file, tmp_path):
     assert not (tmp_path / "r.html").exists()
 
 
-def test_pickle_refusal_names_a_flag_that_exists(traj, plan_file, reference, tmp_path):
+def test_pickle_refusal_names_a_flag_that_exists(pristine, traj, plan_file, reference, tmp_path):
     from safetensors.torch import load_file
 
     folder = traj / "step-000200"
@@ -425,7 +415,7 @@ def test_pickle_refusal_names_a_flag_that_exists(traj, plan_file, reference, tmp
         fixed = _sweep(traj, out, plan_file, "--allow-pickle", "--retry-failed")
     assert fixed.exit_code == 0, fixed.output
     assert _values(out) == reference
-    r = _cli("quantize", folder, "--spec", "rtn:4", "--eval-set", _eval_file(plan_file), "--json")
+    r = _cli("quantize", folder, "--spec", "rtn:4", "--eval-set", pristine / "data" / "eval.safetensors", "--json")
     assert r.exit_code == 2 and "--allow-pickle" in r.output
 
 
@@ -433,7 +423,7 @@ class _Custom:  # unpickling it needs arbitrary code
     pass
 
 
-def test_nan_surface_is_an_error(traj, plan_file, tmp_path):
+def test_nan_surface_is_an_error(pristine, traj, tmp_path):
     from safetensors.torch import load_file, save_file
 
     p = traj / "step-000400" / "model.safetensors"
@@ -442,7 +432,7 @@ def test_nan_surface_is_an_error(traj, plan_file, tmp_path):
     save_file(sd, str(p), metadata={"format": "pt"})
     page = tmp_path / "s.html"
     for extra in ([], ["--random-plane"]):
-        r = _cli("surface", traj / "step-000400", "--spec", "rtn:4", "--grid", "3", "--data", _eval_file(plan_file),
+        r = _cli("surface", traj / "step-000400", "--spec", "rtn:4", "--grid", "3", "--data", pristine / "data" / "eval.safetensors",
                  "--out", page, "-q", *extra)
         assert r.exit_code == 2, r.output
         (line,) = _error_lines(r.output)
@@ -450,7 +440,7 @@ def test_nan_surface_is_an_error(traj, plan_file, tmp_path):
     # B (the previous checkpoint) NaN: the surface is refused after evaluation, no page
     with pytest.warns(RuntimeWarning, match="non-finite"):
         r = _cli("surface", traj / "step-000300", "--previous", traj / "step-000400", "--grid", "3", "--data",
-                 _eval_file(plan_file), "--out", page, "-q")
+                 pristine / "data" / "eval.safetensors", "--out", page, "-q")
     assert r.exit_code == 2 and "is not finite" in r.output
     assert not page.exists()
 

@@ -5,7 +5,9 @@ same store gets :class:`StoreLockedError` naming the holder (PID, host, start ti
 with ``wait=True`` waits until the holder finishes. The lock is ``fcntl.flock`` on the lock file:
 the kernel releases it when the holder exits in any way (also SIGKILL), so a killed sweep never
 leaves a stale lock. Readers (``losslens report``, ``correlate``) do not take it: SQLite's WAL mode
-lets them read while a sweep writes. On systems without ``fcntl`` (Windows) the lock is a no-op.
+lets them read while a sweep writes. On systems without ``fcntl`` (Windows) the lock is a no-op;
+on a network file system ``flock`` may only exclude writers on the same host (the message names
+the holder's host for that reason).
 """
 from __future__ import annotations
 
