@@ -52,6 +52,8 @@ def estimate_memory(op: CurvatureOperator, k: int = 1, method: str = "lanczos", 
                     basis_dtype: torch.dtype | None = None) -> MemoryEstimate:
     """The memory plan :func:`top_eigenvalues` would run with, without running it (raises
     :class:`~geometry.memory.MemoryBudgetError` when nothing fits)."""
+    if k > op.dim:
+        raise EstimatorError(f"k must be <= the operator dimension {op.dim}, got k={k}")
     budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
     vec = vector_bytes(op.dim, op.dtype)
     bdev, bdtype, on_host = basis_storage(op.device, basis_device, basis_dtype, op.dtype)

@@ -1,19 +1,125 @@
-"""The `losslens` command line: every module in :mod:`probes.commands` registers its commands."""
+"""The `losslens` command line: every module in :mod:`probes.commands` registers its commands.
+
+Failures end in one line on stderr, ``error: …``, and an exit status (README, "When things go
+wrong"): 2 for anything the user can cause (a typed losslens error, a missing file, a bad option),
+70 for an internal error (a bug: the line says so), 130 when interrupted; ``losslens sweep`` adds 1
+(some rows failed) and 3 (all rows failed). ``--debug`` (anywhere on the command line, or
+``LOSSLENS_DEBUG=1``) shows the full traceback instead.
+"""
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 
 import typer
+from typer.core import TyperGroup
 
 from . import commands
 
+# typer vendors its own click: take its exception classes from typer's public names
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+EXIT_USAGE = 2
+"""A failure the user can cause: bad input, a missing or damaged file, a locked store."""
+EXIT_INTERNAL = 70
+"""An internal error (a bug in losslens or a library it calls); rerun with --debug and report it."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C / SIGINT."""
+
+_DEBUG = "losslens.debug"
+
+_USER_ERRORS = (
+    ("probes.checkpoints.errors", "CheckpointError"), ("probes.sweep.plan", "PlanError"),
+    ("probes.sweep.store_errors", "StoreError"), ("probes.sweep.executor", "SweepError"),
+    ("probes.sweep.sharpness", "SharpnessError"), ("probes.sweep.runner", "ProbeError"),
+    ("probes.analysis.inputs", "AnalysisError"), ("probes.report.pages", "ReportError"),
+    ("probes.report.figures", "FigureError"), ("probes.train.config", "TrainError"), ("probes.data.corpus", "DataError"),
+    ("probes.quant.errors", "QuantizeError"), ("probes.core.tokenset", "TokenSetError"),
+    ("probes.core.modules", "ModuleSelectionError"), ("probes.core.lm", "LossError"),
+    ("probes.models.weights", "WeightStatsError"), ("probes.models.second_order", "SecondOrderError"),
+    ("geometry.params", "ParameterSelectionError"), ("geometry.planes", "PlaneError"), ("geometry.grid", "GridError"),
+    ("geometry.results", "EstimatorError"), ("geometry.operator", "OperatorError"), ("geometry.moving", "SurfaceError"),
+    ("torch", "OutOfMemoryError"),
+)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exception types a user can cause (printed as one line, exit 2). Imported on demand, so
+    that ``losslens --help`` stays fast; a module that cannot be imported contributes nothing."""
+    out: list[type[BaseException]] = [OSError, MemoryError]
+    for mod, name in _USER_ERRORS:
+        try:
+            out.append(getattr(importlib.import_module(mod), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(out)
+
+
+def one_line(exc: BaseException | str) -> str:
+    """A message on one line (its lines joined by '; '); an exception without one gives its type."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    return "; ".join(lines) if lines else type(exc).__name__
+
+
+def _debug(ctx: typer.Context) -> bool:
+    return bool(ctx.meta.get(_DEBUG)) or os.environ.get("LOSSLENS_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class LosslensGroup(TyperGroup):
+    """The top-level command group: accepts ``--debug`` anywhere and turns failures into one line."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        args = list(args)
+        cut = args.index("--") if "--" in args else len(args)
+        if "--debug" in args[:cut]:
+            ctx.meta[_DEBUG] = True
+            args = [a for i, a in enumerate(args) if not (i < cut and a == "--debug")]
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: typer.Context):
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort):
+            raise
+        except _UsageError as exc:
+            if _debug(ctx):
+                raise
+            hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+            typer.echo(f"error: {one_line(exc.format_message())}{hint}", err=True)
+            ctx.exit(EXIT_USAGE)
+        except KeyboardInterrupt:
+            if _debug(ctx):
+                raise
+            typer.echo("error: interrupted (a sweep keeps every finished row: rerun the same command to resume)", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except Exception as exc:  # noqa: BLE001 - the CLI boundary
+            if _debug(ctx):
+                raise
+            if isinstance(exc, user_errors()):
+                mine = type(exc).__module__.split(".")[0] in ("probes", "geometry")
+                typer.echo(f"error: {one_line(exc) if mine else f'{type(exc).__name__}: {one_line(exc)}'}", err=True)
+                ctx.exit(EXIT_USAGE)
+            typer.echo(f"error: internal error {type(exc).__name__}: {one_line(exc)} -- this is a bug; rerun with "
+                       "--debug for the traceback and report it", err=True)
+            ctx.exit(EXIT_INTERNAL)
+
+
 app = typer.Typer(
+    cls=LosslensGroup,
     help="losslens: loss geometry (curvature, quantization error, loss surfaces) of LM training trajectories.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
+
+
+@app.callback()
+def _main(ctx: typer.Context, debug: bool = typer.Option(
+        False, "--debug", help="Show the full traceback of a failure instead of one `error: …` line "
+                               "(also accepted after the command name; or set LOSSLENS_DEBUG=1).")) -> None:
+    if debug:
+        ctx.meta[_DEBUG] = True
 
 
 @app.command()

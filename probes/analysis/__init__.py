@@ -16,13 +16,16 @@ Inputs are per-checkpoint series pulled out of the tidy results DataFrame of
 - :mod:`.inputs`      -- :class:`AnalysisError` and the input checks.
 
 Missing values: a pair with a NaN on either side (or in a covariate) is excluded from every
-statistic and counted in ``n_excluded``; values are never imputed or averaged in.
+statistic and counted in ``n_excluded``; values are never imputed or averaged in. Values whose
+estimator did not converge are excluded the same way (and counted in ``n_unconverged``) unless
+``include_unconverged=True``; rows of different settings or data are never pooled unless
+``allow_mixed=True`` (see :mod:`.series`).
 """
 from .correlation import Correlation, correlate, partial_correlation
 from .inputs import METHODS, AnalysisError
 from .phases import Onset, Phases, convergence_onset, detect_phases, divergence_onset
-from .series import series, series_frame
+from .series import series, series_frame, unconverged
 from .summary import analyse, summary
 
 __all__ = ["Correlation", "Onset", "Phases", "AnalysisError", "correlate", "partial_correlation", "convergence_onset",
-           "divergence_onset", "detect_phases", "series", "series_frame", "summary", "analyse", "METHODS"]
+           "divergence_onset", "detect_phases", "series", "series_frame", "unconverged", "summary", "analyse", "METHODS"]

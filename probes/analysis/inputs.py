@@ -2,13 +2,18 @@
 :class:`AnalysisError` (too few points, unknown series, unusable input)."""
 from __future__ import annotations
 
+import numbers
 from typing import Mapping
 
 import numpy as np
 
-__all__ = ["AnalysisError", "as_1d", "align_pair", "covariate_matrix", "check_method", "too_few", "METHODS"]
+__all__ = ["AnalysisError", "as_1d", "align_pair", "covariate_matrix", "check_method", "check_n_boot", "too_few",
+           "METHODS", "MIN_BOOT"]
 
 METHODS = ("pearson", "spearman", "kendall")
+MIN_BOOT = 40
+"""Fewest bootstrap resamples for a 95% percentile interval: below 40 its 2.5% / 97.5% quantiles
+are the smallest / largest resample, not an interval estimate."""
 
 
 class AnalysisError(ValueError):
@@ -64,6 +69,19 @@ def check_method(method: str) -> str:
     if method not in METHODS:
         raise AnalysisError(f"unknown correlation method {method!r}; valid: {', '.join(METHODS)}")
     return method
+
+
+def check_n_boot(n_boot, minimum: int = MIN_BOOT) -> int:
+    """``n_boot`` as an int, or :class:`AnalysisError` when it is not an integer >= ``minimum``
+    (the API accepts 0 = no interval; the CLI asks for at least :data:`MIN_BOOT`)."""
+    if isinstance(n_boot, bool) or not isinstance(n_boot, numbers.Integral):
+        raise AnalysisError(f"n_boot must be an integer, got {n_boot!r}")
+    n = int(n_boot)
+    if n < minimum:
+        why = (f"; a 95% percentile interval needs at least {MIN_BOOT} resamples (2000 is the default)"
+               if minimum == MIN_BOOT else "")
+        raise AnalysisError(f"n_boot must be >= {minimum}, got {n}{why}")
+    return n
 
 
 def too_few(n: int, need: int, what: str, usable: str = "finite values on both series") -> None:

@@ -3,6 +3,12 @@
 :func:`series` pulls one series by a short key (index: checkpoint label, in trajectory order;
 derived LAWA checkpoints are left out by default because they are not points *along* the
 trajectory); :func:`series_frame` puts several side by side.
+
+Honesty rules (each can be lifted by an argument, never silently): values whose estimator did not
+converge (``converged`` False, e.g. power iteration stopped at ``max_iter``) are NaN unless
+``include_unconverged``; :func:`unconverged` names them. A series whose rows were computed with
+different settings (two plans in one store) or series measured on different data raise
+:class:`AnalysisError` unless ``allow_mixed``.
 """
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ from typing import Sequence
 
 from .inputs import AnalysisError
 
-__all__ = ["series", "series_frame", "CHECKPOINT_COLUMNS"]
+__all__ = ["series", "series_frame", "unconverged", "CHECKPOINT_COLUMNS"]
 
 CHECKPOINT_COLUMNS = ("step", "tokens", "lr")
 _DEFAULT_METRIC = {"loss": "loss", "quant": "rel_loss_error", "trace": "trace", "eigen": "lambda_1",
@@ -70,19 +76,9 @@ def _run_qualified(df):
     return out
 
 
-def series(df, key: str, include_derived: bool = False):
-    """One per-checkpoint series (pandas Series indexed by checkpoint label, trajectory order;
-    ``run/label`` when the table holds several runs, which are then pooled).
-
-    ``key``: a checkpoint column ('step', 'tokens', 'lr'); a probe ('loss', 'trace', 'eigen',
-    'kurtosis' → its main metric; 'lambda_max' = lambda_1); a metric name measured by one probe
-    ('ppl', 'lambda_2', 'q_loss' is ambiguous once several specs exist); a quantizer spec
-    ('gptq:3:g128' → its rel_loss_error); or explicit 'probe/spec/metric'
-    ('quant/rtn:4/ppl_gap', 'directional/rtn:4/dHd', 'block_trace/layer0/trace').
-    Failed probes give NaN. Raises :class:`AnalysisError` for an unknown or ambiguous key.
-    """
-    import pandas as pd
-
+def _rows(df, key: str, include_derived: bool):
+    """(probe, metric, checkpoint order, base table, the ok rows of the series or None for a
+    checkpoint column) of one series key."""
     if df is None or len(df) == 0:
         raise AnalysisError("the results table is empty")
     df = _run_qualified(df)
@@ -90,8 +86,7 @@ def series(df, key: str, include_derived: bool = False):
     order = list(dict.fromkeys(base["checkpoint"]))
     probe, spec, metric = _resolve(df, key)
     if probe is None:
-        s = base.drop_duplicates("checkpoint").set_index("checkpoint")[metric].astype(float)
-        return s.reindex(order).rename(key)
+        return probe, metric, order, base, None
     sel = base[(base["probe"] == probe) & (base["metric"] == metric) & (base["status"] == "ok")]
     specs = list(dict.fromkeys(base.loc[base["probe"] == probe, "spec"]))
     if spec is not None:
@@ -108,12 +103,88 @@ def series(df, key: str, include_derived: bool = False):
             raise AnalysisError(f"{key!r} is ambiguous: probe {probe!r} has specs {used}; use '{probe}/<spec>/{metric}'")
     if sel.empty and not (base["probe"] == probe).any():
         raise AnalysisError(f"the results hold no {probe!r} probe")
-    s = sel.drop_duplicates("checkpoint", keep="last").set_index("checkpoint")["value"].astype(float)
+    return probe, metric, order, base, sel.drop_duplicates("checkpoint", keep="last")
+
+
+def _unconverged(sel):
+    """Boolean mask of the rows whose estimator did not converge (missing flag = no criterion)."""
+    if sel is None or "converged" not in sel.columns:
+        return None
+    return sel["converged"].astype("boolean").eq(False).fillna(False).to_numpy(bool)
+
+
+def _distinct(sel, column: str) -> list[str]:
+    if sel is None or column not in sel.columns:
+        return []
+    return sorted({str(v) for v in sel[column].dropna() if str(v)})
+
+
+def _check_one_setting(key: str, sel) -> None:
+    cfg = _distinct(sel, "config_hash")
+    if len(cfg) > 1:
+        counts = sel["config_hash"].astype(str).value_counts()
+        raise AnalysisError(
+            f"series {key!r} pools rows computed with {len(cfg)} different settings (config hashes "
+            + ", ".join(f"{h[:12]}: {n} checkpoints" for h, n in counts.items() if h)
+            + "), e.g. from two plans in one store; numbers computed differently are not comparable. Pass "
+              "allow_mixed=True (CLI: --allow-mixed) to pool them anyway, or rerun the sweep so every checkpoint "
+              "has the same settings.")
+
+
+def series(df, key: str, include_derived: bool = False, include_unconverged: bool = False, allow_mixed: bool = False):
+    """One per-checkpoint series (pandas Series indexed by checkpoint label, trajectory order;
+    ``run/label`` when the table holds several runs, which are then pooled).
+
+    ``key``: a checkpoint column ('step', 'tokens', 'lr'); a probe ('loss', 'trace', 'eigen',
+    'kurtosis' → its main metric; 'lambda_max' = lambda_1); a metric name measured by one probe
+    ('ppl', 'lambda_2', 'q_loss' is ambiguous once several specs exist); a quantizer spec
+    ('gptq:3:g128' → its rel_loss_error); or explicit 'probe/spec/metric'
+    ('quant/rtn:4/ppl_gap', 'directional/rtn:4/dHd', 'block_trace/layer0/trace').
+    Failed probes give NaN; so do values whose estimator did not converge (the ``converged``
+    column is False) unless ``include_unconverged``. Rows of one series computed with different
+    settings (``config_hash``) raise :class:`AnalysisError` unless ``allow_mixed``. Raises
+    :class:`AnalysisError` for an unknown or ambiguous key.
+    """
+    import pandas as pd
+
+    probe, metric, order, base, sel = _rows(df, key, include_derived)
+    if sel is None:
+        s = base.drop_duplicates("checkpoint").set_index("checkpoint")[metric].astype(float)
+        return s.reindex(order).rename(key)
+    if not allow_mixed:
+        _check_one_setting(key, sel)
+    values = sel["value"].astype(float).to_numpy(copy=True)
+    bad = _unconverged(sel)
+    if bad is not None and not include_unconverged:
+        values[bad] = float("nan")
+    s = pd.Series(values, index=pd.Index(sel["checkpoint"]))
     return pd.Series(s.reindex(order).to_numpy(float), index=pd.Index(order, name="checkpoint"), name=key)
 
 
-def series_frame(df, keys: Sequence[str], include_derived: bool = False):
-    """Several :func:`series` side by side as a DataFrame (index: checkpoint)."""
+def unconverged(df, key: str, include_derived: bool = False) -> list[str]:
+    """Checkpoints whose ``key`` value did not converge (empty for series without a criterion)."""
+    _probe, _metric, _order, _base, sel = _rows(df, key, include_derived)
+    bad = _unconverged(sel)
+    return [] if bad is None else list(sel["checkpoint"][bad])
+
+
+def series_frame(df, keys: Sequence[str], include_derived: bool = False, include_unconverged: bool = False,
+                 allow_mixed: bool = False):
+    """Several :func:`series` side by side as a DataFrame (index: checkpoint). Series measured on
+    different data (``data_hash``) raise :class:`AnalysisError` unless ``allow_mixed``."""
     import pandas as pd
 
-    return pd.concat([series(df, k, include_derived=include_derived) for k in dict.fromkeys(keys)], axis=1)
+    keys = list(dict.fromkeys(keys))
+    if not allow_mixed:
+        hashes: dict[str, list[str]] = {}
+        for k in keys:
+            for h in _distinct(_rows(df, k, include_derived)[4], "data_hash"):
+                hashes.setdefault(h, []).append(k)
+        if len(hashes) > 1:
+            raise AnalysisError(
+                f"{', '.join(map(repr, keys))} were measured on {len(hashes)} different data sets (data hashes "
+                + "; ".join(f"{h[:12]}: {', '.join(ks)}" for h, ks in hashes.items())
+                + "); numbers on different token sets are not comparable. Pass allow_mixed=True (CLI: --allow-mixed) "
+                  "to pool them anyway, or sweep each data set into its own store.")
+    return pd.concat([series(df, k, include_derived=include_derived, include_unconverged=include_unconverged,
+                             allow_mixed=allow_mixed) for k in keys], axis=1)

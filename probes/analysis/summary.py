@@ -6,29 +6,39 @@ import math
 from typing import Sequence
 
 from .correlation import correlate, partial_correlation
-from .inputs import AnalysisError
+from .inputs import METHODS, AnalysisError, check_method, check_n_boot
 from .phases import detect_phases
-from .series import series_frame
+from .series import series_frame, unconverged
 
 __all__ = ["summary", "analyse"]
 
 
 def summary(df, x: str | Sequence[str] | None = None, y: str | Sequence[str] | None = None,
             controls: Sequence[str] | str | None = None, methods: Sequence[str] = ("pearson", "spearman"),
-            n_boot: int = 2000, seed: int = 0, include_derived: bool = False):
-    """Correlation table: one row per (x, y, method, controls) with r, CI, p, n, n_excluded.
+            n_boot: int = 2000, seed: int = 0, include_derived: bool = False, include_unconverged: bool = False,
+            allow_mixed: bool = False):
+    """Correlation table: one row per (x, y, method, controls) with r, CI, p, n, n_excluded,
+    n_unconverged.
 
     Defaults: x = every curvature/weight series present (trace, lambda_max, kurtosis); y = every
     quantizer spec present (its rel_loss_error). With ``controls`` each pair also gets a partial
-    correlation row (Pearson/Spearman only). Pairs that cannot be computed (too few points,
-    constant series) get a row with NaNs and the reason in ``note``.
+    correlation row (Pearson/Spearman only). Values whose estimator did not converge are left out
+    (counted in ``n_excluded`` and, separately, in ``n_unconverged``) unless ``include_unconverged``.
+    Pairs that cannot be computed (too few points, constant series, rows of different settings or
+    data without ``allow_mixed``) get a row with NaNs and the reason in ``note``. An unknown method
+    or a negative ``n_boot`` raises :class:`AnalysisError`.
     """
     import pandas as pd
 
+    methods = [check_method(m) for m in ([methods] if isinstance(methods, str) else methods)]
+    if not methods:
+        raise AnalysisError(f"no correlation method given; valid: {', '.join(METHODS)}")
+    check_n_boot(n_boot, minimum=0)
     xs = _keys(x) if x is not None else [k for k, p in (("trace", "trace"), ("lambda_max", "eigen"), ("kurtosis", "kurtosis"))
                                          if (df["probe"] == p).any()]
     ys = _keys(y) if y is not None else list(dict.fromkeys(df.loc[df["probe"] == "quant", "spec"]))
     ctrl = _keys(controls) if controls else []
+    opts = dict(include_derived=include_derived, include_unconverged=include_unconverged, allow_mixed=allow_mixed)
     rows = []
     for xk in xs:
         for yk in ys:
@@ -36,17 +46,25 @@ def summary(df, x: str | Sequence[str] | None = None, y: str | Sequence[str] | N
                 variants = [()] + ([tuple(ctrl)] if ctrl and m != "kendall" else [])
                 for cv in variants:
                     row = {"x": xk, "y": yk, "method": m, "controls": ",".join(cv)}
+                    n_unconv = 0
                     try:
-                        frame = series_frame(df, [xk, yk, *cv], include_derived=include_derived)
+                        frame = series_frame(df, [xk, yk, *cv], **opts)
+                        if not include_unconverged:
+                            bad = set().union(*(unconverged(df, k, include_derived) for k in (xk, yk, *cv)))
+                            n_unconv = len(bad & set(frame.index))
                         if cv:
                             c = partial_correlation(frame[xk], frame[yk], frame[list(cv)], method=m, n_boot=n_boot, seed=seed)
                         else:
                             c = correlate(frame[xk], frame[yk], method=m, n_boot=n_boot, seed=seed)
-                        row.update(r=c.r, ci_low=c.ci_low, ci_high=c.ci_high, p=c.p, n=c.n, n_excluded=c.n_excluded, note="")
+                        row.update(r=c.r, ci_low=c.ci_low, ci_high=c.ci_high, p=c.p, n=c.n, n_excluded=c.n_excluded,
+                                   n_unconverged=n_unconv, note="")
                     except AnalysisError as exc:
-                        row.update(r=math.nan, ci_low=math.nan, ci_high=math.nan, p=math.nan, n=0, n_excluded=0, note=str(exc))
+                        why = (f" ({n_unconv} value(s) left out because their estimator did not converge; "
+                               "include_unconverged=True / --include-unconverged keeps them)") if n_unconv else ""
+                        row.update(r=math.nan, ci_low=math.nan, ci_high=math.nan, p=math.nan, n=0, n_excluded=0,
+                                   n_unconverged=n_unconv, note=f"{exc}{why}")
                     rows.append(row)
-    cols = ["x", "y", "method", "controls", "r", "ci_low", "ci_high", "p", "n", "n_excluded", "note"]
+    cols = ["x", "y", "method", "controls", "r", "ci_low", "ci_high", "p", "n", "n_excluded", "n_unconverged", "note"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -56,9 +74,9 @@ def _keys(v) -> list[str]:
     return list(v)
 
 
-def analyse(df, n_boot: int = 2000):
+def analyse(df, n_boot: int = 2000, include_unconverged: bool = False, allow_mixed: bool = False):
     """Correlation table and per-run phases of a results table (whatever can be computed): what
-    ``losslens report`` shows.
+    ``losslens report`` shows (options as in :func:`summary`).
 
     Returns ``(correlations DataFrame | None, {run: Phases} | None, notes)``."""
     notes: list[str] = []
@@ -66,7 +84,7 @@ def analyse(df, n_boot: int = 2000):
     runs = list(dict.fromkeys(df["run"].fillna("run"))) if "run" in df else ["run"]
     try:
         base = df[df["run"].fillna("run") == runs[0]] if len(runs) > 1 else df
-        correlations = summary(base, n_boot=n_boot)
+        correlations = summary(base, n_boot=n_boot, include_unconverged=include_unconverged, allow_mixed=allow_mixed)
         if len(runs) > 1:
             notes.append(f"correlations computed on run {runs[0]!r}")
     except Exception as exc:

@@ -13,13 +13,16 @@ Modules (each imports only the ones above it):
   with ``weights_only=True``; pickles refused unless ``allow_pickle=True``);
 - :mod:`.derived`    -- :func:`lawa`: LAWA / soup checkpoints, averaged when loaded;
 - :mod:`.trajectory` -- :class:`Trajectory` (from a folder, the hub or a list), :func:`tokenizer_folder`;
-- :mod:`.loader`     -- :class:`CheckpointLoader` (one reused model) and :func:`load_model`.
+- :mod:`.configs`    -- a checkpoint's config against its weights (function config, meta-device check);
+- :mod:`.loader`     -- :class:`CheckpointLoader` (one reused model per config) and :func:`load_model`;
+- :mod:`.locate`     -- :func:`open_checkpoint`: a command-line checkpoint argument -> (trajectory, ref).
 """
 from .derived import lawa
 from .errors import (ArchitectureMismatchError, CheckpointError, CorruptCheckpointError, MissingWeightsError,
                      NoCheckpointsError, RevisionNotCachedError, UnsafeCheckpointError)
 from .files import local_folder, read_config, weight_files
 from .loader import CheckpointLoader, load_model
+from .locate import open_checkpoint
 from .refs import CheckpointRef, parse_step
 from .trajectory import CheckpointProblem, Trajectory, tokenizer_folder
 
@@ -27,5 +30,5 @@ __all__ = [
     "CheckpointError", "NoCheckpointsError", "MissingWeightsError", "CorruptCheckpointError", "UnsafeCheckpointError",
     "ArchitectureMismatchError", "RevisionNotCachedError", "CheckpointRef", "CheckpointProblem", "Trajectory",
     "CheckpointLoader", "load_model", "lawa", "parse_step", "weight_files", "read_config", "local_folder",
-    "tokenizer_folder",
+    "tokenizer_folder", "open_checkpoint",
 ]

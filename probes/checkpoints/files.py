@@ -157,8 +157,9 @@ def _first_line(exc: BaseException) -> str:
     return s.splitlines()[0][:300] if s else type(exc).__name__
 
 
-def file_shapes(files: list[Path], label: str) -> dict[str, tuple]:
-    """Parameter name -> shape from weight-file headers (safetensors: header only)."""
+def file_shapes(files: list[Path], label: str, allow_pickle: bool = False) -> dict[str, tuple]:
+    """Parameter name -> shape from weight-file headers (safetensors: header only; torch files are
+    read with ``weights_only=True``, or full pickle when ``allow_pickle``)."""
     out: dict[str, tuple] = {}
     for f in files:
         if f.suffix == ".safetensors":
@@ -171,7 +172,7 @@ def file_shapes(files: list[Path], label: str) -> dict[str, tuple]:
             except Exception as exc:
                 raise CorruptCheckpointError(f"checkpoint {label!r}: {f} is not a readable safetensors file ({exc})") from exc
         else:
-            out.update({k: tuple(v.shape) for k, v in load_weight_file(f, False, label).items()})
+            out.update({k: tuple(v.shape) for k, v in load_weight_file(f, allow_pickle, label).items()})
     return {k: v for k, v in out.items() if not is_ignorable_buffer(k)}
 
 

@@ -1,39 +1,48 @@
-"""Loading checkpoints into one reused model instance, and computing derived (LAWA) weights.
+"""Loading checkpoints into a reused model instance, and computing derived (LAWA) weights.
 
-:class:`CheckpointLoader` builds **one** model from the first loaded checkpoint's config and copies
-each later checkpoint's weights into it (``Tensor.copy_``), after checking that the config's
-``model_type`` and every parameter name and shape agree. Derived checkpoints
-(:func:`~probes.checkpoints.derived.lawa`) are averaged here, one source at a time (float64
-accumulation). :func:`load_model` builds a fresh model per call.
+:class:`CheckpointLoader` evaluates every checkpoint under its **own** ``config.json``. It keeps
+one model and copies each checkpoint's weights into it (``Tensor.copy_``) as long as the
+checkpoints' function configs (:func:`~probes.checkpoints.configs.function_config`) are equal; a
+checkpoint whose config differs gets a model built from its config. Every build starts on the meta
+device: the model's parameter count, names and shapes are checked against the weight files'
+headers before anything is allocated. Derived checkpoints (:func:`~probes.checkpoints.derived.lawa`)
+are averaged here, one source at a time (float64 accumulation); their sources must share one
+function config. :func:`load_model` builds a fresh model per call.
 """
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
 
+from .configs import check_fits_weights, config_differences, config_key, match_shapes, meta_model
 from .errors import ArchitectureMismatchError, CheckpointError, CorruptCheckpointError
-from .files import is_ignorable_buffer, load_weight_file, local_folder, read_config, ref_weight_files
+from .files import file_shapes, load_weight_file, local_folder, read_config, ref_weight_files
 from .refs import CheckpointRef
 from .trajectory import Trajectory
 
-__all__ = ["CheckpointLoader", "load_model"]
+__all__ = ["CheckpointLoader", "load_model", "usable_device"]
 
 
 class CheckpointLoader:
-    """Loads checkpoints of one trajectory into **one** reused model instance.
+    """Loads checkpoints of one trajectory, each under its own config, into a reused model.
 
-    ``loader.load(ref)`` returns the same ``nn.Module`` every time, with ``ref``'s weights copied
-    in (``ref``: a :class:`CheckpointRef`, a label or an index into the trajectory). The model is
-    built on the first call from that checkpoint's ``config.json``
-    (``AutoModelForCausalLM.from_config``), cast to ``dtype`` / moved to ``device`` (defaults: float32,
-    CPU; stored weights of another dtype are converted on copy), and put in eval mode. Later checkpoints must have
-    the same ``model_type`` and parameter names/shapes, or :class:`ArchitectureMismatchError` names the
-    checkpoint. Anything that modifies the returned model in place (quantization with
-    ``inplace=True``) is undone by the next ``load``. Cost: one weight-file read + copy per call;
-    derived checkpoints read each source once.
+    ``loader.load(ref)`` returns the model with ``ref``'s weights copied in (``ref``: a
+    :class:`CheckpointRef`, a label or an index into the trajectory). The model is built from the
+    checkpoint's ``config.json`` (``AutoModelForCausalLM.from_config``), cast to ``dtype`` / moved to
+    ``device`` (defaults: float32, CPU; stored weights of another dtype are converted on copy), and
+    put in eval mode. The same instance is returned for every later checkpoint whose function
+    config is equal (the usual trajectory); a checkpoint whose config differs in anything that
+    changes the function gets a new model built from its own config (the previous one is dropped).
+    Before any model is allocated it is built on the meta device and checked against the weight
+    files' headers: more parameters than the files hold, or other names/shapes, raise
+    :class:`ArchitectureMismatchError` naming the checkpoint (and both sizes). Anything that
+    modifies the returned model in place (quantization with ``inplace=True``) is undone by the next
+    ``load``. Cost: one weight-file read + copy per call; a header read and a meta build when the
+    config changes; derived checkpoints read each source once.
     """
 
     def __init__(self, trajectory_or_ref: "Trajectory | CheckpointRef | str | Path", dtype: torch.dtype | None = None,
@@ -46,30 +55,48 @@ class CheckpointLoader:
         else:
             self.trajectory = Trajectory.from_folder(trajectory_or_ref)
         self.dtype = dtype
-        self.device = torch.device(device) if device is not None else None
+        self.device = usable_device(device)
         self.allow_pickle = allow_pickle
         self.attn_implementation = attn_implementation
         self._model: nn.Module | None = None
-        self._template: tuple[str, str] | None = None  # (label, model_type)
+        self._template: tuple[str, str] | None = None  # (label, model_type) of the checkpoint the model was built from
+        self._key: str | None = None  # function config of the current model
         self.current: CheckpointRef | None = None
 
     @property
     def model(self) -> nn.Module | None:
-        """The reused model instance (None before the first :meth:`load`)."""
+        """The current model instance (None before the first :meth:`load`)."""
         return self._model
 
     def _ref(self, ref: "CheckpointRef | str | int") -> CheckpointRef:
         return ref if isinstance(ref, CheckpointRef) else self.trajectory[ref]
 
-    def _build(self, ref: CheckpointRef) -> nn.Module:
-        from transformers import AutoConfig, AutoModelForCausalLM
+    def config(self, ref: "CheckpointRef | str | int"):
+        """``ref``'s transformers config (derived: its first source's), read from its config.json."""
+        from transformers import AutoConfig
 
-        folder = local_folder(ref)
-        read_config(ref)  # specific error if missing
+        ref = self._ref(ref)
+        base = next(_leaves(ref)) if ref.derived else ref
+        folder = local_folder(base)
+        read_config(base)  # specific error if missing / not JSON
         try:
-            config = AutoConfig.from_pretrained(str(folder))
+            return AutoConfig.from_pretrained(str(folder))
         except Exception as exc:
-            raise CorruptCheckpointError(f"checkpoint {ref.label!r}: transformers cannot read {folder / 'config.json'}: {exc}") from exc
+            raise CorruptCheckpointError(f"checkpoint {base.label!r}: transformers cannot read {folder / 'config.json'}: "
+                                         f"{exc}") from exc
+
+    def _build(self, ref: CheckpointRef, config) -> nn.Module:
+        """A model for ``config``: built on the meta device, checked against ``ref``'s weight headers,
+        then allocated (random init, overwritten by the copy) on the loader's device and dtype."""
+        from transformers import AutoModelForCausalLM
+
+        who = f"checkpoint {ref.label!r}" + (f" ({ref.location})" if ref.location else "")
+        cfg_path = f"{ref.label}/config.json"
+        meta = meta_model(config, ref.label, self.attn_implementation)
+        shapes = file_shapes(ref_weight_files(ref), ref.label, self.allow_pickle)
+        shapes = _rename_legacy_keys(shapes, meta, meta.state_dict(keep_vars=True))
+        check_fits_weights(meta, shapes, who, cfg_path, self.dtype, raw_config=read_config(ref))
+        del meta
         kwargs = {"attn_implementation": self.attn_implementation} if self.attn_implementation else {}
         model = AutoModelForCausalLM.from_config(config, **kwargs)
         model.to(device=self.device or torch.device("cpu"), dtype=self.dtype or torch.float32)
@@ -79,22 +106,24 @@ class CheckpointLoader:
         return model
 
     def load(self, ref: "CheckpointRef | str | int") -> nn.Module:
-        """The reused model holding ``ref``'s weights (eval mode)."""
+        """The model holding ``ref``'s weights under ``ref``'s own config (eval mode)."""
         ref = self._ref(ref)
-        base = ref
-        while base.derived:
-            if not base.sources:
-                raise CheckpointError(f"derived checkpoint {ref.label!r} has no sources")
-            base = base.sources[0]
-        if self._model is None:
-            self._model = self._build(base)
-        else:
-            for r in ([ref] if not ref.derived else list(_leaves(ref))):
-                mt = str(read_config(r).get("model_type"))
-                if mt != self._template[1]:
-                    raise ArchitectureMismatchError(
-                        f"checkpoint {r.label!r} is a {mt!r} model but this loader holds a {self._template[1]!r} model built "
-                        f"from {self._template[0]!r}; a trajectory must have one architecture")
+        if ref.derived and not ref.sources:
+            raise CheckpointError(f"derived checkpoint {ref.label!r} has no sources")
+        leaves = list(_leaves(ref)) if ref.derived else [ref]
+        config = self.config(leaves[0])
+        key = config_key(config)
+        for other in leaves[1:]:
+            cfg = self.config(other)
+            if config_key(cfg) != key:
+                diff = config_differences(config.to_dict(), cfg.to_dict())
+                raise ArchitectureMismatchError(f"cannot average checkpoint {other.label!r} with {leaves[0].label!r} in "
+                                                f"{ref.label!r}: their configs differ in {diff}")
+        if self._model is None or key != self._key:
+            self._model, self._key, self.current = None, None, None
+            gc.collect()
+            self._model = self._build(leaves[0], config)
+            self._key = key
         state = self.state_dict(ref)
         self._copy_in(state, ref)
         self._model.eval()
@@ -105,30 +134,9 @@ class CheckpointLoader:
         model = self._model
         target = model.state_dict(keep_vars=True)
         state = _rename_legacy_keys(state, model, target)
-        ptr_names: dict[int, list[str]] = {}
-        for n, t in target.items():
-            ptr_names.setdefault(id(t), []).append(n)
-        params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
-        missing = []
-        for n, t in target.items():
-            if n in state:
-                continue
-            if any(a in state for a in ptr_names[id(t)]):  # tied weights: present under another name
-                continue
-            if n in params:
-                missing.append(n)
-        unexpected = [k for k in state if k not in target and not is_ignorable_buffer(k)]
         who = f"checkpoint {ref.label!r}" + (f" ({ref.location})" if ref.location else "")
-        tmpl = self._template[0] if self._template else "?"
-        if missing or unexpected:
-            raise ArchitectureMismatchError(
-                f"{who} does not match the {type(model).__name__} built from {tmpl!r}: missing parameters "
-                f"{missing[:5]}{'...' if len(missing) > 5 else ''}, unexpected keys {unexpected[:5]}"
-                f"{'...' if len(unexpected) > 5 else ''}")
-        for n, t in target.items():
-            if n in state and tuple(state[n].shape) != tuple(t.shape):
-                raise ArchitectureMismatchError(f"{who}: parameter {n} has shape {tuple(state[n].shape)} but "
-                                                f"{tuple(t.shape)} in the model built from {tmpl!r}")
+        tmpl = repr(self._template[0]) if self._template else "?"
+        match_shapes(model, {k: tuple(v.shape) for k, v in state.items()}, who, tmpl)
         with torch.no_grad():
             for n, t in target.items():
                 if n in state:
@@ -144,6 +152,20 @@ class CheckpointLoader:
         for f in ref_weight_files(ref):
             state.update(load_weight_file(f, self.allow_pickle, ref.label))
         return state
+
+
+def usable_device(device) -> torch.device | None:
+    """``torch.device(device)`` after one tiny allocation on it, or :class:`CheckpointError` saying why not."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+        torch.empty(1, device=dev)
+    except Exception as exc:  # unknown device string, no CUDA build / no GPU, index out of range
+        raise CheckpointError(f"device {str(device)!r} cannot be used here ({type(exc).__name__}: "
+                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); use 'cpu', 'cuda', "
+                              "'cuda:1', 'mps' ... as this machine has them") from exc
+    return dev
 
 
 def _leaves(ref: CheckpointRef) -> Iterator[CheckpointRef]:
@@ -192,12 +214,13 @@ def load_model(ref: "CheckpointRef | str | Path", dtype: torch.dtype | None = No
     return CheckpointLoader(ref, dtype, device, allow_pickle, attn_implementation).load(ref)
 
 
-def _rename_legacy_keys(state: dict[str, torch.Tensor], model: nn.Module, target: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+def _rename_legacy_keys(state: dict[str, Any], model: nn.Module, target: Mapping[str, Any]) -> dict[str, Any]:
     """Map checkpoint keys the model does not know to its own names with transformers' renamings.
 
     transformers 5 renames some weights at load time and back at save time (GPT-NeoX stores its head
     as ``embed_out.weight`` — also in every real Pythia checkpoint — while the module is
     ``lm_head``). Only pure one-to-one renamings are applied; keys already known are kept as they are.
+    Values are passed through untouched (tensors, or shapes for a header check).
     """
     unknown = [k for k in state if k not in target]
     if not unknown:

@@ -17,7 +17,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train the embedded trajectories, sweep them, correlate, draw planes, write a report. Resumable."""
         from probes.demo import run_demo
+        from probes.sweep import EXECUTORS
 
+        if executor not in EXECUTORS:  # before minutes of training, not after
+            typer.echo(f"error: unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}", err=True)
+            raise typer.Exit(2)
         result = run_demo(out, quick=quick, progress=not quiet, executor=executor, echo=typer.echo,
                           threads=threads)
         typer.echo("")

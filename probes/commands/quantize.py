@@ -40,6 +40,8 @@ def register(app: typer.Typer) -> None:
             None, "--modules", "-m", help="glob(s) of linear layers to quantize (default: every Linear in the blocks)"),
         device: Optional[str] = typer.Option(None, "--device", help="torch device (default: cpu)"),
         progress: bool = typer.Option(False, "--progress/--no-progress", help="progress bars on stderr"),
+        allow_pickle: bool = typer.Option(False, "--allow-pickle", help="load a .bin/.pt checkpoint that needs full "
+                                          "pickle (can run arbitrary code: only for files you trust)"),
     ) -> None:
         """Quantization error (ΔQ L, ΔQ PPL) of CHECKPOINT under each --spec."""
         from probes.core.lm import evaluate
@@ -57,7 +59,7 @@ def register(app: typer.Typer) -> None:
         from probes.checkpoints import CheckpointError, load_model
 
         try:
-            model = load_model(str(checkpoint), device=device)
+            model = load_model(str(checkpoint), device=device, allow_pickle=allow_pickle)
         except (CheckpointError, OSError, ValueError) as e:
             raise typer.BadParameter(f"cannot load {checkpoint}: {e}", param_hint="CHECKPOINT") from None
         model.eval()

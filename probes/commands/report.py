@@ -15,20 +15,31 @@ def register(app: typer.Typer) -> None:
         surfaces: Optional[List[Path]] = typer.Option(None, "--surface", help="Surface JSON(s) from `losslens surface --json` to include."),
         title: Optional[str] = typer.Option(None, "--title", help="Report title."),
         n_boot: int = typer.Option(2000, "--n-boot", help="Bootstrap resamples for the correlation intervals."),
+        include_unconverged: bool = typer.Option(False, "--include-unconverged", help="Correlate values whose estimator "
+                                                 "did not converge too (default: left out, counted and flagged)."),
+        allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows computed with different settings or data."),
     ) -> None:
         """Turn a sweep's results store into one self-contained HTML report (works offline)."""
         from geometry.surface import Surface
-        from probes.analysis import analyse
+        from probes.analysis import AnalysisError, analyse
+        from probes.analysis.inputs import check_n_boot
         from probes.report.pages import ReportError, build_report, load_store
+        from probes.sweep import StoreError
 
-        if not store.exists():
+        if not store.is_file():
             typer.echo(f"error: no results store at {store}", err=True)
             raise typer.Exit(2)
-        df, plan, vers = load_store(store)
+        try:
+            check_n_boot(n_boot)
+            df, plan, vers = load_store(store)
+        except (AnalysisError, StoreError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2)
         if df is None or len(df) == 0:
             typer.echo(f"error: {store} holds no results yet; run `losslens sweep` first", err=True)
             raise typer.Exit(2)
-        correlations, phases, notes = analyse(df, n_boot=n_boot)
+        correlations, phases, notes = analyse(df, n_boot=n_boot, include_unconverged=include_unconverged,
+                                              allow_mixed=allow_mixed)
         surf = {}
         for p in surfaces or []:
             try:

@@ -28,10 +28,37 @@ def _previous_of(checkpoint: Path):
     return None
 
 
+def _check_weights(model, label: str) -> None:
+    """Refuse a checkpoint with NaN/inf weights before a grid is spent on it."""
+    import torch
+
+    from geometry.moving import SurfaceError
+
+    bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        raise SurfaceError(f"checkpoint {label} has non-finite (NaN/inf) weights in {len(bad)} tensor(s), e.g. {bad[0]}; "
+                           "its loss surface would be NaN everywhere. Use a checkpoint from before the divergence.")
+
+
+def _check_surface(surf, checkpoint: Path) -> None:
+    """A surface whose marked points or every grid value are non-finite is an error, not a page of holes."""
+    import math
+
+    import numpy as np
+
+    from geometry.moving import SurfaceError
+
+    bad = [k for k, (x, y, loss) in surf.points.items() if not all(math.isfinite(v) for v in (x, y, loss))]
+    if bad or not np.isfinite(np.asarray(surf.loss, dtype=float)).any():
+        raise SurfaceError(f"the loss surface of {checkpoint} is not finite (marked point(s) {bad or 'none'} are NaN/inf, "
+                           f"{surf.n_nonfinite} of {np.asarray(surf.loss).size} grid points non-finite): the weights "
+                           "of A or B, or the loss on the eval set, are NaN/inf. No page was written.")
+
+
 def checkpoint_surface(checkpoint: Path, previous: Path | None, spec: str, grid: int = 31, margin: float = 0.25,
                        quick: bool = False, device: str | None = None, resume: Path | None = None,
                        progress: bool = True, seed: int = 0, random_plane: bool = False,
-                       data: Path | None = None, calibration: Path | None = None):
+                       data: Path | None = None, calibration: Path | None = None, allow_pickle: bool = False):
     """The surface ``losslens surface`` draws, from paths: the quantization plane A = checkpoint,
     B = previous, C = quantize(A, spec) (:func:`probes.quant.plane.quantization_surface`), or Li et
     al.'s random plane around A, evaluated on the eval token set on a ``grid``×``grid`` grid.
@@ -39,6 +66,8 @@ def checkpoint_surface(checkpoint: Path, previous: Path | None, spec: str, grid:
     Returns ``(surface, info)`` where ``info`` describes the inputs. Cost: one quantization of A
     plus (grid² + 3) × n_eval_batches forwards. ``data``/``calibration``: TokenSet files to use
     instead of :func:`probes.data.default_token_sets` (which needs the checkpoint's tokenizer).
+    Raises :class:`geometry.moving.SurfaceError` for NaN/inf weights or a non-finite surface, and
+    :class:`ArchitectureMismatchError` when B's config differs from A's (one plane, one function).
     """
     import torch
 
@@ -46,6 +75,7 @@ def checkpoint_surface(checkpoint: Path, previous: Path | None, spec: str, grid:
     from geometry.planes import random_plane as make_random_plane
     from geometry.surface import evaluate_surface
     from probes.checkpoints import ArchitectureMismatchError, CheckpointLoader, CheckpointRef
+    from probes.checkpoints.configs import config_differences
     from probes.core.lm import lm_loss
     from probes.core.tokenset import TokenSet
     from probes.data import default_token_sets
@@ -53,7 +83,7 @@ def checkpoint_surface(checkpoint: Path, previous: Path | None, spec: str, grid:
 
     gs = GridSpec(resolution=grid, margin=margin)  # bad grids fail before any loading
     ref_a = CheckpointRef.from_path(checkpoint)
-    loader = CheckpointLoader(ref_a, device=device)
+    loader = CheckpointLoader(ref_a, device=device, allow_pickle=allow_pickle)
     sets = {"eval": TokenSet.load(data)} if data is not None else default_token_sets(ref_a, quick=quick)
     if calibration is not None:
         sets["calibration"] = TokenSet.load(calibration)
@@ -62,12 +92,14 @@ def checkpoint_surface(checkpoint: Path, previous: Path | None, spec: str, grid:
     resume_path = str(resume) if resume else None
     if random_plane:
         model = loader.load(ref_a)
+        _check_weights(model, str(checkpoint))
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
         plane = make_random_plane(params, seed=seed, label="A")
         info["plane"] = f"random, filter-normalised (Li et al. 2018), seed {seed}"
         with torch.no_grad():
             surf = evaluate_surface(model, lm_loss, sets["eval"], plane, gs, progress=progress,
                                     checkpoint_path=resume_path, merge_batches=True)
+        _check_surface(surf, checkpoint)
         return surf, info
     if previous is None:
         prev_ref = _previous_of(checkpoint)
@@ -75,11 +107,18 @@ def checkpoint_surface(checkpoint: Path, previous: Path | None, spec: str, grid:
             raise typer.BadParameter("no --previous given and no earlier checkpoint found beside CHECKPOINT")
     else:
         prev_ref = CheckpointRef.from_path(previous)
+    diff = config_differences(loader.config(ref_a).to_dict(), loader.config(prev_ref).to_dict())
+    if diff:
+        raise ArchitectureMismatchError(f"--previous {prev_ref.location or prev_ref.label} has a config that differs from "
+                                        f"CHECKPOINT's in {diff}; a plane through both evaluates every point under one "
+                                        "function, so they must share it")
+    _check_weights(loader.load(ref_a), str(checkpoint))
     try:
         surf = quantization_surface(loader, ref_a, prev_ref, spec, sets, grid=gs, progress=progress,
                                     resume=resume_path)
     except ArchitectureMismatchError as exc:
         raise typer.BadParameter(f"--previous does not match CHECKPOINT: {exc}") from exc
+    _check_surface(surf, checkpoint)
     info.update({"B (previous)": str(prev_ref.location or prev_ref.label), "C": f"A quantized with {spec}"})
     return surf, info
 
@@ -121,6 +160,8 @@ def register(app: typer.Typer) -> None:
         resume: Optional[Path] = typer.Option(None, "--resume", help=".npz file of finished grid rows (written as it goes; rerun resumes)."),
         device: Optional[str] = typer.Option(None, "--device", help="Device (default cpu; e.g. cuda)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+        allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin/.pt checkpoints that need full pickle "
+                                          "(can run arbitrary code: only for files you trust)."),
     ) -> None:
         """Draw the quantization plane through a checkpoint, its predecessor and its quantized self."""
         from probes.report.pages import export_png, surface_page
@@ -129,7 +170,8 @@ def register(app: typer.Typer) -> None:
         try:
             surf, info = checkpoint_surface(checkpoint, previous, spec, grid=grid, margin=margin, quick=quick,
                                             device=device, resume=resume, progress=not quiet, seed=seed,
-                                            random_plane=random, data=data, calibration=calibration)
+                                            random_plane=random, data=data, calibration=calibration,
+                                            allow_pickle=allow_pickle)
         except _user_errors() as exc:
             _echo_err(f"{type(exc).__name__}: {exc}")
             raise typer.Exit(2)

@@ -29,6 +29,8 @@ def print_table(df, title: str, console=None) -> None:
     console = console or _console()
     if "note" in df.columns and (df["note"] == "").all():
         df = df.drop(columns=["note"])
+    if "n_unconverged" in df.columns and (df["n_unconverged"] == 0).all():
+        df = df.drop(columns=["n_unconverged"])
     t = Table(title=title)
     for c in df.columns:
         t.add_column(str(c))
@@ -78,6 +80,33 @@ def print_phases(df, console=None, gap: str | None = None) -> None:
         con.print(f"divergence onset of the {gap} gap: not computed ({exc})")
 
 
+def _check_quick(quick: bool, plan) -> None:
+    if quick and plan is not None:
+        typer.echo("error: --quick shrinks the built-in plan and cannot change a --plan file; drop --quick, or set "
+                   "smaller sizes in the plan ([data] shapes, trace.num_matvecs, eigen.max_iter)", err=True)
+        raise typer.Exit(2)
+
+
+def _waiting(holder: dict) -> None:
+    typer.echo(f"waiting for the sweep writing this store (PID {holder.get('pid', '?')}) to finish ...", err=True)
+
+
+def _exit_with_failures(report) -> None:
+    """Print the failures by error type and exit 1 (some rows failed) or 3 (all failed); return when none failed."""
+    code = report.exit_code
+    if code == 0:
+        return
+    summary = report.failure_summary()
+    typer.echo(f"error: {report.n_failed_total} of {report.n_tasks} rows failed "
+               f"({'all' if code == 3 else 'some'}; {len(report.kept_failures)} kept from earlier runs): "
+               + "; ".join(f"{t} x{e['rows']} ({', '.join(e['checkpoints'][:3])}{'...' if len(e['checkpoints']) > 3 else ''})"
+                           for t, e in summary.items()), err=True)
+    for t, e in summary.items():
+        typer.echo(f"  {t}: {e['example'][:300]}", err=True)
+    typer.echo("  the failed rows are stored with their errors; fix the cause and rerun with --retry-failed", err=True)
+    raise typer.Exit(code)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def sweep(
@@ -95,22 +124,31 @@ def register(app: typer.Typer) -> None:
         export: Optional[Path] = typer.Option(None, "--export", help="Also write the tidy results to .csv or .parquet."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display (for logs)."),
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory each curvature estimator may use beyond the model, e.g. 8GB (overrides the plan's max_memory)."),
+        wait: bool = typer.Option(False, "--wait", help="If another sweep is writing to --out, wait for it instead of stopping."),
+        allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin/.pt checkpoints that need full pickle "
+                                          "(can run arbitrary code: only for files you trust)."),
     ) -> None:
-        """Run every probe of a plan on every checkpoint of a trajectory; resumable (kill and rerun)."""
+        """Run every probe of a plan on every checkpoint of a trajectory; resumable (kill and rerun).
+
+        Exit status: 0 all rows ok; 1 some rows failed; 3 every row failed (the failed rows are in the
+        store: fix the cause and rerun with --retry-failed); 2 bad input (nothing was run)."""
         from probes.sweep import PlanError, Plan, Store, StoreError, SweepError, load_plan, run_sweep
 
+        _check_quick(quick, plan)
         try:
             p = Plan.default(quick=quick) if plan is None else load_plan(plan)
             if max_memory is not None:
                 p = p.replace(max_memory=max_memory)
             report = run_sweep(trajectory, p, out=out, executor=executor, address=address, retry_failed=retry_failed,
                                allow_mixed=allow_mixed, progress=not quiet, device=device, num_workers=num_workers,
-                               num_threads=threads)
+                               num_threads=threads, wait=wait, on_wait=_waiting, allow_pickle=allow_pickle)
         except (PlanError, StoreError, SweepError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2)
         con = _console()
         con.print(str(report))
+        for note in report.notes:
+            con.print(f"  note: {note}")
         for ck, probe, spec, err in report.failures[:20]:
             con.print(f"  [red]failed[/red] {ck} {probe} {spec}: {err}")
         with Store(out) as st:
@@ -122,6 +160,7 @@ def register(app: typer.Typer) -> None:
         if len(tab):
             print_table(tab, "correlations across checkpoints", con)
         print_phases(df, con)
+        _exit_with_failures(report)
 
     @app.command()
     def sharpness(
@@ -140,6 +179,8 @@ def register(app: typer.Typer) -> None:
         dtype: Optional[str] = typer.Option(None, "--dtype", help="Load the weights as float32 (default), bfloat16, float16 or float64."),
         max_iter: int = typer.Option(100, "--max-iter", help="Eigen solver iterations (power) or Lanczos steps."),
         eigen_method: str = typer.Option("power", "--eigen-method", help="power | lanczos"),
+        allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load a .bin/.pt checkpoint that needs full pickle "
+                                          "(can run arbitrary code: only for files you trust)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Sharpness of one checkpoint: Hessian trace (95% CI), top eigenvalue(s), HVPs, timing, memory plan."""
@@ -148,7 +189,7 @@ def register(app: typer.Typer) -> None:
         try:
             res = _sharpness(checkpoint, label=label, num_matvecs=num_matvecs, method=method, k=k, params=params, seed=seed,
                              quick=quick, device=device, data=data, num_threads=threads, max_memory=max_memory,
-                             dtype=dtype, max_iter=max_iter, eigen_method=eigen_method)
+                             dtype=dtype, max_iter=max_iter, eigen_method=eigen_method, allow_pickle=allow_pickle)
         except SharpnessError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2)
@@ -162,6 +203,8 @@ def register(app: typer.Typer) -> None:
         ev = res["eigen"]
         con.print(f"λ_max = {ev['values'][0]:.4g} (residual {ev['residuals'][0]:.2g}, {ev['num_matvecs']} HVPs, {ev['seconds']:.1f} s); "
                   f"{res['dim']} parameters, curvature set {res['data']['shape']}")
+        if not all(ev["converged"]):
+            con.print("[red]λ_max did not converge[/red] within the iteration limit: treat it as a lower bound on |λ_max|")
 
     @app.command()
     def correlate(
@@ -173,11 +216,23 @@ def register(app: typer.Typer) -> None:
         n_boot: int = typer.Option(2000, "--n-boot", help="Bootstrap resamples for the 95% interval."),
         seed: int = typer.Option(0, "--seed"),
         include_derived: bool = typer.Option(False, "--include-derived", help="Include LAWA/derived checkpoints."),
+        include_unconverged: bool = typer.Option(False, "--include-unconverged", help="Keep values whose estimator did not "
+                                                 "converge (default: left out and counted in n_unconverged)."),
+        allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows computed with different settings or data."),
         as_json: bool = typer.Option(False, "--json", help="Print the table as JSON records."),
     ) -> None:
         """Correlate two per-checkpoint series of a sweep (bootstrap 95% CI, p-value, partial on controls)."""
         from probes.analysis import AnalysisError, summary
+        from probes.analysis.inputs import check_method, check_n_boot
         from probes.sweep import Store, StoreError
+
+        try:
+            for m in method:
+                check_method(m)
+            check_n_boot(n_boot)
+        except AnalysisError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2)
 
         if not results.is_file():
             typer.echo(f"error: no results store at {results}", err=True)
@@ -194,9 +249,9 @@ def register(app: typer.Typer) -> None:
         try:
             from probes.analysis import series_frame
 
-            series_frame(df, [*x, *(y or []), *control], include_derived=include_derived)  # validate names early
-            tab = summary(df, x=x, y=y or None, controls=control or None, methods=method, n_boot=n_boot, seed=seed,
-                          include_derived=include_derived)
+            opts = dict(include_derived=include_derived, include_unconverged=include_unconverged, allow_mixed=allow_mixed)
+            series_frame(df, [*x, *(y or []), *control], **opts)  # validate names (and mixing) early
+            tab = summary(df, x=x, y=y or None, controls=control or None, methods=method, n_boot=n_boot, seed=seed, **opts)
         except AnalysisError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2)

@@ -2,6 +2,7 @@
 
 - :mod:`.figures`         -- trajectory figures from the tidy results table (loss, quantization
   error, curvature, sharpness vs quantization error), and :func:`~.figures.synthetic_results`;
+- :mod:`.flags`           -- values whose estimator did not converge: open red markers, the report's table;
 - :mod:`.surface_figures` -- :func:`~.surface_figures.surface_figure` and the profiles of a
   :class:`geometry.surface.Surface` / :class:`~geometry.surface.Profile`;
 - :mod:`.pages`           -- :func:`~.pages.build_report` (one offline HTML file per sweep),

@@ -19,6 +19,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from .flags import UNCONVERGED_MARKER, add_unconverged_points, unconverged_mask
+
 PHASE_COLOURS = ("rgba(31,119,180,0.10)", "rgba(214,39,40,0.10)", "rgba(44,160,44,0.10)", "rgba(148,103,189,0.10)")
 PHASE_LINES = ("rgb(31,119,180)", "rgb(214,39,40)", "rgb(44,160,44)", "rgb(148,103,189)")
 RUN_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -117,6 +119,12 @@ def _add_series(fig, df, probe: str, metric: str, spec: str | None, name: str, c
         sub = rows[runs == run]
         colour = RUN_COLOURS[(colour_index + r_i) % len(RUN_COLOURS)]
         label = f"{name} · {run}" if multi else name
+        flag = unconverged_mask(sub)  # drawn apart as open red markers, off the line
+        if flag.any():
+            place = {**({"row": row, "col": col or 1} if row is not None else {}),
+                     **({"secondary_y": secondary_y} if secondary_y is not None else {})}
+            n += add_unconverged_points(fig, sub[flag], _x(sub)[flag], label, place)
+            sub = sub[~flag]
         derived = sub["derived"].astype(bool).to_numpy() if "derived" in sub else np.zeros(len(sub), bool)
         for is_derived in (False, True):
             part = sub[derived == is_derived]
@@ -316,21 +324,23 @@ def sharpness_vs_quant_figure(df, x: tuple[str, str | None, str] = ("trace", Non
     xr = xr.assign(run=_run_col(xr)) if "run" in xr else xr
     yr = yr.assign(run=_run_col(yr)) if "run" in yr else yr
     xlab, ylab = _series_label(x), _series_label(y)
-    merged = xr[key + ["step", "derived", "value"]].drop_duplicates(key, keep="last").merge(
-        yr[key + ["value"]].drop_duplicates(key, keep="last"), on=key, suffixes=("_x", "_y"))
+    xr, yr = xr.assign(bad=unconverged_mask(xr)), yr.assign(bad=unconverged_mask(yr))
+    merged = xr[key + ["step", "derived", "value", "bad"]].drop_duplicates(key, keep="last").merge(
+        yr[key + ["value", "bad"]].drop_duplicates(key, keep="last"), on=key, suffixes=("_x", "_y"))
     fig = go.Figure()
     if merged.empty:
         _empty(fig, f"no checkpoint has both {xlab} and {ylab}")
     else:
         steps = merged["step"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
         derived = merged["derived"].astype(bool).to_numpy()
+        bad = (merged["bad_x"] | merged["bad_y"]).to_numpy(bool)
         runs = list(dict.fromkeys(merged["run"])) if "run" in merged else ["run"]
         symbols = ("circle", "square", "diamond", "triangle-up", "cross", "x")
         cmin, cmax = (float(np.nanmin(steps)), float(np.nanmax(steps))) if np.isfinite(steps).any() else (0.0, 1.0)
         first = True
         for r_i, run in enumerate(runs):
             for is_d in (False, True):
-                m = ((merged["run"] == run).to_numpy() if "run" in merged else np.ones(len(merged), bool)) & (derived == is_d)
+                m = ((merged["run"] == run).to_numpy() if "run" in merged else np.ones(len(merged), bool)) & (derived == is_d) & ~bad
                 if not m.any():
                     continue
                 part = merged[m]
@@ -345,6 +355,12 @@ def sharpness_vs_quant_figure(df, x: tuple[str, str | None, str] = ("trace", Non
                     hovertemplate="checkpoint %{customdata[0]}<br>step %{customdata[1]}<br>x %{x:.6g}<br>y %{y:.6g}<extra></extra>",
                 ))
                 first = False
+        if bad.any():
+            fig.add_trace(go.Scatter(x=merged["value_x"][bad].astype(float).tolist(), y=merged["value_y"][bad].astype(float).tolist(),
+                                     mode="markers", marker=UNCONVERGED_MARKER, name="not converged (left out of r)",
+                                     customdata=merged["checkpoint"][bad].astype(str).tolist(),
+                                     hovertemplate="checkpoint %{customdata}<br>x %{x:.6g}<br>y %{y:.6g}<br><b>NOT CONVERGED</b>"
+                                                   "<extra></extra>"))
     ct = _corr_text(correlation)
     fig.update_layout(title=f"{xlab} vs {ylab}" + (f"<br><sup>{ct}</sup>" if ct else ""), xaxis_title=xlab, yaxis_title=ylab,
                       height=460, legend=dict(orientation="h", y=-0.2))

@@ -2,9 +2,10 @@
 
 :func:`build_report` writes ONE HTML file: plotly.js is embedded once (inline, no CDN, works
 offline), followed by the trajectory figures of :mod:`probes.report.figures` (with a note that
-AWQ can lose to RTN on held-out data when AWQ specs are present), the correlation table, the
-detected phases, quantization planes (:mod:`probes.report.surface_figures`), failed probes, the
-plan and the software versions. Figures are built from results; nothing is recomputed.
+AWQ can lose to RTN on held-out data when AWQ specs are present), the correlation table, the values
+whose estimator did not converge (:mod:`probes.report.flags`), the detected phases, quantization
+planes (:mod:`probes.report.surface_figures`), failed probes, the plan and the software versions.
+Figures are built from results; nothing is recomputed.
 
 ``losslens report results.sqlite --out report.html`` (:mod:`probes.commands.report`) reads the
 store with :func:`load_store` and computes correlations and phases with
@@ -27,6 +28,7 @@ from probes.sweep.store import Store
 from probes.quant.awq import HELD_OUT_NOTE
 
 from .figures import specs_of, trajectory_figures
+from .flags import unconverged_table
 from .surface_figures import surface_figure, surface_profile_figure
 
 _CSS = """
@@ -202,11 +204,19 @@ def build_report(
     crows = _correlation_rows(correlations)
     if crows:
         cols = [c for c in ("pair", "x", "y", "method", "controls", "covariates", "r", "ci_low", "ci_high", "p", "n",
-                            "n_excluded", "note") if any(c in r for r in crows)]
+                            "n_excluded", "n_unconverged", "note") if any(c in r for r in crows)]
         sections.append(("correlations", "Correlations",
                          '<p class="note">r with bootstrap 95% interval [ci_low, ci_high] and p-value across checkpoints '
                          '(derived checkpoints excluded).</p>' + _table(crows, cols, left=("pair", "x", "y", "method", "controls",
                                                                                              "covariates", "note"))))
+    urows = unconverged_table(df)
+    if urows:
+        sections.append(("unconverged", f"Not converged ({len(urows)})",
+                         '<p class="note">These values come from an estimator that stopped before its tolerance (e.g. power '
+                         'iteration at max_iter). The figures draw them as open red circles, off the lines; correlations '
+                         'leave them out (column n_unconverged) unless asked to keep them (--include-unconverged). Raise '
+                         'the estimator\'s max_iter to measure them.</p>'
+                         + _table(urows, left=("run", "checkpoint", "probe", "spec", "metric"))))
     prows = _phase_rows(phases)
     if prows:
         sections.append(("phases", "Phases", _table(prows, ["run", "phase", "found", "step", "lr", "n"], left=("run", "phase"))))

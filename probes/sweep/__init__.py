@@ -4,10 +4,13 @@
     run_sweep("runs/wsd", Plan.default(), out="wsd.sqlite")     # kill it, rerun it: it resumes
     df = Store("wsd.sqlite").results()                          # tidy table (see store.RESULT_COLUMNS)
 
-See :mod:`.plan` (what to measure), :mod:`.store` (where rows go), :mod:`.runner` (what each
-probe computes) and :mod:`.executor` (how checkpoints are scheduled).
+See :mod:`.plan` (what to measure), :mod:`.rows` (what a row holds), :mod:`.store` (where rows
+go; :mod:`.store_errors` its errors), :mod:`.lock` (one writer per store), :mod:`.runner` (what
+each probe computes) and :mod:`.executor` (how checkpoints are scheduled; exit statuses).
 """
-from .executor import EXECUTORS, SweepError, SweepReport, build_data, data_hashes, resolve_trajectory, run_sweep
+from .executor import (EXECUTORS, EXIT_ALL_FAILED, EXIT_SOME_FAILED, SweepError, SweepReport, build_data, data_hashes,
+                       resolve_trajectory, run_sweep)
+from .lock import StoreLock, StoreLockedError
 from .plan import PROBES, BlockTraceProbe, DataSpec, EigenProbe, Plan, PlanError, Task, TraceProbe, load_plan
 from .runner import CheckpointState, ProbeError, probe_checkpoint
 from .store import RESULT_COLUMNS, ProbeRow, Store, StoreError
@@ -15,6 +18,7 @@ from .store import RESULT_COLUMNS, ProbeRow, Store, StoreError
 __all__ = [
     "Plan", "PlanError", "TraceProbe", "EigenProbe", "BlockTraceProbe", "DataSpec", "Task", "PROBES", "load_plan",
     "Store", "StoreError", "ProbeRow", "RESULT_COLUMNS",
-    "run_sweep", "SweepReport", "SweepError", "EXECUTORS", "build_data", "data_hashes", "resolve_trajectory",
+    "run_sweep", "SweepReport", "SweepError", "EXECUTORS", "EXIT_SOME_FAILED", "EXIT_ALL_FAILED", "build_data",
+    "data_hashes", "resolve_trajectory", "StoreLock", "StoreLockedError",
     "probe_checkpoint", "CheckpointState", "ProbeError",
 ]

@@ -38,11 +38,17 @@ from typing import Any, Callable, Mapping
 
 from probes.core.threads import torch_threads
 
+from .lock import StoreLock
 from .plan import Plan, PlanError, Task, load_plan
+from .rows import error_type
 from .runner import get_loader, probe_checkpoint
 from .store import ProbeRow, Store
 
 EXECUTORS = ("local", "ray")
+EXIT_SOME_FAILED = 1
+"""Exit status of ``losslens sweep`` when some rows of the plan are stored as failed."""
+EXIT_ALL_FAILED = 3
+"""Exit status of ``losslens sweep`` when every row of the plan is stored as failed."""
 
 
 class SweepError(RuntimeError):
@@ -57,6 +63,9 @@ class SweepReport:
     ``n_run`` = ``n_ok + n_failed`` rows written by this call; ``seconds``: wall time of the call
     (data building included); ``checkpoint_seconds``: per checkpoint, load + probes (local) or the
     task's probe time (ray); ``probe_seconds``: ``{checkpoint: {probe[:spec]: seconds}}``.
+    ``failures``: ``(checkpoint, probe, spec, error)`` of the rows this call stored as failed;
+    ``kept_failures``: failed rows of earlier calls that were skipped (``retry_failed=False``);
+    ``notes``: things the user should know (checkpoints evaluated under configs that differ).
     """
 
     store: Path
@@ -74,11 +83,40 @@ class SweepReport:
     checkpoint_seconds: dict[str, float] = field(default_factory=dict)
     probe_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
     failures: list[tuple[str, str, str, str]] = field(default_factory=list)
+    kept_failures: list[tuple[str, str, str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         s = (f"{self.n_checkpoints} checkpoints, {self.n_tasks} rows: {self.n_ok} ok, {self.n_failed} failed, "
              f"{self.n_skipped} already done; {self.seconds:.1f} s ({self.executor}) -> {self.store}")
+        if self.kept_failures:
+            s += (f"; {len(self.kept_failures)} of the rows already done are stored as failed "
+                  "(--retry-failed / retry_failed=True reruns them)")
         return s
+
+    @property
+    def n_failed_total(self) -> int:
+        """Rows of the plan stored as failed after this call (this call's and the kept ones)."""
+        return self.n_failed + len(self.kept_failures)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when no row of the plan is stored as failed, :data:`EXIT_ALL_FAILED` (3) when every row
+        is, :data:`EXIT_SOME_FAILED` (1) otherwise."""
+        if self.n_failed_total == 0:
+            return 0
+        return EXIT_ALL_FAILED if self.n_failed_total >= self.n_tasks else EXIT_SOME_FAILED
+
+    def failure_summary(self) -> dict[str, dict]:
+        """Failed rows by error type: ``{type: {"rows": n, "checkpoints": [...], "example": message}}``,
+        most frequent first (this call's failures and the kept ones)."""
+        out: dict[str, dict] = {}
+        for ck, _probe, _spec, err in [*self.failures, *self.kept_failures]:
+            e = out.setdefault(error_type(err), {"rows": 0, "checkpoints": [], "example": err})
+            e["rows"] += 1
+            if ck not in e["checkpoints"]:
+                e["checkpoints"].append(ck)
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]["rows"]))
 
 
 # --------------------------------------------------------------------------- inputs
@@ -192,8 +230,9 @@ class SweepProgress:
 
 
 # --------------------------------------------------------------------------- executors
-def _execute_local(work, plan, token_sets, traj, write, progress: SweepProgress, device, dtype, num_threads=None):
-    loader = get_loader(traj, device=device, dtype=dtype)
+def _execute_local(work, plan, token_sets, traj, write, progress: SweepProgress, device, dtype, num_threads=None,
+                   allow_pickle: bool = False):
+    loader = get_loader(traj, device=device, dtype=dtype, allow_pickle=allow_pickle)
     with torch_threads(num_threads):
         for ref, tasks in work:
             for row in probe_checkpoint(ref, tasks, plan, token_sets, loader, on_start=progress.start_probe):
@@ -212,14 +251,14 @@ def _auto_device(device):
 
 def _remote_checkpoint(payload, ref, tasks):
     """Body of a Ray task: every pending task of one checkpoint, rows returned as a list."""
-    plan, token_sets, traj, device, dtype, num_threads = payload
-    loader = get_loader(traj, device=_auto_device(device), dtype=dtype)
+    plan, token_sets, traj, device, dtype, num_threads, allow_pickle = payload
+    loader = get_loader(traj, device=_auto_device(device), dtype=dtype, allow_pickle=allow_pickle)
     with torch_threads(num_threads):
         return list(probe_checkpoint(ref, tasks, plan, token_sets, loader))
 
 
 def _execute_ray(work, plan, token_sets, traj, write, progress: SweepProgress, device, dtype, address, num_workers, num_gpus,
-                 num_threads=None):
+                 num_threads=None, allow_pickle: bool = False):
     try:
         import ray
     except ImportError as exc:
@@ -236,7 +275,7 @@ def _execute_ray(work, plan, token_sets, traj, write, progress: SweepProgress, d
         if num_gpus is None:
             num_gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
         remote = ray.remote(num_cpus=1, num_gpus=num_gpus, max_retries=0)(_remote_checkpoint)
-        payload = ray.put((plan, dict(token_sets), traj, device, dtype, num_threads))
+        payload = ray.put((plan, dict(token_sets), traj, device, dtype, num_threads, allow_pickle))
         futures = {remote.remote(payload, ref, tasks): (ref, tasks) for ref, tasks in work}
         pending = list(futures)
         while pending:
@@ -262,7 +301,8 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
               executor: str = "local", address: str | None = None, retry_failed: bool = False, allow_mixed: bool = False,
               token_sets: Mapping[str, Any] | None = None, progress: bool = True, device=None, dtype=None,
               num_workers: int | None = None, num_gpus: float | None = None, num_threads: int | None = None,
-              on_row: Callable[[ProbeRow], None] | None = None, run: str | None = None) -> SweepReport:
+              on_row: Callable[[ProbeRow], None] | None = None, run: str | None = None, wait: bool = False,
+              on_wait: Callable[[dict], None] | None = None, allow_pickle: bool = False) -> SweepReport:
     """Run ``plan`` over ``trajectory`` and write every probe's row to the store ``out``.
 
     Args:
@@ -285,10 +325,19 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
         on_row: called with each row after it is committed.
         run: name of this trajectory's run in the store (default: the plan's name). One store can
             hold several runs (e.g. a WSD and a cosine trajectory) as long as they share plan and data.
+        wait: when another sweep holds the store's writer lock (:mod:`probes.sweep.lock`), wait for
+            it (``on_wait(holder)`` is called once first) instead of raising
+            :class:`~probes.sweep.lock.StoreLockedError`.
+        allow_pickle: load ``.bin``/``.pt`` checkpoints that need full pickle (only for trusted files).
+
+    Every checkpoint is evaluated under its own config; checkpoints whose configs differ from the
+    first one's are named in ``report.notes``.
 
     Returns:
-        :class:`SweepReport`. Raises :class:`PlanError`, :class:`StoreError`, :class:`SweepError`
-        before any work when the inputs are wrong; probe failures never raise (failed rows).
+        :class:`SweepReport` (``report.exit_code``: 0, 1 when some rows of the plan are stored as
+        failed, 3 when all are). Raises :class:`PlanError`, :class:`StoreError` (also
+        ``StoreLockedError``), :class:`SweepError` before any work when the inputs are wrong; probe
+        failures never raise (failed rows).
     """
     t_start = time.perf_counter()
     if executor not in EXECUTORS:
@@ -297,16 +346,23 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
     traj, refs = with_plan_checkpoints(resolve_trajectory(trajectory), plan)
     if not refs:
         raise SweepError("the trajectory has no checkpoint to probe")
-    t_data = time.perf_counter()
-    sets = dict(token_sets) if token_sets is not None else build_data(plan, traj)
-    missing = [n for n in ("eval", "calibration", "curvature") if n not in sets]
-    if missing:
-        raise SweepError(f"token_sets lacks {missing}; pass eval, calibration and curvature sets")
-    data_seconds = time.perf_counter() - t_data
-    dhash, per = data_hashes(sets)
+    if executor == "local" and device is not None:
+        from probes.checkpoints.loader import usable_device
+
+        usable_device(device)  # a bad --device stops here, before data and the store
     own_store = not isinstance(out, Store)
-    store = Store(out) if own_store else out
+    lock = StoreLock(out.path if not own_store else out)  # one writer per store, before any work
+    lock.acquire(wait=wait, on_wait=on_wait)
+    store = None
     try:
+        t_data = time.perf_counter()
+        sets = dict(token_sets) if token_sets is not None else build_data(plan, traj)
+        missing = [n for n in ("eval", "calibration", "curvature") if n not in sets]
+        if missing:
+            raise SweepError(f"token_sets lacks {missing}; pass eval, calibration and curvature sets")
+        data_seconds = time.perf_counter() - t_data
+        dhash, per = data_hashes(sets)
+        store = Store(out) if own_store else out
         run = run if run is not None else plan.name
         store.bind(plan, dhash, per, allow_mixed=allow_mixed, run=run)
         store.add_checkpoints(list(traj), run=run)
@@ -319,7 +375,8 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
                 work.append((ref, todo))
         n_todo = sum(len(t) for _, t in work)
         report = SweepReport(store.path, plan.hash, dhash, executor, len(refs), len(refs) * len(tasks),
-                             n_skipped=len(refs) * len(tasks) - n_todo, data_seconds=data_seconds)
+                             n_skipped=len(refs) * len(tasks) - n_todo, data_seconds=data_seconds,
+                             kept_failures=_kept_failures(store, run, refs, work), notes=_config_notes(refs))
 
         def write(row: ProbeRow) -> None:
             store.write(row, data_hash=dhash, plan_hash=plan.hash, run=run)
@@ -342,17 +399,39 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
         bar = SweepProgress(n_todo, len(work), enabled=progress)
         try:
             if executor == "local":
-                _execute_local(work, plan, sets, traj, write, bar, _auto_device(device), dtype, num_threads)
+                _execute_local(work, plan, sets, traj, write, bar, _auto_device(device), dtype, num_threads, allow_pickle)
             else:
-                _execute_ray(work, plan, sets, traj, write, bar, device, dtype, address, num_workers, num_gpus, num_threads)
+                _execute_ray(work, plan, sets, traj, write, bar, device, dtype, address, num_workers, num_gpus, num_threads,
+                             allow_pickle)
         finally:
             bar.close()
         report.seconds = time.perf_counter() - t_start
         return report
     finally:
-        if own_store:
+        if own_store and store is not None:
             store.close()
+        lock.release()
+
+
+def _kept_failures(store: Store, run: str, refs, work) -> list[tuple[str, str, str, str]]:
+    """Failed rows of the plan's checkpoints that this call skips (stored by an earlier call)."""
+    todo = {(str(ref.label), t.probe, t.spec) for ref, tasks in work for t in tasks}
+    labels = {str(r.label) for r in refs}
+    return [(c, p, s, e or "") for (c, p, s), e in store.failed_rows(run).items() if c in labels and (c, p, s) not in todo]
+
+
+def _config_notes(refs) -> list[str]:
+    """One note per checkpoint whose config differs (in what changes the function) from the first one's."""
+    from probes.checkpoints.configs import differing_configs
+
+    diffs = differing_configs([r for r in refs if getattr(r, "kind", None) not in ("derived", "hub")])
+    if not diffs:
+        return []
+    first, per = diffs
+    return [f"checkpoint {label!r} has a config that differs from {first!r}'s in "
+            + ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in list(d.items())[:4]) + ("..." if len(d) > 4 else "")
+            + "; it is evaluated under its own config" for label, d in per.items()]
 
 
 __all__ = ["run_sweep", "SweepReport", "SweepError", "SweepProgress", "resolve_trajectory", "build_data", "data_hashes",
-           "with_plan_checkpoints", "EXECUTORS"]
+           "with_plan_checkpoints", "EXECUTORS", "EXIT_SOME_FAILED", "EXIT_ALL_FAILED"]

@@ -24,8 +24,9 @@ quant          quantizer spec    q_loss, rel_loss_error, ppl_gap  (fp_loss, q_pp
 directional    quantizer spec    gTd, dHd, pred_delta = gTd + dHd/2, actual_delta = L(θ̂) − L(θ),
                                  all on the curvature set, w.r.t. the quantized matrices (δ = θ̂ − θ
                                  is zero elsewhere, so this equals the full-space value)
-trace          hutch++|hutchin.  trace (stderr, 95% CI)
-eigen          top{k}            lambda_1..lambda_k (residuals, converged, iterations)
+trace          hutch++|hutchin.  trace (stderr, 95% CI; converged flag)
+eigen          top{k}            lambda_1..lambda_k, each with its converged flag (residuals, converged,
+                                 iterations = Lanczos steps or power iterations actually taken)
 block_trace    groups name       trace per group (the tidy table's spec = group name)
 kurtosis       ""                pooled weight excess kurtosis of the quantized matrices (per_matrix)
 =============  ================  ===========================================================
@@ -139,7 +140,7 @@ def _trace(st: CheckpointState, task: Task) -> ProbeRow:
     else:
         est = hutchinson_trace(op, num_matvecs=o["num_matvecs"], seed=o["seed"])
     return ProbeRow(st_label(st), "trace", task.spec,
-                    metrics=[metric("trace", est.value, est.stderr, est.ci_low, est.ci_high)],
+                    metrics=[metric("trace", est.value, est.stderr, est.ci_low, est.ci_high, converged=est.converged)],
                     extra={"method": est.method, "dim": op.dim, "rel_stderr": est.rel_stderr, "converged": bool(est.converged),
                            "memory": est.memory},
                     n_hvp=int(est.num_matvecs), seed=o["seed"])
@@ -151,7 +152,7 @@ def _eigen(st: CheckpointState, task: Task) -> ProbeRow:
     o = task.opts
     res = top_eigenvalues(st.hessian(), k=o["k"], method=o["method"], tol=o["tol"], max_iter=o["max_iter"], seed=o["seed"])
     return ProbeRow(st_label(st), "eigen", task.spec,
-                    metrics=[metric(f"lambda_{i + 1}", v) for i, v in enumerate(res.values)],
+                    metrics=[metric(f"lambda_{i + 1}", v, converged=c) for i, (v, c) in enumerate(zip(res.values, res.converged))],
                     extra={"residuals": [float(x) for x in res.residuals], "converged": [bool(c) for c in res.converged],
                            "iterations": int(res.iterations), "method": res.method, "memory": res.memory},
                     n_hvp=int(res.num_matvecs), seed=o["seed"])
@@ -219,8 +220,10 @@ def probe_checkpoint(ref, tasks: Iterable[Task], plan: Plan, token_sets: Mapping
     ``loader``: a :class:`probes.checkpoints.CheckpointLoader` (reused across checkpoints).
     ``on_start(label, task)`` is called before each probe (for progress displays). The first row
     carries ``extra["load_seconds"]`` (loading the weights). Rows carry the wall time of their probe
-    (the FP evaluation is charged to the probe that first needs it).
+    (the FP evaluation is charged to the probe that first needs it) and the torch thread count.
     """
+    import torch
+
     tasks = list(tasks)
     label = str(ref.label)
     if not tasks:
@@ -231,11 +234,14 @@ def probe_checkpoint(ref, tasks: Iterable[Task], plan: Plan, token_sets: Mapping
         for p in model.parameters():
             p.requires_grad_(True)
         model.eval()
+        _check_vocabulary(model, token_sets, label)
     except Exception as exc:  # corrupt or missing weights: every task of this checkpoint fails
         err = f"loading checkpoint {label!r} failed: {_short_error(exc)}"
         dt = time.perf_counter() - t0
         for t in tasks:
-            yield ProbeRow.failed(label, t, err, seconds=dt)
+            row = ProbeRow.failed(label, t, err, seconds=dt)
+            row.threads = torch.get_num_threads()
+            yield row
         return
     load_seconds = time.perf_counter() - t0
     st = CheckpointState(model, plan, token_sets)
@@ -253,6 +259,7 @@ def probe_checkpoint(ref, tasks: Iterable[Task], plan: Plan, token_sets: Mapping
         row.seconds = time.perf_counter() - t1
         row.config_hash = t.config_hash
         row.checkpoint = label
+        row.threads = torch.get_num_threads()
         if row.seed is None:
             row.seed = plan.seed
         if first:
@@ -260,6 +267,20 @@ def probe_checkpoint(ref, tasks: Iterable[Task], plan: Plan, token_sets: Mapping
             first = False
         yield row
     del st
+
+
+def _check_vocabulary(model, token_sets: Mapping[str, Any], label: str) -> None:
+    """Token ids beyond the checkpoint's vocabulary (data built with another checkpoint's
+    tokenizer, e.g. a stray model in the folder) would fail deep inside the embedding."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocab = getattr(emb, "num_embeddings", None)
+    if vocab is None:
+        return
+    top = max((int(ts.tokens.max()) for ts in token_sets.values() if getattr(ts, "tokens", None) is not None
+               and ts.tokens.numel()), default=-1)
+    if top >= vocab:
+        raise ProbeError(f"checkpoint {label!r} has a vocabulary of {vocab} tokens but the sweep's token sets hold ids up to "
+                         f"{top} (built with another checkpoint's tokenizer); sweep this checkpoint on its own data")
 
 
 def _check_finite(row: ProbeRow) -> None:
@@ -272,16 +293,16 @@ def _check_finite(row: ProbeRow) -> None:
 _LOADERS: dict[Any, Any] = {}
 
 
-def get_loader(trajectory, device=None, dtype=None):
+def get_loader(trajectory, device=None, dtype=None, allow_pickle: bool = False):
     """A :class:`CheckpointLoader` for ``trajectory``, cached per process (one model instance reused)."""
     from probes.checkpoints import CheckpointLoader
 
     first = trajectory[0] if len(trajectory) else None
-    key = (getattr(trajectory, "name", None), str(getattr(first, "location", None)), str(device), str(dtype))
+    key = (getattr(trajectory, "name", None), str(getattr(first, "location", None)), str(device), str(dtype), allow_pickle)
     loader = _LOADERS.get(key)
     if loader is None:
         _LOADERS.clear()  # one model in memory per process
-        loader = CheckpointLoader(trajectory, dtype=dtype, device=device)
+        loader = CheckpointLoader(trajectory, dtype=dtype, device=device, allow_pickle=allow_pickle)
         _LOADERS[key] = loader
     else:
         # the trajectory may have gained derived checkpoints since; let the loader know them

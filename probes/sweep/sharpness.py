@@ -14,6 +14,9 @@ from typing import Sequence
 from .plan import EIGEN_METHODS, TRACE_METHODS
 
 
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "float64": "float64"}
+
+
 class SharpnessError(ValueError):
     """Bad checkpoint path/label or options."""
 
@@ -21,36 +24,40 @@ class SharpnessError(ValueError):
 def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int = 100, method: str = "hutch++",
               k: int = 1, eigen_method: str = "power", tol: float = 1e-3, max_iter: int = 100,
               params: Sequence[str] | None = None, seed: int = 0, quick: bool = False, device=None,
-              data: str | Path | None = None, num_threads: int | None = None, max_memory=None,
-              dtype: str | None = None) -> dict:
+              data: str | Path | None = None, num_threads: int | None = None, allow_pickle: bool = False,
+              max_memory=None, dtype: str | None = None) -> dict:
     """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint as a dict.
 
-    ``checkpoint``: a checkpoint folder, or a trajectory folder (``label`` picks one; default the
-    last real checkpoint). ``data``: a saved TokenSet file for the curvature set (default: built).
-    ``num_threads``: torch threads for the estimators (None: torch's default). ``max_memory``:
-    bytes or ``"8GB"`` each estimator may allocate beyond the model (default: a third of the free
-    RAM, 80% of the free GPU memory; :mod:`geometry.memory`); what each chose (sketch size, block,
-    basis, graph cache) is returned under ``memory``. ``dtype``: ``float32`` (default),
-    ``bfloat16``, ``float16`` or ``float64`` to load the weights in; products run in it, estimator
-    algebra in float32 at least. A plan that cannot fit raises :class:`SharpnessError` before work.
+    ``checkpoint``: a checkpoint folder or weight file (its step / tokens / LR are read from the
+    trajectory folder around it), or a trajectory folder (``label`` picks one; default the last
+    real checkpoint), opened by :func:`probes.checkpoints.open_checkpoint`. ``data``: a saved
+    TokenSet file for the curvature set (default: built). ``num_threads``: torch threads for the
+    estimators (None: torch's default). ``allow_pickle``: load torch files that need full pickle.
+    ``max_memory``: bytes or ``"8GB"`` each estimator may allocate beyond the model (default: a
+    third of the free RAM, 80% of the free GPU memory; :mod:`geometry.memory`); what each chose
+    (sketch size, block, basis, graph cache) is returned under ``memory``. ``dtype``: ``float32``
+    (default), ``bfloat16``, ``float16`` or ``float64`` to load the weights in; products run in it,
+    estimator algebra in float32 at least. Bad options raise :class:`SharpnessError` before
+    anything is loaded; a plan that cannot fit raises it before any product.
     """
-    from probes.checkpoints import CheckpointError, CheckpointLoader, Trajectory
+    from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
 
-    if method not in TRACE_METHODS:
-        raise SharpnessError(f"trace method {method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
-    if eigen_method not in EIGEN_METHODS:
-        raise SharpnessError(f"eigen method {eigen_method!r} is unknown; valid: {', '.join(EIGEN_METHODS)}")
+    _check_options(method, eigen_method, num_matvecs, k, max_iter, tol)
+    if dtype is not None and dtype not in _DTYPES:
+        raise SharpnessError(f"dtype {dtype!r} is unknown; valid: {', '.join(_DTYPES)}")
+    if max_memory is not None:
+        from geometry.memory import MemoryBudgetError, parse_bytes
+
+        try:
+            parse_bytes(max_memory)
+        except MemoryBudgetError as exc:
+            raise SharpnessError(f"--max-memory: {exc}") from exc
     path = Path(checkpoint).expanduser()
     if not path.exists():
         raise SharpnessError(f"no checkpoint at {path}")
     try:
-        traj = Trajectory.from_folder(path)
-        if label is not None:
-            ref = traj[label]
-        else:
-            real = traj.real
-            ref = real[-1] if real else traj[-1]
-    except (CheckpointError, KeyError) as exc:
+        traj, ref = open_checkpoint(path, label)
+    except CheckpointError as exc:
         raise SharpnessError(str(exc)) from exc
     t0 = time.perf_counter()
     if data is not None:
@@ -64,11 +71,8 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     import torch
 
     dev = device or ("cuda" if torch.cuda.is_available() else None)
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-    if dtype is not None and dtype not in dtypes:
-        raise SharpnessError(f"dtype {dtype!r} is unknown; valid: {', '.join(dtypes)}")
     try:
-        model = CheckpointLoader(traj, device=dev, dtype=dtypes.get(dtype)).load(ref)
+        model = CheckpointLoader(traj, device=dev, dtype=getattr(torch, dtype) if dtype else None, allow_pickle=allow_pickle).load(ref)
     except CheckpointError as exc:
         raise SharpnessError(f"cannot load {ref.label!r}: {exc}") from exc
     model.requires_grad_(True)
@@ -105,6 +109,23 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
         "seconds": time.perf_counter() - t0,
         "device": str(op.device),
     }
+
+
+def _check_options(method: str, eigen_method: str, num_matvecs, k, max_iter, tol) -> None:
+    """Refuse bad options up front (before data and weights are loaded), naming the valid range."""
+    if method not in TRACE_METHODS:
+        raise SharpnessError(f"trace method {method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
+    if eigen_method not in EIGEN_METHODS:
+        raise SharpnessError(f"eigen method {eigen_method!r} is unknown; valid: {', '.join(EIGEN_METHODS)}")
+    least = 3 if method == "hutch++" else 1
+    if not isinstance(num_matvecs, int) or isinstance(num_matvecs, bool) or num_matvecs < least:
+        raise SharpnessError(f"num_matvecs (--num-matvecs) must be an integer >= {least} for {method} (its HVP budget"
+                             f"{'; Hutch++ splits it in three parts' if method == 'hutch++' else ''}), got {num_matvecs!r}")
+    for name, v in (("k (--k)", k), ("max_iter", max_iter)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise SharpnessError(f"{name} must be an integer >= 1, got {v!r}")
+    if not (isinstance(tol, (int, float)) and tol > 0):
+        raise SharpnessError(f"tol must be a positive number, got {tol!r}")
 
 
 __all__ = ["sharpness", "SharpnessError"]

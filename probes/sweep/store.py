@@ -9,10 +9,19 @@ Tables
 ``checkpoints(run, label, position, step, tokens, lr, derived, kind, location, ref_json)``
     The trajectories' checkpoint references (derived = LAWA/soup), keyed by ``(run, label)``.
 ``results(run, checkpoint, probe, spec, status, metrics, extra, n_hvp, seconds, error, seed, data_hash,
-plan_hash, config_hash, versions, created)`` with ``UNIQUE(run, checkpoint, probe, spec)``
-    ``metrics`` is a JSON list of ``{metric, value, stderr, ci_low, ci_high[, spec]}`` (an entry's
-    ``spec`` overrides the row's, used by block_trace to hold one trace per group); ``extra`` is a
-    JSON object of details (residuals, per-layer errors, ...).
+plan_hash, config_hash, versions, created, converged, threads)`` with ``UNIQUE(run, checkpoint, probe, spec)``
+    ``metrics`` is a JSON list of ``{metric, value, stderr, ci_low, ci_high[, spec][, converged]}``
+    (an entry's ``spec`` overrides the row's, used by block_trace to hold one trace per group);
+    ``extra`` is a JSON object of details (residuals, per-layer errors, ...). ``converged`` is 1/0
+    when the probe has a stopping criterion (eigen: every value converged; trace: the Hutchinson
+    tolerance), NULL otherwise; ``threads`` is the torch thread count the probe ran with. Stores
+    written before these columns existed gain them when opened (converged filled in from ``extra``).
+
+Errors: a file SQLite cannot read (not a database, truncated, damaged pages) raises
+:class:`StoreError` with what to do, never a raw ``sqlite3`` error. The plan/data check of
+:meth:`Store.bind` is repeated inside the transaction of the first :meth:`Store.write`, so two
+plans racing for one fresh store can never both write (one writer per store is also enforced by
+the sweep's lock, :mod:`probes.sweep.lock`).
 
 Durability: the database runs in WAL mode and every :meth:`Store.write` is its own transaction
 (an UPSERT on the unique key), so a process killed at any moment leaves every finished row intact
@@ -26,23 +35,28 @@ a WSD and in a cosine run) sit side by side and are compared in one table. The p
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import json
 import math
 import sqlite3
 import sys
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from geometry.jsonable import jsonable
 
 from .plan import PROBES, Plan, Task
+from .rows import ProbeRow, _f, metric, row_converged
+from .store_errors import StoreError, _damaged, _guarded, check_plan as _check_plan
 
 RESULT_COLUMNS = ["run", "checkpoint", "step", "tokens", "lr", "derived", "probe", "spec", "metric", "value",
-                  "stderr", "ci_low", "ci_high", "n_hvp", "seconds", "status", "error", "seed", "data_hash"]
-"""Columns of :meth:`Store.results`, in order (CONTRACT.md)."""
+                  "stderr", "ci_low", "ci_high", "n_hvp", "seconds", "status", "error", "seed", "data_hash",
+                  "converged", "threads", "plan_hash", "config_hash"]
+"""Columns of :meth:`Store.results`, in order (CONTRACT.md). ``converged``: the estimator's flag
+for that value (nullable bool; NA when the probe has no stopping criterion)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -56,54 +70,10 @@ CREATE TABLE IF NOT EXISTS results (
     metrics TEXT NOT NULL DEFAULT '[]', extra TEXT NOT NULL DEFAULT '{}',
     n_hvp INTEGER NOT NULL DEFAULT 0, seconds REAL, error TEXT, seed INTEGER,
     data_hash TEXT, plan_hash TEXT, config_hash TEXT, run TEXT NOT NULL DEFAULT '', versions TEXT, created TEXT,
+    converged INTEGER, threads INTEGER,
     UNIQUE (run, checkpoint, probe, spec));
 """
-
-
-class StoreError(RuntimeError):
-    """The store cannot be used as asked (another plan's store, unreadable file, bad export path)."""
-
-
-@dataclass
-class ProbeRow:
-    """One measured (or failed) probe of one checkpoint, as the executor hands it to the store.
-
-    ``metrics``: list of ``{"metric", "value", "stderr", "ci_low", "ci_high"}`` (missing error bars
-    are None; an optional ``"spec"`` overrides the row's spec in the tidy table). ``seconds``: wall
-    time of the probe. ``n_hvp``: Hessian-vector products spent.
-    """
-
-    checkpoint: str
-    probe: str
-    spec: str
-    status: str = "ok"
-    metrics: list[dict] = field(default_factory=list)
-    extra: dict = field(default_factory=dict)
-    n_hvp: int = 0
-    seconds: float = 0.0
-    error: str | None = None
-    seed: int | None = None
-    config_hash: str = ""
-
-    @classmethod
-    def failed(cls, checkpoint: str, task: Task, error: BaseException | str, seconds: float = 0.0, seed=None) -> "ProbeRow":
-        msg = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        return cls(checkpoint, task.probe, task.spec, "failed", [], {}, 0, seconds, msg, seed, task.config_hash)
-
-
-def metric(name: str, value, stderr=None, ci_low=None, ci_high=None, spec: str | None = None) -> dict:
-    """A metrics entry (floats or None)."""
-    d = {"metric": name, "value": _f(value), "stderr": _f(stderr), "ci_low": _f(ci_low), "ci_high": _f(ci_high)}
-    if spec is not None:
-        d["spec"] = spec
-    return d
-
-
-def _f(x):
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None if math.isnan(x) else x
+_ADDED_COLUMNS = (("converged", "INTEGER"), ("threads", "INTEGER"))
 
 
 @functools.lru_cache(maxsize=1)
@@ -142,14 +112,48 @@ class Store:
         if self.path.exists() and self.path.is_dir():
             raise StoreError(f"{self.path} is a directory; give a file path such as results.sqlite")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = None
+        self._binding: dict | None = None  # plan/data of the last bind(), checked again by the first write
         try:
             self._conn = sqlite3.connect(str(self.path), timeout=60.0)
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             with self._conn:
                 self._conn.executescript(_SCHEMA)
+            self._columns = self._migrate()
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.path} is not a losslens results store (SQLite said: {exc})") from exc
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            err = _damaged(self.path, exc)
+            if "file is not a database" in str(exc):
+                err = StoreError(f"{self.path} is not a losslens results store (SQLite said: {exc}); give the .sqlite "
+                                 "file written by `losslens sweep`, or a new path")
+            raise err from exc
+
+    def _migrate(self) -> set[str]:
+        """Add the columns newer versions write (converged, threads) to an older store; fill
+        ``converged`` from the flags older versions kept in ``extra``. Read-only files are left as
+        they are (readers cope with the missing columns). Returns the results table's columns."""
+        cols = {r[1] for r in self._conn.execute("PRAGMA table_info(results)")}
+        missing = [(c, t) for c, t in _ADDED_COLUMNS if c not in cols]
+        if not missing:
+            return cols
+        try:
+            with self._conn:
+                for c, t in missing:
+                    self._conn.execute(f"ALTER TABLE results ADD COLUMN {c} {t}")
+                fill = []
+                for rid, extra in self._conn.execute("SELECT id, extra FROM results WHERE probe IN ('eigen', 'trace')"):
+                    flag = json.loads(extra or "{}").get("converged")
+                    if flag is not None:
+                        fill.append((int(all(flag) if isinstance(flag, list) else bool(flag)), rid))
+                self._conn.executemany("UPDATE results SET converged = ? WHERE id = ?", fill)
+        except sqlite3.OperationalError as exc:
+            if "readonly" not in str(exc):
+                raise
+            return cols
+        return cols | {c for c, _ in missing}
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:
@@ -174,6 +178,7 @@ class Store:
 
     # ----------------------------------------------------------------- metadata
     @property
+    @_guarded
     def meta(self) -> dict[str, Any]:
         """The metadata table; JSON values decoded."""
         out = {}
@@ -184,6 +189,7 @@ class Store:
                 out[k] = v
         return out
 
+    @_guarded
     def _set_meta(self, items: Mapping[str, Any]) -> None:
         with self.conn:
             self.conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
@@ -195,6 +201,7 @@ class Store:
         pj = self.meta.get("plan_json")
         return Plan.from_dict(pj) if pj else None
 
+    @_guarded
     def bind(self, plan: Plan, data_hash: str, data_hashes: Mapping[str, str] | None = None, allow_mixed: bool = False,
              run: str | None = None) -> None:
         """Record ``plan`` and ``data_hash`` in the metadata, or check that they match it; make
@@ -202,21 +209,13 @@ class Store:
 
         Raises :class:`StoreError` when the store was written by a different plan or different
         data, unless ``allow_mixed`` (then both plans' rows live side by side; each row keeps its
-        plan and config hash, and rows computed with other settings are recomputed).
+        plan and config hash, and rows computed with other settings are recomputed). The same check
+        runs again inside the transaction of the next :meth:`write`, together with this metadata,
+        so a second writer that bound the store in between cannot mix its rows in.
         """
         meta = self.meta
-        old_plan, old_data = meta.get("plan_hash"), meta.get("data_hash")
         has_rows = self.conn.execute("SELECT COUNT(*) FROM results").fetchone()[0] > 0
-        if old_plan is not None and has_rows and not allow_mixed:
-            if old_plan != plan.hash:
-                raise StoreError(
-                    f"{self.path} holds results of a different plan (hash {old_plan[:12]}, name "
-                    f"{meta.get('plan_json', {}).get('name')!r}); this plan is {plan.hash[:12]} ({plan.name!r}). "
-                    "Use another --out file, or pass allow_mixed=True (CLI: --allow-mixed) to add to it.")
-            if old_data is not None and old_data != data_hash:
-                raise StoreError(
-                    f"{self.path} holds results computed on other data (data hash {old_data[:12]} vs {data_hash[:12]}); "
-                    "numbers on different token sets are not comparable. Use another --out file, or pass allow_mixed=True.")
+        _check_plan(self.path, meta, has_rows, plan.hash, plan.name, data_hash, allow_mixed)
         hashes = list(meta.get("plan_hashes", []))
         if plan.hash not in hashes:
             hashes.append(plan.hash)
@@ -228,8 +227,39 @@ class Store:
             items["created"] = _now()
         items["run"] = run if run is not None else plan.name
         self._set_meta(items)
+        self._binding = {"plan_hash": plan.hash, "plan_name": plan.name, "data_hash": data_hash,
+                         "allow_mixed": allow_mixed, "items": items}
+
+    @contextlib.contextmanager
+    def _immediate(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction (the write lock taken at the start): commit or roll back."""
+        conn = self.conn
+        if conn.in_transaction:
+            conn.commit()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
+
+    def _first_write_check(self, conn: sqlite3.Connection) -> None:
+        """Inside the first write's transaction: the bind check against the store as it is now, and
+        this binding's metadata written again (another writer may have bound the store meanwhile)."""
+        b = self._binding
+        meta = {k: json.loads(v) for k, v in conn.execute(
+            "SELECT key, value FROM meta WHERE key IN ('plan_hash', 'data_hash', 'plan_json', 'plan_hashes')")}
+        has_rows = conn.execute("SELECT COUNT(*) FROM results").fetchone()[0] > 0
+        _check_plan(self.path, meta, has_rows, b["plan_hash"], b["plan_name"], b["data_hash"], b["allow_mixed"])
+        items = dict(b["items"])
+        items["plan_hashes"] = list(dict.fromkeys([*meta.get("plan_hashes", []), *items["plan_hashes"]]))
+        conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                         [(k, json.dumps(v, default=jsonable)) for k, v in items.items()])
+        self._binding = None
 
     # ----------------------------------------------------------------- checkpoints
+    @_guarded
     def add_checkpoints(self, refs: Iterable[Any], run: str | None = None) -> None:
         """Record checkpoint references (CheckpointRef-like: label, step, tokens, lr, kind, location)
         of run ``run`` (default: the store's ``run`` metadata, i.e. the bound plan's name)."""
@@ -251,6 +281,7 @@ class Store:
                 "lr=excluded.lr, derived=excluded.derived, kind=excluded.kind, location=excluded.location, ref_json=excluded.ref_json",
                 rows)
 
+    @_guarded
     def checkpoints(self):
         """The checkpoints table as a DataFrame ordered by position."""
         import pandas as pd
@@ -261,24 +292,33 @@ class Store:
         return df
 
     # ----------------------------------------------------------------- rows
+    @_guarded
     def write(self, row: ProbeRow, data_hash: str | None = None, plan_hash: str | None = None, run: str | None = None) -> None:
-        """Insert or replace the row for ``(run, checkpoint, probe, spec)`` in one transaction."""
+        """Insert or replace the row for ``(run, checkpoint, probe, spec)`` in one transaction (the
+        first write after :meth:`bind` also repeats its plan/data check in that transaction)."""
         if row.status not in ("ok", "failed"):
             raise StoreError(f"row status must be 'ok' or 'failed', got {row.status!r}")
         meta = self.meta if (data_hash is None or plan_hash is None or run is None) else {}
+        conv = row_converged(row)
         vals = (row.checkpoint, row.probe, row.spec, row.status, json.dumps(row.metrics), json.dumps(row.extra, default=jsonable),
                 int(row.n_hvp or 0), _f(row.seconds), row.error, row.seed, data_hash or meta.get("data_hash"),
-                plan_hash or meta.get("plan_hash"), row.config_hash, run or meta.get("run") or "", json.dumps(versions()), _now())
+                plan_hash or meta.get("plan_hash"), row.config_hash, run or meta.get("run") or "", json.dumps(versions()), _now(),
+                None if conv is None else int(conv), None if row.threads is None else int(row.threads))
+        sql = ("INSERT INTO results(checkpoint, probe, spec, status, metrics, extra, n_hvp, seconds, error, seed, data_hash, "
+               "plan_hash, config_hash, run, versions, created, converged, threads) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+               "ON CONFLICT(run, checkpoint, probe, spec) DO UPDATE SET status=excluded.status, metrics=excluded.metrics, "
+               "extra=excluded.extra, n_hvp=excluded.n_hvp, seconds=excluded.seconds, error=excluded.error, seed=excluded.seed, "
+               "data_hash=excluded.data_hash, plan_hash=excluded.plan_hash, config_hash=excluded.config_hash, "
+               "versions=excluded.versions, created=excluded.created, converged=excluded.converged, threads=excluded.threads")
+        if self._binding is not None:
+            with self._immediate() as conn:
+                self._first_write_check(conn)
+                conn.execute(sql, vals)
+            return
         with self.conn:
-            self.conn.execute(
-                "INSERT INTO results(checkpoint, probe, spec, status, metrics, extra, n_hvp, seconds, error, seed, data_hash, "
-                "plan_hash, config_hash, run, versions, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
-                "ON CONFLICT(run, checkpoint, probe, spec) DO UPDATE SET status=excluded.status, metrics=excluded.metrics, "
-                "extra=excluded.extra, n_hvp=excluded.n_hvp, seconds=excluded.seconds, error=excluded.error, seed=excluded.seed, "
-                "data_hash=excluded.data_hash, plan_hash=excluded.plan_hash, config_hash=excluded.config_hash, "
-                "versions=excluded.versions, created=excluded.created",
-                vals)
+            self.conn.execute(sql, vals)
 
+    @_guarded
     def existing(self, run: str | None = None) -> dict[tuple[str, str, str], tuple[str, str, str]]:
         """``{(checkpoint, probe, spec): (status, config_hash, data_hash)}`` of every stored row of
         run ``run`` (default: the store's current run)."""
@@ -303,18 +343,27 @@ class Store:
                 out.append(t)
         return out
 
+    @_guarded
+    def failed_rows(self, run: str | None = None) -> dict[tuple[str, str, str], str]:
+        """``{(checkpoint, probe, spec): error}`` of the rows of run ``run`` stored as failed."""
+        return {(c, p, s): e or "" for c, p, s, e in self.conn.execute(
+            "SELECT checkpoint, probe, spec, error FROM results WHERE run = ? AND status = 'failed'", (self._run(run),))}
+
+    @_guarded
     def count(self, status: str | None = None) -> int:
         """Number of stored rows (of one status when given)."""
         if status is None:
             return self.conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
         return self.conn.execute("SELECT COUNT(*) FROM results WHERE status = ?", (status,)).fetchone()[0]
 
+    @_guarded
     def raw(self):
         """The results table as stored (one row per checkpoint × probe × spec; JSON columns as text)."""
         import pandas as pd
 
         return pd.read_sql_query("SELECT * FROM results ORDER BY id", self.conn)
 
+    @_guarded
     def results(self, include_failed: bool = True):
         """Tidy DataFrame: one row per (checkpoint, probe, spec, metric) with :data:`RESULT_COLUMNS`.
 
@@ -324,28 +373,33 @@ class Store:
         """
         import pandas as pd
 
+        opt = ", ".join(f"r.{c}" if c in self._columns else "NULL" for c in ("converged", "threads"))
         q = ("SELECT r.id, r.run, r.checkpoint, c.position, c.step, c.tokens, c.lr, c.derived, r.probe, r.spec, r.metrics, "
-             "r.n_hvp, r.seconds, r.status, r.error, r.seed, r.data_hash FROM results r LEFT JOIN checkpoints c ON c.label = r.checkpoint AND c.run = r.run")
+             f"r.n_hvp, r.seconds, r.status, r.error, r.seed, r.data_hash, r.plan_hash, r.config_hash, r.extra, {opt} "
+             "FROM results r LEFT JOIN checkpoints c ON c.label = r.checkpoint AND c.run = r.run")
         if not include_failed:
             q += " WHERE r.status = 'ok'"
         records = []
         order = {p: i for i, p in enumerate(PROBES)}
         for (rid, run, ckpt, pos, step, tokens, lr, derived, probe, spec, metrics, n_hvp, seconds, status, error, seed,
-             dh) in self.conn.execute(q):
+             dh, ph, ch, extra, conv, threads) in self.conn.execute(q):
             base = dict(run=run, checkpoint=ckpt, step=step, tokens=tokens, lr=lr, derived=bool(derived) if derived is not None else False,
-                        probe=probe, n_hvp=n_hvp, seconds=seconds, status=status, error=error, seed=seed, data_hash=dh)
+                        probe=probe, n_hvp=n_hvp, seconds=seconds, status=status, error=error, seed=seed, data_hash=dh,
+                        threads=threads, plan_hash=ph, config_hash=ch)
             key = (pos if pos is not None else 1 << 30, order.get(probe, len(order)), rid)
             ms = json.loads(metrics or "[]")
             if not ms:
                 records.append((key, 0, {**base, "spec": spec, "metric": None, "value": math.nan, "stderr": math.nan,
-                                         "ci_low": math.nan, "ci_high": math.nan}))
+                                         "ci_low": math.nan, "ci_high": math.nan, "converged": None}))
+            flags = _metric_flags(probe, ms, conv, extra)
             for j, m in enumerate(ms):
-                records.append((key, j, {**base, "spec": m.get("spec", spec), "metric": m["metric"],
+                records.append((key, j, {**base, "spec": m.get("spec", spec), "metric": m["metric"], "converged": flags[j],
                                          **{k: (math.nan if m.get(k) is None else m[k]) for k in ("value", "stderr", "ci_low", "ci_high")}}))
         records.sort(key=lambda r: (r[0], r[1]))
         df = pd.DataFrame([r[2] for r in records], columns=RESULT_COLUMNS)
-        for c in ("step", "tokens", "n_hvp", "seed"):
+        for c in ("step", "tokens", "n_hvp", "seed", "threads"):
             df[c] = df[c].astype("Int64")
+        df["converged"] = df["converged"].astype("boolean")
         for c in ("lr", "value", "stderr", "ci_low", "ci_high", "seconds"):
             df[c] = df[c].astype(float)
         df["derived"] = df["derived"].astype(bool)
@@ -368,6 +422,7 @@ class Store:
             raise StoreError(f"export path {path} must end in .csv or .parquet")
         return path
 
+    @_guarded
     def runs(self) -> list[str]:
         """Names of the runs with checkpoints in this store, in the order they were added."""
         return [r[0] for r in self.conn.execute("SELECT run FROM checkpoints GROUP BY run ORDER BY MIN(position)")]
@@ -375,6 +430,7 @@ class Store:
     def _run(self, run: str | None) -> str:
         return str(run) if run is not None else str(self.meta.get("run") or "")
 
+    @_guarded
     def summary(self) -> dict[str, int]:
         """Row counts: ``{"ok": n, "failed": m, "checkpoints": c}``."""
         return {"ok": self.count("ok"), "failed": self.count("failed"),
@@ -385,8 +441,23 @@ def _int(x):
     return None if x is None else int(x)
 
 
+def _metric_flags(probe: str, metrics: list[dict], row_flag, extra: str | None) -> list:
+    """Per metric entry: its own ``converged`` flag; else (rows written before per-value flags) the
+    eigen/trace flags kept in ``extra``; else the row's flag; None where there is none."""
+    old = json.loads(extra or "{}").get("converged") if probe in ("eigen", "trace") else None
+    out = []
+    for j, m in enumerate(metrics):
+        flag = m.get("converged")
+        if flag is None and old is not None:
+            flag = (bool(old[j]) if j < len(old) else None) if isinstance(old, list) else bool(old)
+        if flag is None and row_flag is not None:
+            flag = bool(row_flag)
+        out.append(flag)
+    return out
+
+
 def _str(x):
     return None if x is None else str(x)
 
 
-__all__ = ["Store", "StoreError", "ProbeRow", "metric", "RESULT_COLUMNS", "versions"]
+__all__ = ["Store", "StoreError", "ProbeRow", "metric", "RESULT_COLUMNS", "versions"]  # ProbeRow, metric: from .rows
