@@ -8,12 +8,12 @@ See :mod:`.plan` (what to measure), :mod:`.store` (where rows go), :mod:`.runner
 probe computes) and :mod:`.executor` (how checkpoints are scheduled).
 """
 from .executor import EXECUTORS, SweepError, SweepReport, build_data, data_hashes, resolve_trajectory, run_sweep
-from .plan import PROBES, BlockTraceProbe, DataSpec, EigenProbe, Plan, PlanError, Task, TraceProbe, load_plan
+from .plan import PROBES, BlockTraceProbe, DataSpec, EigenProbe, ExplainProbe, Plan, PlanError, Task, TraceProbe, load_plan
 from .runner import CheckpointState, ProbeError, probe_checkpoint
 from .store import RESULT_COLUMNS, ProbeRow, Store, StoreError
 
 __all__ = [
-    "Plan", "PlanError", "TraceProbe", "EigenProbe", "BlockTraceProbe", "DataSpec", "Task", "PROBES", "load_plan",
+    "Plan", "PlanError", "TraceProbe", "EigenProbe", "BlockTraceProbe", "ExplainProbe", "DataSpec", "Task", "PROBES", "load_plan",
     "Store", "StoreError", "ProbeRow", "RESULT_COLUMNS",
     "run_sweep", "SweepReport", "SweepError", "EXECUTORS", "build_data", "data_hashes", "resolve_trajectory",
     "probe_checkpoint", "CheckpointState", "ProbeError",
