@@ -215,8 +215,8 @@ def science_check(df, specs: Sequence[str] | None = None, target: str = "rel") -
       (:func:`decay_window`) and the ``driver`` (the largest of ‖δ‖², tr H/n, κ, non-quadratic);
     * ``quantizers`` — per (calibrated, RTN) pair at equal bits and groups, over every real
       checkpoint: mean log ratios of ‖δ‖², κ, ½δᵀHδ (= the first two: tr H is shared, so the κ
-      ratio carries no trace noise) and ΔL, with 95% t-intervals across checkpoints, and the
-      median κ of each;
+      ratio carries no trace noise) and ΔL (over the ``n_delta`` checkpoints where both ΔL share a
+      sign), with 95% t-intervals across checkpoints, and the median κ of each;
     * ``lawa`` — per run and spec, the shares from the final real checkpoint to the LAWA one.
 
     What cannot be computed (ΔL ≤ 0, no decay, no LAWA row) is skipped with a line in ``notes``.
@@ -260,8 +260,10 @@ def science_check(df, specs: Sequence[str] | None = None, target: str = "rel") -
             for name, col in (("log_norm2_ratio", "norm2"), ("log_kappa_ratio", "kappa"), ("log_quadratic_ratio", "quadratic"),
                               ("log_delta_ratio", "actual_delta")):
                 ratio = (m[f"{col}_c"] / m[f"{col}_r"]).to_numpy(float)
-                mean, lo, hi = _mean_ci(np.where(ratio > 0, np.log(np.where(ratio > 0, ratio, 1.0)), np.nan))
+                logs = np.where(ratio > 0, np.log(np.where(ratio > 0, ratio, 1.0)), np.nan)
+                mean, lo, hi = _mean_ci(logs)
                 row[name], row[f"{name}_ci"] = mean, (lo, hi)
+        row["n_delta"] = int(np.isfinite(logs).sum())  # checkpoints where both ΔL have one sign (a log ratio exists)
         quant.append(row)
     return {"decay": pd.DataFrame(decay), "quantizers": pd.DataFrame(quant), "lawa": pd.DataFrame(lawa), "notes": notes}
 
@@ -291,8 +293,8 @@ def format_check(check: dict) -> str:
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for _, r in q.iterrows():
         lines.append(f"| {r['calibrated']} vs {r['rtn']} | {r['n']} | {r['kappa_calibrated']:.3f} vs {r['kappa_rtn']:.3f} | "
-                     + " | ".join(_ci(r[k], r[f"{k}_ci"]) for k in ("log_norm2_ratio", "log_kappa_ratio",
-                                                                    "log_quadratic_ratio", "log_delta_ratio")) + " |")
+                     + " | ".join(_ci(r[k], r[f"{k}_ci"]) for k in ("log_norm2_ratio", "log_kappa_ratio", "log_quadratic_ratio"))
+                     + f" | {_ci(r['log_delta_ratio'], r['log_delta_ratio_ci'])} (n = {r['n_delta']}) |")
     if check.get("notes"):
         lines += ["", "Not computed: " + "; ".join(check["notes"])]
     return "\n".join(lines)
