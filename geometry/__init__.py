@@ -8,10 +8,13 @@ of batches, curvature is taken w.r.t. a declared parameter set (name globs).
 - :func:`module_modes`: eval (or train) mode for a block, every module's own mode restored after;
 - estimators: :func:`hutchinson_trace`, :func:`hutchpp_trace`, :func:`block_traces`,
   :func:`top_eigenvalues`, :func:`spectral_density`, :func:`directional_curvature`;
+- attribution along a direction: :func:`attribute` (by factor ½‖d‖²·(tr H/n)·κ and by block),
+  :func:`factorise`, :func:`direction_parts`, :func:`within_block_curvature`;
 - surfaces: :func:`plane_through_points`, :func:`random_plane`, :func:`line`,
   :func:`evaluate_surface`, :func:`evaluate_line`, :class:`Surface`.
 """
 from .attention import second_order_attention
+from .attribution import assemble, attribute, direction_parts, factorise, within_block_curvature
 from .batches import default_batch_weight
 from .dense import DenseOperator, exact_hessian
 from .density import spectral_density
@@ -24,7 +27,8 @@ from .operator import CurvatureOperator, OperatorError
 from .params import ParameterSelectionError, ParamSpace, select_parameters
 from .planes import (Line, Plane, PlaneError, filter_normalize, line, orthonormality, plane_through_points,
                      random_plane)
-from .results import BlockTraces, DirectionalCurvature, EigenResult, EstimatorError, SpectralDensity, TraceEstimate
+from .results import (Attribution, BlockTraces, DirectionalCurvature, DirectionParts, EigenResult, EstimatorError,
+                      QuadraticFactors, SpectralDensity, TraceEstimate)
 from .surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
 from .trace import block_traces, hutchinson_trace, hutchpp_trace
 
@@ -35,5 +39,6 @@ __all__ = [
     "PlaneError", "filter_normalize", "line", "orthonormality", "plane_through_points", "random_plane",
     "BlockTraces", "DirectionalCurvature", "EigenResult", "EstimatorError", "SpectralDensity", "TraceEstimate",
     "Profile", "Surface", "SurfaceError", "evaluate_line", "evaluate_surface", "block_traces", "hutchinson_trace",
-    "hutchpp_trace",
+    "hutchpp_trace", "assemble", "attribute", "direction_parts", "factorise", "within_block_curvature", "Attribution",
+    "DirectionParts", "QuadraticFactors",
 ]

@@ -1,9 +1,12 @@
 """Argument checks shared by the estimators (one message style for every bad input)."""
 from __future__ import annotations
 
-import numpy as np
+from typing import Mapping
 
-from .operator import CurvatureOperator
+import numpy as np
+import torch
+
+from .operator import CurvatureOperator, is_finite
 from .results import EstimatorError
 
 
@@ -20,3 +23,22 @@ def check_int(name: str, value, minimum: int) -> int:
     if value < minimum:
         raise EstimatorError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def flat_direction(op: CurvatureOperator, direction: Mapping[str, torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    """``direction`` (a dict with exactly the keys of ``op.space``, or a flat ``[dim]`` tensor) as a
+    flat ``[dim]`` tensor in the operator's dtype and device, checked finite."""
+    if isinstance(direction, Mapping):
+        if op.space is None:
+            raise EstimatorError("a dict direction needs op.space to order its entries; pass a flat [dim] tensor")
+        d = op.space.flatten({k: torch.as_tensor(v) for k, v in direction.items()})
+    elif isinstance(direction, torch.Tensor):
+        d = direction
+    else:
+        raise EstimatorError(f"direction must be a dict of tensors or a flat tensor, got {type(direction).__name__}")
+    if d.ndim != 1 or d.shape[0] != op.dim:
+        raise EstimatorError(f"direction has shape {tuple(d.shape)}; expected a flat [{op.dim}] vector")
+    d = d.detach().to(device=op.device, dtype=op.dtype)
+    if not is_finite(d):
+        raise EstimatorError("direction contains NaN/Inf")
+    return d

@@ -1,7 +1,7 @@
 """Curvature of the loss along one direction: gᵀd, dᵀHd and the second-order prediction.
 
 For a quantization step d = θ̂ − θ this links sharpness to quantization error directly
-(SCIENCE.md §4): ΔL ≈ gᵀd + ½ dᵀHd, to compare with the measured L(θ̂) − L(θ).
+(docs/science.md §4): ΔL ≈ gᵀd + ½ dᵀHd, to compare with the measured L(θ̂) − L(θ).
 """
 from __future__ import annotations
 

@@ -182,6 +182,11 @@ class ParamSpace:
         return {g: ns for g, ns in out.items() if ns}
 
 
+def literal_glob(name: str) -> str:
+    """A literal parameter name as an fnmatch glob that matches only it (``*?[]`` escaped)."""
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
+
+
 def iter_names(names: Iterable[str], globs: ParamGlobs) -> list[str]:
     """Names matching any glob (all names when ``globs`` is None)."""
     gl = _as_globs(globs)

@@ -4,8 +4,10 @@
    LRs (:mod:`probes.train.tiny`; one shared tokenizer and token stream in ``DIR/data``);
 2. adds a LAWA checkpoint (mean of the last k checkpoints) to each run;
 3. sweeps every checkpoint (FP loss, RTN / INT8 / GPTQ error, Hutch++ trace, λ_max, kurtosis,
-   directional curvature along RTN) into one resumable store ``DIR/results.sqlite``;
-4. computes correlations (sharpness vs ΔQ, plain and controlling for LR and FP loss) and phases;
+   directional curvature along RTN, and the ``explain`` probe: ΔL = gᵀδ + ½·‖δ‖²·(tr H/n)·κ +
+   remainder per layer for RTN, GPTQ, AWQ and INT8) into one resumable store ``DIR/results.sqlite``;
+4. computes correlations (sharpness vs ΔQ, plain and controlling for LR and FP loss), phases, and
+   the explain analysis (``DIR/explain.md``: what drives ΔQ in the decay, GPTQ/AWQ vs RTN, LAWA);
 5. draws the quantization plane (Θ_K, Θ_{K−1}, Θ̂_K) of the last checkpoint of every run;
 6. writes ``DIR/report.html`` and prints a short summary.
 
@@ -61,6 +63,9 @@ class DemoSettings:
     curvature_shape: tuple[int, int, int]
     grid: int
     seed: int = 0
+    explain: tuple[str, ...] = ()
+    explain_hvps: int = 30
+    explain_within: bool = False
 
     def train_config(self, run: DemoRun):
         from .train.config import TrainConfig
@@ -71,9 +76,10 @@ class DemoSettings:
                            num_heads=self.num_heads, vocab_size=self.vocab_size, name=run.name)
 
     def plan(self, run: DemoRun):
-        from .sweep import DataSpec, EigenProbe, Plan, TraceProbe
+        from .sweep import DataSpec, EigenProbe, ExplainProbe, Plan, TraceProbe
 
-        return Plan(loss=True, quant=self.quant, trace=TraceProbe("hutch++", self.trace_hvps),
+        explain = ExplainProbe(self.explain, within=self.explain_within, trace_matvecs=self.explain_hvps) if self.explain else None
+        return Plan(loss=True, quant=self.quant, trace=TraceProbe("hutch++", self.trace_hvps), explain=explain,
                     eigen=EigenProbe(k=1, method="power", tol=1e-3, max_iter=self.eigen_iters),
                     directional=(self.headline_spec,), kurtosis=True, lawa=(self.lawa_k,), seed=self.seed,
                     data=DataSpec(eval=self.eval_shape, calibration=self.calibration_shape,
@@ -82,6 +88,7 @@ class DemoSettings:
 
 _RUNS = (DemoRun("wsd", 3e-3), DemoRun("wsd", 1e-2), DemoRun("cosine", 3e-3), DemoRun("cosine", 1e-2))
 _QUANT = ("rtn:2:g32", "rtn:3:row", "rtn:4:row", "int8", "gptq:3:row", "gptq:4:row")
+_EXPLAIN = ("rtn:2:g32", "rtn:3:row", "gptq:3:row", "awq:3:row", "int8")
 
 
 def _embedded_default() -> dict:
@@ -99,16 +106,21 @@ def _embedded_default() -> dict:
 #: brings the weight norm to equilibrium within ~1/(lr·wd) ≈ 100–330 steps, so the stable phase is
 #: reached inside the budget; INT2 in groups of 32 and per-row INT3 are grids where the error is
 #: far above checkpoint-to-checkpoint noise at hidden size 64 (per-row because "g128" is per-row
-#: at in-features ≤ 128 anyway).
+#: at in-features ≤ 128 anyway). The explain probe (RTN-2/3, GPTQ-3, AWQ-3, INT8; tr H of the
+#: quantized matrices with 30 HVPs per checkpoint, shared by the specs) added 14–18 s per run of 9
+#: checkpoints on a loaded 2-core machine (the 60-HVP trace probe took 25–35 s there).
 DEFAULT = DemoSettings(runs=_RUNS, **_embedded_default(), lawa_k=3, quant=_QUANT,
                        headline_spec="rtn:2:g32", trace_hvps=60, eigen_iters=30, eval_shape=(8, 16, 64),
-                       calibration_shape=(4, 16, 64), curvature_shape=(1, 16, 64), grid=15)
+                       calibration_shape=(4, 16, 64), curvature_shape=(1, 16, 64), grid=15, explain=_EXPLAIN,
+                       explain_hvps=30)
 
-#: ``--quick``: the same study at toy size (≤ 2 min; used by the tests).
+#: ``--quick``: the same study at toy size (≤ 2 min; used by the tests), with the explain probe's
+#: within-block parts switched on (one HVP per block and spec: off in the default demo for time).
 QUICK = replace(DEFAULT, runs=(DemoRun("wsd", 3e-3), DemoRun("cosine", 1e-2)), steps=120, checkpoints=4,
                 hidden_size=32, num_layers=2, num_heads=2, batch_size=16, vocab_size=384,
                 quant=("rtn:2:g32", "rtn:3:row", "int8", "gptq:3:row"), trace_hvps=12, eigen_iters=8,
-                eval_shape=(2, 8, 64), calibration_shape=(2, 8, 64), curvature_shape=(1, 4, 64), grid=5)
+                eval_shape=(2, 8, 64), calibration_shape=(2, 8, 64), curvature_shape=(1, 4, 64), grid=5,
+                explain_hvps=12, explain_within=True)
 
 
 @dataclass
@@ -123,6 +135,7 @@ class DemoResult:
     correlations: pd.DataFrame
     phases: dict
     seconds: dict
+    explain: str = ""
 
     def summary_text(self) -> str:
         lines = ["Final checkpoint of each run (ΔQ L = L(θ̂)/L(θ) − 1, in %):", self.final.to_string(index=False), ""]
@@ -133,6 +146,8 @@ class DemoResult:
                 ctrl = f" | {r['controls']}" if r["controls"] else ""
                 lines.append(f"  {r['method']:>8} r({r['x']}, ΔQ {r['y']}{ctrl}) = {r['r']:+.3f} "
                              f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] p={r['p']:.2g} n={int(r['n'])}")
+        if self.explain:
+            lines += ["", "Why ΔQ changes (explain probe; natural-log shares, see explain.md):", self.explain]
         lines.append("")
         lines.append(f"report: {self.report}")
         lines.append(f"store:  {self.store}")
@@ -258,16 +273,45 @@ def _run_demo(out, quick, settings, progress, executor, echo) -> DemoResult:
         surfaces[run.name] = surf
     seconds["surfaces"] = time.perf_counter() - t0
 
+    explanation, explain_text = None, ""
+    if (ok["probe"] == "explain").any():
+        from .analysis.explain import format_check, science_check
+
+        try:
+            explanation = science_check(ok)
+            explain_text = format_check(explanation)
+            (out / "explain.md").write_text(explain_text + "\n")
+        except AnalysisError as exc:
+            echo(f"[demo] explain analysis: {exc}")
     final = final_table(ok, settings)
     notes = ("Embedded demo: tiny GPT-NeoX trajectories trained here on the package's corpus. "
              f"Headline quantizer {settings.headline_spec}; correlations pool every real checkpoint of every run.")
     report_path = build_report(df, out / "report.html", correlations=correlations, phases=phases,
                                surfaces={f"{k} ({settings.headline_spec})": v for k, v in surfaces.items()},
                                plan=plan0, title="losslens demo: sharpness and quantization error along training",
-                               notes=notes)
+                               notes=notes, explanation=explanation)
     result = DemoResult(out=out, report=Path(report_path), store=store_path, results=df, final=final,
-                        correlations=correlations, phases={k: v.to_dict() for k, v in phases.items()}, seconds=seconds)
+                        correlations=correlations, phases={k: v.to_dict() for k, v in phases.items()}, seconds=seconds,
+                        explain=_driver_lines(explanation))
     (out / "summary.json").write_text(json.dumps({"final": final.to_dict(orient="records"),
                                                   "correlations": correlations.to_dict(orient="records"),
                                                   "phases": result.phases, "seconds": seconds}, indent=2, default=str))
     return result
+
+
+def _driver_lines(check: dict | None) -> str:
+    """One line per run of the headline spec's decay decomposition, and one per calibrated/RTN pair."""
+    if not check:
+        return ""
+    lines = []
+    dec = check["decay"]
+    if len(dec):
+        head = dec["spec"].iloc[0]
+        for _, r in dec[dec["spec"] == head].iterrows():
+            lines.append(f"  {r['run']} {head} decay {r['start']} → {r['end']}: Δlog ΔQ {r['total']:+.2f} = ‖δ‖² {r['norm2']:+.2f}"
+                         f" + tr H/n {r['trace_per_param']:+.2f} + κ {r['kappa']:+.2f} + non-quadratic {r['non_quadratic']:+.2f}"
+                         f" + 1/L {r['fp_loss']:+.2f} (driver: {r['driver']})")
+    for _, r in check["quantizers"].iterrows():
+        lines.append(f"  {r['calibrated']} vs {r['rtn']}: log ‖δ‖² ratio {r['log_norm2_ratio']:+.2f}, log κ ratio "
+                     f"{r['log_kappa_ratio']:+.2f} (κ {r['kappa_calibrated']:.2f} vs {r['kappa_rtn']:.2f}, n = {r['n']})")
+    return "\n".join(lines)

@@ -38,6 +38,11 @@ def test_demo_writes_report_store_and_summary(demo_dir):
     n_checkpoints = QUICK.checkpoints + 1  # + one LAWA checkpoint per run
     assert len(raw) == len(QUICK.runs) * n_checkpoints * n_tasks
     assert not raw.duplicated(["run", "checkpoint", "probe", "spec"]).any()
+    # the explain probe ran for every quantizer on every checkpoint; its analysis is printed and written
+    ex = raw[raw["probe"] == "explain"]
+    assert set(ex["spec"]) == set(QUICK.explain) and len(ex) == len(QUICK.runs) * n_checkpoints * len(QUICK.explain)
+    assert "Why ΔQ changes" in output and (out / "explain.md").read_text().startswith("**Change of log ΔQ")
+    assert 'data-figure="explain:factors"' in html and ">Why quantization error changes</h2>" in html
 
 
 def test_demo_rerun_resumes_without_recomputing(demo_dir):

@@ -51,10 +51,18 @@ def test_loss_figure_runs_derived_lr_and_phases(df):
     assert any("FP convergence" in a.text for a in fig.layout.annotations)
 
 
-def test_quant_figure_is_log_per_spec_and_counts_non_positive(df):
+def test_quant_figure_is_small_multiples_per_spec_and_counts_non_positive(df):
     fig = quant_error_figure(df)
-    assert fig.layout.yaxis.type == "log"
-    assert {n.split(" · ")[0] for n in _names(fig) if not n.startswith("LR")} == {"rtn:4:g128", "int8"}
+    series = [t for t in fig.data if not t.name.startswith("LR")]
+    assert {t.meta for t in series} == {"rtn:4:g128", "int8"}
+    axes = {spec: {t.yaxis for t in series if t.meta == spec} for spec in ("rtn:4:g128", "int8")}
+    assert len(axes["rtn:4:g128"]) == len(axes["int8"]) == 1 and axes["rtn:4:g128"] != axes["int8"]  # one panel each
+    for ax in (*axes["rtn:4:g128"], *axes["int8"]):
+        assert fig.layout[ax.replace("y", "yaxis")].type == "log"
+    assert [a.text for a in fig.layout.annotations[:2]] == ["rtn:4:g128", "int8"]
+    # one legend entry per run (and its LR), not one per spec and run
+    assert [t.name for t in fig.data if t.showlegend is not False] == [
+        "wsd", "wsd (derived/LAWA)", "cosine", "cosine (derived/LAWA)", "LR · wsd", "LR · cosine"]
     bad = df.copy()
     idx = bad.index[(bad.probe == "quant") & (bad.metric == "rel_loss_error")][:2]
     bad.loc[idx, "value"] = [-1e-4, 0.0]

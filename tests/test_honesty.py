@@ -14,10 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OWN = ("geometry", "probes", "benchmarks", "tests")
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".ipynb", ".sh", ".txt", ".cfg", ".yaml", ".yml"}
-# Owned by work in flight elsewhere (issue #12 is split): their one-line docstring references are
-# fixed there. This list may only shrink.
-SCIENCE_PENDING = {"probes/sweep/sharpness.py", "probes/sweep/runner.py", "probes/sweep/plan.py",
-                   "geometry/directional.py"}
+# Files allowed to name SCIENCE.md anyway (none: every reference points at docs/science.md).
+SCIENCE_PENDING: set[str] = set()
 
 
 def _repo_files():

@@ -155,7 +155,9 @@ def test_report_renders_in_chromium(driver, tmp_path):
     from probes.report.figures import synthetic_results
     from probes.report.pages import build_report
 
-    df = synthetic_results(n_checkpoints=8, runs=("wsd", "cosine"))
+    from probes.report.explain_figures import synthetic_explain
+
+    df = synthetic_explain(synthetic_results(n_checkpoints=8, runs=("wsd", "cosine")))
     wsd = df[df["run"] == "wsd"]
     phases = analysis.detect_phases(wsd, gap="rtn:4:g128")
     corr = analysis.summary(wsd, n_boot=200)
@@ -169,7 +171,7 @@ def test_report_renders_in_chromium(driver, tmp_path):
     assert not re.search(r"<link[^>]+href=", text), "the report must not load stylesheets from elsewhere"
     assert text.count("plotly.js") >= 1
     n = _check_page(driver, out, ARTIFACTS / "report.png")
-    assert n >= 5  # loss, quant, sharpness, 2 scatters, 1 surface
+    assert n >= 9  # loss, quant, sharpness, 2 scatters, 3 explain figures, 1 surface
 
 
 def test_surface_page_renders_in_chromium(driver, tmp_path):

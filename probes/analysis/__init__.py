@@ -13,6 +13,8 @@ Inputs are per-checkpoint series pulled out of the tidy results DataFrame of
   (seed 004's phases);
 - :mod:`.summary`     -- :func:`summary` (a table of correlations for several x/y pairs) and
   :func:`analyse` (what ``losslens report`` shows);
+- :mod:`.explain`     -- :func:`factor_table`, :func:`decompose_change`, :func:`science_check`: why ΔQ
+  changes (shares of ‖δ‖², tr H/n, κ and the remainder, from the ``explain`` probe);
 - :mod:`.inputs`      -- :class:`AnalysisError` and the input checks.
 
 Missing values: a pair with a NaN on either side (or in a covariate) is excluded from every
@@ -22,10 +24,12 @@ estimator did not converge are excluded the same way (and counted in ``n_unconve
 ``allow_mixed=True`` (see :mod:`.series`).
 """
 from .correlation import Correlation, correlate, partial_correlation
+from .explain import decompose_change, factor_table, format_check, science_check
 from .inputs import METHODS, AnalysisError
 from .phases import Onset, Phases, convergence_onset, detect_phases, divergence_onset
 from .series import series, series_frame, unconverged
 from .summary import analyse, summary
 
 __all__ = ["Correlation", "Onset", "Phases", "AnalysisError", "correlate", "partial_correlation", "convergence_onset",
-           "divergence_onset", "detect_phases", "series", "series_frame", "unconverged", "summary", "analyse", "METHODS"]
+           "divergence_onset", "detect_phases", "series", "series_frame", "unconverged", "summary", "analyse", "METHODS",
+           "factor_table", "decompose_change", "science_check", "format_check"]

@@ -20,7 +20,7 @@ __all__ = ["series", "series_frame", "unconverged", "CHECKPOINT_COLUMNS"]
 
 CHECKPOINT_COLUMNS = ("step", "tokens", "lr")
 _DEFAULT_METRIC = {"loss": "loss", "quant": "rel_loss_error", "trace": "trace", "eigen": "lambda_1",
-                   "block_trace": "trace", "directional": "dHd", "kurtosis": "pooled"}
+                   "block_trace": "trace", "directional": "dHd", "kurtosis": "pooled", "explain": "kappa"}
 _ALIASES = {"lambda_max": ("eigen", None, "lambda_1"), "ppl": ("loss", None, "ppl"), "fp_loss": ("loss", None, "loss"),
             "kurtosis": ("kurtosis", None, "pooled"), "loss": ("loss", None, "loss"), "trace": ("trace", None, "trace"),
             "eigen": ("eigen", None, "lambda_1")}

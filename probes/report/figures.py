@@ -103,8 +103,10 @@ def _fmt_lr(lr) -> str:
 # --------------------------------------------------------------------------- building blocks
 def _add_series(fig, df, probe: str, metric: str, spec: str | None, name: str, colour_index: int,
                 secondary_y: bool | None = None, row: int | None = None, col: int | None = None,
-                error_bars: bool = True, positive_only: bool = False) -> int:
-    """One line per run (+ star markers for derived checkpoints). Returns the number of points drawn."""
+                error_bars: bool = True, positive_only: bool = False, by_run: bool = False, legend: bool = True) -> int:
+    """One line per run (+ star markers for derived checkpoints). Returns the number of points drawn.
+    ``by_run``: legend entries named and grouped by run (for small multiples, one panel per ``name``,
+    which goes into the hover and ``meta``); ``legend``: show legend entries."""
     import plotly.graph_objects as go
 
     rows = metric_rows(df, probe, metric, spec)
@@ -125,6 +127,7 @@ def _add_series(fig, df, probe: str, metric: str, spec: str | None, name: str, c
                      **({"secondary_y": secondary_y} if secondary_y is not None else {})}
             n += add_unconverged_points(fig, sub[flag], _x(sub)[flag], label, place)
             sub = sub[~flag]
+        entry, group = (str(run), str(run)) if by_run else (label, label)
         derived = sub["derived"].astype(bool).to_numpy() if "derived" in sub else np.zeros(len(sub), bool)
         for is_derived in (False, True):
             part = sub[derived == is_derived]
@@ -145,12 +148,12 @@ def _add_series(fig, df, probe: str, metric: str, spec: str | None, name: str, c
                               f"<br>lr %{{customdata[1]}}<extra></extra>",
             )
             if is_derived:
-                trace = go.Scatter(name=f"{label} (derived/LAWA)", mode="markers",
+                trace = go.Scatter(name=f"{entry} (derived/LAWA)", mode="markers",
                                    marker=dict(symbol="star", size=13, color=colour, line=dict(width=1, color="black")),
-                                   legendgroup=label, **kw)
+                                   legendgroup=group, showlegend=legend, meta=name, **kw)
             else:
-                trace = go.Scatter(name=label, mode="lines+markers", line=dict(color=colour), marker=dict(size=6),
-                                   legendgroup=label, **kw)
+                trace = go.Scatter(name=entry, mode="lines+markers", line=dict(color=colour), marker=dict(size=6),
+                                   legendgroup=group, showlegend=legend, meta=name, **kw)
             add_kw = {}
             if row is not None:
                 add_kw.update(row=row, col=col or 1)
@@ -234,25 +237,40 @@ def loss_figure(df, phases=None, lr: bool = True, metric: str = "loss"):
     return fig
 
 
-def quant_error_figure(df, phases=None, metric: str = "rel_loss_error", lr: bool = True, specs: Sequence[str] | None = None):
-    """Quantization error per spec vs step (log y). Non-positive values cannot be drawn on a log
-    axis; they are left out and counted in the title."""
+def quant_error_figure(df, phases=None, metric: str = "rel_loss_error", lr: bool = True, specs: Sequence[str] | None = None,
+                       cols: int = 2):
+    """Quantization error vs step as small multiples: one panel (log y) per spec, ``cols`` panels a
+    row, one colour per run with one legend entry per run (clicking it hides the run everywhere),
+    the LR on each panel's secondary axis. Non-positive values cannot be drawn on a log axis; they
+    are left out and counted in the title."""
+    from plotly.subplots import make_subplots
+
     specs = list(specs) if specs is not None else specs_of(df, "quant")
-    fig = _base(lr, f"quantization error ({metric}) vs step", metric, log_y=True)
+    n = max(1, len(specs))
+    cols = max(1, min(cols, n))
+    nrows = math.ceil(n / cols)
+    fig = make_subplots(rows=nrows, cols=cols, shared_xaxes=True, subplot_titles=[str(s) for s in specs] or None,
+                        specs=[[{"secondary_y": lr}] * cols for _ in range(nrows)], vertical_spacing=min(0.12, 0.3 / nrows),
+                        horizontal_spacing=0.1)
     drawn, dropped = 0, 0
-    n_runs = max(1, len(_runs(df)))
     for i, spec in enumerate(specs):
+        r, c = i // cols + 1, i % cols + 1
         rows = metric_rows(df, "quant", metric, spec)
         dropped += int((rows["value"].astype(float) <= 0).sum())
-        drawn += _add_series(fig, df, "quant", metric, spec, spec, i * n_runs, secondary_y=False if lr else None,
-                             error_bars=False, positive_only=True)
+        drawn += _add_series(fig, df, "quant", metric, spec, spec, 0, secondary_y=False if lr else None, row=r, col=c,
+                             error_bars=False, positive_only=True, by_run=True, legend=i == 0)
+        fig.update_yaxes(type="log", title_text=metric if c == 1 else None, row=r, col=c, secondary_y=False)
+        if lr:
+            _add_lr(fig, df, row=r, col=c, showlegend=i == 0)
+            fig.update_yaxes(showgrid=False, rangemode="tozero", type="linear", tickmode="auto", tickformat=".2g", nticks=4, row=r, col=c, secondary_y=True)
+        _shade_phases(fig, _phase_list(phases), _x_max(df), row=r, col=c, annotate=i == 0)
+    title = f"quantization error ({metric}) vs step, one panel per quantizer"
+    if dropped:
+        title = f"quantization error ({metric}) vs step — {dropped} value(s) ≤ 0 not shown on the log axis"
+    fig.update_layout(title=title, hovermode="closest", height=140 + 260 * nrows, margin=dict(l=60, r=40, t=80, b=40))
+    fig.update_xaxes(title_text="step", row=nrows)
     if drawn == 0:
         _empty(fig, "no positive quantization errors in the results")
-    if dropped:
-        fig.update_layout(title=f"quantization error ({metric}) vs step — {dropped} value(s) ≤ 0 not shown on the log axis")
-    if lr:
-        _add_lr(fig, df)
-    _shade_phases(fig, _phase_list(phases), _x_max(df))
     return fig
 
 

@@ -27,6 +27,7 @@ from probes.sweep.store import Store
 
 from probes.quant.awq import HELD_OUT_NOTE
 
+from .explain_figures import explain_figures
 from .figures import specs_of, trajectory_figures
 from .flags import unconverged_table
 from .surface_figures import surface_figure, surface_profile_figure
@@ -153,6 +154,39 @@ def _surfaces(surfaces) -> list[tuple[str, Any]]:
     return [(f"surface {i + 1}", s) for i, s in enumerate(surfaces)]
 
 
+def _explain_section(df, check, phases) -> str:
+    """Figures and tables of the explain probe ('' when the results hold none)."""
+    if not (df["probe"] == "explain").any():
+        return ""
+    note = ""
+    if check is None:
+        from probes.analysis import AnalysisError
+        from probes.analysis.explain import science_check
+
+        try:
+            check = science_check(df)
+        except AnalysisError as exc:
+            note = f'<p class="note">decomposition unavailable: {html.escape(str(exc))}</p>'
+    figs = explain_figures(df, check, phases=phases)
+    parts = [f'<p class="note">On the curvature set: ΔL = L(θ̂) − L(θ) = gᵀδ + ½δᵀHδ + remainder, and '
+             '½δᵀHδ = ½·‖δ‖²·(tr H/n)·κ over the quantized matrices (n = their size; κ = 1 is a random '
+             'direction\'s curvature). Shares are natural-log changes that sum to the change of log ΔQ; '
+             'intervals carry the trace estimate\'s 95% interval.</p>', note]
+    parts += [f'<div class="figure" data-figure="{html.escape(k)}">{figure_html(f, f"ex-{i}")}</div>'
+              for i, (k, f) in enumerate(figs.items())]
+    for key, head in (("decay", "Over the LR decay"), ("quantizers", "Calibrated quantizers vs RTN at equal bits"),
+                      ("lawa", "Final checkpoint → LAWA")):
+        t = (check or {}).get(key)
+        if t is not None and len(t):
+            rows = [{k: (f"[{v[0]:+.3f}, {v[1]:+.3f}]" if isinstance(v, tuple) else v) for k, v in r.items()}
+                    for r in t.to_dict("records")]
+            parts.append(f"<h3>{html.escape(head)}</h3>" + _table(rows, left=("run", "spec", "start", "end", "driver",
+                                                                                  "calibrated", "rtn")))
+    if check and check.get("notes"):
+        parts.append(f'<p class="note">not computed: {html.escape("; ".join(check["notes"]))}</p>')
+    return "".join(parts)
+
+
 def figure_html(fig, div_id: str) -> str:
     """A figure as a ``<div>`` + script, without plotly.js (embedded once by the page)."""
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
@@ -169,6 +203,7 @@ def build_report(
     versions: Mapping[str, str] | None = None,
     title: str = "losslens report",
     notes: str | None = None,
+    explanation: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a self-contained HTML report; returns its path.
 
@@ -181,6 +216,8 @@ def build_report(
     surfaces : ``{label: Surface}`` or a list of :class:`geometry.surface.Surface`.
     plan : the sweep plan (a ``Plan`` or a dict), shown as JSON.
     versions : software versions to print; default :func:`versions` of this process.
+    explanation : :func:`probes.analysis.explain.science_check` of ``df``; computed here when ``df``
+        holds ``explain`` rows and it is not given (section "Why quantization error changes").
     """
     import plotly
     from plotly.offline import get_plotlyjs
@@ -200,6 +237,10 @@ def build_report(
         fig_html.append(f'<p class="note" data-note="awq">{html.escape(", ".join(map(str, awq)))}: '
                         f'{html.escape(HELD_OUT_NOTE)}</p>')
     sections.append(("trajectory", "Trajectory", "".join(fig_html)))
+
+    ex = _explain_section(df, explanation, _phases_for_figures(phases))
+    if ex:
+        sections.append(("explain", "Why quantization error changes", ex))
 
     crows = _correlation_rows(correlations)
     if crows:

@@ -27,6 +27,7 @@ or in a TOML / YAML / JSON file (:meth:`Plan.from_file`)::
     block_trace = { groups = "module", num_matvecs = 50 }
     directional = ["rtn:4"]
     kurtosis = true
+    explain = { specs = ["rtn:4", "gptq:4"], blocks = ["layer", "kind"], trace_matvecs = 30 }
 
 Validation happens at construction: an unknown probe, option, trace method or quantizer spec
 raises :class:`PlanError` naming the valid choices. :attr:`Plan.hash` is a SHA-256 of the
@@ -45,88 +46,19 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-PROBES = ("loss", "quant", "trace", "eigen", "block_trace", "directional", "kurtosis")
+from .settings import (EIGEN_METHODS, TRACE_METHODS, BlockTraceProbe, EigenProbe, ExplainProbe, PlanError, TraceProbe,
+                       positive_int as _positive_int)
+
+PROBES = ("loss", "quant", "trace", "eigen", "block_trace", "directional", "kurtosis", "explain")
 """Probe names, in execution order."""
 
-TRACE_METHODS = ("hutch++", "hutchinson")
-EIGEN_METHODS = ("power", "lanczos")
 DATA_SETS = ("eval", "calibration", "curvature")
 _FALLBACK_QUANT_METHODS = ("rtn", "int8", "gptq")
 
 
-class PlanError(ValueError):
-    """A plan names an unknown probe, option or spec, or has an invalid value."""
-
-
-# --------------------------------------------------------------------------- probe settings
-@dataclass(frozen=True)
-class TraceProbe:
-    """Hessian trace by ``method`` ('hutch++' | 'hutchinson') with a budget of ``num_matvecs`` HVPs."""
-
-    method: str = "hutch++"
-    num_matvecs: int = 100
-
-    def __post_init__(self):
-        if self.method not in TRACE_METHODS:
-            raise PlanError(f"trace method {self.method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
-        _positive_int("trace.num_matvecs", self.num_matvecs, minimum=3 if self.method == "hutch++" else 1)
-
-
-@dataclass(frozen=True)
-class EigenProbe:
-    """Top-``k`` Hessian eigenvalues (by magnitude, sign kept) by power iteration or Lanczos."""
-
-    k: int = 1
-    method: str = "power"
-    tol: float = 1e-3
-    max_iter: int = 100
-
-    def __post_init__(self):
-        if self.method not in EIGEN_METHODS:
-            raise PlanError(f"eigen method {self.method!r} is unknown; valid: {', '.join(EIGEN_METHODS)}")
-        _positive_int("eigen.k", self.k)
-        _positive_int("eigen.max_iter", self.max_iter)
-        if not (isinstance(self.tol, (int, float)) and self.tol > 0):
-            raise PlanError(f"eigen.tol must be a positive number, got {self.tol!r}")
-
-
-@dataclass(frozen=True)
-class BlockTraceProbe:
-    """Per-group Hessian traces. ``groups``: 'module' | 'parameter' | 'block' (one group per decoder
-    block plus 'other') or a mapping ``{group: glob | [globs]}`` (as :meth:`ParamSpace.groups`)."""
-
-    groups: Any = "block"
-    num_matvecs: int = 50
-
-    def __post_init__(self):
-        g = self.groups
-        if isinstance(g, str):
-            if g not in ("module", "parameter", "block"):
-                raise PlanError(f"block_trace.groups {g!r} is unknown; valid: 'block', 'module', 'parameter' or a mapping of globs")
-        elif isinstance(g, Mapping):
-            if not g:
-                raise PlanError("block_trace.groups mapping is empty")
-            norm = {}
-            for k, v in g.items():
-                globs = (v,) if isinstance(v, str) else tuple(v)
-                if not globs or not all(isinstance(x, str) for x in globs):
-                    raise PlanError(f"block_trace.groups[{k!r}] must be a glob or a list of globs, got {v!r}")
-                norm[str(k)] = globs
-            object.__setattr__(self, "groups", tuple(sorted(norm.items())))
-        elif isinstance(g, tuple) and all(isinstance(x, tuple) and len(x) == 2 for x in g):
-            pass  # already normalised
-        else:
-            raise PlanError(f"block_trace.groups must be 'block', 'module', 'parameter' or a mapping, got {g!r}")
-        _positive_int("block_trace.num_matvecs", self.num_matvecs)
-
-    def groups_arg(self):
-        """The groups in the form :meth:`ParamSpace.groups` takes ('block' is resolved by the runner)."""
-        return self.groups if isinstance(self.groups, str) else {k: list(v) for k, v in self.groups}
-
-
 @dataclass(frozen=True)
 class DataSpec:
-    """The three token sets of a study (SCIENCE.md §1): shapes ``(n_batches, batch, seq)``.
+    """The three token sets of a study (docs/science.md §1): shapes ``(n_batches, batch, seq)``.
 
     ``source``: 'embedded' (the held-out part of the package's corpus) or a path to a text file /
     folder. ``files``: optional ``{set_name: path}`` of saved :class:`TokenSet` files that replace
@@ -186,7 +118,7 @@ class Task:
 
     @property
     def curvature(self) -> bool:
-        return self.probe in ("trace", "eigen", "block_trace", "directional")
+        return self.probe in ("trace", "eigen", "block_trace", "directional", "explain")
 
 
 # --------------------------------------------------------------------------- the plan
@@ -200,8 +132,10 @@ class Plan:
     gᵀδ, δᵀHδ along δ = θ̂ − θ), ``kurtosis`` (pooled weight excess kurtosis), ``quant_modules``
     (module globs to quantize; default every Linear in the decoder blocks), ``lawa`` (k values:
     one derived LAWA checkpoint of the last k checkpoints each), ``checkpoints`` (labels to keep;
-    default all), ``seed`` (estimator seed), ``data`` (:class:`DataSpec`), ``max_memory`` (bytes or
-    ``"8GB"`` each curvature estimator may allocate beyond the model; None: geometry.memory's default).
+    default all), ``seed`` (estimator seed), ``data`` (:class:`DataSpec`), ``explain``
+    (:class:`ExplainProbe`, or a list of specs: attribution of ΔL by factor and block), ``max_memory``
+    (bytes or ``"8GB"`` each curvature estimator may allocate beyond the model; None: geometry.memory's
+    default).
     """
 
     loss: bool = True
@@ -218,6 +152,7 @@ class Plan:
     checkpoints: tuple[str, ...] | None = None
     seed: int = 0
     name: str = "sweep"
+    explain: ExplainProbe | None = None
     max_memory: int | str | None = None
 
     def __post_init__(self):
@@ -245,6 +180,12 @@ class Plan:
                 set_(name, _build(cls, v, name))
             else:
                 raise PlanError(f"{name} must be a {cls.__name__}, a table of its options, true/false; got {v!r}")
+        e = self.explain
+        if isinstance(e, (str, list, tuple)) or isinstance(e, Mapping):
+            e = ExplainProbe(specs=e) if not isinstance(e, Mapping) else _build(ExplainProbe, e, "explain")
+        if e is not None and not isinstance(e, ExplainProbe):
+            raise PlanError(f"explain must be an ExplainProbe, a list of quantizer specs or a table, got {e!r}")
+        set_("explain", e if e is None else replace(e, specs=tuple(canonical_spec(s, "explain") for s in e.specs)))
         if isinstance(self.data, Mapping):
             set_("data", _build(DataSpec, self.data, "data"))
         elif not isinstance(self.data, DataSpec):
@@ -372,6 +313,8 @@ class Plan:
         d["data"]["files"] = dict(self.data.files)
         for k in ("quant", "directional", "lawa"):
             d[k] = list(d[k])
+        if d["explain"] is not None:
+            d["explain"].update(specs=list(self.explain.specs), blocks=list(self.explain.blocks))
         for k in ("eval", "calibration", "curvature"):
             d["data"][k] = list(d["data"][k])
         for k in ("curvature_params", "quant_modules", "checkpoints"):
@@ -379,6 +322,8 @@ class Plan:
                 d[k] = list(d[k])
         probes = {k: d.pop(k) for k in PROBES}
         d["probes"] = {k: v for k, v in probes.items() if v not in (None, False, [], ())}
+        if d["max_memory"] is None:          # absent, so plans of the first release keep their hash
+            d.pop("max_memory")
         return d
 
     @property
@@ -394,7 +339,7 @@ class Plan:
     # ----------------------------------------------------------------- expansion
     def tasks(self) -> list[Task]:
         """Row keys per checkpoint, in execution order: loss, kurtosis, quant…, directional…,
-        trace, eigen, block_trace."""
+        trace, eigen, block_trace, explain…."""
         curv = {"curvature_params": list(self.curvature_params) if self.curvature_params else None, "data": list(self.data.curvature),
                 **({"max_memory": self.max_memory} if self.max_memory is not None else {})}
         qdata = {"quant_modules": list(self.quant_modules) if self.quant_modules else None,
@@ -417,6 +362,9 @@ class Plan:
             gname = g if isinstance(g, str) else "custom"
             out.append(_task("block_trace", gname, {"groups": _jsonable_groups(g), "num_matvecs": self.block_trace.num_matvecs,
                                                     **curv, "seed": self.seed}))
+        e = self.explain
+        for s in e.specs if e is not None else ():
+            out.append(_task("explain", s, {**qdata, **curv, **asdict(e), "specs": None, "seed": self.seed}))
         return out
 
     @property
@@ -475,11 +423,6 @@ def _build(cls, d: Mapping, where: str):
     return cls(**kw)
 
 
-def _positive_int(name: str, v, minimum: int = 1) -> None:
-    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-        raise PlanError(f"{name} must be an integer >= {minimum}, got {v!r}")
-
-
 def load_plan(plan: "Plan | str | Path | Mapping | None", quick: bool = False) -> Plan:
     """A :class:`Plan` from a Plan, a file path, a mapping, or None (the default plan)."""
     if plan is None:
@@ -493,5 +436,5 @@ def load_plan(plan: "Plan | str | Path | Mapping | None", quick: bool = False) -
     raise PlanError(f"cannot make a plan from {type(plan).__name__}")
 
 
-__all__ = ["Plan", "PlanError", "TraceProbe", "EigenProbe", "BlockTraceProbe", "DataSpec", "Task", "PROBES",
+__all__ = ["Plan", "PlanError", "TraceProbe", "EigenProbe", "BlockTraceProbe", "ExplainProbe", "DataSpec", "Task", "PROBES",
            "canonical_spec", "load_plan"]

@@ -13,7 +13,7 @@ Per checkpoint, shared between probes:
 * one :class:`geometry.hessian.HessianOperator` of :func:`probes.core.lm.lm_loss` on the curvature set,
   w.r.t. ``plan.curvature_params``, serves trace, eigen and block_trace.
 
-Metrics per probe (SCIENCE.md §2, §4, §6):
+Metrics per probe (docs/science.md §2, §4, §6):
 
 =============  ================  ===========================================================
 probe          spec              metrics (extra)
@@ -29,7 +29,16 @@ eigen          top{k}            lambda_1..lambda_k, each with its converged fla
                                  iterations = Lanczos steps or power iterations actually taken)
 block_trace    groups name       trace per group (the tidy table's spec = group name)
 kurtosis       ""                pooled weight excess kurtosis of the quantized matrices (per_matrix)
+explain        quantizer spec    actual_delta, rel_delta, gTd, quadratic = dHd/2, pred_delta, remainder,
+                                 norm2, trace (CI), trace_per_param (CI), rayleigh, kappa (CI), loss,
+                                 q_loss; per block dHd[part:block], gTd[...], norm2[...], within[...]
+                                 (probes.explain; on the curvature set, δ-space = quantized matrices)
 =============  ================  ===========================================================
+
+A ``directional`` and an ``explain`` row of the same spec share one measurement of δ (quantizer,
+gradient, HVP, loss of θ̂: :meth:`CheckpointState.direction`); the explain probe's trace of the
+quantized matrices is estimated once per checkpoint and shared by its specs (and taken from the
+``trace`` probe when that ran on the same parameters with the same method, budget and seed).
 """
 from __future__ import annotations
 
@@ -58,6 +67,8 @@ class CheckpointState:
         self.token_sets = token_sets
         self._fp = None
         self._op = None
+        self._directions: dict[str, Any] = {}
+        self.traces: dict[tuple, Any] = {}  # (parameter names, method, HVPs, seed) -> TraceEstimate
 
     def data(self, name: str):
         ts = self.token_sets.get(name)
@@ -82,6 +93,19 @@ class CheckpointState:
                                   max_memory=self.plan.max_memory)
         return self._op
 
+    def direction(self, spec: str):
+        """The :class:`probes.explain.DirectionMeasure` of quantizer ``spec`` (numbers only, measured
+        once per checkpoint; with the within-block parts the plan's explain probe asks for)."""
+        if spec not in self._directions:
+            from probes.explain import measure_direction
+
+            e = self.plan.explain
+            within = e.blocks if e is not None and e.within and spec in e.specs else ()
+            self._directions[spec] = measure_direction(self.model, spec, list(self.data("curvature")),
+                                                       self.token_sets.get("calibration"), self.plan.quant_modules, within,
+                                                       max_memory=self.plan.max_memory)
+        return self._directions[spec]
+
 
 # --------------------------------------------------------------------------- probes
 def _loss(st: CheckpointState, task: Task) -> ProbeRow:
@@ -103,31 +127,35 @@ def _quant(st: CheckpointState, task: Task) -> ProbeRow:
 
 
 def _directional(st: CheckpointState, task: Task) -> ProbeRow:
-    from geometry.directional import directional_curvature
-    from probes.core.lm import evaluate
-    from probes.models.curvature import lm_hessian
-    from probes.quant import quantize
-
-    model = st.model
-    qm = quantize(model, task.spec, calibration=st.token_sets.get("calibration"), modules=st.plan.quant_modules)
-    names = [f"{n}.weight" for n in qm.names]
-    params = dict(model.named_parameters())
-    qparams = dict(qm.model.named_parameters())
-    missing = [n for n in names if n not in params]
-    if missing:
-        raise ProbeError(f"quantized layers without a '.weight' parameter: {missing[:3]}")
-    delta = {n: (qparams[n].detach() - params[n].detach()) for n in names}
-    curv = list(st.data("curvature"))
-    q_curv = evaluate(qm.model, curv).loss
-    del qm, qparams                        # the quantized copy goes before the curvature's memory plan
-    op = lm_hessian(model, curv, params=[_escape_glob(n) for n in names], max_memory=st.plan.max_memory)
-    dc = directional_curvature(op, delta)
+    m = st.direction(task.spec)
+    p = m.parts
+    gTd, dHd, norm2 = p.total_gTd, p.total_dHd, p.total_norm2
     return ProbeRow(st_label(st), "directional", task.spec,
-                    metrics=[metric("gTd", dc.gTd), metric("dHd", dc.dHd), metric("pred_delta", dc.predicted_delta),
-                             metric("actual_delta", q_curv - dc.loss)],
-                    extra={"loss": dc.loss, "q_loss": q_curv, "direction_norm": dc.direction_norm,
-                           "curvature": dc.curvature, "n_params": op.dim, "memory": dc.memory},
-                    n_hvp=int(dc.num_matvecs))
+                    metrics=[metric("gTd", gTd), metric("dHd", dHd), metric("pred_delta", gTd + 0.5 * dHd),
+                             metric("actual_delta", m.actual)],
+                    extra={"loss": m.loss, "q_loss": m.q_loss, "direction_norm": math.sqrt(norm2),
+                           "curvature": dHd / norm2 if norm2 > 0 else math.nan, "n_params": p.dim, "memory": p.memory},
+                    n_hvp=int(p.num_matvecs))
+
+
+def _explain(st: CheckpointState, task: Task) -> ProbeRow:
+    from probes.explain import direction_trace, row_metrics
+
+    o = task.opts
+    fresh = task.spec not in st._directions
+    m = st.direction(task.spec)
+    key = (m.names, o["trace_method"], o["trace_matvecs"], o["seed"])
+    trace, spent = st.traces.get(key), 0
+    if trace is None:
+        trace = direction_trace(st.model, m.names, list(st.data("curvature")), o["trace_matvecs"], o["trace_method"], o["seed"],
+                                st.plan.max_memory)
+        st.traces[key], spent = trace, int(trace.num_matvecs)
+    ms = [metric(*t) for t in row_metrics(m, trace, st.model, o["blocks"])]
+    return ProbeRow(st_label(st), "explain", task.spec, metrics=ms,
+                    extra={"dim": m.parts.dim, "trace_method": trace.method, "trace_hvps": int(trace.num_matvecs),
+                           "trace_estimated_here": bool(spent), "direction_shared": not fresh,
+                           "layer_errors": dict(m.layer_errors), "within_hvps": m.within_matvecs},
+                    n_hvp=spent + m.within_matvecs + (int(m.parts.num_matvecs) if fresh else 0), seed=o["seed"])
 
 
 def _trace(st: CheckpointState, task: Task) -> ProbeRow:
@@ -139,6 +167,7 @@ def _trace(st: CheckpointState, task: Task) -> ProbeRow:
         est = hutchpp_trace(op, num_matvecs=o["num_matvecs"], seed=o["seed"])
     else:
         est = hutchinson_trace(op, num_matvecs=o["num_matvecs"], seed=o["seed"])
+    st.traces[(tuple(op.space.names), task.spec, o["num_matvecs"], o["seed"])] = est
     return ProbeRow(st_label(st), "trace", task.spec,
                     metrics=[metric("trace", est.value, est.stderr, est.ci_low, est.ci_high, converged=est.converged)],
                     extra={"method": est.method, "dim": op.dim, "rel_stderr": est.rel_stderr, "converged": bool(est.converged),
@@ -192,7 +221,7 @@ def _kurtosis(st: CheckpointState, task: Task) -> ProbeRow:
 
 PROBE_FUNCS: dict[str, Callable[[CheckpointState, Task], ProbeRow]] = {
     "loss": _loss, "quant": _quant, "directional": _directional, "trace": _trace, "eigen": _eigen,
-    "block_trace": _block_trace, "kurtosis": _kurtosis,
+    "block_trace": _block_trace, "kurtosis": _kurtosis, "explain": _explain,
 }
 
 
@@ -202,7 +231,9 @@ def st_label(st: CheckpointState) -> str:
 
 def _escape_glob(name: str) -> str:
     """A literal name as an fnmatch glob (brackets escaped)."""
-    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
+    from geometry.params import literal_glob
+
+    return literal_glob(name)
 
 
 def _short_error(exc: BaseException) -> str:

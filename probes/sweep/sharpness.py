@@ -1,6 +1,6 @@
 """Sharpness of one checkpoint (``losslens sharpness``): Hessian trace with its interval and λ_max.
 
-Curvature of :func:`probes.core.lm.lm_loss` on the curvature token set (SCIENCE.md §4): the default
+Curvature of :func:`probes.core.lm.lm_loss` on the curvature token set (docs/science.md §4): the default
 set of :func:`probes.data.default_token_sets` (held-out embedded corpus, the checkpoint's
 tokenizer) or a saved :class:`TokenSet` file. Cost: ``num_matvecs`` HVPs for the trace plus the
 eigen solver's HVPs (≤ ``max_iter`` per eigenvalue).

@@ -1,0 +1,76 @@
+"""Explain one checkpoint on disk (``losslens explain CKPT --spec ...``).
+
+Data: the checkpoint's own tokenizer and :func:`probes.data.default_token_sets` (held-out embedded
+corpus; curvature and calibration sets disjoint from the eval set), or saved
+:class:`~probes.core.tokenset.TokenSet` files. ΔL, g and H are all taken on the curvature set, so
+the second-order identity ΔL = gᵀδ + ½δᵀHδ + remainder holds on one set of batches.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+from .api import explain_specs
+from .measure import ExplainError
+
+
+def explain_checkpoint(checkpoint: str | Path, specs: Sequence[str], label: str | None = None, blocks: str = "layer",
+                       within: bool = False, trace_matvecs: int = 30, trace_method: str = "hutch++", seed: int = 0,
+                       quick: bool = False, device=None, curvature_set: str | Path | None = None,
+                       calibration_set: str | Path | None = None, modules: Sequence[str] | None = None,
+                       num_threads: int | None = None, max_memory: int | str | None = None) -> dict:
+    """Explanations of ``specs`` on one checkpoint, as ``{"checkpoint", "step", "lr", "data", "explanations"
+    (list of :class:`~probes.explain.api.Explanation`), "seconds", "device"}``.
+
+    ``checkpoint``: a checkpoint folder, or a trajectory folder (``label`` picks one; default the
+    last real checkpoint). Other arguments as :func:`~probes.explain.api.explain_specs`; ``quick``
+    uses the small default token sets; ``num_threads`` sets torch's threads for the call;
+    ``max_memory`` (bytes or ``"8GB"``) bounds each curvature estimator.
+    """
+    from probes.checkpoints import CheckpointError, CheckpointLoader, Trajectory
+    from probes.core.threads import torch_threads
+    from probes.core.tokenset import TokenSet
+
+    path = Path(checkpoint).expanduser()
+    if not path.exists():
+        raise ExplainError(f"no checkpoint at {path}")
+    try:
+        traj = Trajectory.from_folder(path)
+        ref = traj[label] if label is not None else (traj.real[-1] if traj.real else traj[-1])
+    except (CheckpointError, KeyError) as exc:
+        raise ExplainError(str(exc)) from exc
+    from probes.quant import QuantSpec
+
+    t0 = time.perf_counter()
+    needs_calib = any(QuantSpec.parse(s).needs_calibration for s in specs)
+    sets = {}
+    try:
+        if curvature_set is None or (calibration_set is None and needs_calib):
+            from probes.data import default_token_sets
+
+            sets = default_token_sets(traj, quick=quick, seed=seed)
+        curv = TokenSet.load(curvature_set) if curvature_set is not None else sets["curvature"]
+        calib = TokenSet.load(calibration_set) if calibration_set is not None else sets.get("calibration")
+    except (ValueError, OSError) as exc:  # DataError, TokenSetError, unreadable files
+        raise ExplainError(f"cannot build or read the token sets: {exc}; pass --curvature-set / --calib-set files") from exc
+    import torch
+
+    dev = device or ("cuda" if torch.cuda.is_available() else None)
+    try:
+        model = CheckpointLoader(traj, device=dev).load(ref)
+    except CheckpointError as exc:
+        raise ExplainError(f"cannot load {ref.label!r}: {exc}") from exc
+    with torch_threads(num_threads):
+        exps = explain_specs(model, specs, curv, calibration=calib, modules=list(modules) if modules else None,
+                             blocks=blocks, within=within, trace_matvecs=trace_matvecs, trace_method=trace_method,
+                             seed=seed, max_memory=max_memory)
+    return {"checkpoint": ref.label, "step": ref.step, "lr": ref.lr, "location": ref.location,
+            "data": {"curvature": {"shape": list(curv.tokens.shape), "content_hash": curv.content_hash},
+                     "calibration": None if calib is None else {"shape": list(calib.tokens.shape),
+                                                                "content_hash": calib.content_hash}},
+            "explanations": exps, "seconds": time.perf_counter() - t0,
+            "device": str(next(model.parameters()).device)}
+
+
+__all__ = ["explain_checkpoint"]
