@@ -11,10 +11,10 @@ from typing import Mapping
 
 import torch
 
-from ._checks import check_op
+from ._checks import check_op, flat_direction
 from ._linalg import rowdot
 from .memory import MemoryEstimate, first_fitting, resolve_budget, vector_bytes
-from .operator import CurvatureOperator, is_finite
+from .operator import CurvatureOperator
 from .results import DirectionalCurvature, EstimatorError
 
 __all__ = ["directional_curvature", "estimate_memory"]
@@ -57,19 +57,7 @@ def directional_curvature(
             f"directional_curvature needs an operator with a gradient() method (e.g. HessianOperator); "
             f"{type(op).__name__} has none"
         )
-    if isinstance(direction, Mapping):
-        if op.space is None:
-            raise EstimatorError("a dict direction needs op.space to order its entries; pass a flat [dim] tensor")
-        d = op.space.flatten({k: torch.as_tensor(v) for k, v in direction.items()})
-    elif isinstance(direction, torch.Tensor):
-        d = direction
-    else:
-        raise EstimatorError(f"direction must be a dict of tensors or a flat tensor, got {type(direction).__name__}")
-    if d.ndim != 1 or d.shape[0] != op.dim:
-        raise EstimatorError(f"direction has shape {tuple(d.shape)}; expected a flat [{op.dim}] vector")
-    d = d.detach().to(device=op.device, dtype=op.dtype)
-    if not is_finite(d):
-        raise EstimatorError("direction contains NaN/Inf")
+    d = flat_direction(op, direction)
     plan = estimate_memory(op, max_memory)
     t0, n0 = time.perf_counter(), op.num_matvecs
     loss, g = gradient()

@@ -60,6 +60,7 @@ from .attention import second_order_attention
 from .batches import normalise_batch_weights
 from .derivatives import check_dead_rows, true_derivatives
 from .graph_memory import itemsize, one_row, pass_bytes, saved_graph_bytes
+from .modes import module_modes
 from .operator import CurvatureOperator, OperatorError, estimator_dtype, is_finite
 from .params import ParamGlobs, ParamSpace, select_parameters
 
@@ -321,16 +322,13 @@ class HessianOperator(CurvatureOperator):
     def _call_context(self) -> Iterator[dict[str, torch.Tensor]]:
         """Eval mode, MATH attention, true embedding derivatives, grad enabled; restores modes and
         ``.grad`` afterwards."""
-        modes = [(m, m.training) for m in self.model.modules()]
         grads = [(p, p.grad) for p in self.model.parameters()]
         params = self._current_params()
-        self.model.eval()
         try:
-            with torch.enable_grad(), second_order_attention(), true_derivatives(self.model):
+            with module_modes(self.model, training=False), torch.enable_grad(), second_order_attention(), \
+                    true_derivatives(self.model):
                 yield params
         finally:
-            for m, training in modes:
-                m.training = training
             for p, g in grads:
                 if p.grad is not g:
                     p.grad = g

@@ -136,3 +136,7 @@ for _info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.nam
 
 def main() -> None:  # pragma: no cover - console entry
     app()
+
+
+if __name__ == "__main__":  # python -m probes.cli ... = losslens ...
+    main()
