@@ -75,19 +75,20 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     """One probe in this (fresh) process; returns the measured row."""
     import gc
 
-    from geometry import (HessianOperator, directional_curvature, evaluate_surface, hutchinson_trace, hutchpp_trace,
+    from geometry import (directional_curvature, evaluate_surface, hutchinson_trace, hutchpp_trace,
                           random_plane, spectral_density, top_eigenvalues)
     from geometry.grid import GridSpec
     from geometry.moving import estimate_memory as surface_memory
     from geometry.trace import block_traces
     from probes.core.lm import lm_loss
+    from probes.models.curvature import lm_hessian
 
     dt = getattr(torch, dtype)
     model = build(shape, dt)
     vocab = SHAPES[shape][4]
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, vocab, (BATCH, SEQ), generator=g) for _ in range(BATCHES)]
-    op = HessianOperator(model, lm_loss, batches, max_memory=max_memory)
+    op = lm_hessian(model, batches, max_memory=max_memory)       # what sharpness and sweeps use
     row = {"shape": shape, "dtype": dtype, "probe": probe, "dim": op.dim, "max_memory": max_memory}
     if probe == "timing":
         return {**row, **_timing(op)}
@@ -179,10 +180,11 @@ def _run_child(shape: str, probe: str, dtype: str, max_memory: str, threads: int
 
 def saved_bytes_per_sequence(shape: str, seq: int, layers: int, dtype: torch.dtype = torch.bfloat16) -> int:
     """Bytes autograd saves (forward + ``create_graph`` backward) for one sequence of ``seq`` tokens
-    on a ``layers``-layer slice of ``shape`` (geometry.graph_memory.saved_graph_bytes)."""
+    on a ``layers``-layer slice of ``shape`` (geometry.graph_memory.saved_graph_bytes), through the
+    loss the curvature probes use (the lean LM head, :func:`probes.core.lm_head.lm_loss_lean`)."""
     from geometry.attention import second_order_attention
     from geometry.graph_memory import saved_graph_bytes
-    from probes.core.lm import lm_loss
+    from probes.core.lm_head import lm_loss_lean as lm_loss
 
     model = build(shape, dtype, layers=layers)
     ids = torch.randint(0, SHAPES[shape][4], (1, seq))

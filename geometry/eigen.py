@@ -11,7 +11,7 @@ Memory (n = dim, b = bytes of ``op.dtype``): Lanczos holds its basis, at most ``
 m = the basis size (``max_basis``, or the largest that fits ``max_memory``), plus ``(2k + 1) · n · b``
 for the residual and the final Ritz vectors; when m is smaller than the steps wanted, the basis is
 thick-restarted (Wu & Simon 2000): the best Ritz vectors are kept and the recurrence goes on, so
-memory stays at m vectors for any number of steps. Power iteration holds ``(k + 3) · n · b``.
+memory stays at m vectors for any number of steps. Power iteration holds ``max(k + 2, 2k) · n · b``.
 Both add one operator pass, with every batch's gradient graph kept between steps when it fits
 (each step then costs one second backward, not a graph rebuild).
 """
@@ -32,7 +32,7 @@ from .results import EigenResult, EstimatorError
 
 __all__ = ["top_eigenvalues", "estimate_memory"]
 
-_ADVICE = ("lower max_iter or max_basis, use method='power' (k + 3 vectors), use fewer or shorter curvature "
+_ADVICE = ("lower max_iter or max_basis, use method='power' (max(k + 2, 2k) vectors), use fewer or shorter curvature "
            "batches, select fewer parameters (params=...), or raise max_memory")
 
 
@@ -63,8 +63,10 @@ def estimate_memory(op: CurvatureOperator, k: int = 1, method: str = "lanczos", 
     cands = []
     if method == "power":
         for settings, pass_b, _ in pass_options(op, 1, steps):
-            parts = {f"eigenvectors found (and their stack) [{2 * k}, dim]": 2 * k * vec,
-                     "iterate, product, deflation [3, dim]": 3 * vec,
+            # while iterating: the k − 1 vectors found, the iterate, its product and the next iterate;
+            # at the end: the k vectors found and their stack
+            n_vec = max(k + 2, 2 * k)
+            parts = {f"iterate, product, next iterate and the eigenvectors found [{n_vec}, dim]": n_vec * vec,
                      "operator pass": pass_b}
             cands.append(MemoryEstimate(parts, budget, {**settings}))
         cands.sort(key=lambda e: not e.settings.get("cache_graphs", False))

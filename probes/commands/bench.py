@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-SUITE = ("hvp_throughput", "estimators", "quantize", "surface", "sweep", "scale", "gpu")
+SUITE = ("hvp_throughput", "solvers", "estimators", "quantize", "surface", "sweep", "scale", "gpu")
 ALIASES = {"hvp": "hvp_throughput"}
 
 
