@@ -30,7 +30,8 @@ EXIT_INTERRUPTED = 130
 _DEBUG = "losslens.debug"
 
 _USER_ERRORS = (
-    ("probes.checkpoints.errors", "CheckpointError"), ("probes.sweep.plan", "PlanError"),
+    ("probes.checkpoints.errors", "CheckpointError"), ("probes.checkpoints.errors", "TrajectoryNameError"),
+    ("probes.checkpoints.errors", "ScheduleError"), ("probes.sweep.plan", "PlanError"),
     ("probes.sweep.store_errors", "StoreError"), ("probes.sweep.executor", "SweepError"),
     ("probes.sweep.sharpness", "SharpnessError"), ("probes.sweep.runner", "ProbeError"),
     ("probes.analysis.inputs", "AnalysisError"), ("probes.report.pages", "ReportError"),

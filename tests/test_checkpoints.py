@@ -328,21 +328,10 @@ def test_lawa_equals_hand_mean(tmp_path):
 
 def _fake_hub_cache(cache: Path, repo_id: str, revisions: dict[str, torch.nn.Module]) -> None:
     """``<cache>/models--org--name/{refs/<rev> -> commit, snapshots/<commit>/files, blobs/}``."""
-    import hashlib
+    from tests.hub_cache import add_revision
 
-    repo = cache / ("models--" + repo_id.replace("/", "--"))
-    (repo / "refs").mkdir(parents=True)
-    (repo / "blobs").mkdir()
     for rev, model in revisions.items():
-        commit = hashlib.sha1(rev.encode()).hexdigest()
-        (repo / "refs" / rev).write_text(commit)
-        tmp = _save(model, cache / "tmp" / rev)
-        snap = repo / "snapshots" / commit
-        snap.mkdir(parents=True)
-        for f in tmp.iterdir():  # blobs + relative symlinks, as huggingface_hub writes them
-            blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
-            shutil.copy(f, blob)
-            (snap / f.name).symlink_to(Path("../../blobs") / blob.name)
+        add_revision(cache, repo_id, rev, _save(model, cache / "tmp" / rev))
     shutil.rmtree(cache / "tmp")
 
 

@@ -8,6 +8,8 @@ Modules (each imports only the ones above it):
 
 - :mod:`.errors`     -- :class:`CheckpointError` and its subclasses;
 - :mod:`.refs`       -- :class:`CheckpointRef` (where one checkpoint is; no weights), :func:`parse_step`;
+- :mod:`.schedule`   -- :class:`Schedule`: LR and tokens per checkpoint from a published schedule (spec
+  strings, presets such as ``pythia-160m``, ``trajectory.json`` sidecars);
 - :mod:`.hub`        -- hub ``repo@revision`` resolved through the local HF cache (offline-capable);
 - :mod:`.files`      -- config / weight files, safe weight reading (safetensors; torch files only
   with ``weights_only=True``; pickles refused unless ``allow_pickle=True``);
@@ -15,20 +17,24 @@ Modules (each imports only the ones above it):
 - :mod:`.trajectory` -- :class:`Trajectory` (from a folder, the hub or a list), :func:`tokenizer_folder`;
 - :mod:`.configs`    -- a checkpoint's config against its weights (function config, meta-device check);
 - :mod:`.loader`     -- :class:`CheckpointLoader` (one reused model per config) and :func:`load_model`;
-- :mod:`.locate`     -- :func:`open_checkpoint`: a command-line checkpoint argument -> (trajectory, ref).
+- :mod:`.locate`     -- :func:`open_trajectory` / :func:`open_checkpoint`: a command-line argument (a folder
+  or ``hf:ORG/NAME@REVISIONS``) -> trajectory / (trajectory, ref), schedules attached.
 """
 from .derived import lawa
 from .errors import (ArchitectureMismatchError, CheckpointError, CorruptCheckpointError, MissingWeightsError,
-                     NoCheckpointsError, RevisionNotCachedError, UnsafeCheckpointError)
+                     NoCheckpointsError, RevisionNotCachedError, ScheduleError, TrajectoryNameError,
+                     UnsafeCheckpointError)
 from .files import local_folder, read_config, weight_files
 from .loader import CheckpointLoader, load_model
-from .locate import open_checkpoint
+from .locate import open_checkpoint, open_trajectory, parse_hub_name
 from .refs import CheckpointRef, parse_step
+from .schedule import PRESETS, Schedule, parse_schedule
 from .trajectory import CheckpointProblem, Trajectory, tokenizer_folder
 
 __all__ = [
     "CheckpointError", "NoCheckpointsError", "MissingWeightsError", "CorruptCheckpointError", "UnsafeCheckpointError",
     "ArchitectureMismatchError", "RevisionNotCachedError", "CheckpointRef", "CheckpointProblem", "Trajectory",
     "CheckpointLoader", "load_model", "lawa", "parse_step", "weight_files", "read_config", "local_folder",
-    "tokenizer_folder", "open_checkpoint",
+    "tokenizer_folder", "open_checkpoint", "open_trajectory", "parse_hub_name", "ScheduleError", "TrajectoryNameError",
+    "Schedule", "PRESETS", "parse_schedule",
 ]

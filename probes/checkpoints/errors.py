@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 __all__ = ["CheckpointError", "NoCheckpointsError", "MissingWeightsError", "CorruptCheckpointError",
-           "UnsafeCheckpointError", "ArchitectureMismatchError", "RevisionNotCachedError"]
+           "UnsafeCheckpointError", "ArchitectureMismatchError", "RevisionNotCachedError", "TrajectoryNameError",
+           "ScheduleError"]
 
 
 class CheckpointError(RuntimeError):
@@ -31,3 +32,12 @@ class ArchitectureMismatchError(CheckpointError):
 
 class RevisionNotCachedError(CheckpointError):
     """A hub revision is not in the local cache while offline."""
+
+
+class TrajectoryNameError(CheckpointError):
+    """A trajectory / checkpoint name (``hf:org/name@revisions``) that cannot be parsed."""
+
+
+class ScheduleError(CheckpointError):
+    """A learning-rate schedule spec, a tokens-per-step value or a ``trajectory.json`` schedule
+    that is malformed or does not fit the trajectory's checkpoints."""

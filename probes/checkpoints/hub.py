@@ -51,21 +51,29 @@ def hub_folder(ref: CheckpointRef) -> Path:
                                        allow_patterns=["*.json", "pytorch_model*.bin"])
     except LocalEntryNotFoundError as exc:
         where = hub_cache_dir(cache_dir)
+        cmd = download_command(ref.location, ref.revision, cache_dir)
         if offline:
             raise RevisionNotCachedError(
-                f"checkpoint {ref.label!r}: revision {ref.revision!r} of {ref.location} is not in the local Hugging Face "
-                f"cache ({where}) and offline mode is on (HF_HUB_OFFLINE=1 or local_files_only=True). Download it first "
-                f"(`hf download {ref.location} --revision {ref.revision}`), or unset offline mode to let it be "
-                "downloaded.") from exc
+                f"{ref.location}@{ref.revision} is not in the local Hugging Face cache and offline mode is on "
+                f"(HF_HUB_OFFLINE=1): download it with `{cmd}`, or unset HF_HUB_OFFLINE to let losslens download it "
+                f"(huggingface_hub < 0.34: `huggingface-cli download`, same arguments); cache: {where}") from exc
         raise RevisionNotCachedError(
             f"checkpoint {ref.label!r}: revision {ref.revision!r} of {ref.location} could not be downloaded and is not "
-            f"in the local cache ({where}): {exc}") from exc
+            f"in the local cache ({where}): {exc}; when the hub is reachable, `{cmd}` fetches it") from exc
     except Exception as exc:  # RepositoryNotFound, RevisionNotFound, network errors
         raise CheckpointError(f"checkpoint {ref.label!r}: cannot resolve {ref.location}@{ref.revision}: {exc}") from exc
     return Path(folder)
 
 
+def download_command(repo_id: str, revision: str | None, cache_dir: str | Path | None = None) -> str:
+    """The ``hf download`` command that puts ``repo_id@revision`` into the cache losslens reads."""
+    cmd = f"hf download {repo_id}" + (f" --revision {revision}" if revision else "")
+    return cmd + (f" --cache-dir {Path(cache_dir).expanduser()}" if cache_dir else "")
+
+
 def cached_revisions(repo_id: str, cache_dir: str | Path | None) -> list[str]:
+    """The revision names with a ref in the local cache (``<cache>/models--org--name/refs``), sorted;
+    a ref may lack its snapshot (a ``main`` ref written by a partial download)."""
     folder = hub_cache_dir(cache_dir) / ("models--" + repo_id.replace("/", "--")) / "refs"
     if not folder.is_dir():
         return []

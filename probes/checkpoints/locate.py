@@ -1,38 +1,152 @@
-"""One place that turns a command-line checkpoint argument into a trajectory and a checkpoint.
+"""One place that turns a command-line trajectory or checkpoint argument into a trajectory.
 
-:func:`open_checkpoint` accepts a trajectory folder (picks a label, default the last real
-checkpoint), a single checkpoint folder or a single weight file. A single checkpoint that sits in
-a trajectory folder is returned as that trajectory's reference, so its step, tokens and LR (from
-``trajectory.json`` or HF Trainer's ``trainer_state.json``) and the trajectory's tokenizer come
-with it. The commands (``losslens sharpness`` …) open their checkpoint argument through it.
+Every command opens its argument here: :func:`open_trajectory` (``losslens sweep``) and
+:func:`open_checkpoint` (``sharpness``, ``quantize``, ``surface``, ``explain``). An argument is
+
+- a **folder**: a trajectory folder (:meth:`Trajectory.from_folder`), a single checkpoint folder
+  or a weight file. A single checkpoint that sits in a trajectory folder is returned as that
+  trajectory's reference, so its step, tokens and LR (``trajectory.json``, ``trainer_state.json``)
+  and the trajectory's tokenizer come with it;
+- a **hub name** ``hf:ORG/NAME[@REVISIONS]`` (:func:`parse_hub_name`), resolved through the local
+  Hugging Face cache (:meth:`Trajectory.from_hub`; offline when ``HF_HUB_OFFLINE=1``).
+  ``REVISIONS`` is a comma-separated list of revision names (``@step1000,step2000``, kept in that
+  order), globs (``@step*``, ``@stage1-step*``) or one ``re:REGEX`` (``@re:step\\d+000``; the rest of
+  the name is the regex); with a pattern the checkpoints are ordered by step. Without ``@`` the
+  revision is ``main``.
+
+A schedule (``schedule=``, ``tokens_per_step=``: :mod:`probes.checkpoints.schedule`) derives LR
+and tokens from each checkpoint's step and replaces recorded values; ``trajectory.json`` files
+passed as ``sidecars`` (and the one inside a trajectory folder) only fill values that are missing.
 """
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
-from .errors import CheckpointError, NoCheckpointsError
+from .errors import CheckpointError, NoCheckpointsError, TrajectoryNameError
+from .files import local_folder
 from .refs import CheckpointRef
+from .schedule import Schedule, read_sidecar
 from .trajectory import Trajectory
 
-__all__ = ["open_checkpoint"]
+__all__ = ["open_checkpoint", "open_trajectory", "parse_hub_name", "checkpoint_trajectory", "HubName", "HUB_PREFIX",
+           "NAME_HELP"]
+
+HUB_PREFIX = "hf:"
+NAME_HELP = ("a folder, or a hub trajectory hf:ORG/NAME@REVISIONS with REVISIONS a glob (step*), re:REGEX or a "
+             "list (step1000,step2000); hf:ORG/NAME alone is the main revision")
+_REPO = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class HubName:
+    """A parsed ``hf:ORG/NAME@REVISIONS``: the repo id and the revision items (names, globs, ``re:``)."""
+
+    repo_id: str
+    revisions: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{HUB_PREFIX}{self.repo_id}@{','.join(self.revisions)}"
+
+
+def parse_hub_name(name: "str | Path") -> HubName | None:
+    """The :class:`HubName` of ``hf:ORG/NAME[@REVISIONS]`` (see the module docstring), or None when
+    ``name`` does not start with ``hf:``. Raises :class:`TrajectoryNameError` for a malformed name."""
+    text = str(name).strip()
+    if not text.startswith(HUB_PREFIX):
+        return None
+    repo, at, sel = text[len(HUB_PREFIX):].partition("@")
+    if not _REPO.match(repo) or ".." in repo:
+        raise TrajectoryNameError(f"{text!r}: {repo!r} is not a hub repo id (ORG/NAME, e.g. EleutherAI/pythia-160m); "
+                                  f"a trajectory is {NAME_HELP}")
+    if not at:
+        return HubName(repo, ("main",))
+    if sel.startswith("re:"):
+        try:
+            re.compile(sel[3:])
+        except re.error as exc:
+            raise TrajectoryNameError(f"{text!r}: {sel!r} is not a valid regular expression: {exc}") from None
+        return HubName(repo, (sel,))
+    items = tuple(x.strip() for x in sel.split(","))
+    if not all(items):
+        raise TrajectoryNameError(f"{text!r}: empty revision after '@' or between commas; {NAME_HELP}")
+    return HubName(repo, items)
+
+
+def open_trajectory(name: "str | Path | Trajectory", cache_dir: str | Path | None = None,
+                    schedule: "Schedule | str | None" = None, tokens_per_step: int | None = None,
+                    sidecars: Sequence[str | Path] = ()) -> Trajectory:
+    """The :class:`Trajectory` named by ``name``: a folder, ``hf:ORG/NAME@REVISIONS``, or a Trajectory.
+
+    ``cache_dir``: the Hugging Face hub cache for hub names (default ``$HF_HUB_CACHE`` / ``$HF_HOME/hub``
+    / ``~/.cache/huggingface/hub``). ``schedule`` / ``tokens_per_step`` derive LR and tokens for every
+    checkpoint (replacing recorded values); each existing file in ``sidecars`` (a ``trajectory.json``
+    with ``"schedule"`` / ``"tokens_per_step"``) fills only what is still missing. Reads names and
+    small JSON files only, never weights. Raises :class:`NoCheckpointsError` (nothing there),
+    :class:`TrajectoryNameError`, :class:`~probes.checkpoints.errors.ScheduleError`.
+    """
+    if isinstance(name, Trajectory):
+        traj = name
+    else:
+        hub = parse_hub_name(name)
+        if hub is not None:
+            traj = Trajectory.from_hub(hub.repo_id, list(hub.revisions), cache_dir=cache_dir,
+                                       name=f"{hub.repo_id}@{','.join(hub.revisions)}")
+        else:
+            p = Path(name).expanduser()
+            if not p.exists():
+                raise NoCheckpointsError(f"no trajectory at {p}: the folder does not exist; a trajectory is {NAME_HELP}")
+            traj = Trajectory.from_folder(p) if p.is_dir() else Trajectory([CheckpointRef.from_path(p)], p.stem)
+    return _with_schedules(traj, schedule, tokens_per_step, sidecars)
+
+
+def _with_schedules(traj: Trajectory, schedule, tokens_per_step, sidecars: Sequence[str | Path] = ()) -> Trajectory:
+    for sidecar in sidecars:
+        sched, tps = read_sidecar(sidecar)
+        if sched is not None or tps is not None:
+            traj = traj.with_schedule(sched, tps, override=False)
+    if schedule is not None or tokens_per_step is not None:
+        traj = traj.with_schedule(schedule, tokens_per_step, override=True)
+    return traj
 
 
 def _same(location: str | None, path: Path) -> bool:
     return location is not None and Path(location).resolve() == path.resolve()
 
 
-def open_checkpoint(path: str | Path, label: str | None = None) -> tuple[Trajectory, CheckpointRef]:
-    """``(trajectory, checkpoint)`` for a path given on the command line.
+def _pick(traj: Trajectory, label: str | None, where: str) -> CheckpointRef:
+    if label is None:
+        real = traj.real
+        return real[-1] if real else traj[-1]
+    try:
+        return traj[label]
+    except KeyError as exc:
+        raise CheckpointError(f"{where} has no checkpoint {label!r}; labels: {', '.join(traj.labels[:12])}"
+                              f"{' ...' if len(traj) > 12 else ''}") from exc
 
-    ``path``: a trajectory folder (``label`` picks a checkpoint, default the last real one), a
-    checkpoint folder or a weight file (``label``, when given, must name it). Raises
-    :class:`NoCheckpointsError` when nothing is there and :class:`CheckpointError` for an unknown
-    label (the message lists the labels). Reads names and small JSON files only, never weights.
+
+def open_checkpoint(path: "str | Path", label: str | None = None, cache_dir: str | Path | None = None,
+                    schedule: "Schedule | str | None" = None,
+                    tokens_per_step: int | None = None) -> tuple[Trajectory, CheckpointRef]:
+    """``(trajectory, checkpoint)`` for a checkpoint argument given on the command line.
+
+    ``path``: a trajectory folder or a hub trajectory ``hf:ORG/NAME@REVISIONS`` (``label`` picks a
+    checkpoint, default the last real one), a checkpoint folder or weight file, or a single hub
+    revision ``hf:ORG/NAME@REV`` (``label``, when given, must name it). ``cache_dir``, ``schedule``,
+    ``tokens_per_step``: as :func:`open_trajectory`. Raises :class:`NoCheckpointsError` when nothing is
+    there and :class:`CheckpointError` for an unknown label (the message lists the labels). Reads
+    names and small JSON files only, never weights.
     """
+    if parse_hub_name(path) is not None:
+        traj = open_trajectory(path, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step)
+        return traj, _pick(traj, label, str(path))
     p = Path(path).expanduser()
     if not p.exists():
-        raise NoCheckpointsError(f"no checkpoint at {p}: the path does not exist")
-    traj = Trajectory.from_folder(p) if p.is_dir() else Trajectory([CheckpointRef.from_path(p)], p.stem)
+        raise NoCheckpointsError(f"no checkpoint at {p}: the path does not exist; a checkpoint is a checkpoint "
+                                 f"folder, a weight file, or {NAME_HELP}")
+    traj = open_trajectory(p)
     single = p.is_file() or (len(traj) == 1 and _same(traj[0].location, p))
     if single and label in (None, traj[0].label):
         try:  # the trajectory folder around it knows its step / tokens / LR and tokenizer
@@ -41,12 +155,18 @@ def open_checkpoint(path: str | Path, label: str | None = None) -> tuple[Traject
             parent = None
         hit = next((r for r in parent if _same(r.location, p)), None) if parent is not None else None
         if hit is not None:
-            return parent, hit
-    if label is not None:
-        try:
-            return traj, traj[label]
-        except KeyError as exc:
-            raise CheckpointError(f"{p} has no checkpoint {label!r}; labels: {', '.join(traj.labels[:12])}"
-                                  f"{' ...' if len(traj) > 12 else ''}") from exc
-    real = traj.real
-    return traj, (real[-1] if real else traj[-1])
+            traj = _with_schedules(parent, schedule, tokens_per_step)
+            return traj, traj[hit.label]
+    traj = _with_schedules(traj, schedule, tokens_per_step)
+    return traj, _pick(traj, label, str(p))
+
+
+def checkpoint_trajectory(traj: Trajectory, ref: CheckpointRef) -> Trajectory:
+    """The one-checkpoint trajectory of ``ref`` with ``traj``'s meta (tokenizer folder, schedule): what a
+    single-checkpoint command builds its token sets and loader from, so that a hub pattern
+    (``hf:ORG/NAME@step*`` with ``--label``) resolves only that revision. A hub revision is resolved
+    here (read from the cache; downloaded when online), so a missing one fails first with
+    :class:`~probes.checkpoints.errors.RevisionNotCachedError` and the command that downloads it."""
+    if ref.kind == "hub":
+        local_folder(ref)
+    return Trajectory([ref], traj.name, traj.meta)

@@ -35,8 +35,9 @@ from .errors import (ArchitectureMismatchError, CheckpointError, CorruptCheckpoi
                      NoCheckpointsError, RevisionNotCachedError, UnsafeCheckpointError)
 from .files import (TRAINER_FILES, WEIGHT_SUFFIXES, file_shapes, has_tokenizer_files, local_folder, read_config,
                     ref_weight_files)
-from .hub import cached_revisions, hub_offline
+from .hub import cached_revisions, download_command, hub_cache_dir, hub_offline
 from .refs import CheckpointRef, parse_step
+from .schedule import Schedule, apply_schedule, as_schedule, check_tokens_per_step, read_sidecar
 
 __all__ = ["Trajectory", "CheckpointProblem", "tokenizer_folder"]
 
@@ -169,9 +170,11 @@ class Trajectory:
         if states:
             refs = _apply_trainer_state(refs, states)
             meta["trainer_state"] = True
-        refs = [r if r.tokens is not None or "tokens_from_name" not in r.meta else r.replace(tokens=r.meta["tokens_from_name"])
-                for r in refs]
-        return cls(refs, name or root.name, meta)
+        if tj.is_file():  # "schedule" / "tokens_per_step": fill what trajectory.json and trainer_state.json lack
+            sched, tps = read_sidecar(tj)
+            refs = apply_schedule(refs, sched, tps, override=False)
+            meta.update({k: v for k, v in (("schedule", sched and sched.spec), ("tokens_per_step", tps)) if v})
+        return cls(_name_tokens(refs), name or root.name, meta)
 
     @classmethod
     def from_hub(cls, repo_id: str, revisions: "Sequence[str] | str", cache_dir: str | Path | None = None,
@@ -179,17 +182,23 @@ class Trajectory:
                  name: str | None = None) -> "Trajectory":
         """Checkpoints ``repo_id@revision`` for each revision.
 
-        ``revisions``: a list of revision names (branches, tags or commit hashes), or one pattern --
-        a glob (``"step*"``) or ``"re:<regex>"`` -- matched against ``available`` or, when that is
-        not given, the repo's branches and tags (``huggingface_hub.list_repo_refs``; offline: the refs
-        present in the local cache, ``<cache>/models--org--name/refs``).
-        A pattern's matches are ordered by the step parsed from each name; a list keeps its order.
-        ``local_files_only=None`` follows ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` at call
-        time. No weights are downloaded here; files are resolved (downloaded when online and not
-        cached) when a checkpoint is loaded.
+        ``revisions``: one item or a list of items; an item is a revision name (branch, tag or commit
+        hash), a glob (``"step*"``, ``"stage1-step*"``) or ``"re:<regex>"`` (full match). Patterns are
+        matched against ``available`` or, when that is not given, the repo's branches and tags
+        (``huggingface_hub.list_repo_refs``; offline, or when the hub cannot be reached: the refs in the
+        local cache, ``<cache>/models--org--name/refs``). With a pattern among the items the result is
+        ordered by the step parsed from each name; a list of names keeps its order. A name is taken as
+        given (not looked up), so a revision missing from the cache fails when it is loaded, with the
+        command that downloads it. ``local_files_only=None`` follows ``HF_HUB_OFFLINE`` /
+        ``TRANSFORMERS_OFFLINE`` at call time. No weights are downloaded here. Raises
+        :class:`NoCheckpointsError` when a pattern matches no revision.
         """
-        if isinstance(revisions, str):
-            pattern = revisions
+        items = [revisions] if isinstance(revisions, str) else list(revisions)
+        if not items:
+            raise NoCheckpointsError(f"no revisions given for {repo_id}")
+        patterns = [x for x in items if _is_pattern(x)]
+        revs = list(dict.fromkeys(x for x in items if not _is_pattern(x)))
+        if patterns:
             offline = hub_offline() if local_files_only is None else bool(local_files_only)
             if available is None and not offline:
                 try:
@@ -199,25 +208,20 @@ class Trajectory:
                     available = sorted({b.name for b in refs_.branches} | {t.name for t in refs_.tags})
                 except Exception:  # no network / private repo: fall back to the local cache
                     available = None
+            where = "" if available is not None else f" in the local Hugging Face cache ({hub_cache_dir(cache_dir)})"
             if available is None:
                 available = cached_revisions(repo_id, cache_dir)
-            if pattern.startswith("re:"):
-                rx = re.compile(pattern[3:])
-                revs = [r for r in available if rx.fullmatch(r)]
-            else:
-                revs = [r for r in available if fnmatch.fnmatchcase(r, pattern)]
-            if not revs:
-                raise NoCheckpointsError(
-                    f"no revision of {repo_id} matches {pattern!r} among {len(available)} known revisions "
-                    f"({', '.join(list(available)[:5])}{', ...' if len(available) > 5 else ''}); pass `available=` "
-                    "(e.g. from huggingface_hub.list_repo_refs) or an explicit list of revisions")
-        else:
-            revs = list(revisions)
-            if not revs:
-                raise NoCheckpointsError(f"no revisions given for {repo_id}")
-        refs = [CheckpointRef.from_hub(repo_id, r, cache_dir, local_files_only) for r in revs]
-        refs = [r if "tokens_from_name" not in r.meta else r.replace(tokens=r.meta["tokens_from_name"]) for r in refs]
-        if isinstance(revisions, str):
+            for pattern in patterns:
+                hits = _match(pattern, available)
+                if not hits:
+                    raise NoCheckpointsError(
+                        f"no revision of {repo_id} matches {pattern!r} among {len(available)} known revisions{where} "
+                        f"({', '.join(list(available)[:5])}{', ...' if len(available) > 5 else ''}); download them "
+                        f"first (`{download_command(repo_id, 'REV', cache_dir)}`), or name revisions explicitly "
+                        "(hf:org/name@step1000,step2000 / a list)")
+                revs.extend(h for h in hits if h not in revs)
+        refs = _name_tokens([CheckpointRef.from_hub(repo_id, r, cache_dir, local_files_only) for r in revs])
+        if patterns:
             refs.sort(key=_sort_key)
         return cls(refs, name or repo_id, {"repo_id": repo_id, "cache_dir": str(cache_dir) if cache_dir else None})
 
@@ -259,6 +263,22 @@ class Trajectory:
             raise CheckpointError(f"LAWA over k={k} checkpoints needs 1 <= k <= {end} (checkpoints up to the end point)")
         ref = lawa(real[end - k:end], weights=weights, label=label)
         return Trajectory(self.checkpoints + [ref], self.name, self.meta)
+
+    def with_schedule(self, schedule: "Schedule | str | None" = None, tokens_per_step: int | None = None,
+                      override: bool = True) -> "Trajectory":
+        """A new trajectory whose checkpoints' LR and tokens are derived from ``schedule`` (a
+        :class:`~probes.checkpoints.schedule.Schedule`, a spec string or a preset name) and
+        ``tokens_per_step`` (default: the schedule's), by step (:func:`~probes.checkpoints.schedule.apply_schedule`;
+        ``override=False`` only fills missing values). The spec is kept in ``meta["schedule"]``."""
+        sched = as_schedule(schedule)
+        tps = check_tokens_per_step(tokens_per_step)
+        refs = apply_schedule(self.checkpoints, sched, tps, override=override)
+        meta = dict(self.meta)
+        if sched is not None:
+            meta["schedule"] = sched.spec
+        if tps or (sched is not None and sched.tokens_per_step):
+            meta["tokens_per_step"] = tps or sched.tokens_per_step
+        return Trajectory(refs, self.name, meta)
 
     # checks --------------------------------------------------------------------------------
     def validate(self, check_weights: bool = True, raise_errors: bool = False) -> list[CheckpointProblem]:
@@ -408,3 +428,25 @@ def _apply_trainer_state(refs: list[CheckpointRef], states: list[dict]) -> list[
                 meta[dst] = float(hit[0])
         out.append(r.replace(lr=lr, tokens=tokens, meta=meta))
     return out
+
+
+def _is_pattern(item: str) -> bool:
+    """A revision item that is a pattern: ``re:...`` or a glob (git ref names cannot hold ``*?[`` or ``:``)."""
+    return item.startswith("re:") or any(c in item for c in "*?[")
+
+
+def _match(pattern: str, available: Sequence[str]) -> list[str]:
+    if pattern.startswith("re:"):
+        try:
+            rx = re.compile(pattern[3:])
+        except re.error as exc:
+            raise NoCheckpointsError(f"revision pattern {pattern!r} is not a valid regular expression: {exc}") from exc
+        return [r for r in available if rx.fullmatch(r)]
+    return [r for r in available if fnmatch.fnmatchcase(r, pattern)]
+
+
+def _name_tokens(refs: list[CheckpointRef]) -> list[CheckpointRef]:
+    """Tokens read from checkpoint names (``stage1-step1000-tokens4B``) where nothing better is known;
+    marked ``meta["tokens_source"] = "name"`` (rounded; a schedule's tokens per step replace them)."""
+    return [r if r.tokens is not None or "tokens_from_name" not in r.meta
+            else r.replace(tokens=r.meta["tokens_from_name"], meta={**r.meta, "tokens_source": "name"}) for r in refs]

@@ -15,6 +15,8 @@ from typing import List, Optional
 
 import typer
 
+from ._shared import CHECKPOINT_HELP, cache_dir_option, label_option, schedule_option, tokens_option
+
 DEFAULT_SPECS = ["rtn:4:g128", "gptq:4:g128"]
 
 
@@ -64,14 +66,14 @@ def _print(result: dict) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def explain(
-        checkpoint: Path = typer.Argument(..., help="checkpoint folder (or a trajectory folder; --label picks one)"),
+        checkpoint: str = typer.Argument(..., help=CHECKPOINT_HELP),
         spec: Optional[List[str]] = typer.Option(None, "--spec", "-s",
                                                  help=f"quantizer spec, repeatable (default: {' '.join(DEFAULT_SPECS)})"),
         blocks: str = typer.Option("layer", "--blocks", help="block partition: layer, kind, layer_kind, module, parameter"),
         within: bool = typer.Option(False, "--within", help="also δ_bᵀH_bbδ_b per block (one HVP per block and spec)"),
         trace_hvps: int = typer.Option(30, "--trace-hvps", min=3, help="HVPs of the tr H estimate (shared by the specs)"),
         trace_method: str = typer.Option("hutch++", "--trace-method", help="hutch++ or hutchinson"),
-        label: Optional[str] = typer.Option(None, "--label", help="checkpoint label inside a trajectory folder"),
+        label: Optional[str] = label_option(),
         out: Path = typer.Option(Path("explain.json"), "--out", "-o", help="JSON file to write"),
         json_out: bool = typer.Option(False, "--json", help="print the JSON instead of the tables"),
         quick: bool = typer.Option(False, "--quick", help="small default token sets (smoke runs)"),
@@ -82,6 +84,9 @@ def register(app: typer.Typer) -> None:
         device: Optional[str] = typer.Option(None, "--device", help="torch device (default: cuda when available)"),
         threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch threads"),
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="bytes or e.g. 8GB each curvature step may allocate"),
+        cache_dir: Optional[Path] = cache_dir_option(),
+        schedule: Optional[str] = schedule_option(),
+        tokens_per_step: Optional[int] = tokens_option(),
     ) -> None:
         """Explain CHECKPOINT's quantization error by factor (‖δ‖², tr H/n, κ), by block and by quantizer."""
         from geometry.results import EstimatorError
@@ -97,7 +102,8 @@ def register(app: typer.Typer) -> None:
             result = explain_checkpoint(checkpoint, specs, label=label, blocks=blocks, within=within, trace_matvecs=trace_hvps,
                                         trace_method=trace_method, seed=seed, quick=quick, device=device,
                                         curvature_set=curvature_set, calibration_set=calib_set, modules=modules,
-                                        num_threads=threads, max_memory=max_memory)
+                                        num_threads=threads, max_memory=max_memory, cache_dir=cache_dir,
+                                        schedule=schedule, tokens_per_step=tokens_per_step)
         except (ExplainError, BlockError, QuantizeError, EstimatorError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)

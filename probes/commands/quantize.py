@@ -1,5 +1,8 @@
 """`losslens quantize CHECKPOINT --spec ... [--spec ...] [--json]`: quantization error of one checkpoint.
 
+CHECKPOINT: a checkpoint folder, a trajectory folder (``--label``), or a hub revision
+``hf:ORG/NAME@REV`` (:func:`probes.checkpoints.open_checkpoint`).
+
 For every spec: quantize a copy of the checkpoint, evaluate it on the evaluation set and print
 FP loss, quantized loss, ΔQ L = L̂/L − 1 and ΔQ PPL = exp(L̂ − L) − 1 (docs/science.md §2) — one JSON
 object per line with ``--json``, a table otherwise. AWQ rows also carry ``calib_objective_ratio``
@@ -18,13 +21,15 @@ from typing import List, Optional
 
 import typer
 
+from ._shared import CHECKPOINT_HELP, cache_dir_option, label_option
+
 DEFAULT_SPECS = ["int8", "rtn:4:g128", "rtn:3:g128", "gptq:4:g128"]
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def quantize(
-        checkpoint: Path = typer.Argument(..., help="Hugging Face checkpoint folder (config.json + weights)"),
+        checkpoint: str = typer.Argument(..., help=CHECKPOINT_HELP),
         spec: Optional[List[str]] = typer.Option(
             None, "--spec", "-s",
             help="quantizer spec, repeatable: rtn:4:g128, rtn:3:row, int8, gptq:4:g128, gptq:3:g128:act, "
@@ -42,6 +47,8 @@ def register(app: typer.Typer) -> None:
         progress: bool = typer.Option(False, "--progress/--no-progress", help="progress bars on stderr"),
         allow_pickle: bool = typer.Option(False, "--allow-pickle", help="load a .bin/.pt checkpoint that needs full "
                                           "pickle (can run arbitrary code: only for files you trust)"),
+        label: Optional[str] = label_option(),
+        cache_dir: Optional[Path] = cache_dir_option(),
     ) -> None:
         """Quantization error (ΔQ L, ΔQ PPL) of CHECKPOINT under each --spec."""
         from probes.core.lm import evaluate
@@ -53,13 +60,13 @@ def register(app: typer.Typer) -> None:
             specs = [QuantSpec.parse(s) for s in specs_text]
         except QuantizeError as e:
             raise typer.BadParameter(str(e), param_hint="--spec") from None
-        if not checkpoint.exists():
-            raise typer.BadParameter(f"no such checkpoint: {checkpoint}", param_hint="CHECKPOINT")
-
-        from probes.checkpoints import CheckpointError, load_model
+        from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
+        from probes.checkpoints.locate import checkpoint_trajectory
 
         try:
-            model = load_model(str(checkpoint), device=device, allow_pickle=allow_pickle)
+            traj, ref = open_checkpoint(checkpoint, label, cache_dir=cache_dir)
+            traj = checkpoint_trajectory(traj, ref)
+            model = CheckpointLoader(traj, device=device, allow_pickle=allow_pickle).load(ref)
         except (CheckpointError, OSError, ValueError) as e:
             raise typer.BadParameter(f"cannot load {checkpoint}: {e}", param_hint="CHECKPOINT") from None
         model.eval()
@@ -68,7 +75,7 @@ def register(app: typer.Typer) -> None:
             if eval_set is None or (calib_set is None and any(s.needs_calibration for s in specs)):
                 from probes.data import default_token_sets
 
-                sets = default_token_sets(str(checkpoint), quick=quick)
+                sets = default_token_sets(traj, quick=quick)
             ev = TokenSet.load(eval_set) if eval_set else sets["eval"]
             cal = TokenSet.load(calib_set) if calib_set else sets.get("calibration")
         except (TokenSetError, OSError, ValueError) as e:
@@ -92,7 +99,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2)
             errs = list(err.layer_errors.values())
             row = {
-                "checkpoint": str(checkpoint), "spec": err.spec, "fp_loss": err.fp_loss, "q_loss": err.q_loss,
+                "checkpoint": str(checkpoint), "label": ref.label, "step": ref.step, "spec": err.spec, "fp_loss": err.fp_loss, "q_loss": err.q_loss,
                 "rel_loss_error": err.rel_loss_error, "ppl_gap": err.ppl_gap, "fp_ppl": err.fp_ppl,
                 "q_ppl": err.q_ppl, "mean_rel_weight_error": sum(errs) / len(errs) if errs else math.nan,
                 "kurtosis": err.kurtosis, "n_layers": len(errs), "n_tokens": err.n_tokens,

@@ -7,25 +7,23 @@ from typing import Optional
 
 import typer
 
+from ._shared import CHECKPOINT_HELP, cache_dir_option, label_option
+
 
 def _echo_err(msg: str) -> None:
     typer.echo(f"error: {msg}", err=True)
 
 
-def _previous_of(checkpoint: Path):
-    """The checkpoint before ``checkpoint`` in the trajectory of its parent folder (or None)."""
-    from probes.checkpoints import Trajectory
-
-    try:
-        traj = Trajectory.from_folder(checkpoint.parent)
-    except Exception:
-        return None
+def _previous_of(traj, ref):
+    """The real checkpoint before ``ref`` in ``traj`` (or None)."""
     real = [r for r in traj if not r.derived]
-    for i, ref in enumerate(real):
-        loc = Path(ref.location).resolve() if ref.location else None
-        if loc == checkpoint.resolve() and i > 0:
-            return real[i - 1]
-    return None
+    i = next((i for i, r in enumerate(real) if r.label == ref.label), 0)
+    return real[i - 1] if i > 0 else None
+
+
+def _where(ref) -> str:
+    """Where a checkpoint is, for the page: ``hf:ORG/NAME@REV`` for a hub revision, else its path."""
+    return f"hf:{ref.location}@{ref.revision}" if ref.kind == "hub" else str(ref.location or ref.label)
 
 
 def _check_weights(model, label: str) -> None:
@@ -55,13 +53,18 @@ def _check_surface(surf, checkpoint: Path) -> None:
                            "of A or B, or the loss on the eval set, are NaN/inf. No page was written.")
 
 
-def checkpoint_surface(checkpoint: Path, previous: Path | None, spec: str, grid: int = 31, margin: float = 0.25,
-                       quick: bool = False, device: str | None = None, resume: Path | None = None,
+def checkpoint_surface(checkpoint: "str | Path", previous: "str | Path | None", spec: str, grid: int = 31,
+                       margin: float = 0.25, quick: bool = False, device: str | None = None, resume: Path | None = None,
                        progress: bool = True, seed: int = 0, random_plane: bool = False,
-                       data: Path | None = None, calibration: Path | None = None, allow_pickle: bool = False):
-    """The surface ``losslens surface`` draws, from paths: the quantization plane A = checkpoint,
-    B = previous, C = quantize(A, spec) (:func:`probes.quant.plane.quantization_surface`), or Li et
-    al.'s random plane around A, evaluated on the eval token set on a ``grid``×``grid`` grid.
+                       data: Path | None = None, calibration: Path | None = None, allow_pickle: bool = False,
+                       label: str | None = None, cache_dir: "str | Path | None" = None):
+    """The surface ``losslens surface`` draws: the quantization plane A = checkpoint, B = previous,
+    C = quantize(A, spec) (:func:`probes.quant.plane.quantization_surface`), or Li et al.'s random
+    plane around A, evaluated on the eval token set on a ``grid``×``grid`` grid.
+
+    ``checkpoint`` / ``previous``: checkpoint arguments of :func:`probes.checkpoints.open_checkpoint`
+    (folders, weight files, ``hf:ORG/NAME@REV``; ``label`` picks A inside a trajectory folder or a
+    hub pattern). ``previous=None``: the real checkpoint before A in its trajectory.
 
     Returns ``(surface, info)`` where ``info`` describes the inputs. Cost: one quantization of A
     plus (grid² + 3) × n_eval_batches forwards. ``data``/``calibration``: TokenSet files to use
@@ -74,20 +77,22 @@ def checkpoint_surface(checkpoint: Path, previous: Path | None, spec: str, grid:
     from geometry.grid import GridSpec
     from geometry.planes import random_plane as make_random_plane
     from geometry.surface import evaluate_surface
-    from probes.checkpoints import ArchitectureMismatchError, CheckpointLoader, CheckpointRef
+    from probes.checkpoints import ArchitectureMismatchError, CheckpointLoader, open_checkpoint
     from probes.checkpoints.configs import config_differences
+    from probes.checkpoints.locate import checkpoint_trajectory
     from probes.core.lm import lm_loss
     from probes.core.tokenset import TokenSet
     from probes.data import default_token_sets
     from probes.quant.plane import quantization_surface
 
     gs = GridSpec(resolution=grid, margin=margin)  # bad grids fail before any loading
-    ref_a = CheckpointRef.from_path(checkpoint)
-    loader = CheckpointLoader(ref_a, device=device, allow_pickle=allow_pickle)
-    sets = {"eval": TokenSet.load(data)} if data is not None else default_token_sets(ref_a, quick=quick)
+    traj, ref_a = open_checkpoint(checkpoint, label, cache_dir=cache_dir)
+    own = checkpoint_trajectory(traj, ref_a)
+    loader = CheckpointLoader(own, device=device, allow_pickle=allow_pickle)
+    sets = {"eval": TokenSet.load(data)} if data is not None else default_token_sets(own, quick=quick)
     if calibration is not None:
         sets["calibration"] = TokenSet.load(calibration)
-    info = {"A (checkpoint)": str(checkpoint), "eval set": f"{sets['eval'].name} {tuple(sets['eval'].tokens.shape)} "
+    info = {"A (checkpoint)": _where(ref_a), "eval set": f"{sets['eval'].name} {tuple(sets['eval'].tokens.shape)} "
                                                              f"hash {sets['eval'].content_hash[:12]}"}
     resume_path = str(resume) if resume else None
     if random_plane:
@@ -102,11 +107,13 @@ def checkpoint_surface(checkpoint: Path, previous: Path | None, spec: str, grid:
         _check_surface(surf, checkpoint)
         return surf, info
     if previous is None:
-        prev_ref = _previous_of(checkpoint)
+        prev_ref = _previous_of(traj, ref_a)
         if prev_ref is None:
-            raise typer.BadParameter("no --previous given and no earlier checkpoint found beside CHECKPOINT")
+            raise typer.BadParameter(f"no --previous given and no checkpoint before {ref_a.label!r} in {traj.name}: give "
+                                     "--previous (a checkpoint folder or hf:ORG/NAME@REV), or name a hub trajectory "
+                                     "(hf:ORG/NAME@step*) with --label")
     else:
-        prev_ref = CheckpointRef.from_path(previous)
+        prev_ref = open_checkpoint(previous, cache_dir=cache_dir)[1]
     diff = config_differences(loader.config(ref_a).to_dict(), loader.config(prev_ref).to_dict())
     if diff:
         raise ArchitectureMismatchError(f"--previous {prev_ref.location or prev_ref.label} has a config that differs from "
@@ -119,7 +126,7 @@ def checkpoint_surface(checkpoint: Path, previous: Path | None, spec: str, grid:
     except ArchitectureMismatchError as exc:
         raise typer.BadParameter(f"--previous does not match CHECKPOINT: {exc}") from exc
     _check_surface(surf, checkpoint)
-    info.update({"B (previous)": str(prev_ref.location or prev_ref.label), "C": f"A quantized with {spec}"})
+    info.update({"B (previous)": _where(prev_ref), "C": f"A quantized with {spec}"})
     return surf, info
 
 
@@ -142,9 +149,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def register(app: typer.Typer) -> None:
     @app.command()
     def surface(
-        checkpoint: Path = typer.Argument(..., help="Checkpoint folder (or weight file) Θ_K: the plane's origin A."),
-        previous: Optional[Path] = typer.Option(None, "--previous", "-p",
-                                                help="Previous checkpoint Θ_{K−1} (B). Default: the one before CHECKPOINT in its folder."),
+        checkpoint: str = typer.Argument(..., help="Θ_K, the plane's origin A. " + CHECKPOINT_HELP),
+        previous: Optional[str] = typer.Option(None, "--previous", "-p",
+                                               help="Previous checkpoint Θ_{K−1} (B): a folder, weight file or hf:ORG/NAME@REV. "
+                                                    "Default: the checkpoint before CHECKPOINT in its trajectory."),
+        label: Optional[str] = label_option(),
+        cache_dir: Optional[Path] = cache_dir_option(),
         spec: str = typer.Option("rtn:4:g128", "--spec", "-s", help="Quantizer spec giving C = Θ̂_K (e.g. rtn:4:g128, int8, gptq:3:g128)."),
         grid: int = typer.Option(31, "--grid", "-g", help="Grid points per axis (>= 2)."),
         margin: float = typer.Option(0.25, "--margin", help="Margin around A, B, C as a fraction of their extent."),
@@ -171,11 +181,11 @@ def register(app: typer.Typer) -> None:
             surf, info = checkpoint_surface(checkpoint, previous, spec, grid=grid, margin=margin, quick=quick,
                                             device=device, resume=resume, progress=not quiet, seed=seed,
                                             random_plane=random, data=data, calibration=calibration,
-                                            allow_pickle=allow_pickle)
+                                            allow_pickle=allow_pickle, label=label, cache_dir=cache_dir)
         except _user_errors() as exc:
             _echo_err(f"{type(exc).__name__}: {exc}")
             raise typer.Exit(2)
-        title = f"loss on the {'random' if random else 'quantization'} plane of {checkpoint.name}"
+        title = f"loss on the {'random' if random else 'quantization'} plane of {label or Path(checkpoint).name}"
         surface_page(surf, out, title=title, log=log, extra=info)
         if json_out:
             surf.save(json_out)

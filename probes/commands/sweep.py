@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import typer
 
+from ._shared import CHECKPOINT_HELP, TRAJECTORY_HELP, cache_dir_option, label_option, schedule_option, tokens_option
+
 
 def _console(stderr: bool = False):
     from rich.console import Console
@@ -102,7 +104,7 @@ def _exit_with_failures(report) -> None:
                + "; ".join(f"{t} x{e['rows']} ({', '.join(e['checkpoints'][:3])}{'...' if len(e['checkpoints']) > 3 else ''})"
                            for t, e in summary.items()), err=True)
     for t, e in summary.items():
-        typer.echo(f"  {t}: {e['example'][:300]}", err=True)
+        typer.echo(f"  {t}: {e['example'][:500]}", err=True)
     typer.echo("  the failed rows are stored with their errors; fix the cause and rerun with --retry-failed", err=True)
     raise typer.Exit(code)
 
@@ -110,7 +112,7 @@ def _exit_with_failures(report) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def sweep(
-        trajectory: Path = typer.Argument(..., help="Trajectory folder (probes.checkpoints.Trajectory.from_folder)."),
+        trajectory: str = typer.Argument(..., help=TRAJECTORY_HELP),
         out: Path = typer.Option(Path("results.sqlite"), "--out", "-o", help="SQLite results store (created or resumed)."),
         plan: Optional[Path] = typer.Option(None, "--plan", help="Plan file (.toml/.yaml/.json); default: the built-in plan."),
         executor: str = typer.Option("local", "--executor", help="local | ray"),
@@ -127,19 +129,33 @@ def register(app: typer.Typer) -> None:
         wait: bool = typer.Option(False, "--wait", help="If another sweep is writing to --out, wait for it instead of stopping."),
         allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin/.pt checkpoints that need full pickle "
                                           "(can run arbitrary code: only for files you trust)."),
+        cache_dir: Optional[Path] = cache_dir_option(),
+        schedule: Optional[str] = schedule_option(),
+        tokens_per_step: Optional[int] = tokens_option(),
     ) -> None:
         """Run every probe of a plan on every checkpoint of a trajectory; resumable (kill and rerun).
 
+        LR and tokens per checkpoint: --schedule / --tokens-per-step, else a trajectory.json with
+        "schedule" / "tokens_per_step" in the trajectory folder or in --out's folder, else what the
+        checkpoints record. They are stored with the checkpoints (correlate --control lr, phases).
+
         Exit status: 0 all rows ok; 1 some rows failed; 3 every row failed (the failed rows are in the
         store: fix the cause and rerun with --retry-failed); 2 bad input (nothing was run)."""
-        from probes.sweep import PlanError, Plan, Store, StoreError, SweepError, load_plan, run_sweep
+        from probes.sweep import PlanError, Plan, Store, StoreError, SweepError, load_plan, resolve_trajectory, run_sweep
 
         _check_quick(quick, plan)
+        traj = resolve_trajectory(trajectory, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step,
+                                  sidecars=[out.parent / "trajectory.json"])
+        sched, tps = traj.meta.get("schedule"), traj.meta.get("tokens_per_step")
+        if sched or tps:
+            said = [f"LR from the schedule {sched}"] if sched else []
+            said += [f"tokens = step × {tps}"] if tps else []
+            typer.echo(f"{traj.name}: {'; '.join(said)}", err=True)
         try:
             p = Plan.default(quick=quick) if plan is None else load_plan(plan)
             if max_memory is not None:
                 p = p.replace(max_memory=max_memory)
-            report = run_sweep(trajectory, p, out=out, executor=executor, address=address, retry_failed=retry_failed,
+            report = run_sweep(traj, p, out=out, executor=executor, address=address, retry_failed=retry_failed,
                                allow_mixed=allow_mixed, progress=not quiet, device=device, num_workers=num_workers,
                                num_threads=threads, wait=wait, on_wait=_waiting, allow_pickle=allow_pickle)
         except (PlanError, StoreError, SweepError) as exc:
@@ -164,8 +180,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def sharpness(
-        checkpoint: Path = typer.Argument(..., help="A checkpoint folder (HF format) or a trajectory folder."),
-        label: Optional[str] = typer.Option(None, "--label", help="Checkpoint label inside a trajectory folder (default: last)."),
+        checkpoint: str = typer.Argument(..., help=CHECKPOINT_HELP),
+        label: Optional[str] = label_option(),
         num_matvecs: int = typer.Option(100, "--num-matvecs", help="HVP budget of the trace estimate."),
         method: str = typer.Option("hutch++", "--method", help="hutch++ | hutchinson"),
         k: int = typer.Option(1, "--k", help="Top-k eigenvalues."),
@@ -182,6 +198,9 @@ def register(app: typer.Typer) -> None:
         allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load a .bin/.pt checkpoint that needs full pickle "
                                           "(can run arbitrary code: only for files you trust)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        cache_dir: Optional[Path] = cache_dir_option(),
+        schedule: Optional[str] = schedule_option(),
+        tokens_per_step: Optional[int] = tokens_option(),
     ) -> None:
         """Sharpness of one checkpoint: Hessian trace (95% CI), top eigenvalue(s), HVPs, timing, memory plan."""
         from probes.sweep.sharpness import SharpnessError, sharpness as _sharpness
@@ -189,7 +208,8 @@ def register(app: typer.Typer) -> None:
         try:
             res = _sharpness(checkpoint, label=label, num_matvecs=num_matvecs, method=method, k=k, params=params, seed=seed,
                              quick=quick, device=device, data=data, num_threads=threads, max_memory=max_memory,
-                             dtype=dtype, max_iter=max_iter, eigen_method=eigen_method, allow_pickle=allow_pickle)
+                             dtype=dtype, max_iter=max_iter, eigen_method=eigen_method, allow_pickle=allow_pickle,
+                             cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step)
         except SharpnessError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2)

@@ -7,7 +7,8 @@
 - :mod:`.modules`  -- :func:`find_blocks` (the decoder blocks) and :func:`select_linears` (the
   linears a quantizer or weight statistic touches);
 - :mod:`.numerics` -- :func:`rel_error` (‖a − b‖ / ‖b‖ in float64);
-- :mod:`.threads`  -- :func:`torch_threads` (torch's thread count for a block, restored after).
+- :mod:`.threads`  -- :func:`torch_threads` (torch's thread count for a block, restored after);
+- :mod:`.schedules` -- the base LR schedules as pure functions (constant, WSD, cosine, linear).
 """
 from .lm import LossError, LossResult, check_batch, evaluate, lm_loss
 from .modules import ModuleSelectionError, find_blocks, select_linears

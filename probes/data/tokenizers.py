@@ -141,7 +141,8 @@ def load_tokenizer(path_or_ref: Any = "bytes"):
         if isinstance(path_or_ref, (CheckpointRef, Trajectory)):
             folder = tokenizer_folder(path_or_ref)
             if folder is None:
-                raise DataError(f"{path_or_ref!r} has no tokenizer files; pass a tokenizer or 'bytes'")
+                raise DataError(f"{path_or_ref!r} has no tokenizer files; pass a tokenizer or 'bytes'"
+                                + _unresolved_hub(path_or_ref))
             return load_tokenizer(folder)
         return path_or_ref  # assume it already is a tokenizer
     folder = Path(path_or_ref).expanduser()
@@ -161,6 +162,19 @@ def load_tokenizer(path_or_ref: Any = "bytes"):
         return AutoTokenizer.from_pretrained(str(folder))
     except Exception as exc:  # transformers raises OSError/ValueError/...
         raise DataError(f"could not load the tokenizer in {folder}: {exc}") from exc
+
+
+def _unresolved_hub(obj: "CheckpointRef | Trajectory") -> str:
+    """Why a hub checkpoint could not give its tokenizer (a revision missing from the cache), or ''."""
+    from probes.checkpoints import CheckpointError, local_folder
+
+    for ref in ([obj] if isinstance(obj, CheckpointRef) else list(obj)):
+        if ref.kind == "hub":
+            try:
+                local_folder(ref)
+            except CheckpointError as exc:
+                return f" ({exc})"
+    return ""
 
 
 def checkpoint_tokenizer(obj: Any):

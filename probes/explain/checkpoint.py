@@ -19,26 +19,29 @@ def explain_checkpoint(checkpoint: str | Path, specs: Sequence[str], label: str 
                        within: bool = False, trace_matvecs: int = 30, trace_method: str = "hutch++", seed: int = 0,
                        quick: bool = False, device=None, curvature_set: str | Path | None = None,
                        calibration_set: str | Path | None = None, modules: Sequence[str] | None = None,
-                       num_threads: int | None = None, max_memory: int | str | None = None) -> dict:
+                       num_threads: int | None = None, max_memory: int | str | None = None,
+                       cache_dir: str | Path | None = None, schedule: str | None = None,
+                       tokens_per_step: int | None = None) -> dict:
     """Explanations of ``specs`` on one checkpoint, as ``{"checkpoint", "step", "lr", "data", "explanations"
     (list of :class:`~probes.explain.api.Explanation`), "seconds", "device"}``.
 
-    ``checkpoint``: a checkpoint folder, or a trajectory folder (``label`` picks one; default the
-    last real checkpoint). Other arguments as :func:`~probes.explain.api.explain_specs`; ``quick``
+    ``checkpoint``: a checkpoint folder, a trajectory folder (``label`` picks one; default the last
+    real checkpoint) or a hub name ``hf:ORG/NAME@REV``, opened by
+    :func:`probes.checkpoints.open_checkpoint` with ``cache_dir``, ``schedule`` and ``tokens_per_step``
+    (the step / LR / tokens reported). Other arguments as :func:`~probes.explain.api.explain_specs`; ``quick``
     uses the small default token sets; ``num_threads`` sets torch's threads for the call;
     ``max_memory`` (bytes or ``"8GB"``) bounds each curvature estimator.
     """
-    from probes.checkpoints import CheckpointError, CheckpointLoader, Trajectory
+    from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
+    from probes.checkpoints.locate import checkpoint_trajectory
     from probes.core.threads import torch_threads
     from probes.core.tokenset import TokenSet
 
-    path = Path(checkpoint).expanduser()
-    if not path.exists():
-        raise ExplainError(f"no checkpoint at {path}")
     try:
-        traj = Trajectory.from_folder(path)
-        ref = traj[label] if label is not None else (traj.real[-1] if traj.real else traj[-1])
-    except (CheckpointError, KeyError) as exc:
+        traj, ref = open_checkpoint(checkpoint, label, cache_dir=cache_dir, schedule=schedule,
+                                    tokens_per_step=tokens_per_step)
+        traj = checkpoint_trajectory(traj, ref)
+    except CheckpointError as exc:
         raise ExplainError(str(exc)) from exc
     from probes.quant import QuantSpec
 
@@ -65,7 +68,7 @@ def explain_checkpoint(checkpoint: str | Path, specs: Sequence[str], label: str 
         exps = explain_specs(model, specs, curv, calibration=calib, modules=list(modules) if modules else None,
                              blocks=blocks, within=within, trace_matvecs=trace_matvecs, trace_method=trace_method,
                              seed=seed, max_memory=max_memory)
-    return {"checkpoint": ref.label, "step": ref.step, "lr": ref.lr, "location": ref.location,
+    return {"checkpoint": ref.label, "step": ref.step, "lr": ref.lr, "tokens": ref.tokens, "location": ref.location,
             "data": {"curvature": {"shape": list(curv.tokens.shape), "content_hash": curv.content_hash},
                      "calibration": None if calib is None else {"shape": list(calib.tokens.shape),
                                                                 "content_hash": calib.content_hash}},

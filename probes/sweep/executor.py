@@ -120,18 +120,16 @@ class SweepReport:
 
 
 # --------------------------------------------------------------------------- inputs
-def resolve_trajectory(trajectory):
-    """A :class:`probes.checkpoints.Trajectory` from a Trajectory or a folder path."""
-    from probes.checkpoints import Trajectory
+def resolve_trajectory(trajectory, cache_dir=None, schedule=None, tokens_per_step=None, sidecars=()):
+    """A :class:`probes.checkpoints.Trajectory` from a Trajectory, a folder path or a hub name
+    ``hf:ORG/NAME@REVISIONS``, with a schedule attached (:func:`probes.checkpoints.open_trajectory`)."""
+    from probes.checkpoints import Trajectory, open_trajectory
 
-    if isinstance(trajectory, Trajectory):
-        return trajectory
-    if isinstance(trajectory, (str, Path)):
-        p = Path(trajectory).expanduser()
-        if not p.exists():
-            raise SweepError(f"no trajectory at {p}: the folder does not exist")
-        return Trajectory.from_folder(p)
-    raise SweepError(f"a trajectory must be a probes.checkpoints.Trajectory or a folder path, got {type(trajectory).__name__}")
+    if not isinstance(trajectory, (Trajectory, str, Path)):
+        raise SweepError("a trajectory must be a probes.checkpoints.Trajectory, a folder path or a hub name "
+                         f"hf:ORG/NAME@REVISIONS, got {type(trajectory).__name__}")
+    return open_trajectory(trajectory, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step,
+                           sidecars=sidecars)
 
 
 def with_plan_checkpoints(traj, plan: Plan):
@@ -306,7 +304,7 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
     """Run ``plan`` over ``trajectory`` and write every probe's row to the store ``out``.
 
     Args:
-        trajectory: a :class:`Trajectory` or a trajectory folder.
+        trajectory: a :class:`Trajectory`, a trajectory folder or ``hf:ORG/NAME@REVISIONS`` (:func:`resolve_trajectory`).
         plan: a :class:`Plan`, a .toml/.yaml/.json file, a mapping, or None (:meth:`Plan.default`).
         out: the SQLite file (created if missing) or an open :class:`Store`.
         executor: 'local' (in-process) or 'ray'. ``address``: Ray cluster address ('auto', 'ray://…');

@@ -25,12 +25,15 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
               k: int = 1, eigen_method: str = "power", tol: float = 1e-3, max_iter: int = 100,
               params: Sequence[str] | None = None, seed: int = 0, quick: bool = False, device=None,
               data: str | Path | None = None, num_threads: int | None = None, allow_pickle: bool = False,
-              max_memory=None, dtype: str | None = None) -> dict:
+              max_memory=None, dtype: str | None = None, cache_dir: str | Path | None = None,
+              schedule: str | None = None, tokens_per_step: int | None = None) -> dict:
     """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint as a dict.
 
     ``checkpoint``: a checkpoint folder or weight file (its step / tokens / LR are read from the
-    trajectory folder around it), or a trajectory folder (``label`` picks one; default the last
-    real checkpoint), opened by :func:`probes.checkpoints.open_checkpoint`. ``data``: a saved
+    trajectory folder around it), a trajectory folder (``label`` picks one; default the last real
+    checkpoint), or a hub name ``hf:ORG/NAME@REV`` (``hf:ORG/NAME@step*`` with ``label``), opened by
+    :func:`probes.checkpoints.open_checkpoint` with ``cache_dir`` (hub cache), ``schedule`` and
+    ``tokens_per_step`` (:mod:`probes.checkpoints.schedule`: the LR / tokens reported). ``data``: a saved
     TokenSet file for the curvature set (default: built). ``num_threads``: torch threads for the
     estimators (None: torch's default). ``allow_pickle``: load torch files that need full pickle.
     ``max_memory``: bytes or ``"8GB"`` each estimator may allocate beyond the model (default: a
@@ -41,6 +44,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     anything is loaded; a plan that cannot fit raises it before any product.
     """
     from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
+    from probes.checkpoints.locate import checkpoint_trajectory
 
     _check_options(method, eigen_method, num_matvecs, k, max_iter, tol)
     if dtype is not None and dtype not in _DTYPES:
@@ -52,11 +56,10 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
             parse_bytes(max_memory)
         except MemoryBudgetError as exc:
             raise SharpnessError(f"--max-memory: {exc}") from exc
-    path = Path(checkpoint).expanduser()
-    if not path.exists():
-        raise SharpnessError(f"no checkpoint at {path}")
     try:
-        traj, ref = open_checkpoint(path, label)
+        traj, ref = open_checkpoint(checkpoint, label, cache_dir=cache_dir, schedule=schedule,
+                                    tokens_per_step=tokens_per_step)
+        traj = checkpoint_trajectory(traj, ref)
     except CheckpointError as exc:
         raise SharpnessError(str(exc)) from exc
     t0 = time.perf_counter()

@@ -262,7 +262,9 @@ class Store:
     @_guarded
     def add_checkpoints(self, refs: Iterable[Any], run: str | None = None) -> None:
         """Record checkpoint references (CheckpointRef-like: label, step, tokens, lr, kind, location)
-        of run ``run`` (default: the store's ``run`` metadata, i.e. the bound plan's name)."""
+        of run ``run`` (default: the store's ``run`` metadata, i.e. the bound plan's name). A checkpoint
+        already recorded is updated, except that an unknown (None) tokens / LR keeps the stored value
+        (a resumed sweep without ``--schedule`` does not erase the LR a scheduled one derived)."""
         run = self._run(run)
         rows = []
         start = self.conn.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM checkpoints").fetchone()[0]
@@ -277,8 +279,8 @@ class Store:
         with self.conn:
             self.conn.executemany(
                 "INSERT INTO checkpoints(run, label, position, step, tokens, lr, derived, kind, location, ref_json) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(run, label) DO UPDATE SET step=excluded.step, tokens=excluded.tokens, "
-                "lr=excluded.lr, derived=excluded.derived, kind=excluded.kind, location=excluded.location, ref_json=excluded.ref_json",
+                "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(run, label) DO UPDATE SET step=excluded.step, "
+                "tokens=COALESCE(excluded.tokens, tokens), lr=COALESCE(excluded.lr, lr), derived=excluded.derived, kind=excluded.kind, location=excluded.location, ref_json=excluded.ref_json",
                 rows)
 
     @_guarded

@@ -1,0 +1,39 @@
+"""Options that several commands share: how a trajectory or checkpoint is named, the hub cache,
+and the schedule that gives hub revisions their LR and tokens (one text, one parser:
+:mod:`probes.checkpoints.locate` and :mod:`probes.checkpoints.schedule`)."""
+from __future__ import annotations
+
+import typer
+
+TRAJECTORY_HELP = ("Trajectory: a folder of checkpoints, or a hub trajectory hf:ORG/NAME@REVISIONS where REVISIONS "
+                   "is a glob (hf:EleutherAI/pythia-160m@step*), re:REGEX, or a list (@step1000,step2000). "
+                   "Hub revisions are read from the local Hugging Face cache (only from it when HF_HUB_OFFLINE=1).")
+CHECKPOINT_HELP = ("Checkpoint: a checkpoint folder or weight file, a trajectory folder (--label picks one; default "
+                   "the last), a hub revision hf:ORG/NAME@REV (hf:EleutherAI/pythia-160m@step143000), or a hub "
+                   "trajectory hf:ORG/NAME@step* with --label.")
+
+
+def cache_dir_option():
+    return typer.Option(None, "--cache-dir", help="Hugging Face hub cache holding hf: revisions (default: $HF_HUB_CACHE, "
+                                                  "$HF_HOME/hub or ~/.cache/huggingface/hub).")
+
+
+def schedule_option():
+    return typer.Option(None, "--schedule", help="LR schedule giving every checkpoint its LR (and tokens) from its step, "
+                                                 "replacing recorded values: a preset (pythia-160m, pythia-70m, ...; "
+                                                 "pythia-<size>-deduped) or FAMILY:key=value,... with FAMILY cosine, wsd, "
+                                                 "linear or constant and keys peak, warmup, total, final, decay, floor, "
+                                                 "lag, tokens, e.g. cosine:peak=6e-4,warmup=1430,total=143000,final=0.1.")
+
+
+def tokens_option():
+    return typer.Option(None, "--tokens-per-step", min=1, help="Tokens per optimizer step (tokens = step × this; "
+                                                               "Pythia: 2097152 = 1024 × 2048).")
+
+
+def label_option():
+    return typer.Option(None, "--label", help="Checkpoint label inside a trajectory folder or hub trajectory (default: last).")
+
+
+def register(app: typer.Typer) -> None:  # no commands here; probes.cli registers every module of this package
+    return None
