@@ -257,10 +257,12 @@ def basis_storage(op_device: Any, basis_device: Any = None, basis_dtype: torch.d
     and the vectors' dtype by default; ``basis_device="cpu"`` keeps it in host RAM when the
     operator is on a GPU (counted against the host budget); ``basis_dtype`` (e.g. bfloat16) stores
     it in lower precision (arithmetic still in float32)."""
-    dev = torch.device(op_device if basis_device is None else basis_device)
+    op_dev = torch.device(op_device)
+    dev = op_dev if basis_device is None else torch.device(basis_device)
     if basis_dtype is not None and basis_dtype not in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
         raise MemoryBudgetError(f"basis_dtype must be a floating dtype, got {basis_dtype}")
-    return dev, basis_dtype or vector_dtype, dev != torch.device(op_device)
+    same = dev.type == op_dev.type and (dev.index or 0) == (op_dev.index or 0)
+    return (op_dev if same else dev), basis_dtype or vector_dtype, not same
 
 
 def with_basis(parts: dict[str, int], name: str, nbytes: int, on_host: bool) -> tuple[dict[str, int], dict[str, int]]:

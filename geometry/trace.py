@@ -28,7 +28,8 @@ import torch
 
 from ._checks import check_int, check_op
 from ._linalg import orthonormalize_rows, project_out, rowdot
-from .memory import Candidate, MemoryEstimate, choose, pass_options, resolve_budget, vector_bytes
+from .memory import (Candidate, MemoryEstimate, basis_storage, choose, default_budget, pass_options, resolve_budget,
+                     vector_bytes, with_basis)
 from .operator import CurvatureOperator
 from .params import ParamGlobs
 from .results import BlockTraces, EstimatorError, TraceEstimate
@@ -100,12 +101,13 @@ def plan_probe_blocks(op: CurvatureOperator, m: int, block_size: int | None, max
 
 
 def estimate_memory(op: CurvatureOperator, method: str = "hutch++", num_matvecs: int = 100,
-                    max_memory=None, block_size: int | None = None) -> MemoryEstimate:
+                    max_memory=None, block_size: int | None = None, basis_device=None,
+                    basis_dtype: torch.dtype | None = None) -> MemoryEstimate:
     """The memory plan :func:`hutchinson_trace` / :func:`hutchpp_trace` / :func:`block_traces`
     would run with (``method`` ``"hutchinson"``, ``"hutch++"`` or ``"blocks"``), without running
     it. Raises :class:`~geometry.memory.MemoryBudgetError` when nothing fits."""
     if method == "hutch++":
-        return _plan_hutchpp(op, num_matvecs, max_memory)
+        return _plan_hutchpp(op, num_matvecs, max_memory, basis_device, basis_dtype)
     if method in ("hutchinson", "blocks"):
         return plan_probe_blocks(op, num_matvecs, block_size, max_memory, f"{method} trace")
     raise EstimatorError(f"method must be 'hutchinson', 'hutch++' or 'blocks', got {method!r}")
@@ -199,11 +201,14 @@ def _split(m: int, s: int) -> tuple[int, int]:
     return s, m - 2 * s
 
 
-def _plan_hutchpp(op: CurvatureOperator, m: int, max_memory) -> MemoryEstimate:
+def _plan_hutchpp(op: CurvatureOperator, m: int, max_memory, basis_device=None, basis_dtype=None) -> MemoryEstimate:
     """Largest sketch s ≤ m/3 (then fastest block and cache) within the budget. Memory: the basis
     ``s · dim`` + a block ``2 · block · dim`` + one pass; s = 0 is plain Hutchinson."""
     budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
     vec = vector_bytes(op.dim, op.dtype)
+    bdev, bdtype, on_host = basis_storage(op.device, basis_device, basis_dtype, op.dtype)
+    host_budget = default_budget("cpu") if on_host else 0
+    bvec = vector_bytes(op.dim, bdtype)
     target = m // 3
     sizes = sorted({target, *[int(target * f) for f in (0.75, 0.5, 0.35, 0.25, 0.15, 0.1)], *range(min(target, 8), -1, -1)},
                    reverse=True)
@@ -213,18 +218,22 @@ def _plan_hutchpp(op: CurvatureOperator, m: int, max_memory) -> MemoryEstimate:
         for b in _blocks(max(s, r, 1), None):
             calls = (2 * math.ceil(s / b) if s else 0) + math.ceil(r / b)
             for settings, pass_b, cost in pass_options(op, b, max(calls, 1), m):
-                parts = {f"sketch basis [{s}, dim]": s * vec, f"block [{b}, dim]": b * vec,
-                         f"block products [{b}, dim]": b * vec, "operator pass": pass_b}
+                parts, host = with_basis({f"block [{b}, dim]": b * vec, f"block products [{b}, dim]": b * vec,
+                                          "operator pass": pass_b},
+                                         f"sketch basis [{s}, dim] {str(bdtype).replace('torch.', '')}", s * bvec, on_host)
                 cands.append(Candidate(MemoryEstimate(parts, budget, {"sketch_size": s, "residual_probes": r,
-                                                                        "sketch_capped": s < target,
-                                                                        "block_size": b, **settings}), cost))
+                                                                        "sketch_capped": s < target, "block_size": b,
+                                                                        "basis_device": str(bdev),
+                                                                        "basis_dtype": str(bdtype).replace("torch.", ""),
+                                                                        **settings}, host, host_budget), cost))
         if any(c.estimate.fits for c in cands) or s == 0:
             return choose(cands, "hutchpp_trace", _ADVICE)
     raise AssertionError("unreachable")  # s = 0 returns above
 
 
 def hutchpp_trace(op: CurvatureOperator, num_matvecs: int = 100, seed: int = 0,
-                  max_memory: int | str | None = None) -> TraceEstimate:
+                  max_memory: int | str | None = None, basis_device=None,
+                  basis_dtype: torch.dtype | None = None) -> TraceEstimate:
     """Hutch++ (Meyer, Musco, Musco & Woodruff, 2021) estimate of tr(H) with a budget of m HVPs.
 
     With s = m // 3 and r = m − 2s: draw a Rademacher sketch S [s, dim] and compute Y = H S
@@ -249,6 +258,11 @@ def hutchpp_trace(op: CurvatureOperator, num_matvecs: int = 100, seed: int = 0,
         op: any curvature operator; num_matvecs: budget m ≥ 3; seed: seed of S and G;
         max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
             :func:`geometry.memory.default_budget`).
+        basis_device: ``"cpu"`` keeps the sketch basis in host RAM when the operator is on a GPU
+            (no accuracy cost; projections move it through PCIe chunk by chunk).
+        basis_dtype: e.g. ``torch.bfloat16`` halves the basis (arithmetic stays float32). Accuracy
+            cost: Q is orthonormal only to ~4e-3, so P = I − QQᵀ is not an exact projector and the
+            estimate carries a bias of that relative order on the low-rank part.
     Returns:
         :class:`TraceEstimate` (``method="hutch++"``, ``"hutchinson"`` when no sketch fits, or
         ``"exact"``). Cost: m HVPs (dim if m ≥ dim). Memory: ``(s + 2·block) · dim`` numbers + one pass.
@@ -258,14 +272,15 @@ def hutchpp_trace(op: CurvatureOperator, num_matvecs: int = 100, seed: int = 0,
     dim = op.dim
     if num_matvecs >= dim:
         return _exact_trace(op, seed, max_memory)
-    plan = _plan_hutchpp(op, num_matvecs, max_memory)
+    plan = _plan_hutchpp(op, num_matvecs, max_memory, basis_device, basis_dtype)
+    bdev, bdtype, _ = basis_storage(op.device, basis_device, basis_dtype, op.dtype)
     s, r, b = plan.settings["sketch_size"], plan.settings["residual_probes"], plan.settings["block_size"]
     t0, n0 = time.perf_counter(), op.num_matvecs
     g = op.generator(seed)
     low = 0.0
     with op.configured(**_op_settings(plan)):
         if s > 0:
-            Q = torch.empty(s, dim, dtype=op.dtype, device=op.device)
+            Q = torch.empty(s, dim, dtype=bdtype, device=bdev)
             for start in range(0, s, b):                      # Y = H S, block by block, into Q
                 stop = min(start + b, s)
                 Q[start:stop] = op.matmat_flat(rademacher(g, stop - start, dim, op.dtype, op.device))
@@ -275,7 +290,7 @@ def hutchpp_trace(op: CurvatureOperator, num_matvecs: int = 100, seed: int = 0,
                 stop = min(start + b, Q.shape[0])
                 low += float(rowdot(Q[start:stop], op.matmat_flat(Q[start:stop])).sum())
         else:
-            Q = torch.empty(0, dim, dtype=op.dtype, device=op.device)
+            Q = torch.empty(0, dim, dtype=bdtype, device=bdev)
         residual = []
         for start in range(0, r, b):
             stop = min(start + b, r)

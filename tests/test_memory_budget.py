@@ -180,3 +180,17 @@ def test_memory_plan_is_recorded_as_plain_data():
     for res in (hutchpp_trace(op, num_matvecs=30), top_eigenvalues(op, k=2), spectral_density(op, num_runs=2, num_steps=5)):
         d = json.loads(json.dumps(res.to_dict()))
         assert d["memory"]["predicted_bytes"] > 0 and math.isfinite(d["memory"]["budget_bytes"])
+
+
+def test_a_bfloat16_basis_halves_the_basis_memory_at_a_stated_accuracy():
+    H = sym_with_spectrum(EIGS, seed=8).float()
+    exact = float(torch.trace(H))
+    full = hutchpp_trace(DenseOperator(H), num_matvecs=60, seed=2)
+    half = hutchpp_trace(DenseOperator(H), num_matvecs=60, seed=2, basis_dtype=torch.bfloat16)
+    key = next(k for k in half.memory["parts"] if k.startswith("sketch basis"))
+    key32 = next(k for k in full.memory["parts"] if k.startswith("sketch basis"))
+    assert half.memory["parts"][key] * 2 == full.memory["parts"][key32]
+    assert abs(half.value - exact) < 4 * half.stderr + 1e-2 * abs(exact)
+    lz = top_eigenvalues(DenseOperator(H), k=2, tol=1e-3, max_iter=100, basis_dtype=torch.bfloat16)
+    assert lz.values == pytest.approx([40.0, 25.0], rel=5e-3)
+    assert lz.memory["settings"]["basis_dtype"] == "bfloat16"
