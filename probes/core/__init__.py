@@ -7,7 +7,9 @@
 - :mod:`.modules`  -- :func:`find_blocks` (the decoder blocks) and :func:`select_linears` (the
   linears a quantizer or weight statistic touches);
 - :mod:`.numerics` -- :func:`rel_error` (‖a − b‖ / ‖b‖ in float64);
-- :mod:`.threads`  -- :func:`torch_threads` (torch's thread count for a block, restored after).
+- :mod:`.threads`  -- :func:`torch_threads` (torch's thread count for a block, restored after);
+- :mod:`.workers`  -- :class:`WorkerPool` (jobs in N fresh worker processes, results streamed back)
+  and :func:`short_error` (an exception as one line).
 """
 from .lm import LossError, LossResult, check_batch, evaluate, lm_loss
 from .modules import ModuleSelectionError, find_blocks, select_linears
