@@ -158,3 +158,19 @@ def test_pool_events_errors_lost_workers_and_reuse():
         pool_mod.emit("x")
     with pytest.raises(WorkerError, match="integer >= 1"):
         WorkerPool(0)
+
+
+def test_cores_respect_a_cgroup_cpu_quota(tmp_path):
+    assert pool_mod._cgroup_cpus(str(tmp_path)) is None  # no cgroup files: unknown
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert pool_mod._cgroup_cpus(str(tmp_path)) is None  # v2, unlimited
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert pool_mod._cgroup_cpus(str(tmp_path)) == 2  # 1.5 CPUs: 2 workers' worth
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert pool_mod._cgroup_cpus(str(tmp_path)) == 4  # v1
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert pool_mod._cgroup_cpus(str(tmp_path)) is None
+    assert 1 <= pool_mod.available_cores() <= (os.cpu_count() or 1)

@@ -81,11 +81,11 @@ def available_cores() -> int:
     return max(1, min(n, quota) if quota else n)
 
 
-def _cgroup_cpus() -> int | None:
+def _cgroup_cpus(root: str = "/sys/fs/cgroup") -> int | None:
     """CPUs allowed by the cgroup's CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), rounded
     up; None when unlimited or unknown."""
-    for path, period_path in (("/sys/fs/cgroup/cpu.max", None),
-                              ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
+    for path, period_path in ((f"{root}/cpu.max", None),
+                              (f"{root}/cpu/cpu.cfs_quota_us", f"{root}/cpu/cpu.cfs_period_us")):
         try:
             with open(path) as f:
                 parts = f.read().split()
