@@ -52,11 +52,18 @@ def build(shape: str, dtype: torch.dtype, layers: int | None = None, seed: int =
     if shape.startswith("olmo"):
         cfg = transformers.Olmo2Config(vocab_size=vocab, hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
                                        intermediate_size=ff, max_position_embeddings=4096, use_cache=False)
-        return transformers.Olmo2ForCausalLM(cfg).to(dtype).eval()
-    cfg = transformers.GPTNeoXConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
-                                     intermediate_size=ff, rotary_pct=0.25, max_position_embeddings=2048,
-                                     tie_word_embeddings=False, use_cache=False)
-    return transformers.GPTNeoXForCausalLM(cfg).to(dtype).eval()
+        cls = transformers.Olmo2ForCausalLM
+    else:
+        cfg = transformers.GPTNeoXConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
+                                         intermediate_size=ff, rotary_pct=0.25, max_position_embeddings=2048,
+                                         tie_word_embeddings=False, use_cache=False)
+        cls = transformers.GPTNeoXForCausalLM
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype if dtype.is_floating_point and dtype != torch.float16 else old)
+    try:                                                     # built in its dtype: no float32 copy first
+        return cls(cfg).to(dtype).eval()
+    finally:
+        torch.set_default_dtype(old)
 
 
 def _rss() -> tuple[int, int]:
@@ -196,6 +203,9 @@ def saved_bytes_per_sequence(shape: str, seq: int, layers: int, dtype: torch.dty
 
     out = saved_graph_bytes(model, run)
     del model
+    import gc
+
+    gc.collect()
     return out
 
 

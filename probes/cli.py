@@ -41,7 +41,7 @@ _USER_ERRORS = (
     ("probes.models.weights", "WeightStatsError"), ("probes.models.second_order", "SecondOrderError"),
     ("geometry.params", "ParameterSelectionError"), ("geometry.planes", "PlaneError"), ("geometry.grid", "GridError"),
     ("geometry.results", "EstimatorError"), ("geometry.operator", "OperatorError"), ("geometry.moving", "SurfaceError"),
-    ("torch", "OutOfMemoryError"),
+    ("probes.core.workers", "WorkerError"), ("torch", "OutOfMemoryError"),
 )
 
 

@@ -14,6 +14,12 @@
 Every stage is resumable: finished runs are not retrained, finished store rows not recomputed,
 finished surfaces (``DIR/surfaces/*.json``) not re-evaluated. The default settings were chosen so
 that the seeds' effect is measurable at this scale (docs/science.md §8; see :data:`DEFAULT`).
+
+All cores: with ``workers`` > 1 (default: one per core) the runs train in parallel, each sweep
+probes its checkpoints on the workers (:mod:`probes.sweep.parallel`; only this process writes the
+store) and the planes are drawn in parallel, all on one :class:`~probes.core.workers.WorkerPool`
+started once. Every worker uses ``threads`` torch threads; the numbers do not depend on the
+number of workers.
 """
 from __future__ import annotations
 
@@ -25,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from .core.workers import WorkerError, WorkerPool
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,7 @@ class DemoSettings:
 
         explain = ExplainProbe(self.explain, within=self.explain_within, trace_matvecs=self.explain_hvps) if self.explain else None
         return Plan(loss=True, quant=self.quant, trace=TraceProbe("hutch++", self.trace_hvps), explain=explain,
-                    eigen=EigenProbe(k=1, method="power", tol=1e-3, max_iter=self.eigen_iters),
+                    eigen=EigenProbe(k=1, method="lanczos", tol=1e-3, max_iter=self.eigen_iters),
                     directional=(self.headline_spec,), kurtosis=True, lawa=(self.lawa_k,), seed=self.seed,
                     data=DataSpec(eval=self.eval_shape, calibration=self.calibration_shape,
                                   curvature=self.curvature_shape), name=run.name)
@@ -102,7 +110,9 @@ def _embedded_default() -> dict:
                 weight_decay=t.weight_decay)
 
 
-#: Default demo (≈6–10 min on 2 CPU cores) on the embedded trajectory settings: weight decay 1.0
+#: Default demo (6.3–9 min on 2 CPU cores in one process; its stages now run on one worker per
+#: core, λ_max by Lanczos: ≤ 30 steps, converged on the true residual) on the embedded trajectory
+#: settings: weight decay 1.0
 #: brings the weight norm to equilibrium within ~1/(lr·wd) ≈ 100–330 steps, so the stable phase is
 #: reached inside the budget; INT2 in groups of 32 and per-row INT3 are grids where the error is
 #: far above checkpoint-to-checkpoint noise at hidden size 64 (per-row because "g128" is per-row
@@ -118,7 +128,7 @@ DEFAULT = DemoSettings(runs=_RUNS, **_embedded_default(), lawa_k=3, quant=_QUANT
 #: within-block parts switched on (one HVP per block and spec: off in the default demo for time).
 QUICK = replace(DEFAULT, runs=(DemoRun("wsd", 3e-3), DemoRun("cosine", 1e-2)), steps=120, checkpoints=4,
                 hidden_size=32, num_layers=2, num_heads=2, batch_size=16, vocab_size=384,
-                quant=("rtn:2:g32", "rtn:3:row", "int8", "gptq:3:row"), trace_hvps=12, eigen_iters=8,
+                quant=("rtn:2:g32", "rtn:3:row", "int8", "gptq:3:row"), trace_hvps=12, eigen_iters=20,
                 eval_shape=(2, 8, 64), calibration_shape=(2, 8, 64), curvature_shape=(1, 4, 64), grid=5,
                 explain_hvps=12, explain_within=True)
 
@@ -187,41 +197,99 @@ def final_table(df: pd.DataFrame, settings: DemoSettings) -> pd.DataFrame:
 
 
 def run_demo(out: str | Path = "demo-out", quick: bool = False, settings: DemoSettings | None = None,
-             progress: bool = True, executor: str = "local", echo=print, threads: int | None = 1) -> DemoResult:
+             progress: bool = True, executor: str = "local", echo=print, threads: int | None = 1,
+             workers: int | None = None) -> DemoResult:
     """Run the whole study into ``out`` (resumable) and return what it produced.
 
-    ``threads``: torch intra-op threads for the call (restored afterwards). The demo's models are
-    tiny (hidden 64): one thread is faster than two on 2 cores (measured 5× under load, from
-    synchronisation on small matrices). ``None`` leaves torch's setting alone.
+    ``threads``: torch intra-op threads of this process and of every worker (this process's is
+    restored afterwards). The demo's models are tiny (hidden 64): one thread is faster than two on
+    2 cores (measured 5× under load, from synchronisation on small matrices). ``None`` leaves
+    torch's setting alone. ``workers``: worker processes for training, the local sweeps and the
+    planes (default ``$LOSSLENS_WORKERS``, else one per core divided by ``threads``; 1: all in this
+    process). Each worker holds one tiny model (a few MB).
     """
     from .core.threads import torch_threads
+    from .sweep.parallel import resolve_workers
 
-    with torch_threads(threads):
-        return _run_demo(out, quick, settings, progress, executor, echo)
+    settings = settings or (QUICK if quick else DEFAULT)
+    n, _ = resolve_workers(workers, max(len(settings.runs), settings.checkpoints + 1), None, threads)
+    with torch_threads(threads), (WorkerPool(n, threads) if n > 1 else _no_pool()) as pool:
+        return _run_demo(out, settings, progress, executor, echo, pool)
 
 
-def _run_demo(out, quick, settings, progress, executor, echo) -> DemoResult:
+def _no_pool():
+    import contextlib
+
+    return contextlib.nullcontext(None)
+
+
+def _train_job(context, run: DemoRun):
+    """A worker's job: train one run (its data cached in ``out/data`` beforehand)."""
+    from .train.tiny import train_tiny
+
+    settings, out = context
+    return train_tiny(settings.train_config(run), out / "runs" / run.name, progress=False, data_dir=out / "data")
+
+
+def _surface_job(context, traj, path: str) -> str:
+    """A worker's job: the quantization plane of a run's last checkpoint, saved to ``path``."""
     import torch
 
-    from .analysis import AnalysisError, detect_phases, summary
     from .checkpoints import CheckpointLoader
+    from .quant.plane import quantization_surface
+
+    settings, sets = context
+    real = traj.real
+    with torch.no_grad():
+        surf = quantization_surface(CheckpointLoader(traj), real[-1], real[-2], settings.headline_spec, sets,
+                                    grid=settings.grid, progress=False)
+    surf.save(path)
+    return path
+
+
+def _in_pool(pool: WorkerPool, jobs, context, what: list[str], echo) -> list:
+    """Run ``jobs`` on ``pool``; the return values in job order (an error in any job is raised here)."""
+    values: list = [None] * len(jobs)
+    for ev in pool.run(jobs, context):
+        if ev.kind in ("error", "lost"):
+            raise WorkerError(f"{what[ev.job]} failed in a worker process: {ev.value}")
+        if ev.kind == "done":
+            values[ev.job] = ev.value
+            echo(f"[demo] done: {what[ev.job]}")
+    return values
+
+
+def _train_all(settings: DemoSettings, out: Path, progress: bool, echo, pool) -> dict:
+    from .train.tiny import prepare_data, train_tiny
+
+    what = [f"training {run.name} ({settings.steps} steps, {settings.checkpoints} checkpoints)" for run in settings.runs]
+    if pool is None:
+        trajectories = {}
+        for run, msg in zip(settings.runs, what):
+            echo(f"[demo] {msg}")
+            trajectories[run.name] = train_tiny(settings.train_config(run), out / "runs" / run.name, progress=progress,
+                                                data_dir=out / "data")
+        return trajectories
+    first = settings.runs[0]
+    prepare_data(settings.train_config(first), out / "runs" / first.name, out / "data")  # the shared cache, once
+    echo(f"[demo] {'; '.join(what)}: on {pool.size} workers")
+    trajs = _in_pool(pool, [(_train_job, (run,)) for run in settings.runs], (settings, out), what, echo)
+    return {run.name: t for run, t in zip(settings.runs, trajs)}
+
+
+def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
+    from .analysis import AnalysisError, detect_phases, summary
     from .data import default_token_sets
     from .report.pages import build_report
     from .sweep import Store, run_sweep
-    from .train.tiny import train_tiny
 
-    settings = settings or (QUICK if quick else DEFAULT)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo.json").write_text(json.dumps(asdict(settings), indent=2, default=str))
     seconds: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    trajectories = {}
-    for run in settings.runs:
-        echo(f"[demo] training {run.name} ({settings.steps} steps, {settings.checkpoints} checkpoints)")
-        trajectories[run.name] = train_tiny(settings.train_config(run), out / "runs" / run.name, progress=progress,
-                                            data_dir=out / "data")
+    trajectories = _train_all(settings, out, progress, echo, pool)
     seconds["train"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -232,8 +300,10 @@ def _run_demo(out, quick, settings, progress, executor, echo) -> DemoResult:
     store_path = out / "results.sqlite"
     for run in settings.runs:
         echo(f"[demo] sweeping {run.name}")
+        local = executor == "local"
         report = run_sweep(trajectories[run.name], settings.plan(run), out=store_path, token_sets=sets,
-                           progress=progress, executor=executor)
+                           progress=progress, executor=executor, pool=pool if local else None,
+                           num_workers=1 if local and pool is None else None)
         if report.n_failed:
             echo(f"[demo] {report.n_failed} probe(s) failed in {run.name}; see the store's error column")
     seconds["sweep"] = time.perf_counter() - t0
@@ -251,26 +321,30 @@ def _run_demo(out, quick, settings, progress, executor, echo) -> DemoResult:
             echo(f"[demo] phases of {run.name}: {exc}")
 
     t0 = time.perf_counter()
+    import torch
+
     from geometry.surface import Surface
 
+    from .checkpoints import CheckpointLoader
     from .quant.plane import quantization_surface
 
-    surfaces = {}
     (out / "surfaces").mkdir(exist_ok=True)
-    for run in settings.runs:
-        traj = trajectories[run.name]
-        real = traj.real
-        path = out / "surfaces" / f"{run.name}.json"
-        if path.is_file():
-            surfaces[run.name] = Surface.load(path)
-            continue
-        echo(f"[demo] quantization plane of {run.name} ({settings.grid}x{settings.grid}, {settings.headline_spec})")
-        loader = CheckpointLoader(traj)
+    paths = {run.name: out / "surfaces" / f"{run.name}.json" for run in settings.runs}
+    todo = [run.name for run in settings.runs if not paths[run.name].is_file()]
+    what = [f"quantization plane of {name} ({settings.grid}x{settings.grid}, {settings.headline_spec})" for name in todo]
+    if pool is not None and todo:
+        echo(f"[demo] {'; '.join(what)}: on {pool.size} workers")
+        _in_pool(pool, [(_surface_job, (trajectories[name], str(paths[name]))) for name in todo], (settings, sets), what, echo)
+    for name, msg in zip(todo, what):
+        if pool is not None:
+            break
+        echo(f"[demo] {msg}")
+        real = trajectories[name].real
         with torch.no_grad():
-            surf = quantization_surface(loader, real[-1], real[-2], settings.headline_spec, sets, grid=settings.grid,
-                                        progress=progress)
-        surf.save(path)
-        surfaces[run.name] = surf
+            surf = quantization_surface(CheckpointLoader(trajectories[name]), real[-1], real[-2], settings.headline_spec,
+                                        sets, grid=settings.grid, progress=progress)
+        surf.save(paths[name])
+    surfaces = {run.name: Surface.load(paths[run.name]) for run in settings.runs}
     seconds["surfaces"] = time.perf_counter() - t0
 
     explanation, explain_text = None, ""

@@ -9,6 +9,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Sweeps run in this process unless a test asks for workers (num_workers= / --workers): monkeypatched
+# probes must run where they were patched, and starting worker processes costs seconds per sweep.
+os.environ["LOSSLENS_WORKERS"] = "1"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -14,7 +14,8 @@ from probes.sweep import Store
 @pytest.fixture(scope="module")
 def demo_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    result = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out), "--quiet"])
+    # on 2 worker processes (training, sweeps, planes); the rerun below resumes in one process
+    result = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out), "--quiet", "--workers", "2"])
     assert result.exit_code == 0, result.output
     return out, result.output
 
@@ -29,6 +30,8 @@ def test_demo_writes_report_store_and_summary(demo_dir):
         assert run.name in html
     assert "Final checkpoint of each run" in output and "r(trace, ΔQ" in output
     assert f"report: {out / 'report.html'}" in output
+    assert "training wsd-lr0.003" in output and "on 2 workers" in output
+    assert "r(lambda_max, ΔQ rtn:2:g32) = +nan" not in output  # λ_max converged (Lanczos) on every checkpoint
 
     with Store(out / "results.sqlite") as st:
         raw = st.raw()

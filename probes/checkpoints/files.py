@@ -18,7 +18,7 @@ from .errors import CheckpointError, CorruptCheckpointError, MissingWeightsError
 from .hub import hub_folder
 from .refs import CheckpointRef
 
-__all__ = ["local_folder", "weight_files", "read_config", "has_tokenizer_files"]
+__all__ = ["local_folder", "weight_files", "read_config", "has_tokenizer_files", "weights_bytes"]
 
 TRAINER_FILES = {"optimizer.pt", "scheduler.pt", "training_args.bin", "rng_state.pth", "training_state.pt",
                   "optimizer.bin", "scaler.pt"}
@@ -180,3 +180,26 @@ def has_tokenizer_files(folder: Path) -> bool:
     """Whether ``folder`` holds tokenizer files (as written by ``tokenizer.save_pretrained``)."""
     return any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json",
                                                  "tokenizer.model"))
+
+
+def weights_bytes(ref: CheckpointRef, dtype: torch.dtype | None = None) -> int | None:
+    """Bytes ``ref``'s parameters take in memory as ``dtype`` (default float32; derived: its first
+    source's), from the safetensors headers (no weights read); other weight files count their size
+    on disk. None for hub checkpoints (their files may not be here yet) or when the files cannot
+    be read."""
+    while ref.kind == "derived" and ref.sources:
+        ref = ref.sources[0]
+    if ref.kind == "hub":
+        return None
+    try:
+        files = ref_weight_files(ref)
+        itemsize = torch.empty((), dtype=dtype or torch.float32).element_size()
+        total = 0
+        for f in files:
+            if f.suffix == ".safetensors":
+                total += sum(int(torch.Size(s).numel()) for s in file_shapes([f], str(ref.label)).values()) * itemsize
+            else:
+                total += f.stat().st_size
+        return total
+    except (CheckpointError, OSError):
+        return None

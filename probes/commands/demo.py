@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -13,7 +14,9 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(False, "--quick", help="toy-size study (≤ 2 min; what the tests run)"),
         executor: str = typer.Option("local", "--executor", help="sweep executor: local or ray"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
-        threads: int = typer.Option(1, "--threads", help="torch threads (1 is fastest for the demo's tiny models)"),
+        threads: int = typer.Option(1, "--threads", help="torch threads per process (1 is fastest for the demo's tiny models)"),
+        workers: Optional[int] = typer.Option(None, "--workers", min=1, help="worker processes for training, sweeps and "
+                                              "planes [default: the cores, $LOSSLENS_WORKERS]"),
     ) -> None:
         """Train the embedded trajectories, sweep them, correlate, draw planes, write a report. Resumable."""
         from probes.demo import run_demo
@@ -23,7 +26,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"error: unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}", err=True)
             raise typer.Exit(2)
         result = run_demo(out, quick=quick, progress=not quiet, executor=executor, echo=typer.echo,
-                          threads=threads)
+                          threads=threads, workers=workers)
         typer.echo("")
         typer.echo(result.summary_text())
         typer.echo("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items()))

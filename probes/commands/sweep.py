@@ -117,12 +117,15 @@ def register(app: typer.Typer) -> None:
         plan: Optional[Path] = typer.Option(None, "--plan", help="Plan file (.toml/.yaml/.json); default: the built-in plan."),
         executor: str = typer.Option("local", "--executor", help="local | ray"),
         address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start a local cluster)."),
-        num_workers: Optional[int] = typer.Option(None, "--num-workers", help="CPUs of the local Ray cluster."),
+        num_workers: Optional[int] = typer.Option(None, "--workers", "--num-workers", min=1, help="local: worker processes, "
+                                                  "each probing whole checkpoints with its own model (N workers need N x "
+                                                  "the memory of one) [default: the cores, $LOSSLENS_WORKERS; 1 on CUDA]; "
+                                                  "ray: CPUs of the local cluster."),
         retry_failed: bool = typer.Option(False, "--retry-failed", help="Rerun rows stored as failed."),
         allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Add to a store written by another plan."),
         quick: bool = typer.Option(False, "--quick", help="Smaller default plan (fewer HVPs, smaller data)."),
         device: Optional[str] = typer.Option(None, "--device", help="Device to load checkpoints on (default: cuda if present)."),
-        threads: Optional[int] = typer.Option(None, "--threads", help="torch threads per process/task (default: torch's; 1 is best for tiny models)."),
+        threads: Optional[int] = typer.Option(None, "--threads", help="torch threads per process/task (default: the cores shared out between workers; torch's with one process; 1 is best for tiny models)."),
         export: Optional[Path] = typer.Option(None, "--export", help="Also write the tidy results to .csv or .parquet."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display (for logs)."),
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory each curvature estimator may use beyond the model, e.g. 8GB (overrides the plan's max_memory)."),

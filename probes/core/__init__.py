@@ -9,6 +9,8 @@
 - :mod:`.numerics` -- :func:`rel_error` (‖a − b‖ / ‖b‖ in float64);
 - :mod:`.threads`  -- :func:`torch_threads` (torch's thread count for a block, restored after);
 - :mod:`.schedules` -- the base LR schedules as pure functions (constant, WSD, cosine, linear).
+- :mod:`.workers`  -- :class:`WorkerPool` (jobs in N fresh worker processes, results streamed back)
+  and :func:`short_error` (an exception as one line).
 """
 from .lm import LossError, LossResult, check_batch, evaluate, lm_loss
 from .modules import ModuleSelectionError, find_blocks, select_linears

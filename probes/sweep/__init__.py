@@ -6,7 +6,8 @@
 
 See :mod:`.plan` (what to measure), :mod:`.rows` (what a row holds), :mod:`.store` (where rows
 go; :mod:`.store_errors` its errors), :mod:`.lock` (one writer per store), :mod:`.runner` (what
-each probe computes) and :mod:`.executor` (how checkpoints are scheduled; exit statuses).
+each probe computes), :mod:`.executor` (how checkpoints are scheduled; exit statuses) and
+:mod:`.parallel` (the local executor's worker processes).
 """
 from .executor import (EXECUTORS, EXIT_ALL_FAILED, EXIT_SOME_FAILED, SweepError, SweepReport, build_data, data_hashes,
                        resolve_trajectory, run_sweep)

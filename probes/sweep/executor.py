@@ -15,8 +15,12 @@ settings (and ``failed`` rows unless ``retry_failed``); run the rest.
 
 Executors
 ---------
-``local``  one process; checkpoints in trajectory order; each probe's row is written (its own
-           transaction) the moment it finishes, so a kill loses at most the probe in flight.
+``local``  checkpoints in trajectory order, on ``num_workers`` worker processes (default: one per
+           core, each with one torch thread; 1 on CUDA or for a single checkpoint; see
+           :mod:`.parallel`) or, with one worker, in this process. Each probe's row is written by
+           this process (its own transaction) the moment it finishes, so a kill loses at most the
+           probes in flight. Rows are bit-identical whatever the number of workers (same thread
+           count). N workers hold N models: N × the memory of one.
 ``ray``    one Ray task per checkpoint (``num_cpus=1``, ``num_gpus=1`` when the cluster has GPUs);
            the token sets and plan go to the object store once; each worker process keeps one
            :class:`CheckpointLoader` (one model instance) across its tasks; rows come back to the
@@ -37,8 +41,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from probes.core.threads import torch_threads
+from probes.core.workers import WorkerError
 
 from .lock import StoreLock
+from .parallel import check_memory, execute_workers, resolve_workers
 from .plan import Plan, PlanError, Task, load_plan
 from .rows import error_type
 from .runner import get_loader, probe_checkpoint
@@ -63,6 +69,7 @@ class SweepReport:
     ``n_run`` = ``n_ok + n_failed`` rows written by this call; ``seconds``: wall time of the call
     (data building included); ``checkpoint_seconds``: per checkpoint, load + probes (local) or the
     task's probe time (ray); ``probe_seconds``: ``{checkpoint: {probe[:spec]: seconds}}``.
+    ``workers``: local worker processes (1: in this process; Ray: the tasks' CPUs are Ray's).
     ``failures``: ``(checkpoint, probe, spec, error)`` of the rows this call stored as failed;
     ``kept_failures``: failed rows of earlier calls that were skipped (``retry_failed=False``);
     ``notes``: things the user should know (checkpoints evaluated under configs that differ).
@@ -85,10 +92,12 @@ class SweepReport:
     failures: list[tuple[str, str, str, str]] = field(default_factory=list)
     kept_failures: list[tuple[str, str, str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    workers: int = 1
 
     def __str__(self) -> str:
+        how = f"{self.executor}, {self.workers} workers" if self.workers > 1 else self.executor
         s = (f"{self.n_checkpoints} checkpoints, {self.n_tasks} rows: {self.n_ok} ok, {self.n_failed} failed, "
-             f"{self.n_skipped} already done; {self.seconds:.1f} s ({self.executor}) -> {self.store}")
+             f"{self.n_skipped} already done; {self.seconds:.1f} s ({how}) -> {self.store}")
         if self.kept_failures:
             s += (f"; {len(self.kept_failures)} of the rows already done are stored as failed "
                   "(--retry-failed / retry_failed=True reruns them)")
@@ -229,7 +238,10 @@ class SweepProgress:
 
 # --------------------------------------------------------------------------- executors
 def _execute_local(work, plan, token_sets, traj, write, progress: SweepProgress, device, dtype, num_threads=None,
-                   allow_pickle: bool = False):
+                   allow_pickle: bool = False, workers: int = 1, pool=None):
+    if workers > 1 or pool is not None:
+        execute_workers(work, plan, token_sets, traj, write, progress, device, dtype, workers, num_threads, allow_pickle, pool)
+        return
     loader = get_loader(traj, device=device, dtype=dtype, allow_pickle=allow_pickle)
     with torch_threads(num_threads):
         for ref, tasks in work:
@@ -300,23 +312,32 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
               token_sets: Mapping[str, Any] | None = None, progress: bool = True, device=None, dtype=None,
               num_workers: int | None = None, num_gpus: float | None = None, num_threads: int | None = None,
               on_row: Callable[[ProbeRow], None] | None = None, run: str | None = None, wait: bool = False,
-              on_wait: Callable[[dict], None] | None = None, allow_pickle: bool = False) -> SweepReport:
+              on_wait: Callable[[dict], None] | None = None, allow_pickle: bool = False, pool=None) -> SweepReport:
     """Run ``plan`` over ``trajectory`` and write every probe's row to the store ``out``.
 
     Args:
         trajectory: a :class:`Trajectory`, a trajectory folder or ``hf:ORG/NAME@REVISIONS`` (:func:`resolve_trajectory`).
         plan: a :class:`Plan`, a .toml/.yaml/.json file, a mapping, or None (:meth:`Plan.default`).
         out: the SQLite file (created if missing) or an open :class:`Store`.
-        executor: 'local' (in-process) or 'ray'. ``address``: Ray cluster address ('auto', 'ray://…');
+        executor: 'local' or 'ray'. ``address``: Ray cluster address ('auto', 'ray://…');
             None starts a local cluster with ``num_workers`` CPUs. ``num_gpus`` per Ray task: default
             1 when the cluster has GPUs, else 0.
+        num_workers: local: worker processes, each probing whole checkpoints with its own model
+            (N workers need N × the memory of one; refused up front when N models clearly exceed
+            the available memory). Default ``$LOSSLENS_WORKERS``, else the cores (÷ ``num_threads``),
+            but 1 on CUDA; never more than the checkpoints to probe; 1 runs in this process. Ray:
+            CPUs of the local cluster it starts.
+        pool: a :class:`probes.core.workers.WorkerPool` to run the local sweep on (left open, so
+            several sweeps share its workers; ``num_workers`` is then its size).
         retry_failed: rerun rows stored as failed (otherwise they are kept and skipped).
         allow_mixed: accept a store written by another plan/data (rows keep their plan hash; rows
             computed with other settings are recomputed).
         token_sets: ``{"eval", "calibration", "curvature": TokenSet}`` to use instead of building them.
         progress: show the rich progress display (False: quiet).
-        num_threads: torch intra-op threads while probing (local: this process, restored after;
-            ray: each task). None keeps torch's default (Ray workers get 1 per CPU requested).
+        num_threads: torch intra-op threads while probing (local: this process, restored after, or
+            each worker; ray: each task). None: the cores shared out between local workers (1 each
+            when there is one worker per core), torch's default with one local process (Ray workers
+            get 1 per CPU requested).
             Small models run fastest with 1 thread; a machine shared with other jobs can slow
             multi-threaded torch down by an order of magnitude (oversubscription).
         device, dtype: where/how checkpoints are loaded (default: the loader's; CUDA when present).
@@ -348,6 +369,14 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
         from probes.checkpoints.loader import usable_device
 
         usable_device(device)  # a bad --device stops here, before data and the store
+    workers, note = 1, None
+    if executor == "local":  # a worker count that cannot work stops here, before data and the store
+        dev = _auto_device(device)
+        try:
+            workers = pool.size if pool is not None else resolve_workers(num_workers, len(refs), dev, num_threads)[0]
+            workers, note = check_memory(workers, refs, dtype, dev, explicit=num_workers is not None or pool is not None)
+        except WorkerError as exc:
+            raise SweepError(str(exc)) from exc
     own_store = not isinstance(out, Store)
     lock = StoreLock(out.path if not own_store else out)  # one writer per store, before any work
     lock.acquire(wait=wait, on_wait=on_wait)
@@ -374,7 +403,7 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
         n_todo = sum(len(t) for _, t in work)
         report = SweepReport(store.path, plan.hash, dhash, executor, len(refs), len(refs) * len(tasks),
                              n_skipped=len(refs) * len(tasks) - n_todo, data_seconds=data_seconds,
-                             kept_failures=_kept_failures(store, run, refs, work), notes=_config_notes(refs))
+                             kept_failures=_kept_failures(store, run, refs, work), notes=_config_notes(refs) + ([note] if note else []))
 
         def write(row: ProbeRow) -> None:
             store.write(row, data_hash=dhash, plan_hash=plan.hash, run=run)
@@ -397,7 +426,12 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
         bar = SweepProgress(n_todo, len(work), enabled=progress)
         try:
             if executor == "local":
-                _execute_local(work, plan, sets, traj, write, bar, _auto_device(device), dtype, num_threads, allow_pickle)
+                threads = num_threads
+                if pool is None:
+                    workers, threads = resolve_workers(workers, len(work), _auto_device(device), num_threads)
+                report.workers = pool.size if pool is not None else workers
+                _execute_local(work, plan, sets, traj, write, bar, _auto_device(device), dtype, threads, allow_pickle,
+                               workers, pool)
             else:
                 _execute_ray(work, plan, sets, traj, write, bar, device, dtype, address, num_workers, num_gpus, num_threads,
                              allow_pickle)

@@ -44,11 +44,12 @@ from __future__ import annotations
 
 import math
 import time
-import traceback
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 if TYPE_CHECKING:  # torch is imported lazily so that `losslens --help` stays fast
     import torch
+
+from probes.core.workers import short_error as _short_error
 
 from .plan import Plan, Task
 from .store import ProbeRow, metric
@@ -234,13 +235,6 @@ def _escape_glob(name: str) -> str:
     from geometry.params import literal_glob
 
     return literal_glob(name)
-
-
-def _short_error(exc: BaseException) -> str:
-    tb = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {msg}{where}"[:2000]
 
 
 # --------------------------------------------------------------------------- driver of one checkpoint

@@ -1,0 +1,394 @@
+"""Worker processes: jobs (a function and its arguments) run in N fresh Python processes.
+
+:class:`WorkerPool` starts ``workers`` processes, each a fresh interpreter (never a fork of a
+process that already holds torch's thread pools) with ``threads`` torch intra-op threads (OMP and
+MKL are told before torch is imported, so N workers × threads cores are used, no more). Jobs are
+``(function, args)`` pairs; the function must be importable by name (a module-level function of an
+installed module) and is called in a worker as ``function(context, *args)``, where ``context`` is
+the object given to :meth:`WorkerPool.run` (sent to each worker once per run, e.g. a plan and its
+token sets). A job streams results to the parent with :func:`emit` while it runs; its return
+value comes back when it finishes. Everything travels as plain pickles over one socket pair per
+worker.
+
+Events (:class:`Event`, in the order they arrive; ``job`` is the index into the run's jobs):
+
+- ``item``  a value the job passed to :func:`emit`;
+- ``done``  the job returned (``value``: its return value);
+- ``error`` an exception escaped the job (``value``: one line, :func:`short_error`); the worker
+  goes on with the next job;
+- ``lost``  the worker process died while running the job (killed, out of memory, a crash in
+  native code; ``value``: what happened). A new worker takes its place for the remaining jobs.
+
+Process life: workers ignore SIGINT (Ctrl-C is the parent's to handle: it calls
+:meth:`WorkerPool.interrupt`, which stops the workers and returns the events they had already
+sent), and on Linux they are killed when the parent dies (``PR_SET_PDEATHSIG``), so a SIGKILLed
+sweep leaves no worker computing on. A worker whose parent has gone exits at its next message.
+
+Why not ``multiprocessing.Process`` with the spawn start method: its children re-import the
+parent's ``__main__`` script, so a user script that calls a sweep without the
+``if __name__ == "__main__":`` guard would start itself again in every worker. These workers run
+only losslens' own loop (``python -c``, with the parent's ``sys.path``): scripts and notebooks need
+no guard. POSIX only (the socket is passed as an inherited file descriptor).
+
+Memory: every worker holds what its jobs load (a sweep worker: one model and its curvature
+graphs), so N workers need about N times the memory of one process.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, Iterable, Iterator
+
+__all__ = ["WorkerPool", "WorkerError", "Event", "emit", "short_error", "available_cores", "in_worker"]
+
+_BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[3]); "
+         "from probes.core.workers import _serve; _serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4]))")
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+_SINK: Callable[[Any], None] | None = None
+
+
+class WorkerError(RuntimeError):
+    """Worker processes cannot be used here (not POSIX) or die before they can take a job."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One message of a job: ``kind`` is 'item', 'done', 'error' or 'lost' (see the module docstring)."""
+
+    job: int
+    kind: str
+    value: Any = None
+
+
+def available_cores() -> int:
+    """CPU cores this process may use: its affinity mask (``os.cpu_count()`` where there is none),
+    capped by a Linux cgroup CPU quota (a container limited to 2 CPUs on a 64-core host gives 2)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    quota = _cgroup_cpus()
+    return max(1, min(n, quota) if quota else n)
+
+
+def _cgroup_cpus(root: str = "/sys/fs/cgroup") -> int | None:
+    """CPUs allowed by the cgroup's CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), rounded
+    up; None when unlimited or unknown."""
+    for path, period_path in ((f"{root}/cpu.max", None),
+                              (f"{root}/cpu/cpu.cfs_quota_us", f"{root}/cpu/cpu.cfs_period_us")):
+        try:
+            with open(path) as f:
+                parts = f.read().split()
+            if period_path is not None:
+                with open(period_path) as f:
+                    parts = parts[:1] + f.read().split()[:1]
+            if len(parts) < 2 or parts[0] in ("max", "-1"):
+                return None
+            quota, period = int(parts[0]), int(parts[1])
+            return max(1, -(-quota // period)) if quota > 0 and period > 0 else None
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def in_worker() -> bool:
+    """Whether this code runs inside a :class:`WorkerPool` job."""
+    return _SINK is not None
+
+
+def emit(item: Any) -> None:
+    """Send ``item`` to the parent as an ``item`` event of the running job (only inside a job)."""
+    if _SINK is None:
+        raise WorkerError("emit() is for jobs running in a WorkerPool worker")
+    _SINK(item)
+
+
+def short_error(exc: BaseException) -> str:
+    """``"Type: first line of the message (at file.py:line)"``, at most 2000 characters."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {msg}{where}"[:2000]
+
+
+# --------------------------------------------------------------------------- the parent's side
+def _send(conn: Connection, obj: Any) -> None:
+    conn.send_bytes(pickle.dumps(obj, protocol=_PROTOCOL))
+
+
+def _recv(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())
+
+
+def _exit_status(code: int | None) -> str:
+    if code is None:
+        return "is unresponsive"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (killed: out of memory? use fewer workers)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with status {code}"
+
+
+class _Worker:
+    """One worker process and the parent's end of its socket."""
+
+    def __init__(self, threads: int):
+        parent, child = socket.socketpair()
+        fd = child.detach()
+        env = dict(os.environ)
+        if threads:
+            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        flags = getattr(subprocess, "_args_from_interpreter_flags", lambda: [])()
+        try:
+            self.proc = subprocess.Popen([sys.executable, *flags, "-c", _BOOT, str(fd), str(threads or 0),
+                                          json.dumps(sys.path), str(os.getpid())], pass_fds=(fd,), env=env,
+                                         stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            parent.close()
+            raise WorkerError(f"cannot start a worker process ({sys.executable}): {exc}") from exc
+        finally:
+            os.close(fd)
+        self.conn = Connection(parent.detach())
+        self.ready = False
+        self.job: int | None = None
+        self.context: int | None = None  # id of the run whose context the worker holds
+
+    def stop(self, kill: bool = False, timeout: float = 10.0) -> None:
+        """Ask the worker to exit (or kill it), wait for it, close the socket."""
+        if self.proc.poll() is None:
+            if kill:
+                self.proc.kill()
+            else:
+                try:
+                    _send(self.conn, None)
+                except OSError:
+                    pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.conn.close()
+
+
+class WorkerPool:
+    """``workers`` worker processes with ``threads`` torch threads each; a context manager.
+
+    ``pool.run(jobs, context)`` runs ``jobs`` (``[(function, args), ...]``) and yields
+    :class:`Event` s until every job is done, error or lost; runs can follow one another on the
+    same workers (their imports and models stay loaded). Leaving the ``with`` block stops the
+    workers (killed when the block ends with an exception). Cost: starting a worker takes about
+    as long as importing torch and transformers (seconds); workers start in parallel.
+    """
+
+    def __init__(self, workers: int, threads: int | None = 1):
+        if os.name != "posix":
+            raise WorkerError("worker processes need a POSIX system (Linux, macOS); run with one worker "
+                              "(--workers 1) or use the ray executor")
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise WorkerError(f"workers must be an integer >= 1, got {workers!r}")
+        self.threads = int(threads or 0)
+        self._runs = itertools.count()
+        self._boot_failures = 0
+        self._workers = [_Worker(self.threads) for _ in range(workers)]
+
+    @property
+    def size(self) -> int:
+        return len(self._workers)
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the current workers."""
+        return [w.proc.pid for w in self._workers]
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        self.close(kill=exc_type is not None)
+
+    def close(self, kill: bool = False) -> None:
+        """Stop every worker (``kill``: at once, without waiting for its job)."""
+        for w in self._workers:
+            w.stop(kill=kill)
+        self._workers = []
+
+    def run(self, jobs: Iterable[tuple[Callable, tuple]], context: Any = None) -> Iterator[Event]:
+        """Run ``jobs`` on the workers, one job per worker at a time, in order of submission;
+        yield their events as they arrive (see the module docstring). ``context`` is pickled
+        once and sent to each worker before its first job of this run."""
+        if not self._workers:
+            raise WorkerError("the pool is closed")
+        if any(w.job is not None for w in self._workers):
+            raise WorkerError("a previous run of this pool was left unfinished; close the pool and start a new one")
+        jobs = list(jobs)
+        run_id = next(self._runs)
+        blob = pickle.dumps(context, protocol=_PROTOCOL)
+        todo = deque(range(len(jobs)))
+        while todo or any(w.job is not None for w in self._workers):
+            for i, w in enumerate(self._workers):
+                if w.job is None and todo:
+                    j = todo.popleft()
+                    if not self._dispatch(w, j, jobs[j], run_id, blob):
+                        todo.appendleft(j)  # it never reached the worker: it runs on the replacement
+                        self._replace(i)
+            busy = {w.conn: w for w in self._workers if w.job is not None}
+            if not busy:
+                continue
+            for conn in wait(list(busy)):
+                w = busy[conn]
+                try:
+                    msg = _recv(conn)
+                except (EOFError, OSError):
+                    job, i = w.job, self._workers.index(w)
+                    if not w.ready:  # died while starting: its job never ran, the replacement takes it
+                        self._boot_failed(w)
+                        todo.appendleft(job)
+                        self._replace(i)
+                        continue
+                    event = Event(job, "lost", f"worker process {w.proc.pid} {_exit_status(w.proc.wait())}")
+                    self._replace(i)
+                    yield event
+                    continue
+                if msg[0] == "ready":
+                    w.ready = True
+                    continue
+                kind, job, value = msg
+                if kind != "item":
+                    w.job = None
+                yield Event(job, kind, value)
+
+    def interrupt(self) -> list[Event]:
+        """Stop every worker now (SIGTERM) and return the events they had sent but the parent had
+        not read yet (e.g. finished rows after Ctrl-C). The pool is closed afterwards."""
+        events = []
+        for w in self._workers:
+            if w.proc.poll() is None:
+                w.proc.terminate()
+        for w in self._workers:
+            try:
+                w.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+            while w.job is not None:
+                try:
+                    if not w.conn.poll(0):
+                        break
+                    kind, job, value = _recv(w.conn)
+                except (EOFError, OSError, ValueError, pickle.UnpicklingError):
+                    break
+                if kind == "ready":
+                    continue
+                events.append(Event(job, kind, value))
+                if kind != "item":
+                    w.job = None
+            w.conn.close()
+        self._workers = []
+        return events
+
+    # ----------------------------------------------------------------- internals
+    def _dispatch(self, w: _Worker, j: int, job: tuple[Callable, tuple], run_id: int, blob: bytes) -> bool:
+        fn, args = job
+        try:
+            if w.context != run_id:
+                w.conn.send_bytes(pickle.dumps(("context", run_id, blob), protocol=_PROTOCOL))
+                w.context = run_id
+            _send(w.conn, ("job", j, pickle.dumps((fn, tuple(args)), protocol=_PROTOCOL), run_id))
+        except OSError:
+            w.proc.wait()
+            while not w.ready and w.conn.poll(0):  # an idle worker's "ready" may still be unread
+                try:
+                    w.ready = _recv(w.conn)[0] == "ready"
+                except (EOFError, OSError):
+                    break
+            if not w.ready:
+                self._boot_failed(w)
+            return False
+        w.job = j
+        return True
+
+    def _boot_failed(self, w: _Worker) -> None:
+        """A worker died before it was ready: tolerated once per worker slot (a kill), then an error."""
+        self._boot_failures += 1
+        if self._boot_failures > len(self._workers):
+            raise WorkerError(f"worker processes die while starting (the last, PID {w.proc.pid}, "
+                              f"{_exit_status(w.proc.wait())}); see their messages above")
+
+    def _replace(self, i: int) -> None:
+        old = self._workers[i]
+        old.stop(kill=True)
+        self._workers[i] = _Worker(self.threads)
+
+
+# --------------------------------------------------------------------------- the worker's side
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGKILL this process when the parent dies; exit now if it already has."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def _serve(fd: int, threads: int, parent: int) -> None:
+    """A worker's loop: receive a context or a job, run it, send its events; exit on None or EOF."""
+    global _SINK
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
+    conn = Connection(fd)
+
+    def send(obj: Any) -> None:
+        try:
+            _send(conn, obj)
+        except OSError:  # the parent is gone: nobody wants the result
+            os._exit(0)
+
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    send(("ready", None, os.getpid()))
+    context: list = [None, None, False]  # run id, pickled context, unpickled context (or False: not yet)
+    while True:
+        try:
+            msg = _recv(conn)
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        if msg[0] == "context":
+            context[:] = [msg[1], msg[2], False]
+            continue
+        _, job, payload, run_id = msg
+        _SINK = lambda item, job=job: send(("item", job, item))  # noqa: E731
+        try:
+            if context[0] != run_id:
+                raise WorkerError(f"job {job} arrived without its run's context")
+            if context[2] is False:
+                context[2] = pickle.loads(context[1])  # once per run, at its first job
+            fn, args = pickle.loads(payload)
+            reply = ("done", job, fn(context[2], *args))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent as the job's error
+            reply = ("error", job, short_error(exc))
+        finally:
+            _SINK = None
+        send(reply)
