@@ -10,9 +10,11 @@
 2. The token sets are built once (:func:`probes.sweep.build_data`) and passed to every sweep, so
    sweep times exclude tokenization.
 3. Local sweep of the plan — FP loss, RTN 3/4-bit g128, GPTQ 3/4-bit g128, Hutch++ trace
-   (100 HVPs; quick: 30), λ_max (power iteration, tol 1e-3, ≤ 100 iterations; quick ≤ 20), weight
-   kurtosis — into a fresh store: wall time of the whole sweep and per checkpoint, broken down by
-   probe (load, loss, each quantizer, trace, eigen, kurtosis). Goal (full mode): ≤ 10 min.
+   (100 HVPs; quick: 30), λ_max (Lanczos, tol 1e-3, ≤ 100 steps; quick ≤ 20), weight kurtosis;
+   curvature on one batch of 16 × 128 tokens — into a fresh store, with 1 and with 2 local worker
+   processes (1 thread each): wall time of the whole sweep and per checkpoint, broken down by probe
+   (load, loss, each quantizer, trace, eigen, kurtosis), whether the 2-worker store is identical to
+   the 1-worker one, and the speed-up. Goal (full mode): ≤ 10 min; 2 workers ≥ 1.7× one.
 4. The same plan with the Ray executor on a local cluster of 2 CPUs (2 workers, one checkpoint
    per task) into another fresh store; the cluster is started before the timer. The ratio
    local ÷ ray wall time is the speed-up (goal ≥ 1.7×); ``ray_concurrency`` = summed probe time of
@@ -62,11 +64,13 @@ def embedded_trajectory(quick: bool, checkpoints: int, cache: str | None = None)
 def bench_plan(quick: bool):
     from probes.sweep import DataSpec, EigenProbe, Plan, TraceProbe
 
+    # the curvature set is one batch of 16 x 128 (the same 2,048 tokens as the earlier (2, 8, 128)),
+    # λ_max by Lanczos, as Plan.default does since issue #14
     data = (DataSpec(eval=(4, 4, 32), calibration=(4, 4, 32), curvature=(1, 4, 32)) if quick
-            else DataSpec(eval=(8, 8, 128), calibration=(8, 8, 128), curvature=(2, 8, 128)))
+            else DataSpec(eval=(8, 8, 128), calibration=(8, 8, 128), curvature=(1, 16, 128)))
     return Plan(loss=True, quant=("rtn:3:g128", "rtn:4:g128", "gptq:3:g128", "gptq:4:g128"),
                 trace=TraceProbe("hutch++", 30 if quick else 100),
-                eigen=EigenProbe(k=1, method="power", tol=1e-3, max_iter=20 if quick else 100),
+                eigen=EigenProbe(k=1, method="lanczos", tol=1e-3, max_iter=20 if quick else 100),
                 kurtosis=True, data=data, name="bench-quick" if quick else "bench")
 
 
@@ -81,10 +85,11 @@ def _breakdown(report) -> list[dict]:
 
 
 def run(quick: bool = False, checkpoints: int | None = None, ray_compare: bool = True, cache: str | None = None,
-        local_threads: tuple[int, ...] = (1,)) -> list[dict]:
-    """Rows: ``total`` per local variant, ``ray_vs_local`` per local variant, the mean per-probe
-    breakdown and one ``per_checkpoint`` row per checkpoint. ``local_threads``: torch thread counts
-    of the local runs (0 = torch's default); the breakdown comes from the first."""
+        local_threads: tuple[int, ...] = (1,), workers: tuple[int, ...] = (1, 2)) -> list[dict]:
+    """Rows: ``total`` per local variant (threads × worker processes), ``ray_vs_local`` per local
+    variant, the mean per-probe breakdown and one ``per_checkpoint`` row per checkpoint.
+    ``local_threads``: torch thread counts per process (0 = torch's default); ``workers``: local
+    worker processes; the breakdown comes from the first (1 worker)."""
     import torch
 
     from probes.sweep import Store, build_data, run_sweep
@@ -99,17 +104,17 @@ def run(quick: bool = False, checkpoints: int | None = None, ray_compare: bool =
     n_params = None
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        variants = [t or None for t in local_threads]
+        variants = [(t or None, w) for w in workers for t in local_threads]
         local_runs = {}
-        for threads in variants:
-            store = Path(tmp) / f"local-{threads or 'default'}.sqlite"
+        for threads, w in variants:
+            store = Path(tmp) / f"local-{threads or 'default'}-w{w}.sqlite"
             t = time.perf_counter()
-            rep = run_sweep(traj, plan, out=store, token_sets=sets, progress=False, num_threads=threads)
-            local_runs[threads] = (rep, time.perf_counter() - t, store)
+            rep = run_sweep(traj, plan, out=store, token_sets=sets, progress=False, num_threads=threads, num_workers=w)
+            local_runs[(threads, w)] = (rep, time.perf_counter() - t, store)
         local, local_s, local_store = local_runs[variants[0]]
         per = _breakdown(local)
         keys = sorted({k for r in per for k in r if k.endswith("_s") and k != "total_s"})
-        mean = {"section": "mean_per_checkpoint", "checkpoint": f"mean of {len(per)} (local, threads={variants[0] or 'default'})"}
+        mean = {"section": "mean_per_checkpoint", "checkpoint": f"mean of {len(per)} (local, threads={variants[0][0] or 'default'}, 1 worker)"}
         for k in keys:
             vals = [r.get(k, 0.0) for r in per]
             mean[k] = round(sum(vals) / len(vals), 3)
@@ -122,8 +127,20 @@ def run(quick: bool = False, checkpoints: int | None = None, ray_compare: bool =
             n_params = sum(p.numel() for p in CheckpointLoader(traj).load(traj[0]).parameters())
         except Exception:
             pass
-        for threads, (rep, secs, _) in local_runs.items():
-            rows.append({"section": "total", "executor": "local", "torch_threads": threads or torch.get_num_threads(),
+        same = {}
+        if len(local_runs) > 1:                              # workers must not change a single value
+            from probes.sweep import Store as _Store
+
+            cols = ["checkpoint", "probe", "spec", "metric"]
+            base = _Store(local_store).results().sort_values(cols)["value"].fillna(-1.0).to_numpy()
+            for key, (_, _, st_path) in local_runs.items():
+                other = _Store(st_path).results().sort_values(cols)["value"].fillna(-1.0).to_numpy()
+                same[key] = bool(len(other) == len(base) and (other == base).all())
+        for (threads, w), (rep, secs, _) in local_runs.items():
+            rows.append({"section": "total", "executor": "local", "workers": w,
+                         "identical_to_1_worker": same.get((threads, w)),
+                         "speedup_vs_1_worker": round(local_runs[(threads, 1)][1] / secs, 3) if (threads, 1) in local_runs else None,
+                         "torch_threads": threads or torch.get_num_threads(),
                          "checkpoints": len(traj), "rows_ok": rep.n_ok, "rows_failed": rep.n_failed, "wall_s": round(secs, 2),
                          "goal_s": 600.0, "meets_goal": bool(secs <= 600.0), "train_s": round(train_s, 1),
                          "data_s": round(data_s, 2), "params": n_params, "cpus": os.cpu_count(), "quick": quick,
@@ -160,7 +177,9 @@ def run(quick: bool = False, checkpoints: int | None = None, ray_compare: bool =
             m = m[m.metric.isin(["loss", "q_loss", "trace", "lambda_1", "pooled"])]
             rel = ((m.value_l - m.value_r).abs() / m.value_l.abs().clip(lower=1e-12)).max() if len(m) else float("nan")
             busy = sum(sum(v.values()) for v in remote.probe_seconds.values())
-            for threads, (rep, secs, _) in local_runs.items():
+            for (threads, w), (rep, secs, _) in local_runs.items():
+                if w != 1:
+                    continue
                 rows.append({"section": "ray_vs_local", "ray_concurrency": round(busy / ray_s, 2), "workers": 2, "local_threads": threads or torch.get_num_threads(),
                              "local_s": round(secs, 2), "ray_s": round(ray_s, 2), "speedup": round(secs / ray_s, 3),
                              "goal": 1.7, "meets_goal": bool(secs / ray_s >= 1.7), "ray_init_s": round(init_s, 2),

@@ -11,6 +11,15 @@ import typer
 from ._shared import CHECKPOINT_HELP, TRAJECTORY_HELP, cache_dir_option, label_option, schedule_option, tokens_option
 
 
+def _torch_dtype(name: str | None):
+    """A ``--dtype`` name as a torch dtype (None keeps the loader's default, float32)."""
+    if name is None:
+        return None
+    import torch
+
+    return getattr(torch, name)
+
+
 def _console(stderr: bool = False):
     from rich.console import Console
 
@@ -124,6 +133,7 @@ def register(app: typer.Typer) -> None:
         retry_failed: bool = typer.Option(False, "--retry-failed", help="Rerun rows stored as failed."),
         allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Add to a store written by another plan."),
         quick: bool = typer.Option(False, "--quick", help="Smaller default plan (fewer HVPs, smaller data)."),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="Load the weights as float32 (default), bfloat16, float16 or float64; curvature algebra stays float32 at least."),
         device: Optional[str] = typer.Option(None, "--device", help="Device to load checkpoints on (default: cuda if present)."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch threads per process/task (default: the cores shared out between workers; torch's with one process; 1 is best for tiny models)."),
         export: Optional[Path] = typer.Option(None, "--export", help="Also write the tidy results to .csv or .parquet."),
@@ -147,6 +157,10 @@ def register(app: typer.Typer) -> None:
         from probes.sweep import PlanError, Plan, Store, StoreError, SweepError, load_plan, resolve_trajectory, run_sweep
 
         _check_quick(quick, plan)
+        dtypes = {"float32", "bfloat16", "float16", "float64"}
+        if dtype is not None and dtype not in dtypes:
+            typer.echo(f"error: --dtype {dtype!r} is unknown; valid: {', '.join(sorted(dtypes))}", err=True)
+            raise typer.Exit(2)
         traj = resolve_trajectory(trajectory, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step,
                                   sidecars=[out.parent / "trajectory.json"])
         sched, tps = traj.meta.get("schedule"), traj.meta.get("tokens_per_step")
@@ -160,7 +174,8 @@ def register(app: typer.Typer) -> None:
                 p = p.replace(max_memory=max_memory)
             report = run_sweep(traj, p, out=out, executor=executor, address=address, retry_failed=retry_failed,
                                allow_mixed=allow_mixed, progress=not quiet, device=device, num_workers=num_workers,
-                               num_threads=threads, wait=wait, on_wait=_waiting, allow_pickle=allow_pickle)
+                               num_threads=threads, wait=wait, on_wait=_waiting, allow_pickle=allow_pickle,
+                               dtype=_torch_dtype(dtype))
         except (PlanError, StoreError, SweepError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2)
