@@ -37,6 +37,9 @@ __all__ = [
 #: processes and the allocator's fragmentation, so a third; a GPU's free memory is ours.
 CPU_FRACTION = 1 / 3
 CUDA_FRACTION = 0.8
+#: Environment variable overriding the default fraction (of free host RAM or GPU memory). Worker
+#: processes that share one machine get ``CPU_FRACTION / N`` each (probes.core.workers).
+MEMORY_FRACTION_ENV = "LOSSLENS_MEMORY_FRACTION"
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -120,9 +123,18 @@ def available_bytes(device: torch.device | str) -> int:
 
 def default_budget(device: torch.device | str) -> int:
     """The default ``max_memory``: :data:`CUDA_FRACTION` of the free GPU memory, or
-    :data:`CPU_FRACTION` of the available host RAM."""
+    :data:`CPU_FRACTION` of the available host RAM; ``$LOSSLENS_MEMORY_FRACTION`` overrides the
+    fraction (set for worker processes that share the machine)."""
     device = torch.device(device)
     frac = CUDA_FRACTION if device.type == "cuda" else CPU_FRACTION
+    env = os.environ.get(MEMORY_FRACTION_ENV, "").strip()
+    if env:
+        try:
+            frac = float(env)
+        except ValueError:
+            raise MemoryBudgetError(f"{MEMORY_FRACTION_ENV} must be a fraction such as 0.25, got {env!r}") from None
+        if not 0 < frac <= 1:
+            raise MemoryBudgetError(f"{MEMORY_FRACTION_ENV} must be in (0, 1], got {env!r}")
     return int(frac * available_bytes(device))
 
 

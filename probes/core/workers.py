@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterable, Iterator
 
+from geometry.memory import CPU_FRACTION, MEMORY_FRACTION_ENV
+
 __all__ = ["WorkerPool", "WorkerError", "Event", "emit", "short_error", "available_cores", "in_worker"]
 
 _BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[3]); "
@@ -146,12 +148,15 @@ def _exit_status(code: int | None) -> str:
 class _Worker:
     """One worker process and the parent's end of its socket."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, share: int = 1):
         parent, child = socket.socketpair()
         fd = child.detach()
         env = dict(os.environ)
         if threads:
             env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        if share > 1 and MEMORY_FRACTION_ENV not in env:
+            # N workers share the host's free memory: each default estimator budget gets 1/N of it
+            env[MEMORY_FRACTION_ENV] = repr(CPU_FRACTION / share)
         flags = getattr(subprocess, "_args_from_interpreter_flags", lambda: [])()
         try:
             self.proc = subprocess.Popen([sys.executable, *flags, "-c", _BOOT, str(fd), str(threads or 0),
@@ -204,7 +209,7 @@ class WorkerPool:
         self.threads = int(threads or 0)
         self._runs = itertools.count()
         self._boot_failures = 0
-        self._workers = [_Worker(self.threads) for _ in range(workers)]
+        self._workers = [_Worker(self.threads, workers) for _ in range(workers)]
 
     @property
     def size(self) -> int:
