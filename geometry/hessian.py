@@ -40,7 +40,9 @@ Conventions, side effects and guarantees of every call:
   products are those of the loss the forward computes;
 - the model is put in **eval mode** for the call, and every submodule's previous mode is restored;
 - ``.grad`` of every parameter is left as it was: products use ``torch.autograd.grad``;
-  ``requires_grad`` flags and parameter values are untouched;
+  parameters outside the selection are frozen for the call only (so no graph is kept for layers
+  that lead to no selected parameter: curvature of the last blocks needs the graph of those blocks
+  only); ``requires_grad`` flags and parameter values are restored;
 - a selected parameter whose gradient has no autograd graph (a zero Hessian row) is checked once
   with a finite difference of gradients: a loss linear in it passes, a non-differentiable backward
   on its path raises :class:`~geometry.operator.OperatorError` instead of a silent zero row;
@@ -320,15 +322,23 @@ class HessianOperator(CurvatureOperator):
 
     @contextlib.contextmanager
     def _call_context(self) -> Iterator[dict[str, torch.Tensor]]:
-        """Eval mode, MATH attention, true embedding derivatives, grad enabled; restores modes and
-        ``.grad`` afterwards."""
+        """Eval mode, MATH attention, true embedding derivatives, grad enabled, parameters outside
+        the selection frozen (``requires_grad=False``: autograd then keeps no graph for the layers
+        that lead to no selected parameter, and the Hessian is w.r.t. the selection with the rest
+        constant, as defined); restores modes, ``requires_grad`` and ``.grad`` afterwards."""
         grads = [(p, p.grad) for p in self.model.parameters()]
         params = self._current_params()
+        chosen = {id(t) for t in params.values()}
+        frozen = [p for p in self.model.parameters() if p.requires_grad and id(p) not in chosen]
         try:
+            for p in frozen:
+                p.requires_grad_(False)
             with module_modes(self.model, training=False), torch.enable_grad(), second_order_attention(), \
                     true_derivatives(self.model):
                 yield params
         finally:
+            for p in frozen:
+                p.requires_grad_(True)
             for p, g in grads:
                 if p.grad is not g:
                     p.grad = g

@@ -208,3 +208,18 @@ def test_the_default_budget_is_a_fraction_of_free_memory_and_can_be_shared(monke
         monkeypatch.setenv(MEMORY_FRACTION_ENV, bad)
         with pytest.raises(MemoryBudgetError, match=MEMORY_FRACTION_ENV):
             default_budget("cpu")
+
+
+def test_curvature_of_the_last_block_keeps_only_that_part_of_the_graph():
+    from geometry.dense import exact_hessian
+
+    model = micro_gptneox(seed=4, dtype=torch.float64, layers=2)
+    batches = random_batches(n_batches=1, seed=4)
+    last = ["gpt_neox.layers.1.*", "gpt_neox.final_layer_norm.*"]
+    full = HessianOperator(model, lm_loss, batches)
+    part = HessianOperator(model, lm_loss, batches, params=last)
+    assert part.graph_bytes(0) - part.dim * 8 < 0.7 * (full.graph_bytes(0) - full.dim * 8)
+    H, space = exact_hessian(model, lm_loss, batches, params=last)       # the block of H w.r.t. the selection
+    V = torch.randn(3, part.dim, dtype=torch.float64)
+    assert torch.allclose(part.matmat(V), V @ H, rtol=1e-9, atol=1e-11)
+    assert all(p.requires_grad for p in model.parameters())             # flags restored after the calls
