@@ -209,41 +209,66 @@ def saved_bytes_per_sequence(shape: str, seq: int, layers: int, dtype: torch.dty
     return out
 
 
-def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_bytes: float = 80e9,
-            tokens: tuple[int, int] = (8, 512), mfu: float = 0.4, peak_flops: float = 989e12,
-            hvp_ratio: float = 2.3) -> list[dict]:
-    """On-paper requirements of each shape in bfloat16 on one GPU of ``gpu_bytes``: memory from the
-    memory model with the graph measured on 1- and 2-layer slices (extrapolated linearly in layers,
-    and in s, s² per sequence), time from 6·N·T FLOPs per gradient at ``mfu`` of ``peak_flops``."""
+#: (label, selection, batch, seq) of the projected configurations
+CONFIGS = (("all parameters, 8×512 tokens", "all", 8, 512), ("all parameters, 1×512 tokens", "all", 1, 512),
+           ("last 2 blocks, 8×512 tokens", "last2", 8, 512))
+#: estimator -> full-dim float32 vectors it holds (k = 1; see geometry.trace / geometry.eigen)
+VECTORS = {"hutchinson (block 1)": 2, "power": 3, "lanczos (basis 8)": 9, "hutch++ (sketch 8)": 10}
+
+
+def graph_measurements(shape: str) -> dict:
+    """Saved bytes per sequence, per layer and outside the layers, at 128 and 256 tokens (bfloat16,
+    the lean LM head), from 1- and 2-layer slices of ``shape``."""
+    out = {"shape": shape}
+    for seq in (128, 256):
+        one, two = saved_bytes_per_sequence(shape, seq, 1), saved_bytes_per_sequence(shape, seq, 2)
+        out[f"per_layer_{seq}"], out[f"outside_{seq}"] = two - one, 2 * one - two
+    return out
+
+
+def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_bytes: float = 80e9, mfu: float = 0.4,
+            peak_flops: float = 989e12, hvp_ratio: float = 2.3, measured: dict | None = None) -> list[dict]:
+    """On-paper requirements of each shape in bfloat16 on one GPU of ``gpu_bytes`` for the
+    :data:`CONFIGS`: memory from the memory model (geometry.graph_memory) with the graph measured on
+    1- and 2-layer slices (:func:`graph_measurements`; per layer a·s + c·s² per sequence, outside
+    the layers linear in s), the model resident in bf16, bf16 gradients, float32 estimator
+    vectors; the largest Hutch++ sketch that fits; time from 6·N·T FLOPs per gradient at ``mfu``
+    of ``peak_flops`` and ``hvp_ratio`` gradients per HVP (measured on CPU here)."""
     from geometry.graph_memory import SECOND_BACKWARD_FACTOR
 
     rows = []
-    b, s = tokens
     for shape in shapes:
         h, L, heads, ff, vocab = SHAPES[shape]
-        per = {}
-        for seq in (128, 256):
-            one, two = saved_bytes_per_sequence(shape, seq, 1), saved_bytes_per_sequence(shape, seq, 2)
-            per[seq] = (two - one, 2 * one - two)          # (per layer, outside the layers)
-        # fit a·s + c·s² per layer from the two lengths; the rest is linear in s
-        (l1, o1), (l2, o2) = per[128], per[256]
+        m = (measured or {}).get(shape) or graph_measurements(shape)
+        l1, l2, o1 = m["per_layer_128"], m["per_layer_256"], m["outside_128"]
         c = (l2 - 2 * l1) / (256**2 - 2 * 128**2)
         a = (l1 - c * 128**2) / 128
-        layer_s = a * s + c * s * s
-        saved = b * (L * layer_s + o1 * s / 128)
-        dim = _param_count(shape)
-        grads = 2 * dim                                      # bf16 gradients
-        vec = 4 * dim                                        # float32 estimator vectors
-        pass_b = saved + grads + SECOND_BACKWARD_FACTOR * saved + 2 * grads
-        model_b = 2 * dim
-        t_grad = 6 * dim * b * s / (mfu * peak_flops)
-        for name, vectors in (("hutchinson (block 1)", 2), ("hutch++ sketch 8", 10), ("lanczos basis 8", 11), ("power", 5)):
-            need = model_b + vectors * vec + pass_b
-            rows.append({"shape": shape, "params": dim, "tokens": b * s, "estimator": name,
+        dim_all = _param_count(shape)
+        dim_layer = (dim_all - _param_count_outside(shape)) // L
+        rows.append({"kind": "graph", **m})
+        for label, sel, b, s in CONFIGS:
+            layer_s = a * s + c * s * s
+            n_layers, dim = (L, dim_all) if sel == "all" else (2, 2 * dim_layer)
+            saved = b * (n_layers * layer_s + o1 * s / 128)
+            grads, vec, model_b = 2 * dim, 4 * dim, 2 * dim_all
+            pass_b = saved + grads + SECOND_BACKWARD_FACTOR * saved + 2 * grads
+            need = {name: model_b + n * vec + pass_b for name, n in VECTORS.items()}
+            room = gpu_bytes - model_b - pass_b - 2 * vec
+            t_grad = 6 * dim_all * b * s / (mfu * peak_flops)
+            rows.append({"kind": "projection", "shape": shape, "config": label, "params": dim_all, "selected": dim,
                          "model_GB": model_b / 1e9, "graph_GB": (saved + grads) / 1e9, "pass_GB": pass_b / 1e9,
-                         "vectors_GB": vectors * vec / 1e9, "total_GB": need / 1e9, "fits_80GB": need <= gpu_bytes,
-                         "s_per_gradient": t_grad, "s_per_hvp": hvp_ratio * t_grad})
+                         "vector_GB": vec / 1e9, **{f"{k}_GB": v / 1e9 for k, v in need.items()},
+                         **{f"{k}_fits": bool(v <= gpu_bytes) for k, v in need.items()},
+                         "max_hutchpp_sketch": int(max(0, room // vec)),
+                         "s_per_gradient": t_grad if sel == "all" else None,
+                         "s_per_hvp": hvp_ratio * t_grad if sel == "all" else None})
     return rows
+
+
+def _param_count_outside(shape: str) -> int:
+    """Parameters outside the decoder layers (embeddings, head, final norm)."""
+    h, L, heads, ff, vocab = SHAPES[shape]
+    return int(2 * vocab * h + (h if shape.startswith("olmo") else 2 * h))
 
 
 def _param_count(shape: str) -> int:

@@ -32,7 +32,7 @@ from .directional import estimate_memory as _direction_memory
 from .operator import CurvatureOperator
 from .params import ParamGlobs
 from .results import Attribution, DirectionParts, EstimatorError, QuadraticFactors, TraceEstimate
-from .trace import _op_settings, hutchpp_trace, plan_probe_blocks
+from .trace import hutchpp_trace, plan_probe_blocks
 
 __all__ = ["factorise", "direction_parts", "group_parts", "within_block_curvature", "attribute", "assemble"]
 
@@ -197,7 +197,7 @@ def within_block_curvature(op: CurvatureOperator, direction: Mapping[str, torch.
     b = plan.settings["block_size"]
     n0 = op.num_matvecs
     out: dict[str, float] = {}
-    with op.configured(**_op_settings(plan)):
+    with op.configured(**plan.operator_settings):
         for start in range(0, len(names), b):
             chunk = names[start:start + b]
             V = torch.zeros(len(chunk), op.dim, dtype=op.dtype, device=op.device)

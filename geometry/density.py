@@ -121,7 +121,7 @@ def spectral_density(
     steps = min(num_steps, dim)
     g = op.generator(seed)
     nodes, weights, run_steps, breakdowns = [], [], [], 0
-    with op.configured(**{k: plan.settings[k] for k in ("chunk_size", "cache_graphs") if k in plan.settings}):
+    with op.configured(**plan.operator_settings):
         for start in range(0, num_runs, per_group):
             starts = rademacher(g, min(per_group, num_runs - start), dim, op.dtype, op.device)
             runs = lanczos(op, starts, steps, reorth=mode, basis_device=basis_device, basis_dtype=basis_dtype)

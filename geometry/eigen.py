@@ -43,10 +43,6 @@ def _gaussian_unit(g: torch.Generator, dim: int, dtype, device) -> torch.Tensor:
     return x[0].to(device=device)
 
 
-def _settings(plan: MemoryEstimate) -> dict:
-    return {k: plan.settings[k] for k in ("chunk_size", "cache_graphs") if k in plan.settings}
-
-
 def estimate_memory(op: CurvatureOperator, k: int = 1, method: str = "lanczos", max_iter: int = 100,
                     max_memory=None, max_basis: int | None = None, basis_device=None,
                     basis_dtype: torch.dtype | None = None) -> MemoryEstimate:
@@ -171,7 +167,7 @@ def top_eigenvalues(
     plan = estimate_memory(op, k, method, max_iter, max_memory, max_basis, basis_device, basis_dtype)
     t0, n0 = time.perf_counter(), op.num_matvecs
     g = op.generator(seed)
-    with op.configured(**_settings(plan)):
+    with op.configured(**plan.operator_settings):
         if method == "lanczos":
             values, residuals, converged, vectors, iters, extra = _lanczos_topk(
                 op, k, tol, max_iter, g, plan.settings["basis_size"], basis_device, basis_dtype)

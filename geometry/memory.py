@@ -187,6 +187,11 @@ class MemoryEstimate:
             out += f", and {format_bytes(self.host_total)} of host RAM ({host}) of {format_bytes(self.host_budget)}"
         return out
 
+    @property
+    def operator_settings(self) -> dict[str, Any]:
+        """The settings an operator applies for the plan (``op.configured(**...)``)."""
+        return {k: self.settings[k] for k in ("chunk_size", "cache_graphs") if k in self.settings}
+
     def to_dict(self) -> dict[str, Any]:
         out = {"predicted_bytes": self.total, "budget_bytes": self.budget,
                "parts": {k: int(v) for k, v in self.parts.items()}, "settings": dict(self.settings)}

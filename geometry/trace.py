@@ -179,7 +179,7 @@ def hutchinson_trace(
         raise EstimatorError(f"tol must be a positive finite number or None, got {tol!r}")
     plan = plan_probe_blocks(op, num_matvecs, block_size, max_memory, "hutchinson_trace")
     t0, n0 = time.perf_counter(), op.num_matvecs
-    with op.configured(**_op_settings(plan)):
+    with op.configured(**plan.operator_settings):
         samples, _, reached = _hutchinson_samples(op, num_matvecs, seed, plan.settings["block_size"], tol)
     value, se = _mean_stderr(samples)
     _finite("hutchinson trace estimate", value)
@@ -189,10 +189,6 @@ def hutchinson_trace(
         seconds=time.perf_counter() - t0, seed=int(seed), method="hutchinson",
         converged=True if tol is None else reached, num_samples=len(samples), dim=op.dim, memory=plan.to_dict(),
     )
-
-
-def _op_settings(plan: MemoryEstimate) -> dict:
-    return {k: plan.settings[k] for k in ("chunk_size", "cache_graphs") if k in plan.settings}
 
 
 # ---------------------------------------------------------------------------------- Hutch++
@@ -278,7 +274,7 @@ def hutchpp_trace(op: CurvatureOperator, num_matvecs: int = 100, seed: int = 0,
     t0, n0 = time.perf_counter(), op.num_matvecs
     g = op.generator(seed)
     low = 0.0
-    with op.configured(**_op_settings(plan)):
+    with op.configured(**plan.operator_settings):
         if s > 0:
             Q = torch.empty(s, dim, dtype=bdtype, device=bdev)
             for start in range(0, s, b):                      # Y = H S, block by block, into Q
@@ -318,7 +314,7 @@ def _exact_trace(op: CurvatureOperator, seed: int, max_memory) -> TraceEstimate:
     b = plan.settings["block_size"]
     t0, n0 = time.perf_counter(), op.num_matvecs
     total = 0.0
-    with op.configured(**_op_settings(plan)):
+    with op.configured(**plan.operator_settings):
         for start in range(0, dim, b):
             k = min(b, dim - start)
             rows = torch.arange(k, device=op.device)
@@ -374,7 +370,7 @@ def block_traces(
     group_slices = {gname: [slices[n] for n in names] for gname, names in members.items()}
     plan = plan_probe_blocks(op, num_matvecs, block_size, max_memory, "block_traces")
     t0, n0 = time.perf_counter(), op.num_matvecs
-    with op.configured(**_op_settings(plan)):
+    with op.configured(**plan.operator_settings):
         samples, per_group, _ = _hutchinson_samples(op, num_matvecs, seed, plan.settings["block_size"], None, group_slices)
     m = len(samples)
     values, stderr, ci_low, ci_high = {}, {}, {}, {}
