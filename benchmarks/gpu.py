@@ -15,12 +15,13 @@ Without CUDA it prints that nothing was measured and returns no rows (it never f
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
 import torch
+
+from benchmarks import emit
 
 from benchmarks.scale import SHAPES, build
 
@@ -131,12 +132,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     rows = run(quick=args.quick, shapes=tuple(args.shapes.split(",")))
-    for r in rows:
-        print(json.dumps(r, default=str))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2, default=str)
-    return rows
+    return emit(rows, args.json)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import time
 
 import torch
 
+from benchmarks import emit
+
 #: name -> (hidden, layers, heads, intermediate, vocab); published configs (EleutherAI/pythia-*,
 #: allenai/OLMo-2-0425-1B, allenai/OLMo-2-1124-7B).
 SHAPES = {
@@ -314,12 +316,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = run(quick=args.quick, shapes=tuple(args.shapes.split(",")) if args.shapes else None, dtypes=tuple(args.dtype.split(",")),
                probes=tuple(args.probes.split(",")) if args.probes else None, max_memory=args.max_memory,
                threads=args.threads, with_projection=args.project)
-    for r in rows:
-        print(json.dumps(r, default=str))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2, default=str)
-    return rows
+    return emit(rows, args.json)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 import time
 
 import torch
+
+from benchmarks import emit
 
 from benchmarks.hvp_throughput import build_model
 from geometry import HessianOperator, spectral_density, top_eigenvalues
@@ -154,12 +155,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     rows = run(quick=args.quick, threads=args.threads or None)
-    for r in rows:
-        print(json.dumps(r, default=str))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2, default=str)
-    return rows
+    return emit(rows, args.json)
 
 
 if __name__ == "__main__":
