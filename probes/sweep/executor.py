@@ -31,8 +31,6 @@ Executors
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import time
@@ -44,6 +42,7 @@ from probes.core.threads import torch_threads
 from probes.core.workers import WorkerError
 
 from .lock import StoreLock
+from .datasets import build_data, data_hashes
 from .parallel import check_memory, execute_workers, resolve_workers
 from .plan import Plan, PlanError, Task, load_plan
 from .rows import error_type
@@ -159,46 +158,6 @@ def with_plan_checkpoints(traj, plan: Plan):
     return traj, refs
 
 
-def build_data(plan: Plan, trajectory) -> dict:
-    """The eval / calibration / curvature token sets of the plan (files, or built from the source)."""
-    from probes.core.tokenset import TokenSet
-
-    files = dict(plan.data.files)
-    out = {name: TokenSet.load(path) for name, path in files.items()}
-    todo = {n: s for n, s in plan.data.shapes.items() if n not in out}
-    if todo:
-        from probes.data import default_token_sets
-
-        source = None if plan.data.source == "embedded" else plan.data.source
-        shapes = dict(plan.data.shapes)
-        if plan.data.fit_context:
-            ctx = _context(trajectory)
-            if ctx:
-                shapes = {k: (nb, b, min(s, int(ctx))) for k, (nb, b, s) in shapes.items()}
-        built = default_token_sets(trajectory, source=source, seed=plan.data.seed, shapes=shapes)
-        for n in todo:
-            out[n] = built[n]
-    return out
-
-
-def _context(trajectory) -> int | None:
-    try:
-        from probes.checkpoints import read_config
-
-        first = next(r for r in trajectory if getattr(r, "kind", None) != "derived")
-        cfg = read_config(first)
-        return cfg.get("max_position_embeddings") or cfg.get("n_positions")
-    except Exception:
-        return None
-
-
-def data_hashes(token_sets: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
-    """(combined SHA-256, per-set content hashes) of the token sets."""
-    per = {k: v.content_hash for k, v in sorted(token_sets.items())}
-    return hashlib.sha256(json.dumps(per, sort_keys=True).encode()).hexdigest(), per
-
-
-# --------------------------------------------------------------------------- progress
 class SweepProgress:
     """Rich progress display: one bar over probes (ETA) and one over checkpoints; no-op when quiet."""
 
