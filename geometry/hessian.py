@@ -73,6 +73,7 @@ Backend = Literal["reverse", "forward"]
 #: pass holds ~k copies of the backward's intermediates, so memory grows linearly with the chunk.
 DEFAULT_CHUNK = 16
 
+
 @dataclass
 class _Graph:
     """One batch's gradient with its graph: the live gradients (those that have a graph) and
@@ -109,10 +110,10 @@ class HessianOperator(CurvatureOperator):
             ``"8GB"``; None: :func:`geometry.memory.default_budget` at each estimator call).
 
     Cost of ``matmat`` on k vectors with B batches, in gradient-equivalents (one gradient = one
-    forward + one backward of ``loss_fn``), measured on CPU: reverse ≈ B · (≈1.5 + ≈2·k) (one
-    graph-building gradient with ``create_graph``, then one second backward per vector; the 1.5 is
-    paid once per batch overall when graphs are cached); forward ≈ B · k · ≈4. Memory:
-    :meth:`pass_bytes`.
+    forward + one backward of ``loss_fn``), measured on CPU: reverse ≈ B · (≈1 + ≈2.1·k) (one
+    graph-building gradient with ``create_graph``, then one second backward per vector; the build
+    is paid once per batch overall when graphs are cached); forward ≈ B · k · ≈4. Memory:
+    :meth:`pass_bytes`. Measurements: benchmarks/README.md ("HVP throughput", "Solver steps").
 
     Attributes:
         space: the :class:`ParamSpace` fixing names, shapes and flat order of the parameters.
