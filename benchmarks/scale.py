@@ -88,6 +88,7 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
                           random_plane, spectral_density, top_eigenvalues)
     from geometry.grid import GridSpec
     from geometry.moving import estimate_memory as surface_memory
+    from geometry.moving import forward_bytes
     from geometry.trace import block_traces
     from probes.core.lm import lm_loss
     from probes.models.curvature import lm_hessian
@@ -132,7 +133,7 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
         res = block_traces(op, "module", num_matvecs=4)
         out = {"value": res.total.value}
     elif probe == "surface":
-        plan = surface_memory(model, plane, max_memory=max_memory)
+        plan = surface_memory(model, plane, max_memory=max_memory, forward=forward_bytes(model, lm_loss, batches[0]))
         surf = evaluate_surface(model, lm_loss, batches[:1], plane, GridSpec(resolution=2, x_range=(-1.0, 1.0), y_range=(-1.0, 1.0)),
                                 max_memory=max_memory)
         res = None
@@ -141,9 +142,10 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
         raise SystemExit(f"unknown probe {probe!r}; choose from {', '.join(PROBES)} or timing")
     seconds = time.perf_counter() - t0
     _, peak = _rss()
-    memory = res.memory if res is not None and hasattr(res, "memory") else plan.to_dict()
     if probe == "blocks":
         memory = res.total.memory
+    else:
+        memory = res.memory if res is not None and hasattr(res, "memory") else plan.to_dict()
     predicted = memory["predicted_bytes"]
     measured = peak - base
     return {**row, **out, "graph_bytes_per_batch": graphs[0], "predicted_GB": predicted / 1e9,

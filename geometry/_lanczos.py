@@ -118,10 +118,10 @@ def lanczos(
                 w.add_(cur[run], alpha=-a)
                 if prev_beta:
                     w.add_(prev[run], alpha=-prev_beta)
-                local = torch.stack([prev[run], cur[run]])     # one local re-orthogonalisation pass
-                c = gram(w, local)
-                w.addmm_(c.to(device=device, dtype=dtype), local, alpha=-1.0)
-                a += float(c[0, 1])
+                c = gram(w, prev[run:run + 1]), gram(w, cur[run:run + 1])  # one local re-orthogonalisation
+                w.add_(prev[run], alpha=-float(c[0][0, 0]))                  # pass, in place (no stacked copy)
+                w.add_(cur[run], alpha=-float(c[1][0, 0]))
+                a += float(c[1][0, 0])
             b = float(rowdot(w, w)[0] ** 0.5)
             alphas[run].append(a)
             anorm[run] = max(anorm[run], abs(a) + b + prev_beta)
@@ -132,7 +132,7 @@ def lanczos(
                 broke[run] = True
                 beta_next[run] = 0.0
                 continue
-            nxt = w[0] / b
+            nxt = w[0].div_(b)                                 # in place: W's row becomes the next vector
             if bases is not None:
                 bases[run].append(nxt)
             else:

@@ -19,8 +19,9 @@ import torch
 
 from ._checks import check_int, check_op
 from ._lanczos import lanczos, ritz
+from ._linalg import RowBasis
 from .memory import (Candidate, MemoryEstimate, basis_storage, choose, default_budget, pass_options, resolve_budget,
-                     vector_bytes, with_basis)
+                     TEMPORARIES_PART, temporaries_bytes, vector_bytes, with_basis)
 from .operator import CurvatureOperator
 from .results import EstimatorError, SpectralDensity
 from .trace import rademacher
@@ -51,10 +52,10 @@ def estimate_memory(op: CurvatureOperator, num_runs: int = 4, num_steps: int = 4
         for r in groups:
             calls = -(-num_runs // r) * steps
             for settings, pass_b, cost in pass_options(op, r, calls, num_runs * steps):
-                parts = {f"current vectors and products [{2 * r}, dim]": 2 * r * vec, "operator pass": pass_b}
+                parts = {f"current vectors and products [{2 * r}, dim]": 2 * r * vec, "operator pass": pass_b, TEMPORARIES_PART: temporaries_bytes(op.dim, 5)}
                 host = {}
                 if mode == "full":
-                    rows = r * (-(-steps // 16) * 16)
+                    rows = r * RowBasis.allocated_rows(steps, op.dim, bdtype)   # grown in whole blocks
                     parts, host = with_basis(parts, f"bases [{r} x {rows // r}, dim] {str(bdtype).replace('torch.', '')}",
                                              rows * vector_bytes(op.dim, bdtype), on_host)
                 else:

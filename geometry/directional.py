@@ -13,7 +13,7 @@ import torch
 
 from ._checks import check_op, flat_direction
 from ._linalg import rowdot
-from .memory import MemoryEstimate, first_fitting, resolve_budget, vector_bytes
+from .memory import TEMPORARIES_PART, MemoryEstimate, first_fitting, resolve_budget, temporaries_bytes, vector_bytes
 from .operator import CurvatureOperator
 from .results import DirectionalCurvature, EstimatorError
 
@@ -25,7 +25,7 @@ def estimate_memory(op: CurvatureOperator, max_memory=None) -> MemoryEstimate:
     vectors of ``op.dtype``) plus one operator pass (no graph kept: one product)."""
     budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
     vec = vector_bytes(op.dim, op.dtype)
-    parts = {"direction, gradient, H d [3, dim]": 3 * vec, "operator pass": op.pass_bytes(1, cached=False)}
+    parts = {"direction, gradient, H d [3, dim]": 3 * vec, "operator pass": op.pass_bytes(1, cached=False), TEMPORARIES_PART: temporaries_bytes(op.dim)}
     return first_fitting([MemoryEstimate(parts, budget, {"cache_graphs": False})], "directional_curvature",
                          "use fewer or shorter curvature batches, fewer parameters (params=...), or raise max_memory")
 

@@ -11,7 +11,7 @@ Memory (n = dim, b = bytes of ``op.dtype``): Lanczos holds its basis, at most ``
 m = the basis size (``max_basis``, or the largest that fits ``max_memory``), plus ``(2k + 1) · n · b``
 for the residual and the final Ritz vectors; when m is smaller than the steps wanted, the basis is
 thick-restarted (Wu & Simon 2000): the best Ritz vectors are kept and the recurrence goes on, so
-memory stays at m vectors for any number of steps. Power iteration holds ``max(k + 2, 2k) · n · b``.
+memory stays at m vectors for any number of steps. Power iteration holds ``(k + 2) · n · b``.
 Both add one operator pass, with every batch's gradient graph kept between steps when it fits
 (each step then costs one second backward, not a graph rebuild).
 """
@@ -26,13 +26,13 @@ import torch
 from ._checks import check_int, check_op
 from ._linalg import RowBasis, project_out, residual_norms, row_norms, rowdot
 from .memory import (MemoryEstimate, basis_storage, default_budget, first_fitting, pass_options, resolve_budget,
-                     vector_bytes, with_basis)
+                     TEMPORARIES_PART, temporaries_bytes, vector_bytes, with_basis)
 from .operator import CurvatureOperator
 from .results import EigenResult, EstimatorError
 
 __all__ = ["top_eigenvalues", "estimate_memory"]
 
-_ADVICE = ("lower max_iter or max_basis, use method='power' (max(k + 2, 2k) vectors), use fewer or shorter curvature "
+_ADVICE = ("lower max_iter or max_basis, use method='power' (k + 2 vectors), use fewer or shorter curvature "
            "batches, select fewer parameters (params=...), or raise max_memory")
 
 
@@ -59,11 +59,11 @@ def estimate_memory(op: CurvatureOperator, k: int = 1, method: str = "lanczos", 
     cands = []
     if method == "power":
         for settings, pass_b, _ in pass_options(op, 1, steps):
-            # while iterating: the k − 1 vectors found, the iterate, its product and the next iterate;
-            # at the end: the k vectors found and their stack
-            n_vec = max(k + 2, 2 * k)
-            parts = {f"iterate, product, next iterate and the eigenvectors found [{n_vec}, dim]": n_vec * vec,
-                     "operator pass": pass_b}
+            # the k rows of the vectors found, the iterate and its product (the next iterate is the
+            # product normalised in place); at the end one row for the in-place reordering
+            n_vec = k + 2
+            parts = {f"eigenvectors found, iterate and product [{n_vec}, dim]": n_vec * vec,
+                     "operator pass": pass_b, TEMPORARIES_PART: temporaries_bytes(op.dim)}
             cands.append(MemoryEstimate(parts, budget, {**settings}))
         cands.sort(key=lambda e: not e.settings.get("cache_graphs", False))
         return first_fitting(cands, "top_eigenvalues (power)", _ADVICE)
@@ -88,7 +88,8 @@ def estimate_memory(op: CurvatureOperator, k: int = 1, method: str = "lanczos", 
         # the Ritz vectors and their products are formed after the basis is freed: the larger phase counts
         vectors = max(vec + (0 if on_host else rows * bvec), 2 * k * vec)
         parts, host = with_basis({"residual (or the Ritz vectors and products at the end)": vectors - (0 if on_host else rows * bvec),
-                                  "operator pass": max(pass_b, final[cache][1] if cache in final else pass_b)},
+                                  "operator pass": max(pass_b, final[cache][1] if cache in final else pass_b),
+                                  TEMPORARIES_PART: temporaries_bytes(op.dim, 5)},
                                  f"basis [{rows}, dim] {str(bdtype).replace('torch.', '')}", rows * bvec, on_host)
         cands.append(MemoryEstimate(parts, budget, {"basis_size": m, "restarted": m < full,
                                                     "basis_device": str(bdev), "basis_dtype": str(bdtype).replace("torch.", ""),
@@ -264,21 +265,22 @@ def _lanczos_topk(op, k, tol, max_iter, g, basis_size, basis_device=None, basis_
 
 
 def _power_topk(op, k, tol, max_iter, g):
-    found: list[torch.Tensor] = []
+    # the vectors found live in the rows of one [k, dim] tensor (B = its first rows, a view); while
+    # iterating, v, w = Hv and chunk temporaries are alive besides: k + 2 vectors at most
+    F = torch.empty(k, op.dim, dtype=op.dtype, device=op.device)
     vals, res, conv = [], [], []
     iters = 0
-    for _ in range(k):
-        B = torch.stack(found) if found else None
+    for i in range(k):
+        B = F[:i] if i else None
         v = _gaussian_unit(g, op.dim, op.dtype, op.device).unsqueeze(0)
         if B is not None:
             project_out(v, B)
-        v = v[0] / float(row_norms(v)[0])
+        v = v[0].div_(float(row_norms(v)[0]))
         lam_prev, lam, r, ok = None, 0.0, math.inf, False
-        pair = v                  # the vector that lam and r belong to
-        for _ in range(max_iter):
+        # v and (lam, r) always belong together; the next iterate is normalised in place in w
+        for it in range(max_iter):
             w = op.matvec_flat(v)
             iters += 1
-            pair = v
             lam = float(rowdot(v[None], w[None])[0])
             r = float(residual_norms(w[None], v[None], [lam])[0])
             if lam_prev is not None and abs(lam - lam_prev) < tol * abs(lam):
@@ -286,6 +288,8 @@ def _power_topk(op, k, tol, max_iter, g):
                 break
             if r == 0.0:          # exact eigenvector
                 ok = True
+                break
+            if it == max_iter - 1:
                 break
             lam_prev = lam
             if B is not None:
@@ -296,11 +300,31 @@ def _power_topk(op, k, tol, max_iter, g):
             if not n > 0:         # H v lies in the span of the found vectors: nothing left to iterate
                 ok = True
                 break
-            v = w / n
-        found.append(pair)
+            v = w.div_(n)
+            del w
+        F[i].copy_(v)
+        del v
         vals.append(lam)
         res.append(r)
         conv.append(ok)
-    order = _select(np.asarray(vals), k)
-    V = torch.stack(found)[torch.as_tensor(order.copy(), device=op.device)]
-    return [vals[i] for i in order], [res[i] for i in order], [conv[i] for i in order], V, iters
+    order = [int(j) for j in _select(np.asarray(vals), k)]
+    _permute_rows_(F, order)
+    return [vals[i] for i in order], [res[i] for i in order], [conv[i] for i in order], F, iters
+
+
+def _permute_rows_(F: torch.Tensor, order: list[int]) -> None:
+    """``F[:] = F[order]`` in place, through one temporary row (cycle by cycle)."""
+    tmp, placed = None, set()
+    for start in range(len(order)):
+        if start in placed or order[start] == start:
+            continue
+        tmp = F[start].clone() if tmp is None else tmp.copy_(F[start])
+        i = start
+        while True:
+            placed.add(i)
+            j = order[i]
+            if j == start:
+                F[i].copy_(tmp)
+                break
+            F[i].copy_(F[j])
+            i = j

@@ -74,3 +74,45 @@ def pass_bytes(graphs: list[int], grad_bytes: int, backend: str, vectorize: bool
     live = sum(graphs) if cached else max(graphs)
     c = min(k, chunk) if vectorize else 1
     return int(live + c * (SECOND_BACKWARD_FACTOR * saved_max + 2 * grad_bytes))
+
+
+def peak_new_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """``(fn(), peak bytes)``: the most bytes held at one time by tensors that ``fn``'s operations
+    allocate (storages counted once, freed when their last view dies; tensors that existed before,
+    such as parameters, are not counted). What a no-grad forward needs beyond the resident model:
+    its activations, the logits and the loss's temporaries. Measured with a ``TorchDispatchMode``
+    (every op's outputs, any device), so it costs one ``fn()`` plus Python per op."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class _Live(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.live: dict[int, int] = {}
+            self.now = self.peak = 0
+
+        def _free(self, ptr: int) -> None:
+            self.now -= self.live.pop(ptr, 0)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            before = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                    continue
+                st = t.untyped_storage()
+                ptr = st.data_ptr()
+                if ptr == 0 or ptr in before or ptr in self.live:
+                    continue
+                self.live[ptr] = st.nbytes()
+                self.now += st.nbytes()
+                self.peak = max(self.peak, self.now)
+                weakref.finalize(st, self._free, ptr)
+            return out
+
+    mode = _Live()
+    with mode:
+        result = fn()
+    return result, int(mode.peak)

@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 
+from ._linalg import CHUNK
 from .results import EstimatorError
 
 __all__ = [
     "MemoryBudgetError", "MemoryEstimate", "available_bytes", "default_budget", "parse_bytes", "resolve_budget",
-    "format_bytes", "vector_bytes", "CPU_FRACTION", "CUDA_FRACTION",
+    "format_bytes", "vector_bytes", "temporaries_bytes", "TEMPORARIES_PART", "CPU_FRACTION", "CUDA_FRACTION",
 ]
 
 #: Fraction of the free memory an estimator takes by default. CPU RAM is shared with the OS, other
@@ -141,6 +142,19 @@ def default_budget(device: torch.device | str) -> int:
 def resolve_budget(max_memory: Any, device: torch.device | str) -> int:
     """``max_memory`` (None, bytes or a size string) as bytes; None gives :func:`default_budget`."""
     return default_budget(device) if max_memory is None else parse_bytes(max_memory)
+
+
+#: float64 chunk temporaries alive at once in the chunked reductions and orthonormalisations of
+#: geometry._linalg (``CHUNK`` numbers each), measured with graph_memory.peak_new_bytes on diagonal
+#: operators (tests/test_memory_budget.py): 3 in the traces, power iteration and directional
+#: curvature, 5 in Lanczos and SLQ (the Gram-Schmidt passes against a basis).
+CHUNK_TEMPORARIES = 3
+TEMPORARIES_PART = "chunked reductions' temporaries (float64)"
+
+
+def temporaries_bytes(dim: int, count: int = CHUNK_TEMPORARIES) -> int:
+    """Bytes of ``count`` float64 chunk temporaries for vectors of ``dim`` numbers (≤ count × 16.8 MB)."""
+    return int(count) * 8 * min(int(dim), CHUNK)
 
 
 def vector_bytes(dim: int, dtype: torch.dtype, count: float = 1) -> int:

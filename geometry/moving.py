@@ -16,7 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from .graph_memory import peak_new_bytes
 from .memory import MemoryEstimate, first_fitting, resolve_budget
+from .modes import module_modes
 from .params import ParamGlobs, iter_names
 from .planes import Plane
 
@@ -30,12 +32,23 @@ class SurfaceError(ValueError):
 # --------------------------------------------------------------------------------------------
 # moving a model along a plane
 # --------------------------------------------------------------------------------------------
+def forward_bytes(model: nn.Module, loss_fn, batch) -> int:
+    """Peak bytes one no-grad, eval-mode ``loss_fn(model, batch)`` allocates beyond the model
+    (activations, logits, the loss's temporaries), measured by running it once
+    (:func:`geometry.graph_memory.peak_new_bytes`); every module's mode is restored."""
+    with module_modes(model, training=False), torch.no_grad():
+        return peak_new_bytes(lambda: loss_fn(model, batch))[1]
+
+
 def estimate_memory(model: nn.Module, plane: Plane, params: ParamGlobs = None, points_per_forward: int = 1,
-                    max_memory=None) -> MemoryEstimate:
+                    max_memory=None, forward: int = 0) -> MemoryEstimate:
     """Memory of evaluating a surface (beyond the model and the plane): the clone of the moved
     tensors that restores them, the plane's tensors converted when their dtype or device differ
-    from the model's (3 dicts), and ``points_per_forward`` stacked copies when vmapping several
-    points (> 1). Raises :class:`~geometry.memory.MemoryBudgetError` when over ``max_memory``."""
+    from the model's (3 dicts), ``points_per_forward`` stacked copies when vmapping several
+    points (> 1), and ``forward``: the peak bytes of one evaluation's forwards (of all its
+    points, measured: :func:`forward_bytes` or :func:`~geometry.graph_memory.peak_new_bytes`; 0
+    leaves it out). Raises :class:`~geometry.memory.MemoryBudgetError` when over
+    ``max_memory``."""
     targets = dict(model.named_parameters(remove_duplicate=False))
     targets.update(dict(model.named_buffers(remove_duplicate=False)))
     names = [n for n in iter_names(plane.names, params) if n in targets]
@@ -45,6 +58,8 @@ def estimate_memory(model: nn.Module, plane: Plane, params: ParamGlobs = None, p
     parts = {"originals (restored at the end)": moved, "plane tensors converted to the model's dtype/device": converted}
     if points_per_forward > 1:
         parts[f"{points_per_forward} stacked points"] = points_per_forward * moved
+    if forward:
+        parts["forwards of one evaluation (measured)"] = int(forward)
     device = next(iter(targets.values())).device if targets else "cpu"
     return first_fitting([MemoryEstimate(parts, resolve_budget(max_memory, device), {"points_per_forward": points_per_forward})],
                          "evaluate_surface", "use points_per_forward=1, move fewer tensors (params=...), or raise max_memory")

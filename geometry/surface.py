@@ -52,6 +52,7 @@ from torch import nn
 from .batches import normalise_batch_weights
 from .grid import GridSpec
 from .modes import module_modes
+from .graph_memory import peak_new_bytes
 from .moving import LossFn, PlaneMover, SurfaceError, concat_batches, estimate_memory, evaluate_point, evaluate_stacked
 from .params import ParamGlobs
 from .planes import Line, Plane
@@ -259,7 +260,8 @@ def evaluate_surface(
 
     max_memory : bytes (or ``"8GB"``) the evaluation may allocate beyond the model and the plane
         (:func:`geometry.moving.estimate_memory`: one copy of the moved tensors, more when the plane's
-        dtype/device differ or several points are vmapped), checked before any forward.
+        dtype/device differ or several points are vmapped, checked before any forward; then the
+        peak of the forwards of one grid evaluation, measured on the first and checked before the rest).
 
     Returns a :class:`Surface`. Cost: (nx·ny + #points) × len(batches) forward passes. The model is
     in eval mode during the call (every module's own mode is restored after,
@@ -283,8 +285,19 @@ def evaluate_surface(
     if k_pts < 1:
         raise SurfaceError(f"points_per_forward must be >= 1, got {points_per_forward}")
 
-    estimate_memory(model, plane, params, k_pts, max_memory)
+    estimate_memory(model, plane, params, k_pts, max_memory)          # the mover's copies, before any forward
     mover = PlaneMover(model, plane, params)
+    first = {"pending": True}
+
+    def checked(fn):
+        """The first grid evaluation measures its forwards' peak and checks the whole plan."""
+        if not first["pending"]:
+            return fn()
+        first["pending"] = False
+        out, peak = peak_new_bytes(fn)
+        estimate_memory(model, plane, params, k_pts, max_memory, forward=peak)
+        return out
+
     fp = (_fingerprint(plane, x, y, batches, w, list(mover.names) + [f"merge={merge_batches}", f"vmap={k_pts}"])
           if checkpoint_path is not None else "")
     if checkpoint_path is not None:
@@ -309,13 +322,13 @@ def evaluate_surface(
                 if k_pts == 1:
                     for i in range(nx):
                         mover.set(float(x[i]), float(y[j]))
-                        loss[j, i] = evaluate_point(model, loss_fn, grid_batches, grid_w)
+                        loss[j, i] = checked(lambda: evaluate_point(model, loss_fn, grid_batches, grid_w))
                         bar.update(1)
                 else:
                     mover.restore()
                     for s in range(0, nx, k_pts):
                         xy = [(float(x[i]), float(y[j])) for i in range(s, min(nx, s + k_pts))]
-                        vals = evaluate_stacked(model, loss_fn, grid_batches, grid_w, mover.stacked(xy))
+                        vals = checked(lambda: evaluate_stacked(model, loss_fn, grid_batches, grid_w, mover.stacked(xy)))
                         loss[j, s:s + len(xy)] = vals
                         bar.update(len(xy))
                 n_eval += nx

@@ -29,7 +29,7 @@ import torch
 from ._checks import check_int, check_op
 from ._linalg import orthonormalize_rows, project_out, rowdot
 from .memory import (Candidate, MemoryEstimate, basis_storage, choose, default_budget, pass_options, resolve_budget,
-                     vector_bytes, with_basis)
+                     TEMPORARIES_PART, temporaries_bytes, vector_bytes, with_basis)
 from .operator import CurvatureOperator
 from .params import ParamGlobs
 from .results import BlockTraces, EstimatorError, TraceEstimate
@@ -95,7 +95,7 @@ def plan_probe_blocks(op: CurvatureOperator, m: int, block_size: int | None, max
     for b in _blocks(m, block_size):
         calls = math.ceil(m / b)
         for settings, pass_b, cost in pass_options(op, b, calls, m):
-            parts = {f"probes [{b}, dim]": b * vec, f"products [{b}, dim]": b * vec, "operator pass": pass_b}
+            parts = {f"probes [{b}, dim]": b * vec, f"products [{b}, dim]": b * vec, "operator pass": pass_b, TEMPORARIES_PART: temporaries_bytes(op.dim)}
             cands.append(Candidate(MemoryEstimate(parts, budget, {"block_size": b, **settings}), cost))
     return choose(cands, what, _ADVICE)
 
@@ -215,7 +215,7 @@ def _plan_hutchpp(op: CurvatureOperator, m: int, max_memory, basis_device=None, 
             calls = (2 * math.ceil(s / b) if s else 0) + math.ceil(r / b)
             for settings, pass_b, cost in pass_options(op, b, max(calls, 1), m):
                 parts, host = with_basis({f"block [{b}, dim]": b * vec, f"block products [{b}, dim]": b * vec,
-                                          "operator pass": pass_b},
+                                          "operator pass": pass_b, TEMPORARIES_PART: temporaries_bytes(op.dim)},
                                          f"sketch basis [{s}, dim] {str(bdtype).replace('torch.', '')}", s * bvec, on_host)
                 cands.append(Candidate(MemoryEstimate(parts, budget, {"sketch_size": s, "residual_probes": r,
                                                                         "sketch_capped": s < target, "block_size": b,

@@ -12,8 +12,10 @@ from geometry.dense import DenseOperator
 from geometry.density import spectral_density
 from geometry.directional import directional_curvature
 from geometry.eigen import top_eigenvalues
+from geometry.graph_memory import peak_new_bytes
 from geometry.hessian import HessianOperator
-from geometry.memory import MemoryBudgetError, format_bytes, parse_bytes, vector_bytes
+from geometry.operator import CurvatureOperator
+from geometry.memory import MemoryBudgetError, format_bytes, parse_bytes, temporaries_bytes, vector_bytes
 from geometry.trace import estimate_memory, hutchinson_trace, hutchpp_trace
 from tests.tiny_models import lm_loss, micro_gptneox, random_batches, sym_with_spectrum
 
@@ -24,8 +26,10 @@ def dense(seed=0):
     return DenseOperator(sym_with_spectrum(EIGS, seed=seed))
 
 
-def vec(op, n=1):
-    return vector_bytes(op.dim, op.dtype, n)
+def vec(op, n=1, temporaries=3):
+    """A budget of ``n`` full-dim vectors besides the chunk temporaries the plan counts (3; 5 for
+    Lanczos and SLQ)."""
+    return vector_bytes(op.dim, op.dtype, n) + temporaries_bytes(op.dim, temporaries)
 
 
 def test_parse_and_format_bytes():
@@ -98,7 +102,7 @@ def test_thick_restart_lanczos_matches_eigh_with_a_small_basis(k):
 
 def test_lanczos_budget_picks_a_smaller_basis_and_still_converges():
     op = dense(seed=4)
-    budget = vec(op, 16 + 3 + 2)                          # one 16-row basis block, residual, Ritz vector + product
+    budget = vec(op, 16 + 3 + 2, 5)                          # one 16-row basis block, residual, Ritz vector + product
     res = top_eigenvalues(op, k=1, tol=1e-8, max_iter=150, max_memory=budget)
     assert res.memory["settings"]["restarted"] and res.memory["predicted_bytes"] <= budget
     assert res.values[0] == pytest.approx(40.0, rel=1e-7) and res.converged[0]
@@ -123,10 +127,10 @@ def test_slq_without_reorthogonalisation_keeps_low_moments(steps):
 
 def test_slq_auto_falls_back_to_three_term_recurrence_and_groups_runs():
     op = dense(seed=7)
-    res = spectral_density(op, num_runs=4, num_steps=30, seed=0, max_memory=vec(op, 12))
+    res = spectral_density(op, num_runs=4, num_steps=30, seed=0, max_memory=vec(op, 12, 5))
     st = res.memory["settings"]
     assert st["reorth"] == "none" and st["runs_per_group"] <= 4
-    roomy = spectral_density(dense(seed=7), num_runs=4, num_steps=30, seed=0, max_memory=vec(op, 40))
+    roomy = spectral_density(dense(seed=7), num_runs=4, num_steps=30, seed=0, max_memory=vec(op, 40, 5))
     assert roomy.memory["settings"]["reorth"] == "full" and roomy.memory["settings"]["runs_per_group"] == 1
     for p in (1, 2):
         assert res.moment(p) == pytest.approx(roomy.moment(p), rel=1e-8)
@@ -223,3 +227,55 @@ def test_curvature_of_the_last_block_keeps_only_that_part_of_the_graph():
     V = torch.randn(3, part.dim, dtype=torch.float64)
     assert torch.allclose(part.matmat(V), V @ H, rtol=1e-9, atol=1e-11)
     assert all(p.requires_grad for p in model.parameters())             # flags restored after the calls
+
+
+class _Diagonal(CurvatureOperator):
+    """diag(d): products cost one multiply, so an estimator's own state is all it allocates."""
+
+    def __init__(self, d):
+        self.d, self.num_matvecs, self.space = d, 0, None
+
+    dim = property(lambda self: self.d.numel())
+    dtype = property(lambda self: self.d.dtype)
+    device = property(lambda self: self.d.device)
+
+    def _matmat_flat(self, V):
+        return V * self.d
+
+
+def test_peak_new_bytes_counts_live_tensors_once_and_ignores_existing_ones():
+    x = torch.randn(500, 500)
+
+    def fn():
+        a = x @ x                     # 1 MB
+        view = a.view(-1)             # same storage: not counted again
+        b = view.relu()               # 1 MB, a still alive through its view
+        del a, view
+        c = b * 2                     # 1 MB, a freed
+        x.add_(0.0)                   # in place on an existing tensor: nothing new
+        return c.sum()
+
+    out, peak = peak_new_bytes(fn)
+    assert 2 * 500 * 500 * 4 <= peak <= 2 * 500 * 500 * 4 + 64 and torch.isfinite(out)   # + the 4-byte sum
+
+
+@pytest.mark.parametrize("case", ["power", "power k=3", "lanczos", "lanczos restarted", "slq full", "slq none",
+                                  "hutch++", "hutchinson"])
+def test_estimators_allocate_what_their_plan_says(case):
+    """Every tensor the estimator allocates, tracked op by op, against its recorded plan."""
+    d = torch.rand(3_000_000, generator=torch.Generator().manual_seed(0))   # vectors 12 MB, chunks 16.8 MB
+    d[:3] = torch.tensor([50.0, 30.0, 20.0])
+    op = _Diagonal(d)
+    runs = {
+        "power": lambda: top_eigenvalues(op, k=1, method="power", max_iter=8, tol=1e-12),
+        "power k=3": lambda: top_eigenvalues(op, k=3, method="power", max_iter=8, tol=1e-12),
+        "lanczos": lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=12, tol=1e-12),
+        "lanczos restarted": lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=30, tol=1e-12, max_memory=vec(op, 10, 5)),
+        "slq full": lambda: spectral_density(op, num_runs=2, num_steps=6, reorth="full"),
+        "slq none": lambda: spectral_density(op, num_runs=2, num_steps=6, reorth="none"),
+        "hutch++": lambda: hutchpp_trace(op, num_matvecs=15),
+        "hutchinson": lambda: hutchinson_trace(op, num_matvecs=4),
+    }
+    res, peak = peak_new_bytes(runs[case])
+    predicted = res.memory["predicted_bytes"]
+    assert 0.75 * predicted <= peak <= predicted + 4096, (case, peak, predicted, res.memory["parts"])
