@@ -238,7 +238,9 @@ def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_b
     the layers linear in s), the model resident in bf16, bf16 gradients, float32 estimator
     vectors; the largest Hutch++ sketch that fits; time from 6·N·T FLOPs per gradient at ``mfu``
     of ``peak_flops`` and ``hvp_ratio`` gradients per HVP (measured on CPU here)."""
-    from geometry.graph_memory import SECOND_BACKWARD_FACTOR
+    from geometry.graph_memory import pass_bytes
+    from geometry.linear_ce import transient_bytes
+    from geometry.memory import temporaries_bytes
 
     rows = []
     for shape in shapes:
@@ -255,8 +257,9 @@ def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_b
             n_layers, dim = (L, dim_all) if sel == "all" else (2, 2 * dim_layer)
             saved = b * (n_layers * layer_s + o1 * s / 128)
             grads, vec, model_b = 2 * dim, 4 * dim, 2 * dim_all
-            pass_b = saved + grads + SECOND_BACKWARD_FACTOR * saved + 2 * grads
-            need = {name: model_b + n * vec + pass_b for name, n in VECTORS.items()}
+            pass_b = pass_bytes([int(saved + grads)], grads, "reverse", False, 1, 1, False,
+                                transient_bytes(b * s, vocab, torch.bfloat16))
+            need = {name: model_b + n * vec + pass_b + temporaries_bytes(dim, 5) for name, n in VECTORS.items()}
             room = gpu_bytes - model_b - pass_b - 2 * vec
             t_grad = 6 * dim_all * b * s / (mfu * peak_flops)
             rows.append({"kind": "projection", "shape": shape, "config": label, "params": dim_all, "selected": dim,

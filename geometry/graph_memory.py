@@ -13,9 +13,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-#: Transient of one second backward, as a multiple of the batch's saved graph: the activation
-#: gradients flowing through the graph (fitted on GPT-NeoX 14M–160M shapes, benchmarks/README.md "Scale").
-SECOND_BACKWARD_FACTOR = 1.45
+#: Transient of one second backward beyond its result (one gradient's worth of Hv), as a multiple
+#: of the batch's saved graph: the activation gradients flowing back through the graph. Fitted on
+#: the GPT-NeoX 14M/70M/160M shapes with every allocation tracked (peak_new_bytes; 0.43–0.49);
+#: benchmarks/README.md "Scale" checks the whole model against measured peak RSS.
+SECOND_BACKWARD_FACTOR = 0.45
 #: The same for one tangent of the forward backend (forward, gradient and their tangents).
 FORWARD_FACTOR = 3.0
 
@@ -60,20 +62,22 @@ def saved_graph_bytes(model: nn.Module, build: Callable[[], Any]) -> int:
 
 
 def pass_bytes(graphs: list[int], grad_bytes: int, backend: str, vectorize: bool, k: int, chunk: int,
-               cached: bool) -> int:
+               cached: bool, transient: int = 0) -> int:
     """Predicted peak of one product of k vectors beyond its input and output, from each batch's
-    graph bytes (``graphs``, gradients included) and the bytes of one gradient (``grad_bytes``).
+    graph bytes (``graphs``, gradients included), the bytes of one gradient (``grad_bytes``) and
+    the loss's own temporaries (``transient``, independent of the batch size).
 
     reverse: the live graph(s) (the largest batch, or every batch when ``cached``) + the second
-    backward's transient (:data:`SECOND_BACKWARD_FACTOR` × saved graph + 2 gradients), × the chunk
-    when vmapped; forward: chunk × (:data:`FORWARD_FACTOR` × saved graph + 3 gradients).
+    backward's transient (its result, one gradient, + :data:`SECOND_BACKWARD_FACTOR` × saved graph
+    + the loss's temporaries), × the chunk when vmapped; forward: chunk × (:data:`FORWARD_FACTOR`
+    × saved graph + 3 gradients + the loss's temporaries).
     """
     saved_max = max(graphs) - grad_bytes
     if backend == "forward":
-        return int(min(k, chunk) * (FORWARD_FACTOR * saved_max + 3 * grad_bytes))
+        return int(min(k, chunk) * (FORWARD_FACTOR * saved_max + 3 * grad_bytes + transient))
     live = sum(graphs) if cached else max(graphs)
     c = min(k, chunk) if vectorize else 1
-    return int(live + c * (SECOND_BACKWARD_FACTOR * saved_max + 2 * grad_bytes))
+    return int(live + c * (SECOND_BACKWARD_FACTOR * saved_max + grad_bytes + transient))
 
 
 def peak_new_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:

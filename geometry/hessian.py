@@ -108,6 +108,9 @@ class HessianOperator(CurvatureOperator):
             it fits their memory budget (:meth:`configured`).
         max_memory: default memory budget of the estimators run on this operator (bytes or
             ``"8GB"``; None: :func:`geometry.memory.default_budget` at each estimator call).
+        loss_transient_bytes: bytes ``loss_fn`` allocates for a moment beyond what autograd saves,
+            whatever the batch size (e.g. the chunk temporaries of the lean LM head,
+            :func:`probes.core.lm_head.head_transient_bytes`); added to every pass of the memory model.
 
     Cost of ``matmat`` on k vectors with B batches, in gradient-equivalents (one gradient = one
     forward + one backward of ``loss_fn``), measured on CPU: reverse ≈ B · (≈1 + ≈2.1·k) (one
@@ -135,6 +138,7 @@ class HessianOperator(CurvatureOperator):
         vectorize: bool | Literal["auto"] = "auto",
         cache_graphs: bool = False,
         max_memory: int | str | None = None,
+        loss_transient_bytes: int = 0,
     ):
         if not isinstance(model, nn.Module):
             raise OperatorError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -164,6 +168,7 @@ class HessianOperator(CurvatureOperator):
         self.vectorize = (self.space.device.type != "cpu" or AUTO_VECTORIZE_CPU) if vectorize == "auto" else bool(vectorize)
         self.cache_graphs = bool(cache_graphs)
         self.max_memory = max_memory
+        self.loss_transient_bytes = int(loss_transient_bytes)
         self.num_matvecs = 0
         self.num_graph_builds = 0
         self._graphs: dict[int, _Graph] = {}
@@ -261,7 +266,8 @@ class HessianOperator(CurvatureOperator):
         between calls when ``cached`` (default: :attr:`cache_graphs`)."""
         graphs = [self.graph_bytes(i) for i in range(len(self.batches))]
         return pass_bytes(graphs, self.dim * itemsize(self.param_dtype), self.backend, self.vectorize, k,
-                          chunk or self._chunk(k, True), self.cache_graphs if cached is None else cached)
+                          chunk or self._chunk(k, True), self.cache_graphs if cached is None else cached,
+                          self.loss_transient_bytes)
 
     @contextlib.contextmanager
     def configured(self, chunk_size: int | None = None, cache_graphs: bool | None = None) -> Iterator["HessianOperator"]:

@@ -29,12 +29,26 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-__all__ = ["linear_cross_entropy", "default_chunk"]
+__all__ = ["linear_cross_entropy", "default_chunk", "transient_bytes"]
 
 
 def default_chunk(vocab: int) -> int:
     """Tokens per chunk so that one ``[chunk, vocab]`` float32 temporary is about 16 MB."""
     return max(1, (1 << 22) // max(1, vocab))
+
+
+#: ``[chunk, vocab]`` temporaries alive at once: about 1 while the gradient is built and 2.5 in
+#: the second backward (geometry.graph_memory.peak_new_bytes on the head alone), 4 in a whole
+#: model's HVP (the head's input gradient chunks besides; GPT-NeoX 14M–160M shapes)
+CHUNK_TEMPORARIES = 4
+
+
+def transient_bytes(tokens: int, vocab: int, dtype: torch.dtype, chunk: int | None = None) -> int:
+    """Bytes of the head's chunk temporaries for ``tokens`` rows (any batch size beyond one
+    chunk costs the same): ``CHUNK_TEMPORARIES × min(chunk, tokens) × vocab`` numbers in the
+    softmax dtype."""
+    rows = min(int(tokens), chunk or default_chunk(vocab))
+    return CHUNK_TEMPORARIES * rows * int(vocab) * torch.empty((), dtype=_cdt(dtype)).element_size()
 
 
 def _cdt(dtype: torch.dtype) -> torch.dtype:
@@ -50,9 +64,19 @@ def _logits(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.T
 
 
 def _probs_minus_onehot(z: torch.Tensor, lse: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    p = torch.exp(z - lse[:, None])
+    """softmax(z) − onehot(y), computed in z's storage (z is a fresh chunk of logits)."""
+    p = z.sub_(lse[:, None]).exp_()
     p[torch.arange(len(y), device=y.device), y] -= 1.0
     return p
+
+
+def _accumulate_outer(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``out += aᵀ b`` in place (``out`` in the softmax dtype, a/b in the inputs' dtype): no
+    ``W``-sized temporary."""
+    if a.dtype == out.dtype:
+        out.addmm_(a.T, b)
+    else:
+        out.addmm_(a.T.to(out.dtype), b.to(out.dtype))
 
 
 class _LinearCE(torch.autograd.Function):
@@ -89,12 +113,13 @@ class _LinearCEGrad(torch.autograd.Function):
         gb = torch.zeros(W.shape[0], dtype=cdt, device=W.device) if b is not None else None
         for s in range(0, T, chunk):
             hc = h[s:s + chunk]
-            dz = _probs_minus_onehot(_logits(hc, W, b), lse[s:s + chunk], y[s:s + chunk]) * scale
+            dz = _probs_minus_onehot(_logits(hc, W, b), lse[s:s + chunk], y[s:s + chunk]).mul_(scale)
             dzc = dz.to(h.dtype)
-            gh[s:s + chunk] = dzc @ W
-            gW += (dzc.T @ hc).to(cdt)
+            torch.mm(dzc, W, out=gh[s:s + chunk])
+            _accumulate_outer(gW, dzc, hc)
             if gb is not None:
                 gb += dz.sum(0)
+            del dz, dzc
         ctx.save_for_backward(h, W, b if b is not None else torch.empty(0, device=h.device), y, lse, g)
         ctx.has_bias, ctx.chunk = b is not None, chunk
         return gh, gW.to(W.dtype), (gb.to(b.dtype) if gb is not None else None)
@@ -112,23 +137,29 @@ class _LinearCEGrad(torch.autograd.Function):
         out_W = torch.zeros(W.shape, dtype=cdt, device=W.device)
         out_b = torch.zeros(W.shape[0], dtype=cdt, device=W.device) if b is not None else None
         out_g = torch.zeros((), dtype=torch.float64, device=h.device)
+        # per chunk, in place where it can be: p, u, dz (then dz·scale), J, and one product temporary
+        # of [chunk, vocab]; nothing of W's size besides out_W
         for s in range(0, T, chunk):
             hc, ahc = h[s:s + chunk], a_h[s:s + chunk]
-            z = _logits(hc, W, b)
-            p = torch.exp(z - lse[s:s + chunk, None])
-            u = (ahc @ W.T + hc @ a_W.T).to(cdt)            # the logit-space direction
+            p = _logits(hc, W, b).sub_(lse[s:s + chunk, None]).exp_()
+            u = torch.mm(ahc, W.T).addmm_(hc, a_W.T).to(cdt)   # the logit-space direction
             if a_b is not None:
-                u = u + a_b.to(cdt)
+                u += a_b.to(cdt)
             dz = p.clone()
             dz[torch.arange(len(hc), device=h.device), y[s:s + chunk]] -= 1.0
             out_g += (dz * u).sum(dtype=torch.float64) / T
-            J = (p * u - p * (p * u).sum(1, keepdim=True)) * scale
-            dzs = (dz * scale).to(h.dtype)
+            J = u.mul_(p)                                      # p ⊙ u, in u's storage
+            J.sub_(p.mul_(J.sum(1, keepdim=True))).mul_(scale)  # (p ⊙ u − p (p·u)) · scale
+            del p
+            dzs = dz.mul_(scale).to(h.dtype)
             Jc = J.to(h.dtype)
-            out_h[s:s + chunk] = Jc @ W + dzs @ a_W
-            out_W += (Jc.T @ hc + dzs.T @ ahc).to(cdt)
+            oh = torch.mm(Jc, W, out=out_h[s:s + chunk])
+            oh.addmm_(dzs, a_W)
+            _accumulate_outer(out_W, Jc, hc)
+            _accumulate_outer(out_W, dzs, ahc)
             if out_b is not None:
                 out_b += J.sum(0)
+            del dz, dzs, J, Jc, u
         return (out_h, out_W.to(W.dtype), out_b.to(b.dtype) if out_b is not None else None, None, None,
                 out_g.to(g.dtype), None)
 

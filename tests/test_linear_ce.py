@@ -87,3 +87,30 @@ def test_half_precision_lean_loss_matches_the_plain_loss():
     batch = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(3))
     assert lm_loss_lean(model, batch).dtype == torch.float32
     assert float(lm_loss_lean(model, batch)) == pytest.approx(float(lm_loss(model, batch)), rel=1e-5)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_head_allocates_no_weight_sized_temporary_beyond_its_gradients(bias):
+    """Every allocation of a gradient build and one HVP through the head, tracked op by op: the
+    gradients themselves plus at most transient_bytes (the [chunk, vocab] temporaries)."""
+    from geometry.graph_memory import peak_new_bytes
+    from geometry.linear_ce import transient_bytes
+
+    T, d, V, chunk = 96, 256, 4096, 32
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(T, d, generator=g).requires_grad_()
+    W = (0.02 * torch.randn(V, d, generator=g)).requires_grad_()
+    b = torch.zeros(V).requires_grad_() if bias else None
+    y = torch.randint(0, V, (T,), generator=g)
+    params = (h, W) + ((b,) if bias else ())
+    grads_bytes = sum(p.numel() * 4 for p in params)
+
+    def build():
+        return torch.autograd.grad(linear_cross_entropy(h, W, y, b, chunk=chunk), params, create_graph=True)
+
+    grads, built = peak_new_bytes(build)
+    vs = [torch.randn_like(p) for p in params]
+    _, second = peak_new_bytes(lambda: torch.autograd.grad(grads, params, vs))
+    temps = transient_bytes(T, V, torch.float32, chunk=chunk)
+    assert built <= grads_bytes + temps + 4 * T * 8                # + the saved log-sum-exps
+    assert second <= 2 * grads_bytes + temps                      # Hv and the float32 accumulators

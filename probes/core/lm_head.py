@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from geometry.linear_ce import linear_cross_entropy
+from geometry.linear_ce import linear_cross_entropy, transient_bytes
 
 from .lm import lm_loss
 
@@ -76,3 +76,15 @@ def lm_loss_lean(model: nn.Module, batch: Any) -> torch.Tensor:
     trunk, head = split_head(model)
     hidden = trunk(input_ids=ids).last_hidden_state[:, :-1]
     return linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, ids[:, 1:].reshape(-1), head.bias)
+
+
+def head_transient_bytes(model: nn.Module, batches: Any) -> int:
+    """Bytes of the lean head's chunk temporaries for the largest of ``batches`` ([b, s] token
+    tensors), or 0 when the model has no plain linear head (the plain loss is then used and its
+    logits are part of the measured graph)."""
+    parts = split_head(model)
+    if parts is None:
+        return 0
+    head = parts[1]
+    tokens = max((b.shape[0] * max(b.shape[-1] - 1, 1) for b in batches if isinstance(b, torch.Tensor)), default=0)
+    return transient_bytes(tokens, head.weight.shape[0], head.weight.dtype) if tokens else 0

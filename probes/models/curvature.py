@@ -19,7 +19,7 @@ from torch import nn
 
 from geometry.hessian import HessianOperator
 from probes.core.lm import lm_loss
-from probes.core.lm_head import lm_loss_lean
+from probes.core.lm_head import head_transient_bytes, lm_loss_lean
 
 from .second_order import ensure_second_order
 
@@ -40,5 +40,7 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     if check and batches:
         probe = batches[0][:2, :16]
         backend = ensure_second_order(model, probe, backend=backend, params=params)
-    loss_fn = lm_loss_lean if lean_head and backend == "reverse" else lm_loss
-    return HessianOperator(model, loss_fn, batches, params=params, backend=backend, **kwargs)
+    lean = lean_head and backend == "reverse"
+    if lean:
+        kwargs.setdefault("loss_transient_bytes", head_transient_bytes(model, batches))
+    return HessianOperator(model, lm_loss_lean if lean else lm_loss, batches, params=params, backend=backend, **kwargs)
