@@ -29,6 +29,7 @@ from benchmarks import emit
 
 from benchmarks.hvp_throughput import build_model
 from geometry import HessianOperator, spectral_density, top_eigenvalues
+from geometry.graph_memory import peak_new_bytes
 from probes.core.lm import lm_loss
 from probes.core.lm_head import lm_loss_lean
 from probes.core.threads import torch_threads
@@ -91,14 +92,15 @@ def lean_head_rows(shapes=("vocab50k-small", "pythia-160m"), quick: bool = False
         for name, loss in (("autograd", lm_loss), ("lean", lm_loss_lean)):
             op = HessianOperator(model, loss, batches, cache_graphs=True)
             graph = op.graph_bytes(0) - op.dim * 4
-            op.matmat_flat(V[:1])                                   # build the graph once
+            _, peak = peak_new_bytes(lambda: op.matmat_flat(V[:1]))  # build + one product, every allocation
             t = _timed(lambda: op.matmat_flat(V), n=2) / 2
-            out[name] = (graph, t, op.matmat_flat(V[:1]))
+            out[name] = (graph, t, op.matmat_flat(V[:1]), peak)
             op.release_graphs()
         diff = float((out["lean"][2] - out["autograd"][2]).norm() / out["autograd"][2].norm())
         rows.append({"kind": "lean_head", "model": shape, "vocab": 50304, "tokens": 256,
                      "saved_graph_MB_autograd": out["autograd"][0] / 1e6, "saved_graph_MB_lean": out["lean"][0] / 1e6,
                      "s_per_hvp_autograd": out["autograd"][1], "s_per_hvp_lean": out["lean"][1],
+                     "hvp_peak_MB_autograd": out["autograd"][3] / 1e6, "hvp_peak_MB_lean": out["lean"][3] / 1e6,
                      "memory_ratio": out["autograd"][0] / out["lean"][0], "speed_ratio": out["autograd"][1] / out["lean"][1],
                      "rel_diff": diff})
     return rows
