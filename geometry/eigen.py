@@ -11,7 +11,7 @@ Memory (n = dim, b = bytes of ``op.dtype``): Lanczos holds its basis, at most ``
 m = the basis size (``max_basis``, or the largest that fits ``max_memory``), plus ``(2k + 1) · n · b``
 for the residual and the final Ritz vectors; when m is smaller than the steps wanted, the basis is
 thick-restarted (Wu & Simon 2000): the best Ritz vectors are kept and the recurrence goes on, so
-memory stays at m vectors for any number of steps. Power iteration holds ``(k + 2) · n · b``.
+memory stays at m vectors for any number of steps. Power iteration holds ``(k + 2) · n · b`` (2 for k = 1).
 Both add one operator pass, with every batch's gradient graph kept between steps when it fits
 (each step then costs one second backward, not a graph rebuild).
 """
@@ -60,8 +60,9 @@ def estimate_memory(op: CurvatureOperator, k: int = 1, method: str = "lanczos", 
     if method == "power":
         for settings, pass_b, _ in pass_options(op, 1, steps):
             # the k rows of the vectors found, the iterate and its product (the next iterate is the
-            # product normalised in place); at the end one row for the in-place reordering
-            n_vec = k + 2
+            # product normalised in place); at the end one row for the in-place reordering. k = 1:
+            # the iterate is the vector found
+            n_vec = k + 2 if k > 1 else 2
             parts = {f"eigenvectors found, iterate and product [{n_vec}, dim]": n_vec * vec,
                      "operator pass": pass_b, TEMPORARIES_PART: temporaries_bytes(op.dim)}
             cands.append(MemoryEstimate(parts, budget, {**settings}))
@@ -266,8 +267,9 @@ def _lanczos_topk(op, k, tol, max_iter, g, basis_size, basis_device=None, basis_
 
 def _power_topk(op, k, tol, max_iter, g):
     # the vectors found live in the rows of one [k, dim] tensor (B = its first rows, a view); while
-    # iterating, v, w = Hv and chunk temporaries are alive besides: k + 2 vectors at most
-    F = torch.empty(k, op.dim, dtype=op.dtype, device=op.device)
+    # iterating, v, w = Hv and chunk temporaries are alive besides: k + 2 vectors at most. With
+    # k = 1 nothing is deflated and the iterate itself is returned: 2 vectors.
+    F = torch.empty(k, op.dim, dtype=op.dtype, device=op.device) if k > 1 else None
     vals, res, conv = [], [], []
     iters = 0
     for i in range(k):
@@ -302,7 +304,10 @@ def _power_topk(op, k, tol, max_iter, g):
                 break
             v = w.div_(n)
             del w
-        F[i].copy_(v)
+        if F is None:
+            F = v.unsqueeze(0)
+        else:
+            F[i].copy_(v)
         del v
         vals.append(lam)
         res.append(r)
