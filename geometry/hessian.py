@@ -265,9 +265,12 @@ class HessianOperator(CurvatureOperator):
         output ``[k, dim]`` tensors (:func:`geometry.graph_memory.pass_bytes`), with graphs kept
         between calls when ``cached`` (default: :attr:`cache_graphs`)."""
         graphs = [self.graph_bytes(i) for i in range(len(self.batches))]
-        return pass_bytes(graphs, self.dim * itemsize(self.param_dtype), self.backend, self.vectorize, k,
+        grad = self.dim * itemsize(self.param_dtype)
+        # half-precision models: each float32 vector is converted to the parameters' dtype for its product
+        converted = grad if self.dtype != self.param_dtype else 0
+        return pass_bytes(graphs, grad, self.backend, self.vectorize, k,
                           chunk or self._chunk(k, True), self.cache_graphs if cached is None else cached,
-                          self.loss_transient_bytes)
+                          self.loss_transient_bytes + converted)
 
     @contextlib.contextmanager
     def configured(self, chunk_size: int | None = None, cache_graphs: bool | None = None) -> Iterator["HessianOperator"]:
