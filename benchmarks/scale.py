@@ -217,7 +217,7 @@ def saved_bytes_per_sequence(shape: str, seq: int, layers: int, dtype: torch.dty
 CONFIGS = (("all parameters, 8×512 tokens", "all", 8, 512), ("all parameters, 1×512 tokens", "all", 1, 512),
            ("last 2 blocks, 8×512 tokens", "last2", 8, 512))
 #: estimator -> full-dim float32 vectors it holds (k = 1; see geometry.trace / geometry.eigen)
-VECTORS = {"hutchinson (block 1)": 2, "power": 3, "lanczos (basis 8)": 9, "hutch++ (sketch 8)": 10}
+VECTORS = {"hutchinson (block 1)": 2, "power": 2, "lanczos (basis 8)": 9, "hutch++ (sketch 8)": 10}
 
 
 def graph_measurements(shape: str) -> dict:
