@@ -190,13 +190,13 @@ def test_one_store_holds_several_runs_with_the_same_labels(tmp_path):
 
 def test_a_calibration_set_too_short_for_gptq_gets_more_batches(tmp_path):
     from probes.checkpoints import Trajectory
-    from probes.sweep.datasets import _calibration_for, _widest_input
+    from probes.sweep.datasets import _calibration_for, _first_config, _widest_input
     from probes.sweep.testing import tiny_trajectory
 
     assert _calibration_for((2, 4, 64), 3072) == (12, 4, 64)          # Pythia-160m's MLP: 3,072 inputs
     assert _calibration_for((12, 4, 64), 3072) == (12, 4, 64)         # already enough: unchanged
     assert _calibration_for((2, 4, 64), None) == (2, 4, 64)
     traj = Trajectory.from_folder(tiny_trajectory(tmp_path / "t", n=1))
-    assert _widest_input(traj) == 64                                   # hidden 32, MLP 64
+    assert _widest_input(_first_config(traj)) == 64                    # hidden 32, MLP 64
     with pytest.warns(UserWarning, match="fewer than the widest quantized layer"):
-        assert _calibration_for((1, 1, 32), _widest_input(traj)) == (2, 1, 32)
+        assert _calibration_for((1, 1, 32), _widest_input(_first_config(traj))) == (2, 1, 32)

@@ -27,12 +27,13 @@ def build_data(plan: Plan, trajectory) -> dict:
 
         source = None if plan.data.source == "embedded" else plan.data.source
         shapes = dict(plan.data.shapes)
+        cfg = _first_config(trajectory)
         if plan.data.fit_context:
-            ctx = _context(trajectory)
+            ctx = cfg.get("max_position_embeddings") or cfg.get("n_positions")
             if ctx:
                 shapes = {k: (nb, b, min(s, int(ctx))) for k, (nb, b, s) in shapes.items()}
         if "calibration" in todo and _needs_calibration(plan):
-            shapes["calibration"] = _calibration_for(shapes["calibration"], _widest_input(trajectory))
+            shapes["calibration"] = _calibration_for(shapes["calibration"], _widest_input(cfg))
         built = default_token_sets(trajectory, source=source, seed=plan.data.seed, shapes=shapes)
         for n in todo:
             out[n] = built[n]
@@ -45,16 +46,21 @@ def _needs_calibration(plan: Plan) -> bool:
     return any(QuantSpec.parse(spec).needs_calibration for spec in (*plan.quant, *plan.directional))
 
 
-def _widest_input(trajectory) -> int | None:
-    """The widest input of a decoder linear from the first checkpoint's config (hidden size,
-    MLP width), or None."""
+def _first_config(trajectory) -> dict:
+    """The config of the trajectory's first real checkpoint, or {} when it has none readable
+    (the plan's shapes then stand)."""
     try:
         from probes.checkpoints import read_config
 
         first = next(r for r in trajectory if getattr(r, "kind", None) != "derived")
-        cfg = read_config(first)
-    except Exception:  # noqa: BLE001 - no config: the plan's shape stands
-        return None
+        return dict(read_config(first))
+    except Exception:  # noqa: BLE001 - no config: the plan's shapes stand
+        return {}
+
+
+def _widest_input(cfg: Mapping[str, Any]) -> int | None:
+    """The widest input of a decoder linear from a checkpoint config (hidden size, MLP width),
+    or None."""
     sizes = [cfg.get(k) for k in ("hidden_size", "intermediate_size", "n_inner", "ffn_dim", "n_embd", "d_model")]
     sizes = [int(v) for v in sizes if isinstance(v, int) and v > 0]
     return max(sizes) if sizes else None
@@ -74,21 +80,7 @@ def _calibration_for(shape: tuple[int, int, int], widest: int | None) -> tuple[i
     return need, b, s
 
 
-def _context(trajectory) -> int | None:
-    try:
-        from probes.checkpoints import read_config
-
-        first = next(r for r in trajectory if getattr(r, "kind", None) != "derived")
-        cfg = read_config(first)
-        return cfg.get("max_position_embeddings") or cfg.get("n_positions")
-    except Exception:
-        return None
-
-
 def data_hashes(token_sets: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
     """(combined SHA-256, per-set content hashes) of the token sets."""
     per = {k: v.content_hash for k, v in sorted(token_sets.items())}
     return hashlib.sha256(json.dumps(per, sort_keys=True).encode()).hexdigest(), per
-
-
-# --------------------------------------------------------------------------- progress
