@@ -25,7 +25,8 @@ def estimate_memory(op: CurvatureOperator, max_memory=None) -> MemoryEstimate:
     vectors of ``op.dtype``) plus one operator pass (no graph kept: one product)."""
     budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
     vec = vector_bytes(op.dim, op.dtype)
-    parts = {"direction, gradient, H d [3, dim]": 3 * vec, "operator pass": op.pass_bytes(1, cached=False), TEMPORARIES_PART: temporaries_bytes(op.dim)}
+    parts = {"direction, gradient, H d [3, dim]": 3 * vec, "operator pass": op.pass_bytes(1, cached=False),
+             TEMPORARIES_PART: temporaries_bytes(op.dim)}
     return first_fitting([MemoryEstimate(parts, budget, {"cache_graphs": False})], "directional_curvature",
                          "use fewer or shorter curvature batches, fewer parameters (params=...), or raise max_memory")
 

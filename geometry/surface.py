@@ -50,9 +50,9 @@ import torch
 from torch import nn
 
 from .batches import normalise_batch_weights
+from .graph_memory import peak_new_bytes
 from .grid import GridSpec
 from .modes import module_modes
-from .graph_memory import peak_new_bytes
 from .moving import LossFn, PlaneMover, SurfaceError, concat_batches, estimate_memory, evaluate_point, evaluate_stacked
 from .params import ParamGlobs
 from .planes import Line, Plane
@@ -287,13 +287,14 @@ def evaluate_surface(
 
     estimate_memory(model, plane, params, k_pts, max_memory)          # the mover's copies, before any forward
     mover = PlaneMover(model, plane, params)
-    first = {"pending": True}
+    forward_checked = False
 
     def checked(fn):
         """The first grid evaluation measures its forwards' peak and checks the whole plan."""
-        if not first["pending"]:
+        nonlocal forward_checked
+        if forward_checked:
             return fn()
-        first["pending"] = False
+        forward_checked = True
         out, peak = peak_new_bytes(fn)
         estimate_memory(model, plane, params, k_pts, max_memory, forward=peak)
         return out

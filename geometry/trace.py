@@ -95,7 +95,8 @@ def plan_probe_blocks(op: CurvatureOperator, m: int, block_size: int | None, max
     for b in _blocks(m, block_size):
         calls = math.ceil(m / b)
         for settings, pass_b, cost in pass_options(op, b, calls, m):
-            parts = {f"probes [{b}, dim]": b * vec, f"products [{b}, dim]": b * vec, "operator pass": pass_b, TEMPORARIES_PART: temporaries_bytes(op.dim)}
+            parts = {f"probes [{b}, dim]": b * vec, f"products [{b}, dim]": b * vec, "operator pass": pass_b,
+                     TEMPORARIES_PART: temporaries_bytes(op.dim)}
             cands.append(Candidate(MemoryEstimate(parts, budget, {"block_size": b, **settings}), cost))
     return choose(cands, what, _ADVICE)
 
