@@ -224,25 +224,26 @@ def _no_pool():
 
 
 def _train_job(context, run: DemoRun):
-    """A worker's job: train one run (its data cached in ``out/data`` beforehand)."""
+    """Train one run (its data cached in ``out/data``); a worker's job, or called in this process."""
     from .train.tiny import train_tiny
 
-    settings, out = context
-    return train_tiny(settings.train_config(run), out / "runs" / run.name, progress=False, data_dir=out / "data")
+    settings, out, progress = context
+    return train_tiny(settings.train_config(run), out / "runs" / run.name, progress=progress, data_dir=out / "data")
 
 
 def _surface_job(context, traj, path: str) -> str:
-    """A worker's job: the quantization plane of a run's last checkpoint, saved to ``path``."""
+    """The quantization plane of a run's last checkpoint, saved to ``path``; a worker's job, or
+    called in this process."""
     import torch
 
     from .checkpoints import CheckpointLoader
     from .quant.plane import quantization_surface
 
-    settings, sets = context
+    settings, sets, progress = context
     real = traj.real
     with torch.no_grad():
         surf = quantization_surface(CheckpointLoader(traj), real[-1], real[-2], settings.headline_spec, sets,
-                                    grid=settings.grid, progress=False)
+                                    grid=settings.grid, progress=progress)
     surf.save(path)
     return path
 
@@ -260,20 +261,19 @@ def _in_pool(pool: WorkerPool, jobs, context, what: list[str], echo) -> list:
 
 
 def _train_all(settings: DemoSettings, out: Path, progress: bool, echo, pool) -> dict:
-    from .train.tiny import prepare_data, train_tiny
+    from .train.tiny import prepare_data
 
     what = [f"training {run.name} ({settings.steps} steps, {settings.checkpoints} checkpoints)" for run in settings.runs]
     if pool is None:
         trajectories = {}
         for run, msg in zip(settings.runs, what):
             echo(f"[demo] {msg}")
-            trajectories[run.name] = train_tiny(settings.train_config(run), out / "runs" / run.name, progress=progress,
-                                                data_dir=out / "data")
+            trajectories[run.name] = _train_job((settings, out, progress), run)
         return trajectories
     first = settings.runs[0]
     prepare_data(settings.train_config(first), out / "runs" / first.name, out / "data")  # the shared cache, once
     echo(f"[demo] {'; '.join(what)}: on {pool.size} workers")
-    trajs = _in_pool(pool, [(_train_job, (run,)) for run in settings.runs], (settings, out), what, echo)
+    trajs = _in_pool(pool, [(_train_job, (run,)) for run in settings.runs], (settings, out, False), what, echo)
     return {run.name: t for run, t in zip(settings.runs, trajs)}
 
 
@@ -321,12 +321,7 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
             echo(f"[demo] phases of {run.name}: {exc}")
 
     t0 = time.perf_counter()
-    import torch
-
     from geometry.surface import Surface
-
-    from .checkpoints import CheckpointLoader
-    from .quant.plane import quantization_surface
 
     (out / "surfaces").mkdir(exist_ok=True)
     paths = {run.name: out / "surfaces" / f"{run.name}.json" for run in settings.runs}
@@ -334,16 +329,12 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
     what = [f"quantization plane of {name} ({settings.grid}x{settings.grid}, {settings.headline_spec})" for name in todo]
     if pool is not None and todo:
         echo(f"[demo] {'; '.join(what)}: on {pool.size} workers")
-        _in_pool(pool, [(_surface_job, (trajectories[name], str(paths[name]))) for name in todo], (settings, sets), what, echo)
-    for name, msg in zip(todo, what):
-        if pool is not None:
-            break
-        echo(f"[demo] {msg}")
-        real = trajectories[name].real
-        with torch.no_grad():
-            surf = quantization_surface(CheckpointLoader(trajectories[name]), real[-1], real[-2], settings.headline_spec,
-                                        sets, grid=settings.grid, progress=progress)
-        surf.save(paths[name])
+        _in_pool(pool, [(_surface_job, (trajectories[name], str(paths[name]))) for name in todo], (settings, sets, False),
+                 what, echo)
+    elif todo:
+        for name, msg in zip(todo, what):
+            echo(f"[demo] {msg}")
+            _surface_job((settings, sets, progress), trajectories[name], str(paths[name]))
     surfaces = {run.name: Surface.load(paths[run.name]) for run in settings.runs}
     seconds["surfaces"] = time.perf_counter() - t0
 
