@@ -11,7 +11,7 @@ Methods (each timing is paired with a gradient of the same batches measured just
 machine-load drift cancels; the reported ratio is the median over repeats of
 ``t_call / (k · t_gradient)``):
 
-- ``ours-reverse-vec`` / ``ours-reverse-seq``: :class:`geometry.hessian.HessianOperator`, reverse
+- ``ours-reverse-vec`` / ``ours-reverse-seq``: :class:`geometry.operators.hessian.HessianOperator`, reverse
   backend, ``vectorize=True`` / ``False``, one ``matmat`` of k vectors (graph build included);
 - ``ours-forward``: forward backend (jvp of grad, vmapped), one ``matmat`` of k vectors;
 - ``pyhessian``: PyHessian 0.1. One batch: ``hessian(...)`` builds the gradient graph once, then
@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geometry.hessian import HessianOperator
+from geometry.operators.hessian import HessianOperator
 from probes.core.lm import lm_loss
 from probes.core.numerics import rel_error
 from probes.core.threads import torch_threads

@@ -86,10 +86,10 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
 
     from geometry import (directional_curvature, evaluate_surface, hutchinson_trace, hutchpp_trace,
                           random_plane, spectral_density, top_eigenvalues)
-    from geometry.grid import GridSpec
-    from geometry.moving import estimate_memory as surface_memory
-    from geometry.moving import forward_bytes
-    from geometry.trace import block_traces
+    from geometry.surfaces.grid import GridSpec
+    from geometry.surfaces.moving import estimate_memory as surface_memory
+    from geometry.surfaces.moving import forward_bytes
+    from geometry.estimators.trace import block_traces
     from probes.core.lm import lm_loss
     from probes.models.curvature import lm_hessian
 
@@ -191,10 +191,10 @@ def _run_child(shape: str, probe: str, dtype: str, max_memory: str, threads: int
 
 def saved_bytes_per_sequence(shape: str, seq: int, layers: int, dtype: torch.dtype = torch.bfloat16) -> int:
     """Bytes autograd saves (forward + ``create_graph`` backward) for one sequence of ``seq`` tokens
-    on a ``layers``-layer slice of ``shape`` (geometry.graph_memory.saved_graph_bytes), through the
+    on a ``layers``-layer slice of ``shape`` (geometry.memory.graphs.saved_graph_bytes), through the
     loss the curvature probes use (the lean LM head, :func:`probes.core.lm_head.lm_loss_lean`)."""
-    from geometry.attention import second_order_attention
-    from geometry.graph_memory import saved_graph_bytes
+    from geometry.operators.attention import second_order_attention
+    from geometry.memory.graphs import saved_graph_bytes
     from probes.core.lm_head import lm_loss_lean as lm_loss
 
     model = build(shape, dtype, layers=layers)
@@ -216,7 +216,7 @@ def saved_bytes_per_sequence(shape: str, seq: int, layers: int, dtype: torch.dty
 #: (label, selection, batch, seq) of the projected configurations
 CONFIGS = (("all parameters, 8×512 tokens", "all", 8, 512), ("all parameters, 1×512 tokens", "all", 1, 512),
            ("last 2 blocks, 8×512 tokens", "last2", 8, 512))
-#: estimator -> full-dim float32 vectors it holds (k = 1; see geometry.trace / geometry.eigen)
+#: estimator -> full-dim float32 vectors it holds (k = 1; see geometry.estimators.trace / geometry.estimators.eigen)
 VECTORS = {"hutchinson (block 1)": 2, "power": 2, "lanczos (basis 8)": 9, "hutch++ (sketch 8)": 10}
 
 
@@ -233,14 +233,14 @@ def graph_measurements(shape: str) -> dict:
 def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_bytes: float = 80e9, mfu: float = 0.4,
             peak_flops: float = 989e12, hvp_ratio: float = 2.3, measured: dict | None = None) -> list[dict]:
     """On-paper requirements of each shape in bfloat16 on one GPU of ``gpu_bytes`` for the
-    :data:`CONFIGS`: memory from the memory model (geometry.graph_memory) with the graph measured on
+    :data:`CONFIGS`: memory from the memory model (geometry.memory.graphs) with the graph measured on
     1- and 2-layer slices (:func:`graph_measurements`; per layer a·s + c·s² per sequence, outside
     the layers linear in s), the model resident in bf16, bf16 gradients, float32 estimator
     vectors; the largest Hutch++ sketch that fits; time from 6·N·T FLOPs per gradient at ``mfu``
     of ``peak_flops`` and ``hvp_ratio`` gradients per HVP (measured on CPU here)."""
-    from geometry.graph_memory import pass_bytes
-    from geometry.linear_ce import transient_bytes
-    from geometry.memory import temporaries_bytes
+    from geometry.memory.graphs import pass_bytes
+    from geometry.operators.linear_ce import transient_bytes
+    from geometry.memory.model import temporaries_bytes
 
     rows = []
     for shape in shapes:

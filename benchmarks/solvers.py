@@ -29,7 +29,7 @@ from benchmarks import emit
 
 from benchmarks.hvp_throughput import build_model
 from geometry import HessianOperator, spectral_density, top_eigenvalues
-from geometry.graph_memory import peak_new_bytes
+from geometry.memory.graphs import peak_new_bytes
 from probes.core.lm import lm_loss
 from probes.core.lm_head import lm_loss_lean
 from probes.core.threads import torch_threads
@@ -118,12 +118,12 @@ def compile_rows(quick: bool = False) -> list[dict]:
     row = {"kind": "compile", "k": 8, "reverse_gradients_per_hvp": _timed(lambda: rev.matmat_flat(V), 2) / 8 / t_grad,
            "forward_gradients_per_hvp": _timed(lambda: fwd.matmat_flat(V), 2) / 8 / t_grad}
     try:
-        import geometry._forward as fw
+        import geometry.operators._forward as fw
 
         eager = fw.forward_over_reverse
         compiled = torch.compile(eager, dynamic=False)
         fw.forward_over_reverse = compiled
-        import geometry.hessian as hs
+        import geometry.operators.hessian as hs
 
         hs.forward_over_reverse = compiled
         t0 = time.perf_counter()

@@ -68,9 +68,9 @@ def _with(model, weights):
 
 
 def run(quick: bool = False, repeats: int | None = None) -> list[dict]:
-    from geometry.grid import GridSpec
-    from geometry.planes import plane_through_points
-    from geometry.surface import evaluate_surface
+    from geometry.surfaces.grid import GridSpec
+    from geometry.surfaces.planes import plane_through_points
+    from geometry.surfaces.surface import evaluate_surface
     from probes.core.lm import evaluate, lm_loss
 
     repeats = repeats or (2 if quick else 3)

@@ -13,24 +13,24 @@ of batches, curvature is taken w.r.t. a declared parameter set (name globs).
 - surfaces: :func:`plane_through_points`, :func:`random_plane`, :func:`line`,
   :func:`evaluate_surface`, :func:`evaluate_line`, :class:`Surface`.
 """
-from .attention import second_order_attention
-from .attribution import assemble, attribute, direction_parts, factorise, within_block_curvature
-from .batches import default_batch_weight
-from .dense import DenseOperator, exact_hessian
-from .density import spectral_density
-from .directional import directional_curvature
-from .eigen import top_eigenvalues
-from .grid import GridError, GridSpec
-from .hessian import HessianOperator
-from .modes import module_modes
-from .operator import CurvatureOperator, OperatorError
-from .params import ParameterSelectionError, ParamSpace, select_parameters
-from .planes import (Line, Plane, PlaneError, filter_normalize, line, orthonormality, plane_through_points,
+from .operators.attention import second_order_attention
+from .estimators.attribution import assemble, attribute, direction_parts, factorise, within_block_curvature
+from .base.batches import default_batch_weight
+from .operators.dense import DenseOperator, exact_hessian
+from .estimators.density import spectral_density
+from .estimators.directional import directional_curvature
+from .estimators.eigen import top_eigenvalues
+from .surfaces.grid import GridError, GridSpec
+from .operators.hessian import HessianOperator
+from .base.modes import module_modes
+from .operators.interface import CurvatureOperator, OperatorError
+from .base.params import ParameterSelectionError, ParamSpace, select_parameters
+from .surfaces.planes import (Line, Plane, PlaneError, filter_normalize, line, orthonormality, plane_through_points,
                      random_plane)
-from .results import (Attribution, BlockTraces, DirectionalCurvature, DirectionParts, EigenResult, EstimatorError,
+from .base.results import (Attribution, BlockTraces, DirectionalCurvature, DirectionParts, EigenResult, EstimatorError,
                       QuadraticFactors, SpectralDensity, TraceEstimate)
-from .surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
-from .trace import block_traces, hutchinson_trace, hutchpp_trace
+from .surfaces.surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
+from .estimators.trace import block_traces, hutchinson_trace, hutchpp_trace
 
 __all__ = [
     "second_order_attention", "DenseOperator", "exact_hessian", "spectral_density", "directional_curvature",

@@ -39,8 +39,8 @@ _USER_ERRORS = (
     ("probes.quant.errors", "QuantizeError"), ("probes.core.tokenset", "TokenSetError"),
     ("probes.core.modules", "ModuleSelectionError"), ("probes.core.lm", "LossError"),
     ("probes.models.weights", "WeightStatsError"), ("probes.models.second_order", "SecondOrderError"),
-    ("geometry.params", "ParameterSelectionError"), ("geometry.planes", "PlaneError"), ("geometry.grid", "GridError"),
-    ("geometry.results", "EstimatorError"), ("geometry.operator", "OperatorError"), ("geometry.moving", "SurfaceError"),
+    ("geometry.base.params", "ParameterSelectionError"), ("geometry.surfaces.planes", "PlaneError"), ("geometry.surfaces.grid", "GridError"),
+    ("geometry.base.results", "EstimatorError"), ("geometry.operators.interface", "OperatorError"), ("geometry.surfaces.moving", "SurfaceError"),
     ("probes.core.workers", "WorkerError"), ("torch", "OutOfMemoryError"),
 )
 

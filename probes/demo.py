@@ -321,7 +321,7 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
             echo(f"[demo] phases of {run.name}: {exc}")
 
     t0 = time.perf_counter()
-    from geometry.surface import Surface
+    from geometry.surfaces.surface import Surface
 
     (out / "surfaces").mkdir(exist_ok=True)
     paths = {run.name: out / "surfaces" / f"{run.name}.json" for run in settings.runs}

@@ -1,4 +1,4 @@
-"""geometry.attribution: the factorisation ½dᵀHd = ½‖d‖²(tr H/n)κ and per-block parts, against exact Hessians."""
+"""geometry.estimators.attribution: the factorisation ½dᵀHd = ½‖d‖²(tr H/n)κ and per-block parts, against exact Hessians."""
 from __future__ import annotations
 
 import json
@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geometry.attribution import attribute, direction_parts, factorise, group_parts, within_block_curvature
-from geometry.dense import DenseOperator, exact_hessian
-from geometry.directional import directional_curvature
-from geometry.hessian import HessianOperator
-from geometry.results import EstimatorError, TraceEstimate
+from geometry.estimators.attribution import attribute, direction_parts, factorise, group_parts, within_block_curvature
+from geometry.operators.dense import DenseOperator, exact_hessian
+from geometry.estimators.directional import directional_curvature
+from geometry.operators.hessian import HessianOperator
+from geometry.base.results import EstimatorError, TraceEstimate
 from tests.tiny_models import lm_loss, micro_gptneox, mlp_batches, mlp_loss, random_batches, tiny_mlp
 
 

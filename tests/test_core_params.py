@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from geometry.dense import DenseOperator
-from geometry.operator import OperatorError
-from geometry.params import ParameterSelectionError, ParamSpace, select_parameters
+from geometry.operators.dense import DenseOperator
+from geometry.operators.interface import OperatorError
+from geometry.base.params import ParameterSelectionError, ParamSpace, select_parameters
 from probes.core.lm import LossError, evaluate, lm_loss
 from probes.core.modules import ModuleSelectionError, find_blocks, select_linears
 from probes.core.tokenset import TokenSet, TokenSetError

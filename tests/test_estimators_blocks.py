@@ -9,14 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geometry.dense import DenseOperator, exact_hessian
-from geometry.density import spectral_density
-from geometry.directional import directional_curvature
-from geometry.eigen import top_eigenvalues
-from geometry.hessian import HessianOperator
-from geometry.params import ParamSpace, select_parameters
-from geometry.results import BlockTraces, EstimatorError
-from geometry.trace import block_traces, hutchinson_trace, hutchpp_trace
+from geometry.operators.dense import DenseOperator, exact_hessian
+from geometry.estimators.density import spectral_density
+from geometry.estimators.directional import directional_curvature
+from geometry.estimators.eigen import top_eigenvalues
+from geometry.operators.hessian import HessianOperator
+from geometry.base.params import ParamSpace, select_parameters
+from geometry.base.results import BlockTraces, EstimatorError
+from geometry.estimators.trace import block_traces, hutchinson_trace, hutchpp_trace
 
 
 def loss_fn(model, batch):

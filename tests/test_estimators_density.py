@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.dense import DenseOperator
-from geometry.density import spectral_density
-from geometry.results import EstimatorError
-from geometry.trace import hutchinson_trace, rademacher
+from geometry.operators.dense import DenseOperator
+from geometry.estimators.density import spectral_density
+from geometry.base.results import EstimatorError
+from geometry.estimators.trace import hutchinson_trace, rademacher
 from tests.tiny_models import classifier_mlp_hessian, sym_with_spectrum
 
 

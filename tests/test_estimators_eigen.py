@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.dense import DenseOperator
-from geometry.eigen import top_eigenvalues
-from geometry.results import EstimatorError
+from geometry.operators.dense import DenseOperator
+from geometry.estimators.eigen import top_eigenvalues
+from geometry.base.results import EstimatorError
 from tests.tiny_models import classifier_mlp_hessian, sym_with_spectrum
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.dense import DenseOperator
-from geometry.operator import OperatorError
-from geometry.results import EstimatorError, TraceEstimate
-from geometry.trace import hutchinson_trace, hutchpp_trace, rademacher, t_quantile
+from geometry.operators.dense import DenseOperator
+from geometry.operators.interface import OperatorError
+from geometry.base.results import EstimatorError, TraceEstimate
+from geometry.estimators.trace import hutchinson_trace, hutchpp_trace, rademacher, t_quantile
 from tests.tiny_models import classifier_mlp_hessian, sym_with_spectrum
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from geometry.dense import exact_hessian
-from geometry.params import literal_glob
+from geometry.operators.dense import exact_hessian
+from geometry.base.params import literal_glob
 from probes.core.lm import evaluate, lm_loss
 from probes.explain import (BlockError, ExplainError, block_members, explain, explain_specs, explanations_frame,
                             module_kind)

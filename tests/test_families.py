@@ -15,7 +15,7 @@ from probes.models.families import FAMILIES, tiny_model
 from probes.models.second_order import check_second_order, ensure_second_order
 
 HAS_BNB = importlib.util.find_spec("bitsandbytes") is not None
-HAS_SURFACE = importlib.util.find_spec("geometry.surface") is not None
+HAS_SURFACE = importlib.util.find_spec("geometry.surfaces.surface") is not None
 HAS_SWEEP = importlib.util.find_spec("probes.sweep") is not None
 VOCAB = 96
 G = 16  # group size: hidden 32 -> 2 groups per row on the attention/MLP-in matrices
@@ -61,8 +61,8 @@ def _perturbed(model: nn.Module, seed: int, scale: float = 0.02) -> nn.Module:
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_end_to_end(family, tmp_path):
-    from geometry.hessian import HessianOperator
-    from geometry.trace import hutchpp_trace
+    from geometry.operators.hessian import HessianOperator
+    from geometry.estimators.trace import hutchpp_trace
     from probes.core.lm import evaluate, lm_loss
     from probes.core.modules import find_blocks, select_linears
     from probes.quant import quantization_error, quantize
@@ -131,8 +131,8 @@ def test_family_end_to_end(family, tmp_path):
 
     # ---- quantization plane: A = model, B = perturbed, C = quantized -------------------------------
     if HAS_SURFACE:
-        from geometry.planes import plane_through_points
-        from geometry.surface import evaluate_surface
+        from geometry.surfaces.planes import plane_through_points
+        from geometry.surfaces.surface import evaluate_surface
 
         A = {n: p.detach().clone() for n, p in model.named_parameters()}
         B = dict(_perturbed(model, 7).named_parameters())

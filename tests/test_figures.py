@@ -116,7 +116,7 @@ def test_figures_never_crash_on_missing_probes():
 
 
 def _tiny_surface():
-    from geometry.surface import Surface
+    from geometry.surfaces.surface import Surface
 
     x, y = np.linspace(-1, 2, 5), np.linspace(-1, 2, 4)
     loss = 3 + np.add.outer(y ** 2, x ** 2)

@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from geometry.derivatives import padding_modules
-from geometry.hessian import HessianOperator
-from geometry.operator import OperatorError
+from geometry.operators.derivatives import padding_modules
+from geometry.operators.hessian import HessianOperator
+from geometry.operators.interface import OperatorError
 from probes.models.families import FAMILIES, tiny_model
 from probes.core.lm import lm_loss
 from tests.fixtures_trajectory import tiny_trajectory  # noqa: F401  (pytest fixture)
@@ -174,8 +174,8 @@ def test_half_precision_model_gets_float32_estimator_vectors():
 
 def test_bf16_model_trace_and_lambda_max_within_10_percent_of_float32(tiny_trajectory):
     """Same weights, seed and data: products in bfloat16, estimator algebra in float32."""
-    from geometry.eigen import top_eigenvalues
-    from geometry.trace import hutchinson_trace, hutchpp_trace
+    from geometry.estimators.eigen import top_eigenvalues
+    from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
     from probes.checkpoints import CheckpointLoader
     from probes.data import default_token_sets
 

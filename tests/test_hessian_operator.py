@@ -1,13 +1,13 @@
-"""HessianOperator against oracles: exact row-by-row Hessians (geometry.dense.exact_hessian) and
+"""HessianOperator against oracles: exact row-by-row Hessians (geometry.operators.dense.exact_hessian) and
 PyHessian, on a tiny MLP, a micro GPT-NeoX (LayerNorm) and a micro Llama (RMSNorm/SiLU), float64."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from geometry.attention import second_order_attention
-from geometry.dense import DenseOperator, exact_hessian
-from geometry.hessian import HessianOperator
+from geometry.operators.attention import second_order_attention
+from geometry.operators.dense import DenseOperator, exact_hessian
+from geometry.operators.hessian import HessianOperator
 from tests.tiny_models import (
     lm_loss, micro_gptneox, micro_llama, mlp_batches, mlp_loss, random_batches, tiny_mlp,
 )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from geometry.hessian import HessianOperator
-from geometry.operator import OperatorError
-from geometry.params import ParameterSelectionError
+from geometry.operators.hessian import HessianOperator
+from geometry.operators.interface import OperatorError
+from geometry.base.params import ParameterSelectionError
 from tests.tiny_models import lm_loss, micro_gptneox, micro_llama, mlp_batches, mlp_loss, random_batches, tiny_mlp
 
 

@@ -201,7 +201,7 @@ def test_commands_open_hub_names(hub, tmp_path):
     got = json.loads((tmp_path / "e.json").read_text())
     assert got["checkpoint"] == "step2000" and got["lr"] == pytest.approx(cosine(2000), rel=1e-12)
     # surface: B is the revision before A in the hub trajectory, or given as a hub name
-    from geometry.surface import Surface
+    from geometry.surfaces.surface import Surface
 
     points = []
     for args in ((f"hf:{REPO}@step*", "--label", "step3000"), (f"hf:{REPO}@step3000", "--previous", f"hf:{REPO}@step2000")):

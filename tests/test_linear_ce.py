@@ -5,9 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from geometry.dense import exact_hessian
-from geometry.hessian import HessianOperator
-from geometry.linear_ce import linear_cross_entropy
+from geometry.operators.dense import exact_hessian
+from geometry.operators.hessian import HessianOperator
+from geometry.operators.linear_ce import linear_cross_entropy
 from probes.core.lm import lm_loss
 from probes.core.lm_head import lean_head_status, lm_loss_lean
 from probes.models.families import FAMILIES, tiny_model
@@ -93,8 +93,8 @@ def test_half_precision_lean_loss_matches_the_plain_loss():
 def test_the_head_allocates_no_weight_sized_temporary_beyond_its_gradients(bias):
     """Every allocation of a gradient build and one HVP through the head, tracked op by op: the
     gradients themselves plus at most transient_bytes (the [chunk, vocab] temporaries)."""
-    from geometry.graph_memory import peak_new_bytes
-    from geometry.linear_ce import transient_bytes
+    from geometry.memory.graphs import peak_new_bytes
+    from geometry.operators.linear_ce import transient_bytes
 
     T, d, V, chunk = 96, 256, 4096, 32
     g = torch.Generator().manual_seed(0)

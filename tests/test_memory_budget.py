@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.dense import DenseOperator
-from geometry.density import spectral_density
-from geometry.directional import directional_curvature
-from geometry.eigen import top_eigenvalues
-from geometry.graph_memory import peak_new_bytes
-from geometry.hessian import HessianOperator
-from geometry.operator import CurvatureOperator
-from geometry.memory import MemoryBudgetError, format_bytes, parse_bytes, temporaries_bytes, vector_bytes
-from geometry.trace import estimate_memory, hutchinson_trace, hutchpp_trace
+from geometry.operators.dense import DenseOperator
+from geometry.estimators.density import spectral_density
+from geometry.estimators.directional import directional_curvature
+from geometry.estimators.eigen import top_eigenvalues
+from geometry.memory.graphs import peak_new_bytes
+from geometry.operators.hessian import HessianOperator
+from geometry.operators.interface import CurvatureOperator
+from geometry.memory.model import MemoryBudgetError, format_bytes, parse_bytes, temporaries_bytes, vector_bytes
+from geometry.estimators.trace import estimate_memory, hutchinson_trace, hutchpp_trace
 from tests.tiny_models import lm_loss, micro_gptneox, random_batches, sym_with_spectrum
 
 EIGS = np.concatenate([[40.0, 25.0, -15.0, 9.0, 6.0], np.linspace(-1, 3, 195)])
@@ -201,7 +201,7 @@ def test_a_bfloat16_basis_halves_the_basis_memory_at_a_stated_accuracy():
 
 
 def test_the_default_budget_is_a_fraction_of_free_memory_and_can_be_shared(monkeypatch):
-    from geometry.memory import CPU_FRACTION, MEMORY_FRACTION_ENV, available_bytes, default_budget
+    from geometry.memory.model import CPU_FRACTION, MEMORY_FRACTION_ENV, available_bytes, default_budget
 
     monkeypatch.delenv(MEMORY_FRACTION_ENV, raising=False)
     free = available_bytes("cpu")
@@ -215,7 +215,7 @@ def test_the_default_budget_is_a_fraction_of_free_memory_and_can_be_shared(monke
 
 
 def test_curvature_of_the_last_block_keeps_only_that_part_of_the_graph():
-    from geometry.dense import exact_hessian
+    from geometry.operators.dense import exact_hessian
 
     model = micro_gptneox(seed=4, dtype=torch.float64, layers=2)
     batches = random_batches(n_batches=1, seed=4)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from geometry.modes import module_modes
-from geometry.planes import random_plane
-from geometry.surface import evaluate_surface
+from geometry.base.modes import module_modes
+from geometry.surfaces.planes import random_plane
+from geometry.surfaces.surface import evaluate_surface
 from probes.core.lm import evaluate, lm_loss
 from probes.models.families import tiny_model
 from probes.quant import quantize

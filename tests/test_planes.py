@@ -1,4 +1,4 @@
-"""geometry.planes: exact coordinates, orthonormal bases, filter normalisation, grids, bad input."""
+"""geometry.surfaces.planes: exact coordinates, orthonormal bases, filter normalisation, grids, bad input."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.grid import GridError, GridSpec
-from geometry.planes import (
+from geometry.surfaces.grid import GridError, GridSpec
+from geometry.surfaces.planes import (
     PlaneError,
     filter_normalize,
     line,

@@ -28,7 +28,7 @@ ARTIFACTS = ROOT / "test-artifacts"
 
 
 def _tiny_surface():
-    from geometry.surface import Surface
+    from geometry.surfaces.surface import Surface
 
     x = np.linspace(-0.5, 1.5, 9)
     y = np.linspace(-0.5, 1.5, 8)

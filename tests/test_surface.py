@@ -1,4 +1,4 @@
-"""geometry.surface: grid evaluation on a plane of a tiny HF GPT-NeoX, exactness at A/B/C, exact
+"""geometry.surfaces.surface: grid evaluation on a plane of a tiny HF GPT-NeoX, exactness at A/B/C, exact
 restore of the model, NaN holes, resuming, figures and (de)serialisation."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.grid import GridSpec
-from geometry.planes import line, plane_through_points, random_plane
-from geometry.surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
+from geometry.surfaces.grid import GridSpec
+from geometry.surfaces.planes import line, plane_through_points, random_plane
+from geometry.surfaces.surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
 from probes.core.lm import evaluate, lm_loss
 from probes.report.surface_figures import profile_figure, surface_figure, surface_profile_figure
 from tests.tiny_models import micro_gptneox, random_batches

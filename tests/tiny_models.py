@@ -1,7 +1,7 @@
 """Tiny, seeded models and data shared by the whole test suite.
 
 Every factory is deterministic in its ``seed`` and small enough that an exact Hessian (one double
-backward per parameter, :func:`geometry.dense.exact_hessian`) builds in about a second:
+backward per parameter, :func:`geometry.operators.dense.exact_hessian`) builds in about a second:
 
 ==================  ============================================  ==========
 factory             architecture                                  parameters
@@ -199,7 +199,7 @@ def sym_with_spectrum(eigs, seed: int = 0) -> torch.Tensor:
 def classifier_mlp_hessian(seed: int = 0):
     """Exact Hessian (float64, [87, 87]) and its ParamSpace of a 4-6-3 tanh MLP's cross-entropy on
     32 random examples: a small dense oracle for the estimator tests (singular, mixed-sign)."""
-    from geometry.dense import exact_hessian
+    from geometry.operators.dense import exact_hessian
 
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()

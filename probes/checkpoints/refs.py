@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from geometry.jsonable import jsonable
+from geometry.base.jsonable import jsonable
 
 __all__ = ["CheckpointRef", "parse_step"]
 

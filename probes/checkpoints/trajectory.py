@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from geometry.jsonable import jsonable
+from geometry.base.jsonable import jsonable
 
 from probes.core.tokenset import TokenSet
 

@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         tokens_per_step: Optional[int] = tokens_option(),
     ) -> None:
         """Explain CHECKPOINT's quantization error by factor (‖δ‖², tr H/n, κ), by block and by quantizer."""
-        from geometry.results import EstimatorError
+        from geometry.base.results import EstimatorError
         from probes.explain import BlockError, ExplainError, explain_checkpoint
         from probes.quant import QuantizeError, QuantSpec
 

@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
         allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows computed with different settings or data."),
     ) -> None:
         """Turn a sweep's results store into one self-contained HTML report (works offline)."""
-        from geometry.surface import Surface
+        from geometry.surfaces.surface import Surface
         from probes.analysis import AnalysisError, analyse
         from probes.analysis.inputs import check_n_boot
         from probes.report.pages import ReportError, build_report, load_store

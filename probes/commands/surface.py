@@ -30,7 +30,7 @@ def _check_weights(model, label: str) -> None:
     """Refuse a checkpoint with NaN/inf weights before a grid is spent on it."""
     import torch
 
-    from geometry.moving import SurfaceError
+    from geometry.surfaces.moving import SurfaceError
 
     bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
     if bad:
@@ -44,7 +44,7 @@ def _check_surface(surf, checkpoint: Path) -> None:
 
     import numpy as np
 
-    from geometry.moving import SurfaceError
+    from geometry.surfaces.moving import SurfaceError
 
     bad = [k for k, (x, y, loss) in surf.points.items() if not all(math.isfinite(v) for v in (x, y, loss))]
     if bad or not np.isfinite(np.asarray(surf.loss, dtype=float)).any():
@@ -69,14 +69,14 @@ def checkpoint_surface(checkpoint: "str | Path", previous: "str | Path | None", 
     Returns ``(surface, info)`` where ``info`` describes the inputs. Cost: one quantization of A
     plus (grid² + 3) × n_eval_batches forwards. ``data``/``calibration``: TokenSet files to use
     instead of :func:`probes.data.default_token_sets` (which needs the checkpoint's tokenizer).
-    Raises :class:`geometry.moving.SurfaceError` for NaN/inf weights or a non-finite surface, and
+    Raises :class:`geometry.surfaces.moving.SurfaceError` for NaN/inf weights or a non-finite surface, and
     :class:`ArchitectureMismatchError` when B's config differs from A's (one plane, one function).
     """
     import torch
 
-    from geometry.grid import GridSpec
-    from geometry.planes import random_plane as make_random_plane
-    from geometry.surface import evaluate_surface
+    from geometry.surfaces.grid import GridSpec
+    from geometry.surfaces.planes import random_plane as make_random_plane
+    from geometry.surfaces.surface import evaluate_surface
     from probes.checkpoints import ArchitectureMismatchError, CheckpointLoader, open_checkpoint
     from probes.checkpoints.configs import config_differences
     from probes.checkpoints.locate import checkpoint_trajectory
@@ -132,9 +132,9 @@ def checkpoint_surface(checkpoint: "str | Path", previous: "str | Path | None", 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by the inputs (printed as one line, exit code 2) rather than bugs."""
-    from geometry.grid import GridError
-    from geometry.planes import PlaneError
-    from geometry.surface import SurfaceError
+    from geometry.surfaces.grid import GridError
+    from geometry.surfaces.planes import PlaneError
+    from geometry.surfaces.surface import SurfaceError
 
     errs: list[type[BaseException]] = [PlaneError, GridError, SurfaceError, FileNotFoundError]
     for mod, name in (("probes.checkpoints", "CheckpointError"), ("probes.quant", "QuantizeError"),

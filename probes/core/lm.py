@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geometry.modes import module_modes
+from geometry.base.modes import module_modes
 
 
 class LossError(ValueError):
@@ -80,7 +80,7 @@ def evaluate(model: nn.Module, batches: Iterable[torch.Tensor], progress: bool =
 
     ``batches`` is a :class:`probes.data.TokenSet` or any iterable of [b, s] LongTensors. The model
     is put in eval mode for the call and every module's previous mode restored
-    (:func:`geometry.modes.module_modes`). Cost: one forward per batch.
+    (:func:`geometry.base.modes.module_modes`). Cost: one forward per batch.
     Raises :class:`LossError` on an empty set or a non-finite loss.
     """
     from tqdm.auto import tqdm

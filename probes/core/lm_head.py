@@ -2,7 +2,7 @@
 with a far smaller double-backward graph at large vocabularies.
 
 :func:`lm_loss_lean` runs the model's trunk (``model.base_model``: embeddings, blocks, final norm)
-and applies the head with :func:`geometry.linear_ce.linear_cross_entropy`, whose first and second
+and applies the head with :func:`geometry.operators.linear_ce.linear_cross_entropy`, whose first and second
 derivatives are closed-form and chunked over tokens, so no ``[tokens, vocab]`` logits tensor is
 kept for the Hessian-vector products (docs: benchmarks/README.md, "Lean LM head").
 
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from geometry.linear_ce import linear_cross_entropy, transient_bytes
+from geometry.operators.linear_ce import linear_cross_entropy, transient_bytes
 
 from .lm import lm_loss
 

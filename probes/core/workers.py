@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterable, Iterator
 
-from geometry.memory import CPU_FRACTION, MEMORY_FRACTION_ENV
+from geometry.memory.model import CPU_FRACTION, MEMORY_FRACTION_ENV
 
 __all__ = ["WorkerPool", "WorkerError", "Event", "emit", "short_error", "available_cores", "in_worker"]
 

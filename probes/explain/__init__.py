@@ -9,7 +9,7 @@ Modules: :mod:`.blocks` (layers and module kinds of an LM's parameters), :mod:`.
 of one quantizer measured once: one gradient, one HVP, the loss of θ̂; the trace of its space),
 :mod:`.api` (:class:`Explanation`, :func:`explain`, :func:`explain_specs`, the sweep row),
 :mod:`.checkpoint` (:func:`explain_checkpoint`, what ``losslens explain`` runs). The model-agnostic
-math is :mod:`geometry.attribution`; the trajectory analysis is :mod:`probes.analysis.explain`.
+math is :mod:`geometry.estimators.attribution`; the trajectory analysis is :mod:`probes.analysis.explain`.
 """
 from .api import (BLOCK_QUANTITIES, FACTOR_METRICS, Explanation, build_explanation, explain, explain_specs,
                   explanations_frame, row_metrics)

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from torch import nn
 
-from geometry.params import literal_glob
+from geometry.base.params import literal_glob
 from probes.core.modules import ModuleSelectionError, find_blocks
 
 PARTITIONS = ("layer", "kind", "layer_kind", "module", "parameter")
@@ -100,7 +100,7 @@ def block_members(model: nn.Module, names: Sequence[str], partition: str = "laye
 
 
 def glob_groups(members: dict[str, list[str]]) -> dict[str, list[str]]:
-    """``members`` as the mapping of literal globs :meth:`geometry.params.ParamSpace.groups` takes."""
+    """``members`` as the mapping of literal globs :meth:`geometry.base.params.ParamSpace.groups` takes."""
     return {k: [literal_glob(n) for n in v] for k, v in members.items()}
 
 

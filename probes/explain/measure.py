@@ -3,7 +3,7 @@
 :func:`measure_direction` quantizes a copy of the model (:func:`probes.quant.quantize`), takes δ on
 the quantized matrices (the only parameters a weight-only quantizer changes; every other parameter
 is checked to be unchanged) and spends one gradient and one HVP of the LM loss on the curvature set
-w.r.t. those matrices (:func:`geometry.attribution.direction_parts`): per-matrix δᵀg, δᵀHδ, ‖δ‖²,
+w.r.t. those matrices (:func:`geometry.estimators.attribution.direction_parts`): per-matrix δᵀg, δᵀHδ, ‖δ‖²,
 plus the measured L(θ̂) − L(θ) on the same batches. Optionally the within-block curvatures
 δ_bᵀH_bbδ_b for block partitions (one HVP per block). The result holds numbers only (no tensors),
 so sweeps cache it per spec and the ``directional`` and ``explain`` probes share it.
@@ -22,9 +22,9 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
-from geometry.attribution import direction_parts, within_block_curvature
-from geometry.params import literal_glob
-from geometry.results import DirectionParts, TraceEstimate
+from geometry.estimators.attribution import direction_parts, within_block_curvature
+from geometry.base.params import literal_glob
+from geometry.base.results import DirectionParts, TraceEstimate
 from probes.core.lm import evaluate
 from probes.models.curvature import lm_hessian
 from probes.quant import quantize
@@ -157,7 +157,7 @@ def direction_trace(model: nn.Module, names: Sequence[str], curvature, num_matve
                     seed: int = 0, max_memory=None) -> TraceEstimate:
     """tr H of the LM loss on ``curvature`` w.r.t. the parameters ``names`` (the space of δ):
     Hutch++ or Hutchinson with ``num_matvecs`` HVPs (exact when the budget reaches the dimension)."""
-    from geometry.trace import hutchinson_trace, hutchpp_trace
+    from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
 
     if method not in TRACE_METHODS:
         raise ExplainError(f"trace method {method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")

@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from geometry.hessian import HessianOperator
+from geometry.operators.hessian import HessianOperator
 from probes.core.lm import lm_loss
 from probes.core.lm_head import head_transient_bytes, lm_loss_lean
 

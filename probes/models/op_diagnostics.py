@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from geometry.attention import second_order_attention
+from geometry.operators.attention import second_order_attention
 
 
 _OP_PATTERNS = (

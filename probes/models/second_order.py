@@ -12,7 +12,7 @@ check once per architecture (cached), warns with a message naming the op when it
 the other backend, and raises :class:`SecondOrderError` when no backend is trustworthy — never a
 silent wrong number.
 
-Attention: PyTorch's fused SDPA kernels have neither rule; :class:`geometry.hessian.HessianOperator`
+Attention: PyTorch's fused SDPA kernels have neither rule; :class:`geometry.operators.hessian.HessianOperator`
 runs every forward under the SDPA MATH backend. Attention implementations outside ``eager`` and
 ``sdpa`` (flash-attention, flex-attention, hub kernels) are not covered by that context;
 :func:`curvature_safe` switches such a model to ``sdpa`` (MATH under the operator) for the
@@ -28,7 +28,7 @@ warning. No family needs a backend fallback on CPU; the fallbacks are exercised 
 custom ``autograd.Function`` activations (no forward-AD rule → reverse backend with a warning; a
 non-differentiable backward → :class:`SecondOrderError`).
 
-Hooking into sweeps / the CLI: before building a :class:`~geometry.hessian.HessianOperator` for a
+Hooking into sweeps / the CLI: before building a :class:`~geometry.operators.hessian.HessianOperator` for a
 checkpoint, call ``backend = ensure_second_order(model, first_curvature_batch[:2, :16], backend=
 requested)``, build the operator with that backend and run its products inside ``with
 curvature_safe(model):`` (a no-op for eager/sdpa models); the check is
@@ -47,7 +47,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from geometry.hessian import HessianOperator
+from geometry.operators.hessian import HessianOperator
 from probes.core.lm import lm_loss
 from probes.core.numerics import rel_error
 
@@ -170,7 +170,7 @@ def check_second_order(
 
     For ``num_vectors`` seeded unit vectors v (:func:`~probes.models.fd_references.probe_vectors`:
     the second one on the embedding rows of the batch's tokens) it computes H v with the
-    ``"reverse"`` and ``"forward"`` backends of :class:`geometry.hessian.HessianOperator` and two
+    ``"reverse"`` and ``"forward"`` backends of :class:`geometry.operators.hessian.HessianOperator` and two
     references that need no second-order rule: the central difference of gradients
     (g(θ+εv) − g(θ−εv))/2ε, and the second difference of the loss, which estimates vᵀHv from
     forward passes only and so also catches a first-order backward that is not the derivative of

@@ -75,7 +75,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from geometry.modes import module_modes
+from geometry.base.modes import module_modes
 from probes.core.numerics import rel_error
 
 from .errors import QuantizeError

@@ -10,9 +10,9 @@ from typing import Any, Mapping
 
 import torch
 
-from geometry.grid import GridSpec
-from geometry.planes import Plane, plane_through_points
-from geometry.surface import Surface, evaluate_surface
+from geometry.surfaces.grid import GridSpec
+from geometry.surfaces.planes import Plane, plane_through_points
+from geometry.surfaces.surface import Surface, evaluate_surface
 from probes.core.lm import lm_loss
 
 from .api import quantize
@@ -26,7 +26,7 @@ def quantization_plane(loader, ref, previous, spec: str, calibration=None) -> tu
     """The plane through ``ref`` (A), ``previous`` (B) and ``ref`` quantized with ``spec`` (C).
 
     Returns the plane and the loader's model holding A's weights (ready for
-    :func:`geometry.surface.evaluate_surface`). Cost: two checkpoint loads and one quantization.
+    :func:`geometry.surfaces.surface.evaluate_surface`). Cost: two checkpoint loads and one quantization.
     Memory: at the peak the model, copies of A and B, the quantized copy C and the plane's two
     directions (6 model-size sets of tensors; A's copy becomes the plane's origin).
     """

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from geometry.modes import module_modes
+from geometry.base.modes import module_modes
 from probes.core.modules import ModuleSelectionError, find_blocks
 
 from .errors import CalibrationError

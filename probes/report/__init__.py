@@ -4,7 +4,7 @@
   error, curvature, sharpness vs quantization error), and :func:`~.figures.synthetic_results`;
 - :mod:`.flags`           -- values whose estimator did not converge: open red markers, the report's table;
 - :mod:`.surface_figures` -- :func:`~.surface_figures.surface_figure` and the profiles of a
-  :class:`geometry.surface.Surface` / :class:`~geometry.surface.Profile`;
+  :class:`geometry.surfaces.surface.Surface` / :class:`~geometry.surfaces.surface.Profile`;
 - :mod:`.pages`           -- :func:`~.pages.build_report` (one offline HTML file per sweep),
   :func:`~.pages.surface_page`, :func:`~.pages.export_png`, :func:`~.pages.load_store`.
 """

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from geometry.surface import Surface
+from geometry.surfaces.surface import Surface
 from probes.sweep.store import Store
 
 from probes.quant.awq import HELD_OUT_NOTE
@@ -213,7 +213,7 @@ def build_report(
     out_path : the ``.html`` file to write (parent folders are created).
     correlations : the :func:`probes.analysis.summary` DataFrame, or ``{name: Correlation|dict}``.
     phases : a :class:`probes.analysis.Phases`, ``{run: Phases}``, or ``[{"name", "step", "lr"}]``.
-    surfaces : ``{label: Surface}`` or a list of :class:`geometry.surface.Surface`.
+    surfaces : ``{label: Surface}`` or a list of :class:`geometry.surfaces.surface.Surface`.
     plan : the sweep plan (a ``Plan`` or a dict), shown as JSON.
     versions : software versions to print; default :func:`versions` of this process.
     explanation : :func:`probes.analysis.explain.science_check` of ``df``; computed here when ``df``
@@ -316,7 +316,7 @@ def build_report(
 
 def surface_page(surface, out_path: str | os.PathLike, title: str = "losslens surface", log: bool = False,
                  extra: Mapping[str, Any] | None = None, profiles: bool = True) -> Path:
-    """A self-contained HTML page for one :class:`geometry.surface.Surface`: the 3D surface +
+    """A self-contained HTML page for one :class:`geometry.surfaces.surface.Surface`: the 3D surface +
     contour, 1-D profiles along e₁ (through A and B) and e₂, the marked points and the plane's norms."""
     import plotly
     from plotly.offline import get_plotlyjs

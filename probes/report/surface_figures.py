@@ -1,8 +1,8 @@
-"""Figures of loss surfaces and lines (:class:`geometry.surface.Surface`, :class:`~geometry.surface.Profile`).
+"""Figures of loss surfaces and lines (:class:`geometry.surfaces.surface.Surface`, :class:`~geometry.surfaces.surface.Profile`).
 
 Drawn from the results only (nothing is re-evaluated): :func:`surface_figure` is the 3-D surface
 next to its contour map with the marked points (A, B, C ...); :func:`surface_profile_figure` one
-row or column of a surface; :func:`profile_figure` a :class:`~geometry.surface.Profile` (a line).
+row or column of a surface; :func:`profile_figure` a :class:`~geometry.surfaces.surface.Profile` (a line).
 Non-finite losses are holes, never interpolated.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Mapping
 
 import numpy as np
 
-from geometry.surface import Profile, Surface, SurfaceError
+from geometry.surfaces.surface import Profile, Surface, SurfaceError
 
 __all__ = ["surface_figure", "surface_profile_figure", "profile_figure"]
 
@@ -76,7 +76,7 @@ def surface_profile_figure(surface: Surface, along: str = "x", at: float = 0.0, 
     """1-D Plotly profile of the grid: loss along x at the row nearest y=``at`` (or along y).
 
     Marked points lying on that row/column (within half a grid step) are drawn as markers.
-    Raises :class:`~geometry.surface.SurfaceError` for an ``along`` other than "x" or "y".
+    Raises :class:`~geometry.surfaces.surface.SurfaceError` for an ``along`` other than "x" or "y".
     """
     s = surface
     if along not in ("x", "y"):
@@ -97,7 +97,7 @@ def surface_profile_figure(surface: Surface, along: str = "x", at: float = 0.0, 
 
 
 def profile_figure(profile: Profile, log: bool = False, title: str | None = None):
-    """Plotly figure of a :class:`~geometry.surface.Profile`: loss along the line with its marked points."""
+    """Plotly figure of a :class:`~geometry.surfaces.surface.Profile`: loss along the line with its marked points."""
     return _line_figure(profile.x, profile.loss, profile.points, "x (e1)", log, title or "loss along the line")
 
 

@@ -68,12 +68,12 @@ def resolve_workers(num_workers: int | None, n_checkpoints: int, device=None, nu
 
 def check_memory(n: int, refs, dtype=None, device=None, explicit: bool = True) -> tuple[int, str | None]:
     """``(workers, note)``: ``n`` when N copies of the model fit the available memory
-    (:func:`geometry.memory.available_bytes` of the device, host RAM on CPU); otherwise raise
+    (:func:`geometry.memory.model.available_bytes` of the device, host RAM on CPU); otherwise raise
     :class:`WorkerError` when ``explicit``, or lower n to what fits (note says so). Checked on the
     first checkpoint whose size can be read from its files' headers (hub checkpoints: unchecked)."""
     if n <= 1:
         return n, None
-    from geometry.memory import available_bytes, format_bytes as gb
+    from geometry.memory.model import available_bytes, format_bytes as gb
     from probes.checkpoints.files import weights_bytes
 
     size = next((b for b in (weights_bytes(r, dtype) for r in refs[:3]) if b), None)

@@ -134,7 +134,7 @@ class Plan:
     one derived LAWA checkpoint of the last k checkpoints each), ``checkpoints`` (labels to keep;
     default all), ``seed`` (estimator seed), ``data`` (:class:`DataSpec`), ``explain``
     (:class:`ExplainProbe`, or a list of specs: attribution of ΔL by factor and block), ``max_memory``
-    (bytes or ``"8GB"`` each curvature estimator may allocate beyond the model; None: geometry.memory's
+    (bytes or ``"8GB"`` each curvature estimator may allocate beyond the model; None: geometry.memory.model's
     default).
     """
 
@@ -209,7 +209,7 @@ class Plan:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise PlanError(f"seed must be an integer, got {self.seed!r}")
         if self.max_memory is not None:
-            from geometry.memory import MemoryBudgetError, parse_bytes
+            from geometry.memory.model import MemoryBudgetError, parse_bytes
 
             try:
                 parse_bytes(self.max_memory)

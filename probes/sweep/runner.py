@@ -10,7 +10,7 @@ Per checkpoint, shared between probes:
 
 * the FP loss on the eval set is computed once (by the ``loss`` probe or the first ``quant``
   probe) and reused as ``fp_loss`` for every quantizer spec;
-* one :class:`geometry.hessian.HessianOperator` of :func:`probes.core.lm.lm_loss` on the curvature set,
+* one :class:`geometry.operators.hessian.HessianOperator` of :func:`probes.core.lm.lm_loss` on the curvature set,
   w.r.t. ``plan.curvature_params``, serves trace, eigen and block_trace.
 
 Metrics per probe (docs/science.md §2, §4, §6):
@@ -160,7 +160,7 @@ def _explain(st: CheckpointState, task: Task) -> ProbeRow:
 
 
 def _trace(st: CheckpointState, task: Task) -> ProbeRow:
-    from geometry.trace import hutchinson_trace, hutchpp_trace
+    from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
 
     o = task.opts
     op = st.hessian()
@@ -177,7 +177,7 @@ def _trace(st: CheckpointState, task: Task) -> ProbeRow:
 
 
 def _eigen(st: CheckpointState, task: Task) -> ProbeRow:
-    from geometry.eigen import top_eigenvalues
+    from geometry.estimators.eigen import top_eigenvalues
 
     o = task.opts
     res = top_eigenvalues(st.hessian(), k=o["k"], method=o["method"], tol=o["tol"], max_iter=o["max_iter"], seed=o["seed"])
@@ -198,7 +198,7 @@ def _block_groups(model: torch.nn.Module, groups):
 
 
 def _block_trace(st: CheckpointState, task: Task) -> ProbeRow:
-    from geometry.trace import block_traces
+    from geometry.estimators.trace import block_traces
 
     o = task.opts
     groups = o["groups"]
@@ -232,7 +232,7 @@ def st_label(st: CheckpointState) -> str:
 
 def _escape_glob(name: str) -> str:
     """A literal name as an fnmatch glob (brackets escaped)."""
-    from geometry.params import literal_glob
+    from geometry.base.params import literal_glob
 
     return literal_glob(name)
 

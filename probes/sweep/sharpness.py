@@ -37,7 +37,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     TokenSet file for the curvature set (default: built). ``num_threads``: torch threads for the
     estimators (None: torch's default). ``allow_pickle``: load torch files that need full pickle.
     ``max_memory``: bytes or ``"8GB"`` each estimator may allocate beyond the model (default: a
-    third of the free RAM, 80% of the free GPU memory; :mod:`geometry.memory`); what each chose
+    third of the free RAM, 80% of the free GPU memory; :mod:`geometry.memory.model`); what each chose
     (sketch size, block, basis, graph cache) is returned under ``memory``. ``dtype``: ``float32``
     (default), ``bfloat16``, ``float16`` or ``float64`` to load the weights in; products run in it,
     estimator algebra in float32 at least. Bad options raise :class:`SharpnessError` before
@@ -50,7 +50,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     if dtype is not None and dtype not in _DTYPES:
         raise SharpnessError(f"dtype {dtype!r} is unknown; valid: {', '.join(_DTYPES)}")
     if max_memory is not None:
-        from geometry.memory import MemoryBudgetError, parse_bytes
+        from geometry.memory.model import MemoryBudgetError, parse_bytes
 
         try:
             parse_bytes(max_memory)
@@ -80,11 +80,11 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
         raise SharpnessError(f"cannot load {ref.label!r}: {exc}") from exc
     model.requires_grad_(True)
     model.eval()
-    from geometry.eigen import estimate_memory as eigen_memory
-    from geometry.eigen import top_eigenvalues
-    from geometry.memory import MemoryBudgetError
-    from geometry.trace import estimate_memory as trace_memory
-    from geometry.trace import hutchinson_trace, hutchpp_trace
+    from geometry.estimators.eigen import estimate_memory as eigen_memory
+    from geometry.estimators.eigen import top_eigenvalues
+    from geometry.memory.model import MemoryBudgetError
+    from geometry.estimators.trace import estimate_memory as trace_memory
+    from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
     from probes.core.threads import torch_threads
     from probes.models.curvature import lm_hessian
 

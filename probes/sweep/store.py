@@ -46,7 +46,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from geometry.jsonable import jsonable
+from geometry.base.jsonable import jsonable
 
 from .plan import PROBES, Plan, Task
 from .rows import ProbeRow, _f, metric, row_converged

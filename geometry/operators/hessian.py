@@ -30,13 +30,13 @@ compute the products themselves in float32, load the model in float32.
 
 Memory: :meth:`pass_bytes` predicts the peak of one product of k vectors beyond the vectors
 themselves, from the double-backward graph of the largest batch measured once (saved-tensor
-hooks on one row of each batch shape): see :mod:`geometry.memory` and benchmarks/README.md
+hooks on one row of each batch shape): see :mod:`geometry.memory.model` and benchmarks/README.md
 ("Scale") for the check against measured peaks.
 
 Conventions, side effects and guarantees of every call:
 
-- attention runs under :func:`geometry.attention.second_order_attention` (SDPA MATH backend), and
-  embeddings' ``padding_idx`` is cleared (:func:`geometry.derivatives.true_derivatives`), so the
+- attention runs under :func:`geometry.operators.attention.second_order_attention` (SDPA MATH backend), and
+  embeddings' ``padding_idx`` is cleared (:func:`geometry.operators.derivatives.true_derivatives`), so the
   products are those of the loss the forward computes;
 - the model is put in **eval mode** for the call, and every submodule's previous mode is restored;
 - ``.grad`` of every parameter is left as it was: products use ``torch.autograd.grad``;
@@ -45,7 +45,7 @@ Conventions, side effects and guarantees of every call:
   only); ``requires_grad`` flags and parameter values are restored;
 - a selected parameter whose gradient has no autograd graph (a zero Hessian row) is checked once
   with a finite difference of gradients: a loss linear in it passes, a non-differentiable backward
-  on its path raises :class:`~geometry.operator.OperatorError` instead of a silent zero row;
+  on its path raises :class:`~geometry.operators.interface.OperatorError` instead of a silent zero row;
 - grad mode is switched on internally, so calls work inside ``torch.no_grad()``.
 """
 from __future__ import annotations
@@ -59,12 +59,12 @@ from torch import nn
 
 from ._forward import forward_over_reverse
 from .attention import second_order_attention
-from .batches import normalise_batch_weights
+from ..base.batches import normalise_batch_weights
 from .derivatives import check_dead_rows, true_derivatives
-from .graph_memory import itemsize, one_row, pass_bytes, saved_graph_bytes
-from .modes import module_modes
-from .operator import CurvatureOperator, OperatorError, estimator_dtype, is_finite
-from .params import ParamGlobs, ParamSpace, select_parameters
+from ..memory.graphs import itemsize, one_row, pass_bytes, saved_graph_bytes
+from ..base.modes import module_modes
+from .interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
+from ..base.params import ParamGlobs, ParamSpace, select_parameters
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 Backend = Literal["reverse", "forward"]
@@ -93,9 +93,9 @@ class HessianOperator(CurvatureOperator):
             :func:`probes.core.lm.lm_loss`.
         batches: non-empty sequence of batches (anything ``loss_fn`` accepts).
         params: ``None`` (every parameter with ``requires_grad``), a glob or a list of globs over
-            parameter names (:func:`geometry.params.select_parameters`).
+            parameter names (:func:`geometry.base.params.select_parameters`).
         weights: one non-negative weight per batch, normalised to sum 1; default
-            :func:`~geometry.batches.default_batch_weight` (the batch size, i.e. an example-weighted mean).
+            :func:`~geometry.base.batches.default_batch_weight` (the batch size, i.e. an example-weighted mean).
         backend: ``"reverse"`` (default) or ``"forward"`` (see the module docstring).
         chunk_size: most vectors per pass. ``None``: :data:`DEFAULT_CHUNK` for vmapped passes
             (memory grows linearly in the chunk); sequential reverse passes take one at a time anyway.
@@ -107,7 +107,7 @@ class HessianOperator(CurvatureOperator):
             parameters change or :meth:`release_graphs`). Estimators switch it on themselves when
             it fits their memory budget (:meth:`configured`).
         max_memory: default memory budget of the estimators run on this operator (bytes or
-            ``"8GB"``; None: :func:`geometry.memory.default_budget` at each estimator call).
+            ``"8GB"``; None: :func:`geometry.memory.model.default_budget` at each estimator call).
         loss_transient_bytes: bytes ``loss_fn`` allocates for a moment beyond what autograd saves,
             whatever the batch size (e.g. the chunk temporaries of the lean LM head,
             :func:`probes.core.lm_head.head_transient_bytes`); added to every pass of the memory model.
@@ -249,7 +249,7 @@ class HessianOperator(CurvatureOperator):
     def graph_bytes(self, index: int) -> int:
         """Bytes of batch ``index``'s double-backward graph: the tensors autograd saves for the
         forward and the ``create_graph`` backward, plus the first-order gradients. Measured once per
-        batch shape on a one-row copy (:mod:`geometry.graph_memory`; cost: one small gradient)."""
+        batch shape on a one-row copy (:mod:`geometry.memory.graphs`; cost: one small gradient)."""
         rows, sliced, key = one_row(self.batches[index])
         if key not in self._graph_bytes:
             def build():
@@ -262,7 +262,7 @@ class HessianOperator(CurvatureOperator):
 
     def pass_bytes(self, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         """Predicted peak bytes of one :meth:`matmat_flat` of ``k`` vectors beyond its input and
-        output ``[k, dim]`` tensors (:func:`geometry.graph_memory.pass_bytes`), with graphs kept
+        output ``[k, dim]`` tensors (:func:`geometry.memory.graphs.pass_bytes`), with graphs kept
         between calls when ``cached`` (default: :attr:`cache_graphs`)."""
         graphs = [self.graph_bytes(i) for i in range(len(self.batches))]
         grad = self.dim * itemsize(self.param_dtype)

@@ -12,10 +12,10 @@ from typing import Mapping
 import torch
 
 from ._checks import check_op, flat_direction
-from ._linalg import rowdot
-from .memory import TEMPORARIES_PART, MemoryEstimate, first_fitting, resolve_budget, temporaries_bytes, vector_bytes
-from .operator import CurvatureOperator
-from .results import DirectionalCurvature, EstimatorError
+from ..base._linalg import rowdot
+from ..memory.model import TEMPORARIES_PART, MemoryEstimate, first_fitting, resolve_budget, temporaries_bytes, vector_bytes
+from ..operators.interface import CurvatureOperator
+from ..base.results import DirectionalCurvature, EstimatorError
 
 __all__ = ["directional_curvature", "estimate_memory"]
 
@@ -40,7 +40,7 @@ def directional_curvature(
 
     Args:
         op: a curvature operator with a ``gradient() -> (loss, flat grad [dim])`` method, e.g.
-            :class:`~geometry.hessian.HessianOperator`.
+            :class:`~geometry.operators.hessian.HessianOperator`.
         direction: d as a dict ``{name: tensor of the parameter's shape}`` with exactly the keys of
             ``op.space`` (e.g. ``{n: q[n] - p[n]}`` for a quantized copy), or a flat ``[dim]``
             tensor in the space's order. Cast to the operator's dtype and device; not scaled.

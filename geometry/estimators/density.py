@@ -19,11 +19,11 @@ import torch
 
 from ._checks import check_int, check_op
 from ._lanczos import lanczos, ritz
-from ._linalg import RowBasis
-from .memory import (Candidate, MemoryEstimate, basis_storage, choose, default_budget, pass_options, resolve_budget,
+from ..base._linalg import RowBasis
+from ..memory.model import (Candidate, MemoryEstimate, basis_storage, choose, default_budget, pass_options, resolve_budget,
                      TEMPORARIES_PART, temporaries_bytes, vector_bytes, with_basis)
-from .operator import CurvatureOperator
-from .results import EstimatorError, SpectralDensity
+from ..operators.interface import CurvatureOperator
+from ..base.results import EstimatorError, SpectralDensity
 from .trace import rademacher
 
 __all__ = ["spectral_density", "estimate_memory"]
@@ -37,7 +37,7 @@ def estimate_memory(op: CurvatureOperator, num_runs: int = 4, num_steps: int = 4
     """The memory plan :func:`spectral_density` would run with: how many runs go in lock-step and
     whether they keep their bases (``reorth="full"``) or not (``"none"``). Full
     re-orthogonalisation is preferred; ``"auto"`` falls back to ``"none"`` only when not even one
-    run's basis fits. Raises :class:`~geometry.memory.MemoryBudgetError` when nothing fits."""
+    run's basis fits. Raises :class:`~geometry.memory.model.MemoryBudgetError` when nothing fits."""
     if reorth not in ("auto", "full", "none"):
         raise EstimatorError(f"reorth must be 'auto', 'full' or 'none', got {reorth!r}")
     budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
@@ -95,9 +95,9 @@ def spectral_density(
             PyHessian's kernel width (its "sigma_squared" = 1e-5 · max(1, span)) unless that is
             narrower than the grid can resolve. The grid spans [min node − 4σ, max node + 4σ].
         max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
-            :func:`geometry.memory.default_budget`).
+            :func:`geometry.memory.model.default_budget`).
         reorth: ``"full"`` (each run keeps its Lanczos basis; as PyHessian), ``"none"`` (three-term
-            recurrence, 3 vectors per run; see :mod:`geometry._lanczos` for its accuracy cost) or
+            recurrence, 3 vectors per run; see :mod:`geometry.estimators._lanczos` for its accuracy cost) or
             ``"auto"`` (full when at least one run's basis fits, with as many runs in lock-step as
             fit, else none).
         basis_device, basis_dtype: keep the bases in host RAM (operator on a GPU) or in a lower

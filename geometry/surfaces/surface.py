@@ -4,7 +4,7 @@
 point and evaluates ``loss_fn`` over a fixed set of batches. The model is never copied: the moved
 tensors are written in place (``t.copy_(origin).add_(e1, alpha=x).add_(e2, alpha=y)``) and the
 original tensors -- cloned once before the first point -- are copied back at the end (also on
-error or Ctrl-C), so the model is restored bit-exactly (the machinery: :mod:`geometry.moving`).
+error or Ctrl-C), so the model is restored bit-exactly (the machinery: :mod:`geometry.surfaces.moving`).
 :class:`Surface` and :class:`Profile` are plain data; their figures are drawn in
 :mod:`probes.report.surface_figures`.
 
@@ -49,12 +49,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from .batches import normalise_batch_weights
-from .graph_memory import peak_new_bytes
+from ..base.batches import normalise_batch_weights
+from ..memory.graphs import peak_new_bytes
 from .grid import GridSpec
-from .modes import module_modes
+from ..base.modes import module_modes
 from .moving import LossFn, PlaneMover, SurfaceError, concat_batches, estimate_memory, evaluate_point, evaluate_stacked
-from .params import ParamGlobs
+from ..base.params import ParamGlobs
 from .planes import Line, Plane
 
 
@@ -259,18 +259,18 @@ def evaluate_surface(
         always evaluated batch by batch, exactly as a direct evaluation would.
 
     max_memory : bytes (or ``"8GB"``) the evaluation may allocate beyond the model and the plane
-        (:func:`geometry.moving.estimate_memory`: one copy of the moved tensors, more when the plane's
+        (:func:`geometry.surfaces.moving.estimate_memory`: one copy of the moved tensors, more when the plane's
         dtype/device differ or several points are vmapped, checked before any forward; then the
         peak of the forwards of one grid evaluation, measured on the first and checked before the rest).
 
     Returns a :class:`Surface`. Cost: (nx·ny + #points) × len(batches) forward passes. The model is
     in eval mode during the call (every module's own mode is restored after,
-    :func:`geometry.modes.module_modes`). Autograd is off.
+    :func:`geometry.base.modes.module_modes`). Autograd is off.
     """
     if isinstance(plane, Line):
         plane = plane.as_plane()
     if not isinstance(plane, Plane):
-        raise SurfaceError(f"plane must be a geometry.planes.Plane or Line, got {type(plane).__name__}")
+        raise SurfaceError(f"plane must be a geometry.surfaces.planes.Plane or Line, got {type(plane).__name__}")
     batches = list(batches)
     if not batches:
         raise SurfaceError("no batches: the loss needs at least one batch")

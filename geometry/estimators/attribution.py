@@ -2,7 +2,7 @@
 
 For a step d (e.g. quantization, d = θ̂ − θ) the second-order model of the loss change is
 ΔL ≈ gᵀd + ½ dᵀHd (docs/science.md §4). This module explains it two ways, from the one gradient and the
-one HVP that :func:`geometry.directional.directional_curvature` spends:
+one HVP that :func:`geometry.estimators.directional.directional_curvature` spends:
 
 * **by factor** (:func:`factorise`): with n = dim,
   ``½ dᵀHd = ½ · ‖d‖² · (tr H / n) · κ``, ``κ = (dᵀHd / ‖d‖²) / (tr H / n)``.
@@ -27,11 +27,11 @@ from typing import Mapping, Sequence
 import torch
 
 from ._checks import check_int, check_op, flat_direction
-from ._linalg import rowdot
+from ..base._linalg import rowdot
 from .directional import estimate_memory as _direction_memory
-from .operator import CurvatureOperator
-from .params import ParamGlobs
-from .results import Attribution, DirectionParts, EstimatorError, QuadraticFactors, TraceEstimate
+from ..operators.interface import CurvatureOperator
+from ..base.params import ParamGlobs
+from ..base.results import Attribution, DirectionParts, EstimatorError, QuadraticFactors, TraceEstimate
 from .trace import hutchpp_trace, plan_probe_blocks
 
 __all__ = ["factorise", "direction_parts", "group_parts", "within_block_curvature", "attribute", "assemble"]
@@ -101,10 +101,10 @@ def direction_parts(op: CurvatureOperator, direction: Mapping[str, torch.Tensor]
 
     Args:
         op: an operator with ``gradient() -> (loss, flat grad [dim])`` and a parameter space
-            (e.g. :class:`~geometry.hessian.HessianOperator`); one without a space counts as one
+            (e.g. :class:`~geometry.operators.hessian.HessianOperator`); one without a space counts as one
             parameter named ``"all"``.
         direction: d as a dict (the keys of ``op.space``) or a flat ``[dim]`` tensor.
-        max_memory: as :func:`geometry.directional.directional_curvature` (same memory: three
+        max_memory: as :func:`geometry.estimators.directional.directional_curvature` (same memory: three
             full-dim vectors plus one operator pass).
 
     Returns:
@@ -222,7 +222,7 @@ def attribute(op: CurvatureOperator, direction: Mapping[str, torch.Tensor] | tor
         direction: d as a dict (keys of ``op.space``) or a flat ``[dim]`` tensor.
         groups: the blocks, as :meth:`ParamSpace.groups` accepts (default one per module).
         trace: tr H of ``op``'s space (a :class:`TraceEstimate` or an exact float) to reuse; None
-            estimates it here with :func:`~geometry.trace.hutchpp_trace` (``trace_matvecs`` HVPs, ``seed``).
+            estimates it here with :func:`~geometry.estimators.trace.hutchpp_trace` (``trace_matvecs`` HVPs, ``seed``).
         within: also compute ``d_bᵀ H_bb d_b`` per block (one more HVP per block).
         actual: the measured L(θ + d) − L(θ) on the operator's data (for the remainder).
         max_memory: bytes (or ``"8GB"``) for each step (see the module docstring).

@@ -6,7 +6,7 @@ Every estimator in losslens states its peak memory as a formula and checks it be
          + state   (the full-dim vectors the estimator holds, n · dim · bytes(dtype))
          + pass    (one operator product on k vectors: the double-backward graph of one batch,
                     or of every batch when graphs are kept between calls, plus the transient
-                    of the second backward; see :meth:`geometry.hessian.HessianOperator.pass_bytes`)
+                    of the second backward; see :meth:`geometry.operators.hessian.HessianOperator.pass_bytes`)
 
 ``max_memory`` is the number of bytes an estimator may add on top of what is resident. It is an
 int (bytes), a string such as ``"8GB"``/``"512MiB"``, or None for :func:`default_budget`: a safe
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from ._linalg import CHUNK
-from .results import EstimatorError
+from ..base._linalg import CHUNK
+from ..base.results import EstimatorError
 
 __all__ = [
     "MemoryBudgetError", "MemoryEstimate", "available_bytes", "default_budget", "parse_bytes", "resolve_budget",
@@ -145,7 +145,7 @@ def resolve_budget(max_memory: Any, device: torch.device | str) -> int:
 
 
 #: float64 chunk temporaries alive at once in the chunked reductions and orthonormalisations of
-#: geometry._linalg (``CHUNK`` numbers each), measured with graph_memory.peak_new_bytes on diagonal
+#: geometry.base._linalg (``CHUNK`` numbers each), measured with graph_memory.peak_new_bytes on diagonal
 #: operators (tests/test_memory_budget.py): 3 in the traces, power iteration and directional
 #: curvature, 5 in Lanczos and SLQ (the Gram-Schmidt passes against a basis).
 CHUNK_TEMPORARIES = 3

@@ -1,7 +1,7 @@
 """Result records of the curvature estimators: small frozen dataclasses, plain data.
 
-Every estimator in :mod:`geometry.trace`, :mod:`geometry.eigen`, :mod:`geometry.density` and
-:mod:`geometry.directional` returns one of these instead of a bare float. Each carries the
+Every estimator in :mod:`geometry.estimators.trace`, :mod:`geometry.estimators.eigen`, :mod:`geometry.estimators.density` and
+:mod:`geometry.estimators.directional` returns one of these instead of a bare float. Each carries the
 value(s), error bars where the method has them, ``num_matvecs`` (Hessian-vector products actually
 spent, read from the operator's counter), ``seconds`` (wall time of the call) and ``seed``.
 ``to_dict()`` gives JSON-ready builtins (floats, ints, bools, strings, lists, dicts); arrays and
@@ -58,7 +58,7 @@ class TraceEstimate(_ToDict):
             without ``tol`` (nothing to reach) and for Hutch++: ``True``.
         num_samples: number of Rademacher samples behind ``stderr`` (Hutch++: the residual part).
         dim: dimension of the operator.
-        memory: the memory plan it ran with (:meth:`geometry.memory.MemoryEstimate.to_dict`:
+        memory: the memory plan it ran with (:meth:`geometry.memory.model.MemoryEstimate.to_dict`:
             predicted bytes, budget, and the settings chosen: block size, Hutch++ sketch size, ...).
     """
 
@@ -91,7 +91,7 @@ class EigenResult(_ToDict):
         values: k eigenvalue estimates sorted by magnitude, largest first, sign kept.
         residuals: ``‖H v_i − λ_i v_i‖`` for the unit eigenvector estimate v_i (same units as λ).
         converged: per value, whether the method's stopping criterion was met (see
-            :func:`geometry.eigen.top_eigenvalues`).
+            :func:`geometry.estimators.eigen.top_eigenvalues`).
         num_matvecs, seconds, seed: cost, wall time, seed of the random start.
         method: ``"lanczos"`` or ``"power"``.
         iterations: Lanczos steps taken, or power iterations summed over the k values.
@@ -306,7 +306,7 @@ class DirectionParts(_ToDict):
         gTd, dHd, norm2: per-parameter parts (tuples aligned with ``names``).
         loss: L(θ) on the operator's data.
         num_matvecs, num_gradients, seconds: cost (1 HVP, 1 gradient) and wall time.
-        memory: the memory plan (as :func:`geometry.directional.estimate_memory`).
+        memory: the memory plan (as :func:`geometry.estimators.directional.estimate_memory`).
     """
 
     names: tuple[str, ...]

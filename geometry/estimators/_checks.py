@@ -6,12 +6,12 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from .operator import CurvatureOperator, is_finite
-from .results import EstimatorError
+from ..operators.interface import CurvatureOperator, is_finite
+from ..base.results import EstimatorError
 
 
 def check_op(op) -> None:
-    """Raise unless ``op`` is a :class:`~geometry.operator.CurvatureOperator`."""
+    """Raise unless ``op`` is a :class:`~geometry.operators.interface.CurvatureOperator`."""
     if not isinstance(op, CurvatureOperator):
         raise EstimatorError(f"op must be a CurvatureOperator (e.g. HessianOperator, DenseOperator), got {type(op).__name__}")
 

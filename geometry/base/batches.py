@@ -1,5 +1,5 @@
-"""Batch weights: how a loss over several batches is averaged (by :class:`~geometry.hessian.HessianOperator`
-and :func:`~geometry.surface.evaluate_surface` alike).
+"""Batch weights: how a loss over several batches is averaged (by :class:`~geometry.operators.hessian.HessianOperator`
+and :func:`~geometry.surfaces.surface.evaluate_surface` alike).
 
 The mean loss over batches b_1..b_n is Σ_i w_i L(b_i) with weights normalised to sum 1; by default
 w_i is the batch size (an example-weighted mean, equal to the token-weighted mean for equal-shaped

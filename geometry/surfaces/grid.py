@@ -1,7 +1,7 @@
 """The grid of plane coordinates a surface is evaluated on (docs/science.md §5).
 
-:class:`GridSpec` covers every marked point of a :class:`~geometry.planes.Plane` (or
-:class:`~geometry.planes.Line`) with a margin, or explicit ranges; :meth:`GridSpec.axes` gives the
+:class:`GridSpec` covers every marked point of a :class:`~geometry.surfaces.planes.Plane` (or
+:class:`~geometry.surfaces.planes.Line`) with a margin, or explicit ranges; :meth:`GridSpec.axes` gives the
 float64 x and y axes.
 """
 from __future__ import annotations

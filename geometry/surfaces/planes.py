@@ -25,8 +25,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from .jsonable import jsonable
-from .memory import MemoryEstimate, first_fitting, resolve_budget
+from ..base.jsonable import jsonable
+from ..memory.model import MemoryEstimate, first_fitting, resolve_budget
 
 Params = Mapping[str, torch.Tensor]
 
@@ -201,8 +201,8 @@ def estimate_memory(A: Params, max_memory=None, kind: str = "points") -> MemoryE
     """Memory of building a plane (``kind`` ``"points"``/``"random"``) or line (``"line"``) from
     points like ``A``: the result holds the origin and one direction per axis in A's dtypes
     (3 model-size dicts for a plane, 2 for a line); temporaries are float64 copies of one tensor at
-    a time (three of the largest). Raises :class:`~geometry.memory.MemoryBudgetError` when over
-    ``max_memory`` (default: :func:`geometry.memory.default_budget` of A's device)."""
+    a time (three of the largest). Raises :class:`~geometry.memory.model.MemoryBudgetError` when over
+    ``max_memory`` (default: :func:`geometry.memory.model.default_budget` of A's device)."""
     keys = [k for k, t in A.items() if torch.is_floating_point(t)]
     if not keys:
         raise PlaneError("the point has no floating-point parameters")
@@ -284,7 +284,7 @@ def plane_through_points(
                 f"degenerate plane: {lb!r} equals {la!r} (‖{lb}−{la}‖ = {nu:.3g}, ‖{la}‖ = {norm_a:.3g})"
                 + (f" and {lc!r} equals {la!r} too" if c_eq_a else "")
                 + "; the three points do not span a plane. Pass fallback='random' to use a random second "
-                "direction, or use geometry.planes.line for a 1-D slice."
+                "direction, or use geometry.surfaces.planes.line for a 1-D slice."
             )
         def e1_64(k):
             return v(k) / nv
@@ -303,7 +303,7 @@ def plane_through_points(
                 raise PlaneError(
                     f"degenerate plane: {what} (distance from the line {nw:.3g}, ‖{lc}−{la}‖ = {nv:.3g}); "
                     "the three points do not span a plane. Pass fallback='random' to use a random second "
-                    "direction, or use geometry.planes.line for a 1-D slice."
+                    "direction, or use geometry.surfaces.planes.line for a 1-D slice."
                 )
             e2 = _random_orthogonal(A, keys, e1, seed)
             kind = "points+random"

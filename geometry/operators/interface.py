@@ -1,8 +1,8 @@
 """The interface every curvature estimator consumes: a symmetric linear operator on flat vectors.
 
 Estimators (trace, eigenvalues, density, ...) only need ``matmat`` on flat ``[k, dim]`` blocks plus
-a few attributes, so they run unchanged on the exact :class:`~geometry.dense.DenseOperator` (tests,
-tiny problems) and on the Hessian-vector-product :class:`~geometry.hessian.HessianOperator`.
+a few attributes, so they run unchanged on the exact :class:`~geometry.operators.dense.DenseOperator` (tests,
+tiny problems) and on the Hessian-vector-product :class:`~geometry.operators.hessian.HessianOperator`.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .params import ParamSpace
+from ..base.params import ParamSpace
 
 
 class OperatorError(ValueError):
@@ -44,7 +44,7 @@ class CurvatureOperator(abc.ABC):
 
     space: ParamSpace | None = None
     num_matvecs: int = 0
-    #: default memory budget of estimators on this operator (None: geometry.memory.default_budget)
+    #: default memory budget of estimators on this operator (None: geometry.memory.model.default_budget)
     max_memory: int | str | None = None
 
     @property

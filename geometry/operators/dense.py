@@ -12,8 +12,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from .operator import CurvatureOperator
-from .params import ParamGlobs, ParamSpace, select_parameters
+from .interface import CurvatureOperator
+from ..base.params import ParamGlobs, ParamSpace, select_parameters
 
 
 class DenseOperator(CurvatureOperator):
@@ -54,7 +54,7 @@ def exact_hessian(
     Weights default to 1 per batch (plain mean) unless given. Cost: one gradient plus ``dim``
     second backwards per batch. Returns the matrix and the :class:`ParamSpace` fixing its order.
     Attention runs under the MATH SDPA backend so every op has a double-backward rule, and
-    embeddings' ``padding_idx`` is cleared (:func:`geometry.derivatives.true_derivatives`) so the
+    embeddings' ``padding_idx`` is cleared (:func:`geometry.operators.derivatives.true_derivatives`) so the
     rows are those of the loss's Hessian (a padding row's zeroed gradient would make it P·H).
     """
     from .attention import second_order_attention

@@ -1,6 +1,6 @@
 """The forward-over-reverse Hessian-vector product: ``torch.func.jvp`` of ``torch.func.grad``.
 
-Used by :class:`geometry.hessian.HessianOperator` with ``backend="forward"``: the loss is written
+Used by :class:`geometry.operators.hessian.HessianOperator` with ``backend="forward"``: the loss is written
 as a function of the selected parameters with :func:`torch.func.functional_call` (the other
 parameters and buffers enter as constants), and the jvp of its gradient is vmapped over the k
 tangents, a chunk at a time.
@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .operator import OperatorError
+from .interface import OperatorError
 
 
 class _LossModule(nn.Module):

@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from .operator import OperatorError
+from .interface import OperatorError
 
 __all__ = ["true_derivatives", "padding_modules", "check_dead_rows"]
 
@@ -47,7 +47,7 @@ def true_derivatives(model: nn.Module) -> Iterator[None]:
 
 
 def check_dead_rows(loss: Callable[[], torch.Tensor], params: dict[str, torch.Tensor], dead: list[int]) -> None:
-    """Raise :class:`~geometry.operator.OperatorError` when the gradient changes as the tensors
+    """Raise :class:`~geometry.operators.interface.OperatorError` when the gradient changes as the tensors
     ``dead`` (indices into ``params``) move, although their gradients have no autograd graph.
 
     A gradient without a graph means a zero Hessian row: right for a loss linear in that tensor,

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 
 from ._checks import check_int, check_op
-from ._linalg import RowBasis, project_out, residual_norms, row_norms, rowdot
-from .memory import (MemoryEstimate, basis_storage, default_budget, first_fitting, pass_options, resolve_budget,
+from ..base._linalg import RowBasis, project_out, residual_norms, row_norms, rowdot
+from ..memory.model import (MemoryEstimate, basis_storage, default_budget, first_fitting, pass_options, resolve_budget,
                      TEMPORARIES_PART, temporaries_bytes, vector_bytes, with_basis)
-from .operator import CurvatureOperator
-from .results import EigenResult, EstimatorError
+from ..operators.interface import CurvatureOperator
+from ..base.results import EigenResult, EstimatorError
 
 __all__ = ["top_eigenvalues", "estimate_memory"]
 
@@ -47,7 +47,7 @@ def estimate_memory(op: CurvatureOperator, k: int = 1, method: str = "lanczos", 
                     max_memory=None, max_basis: int | None = None, basis_device=None,
                     basis_dtype: torch.dtype | None = None) -> MemoryEstimate:
     """The memory plan :func:`top_eigenvalues` would run with, without running it (raises
-    :class:`~geometry.memory.MemoryBudgetError` when nothing fits)."""
+    :class:`~geometry.memory.model.MemoryBudgetError` when nothing fits)."""
     if k > op.dim:
         raise EstimatorError(f"k must be <= the operator dimension {op.dim}, got k={k}")
     budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
@@ -137,7 +137,7 @@ def top_eigenvalues(
         max_iter: Lanczos steps, or power iterations per eigenvalue, ≥ 1.
         seed: seed of the random start vector(s).
         max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
-            :func:`geometry.memory.default_budget`); see the module docstring.
+            :func:`geometry.memory.model.default_budget`); see the module docstring.
         max_basis: Lanczos basis size (default: the steps wanted, or the largest that fits).
             Accuracy cost of a small basis: none at convergence, but more steps (thick restarts
             keep the best Ritz vectors, so the top few converge almost as fast as without).

@@ -1,6 +1,6 @@
 """Stochastic trace estimators: Hutchinson, Hutch++, and per-block traces.
 
-All three run on any :class:`~geometry.operator.CurvatureOperator` through
+All three run on any :class:`~geometry.operators.interface.CurvatureOperator` through
 ``op.matmat_flat(V[k, dim])`` and apply the probes in blocks of k vectors, so a batched HVP
 backend (one gradient graph reused for k vectors) pays off. Probes are Rademacher (±1 entries),
 drawn from ``op.generator(seed)`` (a CPU generator; probes are moved to the operator's device) in
@@ -10,8 +10,8 @@ on every device, run and memory plan. Per-probe quadratic forms are accumulated 
 Memory (n = dim, b = bytes of ``op.dtype``, float32 at least): Hutchinson and block traces hold
 one block of probes and its products, ``2 · block · n · b``; Hutch++ holds its sketch basis,
 ``s · n · b`` (``s`` = sketch size), plus one block of ``2 · block · n · b``; each adds one
-operator pass (:meth:`~geometry.hessian.HessianOperator.pass_bytes`). Within ``max_memory``
-(see :mod:`geometry.memory`) they pick the fastest block size and graph cache, and Hutch++ the
+operator pass (:meth:`~geometry.operators.hessian.HessianOperator.pass_bytes`). Within ``max_memory``
+(see :mod:`geometry.memory.model`) they pick the fastest block size and graph cache, and Hutch++ the
 largest sketch up to m/3, and record the choice in the result's ``memory``.
 
 Cost is counted in Hessian-vector products (HVPs, ≈ 2 gradients each with the reverse backend)
@@ -27,12 +27,12 @@ import numpy as np
 import torch
 
 from ._checks import check_int, check_op
-from ._linalg import orthonormalize_rows, project_out, rowdot
-from .memory import (Candidate, MemoryEstimate, basis_storage, choose, default_budget, pass_options, resolve_budget,
+from ..base._linalg import orthonormalize_rows, project_out, rowdot
+from ..memory.model import (Candidate, MemoryEstimate, basis_storage, choose, default_budget, pass_options, resolve_budget,
                      TEMPORARIES_PART, temporaries_bytes, vector_bytes, with_basis)
-from .operator import CurvatureOperator
-from .params import ParamGlobs
-from .results import BlockTraces, EstimatorError, TraceEstimate
+from ..operators.interface import CurvatureOperator
+from ..base.params import ParamGlobs
+from ..base.results import BlockTraces, EstimatorError, TraceEstimate
 
 __all__ = ["hutchinson_trace", "hutchpp_trace", "block_traces", "rademacher", "t_quantile", "estimate_memory"]
 
@@ -106,7 +106,7 @@ def estimate_memory(op: CurvatureOperator, method: str = "hutch++", num_matvecs:
                     basis_dtype: torch.dtype | None = None) -> MemoryEstimate:
     """The memory plan :func:`hutchinson_trace` / :func:`hutchpp_trace` / :func:`block_traces`
     would run with (``method`` ``"hutchinson"``, ``"hutch++"`` or ``"blocks"``), without running
-    it. Raises :class:`~geometry.memory.MemoryBudgetError` when nothing fits."""
+    it. Raises :class:`~geometry.memory.model.MemoryBudgetError` when nothing fits."""
     if method == "hutch++":
         return _plan_hutchpp(op, num_matvecs, max_memory, basis_device, basis_dtype)
     if method in ("hutchinson", "blocks"):
@@ -165,7 +165,7 @@ def hutchinson_trace(
         block_size: probes per ``matmat`` call (default: the fastest of 16, 8, 4, 2, 1 that fits
             ``max_memory``). Memory: ``2 · block_size · dim`` numbers plus one operator pass.
         max_memory: bytes (or ``"8GB"``) the call may allocate; default ``op.max_memory`` or
-            :func:`geometry.memory.default_budget`.
+            :func:`geometry.memory.model.default_budget`.
 
     Returns:
         :class:`TraceEstimate` with ``stderr = std(samples, ddof=1)/√m`` and a 95% Student-t
@@ -254,7 +254,7 @@ def hutchpp_trace(op: CurvatureOperator, num_matvecs: int = 100, seed: int = 0,
     Args:
         op: any curvature operator; num_matvecs: budget m ≥ 3; seed: seed of S and G;
         max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
-            :func:`geometry.memory.default_budget`).
+            :func:`geometry.memory.model.default_budget`).
         basis_device: ``"cpu"`` keeps the sketch basis in host RAM when the operator is on a GPU
             (no accuracy cost; projections move it through PCIe chunk by chunk).
         basis_dtype: e.g. ``torch.bfloat16`` halves the basis (arithmetic stays float32). Accuracy
@@ -343,7 +343,7 @@ def block_traces(
     """Hutchinson estimates of tr(H_gg) for each parameter group g, from one set of probes.
 
     Args:
-        op: a curvature operator with a :class:`~geometry.params.ParamSpace` in ``op.space``.
+        op: a curvature operator with a :class:`~geometry.base.params.ParamSpace` in ``op.space``.
         groups: as :meth:`ParamSpace.groups` accepts: a mapping ``{group: glob(s)}`` (unmatched
             parameters form ``"other"``), ``"module"`` or ``"parameter"``. The groups partition
             the parameters.
