@@ -7,6 +7,10 @@
    also runs the ``__init__`` of ``a`` and ``a.b``, so it counts as importing those packages too
    (except the importer's own ancestors, which are always initialised before it).
 3. ``geometry/`` imports neither ``probes``, ``transformers`` nor ``plotly``.
+4. ``geometry/`` is split into rooms that import one way (a DAG): ``base`` imports no other room,
+   ``memory`` imports base, ``operators`` imports base and memory, ``estimators`` imports base,
+   memory and operators, ``surfaces`` imports base and memory. Every module lives in a room; only
+   ``geometry/__init__.py`` (the public names) imports across all of them.
 
 Usage: ``python scripts/check_house.py [ROOT]`` (default: the repository holding this script).
 Prints every violation and exits 1 when there is one, 0 otherwise. The same checks are available
@@ -22,6 +26,14 @@ from pathlib import Path
 PACKAGES = ("geometry", "probes", "benchmarks")
 MAX_LINES = 500
 FORBIDDEN = {"geometry": ("probes", "transformers", "plotly")}
+# package -> room -> the other rooms it may import (rule 4)
+ROOMS = {"geometry": {
+    "base": (),
+    "memory": ("base",),
+    "operators": ("base", "memory"),
+    "estimators": ("base", "memory", "operators"),
+    "surfaces": ("base", "memory"),
+}}
 
 
 @dataclass
@@ -149,13 +161,43 @@ def _cycle_path(comp: list[str], edges: dict[str, dict[str, int]]) -> list[str]:
 
 
 def check(root: str | Path, packages: tuple[str, ...] = PACKAGES, max_lines: int = MAX_LINES,
-          forbidden: dict[str, tuple[str, ...]] | None = None) -> list[str]:
-    """All violations of the three rules under ``root`` (empty list: the house is in order)."""
+          forbidden: dict[str, tuple[str, ...]] | None = None,
+          rooms: dict[str, dict[str, tuple[str, ...]]] | None = None) -> list[str]:
+    """All violations of the four rules under ``root`` (empty list: the house is in order)."""
     root = Path(root)
-    return _problems(root, discover(root, packages), max_lines, FORBIDDEN if forbidden is None else forbidden)
+    return _problems(root, discover(root, packages), max_lines, FORBIDDEN if forbidden is None else forbidden,
+                     ROOMS if rooms is None else rooms)
 
 
-def _problems(root: Path, modules: dict[str, Module], max_lines: int, forbidden: dict[str, tuple[str, ...]]) -> list[str]:
+def room_problems(root: Path, modules: dict[str, Module], rooms: dict[str, dict[str, tuple[str, ...]]]) -> list[str]:
+    """Rule 4: every module of a roomed package lives in a room and imports only the rooms it may.
+    A package counts as roomed once one of its rooms exists (a tree without them, such as a test's
+    miniature house, is checked by rules 1-3 alone)."""
+    problems: list[str] = []
+    roomed = {pkg for pkg, order in rooms.items() if any((root / pkg / r).is_dir() for r in order)}
+    for name, mod in sorted(modules.items()):
+        parts = name.split(".")
+        order = rooms.get(parts[0])
+        if parts[0] not in roomed or name == parts[0]:
+            continue  # not a roomed package, or its __init__ (the public names)
+        room = parts[1]
+        if room not in order:
+            problems.append(f"outside the rooms: {mod.path.relative_to(root)} (put it in one of "
+                            f"{', '.join(f'{parts[0]}/{r}/' for r in order)})")
+            continue
+        for target, line in mod.imports:
+            tparts = target.split(".")
+            if tparts[0] != parts[0] or len(tparts) < 2 or tparts[1] == room or tparts[1] not in order:
+                continue
+            if tparts[1] not in order[room]:
+                allowed = ", ".join(order[room]) or "no other room"
+                problems.append(f"room order: {mod.path.relative_to(root)}:{line} imports {parts[0]}.{tparts[1]} "
+                                f"({parts[0]}/{room}/ may import {allowed})")
+    return problems
+
+
+def _problems(root: Path, modules: dict[str, Module], max_lines: int, forbidden: dict[str, tuple[str, ...]],
+              rooms: dict[str, dict[str, tuple[str, ...]]]) -> list[str]:
     problems: list[str] = []
     for mod in modules.values():
         if mod.lines > max_lines:
@@ -172,6 +214,7 @@ def _problems(root: Path, modules: dict[str, Module], max_lines: int, forbidden:
             if bad in forbidden.get(top, ()):
                 problems.append(f"forbidden import: {mod.path.relative_to(root)}:{line} imports {bad} "
                                 f"({top}/ may not import {', '.join(forbidden[top])})")
+    problems.extend(room_problems(root, modules, rooms))
     return sorted(set(problems))
 
 
@@ -179,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     root = Path(args[0]) if args else Path(__file__).resolve().parent.parent
     modules = discover(root)
-    problems = _problems(root, modules, MAX_LINES, FORBIDDEN)
+    problems = _problems(root, modules, MAX_LINES, FORBIDDEN, ROOMS)
     for p in problems:
         print(p)
     n = len(modules)

@@ -74,3 +74,62 @@ def test_the_checker_fails_from_the_command_line(tmp_path):
     assert bad.returncode == 1 and "5 problem(s)" in bad.stdout
     good = subprocess.run([sys.executable, str(SCRIPT), str(ROOT)], capture_output=True, text=True)
     assert good.returncode == 0 and "all rules hold" in good.stdout
+
+
+def _roomed_house(root: Path) -> None:
+    """geometry/ in rooms, breaking rule 4 twice (an upward import, a module outside the rooms)."""
+    _write(root, "geometry/__init__.py", "from .estimators.trace import t\n")
+    _write(root, "geometry/base/__init__.py")
+    _write(root, "geometry/base/results.py", "R = 1\n")
+    _write(root, "geometry/memory/__init__.py")
+    _write(root, "geometry/memory/model.py", "from ..base.results import R\n")
+    _write(root, "geometry/operators/__init__.py")
+    _write(root, "geometry/operators/hessian.py", "from ..memory.model import R\n")
+    _write(root, "geometry/estimators/__init__.py")
+    _write(root, "geometry/estimators/trace.py", "from ..operators.hessian import R\n\n\ndef t():\n    return R\n")
+    _write(root, "geometry/surfaces/__init__.py")
+    _write(root, "geometry/surfaces/planes.py", "from geometry.estimators.trace import t\n")  # surfaces may not
+    _write(root, "geometry/stray.py", "X = 1\n")
+
+
+def test_the_checker_enforces_geometrys_room_order(tmp_path):
+    ch = _checker()
+    _roomed_house(tmp_path)
+    problems = ch.check(tmp_path)
+    assert problems == [
+        "outside the rooms: geometry/stray.py (put it in one of geometry/base/, geometry/memory/, "
+        "geometry/operators/, geometry/estimators/, geometry/surfaces/)",
+        "room order: geometry/surfaces/planes.py:1 imports geometry.estimators (geometry/surfaces/ may import base, memory)",
+    ], problems
+
+
+# the flat layout before the rooms: none of these module paths may exist or be named again
+OLD_GEOMETRY_MODULES = (
+    "results", "_linalg", "params", "batches", "modes", "jsonable", "graph_memory", "operator", "hessian",
+    "_forward", "dense", "derivatives", "attention", "linear_ce", "trace", "eigen", "_lanczos", "density",
+    "directional", "attribution", "_checks", "planes", "grid", "surface", "moving",
+)
+
+
+def test_no_old_geometry_module_path_is_importable_or_named():
+    import importlib
+    import re
+
+    for old in OLD_GEOMETRY_MODULES:
+        assert importlib.util.find_spec(f"geometry.{old}") is None, f"geometry.{old} still importable"
+    # geometry.memory is now a room: its __init__ holds none of the old module's names
+    memory_room = importlib.import_module("geometry.memory")
+    for name in ("MemoryEstimate", "available_bytes", "resolve_budget", "default_budget"):
+        assert not hasattr(memory_room, name), f"geometry.memory re-exports {name}: import geometry.memory.model"
+    old = "|".join(OLD_GEOMETRY_MODULES)
+    pattern = re.compile(rf"(?<![\w.])geometry[./](?:(?:{old})(?![\w/])|memory\.(?!model\b|graphs\b)\w+|memory import)")
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    hits = []
+    for rel in files:
+        path = ROOT / rel
+        if path.suffix not in {".py", ".md", ".ipynb", ".toml", ".txt"} or not path.is_file():
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if pattern.search(line) and "OLD_GEOMETRY_MODULES" not in line:
+                hits.append(f"{rel}:{i}: {line.strip()[:120]}")
+    assert hits == [], "old geometry module paths:\n" + "\n".join(hits)
