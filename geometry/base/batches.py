@@ -23,6 +23,18 @@ def default_batch_weight(batch: Any) -> float:
     return 1.0
 
 
+def raw_batch_weights(batches: Sequence[Any], weights: Sequence[float] | None = None,
+                      error: type[Exception] = ValueError) -> list[float]:
+    """One unnormalised weight per batch (default: :func:`default_batch_weight` of each), checked:
+    raises ``error`` when the count does not match the batches or a weight is negative or not finite."""
+    raw = [default_batch_weight(b) for b in batches] if weights is None else [float(w) for w in weights]
+    if len(raw) != len(batches):
+        raise error(f"got {len(raw)} weights for {len(batches)} batches")
+    if any(not math.isfinite(w) or w < 0 for w in raw):
+        raise error(f"batch weights must be finite and non-negative, got {raw}")
+    return raw
+
+
 def normalise_batch_weights(batches: Sequence[Any], weights: Sequence[float] | None = None,
                             error: type[Exception] = ValueError) -> tuple[float, ...]:
     """One weight per batch, normalised to sum 1 (default: :func:`default_batch_weight` of each).
@@ -30,11 +42,7 @@ def normalise_batch_weights(batches: Sequence[Any], weights: Sequence[float] | N
     Raises ``error`` (the caller's exception class) when the count does not match the batches,
     a weight is negative or not finite, or the weights sum to zero.
     """
-    raw = [default_batch_weight(b) for b in batches] if weights is None else [float(w) for w in weights]
-    if len(raw) != len(batches):
-        raise error(f"got {len(raw)} weights for {len(batches)} batches")
-    if any(not math.isfinite(w) or w < 0 for w in raw):
-        raise error(f"batch weights must be finite and non-negative, got {raw}")
+    raw = raw_batch_weights(batches, weights, error)
     total = sum(raw)
     if total <= 0:
         raise error("batch weights sum to zero")

@@ -46,7 +46,9 @@ Conventions, side effects and guarantees of every call:
 - a selected parameter whose gradient has no autograd graph (a zero Hessian row) is checked once
   with a finite difference of gradients: a loss linear in it passes, a non-differentiable backward
   on its path raises :class:`~geometry.operators.interface.OperatorError` instead of a silent zero row;
-- grad mode is switched on internally, so calls work inside ``torch.no_grad()``.
+- grad mode is switched on internally, so calls work inside ``torch.no_grad()``;
+- ``data_parallel``: each rank passes its share of the batches; products, gradients and memory plans
+  are those of all ranks' batches together (:mod:`geometry.operators.parallel`).
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ from .derivatives import check_dead_rows, true_derivatives
 from ..memory.graphs import itemsize, one_row, pass_bytes, saved_graph_bytes
 from ..base.modes import module_modes
 from .interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
+from .parallel import DataParallel, join_data_parallel
 from ..base.params import ParamGlobs, ParamSpace, select_parameters
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -111,6 +114,12 @@ class HessianOperator(CurvatureOperator):
         loss_transient_bytes: bytes ``loss_fn`` allocates for a moment beyond what autograd saves,
             whatever the batch size (e.g. the chunk temporaries of the lean LM head,
             :func:`probes.core.lm_head.head_transient_bytes`); added to every pass of the memory model.
+        data_parallel: ``True`` (the default ``torch.distributed`` group), a process group, or a
+            :class:`~geometry.operators.parallel.DataParallel`: ``batches`` are this rank's share, and
+            every product is over all ranks' batches (:mod:`geometry.operators.parallel`). Every rank
+            must build the same operator (model, selection, dtype) and run the same estimator calls.
+            ``max_memory=None`` becomes the smallest default budget over the ranks, so every rank
+            makes the same memory plan.
 
     Cost of ``matmat`` on k vectors with B batches, in gradient-equivalents (one gradient = one
     forward + one backward of ``loss_fn``), measured on CPU: reverse ≈ B · (≈1 + ≈2.1·k) (one
@@ -139,6 +148,7 @@ class HessianOperator(CurvatureOperator):
         cache_graphs: bool = False,
         max_memory: int | str | None = None,
         loss_transient_bytes: int = 0,
+        data_parallel: bool | Any = False,
     ):
         if not isinstance(model, nn.Module):
             raise OperatorError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -147,7 +157,8 @@ class HessianOperator(CurvatureOperator):
         if isinstance(batches, torch.Tensor):
             raise OperatorError("batches must be a sequence of batches (e.g. a list of [b, s] tensors), not one tensor")
         batches = list(batches)
-        if not batches:
+        parallel = data_parallel is not False and data_parallel is not None
+        if not batches and not parallel:  # data-parallel: an empty rank is refused on every rank, below
             raise OperatorError("the batch list is empty: the Hessian needs at least one batch")
         if backend not in ("reverse", "forward"):
             raise OperatorError(f"backend must be 'reverse' or 'forward', got {backend!r}")
@@ -161,7 +172,7 @@ class HessianOperator(CurvatureOperator):
         self.model = model
         self.loss_fn = loss_fn
         self.batches = batches
-        self.weights = normalise_batch_weights(batches, weights, OperatorError)
+        self.weights = () if parallel else normalise_batch_weights(batches, weights, OperatorError)
         self.backend: Backend = backend
         self.chunk_size = chunk_size
         self.progress = progress
@@ -175,6 +186,9 @@ class HessianOperator(CurvatureOperator):
         self._fingerprint: tuple | None = None
         self._graph_bytes: dict[Any, int] = {}
         self._dead_checked = False
+        self.parallel: DataParallel | None = None
+        if parallel:
+            self.parallel = join_data_parallel(self, data_parallel, weights)
 
     # ------------------------------------------------------------------ attributes
     @property
@@ -222,7 +236,7 @@ class HessianOperator(CurvatureOperator):
                 raise OperatorError("k = 0: pass at least one vector")
             vs = [V[n].to(device=self.device, dtype=self.dtype) for n in self.space.names]
             outs = [torch.zeros_like(t) for t in vs]
-            self._accumulate(vs, outs)
+            self._accumulate(vs, outs, reduce=outs)
             self.num_matvecs += k
             return dict(zip(self.space.names, outs))
         if isinstance(V, torch.Tensor):
@@ -231,16 +245,27 @@ class HessianOperator(CurvatureOperator):
 
     def gradient(self) -> tuple[float, torch.Tensor]:
         """``(L, ∇L)``: the weighted mean loss (float, the loss_fn's units) and its gradient, flat
-        ``Tensor[dim]`` in :attr:`space` order and :attr:`dtype`. Cost: one gradient per batch."""
+        ``Tensor[dim]`` in :attr:`space` order and :attr:`dtype`. Cost: one gradient per batch
+        (data-parallel: of this rank's batches, then one all-reduce)."""
         grad = torch.zeros(self.dim, dtype=self.dtype, device=self.device)
-        total = 0.0
-        with self._call_context() as params:
-            for i, (w, batch) in self._iter_batches("gradient"):
-                loss = self._loss(params, batch, i)
-                gs = torch.autograd.grad(loss, list(params.values()), allow_unused=True, materialize_grads=True)
-                for s, gi in zip(self.space.slices.values(), gs):
-                    grad[s].add_(gi.reshape(-1), alpha=w)
-                total += w * float(loss.detach())
+
+        def local() -> float:
+            total = 0.0
+            with self._call_context() as params:
+                for i, (w, batch) in self._iter_batches("gradient"):
+                    loss = self._loss(params, batch, i)
+                    gs = torch.autograd.grad(loss, list(params.values()), allow_unused=True, materialize_grads=True)
+                    for s, gi in zip(self.space.slices.values(), gs):
+                        grad[s].add_(gi.reshape(-1), alpha=w)
+                    total += w * float(loss.detach())
+            return total
+
+        if self.parallel is None:
+            total = local()
+        else:
+            total = self.parallel.agree(local, "a gradient", self.device)
+            self.parallel.all_reduce_(grad)
+            (total,) = self.parallel.sum_floats([total], self.device)
         if not is_finite(grad):
             raise OperatorError("the gradient is NaN/Inf; check the model's weights and the batches")
         return total, grad
@@ -268,9 +293,15 @@ class HessianOperator(CurvatureOperator):
         grad = self.dim * itemsize(self.param_dtype)
         # half-precision models: each float32 vector is converted to the parameters' dtype for its product
         converted = grad if self.dtype != self.param_dtype else 0
-        return pass_bytes(graphs, grad, self.backend, self.vectorize, k,
+        need = pass_bytes(graphs, grad, self.backend, self.vectorize, k,
                           chunk or self._chunk(k, True), self.cache_graphs if cached is None else cached,
                           self.loss_transient_bytes + converted)
+        if self.parallel is None:
+            return need
+        # every rank plans for the largest pass of any rank (so all make the same choices), plus the
+        # all-reduce's staging copy of the [k, dim] result where the backend cannot reduce in place
+        staging = k * self.dim * itemsize(self.dtype) if self.parallel._device(self.device) != self.device else 0
+        return self.parallel.max_int(need + staging, self.device)
 
     @contextlib.contextmanager
     def configured(self, chunk_size: int | None = None, cache_graphs: bool | None = None) -> Iterator["HessianOperator"]:
@@ -304,14 +335,14 @@ class HessianOperator(CurvatureOperator):
         # column blocks of a row-major [k, dim] tensor view as [k, *shape] without copies
         views_in = [V[:, s].view(k, *shape) for s, shape in zip(self.space.slices.values(), self.space.shapes)]
         views_out = [out[:, s].view(k, *shape) for s, shape in zip(self.space.slices.values(), self.space.shapes)]
-        self._accumulate(views_in, views_out)
+        self._accumulate(views_in, views_out, reduce=[out])
         return out
 
     # ------------------------------------------------------------------ internals
     def _iter_batches(self, desc: str) -> Iterator[tuple[int, tuple[float, Any]]]:
         pairs = list(zip(self.weights, self.batches))
         items: Any = enumerate(pairs)
-        if self.progress:
+        if self.progress and (self.parallel is None or self.parallel.rank == 0):
             from tqdm.auto import tqdm
 
             items = tqdm(items, total=len(pairs), desc=desc, leave=False)
@@ -381,13 +412,24 @@ class HessianOperator(CurvatureOperator):
             return self.chunk_size
         return DEFAULT_CHUNK if vmapped else k
 
-    def _accumulate(self, vs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        """``outs[j] += Σ_b w_b (H_b V)_j`` for V given per parameter as ``vs[j]`` [k, *shape_j]."""
-        with self._call_context() as params:
-            if self.backend == "reverse":
-                self._reverse(params, vs, outs)
-            else:
-                self._forward(params, vs, outs)
+    def _accumulate(self, vs: list[torch.Tensor], outs: list[torch.Tensor],
+                    reduce: list[torch.Tensor] | None = None) -> None:
+        """``outs[j] += Σ_b w_b (H_b V)_j`` for V given per parameter as ``vs[j]`` [k, *shape_j].
+        Data-parallel: over this rank's batches, then the contiguous tensors ``reduce`` (holding
+        ``outs``) are all-reduced, after every rank reported success."""
+        def local() -> None:
+            with self._call_context() as params:
+                if self.backend == "reverse":
+                    self._reverse(params, vs, outs)
+                else:
+                    self._forward(params, vs, outs)
+
+        if self.parallel is None:
+            local()
+        else:
+            self.parallel.agree(local, "a Hessian-vector product", self.device)
+            for t in reduce if reduce is not None else outs:
+                self.parallel.all_reduce_(t)
         for name, o in zip(self.space.names, outs):
             if not is_finite(o):
                 raise OperatorError(f"the Hessian-vector product is NaN/Inf (first at parameter {name!r}); "

@@ -212,6 +212,7 @@ def register(app: typer.Typer) -> None:
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory each estimator may use beyond the model, e.g. 8GB (default: a third of free RAM / 80% of free GPU memory)."),
         dtype: Optional[str] = typer.Option(None, "--dtype", help="Load the weights as float32 (default), bfloat16, float16 or float64."),
         max_iter: int = typer.Option(100, "--max-iter", help="Eigen solver iterations (power) or Lanczos steps."),
+        tol: float = typer.Option(1e-3, "--tol", help="Eigen solver tolerance (relative)."),
         eigen_method: str = typer.Option("power", "--eigen-method", help="power | lanczos"),
         allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load a .bin/.pt checkpoint that needs full pickle "
                                           "(can run arbitrary code: only for files you trust)."),
@@ -219,18 +220,23 @@ def register(app: typer.Typer) -> None:
         cache_dir: Optional[Path] = cache_dir_option(),
         schedule: Optional[str] = schedule_option(),
         tokens_per_step: Optional[int] = tokens_option(),
+        parallel: str = typer.Option("none", "--parallel", help="none | data: under torchrun, split the curvature "
+                                     "batches over the ranks (one process group; only rank 0 prints)."),
     ) -> None:
         """Sharpness of one checkpoint: Hessian trace (95% CI), top eigenvalue(s), HVPs, timing, memory plan."""
+        from probes.core.distributed import is_main_rank
         from probes.sweep.sharpness import SharpnessError, sharpness as _sharpness
 
         try:
             res = _sharpness(checkpoint, label=label, num_matvecs=num_matvecs, method=method, k=k, params=params, seed=seed,
                              quick=quick, device=device, data=data, num_threads=threads, max_memory=max_memory,
-                             dtype=dtype, max_iter=max_iter, eigen_method=eigen_method, allow_pickle=allow_pickle,
-                             cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step)
+                             dtype=dtype, max_iter=max_iter, tol=tol, eigen_method=eigen_method, allow_pickle=allow_pickle,
+                             cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step, parallel=parallel)
         except SharpnessError as exc:
-            typer.echo(f"error: {exc}", err=True)
+            typer.echo(f"error: {exc}", err=True)  # every rank: a one-line error each
             raise typer.Exit(2)
+        if not is_main_rank():
+            return
         if as_json:
             typer.echo(json.dumps(res, indent=2))
             return

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from geometry.operators.hessian import HessianOperator
+from geometry.operators.parallel import DataParallel
 from probes.core.lm import lm_loss
 from probes.core.lm_head import head_transient_bytes, lm_loss_lean
 
@@ -34,12 +35,19 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     closed-form chunked LM head (:func:`probes.core.lm_head.lm_loss_lean`: the same loss, no
     ``[tokens, vocab]`` tensor in the double-backward graph; models whose logits are not a plain
     linear head fall back to :func:`~probes.core.lm.lm_loss` by themselves). Extra keyword
-    arguments go to :class:`HessianOperator` (``max_memory``, ``chunk_size``, ...).
+    arguments go to :class:`HessianOperator` (``max_memory``, ``chunk_size``, ``data_parallel``, ...);
+    with a :class:`~geometry.operators.parallel.DataParallel` as ``data_parallel`` the check is agreed
+    over the ranks (a failure on one rank is raised on all).
     """
     batches = list(batches)
     if check and batches:
         probe = batches[0][:2, :16]
-        backend = ensure_second_order(model, probe, backend=backend, params=params)
+        parallel = kwargs.get("data_parallel")
+        if isinstance(parallel, DataParallel):  # a check failing on one rank fails on every rank, never hangs
+            backend = parallel.agree(lambda: ensure_second_order(model, probe, backend=backend, params=params),
+                                     "the second-order check", batches[0].device)
+        else:
+            backend = ensure_second_order(model, probe, backend=backend, params=params)
     lean = lean_head and backend == "reverse"
     if lean:
         kwargs.setdefault("loss_transient_bytes", head_transient_bytes(model, batches))

@@ -26,7 +26,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
               params: Sequence[str] | None = None, seed: int = 0, quick: bool = False, device=None,
               data: str | Path | None = None, num_threads: int | None = None, allow_pickle: bool = False,
               max_memory=None, dtype: str | None = None, cache_dir: str | Path | None = None,
-              schedule: str | None = None, tokens_per_step: int | None = None) -> dict:
+              schedule: str | None = None, tokens_per_step: int | None = None, parallel: str = "none") -> dict:
     """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint as a dict.
 
     ``checkpoint``: a checkpoint folder or weight file (its step / tokens / LR are read from the
@@ -41,12 +41,19 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     (sketch size, block, basis, graph cache) is returned under ``memory``. ``dtype``: ``float32``
     (default), ``bfloat16``, ``float16`` or ``float64`` to load the weights in; products run in it,
     estimator algebra in float32 at least. Bad options raise :class:`SharpnessError` before
-    anything is loaded; a plan that cannot fit raises it before any product.
+    anything is loaded; a plan that cannot fit raises it before any product. ``parallel="data"``
+    (under ``torchrun``): every rank loads the model, takes its contiguous share of the curvature
+    batches and runs the same estimators; products are all-reduced (:mod:`geometry.operators.parallel`),
+    so the numbers are one process's over all batches; every rank returns the same dict.
     """
     from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
     from probes.checkpoints.locate import checkpoint_trajectory
 
     _check_options(method, eigen_method, num_matvecs, k, max_iter, tol)
+    from probes.core.distributed import PARALLEL_MODES, DistributedError, init_data_parallel
+
+    if parallel not in PARALLEL_MODES:
+        raise SharpnessError(f"parallel {parallel!r} is unknown; valid: {', '.join(PARALLEL_MODES)}")
     if dtype is not None and dtype not in _DTYPES:
         raise SharpnessError(f"dtype {dtype!r} is unknown; valid: {', '.join(_DTYPES)}")
     if max_memory is not None:
@@ -74,6 +81,16 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     import torch
 
     dev = device or ("cuda" if torch.cuda.is_available() else None)
+    batches, pg = list(curv), None
+    if parallel == "data":
+        from geometry.operators.parallel import DataParallel, split_batches
+
+        try:
+            rank, world, dev = init_data_parallel(device=device)
+            batches = split_batches(batches, rank, world)
+        except (DistributedError, ValueError) as exc:
+            raise SharpnessError(str(exc)) from exc
+        pg = DataParallel()
     try:
         model = CheckpointLoader(traj, device=dev, dtype=getattr(torch, dtype) if dtype else None, allow_pickle=allow_pickle).load(ref)
     except CheckpointError as exc:
@@ -89,7 +106,8 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     from probes.models.curvature import lm_hessian
 
     try:
-        op = lm_hessian(model, curv, params=list(params) if params else None, max_memory=max_memory)
+        op = lm_hessian(model, batches, params=list(params) if params else None, max_memory=max_memory,
+                        **({"data_parallel": pg} if pg is not None else {}))
         # both plans are checked before any product: a plan that cannot fit fails here, in one line
         trace_memory(op, method, num_matvecs)
         eigen_memory(op, k, eigen_method, max_iter)
@@ -111,6 +129,8 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
                   "seconds": ev.seconds, "memory": ev.memory},
         "seconds": time.perf_counter() - t0,
         "device": str(op.device),
+        "parallel": {"mode": parallel, "world_size": pg.world_size if pg else 1, "backend": pg.backend if pg else None,
+                     "batches_per_rank": pg.gather_objects(len(batches)) if pg else [len(batches)]},
     }
 
 

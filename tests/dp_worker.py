@@ -1,0 +1,70 @@
+"""Worker of tests/test_data_parallel.py: one rank of a 2-process gloo group (spawned, one thread).
+
+Each scenario writes what the rank computed (or the error it raised) to ``out/<scenario>-<rank>.pt``;
+the test compares the ranks with a single process over all the batches.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from geometry import HessianOperator, hutchinson_trace, top_eigenvalues
+from geometry.operators.parallel import split_batches
+from tests.tiny_models import lm_loss, micro_gptneox, random_batches
+
+SIZES = [3, 5, 2]  # uneven rows: the token weights matter, and 3 batches split 2 + 1
+
+
+def lm_batches() -> list[torch.Tensor]:
+    return [random_batches(n_batches=1, batch=b, seq=8, seed=10 + i)[0] for i, b in enumerate(SIZES)]
+
+
+def estimates(op: HessianOperator) -> dict:
+    """The numbers compared: fixed products, the gradient, a trace and λ_max."""
+    g = torch.Generator().manual_seed(5)
+    V = torch.randn(3, op.dim, generator=g, dtype=op.dtype)
+    loss, grad = op.gradient()
+    tr = hutchinson_trace(op, num_matvecs=12, seed=3)
+    ev = top_eigenvalues(op, k=1, method="lanczos", tol=1e-10, max_iter=60, seed=4)
+    return {"hv": op.matmat_flat(V), "loss": loss, "grad": grad, "trace": tr.value, "lambda": ev.values[0],
+            "weights": op.weights, "num_batches": len(op.batches)}
+
+
+def _record(out: Path, name: str, rank: int, fn) -> None:
+    try:
+        result = {"ok": fn()}
+    except Exception as exc:  # the test inspects the error each rank raised
+        result = {"error": type(exc).__name__, "message": str(exc), "trace": traceback.format_exc()}
+    torch.save(result, out / f"{name}-{rank}.pt")
+
+
+def run(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    out = Path(out)
+    try:
+        model = micro_gptneox(seed=1)
+        mine = split_batches(lm_batches(), rank, world)
+        _record(out, "same", rank, lambda: estimates(HessianOperator(model, lm_loss, mine, data_parallel=True)))
+
+        def failing_loss(m, batch):
+            if rank == 1:
+                raise RuntimeError("this rank's loss broke")
+            return lm_loss(m, batch)
+
+        _record(out, "rank_fails", rank,
+                lambda: HessianOperator(model, failing_loss, mine, data_parallel=True).matvec_flat(torch.ones(
+                    sum(p.numel() for p in model.parameters()), dtype=torch.float64)))
+        _record(out, "empty_rank", rank,
+                lambda: HessianOperator(model, lm_loss, mine if rank == 0 else [], data_parallel=True))
+        _record(out, "mismatch", rank,
+                lambda: HessianOperator(model, lm_loss, mine, params="*layers.0.*" if rank == 0 else None,
+                                        data_parallel=True))
+    finally:
+        dist.destroy_process_group()

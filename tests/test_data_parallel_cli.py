@@ -1,0 +1,60 @@
+"""`torchrun --nproc_per_node 2 -m probes.cli sharpness … --parallel data` (issue #26): the same
+trace and λ_max as one process over all the curvature batches (float64 weights, 3 batches over 2
+ranks), one JSON object printed (rank 0 only), and one-line errors outside torchrun."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from probes.core.tokenset import TokenSet
+from probes.sweep.sharpness import SharpnessError, sharpness
+from probes.sweep.testing import tiny_trajectory
+
+ARGS = dict(num_matvecs=6, method="hutchinson", eigen_method="lanczos", max_iter=40, tol=1e-6, dtype="float64",
+            num_threads=1, seed=2)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dpcli")
+    traj = tiny_trajectory(root / "tiny", n=2, seed=3)
+    g = torch.Generator().manual_seed(0)
+    data = root / "curv3.safetensors"
+    TokenSet(torch.randint(0, 64, (3, 2, 16), generator=g), name="curvature").save(data)
+    return traj / "step-000200", data
+
+
+def _cli_args(ckpt, data) -> list[str]:
+    return [str(ckpt), "--data", str(data), "--num-matvecs", "6", "--method", "hutchinson", "--eigen-method",
+            "lanczos", "--max-iter", "40", "--tol", "1e-6", "--dtype", "float64", "--threads", "1", "--seed", "2", "--json"]
+
+
+def test_torchrun_two_ranks_equal_one_process(setup):
+    ckpt, data = setup
+    one = sharpness(ckpt, data=data, **ARGS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "-m", "probes.cli", "sharpness", *_cli_args(ckpt, data), "--parallel", "data"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count('"checkpoint"') == 1, r.stdout  # rank 0 alone prints
+    two = json.loads(r.stdout[r.stdout.index("{"):])
+    assert two["parallel"] == {"mode": "data", "world_size": 2, "backend": "gloo", "batches_per_rank": [2, 1]}
+    assert two["trace"]["value"] == pytest.approx(one["trace"]["value"], rel=1e-9)
+    assert two["eigen"]["values"][0] == pytest.approx(one["eigen"]["values"][0], rel=1e-9)
+    assert two["dim"] == one["dim"] and one["parallel"]["world_size"] == 1
+
+
+def test_parallel_data_outside_torchrun_is_one_clear_error(setup, monkeypatch):
+    ckpt, data = setup
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(SharpnessError, match="--parallel data runs under torchrun"):
+        sharpness(ckpt, data=data, parallel="data", **ARGS)
+    with pytest.raises(SharpnessError, match="parallel 'model' is unknown; valid: none, data"):
+        sharpness(ckpt, data=data, parallel="model", **ARGS)
