@@ -6,11 +6,65 @@ copies of the block; these helpers work column chunk by column chunk instead (te
 ``k × CHUNK`` numbers), accumulate reductions in float64, and orthonormalise in place.
 A basis may live on another device than the vectors it acts on (``basis on host``): chunks of
 it are moved as they are used.
+
+Sharded vectors (docs/science.md §4, "Sharded vectors"): inside :func:`sharded_vectors` each row
+holds only this rank's columns of the global vector (:class:`ShardLayout`), and the three reductions
+here — :func:`rowdot` (hence :func:`row_norms`), :func:`residual_norms` and :func:`gram` (hence every
+projection, orthonormalisation and basis operation) — sum their float64 partial results over the
+ranks. Everything else acts column by column and needs no communication, so an estimator written on
+these helpers runs unchanged on one device and on N ranks. Random rows come from
+:func:`rademacher_rows` and :func:`gaussian_rows`, whose streams do not depend on how the columns are
+split: a rank draws the global stream and keeps its columns, so sharded and unsharded runs see the
+same vectors.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
 import numpy as np
 import torch
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Where this rank's local columns sit in the global flat vector.
+
+    ``ranges``: ``(global_start, length)`` of each run of local columns, in local column order and
+    increasing global position; ``global_dim``: the length of the whole vector; ``reduce``: sums a
+    CPU float64 tensor over the ranks (in place or not) and returns the sum. Local rows may be longer
+    than ``Σ length`` (padding to a length shared by every rank): padding columns stay zero.
+    """
+
+    ranges: tuple[tuple[int, int], ...]
+    global_dim: int
+    reduce: Callable[[torch.Tensor], torch.Tensor]
+
+
+_LAYOUT: contextvars.ContextVar[ShardLayout | None] = contextvars.ContextVar("losslens_shard_layout", default=None)
+
+
+@contextlib.contextmanager
+def sharded_vectors(layout: ShardLayout | None) -> Iterator[None]:
+    """Within the block, rows are this rank's shards of ``layout`` (None: whole vectors)."""
+    token = _LAYOUT.set(layout)
+    try:
+        yield
+    finally:
+        _LAYOUT.reset(token)
+
+
+def current_layout() -> ShardLayout | None:
+    """The :class:`ShardLayout` in force, or None (whole vectors)."""
+    return _LAYOUT.get()
+
+
+def _summed(t: torch.Tensor) -> torch.Tensor:
+    layout = _LAYOUT.get()
+    return t if layout is None else layout.reduce(t)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -34,7 +88,7 @@ def rowdot(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
         a = A[:, s].to(torch.float64)
         b = B[:, s].to(device=a.device, dtype=torch.float64)
         out += (a * b).sum(dim=1).cpu()
-    return out
+    return _summed(out)
 
 
 def row_norms(A: torch.Tensor) -> torch.Tensor:
@@ -51,7 +105,7 @@ def residual_norms(A: torch.Tensor, B: torch.Tensor, scale) -> torch.Tensor:
         a = A[:, s].to(torch.float64)
         d = a - lam.to(a.device) * B[:, s].to(device=a.device, dtype=torch.float64)
         out += (d * d).sum(dim=1).cpu()
-    return out.sqrt()
+    return _summed(out).sqrt()
 
 
 def gram(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
@@ -63,7 +117,58 @@ def gram(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
         a = A[:, s].to(dt)
         b = B[:, s].to(device=a.device, dtype=dt)
         out += (a @ b.T).to(torch.float64).cpu()
+    return _summed(out)
+
+
+def _stream_rows(k: int, dim: int, draw: Callable[[int], torch.Tensor], dtype: torch.dtype, device) -> torch.Tensor:
+    """``[k, dim]`` rows from a sequential stream ``draw(n) -> [n]`` (float64 or int8) whose numbers do
+    not depend on how many are drawn per call, drawn :data:`CHUNK` numbers at a time (temporaries of
+    one chunk); sharded: this rank's columns of each global row (the other columns drawn and dropped)."""
+    layout = _LAYOUT.get()
+    ranges, total = (((0, dim),), dim) if layout is None else (layout.ranges, layout.global_dim)
+    out = torch.zeros(k, dim, dtype=dtype, device=device)
+
+    def skip(n: int) -> None:
+        while n > 0:
+            m = min(n, CHUNK)
+            draw(m)
+            n -= m
+
+    for i in range(k):
+        pos = col = 0
+        for start, length in ranges:
+            skip(start - pos)
+            for s in range(0, length, CHUNK):
+                m = min(CHUNK, length - s)
+                out[i, col + s:col + s + m] = draw(m).to(device=device, dtype=dtype)
+            col, pos = col + length, start + length
+        skip(total - pos)
     return out
+
+
+def rademacher_rows(generator: torch.Generator, k: int, dim: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """``[k, dim]`` i.i.d. ±1 entries from a CPU ``generator`` (int8 draws: the same numbers however
+    the rows or columns are split), cast to ``dtype`` on ``device``; sharded: this rank's columns."""
+    bits = _stream_rows(k, dim, lambda n: torch.randint(0, 2, (n,), generator=generator, dtype=torch.int8),
+                        torch.int8, device)
+    out = bits.to(dtype=dtype).mul_(2).sub_(1)
+    layout = _LAYOUT.get()
+    if layout is not None and sum(n for _, n in layout.ranges) < dim:
+        out[:, sum(n for _, n in layout.ranges):] = 0  # padding stays zero
+    return out
+
+
+def gaussian_rows(generator: torch.Generator, k: int, dim: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """``[k, dim]`` i.i.d. standard normal entries from a CPU ``generator``: z = √2·erfinv(2u − 1)
+    of uniform float64 draws u ∈ (0, 1) (one draw per number, so the stream does not depend on how
+    the rows or columns are split, unlike ``torch.randn``); sharded: this rank's columns."""
+    tiny = 2.0 ** -53
+
+    def draw(n: int) -> torch.Tensor:
+        u = torch.rand(n, generator=generator, dtype=torch.float64).mul_(1 - 2 * tiny).add_(tiny)
+        return torch.special.erfinv(u.mul_(2).sub_(1)).mul_(math.sqrt(2.0))
+
+    return _stream_rows(k, dim, draw, dtype, device)
 
 
 def combine_into(out: torch.Tensor, C: torch.Tensor, B: torch.Tensor, alpha: float = 1.0, beta: float = 1.0) -> None:

@@ -1,13 +1,37 @@
 """Argument checks shared by the estimators (one message style for every bad input)."""
 from __future__ import annotations
 
-from typing import Mapping
+import functools
+from typing import Callable, Mapping, TypeVar
 
 import numpy as np
 import torch
 
+from ..base._linalg import sharded_vectors
 from ..operators.interface import CurvatureOperator, is_finite
 from ..base.results import EstimatorError
+
+F = TypeVar("F", bound=Callable)
+
+
+def on_operator_vectors(fn: F) -> F:
+    """Decorate an estimator ``fn(op, ...)`` that supports sharded operators: it runs with the
+    operator's :class:`~geometry.base._linalg.ShardLayout` in force (``op.layout``; None for whole
+    vectors), so its inner products, norms, Gram matrices and random probes are those of the global
+    vectors on every rank (docs/science.md §4, "Sharded vectors")."""
+    @functools.wraps(fn)
+    def run(op, *args, **kwargs):
+        with sharded_vectors(getattr(op, "layout", None)):
+            return fn(op, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+def refuse_sharded(op, what: str) -> None:
+    """Raise in one line when ``op`` holds sharded vectors and ``what`` does not support them."""
+    if getattr(op, "layout", None) is not None:
+        raise EstimatorError(f"{what} does not run on sharded operators yet (FSDP2): use hutchinson_trace, hutchpp_trace "
+                             "or top_eigenvalues (power, lanczos), or an unsharded operator")
 
 
 def check_op(op) -> None:

@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ._checks import check_int, check_op, flat_direction
+from ._checks import check_int, check_op, flat_direction, refuse_sharded
 from ..base._linalg import rowdot
 from .directional import estimate_memory as _direction_memory
 from ..operators.interface import CurvatureOperator
@@ -111,6 +111,7 @@ def direction_parts(op: CurvatureOperator, direction: Mapping[str, torch.Tensor]
         :class:`DirectionParts` (float64 sums per parameter). Cost: one gradient and one HVP.
     """
     check_op(op)
+    refuse_sharded(op, "attribution")
     gradient = getattr(op, "gradient", None)
     if not callable(gradient):
         raise EstimatorError(f"direction_parts needs an operator with a gradient() method (e.g. HessianOperator); "
@@ -187,6 +188,7 @@ def within_block_curvature(op: CurvatureOperator, direction: Mapping[str, torch.
         numbers (the masked copies and their products) plus one operator pass.
     """
     check_op(op)
+    refuse_sharded(op, "attribution")
     if op.space is None:
         raise EstimatorError("within-block curvature needs an operator with a parameter space (op.space)")
     d = flat_direction(op, direction)
@@ -232,6 +234,7 @@ def attribute(op: CurvatureOperator, direction: Mapping[str, torch.Tensor] | tor
         ``trace_matvecs`` HVPs when the trace is estimated here.
     """
     check_op(op)
+    refuse_sharded(op, "attribution")
     if op.space is None:
         raise EstimatorError("attribute needs an operator with a parameter space (op.space) to form blocks")
     t0, n0 = time.perf_counter(), op.num_matvecs

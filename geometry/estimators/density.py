@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from ._checks import check_int, check_op
+from ._checks import check_int, check_op, refuse_sharded
 from ._lanczos import lanczos, ritz
 from ..base._linalg import RowBasis
 from ..memory.model import (Candidate, MemoryEstimate, basis_storage, choose, default_budget, pass_options, resolve_budget,
@@ -111,6 +111,7 @@ def spectral_density(
         plus one operator pass (:func:`estimate_memory`).
     """
     check_op(op)
+    refuse_sharded(op, "spectral_density")
     num_runs = check_int("num_runs", num_runs, 1)
     num_steps = check_int("num_steps", num_steps, 1)
     grid_size = check_int("grid_size", grid_size, 2)

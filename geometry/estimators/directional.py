@@ -11,7 +11,7 @@ from typing import Mapping
 
 import torch
 
-from ._checks import check_op, flat_direction
+from ._checks import check_op, flat_direction, refuse_sharded
 from ..base._linalg import rowdot
 from ..memory.model import TEMPORARIES_PART, MemoryEstimate, first_fitting, resolve_budget, temporaries_bytes, vector_bytes
 from ..operators.interface import CurvatureOperator
@@ -52,6 +52,7 @@ def directional_curvature(
         gradient (one forward + backward per batch) and one HVP. Memory: :func:`estimate_memory`.
     """
     check_op(op)
+    refuse_sharded(op, "directional_curvature")
     gradient = getattr(op, "gradient", None)
     if not callable(gradient):
         raise EstimatorError(

@@ -23,8 +23,8 @@ import time
 import numpy as np
 import torch
 
-from ._checks import check_int, check_op
-from ..base._linalg import RowBasis, project_out, residual_norms, row_norms, rowdot
+from ._checks import check_int, check_op, on_operator_vectors
+from ..base._linalg import RowBasis, gaussian_rows, project_out, residual_norms, row_norms, rowdot
 from ..memory.model import (MemoryEstimate, basis_storage, default_budget, first_fitting, pass_options, resolve_budget,
                      TEMPORARIES_PART, temporaries_bytes, vector_bytes, with_basis)
 from ..operators.interface import CurvatureOperator
@@ -37,8 +37,9 @@ _ADVICE = ("lower max_iter or max_basis, use method='power' (k + 2 vectors), use
 
 
 def _gaussian_unit(g: torch.Generator, dim: int, dtype, device) -> torch.Tensor:
-    """A Gaussian unit vector drawn on the CPU in ``dtype`` (no float64 copy at model scale)."""
-    x = torch.randn(1, dim, generator=g, dtype=dtype)
+    """A Gaussian unit vector drawn on the CPU in ``dtype`` (chunk by chunk: no float64 copy at model
+    scale; sharded: this rank's columns of the global vector, :func:`geometry.base._linalg.gaussian_rows`)."""
+    x = gaussian_rows(g, 1, dim, dtype, "cpu")
     x /= float(row_norms(x)[0])
     return x[0].to(device=device)
 
@@ -98,6 +99,7 @@ def estimate_memory(op: CurvatureOperator, k: int = 1, method: str = "lanczos", 
     return first_fitting(cands, "top_eigenvalues (lanczos)", _ADVICE)
 
 
+@on_operator_vectors
 def top_eigenvalues(
     op: CurvatureOperator,
     k: int = 1,

@@ -26,8 +26,8 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from ._checks import check_int, check_op
-from ..base._linalg import orthonormalize_rows, project_out, rowdot
+from ._checks import check_int, check_op, on_operator_vectors, refuse_sharded
+from ..base._linalg import orthonormalize_rows, project_out, rademacher_rows, rowdot
 from ..memory.model import (Candidate, MemoryEstimate, basis_storage, choose, default_budget, pass_options, resolve_budget,
                      TEMPORARIES_PART, temporaries_bytes, vector_bytes, with_basis)
 from ..operators.interface import CurvatureOperator
@@ -45,9 +45,9 @@ _ADVICE = ("use fewer or shorter curvature batches (the graph of one batch domin
 # ----------------------------------------------------------------------------------- helpers
 def rademacher(generator: torch.Generator, k: int, dim: int, dtype: torch.dtype, device) -> torch.Tensor:
     """``[k, dim]`` i.i.d. ±1 entries from a CPU ``generator``, cast to ``dtype`` on ``device``.
-    Drawing k rows at once or in several calls gives the same numbers."""
-    bits = torch.randint(0, 2, (k, dim), generator=generator, dtype=torch.int8)
-    return bits.to(device=device, dtype=dtype).mul_(2).sub_(1)
+    Drawing k rows at once or in several calls gives the same numbers; with sharded vectors, this
+    rank's columns of them (:func:`geometry.base._linalg.rademacher_rows`)."""
+    return rademacher_rows(generator, k, dim, dtype, device)
 
 
 def t_quantile(n: int, level: float = 0.95) -> float:
@@ -146,6 +146,7 @@ def _hutchinson_samples(op, num_matvecs, seed, block_size, tol, group_slices=Non
     return samples, group_samples, converged
 
 
+@on_operator_vectors
 def hutchinson_trace(
     op: CurvatureOperator,
     num_matvecs: int = 100,
@@ -228,6 +229,7 @@ def _plan_hutchpp(op: CurvatureOperator, m: int, max_memory, basis_device=None, 
     raise AssertionError("unreachable")  # s = 0 returns above
 
 
+@on_operator_vectors
 def hutchpp_trace(op: CurvatureOperator, num_matvecs: int = 100, seed: int = 0,
                   max_memory: int | str | None = None, basis_device=None,
                   basis_dtype: torch.dtype | None = None) -> TraceEstimate:
@@ -357,6 +359,7 @@ def block_traces(
         sum to ``total.value`` (the full Hutchinson estimate) up to float64 round-off. Cost: m HVPs.
     """
     check_op(op)
+    refuse_sharded(op, "block_traces")
     space = getattr(op, "space", None)
     if space is None:
         raise EstimatorError(

@@ -13,6 +13,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from ..base._linalg import ShardLayout
 from ..base.params import ParamSpace
 
 
@@ -43,6 +44,9 @@ class CurvatureOperator(abc.ABC):
     """
 
     space: ParamSpace | None = None
+    #: where this rank's columns sit in the global vector when vectors are sharded over ranks
+    #: (:class:`~geometry.operators.sharded.ShardedHessianOperator`); None: whole vectors
+    layout: ShardLayout | None = None
     num_matvecs: int = 0
     #: default memory budget of estimators on this operator (None: geometry.memory.model.default_budget)
     max_memory: int | str | None = None
