@@ -13,7 +13,7 @@ import torch
 
 from probes.core.tokenset import TokenSet
 from probes.sweep.sharpness import SharpnessError, sharpness
-from probes.sweep.testing import tiny_trajectory
+from probes.sweep.testing import SEQ, VOCAB, tiny_trajectory
 
 ARGS = dict(num_matvecs=6, method="hutchinson", eigen_method="lanczos", max_iter=40, tol=1e-6, dtype="float64",
             num_threads=1, seed=2)
@@ -25,7 +25,7 @@ def setup(tmp_path_factory):
     traj = tiny_trajectory(root / "tiny", n=2, seed=3)
     g = torch.Generator().manual_seed(0)
     data = root / "curv3.safetensors"
-    TokenSet(torch.randint(0, 64, (3, 2, 16), generator=g), name="curvature").save(data)
+    TokenSet(torch.randint(0, VOCAB, (3, 2, SEQ), generator=g), name="curvature").save(data)
     return traj / "step-000200", data
 
 
@@ -58,3 +58,35 @@ def test_parallel_data_outside_torchrun_is_one_clear_error(setup, monkeypatch):
         sharpness(ckpt, data=data, parallel="data", **ARGS)
     with pytest.raises(SharpnessError, match="parallel 'model' is unknown; valid: none, data"):
         sharpness(ckpt, data=data, parallel="model", **ARGS)
+
+
+def test_torchrun_sweep_writes_once_and_resumes(setup, tmp_path):
+    """`sweep --parallel data` under torchrun: rank 0 writes every row once; the trace equals a
+    one-process sweep's (float64); a rerun finds nothing left to do."""
+    from probes.sweep import Store, run_sweep
+    from probes.sweep.testing import tiny_plan_toml
+
+    ckpt, data = setup
+    traj = ckpt.parent
+    body = 'loss = true\ntrace = { method = "hutchinson", num_matvecs = 4 }\n'
+    plan = tiny_plan_toml(tmp_path / "p.toml", traj, probes=body)
+    text = plan.read_text().replace(f'curvature = "{traj.resolve()}/data/curvature.safetensors"', f'curvature = "{data}"')
+    text = text.replace("curvature = [1, 2,", "curvature = [3, 2,")
+    plan.write_text(text)
+    one = run_sweep(traj, plan, out=tmp_path / "one.sqlite", progress=False, dtype=torch.float64, num_workers=1)
+    assert one.n_failed == 0, one.failures
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "probes.cli",
+           "sweep", str(traj), "--plan", str(plan), "--out", str(tmp_path / "two.sqlite"), "--dtype", "float64",
+           "--threads", "1", "--quiet", "--parallel", "data"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with Store(tmp_path / "one.sqlite") as a, Store(tmp_path / "two.sqlite") as b:
+        ra, rb = a.results(), b.results()
+    assert len(rb) == len(ra) and len(rb) > 0  # every row once
+    ta = ra[ra.metric == "trace"].sort_values("checkpoint").value.to_numpy()
+    tb = rb[rb.metric == "trace"].sort_values("checkpoint").value.to_numpy()
+    assert len(ta) == 2 and tb == pytest.approx(ta, rel=1e-9)
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "0 ok, 0 failed, 4 already done" in again.stdout, again.stdout

@@ -145,6 +145,8 @@ def register(app: typer.Typer) -> None:
         cache_dir: Optional[Path] = cache_dir_option(),
         schedule: Optional[str] = schedule_option(),
         tokens_per_step: Optional[int] = tokens_option(),
+        parallel: str = typer.Option("none", "--parallel", help="none | data: under torchrun, split each checkpoint's "
+                                     "curvature batches over the ranks (rank 0 writes the store and prints)."),
     ) -> None:
         """Run every probe of a plan on every checkpoint of a trajectory; resumable (kill and rerun).
 
@@ -154,9 +156,16 @@ def register(app: typer.Typer) -> None:
 
         Exit status: 0 all rows ok; 1 some rows failed; 3 every row failed (the failed rows are in the
         store: fix the cause and rerun with --retry-failed); 2 bad input (nothing was run)."""
+        from probes.core.distributed import DistributedError, init_data_parallel, is_main_rank
         from probes.sweep import PlanError, Plan, Store, StoreError, SweepError, load_plan, resolve_trajectory, run_sweep
 
         _check_quick(quick, plan)
+        if parallel == "data":
+            try:
+                device = init_data_parallel(device=device)[2]
+            except DistributedError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(2)
         dtypes = {"float32", "bfloat16", "float16", "float64"}
         if dtype is not None and dtype not in dtypes:
             typer.echo(f"error: --dtype {dtype!r} is unknown; valid: {', '.join(sorted(dtypes))}", err=True)
@@ -164,7 +173,7 @@ def register(app: typer.Typer) -> None:
         traj = resolve_trajectory(trajectory, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step,
                                   sidecars=[out.parent / "trajectory.json"])
         sched, tps = traj.meta.get("schedule"), traj.meta.get("tokens_per_step")
-        if sched or tps:
+        if (sched or tps) and is_main_rank():
             said = [f"LR from the schedule {sched}"] if sched else []
             said += [f"tokens = step × {tps}"] if tps else []
             typer.echo(f"{traj.name}: {'; '.join(said)}", err=True)
@@ -175,10 +184,12 @@ def register(app: typer.Typer) -> None:
             report = run_sweep(traj, p, out=out, executor=executor, address=address, retry_failed=retry_failed,
                                allow_mixed=allow_mixed, progress=not quiet, device=device, num_workers=num_workers,
                                num_threads=threads, wait=wait, on_wait=_waiting, allow_pickle=allow_pickle,
-                               dtype=_torch_dtype(dtype))
+                               dtype=_torch_dtype(dtype), parallel=parallel)
         except (PlanError, StoreError, SweepError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2)
+        if not is_main_rank():  # rank 0 reports; the others exit with its status when they failed alone
+            raise typer.Exit(1 if report.n_failed else 0)
         con = _console()
         con.print(str(report))
         for note in report.notes:

@@ -45,6 +45,7 @@ from .lock import StoreLock
 from .datasets import build_data, data_hashes
 from .parallel import check_memory, execute_workers, resolve_workers
 from .plan import Plan, PlanError, Task, load_plan
+from .ranks import data_parallel_group, sweep_data
 from .rows import error_type
 from .runner import get_loader, probe_checkpoint
 from .store import ProbeRow, Store
@@ -195,16 +196,42 @@ class SweepProgress:
             self._p = None
 
 
+# --------------------------------------------------------------------------- data-parallel sweeps
+def _follow_rank0(group, plan, token_sets, traj, refs, device, dtype, num_threads, allow_pickle, progress, executor,
+                  t_start) -> "SweepReport":
+    """A rank other than 0 in a data-parallel sweep: build the same data, take rank 0's list of what
+    is left to do, probe it in the same order (its rows are rank 0's to write) and report the count."""
+    sets, dhash, _ = sweep_data(group, plan, traj, token_sets, SweepError)
+    kind, payload = group.gather_objects(None)[0]
+    if kind == "error":
+        raise SweepError(f"rank 0 could not prepare the sweep: {payload}")
+    by_label = {str(ref.label): ref for ref in refs}
+    work = [(by_label[label], todo) for label, todo in payload]
+    n_todo = sum(len(t) for _, t in work)
+    report = SweepReport(None, plan.hash, dhash, executor, len(refs), len(refs) * len(plan.tasks()),
+                         n_skipped=len(refs) * len(plan.tasks()) - n_todo)
+
+    def count(row: ProbeRow) -> None:
+        report.n_run += 1
+        report.n_ok += row.status == "ok"
+        report.n_failed += row.status != "ok"
+
+    _execute_local(work, plan, sets, traj, count, SweepProgress(n_todo, len(work), enabled=False),
+                   _auto_device(device), dtype, num_threads, allow_pickle, 1, None, group)
+    report.seconds = time.perf_counter() - t_start
+    return report
+
+
 # --------------------------------------------------------------------------- executors
 def _execute_local(work, plan, token_sets, traj, write, progress: SweepProgress, device, dtype, num_threads=None,
-                   allow_pickle: bool = False, workers: int = 1, pool=None):
+                   allow_pickle: bool = False, workers: int = 1, pool=None, group=None):
     if workers > 1 or pool is not None:
         execute_workers(work, plan, token_sets, traj, write, progress, device, dtype, workers, num_threads, allow_pickle, pool)
         return
     loader = get_loader(traj, device=device, dtype=dtype, allow_pickle=allow_pickle)
     with torch_threads(num_threads):
         for ref, tasks in work:
-            for row in probe_checkpoint(ref, tasks, plan, token_sets, loader, on_start=progress.start_probe):
+            for row in probe_checkpoint(ref, tasks, plan, token_sets, loader, on_start=progress.start_probe, parallel=group):
                 write(row)
                 progress.probe_done()
             progress.checkpoint_done(str(ref.label))
@@ -271,7 +298,8 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
               token_sets: Mapping[str, Any] | None = None, progress: bool = True, device=None, dtype=None,
               num_workers: int | None = None, num_gpus: float | None = None, num_threads: int | None = None,
               on_row: Callable[[ProbeRow], None] | None = None, run: str | None = None, wait: bool = False,
-              on_wait: Callable[[dict], None] | None = None, allow_pickle: bool = False, pool=None) -> SweepReport:
+              on_wait: Callable[[dict], None] | None = None, allow_pickle: bool = False, pool=None,
+              parallel: str = "none") -> SweepReport:
     """Run ``plan`` over ``trajectory`` and write every probe's row to the store ``out``.
 
     Args:
@@ -307,6 +335,11 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
             it (``on_wait(holder)`` is called once first) instead of raising
             :class:`~probes.sweep.lock.StoreLockedError`.
         allow_pickle: load ``.bin``/``.pt`` checkpoints that need full pickle (only for trusted files).
+        parallel: ``"data"`` inside an initialised ``torch.distributed`` group (``torchrun … sweep
+            --parallel data``): every rank probes every checkpoint with one process (local executor),
+            the curvature batches split over the ranks (:mod:`geometry.operators.parallel`); rank 0
+            alone takes the store's lock, decides what is left to do (resumable as always), writes
+            the rows and reports; the other ranks return a report of the rows they computed.
 
     Every checkpoint is evaluated under its own config; checkpoints whose configs differ from the
     first one's are named in ``report.notes``.
@@ -320,6 +353,9 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
     t_start = time.perf_counter()
     if executor not in EXECUTORS:
         raise SweepError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
+    group = data_parallel_group(parallel, executor, num_workers, pool, SweepError)
+    if group is not None:
+        num_workers = 1
     plan = load_plan(plan)
     traj, refs = with_plan_checkpoints(resolve_trajectory(trajectory), plan)
     if not refs:
@@ -338,27 +374,37 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
             raise SweepError(str(exc)) from exc
     own_store = not isinstance(out, Store)
     lock = StoreLock(out.path if not own_store else out)  # one writer per store, before any work
-    lock.acquire(wait=wait, on_wait=on_wait)
+    main = group is None or group.rank == 0
+    if group is not None:  # rank 0 alone holds the lock and the store; the others follow its plan
+        group.agree(lambda: lock.acquire(wait=wait, on_wait=on_wait) if main else None, "taking the store's lock")
+    else:
+        lock.acquire(wait=wait, on_wait=on_wait)
     store = None
     try:
+        if not main:
+            return _follow_rank0(group, plan, token_sets, traj, refs, device, dtype, num_threads, allow_pickle, progress,
+                                 executor, t_start)
         t_data = time.perf_counter()
-        sets = dict(token_sets) if token_sets is not None else build_data(plan, traj)
-        missing = [n for n in ("eval", "calibration", "curvature") if n not in sets]
-        if missing:
-            raise SweepError(f"token_sets lacks {missing}; pass eval, calibration and curvature sets")
+        sets, dhash, per = sweep_data(group, plan, traj, token_sets, SweepError)
         data_seconds = time.perf_counter() - t_data
-        dhash, per = data_hashes(sets)
-        store = Store(out) if own_store else out
-        run = run if run is not None else plan.name
-        store.bind(plan, dhash, per, allow_mixed=allow_mixed, run=run)
-        store.add_checkpoints(list(traj), run=run)
         tasks = plan.tasks()
-        existing = store.existing(run)
-        work = []
-        for ref in refs:
-            todo = store.pending(str(ref.label), tasks, dhash, retry_failed=retry_failed, existing=existing, run=run)
-            if todo:
-                work.append((ref, todo))
+        try:
+            store = Store(out) if own_store else out
+            run = run if run is not None else plan.name
+            store.bind(plan, dhash, per, allow_mixed=allow_mixed, run=run)
+            store.add_checkpoints(list(traj), run=run)
+            existing = store.existing(run)
+            work = []
+            for ref in refs:
+                todo = store.pending(str(ref.label), tasks, dhash, retry_failed=retry_failed, existing=existing, run=run)
+                if todo:
+                    work.append((ref, todo))
+        except Exception as exc:
+            if group is not None:  # the other ranks wait for the work: tell them why there is none
+                group.gather_objects(("error", f"{type(exc).__name__}: {exc}"))
+            raise
+        if group is not None:  # the other ranks run exactly this work, in this order
+            group.gather_objects(("work", [(str(ref.label), todo) for ref, todo in work]))
         n_todo = sum(len(t) for _, t in work)
         report = SweepReport(store.path, plan.hash, dhash, executor, len(refs), len(refs) * len(tasks),
                              n_skipped=len(refs) * len(tasks) - n_todo, data_seconds=data_seconds,
@@ -390,7 +436,7 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
                     workers, threads = resolve_workers(workers, len(work), _auto_device(device), num_threads)
                 report.workers = pool.size if pool is not None else workers
                 _execute_local(work, plan, sets, traj, write, bar, _auto_device(device), dtype, threads, allow_pickle,
-                               workers, pool)
+                               workers, pool, group)
             else:
                 _execute_ray(work, plan, sets, traj, write, bar, device, dtype, address, num_workers, num_gpus, num_threads,
                              allow_pickle)
@@ -401,7 +447,8 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
     finally:
         if own_store and store is not None:
             store.close()
-        lock.release()
+        if main:
+            lock.release()
 
 
 def _kept_failures(store: Store, run: str, refs, work) -> list[tuple[str, str, str, str]]:

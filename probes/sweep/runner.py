@@ -62,8 +62,9 @@ class ProbeError(RuntimeError):
 class CheckpointState:
     """One loaded checkpoint and what its probes share (FP loss, the Hessian operator)."""
 
-    def __init__(self, model: torch.nn.Module, plan: Plan, token_sets: Mapping[str, Any]):
+    def __init__(self, model: torch.nn.Module, plan: Plan, token_sets: Mapping[str, Any], parallel=None):
         self.model = model
+        self.parallel = parallel  # a geometry.operators.parallel.DataParallel: the curvature batches are split
         self.plan = plan
         self.token_sets = token_sets
         self._fp = None
@@ -90,8 +91,14 @@ class CheckpointState:
         if self._op is None:
             from probes.models.curvature import lm_hessian
 
-            self._op = lm_hessian(self.model, self.data("curvature"), params=self.plan.curvature_params,
-                                  max_memory=self.plan.max_memory)
+            batches, extra = list(self.data("curvature")), {}
+            if self.parallel is not None:  # this rank's share; products all-reduced over the ranks
+                from geometry.operators.parallel import split_batches
+
+                batches = split_batches(batches, self.parallel.rank, self.parallel.world_size)
+                extra = {"data_parallel": self.parallel}
+            self._op = lm_hessian(self.model, batches, params=self.plan.curvature_params,
+                                  max_memory=self.plan.max_memory, **extra)
         return self._op
 
     def direction(self, spec: str):
@@ -239,13 +246,16 @@ def _escape_glob(name: str) -> str:
 
 # --------------------------------------------------------------------------- driver of one checkpoint
 def probe_checkpoint(ref, tasks: Iterable[Task], plan: Plan, token_sets: Mapping[str, Any], loader,
-                     on_start: Callable[[str, Task], None] | None = None) -> Iterator[ProbeRow]:
+                     on_start: Callable[[str, Task], None] | None = None, parallel=None) -> Iterator[ProbeRow]:
     """Run ``tasks`` on checkpoint ``ref``; yield one row per task as it finishes.
 
     ``loader``: a :class:`probes.checkpoints.CheckpointLoader` (reused across checkpoints).
     ``on_start(label, task)`` is called before each probe (for progress displays). The first row
     carries ``extra["load_seconds"]`` (loading the weights). Rows carry the wall time of their probe
     (the FP evaluation is charged to the probe that first needs it) and the torch thread count.
+    ``parallel``: a :class:`~geometry.operators.parallel.DataParallel` when every rank of a process
+    group runs the same tasks (``sweep --parallel data``): the Hessian operator's batches are split
+    over the ranks, and a checkpoint that fails to load on any rank fails on all of them.
     """
     import torch
 
@@ -262,6 +272,13 @@ def probe_checkpoint(ref, tasks: Iterable[Task], plan: Plan, token_sets: Mapping
         _check_vocabulary(model, token_sets, label)
     except Exception as exc:  # corrupt or missing weights: every task of this checkpoint fails
         err = f"loading checkpoint {label!r} failed: {_short_error(exc)}"
+    else:
+        err = None
+    if parallel is not None:  # the ranks agree, so none goes on to a collective alone
+        errors = parallel.gather_objects(err)
+        failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None]
+        err = "; ".join(failed) if failed else None
+    if err is not None:
         dt = time.perf_counter() - t0
         for t in tasks:
             row = ProbeRow.failed(label, t, err, seconds=dt)
@@ -269,7 +286,7 @@ def probe_checkpoint(ref, tasks: Iterable[Task], plan: Plan, token_sets: Mapping
             yield row
         return
     load_seconds = time.perf_counter() - t0
-    st = CheckpointState(model, plan, token_sets)
+    st = CheckpointState(model, plan, token_sets, parallel)
     st.label = label
     first = True
     for t in tasks:
