@@ -14,8 +14,10 @@ import os
 
 import torch
 
-#: Seconds a collective may wait for the other ranks before the process group gives up.
+#: Seconds a collective may wait for the other ranks before the process group gives up
+#: (``$LOSSLENS_DIST_TIMEOUT`` overrides it).
 DEFAULT_TIMEOUT_S = 1800.0
+TIMEOUT_ENV = "LOSSLENS_DIST_TIMEOUT"
 PARALLEL_MODES = ("none", "data")
 
 
@@ -33,13 +35,19 @@ def torchrun_env() -> tuple[int, int, int] | None:
         raise DistributedError(f"RANK / WORLD_SIZE / LOCAL_RANK must be integers: {exc}") from None
 
 
-def init_data_parallel(timeout_s: float = DEFAULT_TIMEOUT_S, device: str | None = None) -> tuple[int, int, str]:
+def init_data_parallel(timeout_s: float | None = None, device: str | None = None) -> tuple[int, int, str]:
     """Join (or reuse) the default process group; returns ``(rank, world_size, device)``.
 
     ``device``: None picks ``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``; the backend is
-    NCCL for CUDA devices, gloo for CPU. Raises :class:`DistributedError` outside ``torchrun`` (or
-    an already initialised group).
+    NCCL for CUDA devices, gloo for CPU. ``timeout_s``: how long a collective waits for a rank
+    (default ``$LOSSLENS_DIST_TIMEOUT``, else :data:`DEFAULT_TIMEOUT_S`). Raises
+    :class:`DistributedError` outside ``torchrun`` (or an already initialised group).
     """
+    if timeout_s is None:
+        try:
+            timeout_s = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+        except ValueError:
+            raise DistributedError(f"{TIMEOUT_ENV} must be a number of seconds, got {os.environ[TIMEOUT_ENV]!r}") from None
     import torch.distributed as dist
 
     if not dist.is_available():
