@@ -56,7 +56,7 @@ def test_parallel_data_outside_torchrun_is_one_clear_error(setup, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(SharpnessError, match="--parallel data runs under torchrun"):
         sharpness(ckpt, data=data, parallel="data", **ARGS)
-    with pytest.raises(SharpnessError, match="parallel 'model' is unknown; valid: none, data"):
+    with pytest.raises(SharpnessError, match="parallel 'model' is unknown; valid: none, data, fsdp"):
         sharpness(ckpt, data=data, parallel="model", **ARGS)
 
 
@@ -90,3 +90,24 @@ def test_torchrun_sweep_writes_once_and_resumes(setup, tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "0 ok, 0 failed, 4 already done" in again.stdout, again.stdout
+
+
+def test_torchrun_fsdp_sharpness_matches_one_process(setup):
+    """`sharpness --parallel fsdp`: the model, every vector and the estimators' state sharded over 2
+    ranks (FSDP2, gradient differences); the estimates match one process's exact products to the
+    difference backend's float64 accuracy, and the ranks' elements partition the parameters."""
+    ckpt, data = setup
+    one = sharpness(ckpt, data=data, **ARGS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "-m", "probes.cli", "sharpness", *_cli_args(ckpt, data), "--parallel", "fsdp"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count('"checkpoint"') == 1, r.stdout
+    two = json.loads(r.stdout[r.stdout.index("{"):])
+    par = two["parallel"]
+    assert par["mode"] == "fsdp" and par["batches_per_rank"] == [2, 1]
+    assert sum(par["elements_per_rank"]) == two["dim"] == one["dim"]
+    assert all(0.3 * one["dim"] < e < 0.7 * one["dim"] for e in par["elements_per_rank"])
+    assert two["trace"]["value"] == pytest.approx(one["trace"]["value"], rel=1e-6)
+    assert two["eigen"]["values"][0] == pytest.approx(one["eigen"]["values"][0], rel=1e-5)

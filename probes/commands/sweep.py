@@ -231,8 +231,9 @@ def register(app: typer.Typer) -> None:
         cache_dir: Optional[Path] = cache_dir_option(),
         schedule: Optional[str] = schedule_option(),
         tokens_per_step: Optional[int] = tokens_option(),
-        parallel: str = typer.Option("none", "--parallel", help="none | data: under torchrun, split the curvature "
-                                     "batches over the ranks (one process group; only rank 0 prints)."),
+        parallel: str = typer.Option("none", "--parallel", help="none | data | fsdp, under torchrun: data splits the "
+                                     "curvature batches over the ranks; fsdp also shards the model, every vector and the "
+                                     "estimators' state (FSDP2, gradient differences). Only rank 0 prints."),
     ) -> None:
         """Sharpness of one checkpoint: Hessian trace (95% CI), top eigenvalue(s), HVPs, timing, memory plan."""
         from probes.core.distributed import is_main_rank

@@ -1,4 +1,4 @@
-"""Process groups for the CLI's ``--parallel data`` (under ``torchrun``), and which rank speaks.
+"""Process groups for the CLI's ``--parallel data|fsdp`` (under ``torchrun``), and which rank speaks.
 
 ``torchrun --nproc_per_node N -m probes.cli sharpness … --parallel data`` starts N processes with
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set.
@@ -18,7 +18,7 @@ import torch
 #: (``$LOSSLENS_DIST_TIMEOUT`` overrides it).
 DEFAULT_TIMEOUT_S = 1800.0
 TIMEOUT_ENV = "LOSSLENS_DIST_TIMEOUT"
-PARALLEL_MODES = ("none", "data")
+PARALLEL_MODES = ("none", "data", "fsdp")
 
 
 class DistributedError(RuntimeError):

@@ -82,9 +82,12 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
 
     dev = device or ("cuda" if torch.cuda.is_available() else None)
     batches, pg = list(curv), None
-    if parallel == "data":
+    if parallel in ("data", "fsdp"):
         from geometry.operators.parallel import DataParallel, split_batches
 
+        if parallel == "fsdp" and params:
+            raise SharpnessError("--params is not supported with --parallel fsdp yet: sharded curvature is w.r.t. "
+                                 "every parameter (or use --parallel data with a selection)")
         try:
             rank, world, dev = init_data_parallel(device=device)
             batches = split_batches(batches, rank, world)
@@ -106,8 +109,13 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     from probes.models.curvature import lm_hessian
 
     try:
-        op = lm_hessian(model, batches, params=list(params) if params else None, max_memory=max_memory,
-                        **({"data_parallel": pg} if pg is not None else {}))
+        if parallel == "fsdp":  # every rank holds 1/N of θ, of every vector and of the estimators' state
+            from probes.models.sharding import shard_model, sharded_lm_hessian
+
+            op = sharded_lm_hessian(shard_model(model, dev), batches, max_memory=max_memory)
+        else:
+            op = lm_hessian(model, batches, params=list(params) if params else None, max_memory=max_memory,
+                            **({"data_parallel": pg} if pg is not None else {}))
         # both plans are checked before any product: a plan that cannot fit fails here, in one line
         trace_memory(op, method, num_matvecs)
         eigen_memory(op, k, eigen_method, max_iter)
@@ -118,7 +126,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
         raise SharpnessError(str(exc)) from exc
     return {
         "checkpoint": ref.label, "step": ref.step, "tokens": ref.tokens, "lr": ref.lr, "location": ref.location,
-        "dim": op.dim, "params": list(params) if params else None,
+        "dim": getattr(op, "global_dim", op.dim), "params": list(params) if params else None,
         "data": {"shape": list(curv.tokens.shape), "content_hash": curv.content_hash},
         "dtype": str(op.param_dtype).replace("torch.", ""),
         "trace": {"value": est.value, "stderr": est.stderr, "ci_low": est.ci_low, "ci_high": est.ci_high,
@@ -130,7 +138,8 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
         "seconds": time.perf_counter() - t0,
         "device": str(op.device),
         "parallel": {"mode": parallel, "world_size": pg.world_size if pg else 1, "backend": pg.backend if pg else None,
-                     "batches_per_rank": pg.gather_objects(len(batches)) if pg else [len(batches)]},
+                     "batches_per_rank": pg.gather_objects(len(batches)) if pg else [len(batches)],
+                     **({"elements_per_rank": pg.gather_objects(op.local_dim)} if parallel == "fsdp" else {})},
     }
 
 

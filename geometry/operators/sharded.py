@@ -1,0 +1,278 @@
+"""Hessian-vector products of an FSDP2-sharded model, by gradient differences (docs/science.md §4).
+
+:class:`ShardedHessianOperator` is the Hessian of the weighted mean loss over every rank's batches,
+
+    L(θ) = Σ_r Σ_{b ∈ rank r} w_b · loss_fn(model, b),      Σ_all w_b = 1,
+
+for a model whose parameters were sharded with ``torch.distributed.fsdp.fully_shard`` (FSDP2:
+``DTensor`` parameters, ``Shard(0)``). Nothing is ever gathered whole: every vector, the estimators'
+state and the master copy of θ hold this rank's shards only (1/N of the elements).
+
+The product is the gradient-difference backend (:mod:`geometry.operators.difference`): the local
+shards are set to ``θ_master ± ε·v`` in place, every rank runs ``loss.backward()`` on its own batch,
+FSDP2 all-gathers the layers for the forward and reduce-scatters the gradient into each rank's
+``.grad`` shard, which is read and differenced. The step ε follows the same rule as the unsharded
+backend with *global* norms ‖θ‖ and ‖v‖ (all-reduced), so the sharded product equals the unsharded
+difference product up to the order of floating-point summation.
+
+Batches and weights. FSDP2 averages gradients uniformly over the ranks, while the operator weights
+batches by their tokens (rows): each rank scales its loss by ``w_b · N``, so the reduce-scatter's
+mean is ``Σ_r Σ_b w_b ∇L_b`` whatever the split. Every backward is a collective, so the ranks run
+the same number of rounds: a rank with fewer batches runs zero-weighted passes of its first batch
+(the cost of an uneven split).
+
+Vectors. Rows are ``[k, dim]`` with ``dim`` the largest local shard size over the ranks (the same on
+every rank, so every memory plan and decision agrees); columns past this rank's shard are zero.
+:attr:`layout` (:class:`geometry.base._linalg.ShardLayout`) tells the estimators' linear algebra
+where the columns sit in the global vector: inner products, norms and Gram matrices are summed
+over the ranks, random probes are this rank's columns of the global stream. Estimators that support
+sharded operators (Hutchinson, Hutch++, power iteration, Lanczos) run unchanged; the others refuse
+in one line.
+
+Memory per rank (:meth:`pass_bytes`): the master copy of the local shards (float32 at least), the
+``.grad`` shards, and one sharded gradient pass of the largest batch measured once at one and two
+rows (the all-gathered parameters of the live FSDP units, activations, reduce-scatter buffers),
+extrapolated linearly in the rows. Cost per product: (2 or 4 with Richardson) × rounds gradients.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from ..base._linalg import ShardLayout
+from ..base.batches import raw_batch_weights
+from ..base.modes import module_modes
+from ..memory.graphs import itemsize, one_row, peak_new_bytes
+from .derivatives import true_derivatives
+from .difference import checkpointing_layers, relative_step, stencil, step_size
+from .interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
+from .parallel import DataParallel, global_batch_weights
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+def sharded_parameters(model: nn.Module) -> dict[str, Any]:
+    """The trainable FSDP2 ``DTensor`` parameters of ``model`` (``Shard(0)`` on a 1-D mesh), in order.
+    Raises :class:`OperatorError` naming what to do when the model is not sharded that way."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    if not params:
+        raise OperatorError("the model has no parameter with requires_grad=True")
+    plain = [n for n, p in params.items() if not isinstance(p, DTensor)]
+    if plain:
+        raise OperatorError(f"{len(plain)} parameter(s) are not sharded (e.g. {plain[0]!r}): call "
+                            "torch.distributed.fsdp.fully_shard on the model's blocks and on the model itself first")
+    for n, p in params.items():
+        if p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),):
+            raise OperatorError(f"parameter {n!r} is placed as {tuple(p.placements)} on a {p.device_mesh.ndim}-D mesh; "
+                                "only FSDP2's Shard(0) on a 1-D mesh is supported (no HSDP, no tensor parallelism)")
+    return params
+
+
+class ShardedHessianOperator(CurvatureOperator):
+    """Hessian of ``Σ_b w_b loss_fn(model, b)`` over all ranks' batches, for an FSDP2 model.
+
+    Args:
+        model: a module whose trainable parameters are FSDP2 ``DTensor`` s (``fully_shard``).
+        loss_fn: ``loss_fn(model, batch) -> scalar`` mean loss of the batch.
+        batches: this rank's curvature batches (at least one per rank).
+        weights: this rank's raw batch weights (default: rows of each batch), normalised over all ranks.
+        max_memory: default budget of the estimators (bytes or ``"8GB"``; None: the smallest default
+            budget over the ranks).
+        difference_step: the relative step h (default :func:`~geometry.operators.difference.relative_step`
+            of the parameters' dtype); ``richardson``: 4 gradients per product, O(ε⁴).
+        progress: unused (kept for symmetry with HessianOperator); only rank 0 would print.
+
+    Attributes: ``dim`` (padded local length, the same on every rank), ``local_dim`` (this rank's
+    elements), ``global_dim``, ``layout``, ``parallel`` (the mesh's group), ``rounds``.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn, batches: Sequence[Any], weights: Sequence[float] | None = None,
+                 max_memory: int | str | None = None, difference_step: float | None = None, richardson: bool = False,
+                 progress: bool = False):
+        if not isinstance(model, nn.Module):
+            raise OperatorError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not callable(loss_fn):
+            raise OperatorError("loss_fn must be callable as loss_fn(model, batch) -> scalar tensor")
+        self.model, self.loss_fn, self.batches = model, loss_fn, list(batches)
+        self.params = sharded_parameters(model)
+        first = next(iter(self.params.values()))
+        self.parallel = DataParallel(first.device_mesh.get_group())
+        self.names = tuple(self.params)
+        self.locals = [p.to_local() for p in self.params.values()]
+        self._param_dtype = self.locals[0].dtype
+        if any(t.dtype != self._param_dtype for t in self.locals):
+            raise OperatorError("the sharded parameters have mixed dtypes; load the model in one dtype")
+        self._device = self.locals[0].device
+        self.local_dim = sum(t.numel() for t in self.locals)
+        self.global_dim = sum(p.numel() for p in self.params.values())
+        self.parallel.check_same({"names": list(self.names), "dtype": str(self._param_dtype),
+                                  "global_dim": self.global_dim}, "the sharded Hessian operator")
+        self.layout = self._layout()
+        self._dim = self.parallel.max_int(self.local_dim, self._device)
+        raw = self.parallel.agree(lambda: raw_batch_weights(self.batches, weights, OperatorError), "checking the batch weights",
+                                  self._device)
+        self.weights = global_batch_weights(self.parallel, self.batches, raw, self._device)
+        self.rounds = self.parallel.max_int(len(self.batches), self._device)
+        self.max_memory = max_memory
+        if max_memory is None:
+            from ..memory.model import default_budget
+
+            self.max_memory = self.parallel.min_int(default_budget(self._device), self._device)
+        self.difference_step = difference_step
+        self.richardson = bool(richardson)
+        self.progress = progress
+        self.num_matvecs = 0
+        self.num_gradients = 0
+        self._pass_fit: tuple[float, float] | None = None
+
+    # ------------------------------------------------------------------ attributes
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return estimator_dtype(self._param_dtype)
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return self._param_dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def __repr__(self) -> str:
+        return (f"ShardedHessianOperator(global_dim={self.global_dim}, local_dim={self.local_dim}, "
+                f"ranks={self.parallel.world_size}, batches={len(self.batches)}, dtype={self._param_dtype})")
+
+    def _layout(self) -> ShardLayout:
+        """Global positions of this rank's columns: each parameter's global offset plus the rows
+        held by the lower ranks (gathered, so any FSDP2 row split is read, not assumed)."""
+        rows = [t.shape[0] if t.ndim else t.numel() for t in self.locals]
+        every = self.parallel.gather_objects(rows)
+        ranges, offset = [], 0
+        for j, (p, t) in enumerate(zip(self.params.values(), self.locals)):
+            row_numel = math.prod(p.shape[1:]) if p.ndim > 1 else 1
+            before = sum(every[r][j] for r in range(self.parallel.rank))
+            if t.numel():
+                ranges.append((offset + before * row_numel, t.numel()))
+            offset += p.numel()
+        parallel = self.parallel
+        return ShardLayout(tuple(ranges), offset, lambda x: parallel.all_reduce_(x.contiguous()))
+
+    # ------------------------------------------------------------------ products
+    def _views(self, V: torch.Tensor) -> list[torch.Tensor]:
+        k, out, start = V.shape[0], [], 0
+        for t in self.locals:
+            out.append(V[:, start:start + t.numel()].view(k, *t.shape))
+            start += t.numel()
+        return out
+
+    def _global_sq(self, tensors: Sequence[torch.Tensor]) -> float:
+        (total,) = self.parallel.sum_floats([sum(float(t.double().square().sum()) for t in tensors)], self._device)
+        return total
+
+    @contextlib.contextmanager
+    def _call_context(self) -> Iterator[None]:
+        """Eval mode (checkpointed layers flagged for HF), grad on, true embedding derivatives
+        (``padding_idx`` cleared: :func:`~geometry.operators.derivatives.true_derivatives`);
+        the caller's ``.grad`` restored after."""
+        grads = [(p, p.grad) for p in self.params.values()]
+        try:
+            with module_modes(self.model, training=False), checkpointing_layers(self.model), torch.enable_grad(), \
+                    true_derivatives(self.model):
+                yield
+        finally:
+            for p, g in grads:
+                p.grad = g
+
+    def _round(self, i: int) -> tuple[float, Any]:
+        """This rank's (weight × world size, batch) of round i: a zero-weighted pass of its first
+        batch once its own batches are done (every backward is a collective)."""
+        if i < len(self.batches):
+            return self.weights[i] * self.parallel.world_size, self.batches[i]
+        return 0.0, self.batches[0]
+
+    def _matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(V)
+        vs, outs = self._views(V), self._views(out)
+        h = self.difference_step or relative_step(self._param_dtype, self.richardson)
+        masters = [t.detach().to(dtype=estimator_dtype(t.dtype), copy=True) for t in self.locals]
+
+        def local() -> None:
+            theta_norm = math.sqrt(self._global_sq(masters))
+            with self._call_context():
+                try:
+                    for r in range(V.shape[0]):
+                        v_norm = math.sqrt(self._global_sq([v[r] for v in vs]))
+                        if v_norm == 0.0:
+                            continue
+                        for shift, coef in stencil(step_size(h, theta_norm, v_norm), self.richardson):
+                            with torch.no_grad():
+                                for t, m, v in zip(self.locals, masters, vs):
+                                    torch.add(m, v[r].to(m.dtype), alpha=shift, out=t)
+                            for i in range(self.rounds):
+                                scale, batch = self._round(i)
+                                for p in self.params.values():
+                                    p.grad = None
+                                loss = self.loss_fn(self.model, batch)
+                                if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+                                    raise OperatorError("loss_fn must return a scalar (0-dim) mean loss")
+                                (loss * scale).backward()
+                                self.num_gradients += 1
+                                for p, o in zip(self.params.values(), outs):
+                                    if p.grad is not None:
+                                        o[r].add_(p.grad.to_local().to(o.dtype), alpha=coef)
+                finally:
+                    with torch.no_grad():
+                        for t, m in zip(self.locals, masters):
+                            t.copy_(m)  # θ back bit-exactly from the kept original
+
+        # a rank that raises mid-product would leave the others in a collective: the backward passes
+        # are collectives themselves, so a failure here is reported by the process group's timeout
+        # if not by the exception; the agreement catches every failure that happens between them
+        self.parallel.agree(local, "a sharded Hessian-vector product", self._device)
+        if not is_finite(out):
+            raise OperatorError("the sharded Hessian-vector product is NaN/Inf; check the model's weights and the loss")
+        return out
+
+    # ------------------------------------------------------------------ memory
+    def _measure_pass(self, rows: int) -> int:
+        batch = self.batches[0]
+        sliced = batch[:rows] if isinstance(batch, torch.Tensor) else type(batch)(b[:rows] for b in batch)
+
+        def run() -> None:
+            with self._call_context():
+                for p in self.params.values():
+                    p.grad = None
+                self.loss_fn(self.model, sliced).backward()
+                for p in self.params.values():
+                    p.grad = None
+
+        _, peak = peak_new_bytes(run)
+        return self.parallel.max_int(int(peak), self._device)
+
+    def pass_bytes(self, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
+        """Predicted peak bytes of one product on this rank beyond its ``[k, dim]`` input and output:
+        the master copy of the local shards (float32 at least), one sharded gradient pass of the
+        largest batch (measured at one and two rows of the first batch — all-gathered units,
+        activations, ``.grad`` shards, reduce-scatter buffers — and extrapolated in the rows), the
+        same over every rank (collective: every rank calls it). Cost, once: 2 small gradients."""
+        if self._pass_fit is None:
+            one, two = self._measure_pass(1), self._measure_pass(2)
+            self._pass_fit = (float(2 * one - two), float(max(0, two - one)))
+        fixed, per_row = self._pass_fit
+        rows = max(one_row(b)[0] for b in self.batches)
+        master = self.local_dim * itemsize(self.dtype)
+        need = int(master + max(fixed, 0.0) + per_row * rows)
+        return self.parallel.max_int(need, self._device)
+
+
+__all__ = ["ShardedHessianOperator", "sharded_parameters"]
