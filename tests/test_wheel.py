@@ -16,7 +16,10 @@ import site
 import subprocess
 import sys
 import sysconfig
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 import zipfile
 from pathlib import Path
 

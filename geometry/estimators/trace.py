@@ -236,7 +236,7 @@ def hutchpp_trace(op: CurvatureOperator, num_matvecs: int = 100, seed: int = 0,
     With s = m // 3 and r = m − 2s: draw a Rademacher sketch S [s, dim] and compute Y = H S
     (s HVPs); Q = orthonormal basis of the rows of Y (in place, Gram-matrix orthonormalisation in
     float64, two passes; numerically dependent directions are dropped, their HVPs go to the
-    residual); the low-rank part tr(QᵀHQ) costs |Q| HVPs; the rest is Hutchinson with r Rademacher
+    residual); the low-rank part tr(QᵀHQ) costs ``|Q|`` HVPs; the rest is Hutchinson with r Rademacher
     probes G projected onto the complement, ``mean_i (P gᵢ)ᵀ H (P gᵢ)`` with P = I − QQᵀ. The
     estimate is ``tr(QᵀHQ) + tr_est(PHP)``; ``stderr`` is the standard error of the residual
     Hutchinson part (the low-rank part is exact given Q), with a 95% Student-t interval on r − 1
