@@ -16,6 +16,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import tarfile
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -69,6 +70,10 @@ def test_build_gives_wheel_and_sdist_that_twine_accepts(dist):
         top_level = zf.read(f"losslens-{VERSION}.dist-info/top_level.txt").decode().split()
         entry_points = zf.read(f"losslens-{VERSION}.dist-info/entry_points.txt").decode()
     assert names == _source_files()  # nothing missing (py.typed included), nothing stale
+    with tarfile.open(sdists[0]) as tf:
+        in_sdist = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+    assert {"pyproject.toml", "README.md", "CHANGELOG.md", "geometry/py.typed", "probes/py.typed"} <= in_sdist
+    assert {f for f in _source_files()} <= in_sdist
     assert sorted(top_level) == ["geometry", "probes"]
     assert "losslens = probes.cli:app" in entry_points
 

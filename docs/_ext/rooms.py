@@ -77,6 +77,22 @@ def _home(obj, room: str) -> bool:
     return str(getattr(obj, "__module__", room)).startswith(room)
 
 
+def _public_home(obj, canonical: str) -> str:
+    """The name under which a re-exported object is documented in its own room (``probes.core.TokenSet``
+    for ``probes.core.tokenset.TokenSet``), else its canonical name."""
+    parts = canonical.split(".")
+    for depth in (2, 1):
+        room = ".".join(parts[:depth])
+        try:
+            mod = importlib.import_module(room)
+        except ImportError:
+            continue
+        short = getattr(obj, "__name__", parts[-1])
+        if short in getattr(mod, "__all__", ()) and getattr(mod, short) is obj:
+            return f"{room}.{short}"
+    return canonical
+
+
 class RoomDirective(SphinxDirective):
     """``.. room:: DOTTED.NAME``: the reference of one room (see the module docstring)."""
 
@@ -103,8 +119,9 @@ class RoomDirective(SphinxDirective):
                 role = {"py:class": "class", "py:exception": "exc"}.get(directive, "func")
                 mod, short = name.rsplit(".", 1)
                 _REEXPORTED.add(name)
+                home = _public_home(obj, canonical)
                 lines += [f".. {directive}:: {short}", f"   :module: {mod}", "",
-                          f"   The same object as :{role}:`{canonical}`, re-exported here.", ""]
+                          f"   The same object as :{role}:`{home}`, re-exported here.", ""]
                 continue
             _EXPORTED[id(obj)] = name
             if kind == "autodata":  # data has no __module__: alias every room module that holds this object
@@ -270,16 +287,24 @@ def _resolve(app: Sphinx, env, node, contnode):
                 ref = domain.resolve_xref(env, node["refdoc"], app.builder, role, documented, new, contnode)
                 if ref is not None:
                     return ref
-    # an undocumented member (a dataclass field, a property without a docstring): link to its class
+    # an undocumented member that exists (a dataclass field, a property without a docstring): link to
+    # its class; a member the class does not have stays unresolved (and fails the strict build)
     if "." in target and node["reftype"] in ("attr", "meth", "obj"):
-        owner = target.rsplit(".", 1)[0]
+        owner, member = target.rsplit(".", 1)
         owner_node = node.deepcopy()
         owner_node["reftarget"] = owner
         owner_node["reftype"] = "class"
-        if owner_node.get("refexplicit") is False or "refexplicit" not in owner_node:
-            pass
-        return _resolve(app, env, owner_node, contnode)
+        ref = _resolve(app, env, owner_node, contnode) or domain.resolve_xref(
+            env, node["refdoc"], app.builder, "class", owner, owner_node, contnode)
+        cls = _lookup(ref.get("reftitle", "")) if ref is not None else None
+        if inspect.isclass(cls) and _has_member(cls, member):
+            return ref
     return None
+
+
+def _has_member(cls, member: str) -> bool:
+    return hasattr(cls, member) or any(member in getattr(c, "__annotations__", {}) for c in cls.__mro__) \
+        or member in getattr(cls, "__dataclass_fields__", {})
 
 
 def _by_last_name(domain, target: str, module: str) -> list[str]:
