@@ -7,7 +7,11 @@ myst-parser. The reference documents the checkout this file lives in, not an ins
 from __future__ import annotations
 
 import sys
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent

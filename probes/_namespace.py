@@ -70,8 +70,13 @@ def namespace_clashes(owners: dict[str, list[str]] | None = None) -> list[str]:
 
 
 def warn_on_clash() -> list[str]:
-    """Warn once per clash (:class:`NamespaceClashWarning`); returns the lines warned."""
-    lines = namespace_clashes()
+    """Warn once per clash (:class:`NamespaceClashWarning`); returns the lines warned. Runs at import:
+    a failure of the check itself (unreadable metadata of some other distribution) is not a clash and
+    never stops the import."""
+    try:
+        lines = namespace_clashes()
+    except Exception:  # noqa: BLE001 - e.g. a malformed dist-info elsewhere in site-packages
+        return []
     for line in lines:
         warnings.warn(f"losslens: {line}", NamespaceClashWarning, stacklevel=3)
     return lines

@@ -86,3 +86,13 @@ def test_shadowing_geometry_folder_is_a_clash(tmp_path):
                          text=True)
     assert out.returncode == 0, out.stderr
     assert str(tmp_path / "geometry") in out.stdout and "pip uninstall" in out.stdout
+
+
+def test_a_failing_check_never_stops_the_import(monkeypatch):
+    import probes._namespace as ns
+
+    def broken():
+        raise ValueError("malformed METADATA of some other distribution")
+
+    monkeypatch.setattr(ns, "namespace_clashes", broken)
+    assert ns.warn_on_clash() == []
