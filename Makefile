@@ -2,6 +2,7 @@
 #   make demo   -> creates .venv, installs losslens, runs `losslens demo --out demo-out`
 #   make test   -> creates .venv, installs losslens with dev extras (+ headless Chromium when
 #                  possible), runs the test suite
+#   make docs   -> the docs site (Sphinx, offline, strict) in docs/_build/html
 #   make check  -> the house rules (ARCHITECTURE.md): module sizes, no import circles, geometry's imports
 PYTHON ?= python3
 VENV   ?= .venv
@@ -9,7 +10,7 @@ BIN    := $(VENV)/bin
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: demo test install install-dev bench check clean
+.PHONY: demo test install install-dev bench check clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +43,11 @@ test: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/losslens bench all
+
+# The docs site: offline (no intersphinx), strict (-W: every warning fails; -n: every reference must
+# resolve). tests/test_docs.py runs the same build in the test suite.
+docs: $(VENV)/.installed-dev
+	$(BIN)/python -m sphinx -E -W --keep-going -n -q -b html docs docs/_build/html
 
 # The house rules of ARCHITECTURE.md (stdlib only: needs no virtual environment).
 check:

@@ -4,4 +4,10 @@ Rooms (what each may import, and where to add things: ARCHITECTURE.md): :mod:`pr
 :mod:`probes.checkpoints`, :mod:`probes.data`, :mod:`probes.models`, :mod:`probes.quant`,
 :mod:`probes.train`, :mod:`probes.sweep`, :mod:`probes.analysis`, :mod:`probes.report`, and the
 CLI (:mod:`probes.cli`, :mod:`probes.commands`, :mod:`probes.demo`).
+
+Importing it checks that ``geometry`` and ``probes`` are losslens's own (:mod:`probes._namespace`:
+both names are taken on the package index too) and warns when another distribution owns them.
 """
+from ._namespace import warn_on_clash as _warn_on_clash
+
+_warn_on_clash()

@@ -115,20 +115,28 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version as _version
+
+        typer.echo(_version("losslens"))
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(ctx: typer.Context, debug: bool = typer.Option(
         False, "--debug", help="Show the full traceback of a failure instead of one `error: …` line "
-                               "(also accepted after the command name; or set LOSSLENS_DEBUG=1).")) -> None:
+                               "(also accepted after the command name; or set LOSSLENS_DEBUG=1)."),
+          _version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                        help="Print the installed losslens version and exit.")) -> None:
     if debug:
         ctx.meta[_DEBUG] = True
 
 
 @app.command()
 def version() -> None:
-    """Print the installed losslens version."""
-    from importlib.metadata import version as _version
-
-    typer.echo(_version("losslens"))
+    """Print the installed losslens version (also `losslens --version`)."""
+    _print_version(True)
 
 
 for _info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):

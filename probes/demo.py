@@ -37,7 +37,7 @@ from .core.workers import WorkerError, WorkerPool
 
 @dataclass(frozen=True)
 class DemoRun:
-    """One embedded trajectory: schedule ('wsd'|'cosine'|...) and peak LR."""
+    """One embedded trajectory: schedule (``"wsd"``, ``"cosine"``, ...) and peak LR."""
 
     schedule: str
     peak_lr: float

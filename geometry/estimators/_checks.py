@@ -16,7 +16,7 @@ F = TypeVar("F", bound=Callable)
 
 def on_operator_vectors(fn: F) -> F:
     """Decorate an estimator ``fn(op, ...)`` that supports sharded operators: it runs with the
-    operator's :class:`~geometry.base._linalg.ShardLayout` in force (``op.layout``; None for whole
+    operator's ``ShardLayout`` (``geometry.base._linalg``) in force (``op.layout``; None for whole
     vectors), so its inner products, norms, Gram matrices and random probes are those of the global
     vectors on every rank (docs/science.md §4, "Sharded vectors")."""
     @functools.wraps(fn)

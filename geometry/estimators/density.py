@@ -97,7 +97,7 @@ def spectral_density(
         max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
             :func:`geometry.memory.model.default_budget`).
         reorth: ``"full"`` (each run keeps its Lanczos basis; as PyHessian), ``"none"`` (three-term
-            recurrence, 3 vectors per run; see :mod:`geometry.estimators._lanczos` for its accuracy cost) or
+            recurrence, 3 vectors per run; see ``geometry/estimators/_lanczos.py`` for its accuracy cost) or
             ``"auto"`` (full when at least one run's basis fits, with as many runs in lock-step as
             fit, else none).
         basis_device, basis_dtype: keep the bases in host RAM (operator on a GPU) or in a lower

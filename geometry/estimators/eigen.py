@@ -38,7 +38,7 @@ _ADVICE = ("lower max_iter or max_basis, use method='power' (k + 2 vectors), use
 
 def _gaussian_unit(g: torch.Generator, dim: int, dtype, device) -> torch.Tensor:
     """A Gaussian unit vector drawn on the CPU in ``dtype`` (chunk by chunk: no float64 copy at model
-    scale; sharded: this rank's columns of the global vector, :func:`geometry.base._linalg.gaussian_rows`)."""
+    scale; sharded: this rank's columns of the global vector, ``geometry.base._linalg.gaussian_rows``)."""
     x = gaussian_rows(g, 1, dim, dtype, "cpu")
     x /= float(row_norms(x)[0])
     return x[0].to(device=device)
@@ -120,20 +120,20 @@ def top_eigenvalues(
         method:
             ``"lanczos"`` — Lanczos with full re-orthogonalisation (twice, against the whole basis)
             from one random start vector; the projected matrix T = QᵀHQ is kept dense and
-            diagonalised after every step, and the run stops when every one of the k largest-|θ|
+            diagonalised after every step, and the run stops when every one of the k largest-``|θ|``
             Ritz values has residual estimate ``β · |s_{m,i}| < tol·|θ_i|``, or after ``max_iter``
             steps (at least k, at most dim). An invariant Krylov space is continued from a fresh
             random vector orthogonal to it. When the basis reaches its size m (below the steps
-            wanted: memory), it is thick-restarted: the ⌈(m+k)/2⌉ Ritz vectors of largest |θ| are
+            wanted: memory), it is thick-restarted: the ⌈(m+k)/2⌉ Ritz vectors of largest ``|θ|`` are
             kept with their coupling to the residual (Wu & Simon 2000). Cost: one HVP per step,
             plus one block of k HVPs for the true residuals of the Ritz vectors.
 
-            ``"power"`` — power iteration for the largest-|λ| eigenpair, then deflated power
+            ``"power"`` — power iteration for the largest-``|λ|`` eigenpair, then deflated power
             iteration (iterates orthogonalised against the eigenvectors already found, as PyHessian
             does) for the next ones; each value stops when the Rayleigh quotient changes by less
             than ``tol·|λ|`` between iterations, or after ``max_iter`` iterations. The residual is
             that of the last iterate, whose H v was already computed (no extra HVP). Cost: one HVP
-            per iteration, ≤ k · max_iter. Converges at rate |λ_{i+1}/λ_i| — slowly for clustered
+            per iteration, ≤ k · max_iter. Converges at rate ``|λ_{i+1}/λ_i|`` — slowly for clustered
             spectra; prefer Lanczos for k > 1.
         tol: relative tolerance (see above), > 0.
         max_iter: Lanczos steps, or power iterations per eigenvalue, ≥ 1.
@@ -150,9 +150,9 @@ def top_eigenvalues(
             that relative accuracy and ``tol`` below it is not reached.
 
     Returns:
-        :class:`EigenResult` with ``values`` sorted by |λ| (largest first), ``residuals``
+        :class:`EigenResult` with ``values`` sorted by ``|λ|`` (largest first), ``residuals``
         ``‖H v_i − λ_i v_i‖`` for unit v_i, ``converged`` flags (Lanczos: true residual
-        ≤ tol·|λ_i| up to the products' round-off, 10·ε·|λ_1| with ε the precision of the products
+        ≤ tol·``|λ_i|`` up to the products' round-off, 10·ε·``|λ_1|`` with ε the precision of the products
         or the vectors, whichever is coarser; power: the relative-change criterion was met),
         ``vectors`` [k, dim], ``num_matvecs`` and ``memory`` (the plan, plus restarts).
     """

@@ -46,7 +46,7 @@ _ADVICE = ("use fewer or shorter curvature batches (the graph of one batch domin
 def rademacher(generator: torch.Generator, k: int, dim: int, dtype: torch.dtype, device) -> torch.Tensor:
     """``[k, dim]`` i.i.d. ±1 entries from a CPU ``generator``, cast to ``dtype`` on ``device``.
     Drawing k rows at once or in several calls gives the same numbers; with sharded vectors, this
-    rank's columns of them (:func:`geometry.base._linalg.rademacher_rows`)."""
+    rank's columns of them (``geometry.base._linalg.rademacher_rows``)."""
     return rademacher_rows(generator, k, dim, dtype, device)
 
 
@@ -238,7 +238,7 @@ def hutchpp_trace(op: CurvatureOperator, num_matvecs: int = 100, seed: int = 0,
     With s = m // 3 and r = m − 2s: draw a Rademacher sketch S [s, dim] and compute Y = H S
     (s HVPs); Q = orthonormal basis of the rows of Y (in place, Gram-matrix orthonormalisation in
     float64, two passes; numerically dependent directions are dropped, their HVPs go to the
-    residual); the low-rank part tr(QᵀHQ) costs |Q| HVPs; the rest is Hutchinson with r Rademacher
+    residual); the low-rank part tr(QᵀHQ) costs ``|Q|`` HVPs; the rest is Hutchinson with r Rademacher
     probes G projected onto the complement, ``mean_i (P gᵢ)ᵀ H (P gᵢ)`` with P = I − QQᵀ. The
     estimate is ``tr(QᵀHQ) + tr_est(PHP)``; ``stderr`` is the standard error of the residual
     Hutchinson part (the low-rank part is exact given Q), with a 95% Student-t interval on r − 1

@@ -37,6 +37,7 @@ __all__ = [
 #: Fraction of the free memory an estimator takes by default. CPU RAM is shared with the OS, other
 #: processes and the allocator's fragmentation, so a third; a GPU's free memory is ours.
 CPU_FRACTION = 1 / 3
+#: The same for a GPU, whose free memory is ours.
 CUDA_FRACTION = 0.8
 #: Environment variable overriding the default fraction (of free host RAM or GPU memory). Worker
 #: processes that share one machine get ``CPU_FRACTION / N`` each (probes.core.workers).

@@ -10,7 +10,7 @@ row: 3–1,300× relative disagreement between the two backends, issue #12). The
 is a training rule, not part of the function, so curvature code runs under
 :func:`true_derivatives`, which clears ``padding_idx`` for the call (the forward is unchanged) and
 restores it afterwards. ``F.embedding(..., padding_idx=...)`` called directly inside a custom module
-cannot be reached this way; :func:`probes.families.check_second_order` catches such ops by
+cannot be reached this way; :func:`probes.models.second_order.check_second_order` catches such ops by
 comparing both backends on a probe batch that contains every special token.
 """
 from __future__ import annotations

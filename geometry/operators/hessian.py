@@ -113,7 +113,7 @@ class HessianOperator(CurvatureOperator):
             ``"8GB"``; None: :func:`geometry.memory.model.default_budget` at each estimator call).
         loss_transient_bytes: bytes ``loss_fn`` allocates for a moment beyond what autograd saves,
             whatever the batch size (e.g. the chunk temporaries of the lean LM head,
-            :func:`probes.core.lm_head.head_transient_bytes`); added to every pass of the memory model.
+            ``probes.core.lm_head.head_transient_bytes``); added to every pass of the memory model.
         data_parallel: ``True`` (the default ``torch.distributed`` group), a process group, or a
             :class:`~geometry.operators.parallel.DataParallel`: ``batches`` are this rank's share, and
             every product is over all ranks' batches (:mod:`geometry.operators.parallel`). Every rank
@@ -288,7 +288,7 @@ class HessianOperator(CurvatureOperator):
     def pass_bytes(self, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         """Predicted peak bytes of one :meth:`matmat_flat` of ``k`` vectors beyond its input and
         output ``[k, dim]`` tensors (:func:`geometry.memory.graphs.pass_bytes`), with graphs kept
-        between calls when ``cached`` (default: :attr:`cache_graphs`)."""
+        between calls when ``cached`` (default: ``cache_graphs``)."""
         graphs = [self.graph_bytes(i) for i in range(len(self.batches))]
         grad = self.dim * itemsize(self.param_dtype)
         # half-precision models: each float32 vector is converted to the parameters' dtype for its product

@@ -13,7 +13,6 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ..base._linalg import ShardLayout
 from ..base.params import ParamSpace
 
 
@@ -44,9 +43,10 @@ class CurvatureOperator(abc.ABC):
     """
 
     space: ParamSpace | None = None
-    #: where this rank's columns sit in the global vector when vectors are sharded over ranks
-    #: (:class:`~geometry.operators.sharded.ShardedHessianOperator`); None: whole vectors
-    layout: ShardLayout | None = None
+    #: where this rank's columns sit in the global vector when vectors are sharded over ranks: a
+    #: ``geometry.base._linalg.ShardLayout`` (:class:`~geometry.operators.sharded.ShardedHessianOperator`);
+    #: None: whole vectors
+    layout = None
     num_matvecs: int = 0
     #: default memory budget of estimators on this operator (None: geometry.memory.model.default_budget)
     max_memory: int | str | None = None

@@ -25,16 +25,13 @@ vector dtype and one of a single flag. Memory: one [k, dim] buffer beyond the si
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..base.batches import raw_batch_weights
 from ..memory.model import default_budget
 from .interface import OperatorError
-
-T = TypeVar("T")
-
 
 class RankError(OperatorError):
     """Raised on every rank when one or more ranks failed; names them and their messages."""
@@ -112,7 +109,7 @@ class DataParallel:
         return out
 
     # ------------------------------------------------------------------ agreement
-    def agree(self, fn: Callable[[], T], what: str, device: torch.device | str = "cpu") -> T:
+    def agree(self, fn: Callable[[], Any], what: str, device: torch.device | str = "cpu") -> Any:
         """Run ``fn()`` on this rank, then make the ranks agree that all succeeded.
 
         Every rank calls this the same number of times in the same order. If ``fn`` raised on any
@@ -179,7 +176,7 @@ def join_data_parallel(op: Any, spec: Any, weights: Sequence[float] | None) -> D
     return pg
 
 
-def split_batches(batches: Sequence[T], rank: int, world_size: int) -> list[T]:
+def split_batches(batches: Sequence[Any], rank: int, world_size: int) -> list[Any]:
     """Rank ``rank``'s contiguous share of ``batches``: the first ``n mod world_size`` ranks take one
     more (3 batches over 2 ranks: [0, 1] and [2]). Raises ``ValueError`` when there are fewer
     batches than ranks."""

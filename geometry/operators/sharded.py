@@ -23,7 +23,7 @@ the same number of rounds: a rank with fewer batches runs zero-weighted passes o
 
 Vectors. Rows are ``[k, dim]`` with ``dim`` the largest local shard size over the ranks (the same on
 every rank, so every memory plan and decision agrees); columns past this rank's shard are zero.
-:attr:`layout` (:class:`geometry.base._linalg.ShardLayout`) tells the estimators' linear algebra
+:attr:`layout` (``geometry.base._linalg.ShardLayout``) tells the estimators' linear algebra
 where the columns sit in the global vector: inner products, norms and Gram matrices are summed
 over the ranks, random probes are this rank's columns of the global stream. Estimators that support
 sharded operators (Hutchinson, Hutch++, power iteration, Lanczos) run unchanged; the others refuse

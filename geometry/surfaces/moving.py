@@ -3,7 +3,7 @@
 
 :class:`PlaneMover` writes θ(x, y) = origin + x·e₁ + y·e₂ into the model's own tensors in place
 (``t.copy_(origin).add_(e1, alpha=x).add_(e2, alpha=y)``) and copies the originals, cloned once,
-back at the end, so the model is restored bit-exactly; :func:`evaluate_stacked` evaluates several
+back at the end, so the model is restored bit-exactly; ``evaluate_stacked`` evaluates several
 grid points in one vmapped forward instead; :func:`concat_batches` concatenates batches for
 ``merge_batches``. Memory: one clone of the moved parameters (plus the plane's tensors moved to
 the model's device/dtype when they differ).

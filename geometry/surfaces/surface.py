@@ -263,6 +263,8 @@ def evaluate_surface(
         dtype/device differ or several points are vmapped, checked before any forward; then the
         peak of the forwards of one grid evaluation, measured on the first and checked before the rest).
 
+    Notes
+    -----
     Returns a :class:`Surface`. Cost: (nx·ny + #points) × len(batches) forward passes. The model is
     in eval mode during the call (every module's own mode is restored after,
     :func:`geometry.base.modes.module_modes`). Autograd is off.

@@ -13,7 +13,7 @@ __all__ = ["rel_error"]
 def rel_error(new, old) -> float:
     """‖new − old‖ / ‖old‖ over all entries (Frobenius / Euclidean norm), computed in float64.
 
-    ``new``, ``old``: tensors of one shape, or numbers (then |new − old| / |old|). Returns 0 when
+    ``new``, ``old``: tensors of one shape, or numbers (then ``|new − old|`` / ``|old|``). Returns 0 when
     both are zero and inf when only ``old`` is.
     """
     new, old = _float64(new), _float64(old)

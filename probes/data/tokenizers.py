@@ -133,6 +133,7 @@ def load_tokenizer(path_or_ref: Any = "bytes"):
     - a :class:`probes.checkpoints.CheckpointRef` or ``Trajectory`` -> the checkpoint's own tokenizer;
     - a folder -> ``AutoTokenizer.from_pretrained(folder)``; for a trajectory folder written by
       ``losslens train-tiny`` its ``tokenizer/`` subfolder or first checkpoint.
+
     Raises :class:`DataError` naming the folder when no tokenizer is there.
     """
     if path_or_ref is None or (isinstance(path_or_ref, str) and path_or_ref == "bytes"):

@@ -77,7 +77,7 @@ class BackendCheck:
         ok: ran and matched the finite-difference reference within tolerance.
         error: the exception (type: message) when it raised, else None.
         rel_error_fd: ‖Hv − FD‖ / ‖FD‖ over the probe vectors (None when it raised).
-        quadratic_error: max over probe vectors of |vᵀHv − q(v)| / ‖Hv‖, with q the second
+        quadratic_error: max over probe vectors of ``|vᵀHv − q(v)|`` / ‖Hv‖, with q the second
             difference of the loss (catches a first-order backward that is not the derivative).
         worst_params: up to 3 ``(parameter, relative error)`` with the largest mismatch (when not ok).
         ops: op / Function names extracted from the error message.

@@ -109,7 +109,8 @@ def quantize(
     Cholesky + O(out·in²) update per linear (see :mod:`probes.quant.sequential`).
 
     Raises:
-        SpecError, CalibrationError, ModuleSelectionError, CholeskyError, BackendUnavailable.
+        SpecError, CalibrationError, ModuleSelectionError, CholeskyError, BackendUnavailable: see
+        :mod:`probes.quant.errors`.
     """
     from tqdm.auto import tqdm
 

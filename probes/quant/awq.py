@@ -5,7 +5,7 @@ attention norm's output, gate/up the MLP norm's output, o_proj and down_proj are
 the same tensor-identity rule as the GPTQ driver, :func:`probes.quant.sequential.discover_groups`,
 no per-model table), with calibration inputs x ∈ R^{in} (n token rows, ``X`` [n, in]):
 
-1. **Scale search.** x̄ = mean_t |x_t| per input channel. For α ∈ {0, 1/N, …, (N−1)/N} (N = 20):
+1. **Scale search.** x̄ = mean_t ``|x_t|`` per input channel. For α ∈ {0, 1/N, …, (N−1)/N} (N = 20):
    s = clamp(x̄^α, min=1e-4), s ← s / sqrt(max(s)·min(s)); every linear j of the group is
    fake-quantized as Ŵ_j = Q(W_j·diag(s))·diag(s)⁻¹ with Q the asymmetric INT-b RTN grid of
    docs/science.md §3 (group size g along the input, per row when in ≤ g); the group's output error is
@@ -200,7 +200,7 @@ def awq_search(G: torch.Tensor, x_abs_mean: torch.Tensor, n_tokens: int, weights
     """AWQ scale + clipping search for one input-sharing group (see the module docstring).
 
     Args:
-        G: XᵀX of the group's calibration inputs [in, in]; x_abs_mean: mean_t |x_t| [in];
+        G: XᵀX of the group's calibration inputs [in, in]; x_abs_mean: mean_t ``|x_t|`` [in];
         n_tokens: n (token rows of X); weights: ``{name: W [out, in]}`` of the group's linears.
         bits, group_size, sym: the RTN grid (docs/science.md §3); n_grid: α grid size N;
         clip: run the clipping search; clip_ratios: its candidates (default 1.0 … 0.5, 21 values).

@@ -9,7 +9,7 @@ Grid of an INT-b group (one output row × g consecutive input columns), ``maxq =
 * asymmetric (default, docs/science.md §3): lo = min(w, 0), hi = max(w, 0), s = (hi − lo)/maxq,
   z = round(−lo/s), q = clamp(round(w/s) + z, 0, maxq), ŵ = s·(q − z);
 * symmetric (``sym``; the GPTQ reference ``Quantizer(sym=True)`` rule, kept bit-for-bit so that
-  GPTQ matches the reference): hi = max(|lo|, hi), lo = −hi if lo < 0, s = (hi − lo)/maxq,
+  GPTQ matches the reference): hi = max(``|lo|``, hi), lo = −hi if lo < 0, s = (hi − lo)/maxq,
   z = (maxq + 1)/2.
 
 A group whose s would be 0 (only an all-zero group, because the range always contains 0) is left

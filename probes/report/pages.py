@@ -7,7 +7,7 @@ whose estimator did not converge (:mod:`probes.report.flags`), the detected phas
 planes (:mod:`probes.report.surface_figures`), failed probes, the plan and the software versions.
 Figures are built from results; nothing is recomputed.
 
-``losslens report results.sqlite --out report.html`` (:mod:`probes.commands.report`) reads the
+``losslens report results.sqlite --out report.html`` (``probes/commands/report.py``) reads the
 store with :func:`load_store` and computes correlations and phases with
 :func:`probes.analysis.analyse`.
 """

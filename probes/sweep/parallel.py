@@ -29,7 +29,7 @@ from probes.core.workers import WorkerError, WorkerPool, available_cores, emit
 from .rows import ProbeRow
 
 ENV_WORKERS = "LOSSLENS_WORKERS"
-"""Environment variable with the default number of local worker processes (unset: the cores)."""
+"""Environment variable with the default number of local worker processes; when unset, the cores."""
 
 __all__ = ["resolve_workers", "check_memory", "execute_workers", "checkpoint_job", "ENV_WORKERS"]
 

@@ -8,8 +8,9 @@ Tables
     plan that wrote rows when mixing was allowed.
 ``checkpoints(run, label, position, step, tokens, lr, derived, kind, location, ref_json)``
     The trajectories' checkpoint references (derived = LAWA/soup), keyed by ``(run, label)``.
-``results(run, checkpoint, probe, spec, status, metrics, extra, n_hvp, seconds, error, seed, data_hash,
-plan_hash, config_hash, versions, created, converged, threads)`` with ``UNIQUE(run, checkpoint, probe, spec)``
+``results(run, checkpoint, probe, spec, status, metrics, extra, n_hvp, seconds, error, seed, ...)``
+    Columns ``run, checkpoint, probe, spec, status, metrics, extra, n_hvp, seconds, error, seed, data_hash,
+    plan_hash, config_hash, versions, created, converged, threads``, with ``UNIQUE(run, checkpoint, probe, spec)``.
     ``metrics`` is a JSON list of ``{metric, value, stderr, ci_low, ci_high[, spec][, converged]}``
     (an entry's ``spec`` overrides the row's, used by block_trace to hold one trace per group);
     ``extra`` is a JSON object of details (residuals, per-layer errors, ...). ``converged`` is 1/0
