@@ -264,8 +264,9 @@ class ShardedHessianOperator(CurvatureOperator):
         the master copy of the local shards (float32 at least), one sharded gradient pass of the
         largest batch (measured at one and two rows of the first batch — all-gathered units,
         activations, ``.grad`` shards, reduce-scatter buffers — and extrapolated in the rows), the
-        same over every rank (collective: every rank calls it). Cost, once: 2 small gradients."""
+        same over every rank (collective: every rank calls it). Cost, once: 3 small gradients."""
         if self._pass_fit is None:
+            self._measure_pass(1)  # the first pass allocates FSDP's lasting buffers: not part of a product
             one, two = self._measure_pass(1), self._measure_pass(2)
             self._pass_fit = (float(2 * one - two), float(max(0, two - one)))
         fixed, per_row = self._pass_fit

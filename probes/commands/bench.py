@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-SUITE = ("hvp_throughput", "solvers", "estimators", "quantize", "surface", "sweep", "scale", "data_parallel", "gpu")
+SUITE = ("hvp_throughput", "solvers", "estimators", "quantize", "surface", "sweep", "scale", "data_parallel", "sharded", "gpu")
 ALIASES = {"hvp": "hvp_throughput"}
 
 

@@ -1,0 +1,160 @@
+"""Sharded curvature (FSDP2, issue #27): N gloo ranks against one process, per-rank memory against the plan.
+
+``python -m benchmarks.sharded [--shape pythia-410m] [--ranks 2] [--probes 4] [--steps 6] [--json PATH]``
+(also ``losslens bench sharded``; ``--project`` adds the 8 × 80 GB projection rows).
+
+Model: a random-init GPT-NeoX of the shape (``benchmarks.scale.SHAPES``), float32, every decoder
+block and the root ``fully_shard``-ed on a 1-D CPU mesh (:func:`probes.models.sharding.shard_model`);
+curvature data: 2 batches of 2 × 64 random tokens, split over the ranks. Each process runs one
+torch thread. For 1 rank and for N ranks (``torch.multiprocessing`` spawn, gloo), each rank runs
+Hutchinson (``--probes`` probes) and Lanczos (``--steps`` steps) on a
+:class:`~geometry.operators.sharded.ShardedHessianOperator` and records:
+
+- the estimates (every rank's are equal; N ranks against 1: float32 summation order);
+- ``peak_tracked``: the peak of tensors allocated during the estimator call
+  (:func:`geometry.memory.graphs.peak_new_bytes`: vectors, estimator state, master copy, the pass),
+  the largest over the ranks; ``plan``: the estimator's predicted bytes; their ratio;
+- ``state``: the plan's vector parts (the estimator's own state), which shard as 1/N.
+
+``--project``: per-rank memory of sharded Hutchinson / Lanczos on OLMo-2-7B and a 32B shape
+(OLMo-2-0325-32B: hidden 5120, 64 layers, 40 heads, MLP 27648, vocabulary 100,352) over 8 GPUs of
+80 GB, bfloat16 weights, float32 vectors and master copy, one sequence of 2048 tokens with
+activation checkpointing (see :func:`project`).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROWS, SEQ, BATCHES = 2, 64, 2
+
+
+def _rank(rank: int, world: int, port: int, out: str, shape: str, probes: int, steps: int) -> None:
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=1800))
+    try:
+        from benchmarks.scale import SHAPES, build
+        from geometry import hutchinson_trace, top_eigenvalues
+        from geometry.memory.graphs import peak_new_bytes
+        from geometry.operators.parallel import split_batches
+        from probes.models.sharding import shard_model, sharded_lm_hessian
+
+        model = shard_model(build(shape, torch.float32), "cpu")
+        g = torch.Generator().manual_seed(0)
+        batches = [torch.randint(0, SHAPES[shape][4], (ROWS, SEQ), generator=g) for _ in range(BATCHES)]
+        op = sharded_lm_hessian(model, split_batches(batches, rank, world), max_memory="64GB")
+        op.pass_bytes(1)  # measured once, outside the tracked calls
+        rows = {}
+        for name, call in (("hutchinson", lambda: hutchinson_trace(op, num_matvecs=probes, seed=0, block_size=1)),
+                           ("lanczos", lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=steps, seed=0))):
+            t0 = time.perf_counter()
+            res, peak = peak_new_bytes(call)
+            value = res.value if name == "hutchinson" else res.values[0]
+            mem = res.memory
+            state = sum(v for k, v in mem["parts"].items() if "dim" in k)
+            peaks = op.parallel.gather_objects(int(peak))
+            rows[name] = {"value": value, "peak_tracked": max(peaks), "plan": mem["predicted_bytes"], "state": state, "parts": mem["parts"],
+                          "seconds": time.perf_counter() - t0, "elements": op.local_dim, "dim": op.global_dim}
+        if rank == 0:
+            torch.save(rows, Path(out) / f"world{world}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(shape: str = "pythia-410m", ranks: int = 2, probes: int = 4, steps: int = 6) -> list[dict]:
+    """Rows for 1 rank and ``ranks`` ranks (see the module docstring)."""
+    import torch.multiprocessing as mp
+
+    out_rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for world in (1, ranks):
+            mp.start_processes(_rank, args=(world, _free_port(), tmp, shape, probes, steps), nprocs=world, join=True,
+                               start_method="spawn")
+        one, many = (torch.load(Path(tmp) / f"world{w}.pt") for w in (1, ranks))
+    for name in ("hutchinson", "lanczos"):
+        for world, res in ((1, one[name]), (ranks, many[name])):
+            out_rows.append({"shape": shape, "estimator": name, "ranks": world, "value": res["value"],
+                             "rel_diff_vs_1": abs(res["value"] - one[name]["value"]) / abs(one[name]["value"]),
+                             "elements_per_rank": res["elements"], "state_GB": res["state"] / 1e9,
+                             "peak_tracked_GB": res["peak_tracked"] / 1e9, "plan_GB": res["plan"] / 1e9,
+                             "measured_over_plan": res["peak_tracked"] / res["plan"], "seconds": res["seconds"],
+                             "threads_per_process": 1})
+    return out_rows
+
+
+#: OLMo-2-0325-32B's published shape: (hidden, layers, heads, intermediate, vocab)
+SHAPE_32B = (5120, 64, 40, 27648, 100352)
+
+
+def project(gpus: int = 8, gpu_bytes: float = 80e9, seq: int = 2048, vectors: dict | None = None) -> list[dict]:
+    """Per-rank bytes of sharded curvature over ``gpus`` GPUs (bfloat16 model, float32 vectors):
+
+    θ shard (2 B / param / N) + float32 master shard (4 B / N) + ``.grad`` shard (2 B / N) + the
+    estimator's float32 vectors (4 B / N each) + two all-gathered decoder blocks (current and
+    prefetched, 2 B / block param each) + the reduce-scatter of one block's gradient (2 B / block
+    param) + activations of one sequence with checkpointing (the blocks' inputs, ``L · s · h · 2 B``,
+    plus one block's recompute, ≈ ``s · (14 h + 2 ff) · 2 B``) + the loss's float32 logits
+    (``s · vocab · 4 B`` twice: logits and their gradient). Parameter counts as ``benchmarks.scale``.
+    """
+    from benchmarks.scale import SHAPES, _param_count
+
+    vectors = vectors or {"hutchinson (block 1)": 2, "lanczos (basis 8)": 9, "hutch++ (sketch 8)": 10}
+    rows = []
+    for name, (h, L, heads, ff, vocab) in (("olmo-2-7b", SHAPES["olmo-2-7b"]), ("olmo-2-32b", SHAPE_32B)):
+        per_layer = 4 * h * h + 3 * h * ff + 4 * h
+        dim = _param_count("olmo-2-7b") if name == "olmo-2-7b" else int(2 * vocab * h + L * per_layer + h)
+        shard = dim / gpus
+        fixed = shard * (2 + 4 + 2) + 2 * 2 * per_layer + 2 * per_layer
+        acts = L * seq * h * 2 + seq * (14 * h + 2 * ff) * 2 + 2 * seq * vocab * 4
+        row = {"kind": "sharded projection", "shape": name, "params": dim, "gpus": gpus, "tokens": f"1x{seq}",
+               "checkpointing": True, "fixed_GB": fixed / 1e9, "activations_GB": acts / 1e9,
+               "vector_shard_GB": 4 * shard / 1e9}
+        for est, n in vectors.items():
+            need = fixed + acts + n * 4 * shard
+            row[f"{est}_GB"] = need / 1e9
+            row[f"{est}_fits"] = bool(need <= gpu_bytes)
+        rows.append(row)
+    return rows
+
+
+def run(quick: bool = False, shape: str | None = None, ranks: int = 2, probes: int | None = None,
+        steps: int | None = None, with_projection: bool = True) -> list[dict]:
+    shape = shape or ("pythia-14m" if quick else "pythia-410m")
+    rows = measure(shape, ranks, probes or (2 if quick else 4), steps or (3 if quick else 6))
+    return rows + (project() if with_projection else [])
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    from benchmarks import emit
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--shape", default=None)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--probes", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--project", action="store_true", help="only the 8 x 80 GB projection rows")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    rows = project() if args.project else run(args.quick, args.shape, args.ranks, args.probes, args.steps)
+    return emit(rows, args.json)
+
+
+if __name__ == "__main__":
+    main()
