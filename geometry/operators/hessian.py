@@ -5,7 +5,7 @@
     L(θ) = Σ_b w_b · loss_fn(model, batch_b),      Σ_b w_b = 1,
 
 with respect to a declared parameter set θ (globs over parameter names), applied to blocks of k
-vectors without ever forming H. Two backends compute the same products:
+vectors without ever forming H. Three backends compute the same products (``"auto"`` picks one):
 
 ``"reverse"`` (default), reverse-over-reverse
     Per data batch the gradient ``g = ∇L_b`` is built once with ``create_graph=True`` and that graph
@@ -19,6 +19,15 @@ vectors without ever forming H. Two backends compute the same products:
     ``torch.func.jvp`` of ``torch.func.grad`` over ``torch.func.functional_call``, vmapped over the
     k tangents (chunked). Non-selected parameters and buffers enter as constants. It rebuilds the
     forward and gradient for every chunk, so it costs more per vector than ``"reverse"`` on CPU.
+
+``"difference"``, gradient differences (:mod:`geometry.operators.difference`)
+    ``(∇L(θ+εv) − ∇L(θ−εv))/2ε`` from ``loss.backward()`` and ``.grad`` with θ perturbed in place
+    and restored bit-exactly: first order only (fused attention, activation checkpointing, fused losses);
+    2 gradients per product (4 with ``richardson=True``); its error against the exact products is
+    measured on a check slice (:meth:`checked`) and recorded in every estimator plan.
+``"auto"``
+    ``"reverse"`` when its pass fits ``max_memory``, else ``"difference"`` when its pass fits and its
+    error is ≤ ``difference_tolerance`` (else :class:`OperatorError`); why: :attr:`backend_choice`.
 
 ``vectorize="auto"`` picks the sequential second backwards on CPU (measured faster there, see
 benchmarks/README.md, "HVP throughput") and the vectorized one on CUDA.
@@ -61,13 +70,15 @@ from ._forward import forward_over_reverse
 from .attention import second_order_attention
 from ..base.batches import normalise_batch_weights
 from .derivatives import check_dead_rows, true_derivatives
+from .difference import DEFAULT_TOLERANCE, checkpointing_layers, choose_backend, difference_products, measure, relative_step
+from .difference import operator_pass_bytes as difference_pass_bytes
 from ..memory.graphs import itemsize, one_row, pass_bytes, saved_graph_bytes
 from ..base.modes import module_modes
 from .interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
 from ..base.params import ParamGlobs, ParamSpace, select_parameters
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
-Backend = Literal["reverse", "forward"]
+Backend = Literal["reverse", "forward", "difference", "auto"]
 
 #: Default bound on k per pass for the vmapped passes (vectorized reverse, forward). A vmapped
 #: pass holds ~k copies of the backward's intermediates, so memory grows linearly with the chunk.
@@ -96,7 +107,7 @@ class HessianOperator(CurvatureOperator):
             parameter names (:func:`geometry.base.params.select_parameters`).
         weights: one non-negative weight per batch, normalised to sum 1; default
             :func:`~geometry.base.batches.default_batch_weight` (the batch size, i.e. an example-weighted mean).
-        backend: ``"reverse"`` (default) or ``"forward"`` (see the module docstring).
+        backend: ``"reverse"`` (default), ``"forward"``, ``"difference"`` or ``"auto"`` (module docstring).
         chunk_size: most vectors per pass. ``None``: :data:`DEFAULT_CHUNK` for vmapped passes
             (memory grows linearly in the chunk); sequential reverse passes take one at a time anyway.
         progress: show a tqdm bar over batches.
@@ -106,6 +117,10 @@ class HessianOperator(CurvatureOperator):
         cache_graphs: reverse backend: keep every batch's gradient graph between calls (until the
             parameters change or :meth:`release_graphs`). Estimators switch it on themselves when
             it fits their memory budget (:meth:`configured`).
+        difference_step, richardson, check_batches, difference_tolerance: the difference backend's
+            relative step h (default :func:`~geometry.operators.difference.relative_step`), its
+            4-gradient Richardson stencil, the batches its error is checked on (default a one-row
+            copy of the first batch) and the error above which ``"auto"`` refuses it.
         max_memory: default memory budget of the estimators run on this operator (bytes or
             ``"8GB"``; None: :func:`geometry.memory.model.default_budget` at each estimator call).
         loss_transient_bytes: bytes ``loss_fn`` allocates for a moment beyond what autograd saves,
@@ -139,6 +154,10 @@ class HessianOperator(CurvatureOperator):
         cache_graphs: bool = False,
         max_memory: int | str | None = None,
         loss_transient_bytes: int = 0,
+        difference_step: float | None = None,
+        richardson: bool = False,
+        check_batches: Sequence[Any] | None = None,
+        difference_tolerance: float = DEFAULT_TOLERANCE,
     ):
         if not isinstance(model, nn.Module):
             raise OperatorError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -149,8 +168,8 @@ class HessianOperator(CurvatureOperator):
         batches = list(batches)
         if not batches:
             raise OperatorError("the batch list is empty: the Hessian needs at least one batch")
-        if backend not in ("reverse", "forward"):
-            raise OperatorError(f"backend must be 'reverse' or 'forward', got {backend!r}")
+        if backend not in ("reverse", "forward", "difference", "auto"):
+            raise OperatorError(f"backend must be 'reverse', 'forward', 'difference' or 'auto', got {backend!r}")
         if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
             raise OperatorError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
         if vectorize not in (True, False, "auto"):
@@ -175,6 +194,12 @@ class HessianOperator(CurvatureOperator):
         self._fingerprint: tuple | None = None
         self._graph_bytes: dict[Any, int] = {}
         self._dead_checked = False
+        self.difference_step, self.richardson, self.check_batches = difference_step, bool(richardson), check_batches
+        self.hvp_check: dict | None = None
+        self.num_gradients = 0
+        self.backend_choice: dict | None = None
+        if backend == "auto":
+            self.backend = choose_backend(self, difference_tolerance)
 
     # ------------------------------------------------------------------ attributes
     @property
@@ -264,6 +289,8 @@ class HessianOperator(CurvatureOperator):
         """Predicted peak bytes of one :meth:`matmat_flat` of ``k`` vectors beyond its input and
         output ``[k, dim]`` tensors (:func:`geometry.memory.graphs.pass_bytes`), with graphs kept
         between calls when ``cached`` (default: :attr:`cache_graphs`)."""
+        if self.backend == "difference":
+            return difference_pass_bytes(self)
         graphs = [self.graph_bytes(i) for i in range(len(self.batches))]
         grad = self.dim * itemsize(self.param_dtype)
         # half-precision models: each float32 vector is converted to the parameters' dtype for its product
@@ -287,6 +314,15 @@ class HessianOperator(CurvatureOperator):
             if self.cache_graphs and not old[1]:
                 self.release_graphs()
             self.chunk_size, self.cache_graphs = old
+
+    def checked(self) -> dict | None:
+        """The difference backend's error against the exact reverse products on the check slice,
+        measured once (:func:`geometry.operators.difference.measure`); None for other backends."""
+        if self.backend == "difference" and self.hvp_check is None:
+            self.hvp_check = measure(self, lambda backend, batches: HessianOperator(
+                self.model, self.loss_fn, batches, params=list(self.space.names), backend=backend,
+                difference_step=self.difference_step, richardson=self.richardson))
+        return self.hvp_check
 
     def release_graphs(self) -> None:
         """Free the gradient graphs kept between calls."""
@@ -343,8 +379,8 @@ class HessianOperator(CurvatureOperator):
         try:
             for p in frozen:
                 p.requires_grad_(False)
-            with module_modes(self.model, training=False), torch.enable_grad(), second_order_attention(), \
-                    true_derivatives(self.model):
+            attention = checkpointing_layers(self.model) if self.backend == "difference" else second_order_attention()
+            with module_modes(self.model, training=False), torch.enable_grad(), attention, true_derivatives(self.model):
                 yield params
         finally:
             for p in frozen:
@@ -386,6 +422,11 @@ class HessianOperator(CurvatureOperator):
         with self._call_context() as params:
             if self.backend == "reverse":
                 self._reverse(params, vs, outs)
+            elif self.backend == "difference":
+                items = [(i, w, b) for i, (w, b) in self._iter_batches("hvp")]
+                h = self.difference_step or relative_step(self.param_dtype, self.richardson)
+                self.num_gradients += difference_products(params, items, lambda b, i: self._loss(params, b, i),
+                                                          vs, outs, h, self.richardson)
             else:
                 self._forward(params, vs, outs)
         for name, o in zip(self.space.names, outs):
