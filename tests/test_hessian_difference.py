@@ -281,3 +281,50 @@ def test_error_check_records_why_when_no_exact_product_can_run():
 def test_bad_backend_is_refused():
     with pytest.raises(OperatorError, match="'difference'"):
         HessianOperator(tiny_mlp(), mlp_loss, mlp_batches(), backend="finite")
+
+
+# ------------------------------------------------------------------------------ CLI and plans
+@pytest.fixture(scope="module")
+def trajectory(tmp_path_factory):
+    from probes.sweep.testing import tiny_trajectory
+
+    return tiny_trajectory(tmp_path_factory.mktemp("difference") / "tiny", n=2, seed=3)
+
+
+def _cli(*args):
+    from typer.testing import CliRunner
+
+    from probes.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_sharpness_backend_option_records_backend_and_error(trajectory):
+    import json
+
+    data = trajectory / "data" / "curvature.safetensors"
+    runs = {}
+    for backend in ("reverse", "difference"):
+        r = _cli("sharpness", trajectory, "--num-matvecs", "3", "--method", "hutchinson", "--data", data, "--threads", "1",
+                 "--eigen-method", "lanczos", "--max-iter", "4", "--backend", backend, "--json")
+        assert r.exit_code == 0, r.output
+        runs[backend] = json.loads(r.output[r.output.index("{"):])
+    dif = runs["difference"]
+    assert dif["backend"] == "difference" and dif["hvp_check"]["rel_error"] <= 1e-3
+    assert dif["trace"]["memory"]["settings"]["hvp_check"]["rel_error"] == dif["hvp_check"]["rel_error"]
+    assert dif["trace"]["value"] == pytest.approx(runs["reverse"]["trace"]["value"], rel=1e-3)
+    assert dif["eigen"]["values"][0] == pytest.approx(runs["reverse"]["eigen"]["values"][0], rel=1e-3)
+    r = _cli("sharpness", trajectory, "--num-matvecs", "3", "--data", data, "--backend", "finite")
+    assert r.exit_code == 2 and "backend 'finite' is unknown" in r.output
+
+
+def test_plan_backend_is_validated_and_keeps_old_hashes():
+    from probes.sweep import Plan, PlanError
+
+    plain = Plan.default(quick=True)
+    assert "backend" not in plain.to_dict()                      # reverse: hash of earlier plans unchanged
+    dif = plain.replace(backend="difference")
+    assert dif.to_dict()["backend"] == "difference" and dif.hash != plain.hash
+    assert any(dict(t.options).get("backend") == "difference" for t in dif.tasks() if t.probe in ("trace", "eigen"))
+    with pytest.raises(PlanError, match="backend 'finite' is unknown"):
+        plain.replace(backend="finite")

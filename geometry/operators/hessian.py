@@ -79,6 +79,7 @@ from ..base.params import ParamGlobs, ParamSpace, select_parameters
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 Backend = Literal["reverse", "forward", "difference", "auto"]
+BACKENDS = ("reverse", "forward", "difference", "auto")
 
 #: Default bound on k per pass for the vmapped passes (vectorized reverse, forward). A vmapped
 #: pass holds ~k copies of the backward's intermediates, so memory grows linearly with the chunk.
@@ -168,7 +169,7 @@ class HessianOperator(CurvatureOperator):
         batches = list(batches)
         if not batches:
             raise OperatorError("the batch list is empty: the Hessian needs at least one batch")
-        if backend not in ("reverse", "forward", "difference", "auto"):
+        if backend not in BACKENDS:
             raise OperatorError(f"backend must be 'reverse', 'forward', 'difference' or 'auto', got {backend!r}")
         if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
             raise OperatorError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")

@@ -21,7 +21,7 @@ from geometry.operators.hessian import HessianOperator
 from probes.core.lm import lm_loss
 from probes.core.lm_head import head_transient_bytes, lm_loss_lean
 
-from .second_order import ensure_second_order
+from .second_order import SecondOrderError, ensure_second_order
 
 
 def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, backend: str = "reverse",
@@ -35,11 +35,25 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     ``[tokens, vocab]`` tensor in the double-backward graph; models whose logits are not a plain
     linear head fall back to :func:`~probes.core.lm.lm_loss` by themselves). Extra keyword
     arguments go to :class:`HessianOperator` (``max_memory``, ``chunk_size``, ...).
+
+    ``backend="difference"`` (gradient differences, :mod:`geometry.operators.difference`) needs no
+    second-order rule: the second-order check is skipped and the operator measures its own error
+    against the exact reverse products on ``batches[0][:2, :32]`` (:meth:`HessianOperator.checked`).
+    ``backend="auto"``: the reverse backend when its pass fits ``max_memory``, else the difference
+    backend when its measured error is within ``difference_tolerance``.
     """
     batches = list(batches)
-    if check and batches:
+    if backend in ("difference", "auto") and batches:
+        kwargs.setdefault("check_batches", [batches[0][:2, :32]])
+    if check and batches and backend != "difference":
         probe = batches[0][:2, :16]
-        backend = ensure_second_order(model, probe, backend=backend, params=params)
+        try:
+            checked = ensure_second_order(model, probe, backend="reverse" if backend == "auto" else backend, params=params)
+        except SecondOrderError:
+            if backend != "auto":
+                raise
+            checked = "difference"  # no exact backend is trustworthy: only the first-order one can run
+        backend = checked if backend != "auto" or checked == "difference" else backend
     lean = lean_head and backend == "reverse"
     if lean:
         kwargs.setdefault("loss_transient_bytes", head_transient_bytes(model, batches))

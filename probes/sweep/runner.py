@@ -91,7 +91,7 @@ class CheckpointState:
             from probes.models.curvature import lm_hessian
 
             self._op = lm_hessian(self.model, self.data("curvature"), params=self.plan.curvature_params,
-                                  max_memory=self.plan.max_memory)
+                                  max_memory=self.plan.max_memory, backend=self.plan.backend)
         return self._op
 
     def direction(self, spec: str):
@@ -104,7 +104,7 @@ class CheckpointState:
             within = e.blocks if e is not None and e.within and spec in e.specs else ()
             self._directions[spec] = measure_direction(self.model, spec, list(self.data("curvature")),
                                                        self.token_sets.get("calibration"), self.plan.quant_modules, within,
-                                                       max_memory=self.plan.max_memory)
+                                                       max_memory=self.plan.max_memory, backend=self.plan.backend)
         return self._directions[spec]
 
 

@@ -26,7 +26,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
               params: Sequence[str] | None = None, seed: int = 0, quick: bool = False, device=None,
               data: str | Path | None = None, num_threads: int | None = None, allow_pickle: bool = False,
               max_memory=None, dtype: str | None = None, cache_dir: str | Path | None = None,
-              schedule: str | None = None, tokens_per_step: int | None = None) -> dict:
+              schedule: str | None = None, tokens_per_step: int | None = None, backend: str = "reverse") -> dict:
     """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint as a dict.
 
     ``checkpoint``: a checkpoint folder or weight file (its step / tokens / LR are read from the
@@ -40,13 +40,20 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     third of the free RAM, 80% of the free GPU memory; :mod:`geometry.memory.model`); what each chose
     (sketch size, block, basis, graph cache) is returned under ``memory``. ``dtype``: ``float32``
     (default), ``bfloat16``, ``float16`` or ``float64`` to load the weights in; products run in it,
-    estimator algebra in float32 at least. Bad options raise :class:`SharpnessError` before
+    estimator algebra in float32 at least. ``backend``: the HVP backend (``reverse``, ``forward``,
+    ``difference`` or ``auto``, :class:`geometry.HessianOperator`); the result records it, the
+    difference backend's measured error (``hvp_check``) and, for ``auto``, the choice and why
+    (``backend_choice``). Bad options raise :class:`SharpnessError` before
     anything is loaded; a plan that cannot fit raises it before any product.
     """
     from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
     from probes.checkpoints.locate import checkpoint_trajectory
 
     _check_options(method, eigen_method, num_matvecs, k, max_iter, tol)
+    from geometry.operators.hessian import BACKENDS
+
+    if backend not in BACKENDS:
+        raise SharpnessError(f"backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")
     if dtype is not None and dtype not in _DTYPES:
         raise SharpnessError(f"dtype {dtype!r} is unknown; valid: {', '.join(_DTYPES)}")
     if max_memory is not None:
@@ -83,20 +90,21 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     from geometry.estimators.eigen import estimate_memory as eigen_memory
     from geometry.estimators.eigen import top_eigenvalues
     from geometry.memory.model import MemoryBudgetError
+    from geometry.operators.interface import OperatorError
     from geometry.estimators.trace import estimate_memory as trace_memory
     from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
     from probes.core.threads import torch_threads
     from probes.models.curvature import lm_hessian
 
     try:
-        op = lm_hessian(model, curv, params=list(params) if params else None, max_memory=max_memory)
+        op = lm_hessian(model, curv, params=list(params) if params else None, max_memory=max_memory, backend=backend)
         # both plans are checked before any product: a plan that cannot fit fails here, in one line
         trace_memory(op, method, num_matvecs)
         eigen_memory(op, k, eigen_method, max_iter)
         with torch_threads(num_threads):
             est = (hutchpp_trace if method == "hutch++" else hutchinson_trace)(op, num_matvecs=num_matvecs, seed=seed)
             ev = top_eigenvalues(op, k=k, method=eigen_method, tol=tol, max_iter=max_iter, seed=seed)
-    except MemoryBudgetError as exc:
+    except (MemoryBudgetError, OperatorError) as exc:
         raise SharpnessError(str(exc)) from exc
     return {
         "checkpoint": ref.label, "step": ref.step, "tokens": ref.tokens, "lr": ref.lr, "location": ref.location,
@@ -111,6 +119,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
                   "seconds": ev.seconds, "memory": ev.memory},
         "seconds": time.perf_counter() - t0,
         "device": str(op.device),
+        "backend": op.backend, "hvp_check": op.checked(), "backend_choice": op.backend_choice,
     }
 
 
