@@ -14,9 +14,11 @@ run with ``training=True`` on the layer itself so that HF checkpoints them; thei
 dropout included, stay in eval mode), a model's own fused losses, and hooks that act on ``.grad``
 (data-parallel all-reduce, FSDP2 reduce-scatter).
 
-Precision. The perturbed point is built from a kept **master copy** of θ: float32 for
-float16/bfloat16 parameters (``θ_master + s·ε·v`` is computed in float32 and cast once to the
-parameters' dtype), the parameters' own dtype otherwise. Gradients are read in the parameters'
+Precision. The perturbed point is built from a kept **master copy** of θ, taken in float32 for
+float16/bfloat16 parameters: ``θ_master + s·ε·v`` is computed in float32 and cast once to the
+parameters' dtype. (A half-precision number converts to float32 exactly, so the master is stored
+as a copy in the parameters' dtype and converted one tensor at a time: the float32 master at half
+the memory.) Gradients are read in the parameters'
 dtype and accumulated, weighted and differenced in :attr:`~HessianOperator.dtype` (float32 at
 least). In half precision the cast of the perturbed weights to bfloat16 limits accuracy: the
 realised step is ``round(θ + εv) − θ``, off by up to half an ulp of each weight (2⁻⁹ relative in
@@ -40,7 +42,7 @@ subtracting εv. The caller's ``.grad`` (and ``requires_grad``, modes) are resto
 
 Cost per product: 2 gradients (central) or 4 (Richardson) per batch, plus the read-out.
 Memory beyond the input and output vectors (:func:`pass_bytes`): the master copy (dim numbers in
-float32, or in the parameters' dtype for float32/float64 models: the θ backup), one gradient pass
+the parameters' dtype: the θ backup), one gradient pass
 of the largest batch (its activations, with checkpointing where on, and ``.grad`` in the
 parameters' dtype, measured once per batch shape on one and two rows by :func:`gradient_pass_bytes`), and one
 parameter tensor in float32 (the perturbation's cast). The first gradient of the pair is held,
@@ -60,7 +62,7 @@ import torch
 from torch import nn
 
 from ..memory.graphs import itemsize, one_row, peak_new_bytes
-from .interface import CurvatureOperator, OperatorError, estimator_dtype
+from .interface import CurvatureOperator, OperatorError
 
 __all__ = ["STEP_CONSTANT", "DEFAULT_TOLERANCE", "relative_step", "step_size", "stencil", "checkpointing_layers",
            "difference_products", "gradient_pass_bytes", "pass_bytes", "product_error", "operator_pass_bytes", "measure",
@@ -110,8 +112,10 @@ def checkpointing_layers(model: nn.Module) -> Iterator[list[nn.Module]]:
 
 
 def _master(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The kept original: float32 copies of half-precision tensors, plain copies otherwise."""
-    return [p.detach().to(dtype=estimator_dtype(p.dtype), copy=True) for p in params]
+    """The kept original θ, in the parameters' dtype. For half precision it *is* the float32
+    master: a bfloat16/float16 number converts to float32 exactly, so ``master.float()`` (one
+    tensor at a time) is θ in float32, at half the memory of a float32 copy."""
+    return [p.detach().clone() for p in params]
 
 
 def difference_products(params: dict[str, torch.Tensor], items: Sequence[tuple[int, float, Any]],
@@ -145,7 +149,7 @@ def difference_products(params: dict[str, torch.Tensor], items: Sequence[tuple[i
             for shift, coef in stencil(step_size(h, theta_norm, v_norm), richardson):
                 with torch.no_grad():
                     for p, m, v in zip(tensors, master, vs):
-                        torch.add(m, v[r].to(m.dtype), alpha=shift, out=p)  # in float32 at least, cast once
+                        torch.add(m.to(v.dtype), v[r], alpha=shift, out=p)  # in float32 at least, cast once
                 for index, w, batch in items:
                     for p in tensors:
                         p.grad = None
@@ -187,13 +191,13 @@ def pass_bytes(one_row_bytes: int, two_rows: int | None, rows: int, dim: int, pa
 
     ``one_row_bytes`` / ``two_rows``: :func:`gradient_pass_bytes` of a one-row and a two-row copy of the
     largest batch (``two_rows`` None for one-row batches), extrapolated linearly to ``rows`` (the
-    ``.grad`` part does not grow with the rows, the activations do); plus the master copy (dim
-    numbers in float32 at least), one parameter tensor of ``largest`` numbers in float32 (the
-    perturbation's cast) and the loss's temporaries.
+    ``.grad`` part does not grow with the rows, the activations do); plus the kept θ (dim numbers
+    in the parameters' dtype), one parameter tensor of ``largest`` numbers in float32 (its float32
+    view and the perturbation's cast) and the loss's temporaries.
     """
     per_row = 0 if two_rows is None else max(0, two_rows - one_row_bytes)
     gradient = one_row_bytes + (rows - 1) * per_row
-    master = dim * itemsize(estimator_dtype(param_dtype))
+    master = dim * itemsize(param_dtype)
     return int(master + gradient + 4 * largest + transient)
 
 
