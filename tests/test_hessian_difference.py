@@ -328,3 +328,17 @@ def test_plan_backend_is_validated_and_keeps_old_hashes():
     assert any(dict(t.options).get("backend") == "difference" for t in dif.tasks() if t.probe in ("trace", "eigen"))
     with pytest.raises(PlanError, match="backend 'finite' is unknown"):
         plain.replace(backend="finite")
+
+
+def test_lm_hessian_auto_picks_the_difference_backend_only_when_the_exact_pass_does_not_fit():
+    from probes.models.curvature import lm_hessian
+
+    model = tiny_model("llama", seed=0, dtype=torch.float32)
+    batches = [torch.randint(0, 96, (4, 64), generator=torch.Generator().manual_seed(0))]
+    assert lm_hessian(model, batches, backend="auto", max_memory="2GB").backend == "reverse"
+    exact = HessianOperator(model, lm_loss, batches).pass_bytes(1, cached=False)
+    dif = HessianOperator(model, lm_loss, batches, backend="difference").pass_bytes(1)
+    state = 3 * sum(p.numel() for p in model.parameters()) * 4
+    op = lm_hessian(model, batches, backend="auto", max_memory=(exact + dif) // 2 + state)
+    assert op.backend == "difference" and op.backend_choice["chosen"] == "difference"
+    assert op.hvp_check["rel_error"] <= 1e-3 and list(op.check_batches[0].shape) == [2, 32]
