@@ -164,6 +164,18 @@ def format_table(summary: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def run(quick: bool = False, seeds: tuple[int, ...] = (0, 1, 2, 3, 4), families: tuple[str, ...] | None = None,
+        threads: int = 1) -> list[dict]:
+    """The summary rows (``losslens bench difference``); ``quick``: gpt_neox and llama, seed 0."""
+    families = families or (("gpt_neox", "llama") if quick else tuple(FAMILIES) + ("gpt_neox-trained",))
+    rows = []
+    with torch_threads(threads):
+        for fam in families:
+            for seed in (seeds[:1] if quick else seeds):
+                rows += bench_family(fam, seed)
+    return summarise(rows)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2,3,4")
