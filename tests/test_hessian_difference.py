@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from geometry import HessianOperator, OperatorError, hutchinson_trace
+from geometry import HessianOperator, OperatorError, hutchinson_trace, top_eigenvalues
 from geometry.memory.graphs import peak_new_bytes
 from geometry.operators.difference import relative_step, step_size, stencil
 from probes.models.families import FAMILIES, tiny_model
@@ -77,8 +77,13 @@ def test_step_rule_and_stencils():
     h = relative_step(torch.float32)
     assert h == pytest.approx(0.05 * torch.finfo(torch.float32).eps ** (1 / 3))
     assert relative_step(torch.float32, richardson=True) == pytest.approx(0.05 * torch.finfo(torch.float32).eps ** 0.2)
-    assert step_size(1e-3, 50.0, 10.0) == pytest.approx(1e-3 * 50 / 10)
-    assert step_size(1e-3, 0.1, 10.0) == pytest.approx(1e-3 / 10)       # ‖θ‖ < 1: absolute step
+    rad = torch.ones(100)                                  # Rademacher-like: spread over all n = 100 coordinates
+    assert step_size(1e-3, 50.0, 10.0, float(rad.pow(4).sum().sqrt()), 100) == pytest.approx(1e-3 * 50 / 10)
+    assert step_size(1e-3, 0.1, 10.0, 10.0, 100) == pytest.approx(1e-3 / 10)       # ‖θ‖ < 1: absolute step
+    one = torch.zeros(100)
+    one[3] = 1.0                                           # concentrated on 1 of 100 coordinates: each moved
+    eps = step_size(1e-3, 50.0, 1.0, 1.0, 100)             # weight moves by h·‖θ‖/√n, not by h·‖θ‖
+    assert float((eps * one).abs().max()) == pytest.approx(1e-3 * 50 / 10)
     # the stencils are exact on a cubic's derivative g(t) = t³ + t at 0 (g'(0) = 1): central has
     # the ε² term, Richardson cancels it
     g = lambda t: t ** 3 + t  # noqa: E731
@@ -141,7 +146,8 @@ def test_half_precision_perturbs_a_float32_master():
     v = torch.randn(op.dim, generator=torch.Generator().manual_seed(0))
     op.matvec_flat(v)
     theta_norm = float(torch.cat([t.reshape(-1) for t in theta.values()]).double().norm())
-    eps = 0.05 * max(1.0, theta_norm) / float(v.double().norm())
+    v64 = v.double()
+    eps = 0.05 * max(1.0, theta_norm) * float(v64.norm()) / (op.dim ** 0.5 * float(v64.pow(4).sum().sqrt()))
     for sign, point in zip((1, -1), seen):
         for (n, t), s in zip(theta.items(), op.space.slices.values()):
             vv = v[s].view_as(t)
@@ -342,3 +348,18 @@ def test_lm_hessian_auto_picks_the_difference_backend_only_when_the_exact_pass_d
     op = lm_hessian(model, batches, backend="auto", max_memory=(exact + dif) // 2 + state)
     assert op.backend == "difference" and op.backend_choice["chosen"] == "difference"
     assert op.hvp_check["rel_error"] <= 1e-3 and list(op.check_batches[0].shape) == [2, 32]
+
+
+@pytest.mark.parametrize("richardson", [False, True])
+def test_float32_lanczos_lambda_max_matches_the_exact_one(richardson):
+    """Solvers steer v towards sharp, concentrated directions: the step must shrink with v's support
+    (with the plain ε = h‖θ‖/‖v‖ rule this was off by 1.8e-2, and by 220% with Richardson)."""
+    model64 = tiny_model("llama", seed=0, dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 96, (2, 16), generator=g) for _ in range(2)]
+    with float64_fidelity():
+        ref = top_eigenvalues(HessianOperator(model64, lm_loss, batches), k=1, method="lanczos", max_iter=80,
+                              tol=1e-7, seed=0).values[0]
+    op = HessianOperator(copy.deepcopy(model64).float(), lm_loss, batches, backend="difference", richardson=richardson)
+    got = top_eigenvalues(op, k=1, method="lanczos", max_iter=80, tol=1e-7, seed=0).values[0]
+    assert abs(got - ref) <= 1e-3 * abs(ref)
