@@ -363,3 +363,14 @@ def test_float32_lanczos_lambda_max_matches_the_exact_one(richardson):
     op = HessianOperator(copy.deepcopy(model64).float(), lm_loss, batches, backend="difference", richardson=richardson)
     got = top_eigenvalues(op, k=1, method="lanczos", max_iter=80, tol=1e-7, seed=0).values[0]
     assert abs(got - ref) <= 1e-3 * abs(ref)
+
+
+@pytest.mark.parametrize("scale", [1e-20, 1.0, 1e20])
+def test_vector_norms_of_the_step_rule_neither_overflow_nor_underflow(scale):
+    from geometry.operators.difference import _norms
+
+    parts = [torch.randn(7, 3, generator=torch.Generator().manual_seed(0)) * scale, torch.randn(5) * scale]
+    flat = torch.cat([p.reshape(-1) for p in parts]).double()
+    v2, v4 = _norms(parts)
+    assert v2 == pytest.approx(float(flat.norm()), rel=1e-6)
+    assert v4 == pytest.approx(float(flat.pow(4).sum().sqrt()), rel=1e-6)

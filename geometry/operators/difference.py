@@ -70,7 +70,7 @@ import torch
 from torch import nn
 
 from ..memory.graphs import itemsize, one_row, peak_new_bytes
-from .interface import CurvatureOperator, OperatorError
+from .interface import CurvatureOperator, OperatorError, estimator_dtype
 
 __all__ = ["STEP_CONSTANT", "DEFAULT_TOLERANCE", "relative_step", "step_size", "stencil", "checkpointing_layers",
            "difference_products", "gradient_pass_bytes", "pass_bytes", "product_error", "operator_pass_bytes", "measure",
@@ -127,6 +127,20 @@ def _master(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [p.detach().clone() for p in params]
 
 
+def _norms(parts: Sequence[torch.Tensor]) -> tuple[float, float]:
+    """``(‖v‖₂, ‖v‖₄²)`` of the vector split in ``parts``, summed in float64 from v / max|v| (no
+    overflow or underflow of the fourth powers; one part-sized temporary at a time)."""
+    vmax = max(float(t.abs().max()) for t in parts)
+    if vmax == 0.0:
+        return 0.0, 0.0
+    s2 = s4 = 0.0
+    for t in parts:
+        q = (t / vmax).square_()
+        s2 += float(q.sum(dtype=torch.float64))
+        s4 += float(q.square_().sum(dtype=torch.float64))
+    return vmax * math.sqrt(s2), vmax * vmax * math.sqrt(s4)
+
+
 def difference_products(params: dict[str, torch.Tensor], items: Sequence[tuple[int, float, Any]],
                         loss_of: Callable[[Any, int], torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor],
                         h: float, richardson: bool = False) -> int:
@@ -144,7 +158,7 @@ def difference_products(params: dict[str, torch.Tensor], items: Sequence[tuple[i
     """
     tensors = list(params.values())
     master = _master(tensors)
-    theta_norm = math.sqrt(sum(float(m.double().square().sum()) for m in master))
+    theta_norm = math.sqrt(sum(float(m.to(estimator_dtype(m.dtype)).square().sum(dtype=torch.float64)) for m in master))
     k, n = vs[0].shape[0], sum(m.numel() for m in master)
     saved_flags = [p.requires_grad for p in tensors]
     count = 0
@@ -152,10 +166,9 @@ def difference_products(params: dict[str, torch.Tensor], items: Sequence[tuple[i
         for p in tensors:
             p.requires_grad_(True)
         for r in range(k):
-            v_norm = math.sqrt(sum(float(v[r].double().square().sum()) for v in vs))
+            v_norm, v4 = _norms([v[r] for v in vs])
             if v_norm == 0.0:
                 continue  # H 0 = 0
-            v4 = math.sqrt(sum(float(v[r].double().pow(4).sum()) for v in vs))
             for shift, coef in stencil(step_size(h, theta_norm, v_norm, v4, n), richardson):
                 with torch.no_grad():
                     for p, m, v in zip(tensors, master, vs):
