@@ -3,7 +3,8 @@
 ``python -m benchmarks.difference [--seeds 0,1,2,3,4] [--threads 1] [--json PATH]``
 
 Models: the six seed families as tiny random-init models (:func:`probes.models.families.tiny_model`,
-hidden 32, 2 layers, vocab 96) and one trained tiny model (the gpt_neox family trained here for
+hidden 32, 2 layers, vocab 96; curvature tokens drawn from the rows of the input embedding that are
+not zero, :func:`_batches`) and one trained tiny model (the gpt_neox family trained here for
 300 Adam steps on a seeded order-1 Markov-chain corpus, "gpt_neox-trained"), seeds 0–4 (model
 initialisation and data); two curvature batches of 2 × 16 tokens; loss :func:`probes.core.lm.lm_loss`;
 every parameter.
@@ -78,11 +79,15 @@ def _model(family: str, seed: int) -> torch.nn.Module:
     return tiny_model(family, seed=seed, dtype=torch.float64)
 
 
-def _batches(family: str, seed: int) -> list[torch.Tensor]:
+def _batches(family: str, seed: int, model: torch.nn.Module) -> list[torch.Tensor]:
+    """Curvature batches of tokens whose input-embedding row is not zero: HF zero-initialises the
+    padding row, and at a zero row the first normalisation is singular (Hessian entries ~1e9 that no
+    finite difference resolves; measured errors up to 100% in float32 on apertus and 2% on smollm3)."""
     if family == "gpt_neox-trained":
         return [b[:, :SEQ] for b in _markov_corpus(seed + 500, n=BATCH * N_BATCHES).split(BATCH)]
+    ids = (model.get_input_embeddings().weight.abs().sum(1) != 0).nonzero().reshape(-1)
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, VOCAB, (BATCH, SEQ), generator=g) for _ in range(N_BATCHES)]
+    return [ids[torch.randint(0, len(ids), (BATCH, SEQ), generator=g)] for _ in range(N_BATCHES)]
 
 
 def _measure(model: torch.nn.Module, batches, backend: str, richardson: bool, V: torch.Tensor) -> dict:
@@ -101,7 +106,7 @@ def _rel(a, b) -> float:
 
 def bench_family(family: str, seed: int) -> list[dict]:
     model64 = _model(family, seed)
-    batches = _batches(family, seed)
+    batches = _batches(family, seed, model64)
     dim = sum(p.numel() for p in model64.parameters())
     V = torch.randn(3, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     rows = []

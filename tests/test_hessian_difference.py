@@ -17,6 +17,17 @@ from probes.models.fidelity import float64_fidelity
 from tests.tiny_models import lm_loss, micro_gptneox, micro_llama, mlp_batches, mlp_loss, random_batches, tiny_mlp
 
 FAMILY_BATCHES = [torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(s)) for s in range(2)]
+SEEDS = range(5)
+
+
+def _family_batches(seed: int, model) -> list[torch.Tensor]:
+    """Two 2×16 batches of tokens whose input-embedding row is not zero: HF zero-initialises the
+    padding row, and at a zero row the first normalisation is singular (Hessian entries ~1e9 that
+    no finite difference resolves; the second-order check fills such rows for the same reason)."""
+    weight = model.get_input_embeddings().weight
+    ids = (weight.abs().sum(1) != 0).nonzero().reshape(-1)
+    g = torch.Generator().manual_seed(100 + seed)
+    return [ids[torch.randint(0, len(ids), (2, 16), generator=g)] for _ in range(2)]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -29,15 +40,19 @@ def _vectors(dim: int, k: int = 3, seed: int = 1) -> torch.Tensor:
     return torch.randn(k, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_float64_central_within_1e6_of_reverse(family):
-    model = tiny_model(family, seed=0, dtype=torch.float64)
+def test_float64_central_within_1e6_of_reverse(family, seed):
+    model = tiny_model(family, seed=seed, dtype=torch.float64)
+    batches = _family_batches(seed, model)
     with float64_fidelity():  # HF's float32 islands (norms, softmax) computed in float64
-        exact = HessianOperator(model, lm_loss, FAMILY_BATCHES)
-        V = _vectors(exact.dim)
+        exact = HessianOperator(model, lm_loss, batches)
+        V = _vectors(exact.dim, seed=seed)
         ref = exact.matmat_flat(V)
-        got = HessianOperator(model, lm_loss, FAMILY_BATCHES, backend="difference").matmat_flat(V)
-    assert _rel(got, ref) <= 1e-6
+        got = HessianOperator(model, lm_loss, batches, backend="difference").matmat_flat(V)
+    err = _rel(got, ref)
+    print(f"\nACC float64 {family} {seed} {err:.3e}")
+    assert err <= 1e-6
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -61,16 +76,20 @@ def test_float64_central_and_richardson_micro_models(make, seed):
 F32_BOUND = {f: (1e-2 if f == "apertus" else 1e-3) for f in FAMILIES}
 
 
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_float32_within_1e3_of_exact(family):
-    model64 = tiny_model(family, seed=0, dtype=torch.float64)
+def test_float32_within_1e3_of_exact(family, seed):
+    model64 = tiny_model(family, seed=seed, dtype=torch.float64)
+    batches = _family_batches(seed, model64)
     with float64_fidelity():
-        exact = HessianOperator(model64, lm_loss, FAMILY_BATCHES)
-        V = _vectors(exact.dim)
+        exact = HessianOperator(model64, lm_loss, batches)
+        V = _vectors(exact.dim, seed=seed)
         ref = exact.matmat_flat(V)
     model = copy.deepcopy(model64).float()
-    got = HessianOperator(model, lm_loss, FAMILY_BATCHES, backend="difference").matmat_flat(V.float())
-    assert _rel(got, ref) <= F32_BOUND[family]
+    got = HessianOperator(model, lm_loss, batches, backend="difference").matmat_flat(V.float())
+    err = _rel(got, ref)
+    print(f"\nACC float32 {family} {seed} {err:.3e}")
+    assert err <= F32_BOUND[family]
 
 
 def test_step_rule_and_stencils():
