@@ -119,9 +119,8 @@ class HessianOperator(CurvatureOperator):
             parameters change or :meth:`release_graphs`). Estimators switch it on themselves when
             it fits their memory budget (:meth:`configured`).
         difference_step, richardson, check_batches, difference_tolerance: the difference backend's
-            relative step h (default :func:`~geometry.operators.difference.relative_step`), its
-            4-gradient Richardson stencil, the batches its error is checked on (default a one-row
-            copy of the first batch) and the error above which ``"auto"`` refuses it.
+            step h, 4-gradient Richardson stencil, error-check batches (default: a one-row copy of
+            the first batch) and the error above which ``"auto"`` refuses it (:mod:`.difference`).
         max_memory: default memory budget of the estimators run on this operator (bytes or
             ``"8GB"``; None: :func:`geometry.memory.model.default_budget` at each estimator call).
         loss_transient_bytes: bytes ``loss_fn`` allocates for a moment beyond what autograd saves,
