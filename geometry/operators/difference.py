@@ -275,8 +275,8 @@ def measure(op: Any, make: Callable[[str, list], CurvatureOperator], num_vectors
     reverse-over-reverse products of the same loss on ``op.check_batches`` (default: a one-row
     copy of the first batch), on ``num_vectors`` seeded vectors; ``make(backend, batches)`` builds
     the operators. When the exact product cannot run there (no double-backward rule, or out of
-    memory) ``rel_error`` is None and ``reference`` says why: bound it elsewhere (e.g. on a float64
-    miniature, :func:`probes.models.curvature.difference_bound`). Cost: 2 · num_vectors products
+    memory) ``rel_error`` is None and ``reference`` says why: bound it elsewhere (e.g. on a miniature
+    of the architecture, :func:`probes.models.curvature.miniature_bound`). Cost: 2 · num_vectors products
     of each backend on the check slice (plus one reverse graph build)."""
     batches = list(op.check_batches) if op.check_batches is not None else [one_row(op.batches[0])[1]]
     h = op.difference_step or relative_step(op.param_dtype, op.richardson)

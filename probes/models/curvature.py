@@ -57,4 +57,35 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     lean = lean_head and backend == "reverse"
     if lean:
         kwargs.setdefault("loss_transient_bytes", head_transient_bytes(model, batches))
-    return HessianOperator(model, lm_loss_lean if lean else lm_loss, batches, params=params, backend=backend, **kwargs)
+    op = HessianOperator(model, lm_loss_lean if lean else lm_loss, batches, params=params, backend=backend, **kwargs)
+    if op.backend == "difference" and batches and op.checked()["rel_error"] is None:
+        op.hvp_check = {**op.hvp_check, **miniature_bound(model, op.check_batches or [batches[0][:2, :32]])}
+    return op
+
+
+def miniature_bound(model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0) -> dict:
+    """The difference backend's error where no exact product can run on the model itself: on a
+    miniature of the architecture (:func:`~probes.models.miniature.miniature`, same class and config
+    pattern) in the model's dtype, against the exact reverse products of its float64 copy (HF's
+    float32 islands in float64, :func:`~probes.models.fidelity.float64_fidelity`), on ``batches``.
+    Returns ``{"rel_error", "reference"}`` (rel_error None when no miniature can be built). Cost: a
+    miniature (~10⁴–10⁶ parameters) and 2 products of each backend on the check batches."""
+    import copy
+
+    from geometry.operators.difference import product_error
+
+    from .fidelity import float64_fidelity
+    from .miniature import miniature
+
+    dtype = next(model.parameters()).dtype
+    mini = miniature(model, dtype=dtype)
+    if mini is None:
+        return {"rel_error": None, "reference": "unavailable: no exact product on the model and no miniature of it"}
+    exact = copy.deepcopy(mini).double()
+    with float64_fidelity():
+        ref = HessianOperator(exact, lm_loss, list(batches))
+        error = product_error(HessianOperator(mini, lm_loss, list(batches), backend="difference"), ref, 2, seed)
+    name = str(dtype).replace("torch.", "")
+    return {"rel_error": error, "reference": f"bound on a {name} miniature of {type(model).__name__} "
+            f"({sum(p.numel() for p in mini.parameters())} parameters) against its float64 reverse products "
+            "(no exact product can run on the model)"}
