@@ -14,6 +14,9 @@ machine-load drift cancels; the reported ratio is the median over repeats of
 - ``ours-reverse-vec`` / ``ours-reverse-seq``: :class:`geometry.operators.hessian.HessianOperator`, reverse
   backend, ``vectorize=True`` / ``False``, one ``matmat`` of k vectors (graph build included);
 - ``ours-forward``: forward backend (jvp of grad, vmapped), one ``matmat`` of k vectors;
+- ``ours-difference``: gradient-difference backend (two ``loss.backward()`` per vector and batch,
+  θ perturbed in place; its ``rel_err`` is against the reverse products); ``--backend`` picks which
+  of our backends run (default reverse,forward,difference);
 - ``pyhessian``: PyHessian 0.1. One batch: ``hessian(...)`` builds the gradient graph once, then
   ``hessian_vector_product`` is called k times on it — graph build charged, as ours is (the same
   work: k products from scratch). ``pyhessian-reuse`` charges only the k products, i.e. the
@@ -114,18 +117,23 @@ def _timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def _methods(model: nn.Module, batches: list[torch.Tensor], quick: bool):
+def _methods(model: nn.Module, batches: list[torch.Tensor], quick: bool,
+             backends: tuple[str, ...] = ("reverse", "forward", "difference")):
     """Yield ``(method, k, call)``; ``call(V [k, dim]) -> [k, dim]`` (or raises)."""
     multi = len(batches) > 1
     if multi:
         ks_rev = {False: (4,) if quick else (8,), True: ()}
     else:
         ks_rev = {v: (4,) if quick else (1, 4, 8, 16) for v in (False, True)}
-    for vec in (False, True):
+    for vec in (False, True) if "reverse" in backends else ():
         op = HessianOperator(model, lm_loss, batches, backend="reverse", vectorize=vec)
         for k in ks_rev[vec]:
             yield f"ours-reverse-{'vec' if vec else 'seq'}", k, op.matmat_flat
-    if not multi:
+    if "difference" in backends:
+        op = HessianOperator(model, lm_loss, batches, backend="difference")
+        for k in ((4,) if quick else (8,)):
+            yield "ours-difference", k, op.matmat_flat
+    if not multi and "forward" in backends:
         op = HessianOperator(model, lm_loss, batches, backend="forward")
         for k in ((2,) if quick else (1, 4, 8)):
             yield "ours-forward", k, op.matmat_flat
@@ -183,7 +191,8 @@ def _curvlinops(model: nn.Module, batches: list[torch.Tensor]) -> Callable[[torc
     return call
 
 
-def bench_model(arch: str, size: str, n_batches: int, repeats: int, quick: bool, seed: int = 0) -> list[dict]:
+def bench_model(arch: str, size: str, n_batches: int, repeats: int, quick: bool, seed: int = 0,
+                backends: tuple[str, ...] = ("reverse", "forward", "difference")) -> list[dict]:
     """Rows for one model and batch count (see module docstring for the columns)."""
     model = build_model(arch, size, seed)
     vocab = SIZES[size]["vocab"]
@@ -196,7 +205,7 @@ def bench_model(arch: str, size: str, n_batches: int, repeats: int, quick: bool,
     V = torch.randn(16, n_params, generator=g)
     reference: dict[int, torch.Tensor] = {}
     rows = []
-    for method, k, call in _methods(model, batches, quick):
+    for method, k, call in _methods(model, batches, quick, backends):
         row = dict(arch=arch, size=size, params=n_params, batches=n_batches, tokens=shape[0] * shape[1] * n_batches,
                    method=method, k=k, ratio=None, hvp_s=None, grad_s=None, rel_err=None, status="ok")
         try:
@@ -215,7 +224,7 @@ def bench_model(arch: str, size: str, n_batches: int, repeats: int, quick: bool,
             ref = reference.get(max(reference)) if reference else None
             if not method.startswith("ours") and ref is not None:
                 row["rel_err"] = rel_error(out, ref[:k])
-            elif method == "ours-forward" and ref is not None:
+            elif method in ("ours-forward", "ours-difference") and ref is not None:
                 row["rel_err"] = rel_error(out, ref[:k])
         except Exception as e:  # peers are expected to fail on some models: record, do not crash
             row["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
@@ -224,7 +233,7 @@ def bench_model(arch: str, size: str, n_batches: int, repeats: int, quick: bool,
 
 
 def run(quick: bool = False, repeats: int | None = None, sizes: tuple[str, ...] | None = None,
-        threads: int | None = 1) -> list[dict]:
+        threads: int | None = 1, backends: tuple[str, ...] = ("reverse", "forward", "difference")) -> list[dict]:
     """All benchmark rows (list of dicts, columns as in :func:`format_table`).
 
     ``quick``: 1M models, batches 4×64, one repeat, a reduced method set, 2-batch rows.
@@ -237,9 +246,9 @@ def run(quick: bool = False, repeats: int | None = None, sizes: tuple[str, ...] 
     with torch_threads(threads):
         for size in sizes:
             for arch in ("neox", "llama"):
-                rows += bench_model(arch, size, 1, repeats, quick)
+                rows += bench_model(arch, size, 1, repeats, quick, backends=backends)
                 if size == "1M":
-                    rows += bench_model(arch, size, 2 if quick else 8, repeats, quick)
+                    rows += bench_model(arch, size, 2 if quick else 8, repeats, quick, backends=backends)
     return rows
 
 
@@ -261,10 +270,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--sizes", default="1M,10M", help="comma-separated model sizes (1M, 10M)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--backend", default="reverse,forward,difference",
+                        help="comma-separated backends of ours to run: reverse, forward, difference")
     args = parser.parse_args(argv)
     print(f"# torch {torch.__version__}, {platform.machine()} {platform.processor() or ''}, "
           f"{args.threads or torch.get_num_threads()} threads")
-    rows = run(quick=args.quick, repeats=args.repeats, sizes=tuple(args.sizes.split(",")), threads=args.threads or None)
+    rows = run(quick=args.quick, repeats=args.repeats, sizes=tuple(args.sizes.split(",")), threads=args.threads or None,
+               backends=tuple(args.backend.split(",")))
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:

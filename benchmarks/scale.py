@@ -16,7 +16,10 @@ on a kept graph), and their ratios to the gradient.
 ``--project`` measures, on 1- and 2-layer slices of the 1B and 7B shapes (bfloat16, one sequence
 of 128 and 256 tokens), the bytes autograd saves per token, and projects what Hutchinson, Hutch++
 and Lanczos need on one 80 GB GPU (memory from the memory model; time from FLOP counts at an
-assumed fraction of the GPU's bf16 peak, with the HVP/gradient ratio measured here). Threads are
+assumed fraction of the GPU's bf16 peak, with the HVP/gradient ratio measured here), for the
+exact reverse backend and, for the whole model, for the gradient-difference backend with
+activation checkpointing (``backend="difference"``: the kept θ, one first-order
+gradient pass, 2 gradients per HVP; :func:`difference_need`). Threads are
 pinned for the whole run (``--threads``, default 2) and restored afterwards.
 """
 from __future__ import annotations
@@ -262,6 +265,8 @@ def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_b
             need = {name: model_b + n * vec + pass_b + temporaries_bytes(dim, 5) for name, n in VECTORS.items()}
             room = gpu_bytes - model_b - pass_b - 2 * vec
             t_grad = 6 * dim_all * b * s / (mfu * peak_flops)
+            if sel == "all":
+                rows.append(difference_need(shape, label, b, s, dim_all, layer_s, o1, gpu_bytes, t_grad))
             rows.append({"kind": "projection", "shape": shape, "config": label, "params": dim_all, "selected": dim,
                          "model_GB": model_b / 1e9, "graph_GB": (saved + grads) / 1e9, "pass_GB": pass_b / 1e9,
                          "vector_GB": vec / 1e9, **{f"{k}_GB": v / 1e9 for k, v in need.items()},
@@ -270,6 +275,29 @@ def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_b
                          "s_per_gradient": t_grad if sel == "all" else None,
                          "s_per_hvp": hvp_ratio * t_grad if sel == "all" else None})
     return rows
+
+
+def difference_need(shape: str, label: str, b: int, s: int, dim: int, layer_s: float, outside_128: float,
+                    gpu_bytes: float, t_grad: float) -> dict:
+    """The gradient-difference backend's projection for the whole model in bfloat16 with activation
+    checkpointing (:func:`geometry.operators.difference.pass_bytes`): the kept θ (its float32
+    master, stored exactly in bf16: 2·dim), the bf16 ``.grad`` (2·dim), the checkpointed layer inputs (b·L·s·h bf16), one layer's
+    recompute (bounded by the measured double-backward graph of one layer, ``layer_s`` per
+    sequence), what is outside the layers (the measured ``outside_128`` scaled to s: embeddings,
+    final norm, logits and the loss), one embedding matrix in float32 (the perturbation's cast);
+    the estimators' float32 vectors on top; 2 gradients per HVP, each with a recomputed forward (4/3 of a
+    gradient without checkpointing)."""
+    from geometry.memory.model import temporaries_bytes
+
+    h, L, heads, ff, vocab = SHAPES[shape]
+    vec, model_b = 4 * dim, 2 * dim
+    pass_b = 2 * dim + 2 * dim + b * L * s * h * 2 + b * layer_s + b * outside_128 * s / 128 + 4 * vocab * h
+    need = {name: model_b + n * vec + pass_b + temporaries_bytes(dim, 5) for name, n in VECTORS.items()}
+    room = gpu_bytes - model_b - pass_b - 2 * vec
+    return {"kind": "projection", "shape": shape, "config": label + ", difference + checkpointing", "params": dim,
+            "selected": dim, "model_GB": model_b / 1e9, "graph_GB": None, "pass_GB": pass_b / 1e9, "vector_GB": vec / 1e9,
+            **{f"{k}_GB": v / 1e9 for k, v in need.items()}, **{f"{k}_fits": bool(v <= gpu_bytes) for k, v in need.items()},
+            "max_hutchpp_sketch": int(max(0, room // vec)), "s_per_gradient": 4 / 3 * t_grad, "s_per_hvp": 8 / 3 * t_grad}
 
 
 def _param_count_outside(shape: str) -> int:

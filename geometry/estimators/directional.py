@@ -27,7 +27,10 @@ def estimate_memory(op: CurvatureOperator, max_memory=None) -> MemoryEstimate:
     vec = vector_bytes(op.dim, op.dtype)
     parts = {"direction, gradient, H d [3, dim]": 3 * vec, "operator pass": op.pass_bytes(1, cached=False),
              TEMPORARIES_PART: temporaries_bytes(op.dim)}
-    return first_fitting([MemoryEstimate(parts, budget, {"cache_graphs": False})], "directional_curvature",
+    settings = {"cache_graphs": False}
+    if getattr(op, "backend", None) == "difference":  # its measured error goes with every result
+        settings.update(backend="difference", hvp_check=op.checked())
+    return first_fitting([MemoryEstimate(parts, budget, settings)], "directional_curvature",
                          "use fewer or shorter curvature batches, fewer parameters (params=...), or raise max_memory")
 
 

@@ -248,12 +248,16 @@ def pass_options(op: Any, k: int, calls: int, hvps: int | None = None) -> list[t
     kept (``cache_graphs``), vmapped chunk sizes.
 
     Cost in gradient-equivalents over the whole data: 1.5 per graph build of every batch, 2 per
-    vector (the reverse backend's measured shape); 4 per vector for the forward backend.
+    vector (the reverse backend's measured shape); 4 per vector for the forward backend; 2 (4 with
+    Richardson) for the difference backend, whose settings record its measured error (``hvp_check``).
     """
     hvps = k * calls if hvps is None else hvps
     backend = getattr(op, "backend", None)
     if backend is None:  # an explicit matrix: nothing to choose
         return [({}, op.pass_bytes(k), 2.0 * hvps)]
+    if backend == "difference":  # 2 gradients per vector (4 with Richardson); the measured error is recorded
+        settings = {"backend": "difference", "hvp_check": op.checked(), "backend_choice": op.backend_choice}
+        return [(settings, op.pass_bytes(k), (4.0 if op.richardson else 2.0) * hvps)]
     vmapped = backend == "forward" or getattr(op, "vectorize", False)
     chunks = sorted({min(k, c) for c in (16, 8, 4, 2, 1)}, reverse=True) if vmapped and op.chunk_size is None else [None]
     caches = (False, True) if backend == "reverse" and calls > 1 else (False,)
@@ -261,6 +265,8 @@ def pass_options(op: Any, k: int, calls: int, hvps: int | None = None) -> list[t
     for chunk in chunks:
         for cache in caches:
             settings = {"cache_graphs": cache}
+            if getattr(op, "backend_choice", None):  # backend="auto" chose the exact backend: say why
+                settings["backend_choice"] = op.backend_choice
             if chunk is not None:
                 settings["chunk_size"] = chunk
             nbytes = op.pass_bytes(k, cached=cache, chunk=chunk)

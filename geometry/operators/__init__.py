@@ -3,7 +3,8 @@
 - ``interface``: :class:`CurvatureOperator` (``matvec``, batched ``matmat``, scipy ``LinearOperator``)
   and :class:`OperatorError`;
 - ``hessian``: :class:`HessianOperator`, batched HVPs of a loss over batches (reverse-over-reverse
-  by default); ``_forward``: its forward-over-reverse backend (torch.func);
+  by default); ``_forward``: its forward-over-reverse backend (torch.func); ``difference``: its
+  gradient-difference backend (first order only: ``loss.backward()`` at θ ± εv, θ restored bit-exactly);
 - ``dense``: :class:`DenseOperator` and ``exact_hessian`` (row by row with double backward);
 - ``derivatives``: true derivatives (``padding_idx`` cleared) and the dead-row check;
 - ``attention``: attention in the MATH SDPA kernel for second-order passes;

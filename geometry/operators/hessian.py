@@ -5,7 +5,7 @@
     L(θ) = Σ_b w_b · loss_fn(model, batch_b),      Σ_b w_b = 1,
 
 with respect to a declared parameter set θ (globs over parameter names), applied to blocks of k
-vectors without ever forming H. Two backends compute the same products:
+vectors without ever forming H. Three backends compute the same products (``"auto"`` picks one):
 
 ``"reverse"`` (default), reverse-over-reverse
     Per data batch the gradient ``g = ∇L_b`` is built once with ``create_graph=True`` and that graph
@@ -19,6 +19,15 @@ vectors without ever forming H. Two backends compute the same products:
     ``torch.func.jvp`` of ``torch.func.grad`` over ``torch.func.functional_call``, vmapped over the
     k tangents (chunked). Non-selected parameters and buffers enter as constants. It rebuilds the
     forward and gradient for every chunk, so it costs more per vector than ``"reverse"`` on CPU.
+
+``"difference"``, gradient differences (:mod:`geometry.operators.difference`)
+    ``(∇L(θ+εv) − ∇L(θ−εv))/2ε`` from ``loss.backward()`` and ``.grad`` with θ perturbed in place
+    and restored bit-exactly: first order only (fused attention, activation checkpointing, fused losses);
+    2 gradients per product (4 with ``richardson=True``); its error against the exact products is
+    measured on a check slice (:meth:`checked`) and recorded in every estimator plan.
+``"auto"``
+    ``"reverse"`` when its pass fits ``max_memory``, else ``"difference"`` when its pass fits and its
+    error is ≤ ``difference_tolerance`` (else :class:`OperatorError`); why: :attr:`backend_choice`.
 
 ``vectorize="auto"`` picks the sequential second backwards on CPU (measured faster there, see
 benchmarks/README.md, "HVP throughput") and the vectorized one on CUDA.
@@ -53,16 +62,18 @@ Conventions, side effects and guarantees of every call:
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from ._forward import forward_over_reverse
+from ._reverse import GradientGraph, check_loss, gradient_graph, reverse_products
 from .attention import second_order_attention
 from ..base.batches import normalise_batch_weights
 from .derivatives import check_dead_rows, true_derivatives
+from .difference import DEFAULT_TOLERANCE, checkpointing_layers, choose_backend, difference_products, measure, relative_step
+from .difference import operator_pass_bytes as difference_pass_bytes
 from ..memory.graphs import itemsize, one_row, pass_bytes, saved_graph_bytes
 from ..base.modes import module_modes
 from .interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
@@ -70,21 +81,12 @@ from .parallel import DataParallel, join_data_parallel
 from ..base.params import ParamGlobs, ParamSpace, select_parameters
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
-Backend = Literal["reverse", "forward"]
+Backend = Literal["reverse", "forward", "difference", "auto"]
+BACKENDS = ("reverse", "forward", "difference", "auto")
 
 #: Default bound on k per pass for the vmapped passes (vectorized reverse, forward). A vmapped
 #: pass holds ~k copies of the backward's intermediates, so memory grows linearly with the chunk.
 DEFAULT_CHUNK = 16
-
-
-@dataclass
-class _Graph:
-    """One batch's gradient with its graph: the live gradients (those that have a graph) and
-    which selected tensors they belong to."""
-
-    loss: torch.Tensor
-    outputs: list[torch.Tensor]
-    live: list[int]
 
 
 class HessianOperator(CurvatureOperator):
@@ -99,7 +101,7 @@ class HessianOperator(CurvatureOperator):
             parameter names (:func:`geometry.base.params.select_parameters`).
         weights: one non-negative weight per batch, normalised to sum 1; default
             :func:`~geometry.base.batches.default_batch_weight` (the batch size, i.e. an example-weighted mean).
-        backend: ``"reverse"`` (default) or ``"forward"`` (see the module docstring).
+        backend: ``"reverse"`` (default), ``"forward"``, ``"difference"`` or ``"auto"`` (module docstring).
         chunk_size: most vectors per pass. ``None``: :data:`DEFAULT_CHUNK` for vmapped passes
             (memory grows linearly in the chunk); sequential reverse passes take one at a time anyway.
         progress: show a tqdm bar over batches.
@@ -109,6 +111,9 @@ class HessianOperator(CurvatureOperator):
         cache_graphs: reverse backend: keep every batch's gradient graph between calls (until the
             parameters change or :meth:`release_graphs`). Estimators switch it on themselves when
             it fits their memory budget (:meth:`configured`).
+        difference_step, richardson, check_batches, difference_tolerance: the difference backend's
+            step h, 4-gradient Richardson stencil, error-check batches (default: a one-row copy of
+            the first batch) and the error above which ``"auto"`` refuses it (:mod:`.difference`).
         max_memory: default memory budget of the estimators run on this operator (bytes or
             ``"8GB"``; None: :func:`geometry.memory.model.default_budget` at each estimator call).
         loss_transient_bytes: bytes ``loss_fn`` allocates for a moment beyond what autograd saves,
@@ -149,6 +154,10 @@ class HessianOperator(CurvatureOperator):
         max_memory: int | str | None = None,
         loss_transient_bytes: int = 0,
         data_parallel: bool | Any = False,
+        difference_step: float | None = None,
+        richardson: bool = False,
+        check_batches: Sequence[Any] | None = None,
+        difference_tolerance: float = DEFAULT_TOLERANCE,
     ):
         if not isinstance(model, nn.Module):
             raise OperatorError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -160,8 +169,8 @@ class HessianOperator(CurvatureOperator):
         parallel = data_parallel is not False and data_parallel is not None
         if not batches and not parallel:  # data-parallel: an empty rank is refused on every rank, below
             raise OperatorError("the batch list is empty: the Hessian needs at least one batch")
-        if backend not in ("reverse", "forward"):
-            raise OperatorError(f"backend must be 'reverse' or 'forward', got {backend!r}")
+        if backend not in BACKENDS:
+            raise OperatorError(f"backend must be 'reverse', 'forward', 'difference' or 'auto', got {backend!r}")
         if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
             raise OperatorError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
         if vectorize not in (True, False, "auto"):
@@ -182,13 +191,21 @@ class HessianOperator(CurvatureOperator):
         self.loss_transient_bytes = int(loss_transient_bytes)
         self.num_matvecs = 0
         self.num_graph_builds = 0
-        self._graphs: dict[int, _Graph] = {}
+        self._graphs: dict[int, GradientGraph] = {}
         self._fingerprint: tuple | None = None
         self._graph_bytes: dict[Any, int] = {}
         self._dead_checked = False
         self.parallel: DataParallel | None = None
         if parallel:
             self.parallel = join_data_parallel(self, data_parallel, weights)
+        self.difference_step, self.richardson, self.check_batches = difference_step, bool(richardson), check_batches
+        self.hvp_check: dict | None = None
+        self.num_gradients = 0
+        self.backend_choice: dict | None = None
+        if backend == "auto":
+            if self.parallel is not None:  # each rank would measure its own check slice and could choose differently
+                raise OperatorError("backend='auto' is not available with data_parallel: pass backend='reverse' or 'difference'")
+            self.backend = choose_backend(self, difference_tolerance)
 
     # ------------------------------------------------------------------ attributes
     @property
@@ -288,14 +305,17 @@ class HessianOperator(CurvatureOperator):
     def pass_bytes(self, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         """Predicted peak bytes of one :meth:`matmat_flat` of ``k`` vectors beyond its input and
         output ``[k, dim]`` tensors (:func:`geometry.memory.graphs.pass_bytes`), with graphs kept
-        between calls when ``cached`` (default: ``cache_graphs``)."""
-        graphs = [self.graph_bytes(i) for i in range(len(self.batches))]
-        grad = self.dim * itemsize(self.param_dtype)
-        # half-precision models: each float32 vector is converted to the parameters' dtype for its product
-        converted = grad if self.dtype != self.param_dtype else 0
-        need = pass_bytes(graphs, grad, self.backend, self.vectorize, k,
-                          chunk or self._chunk(k, True), self.cache_graphs if cached is None else cached,
-                          self.loss_transient_bytes + converted)
+        between calls when ``cached`` (default: :attr:`cache_graphs`)."""
+        if self.backend == "difference":
+            need = difference_pass_bytes(self)
+        else:
+            graphs = [self.graph_bytes(i) for i in range(len(self.batches))]
+            grad = self.dim * itemsize(self.param_dtype)
+            # half-precision models: each float32 vector is converted to the parameters' dtype for its product
+            converted = grad if self.dtype != self.param_dtype else 0
+            need = pass_bytes(graphs, grad, self.backend, self.vectorize, k,
+                              chunk or self._chunk(k, True), self.cache_graphs if cached is None else cached,
+                              self.loss_transient_bytes + converted)
         if self.parallel is None:
             return need
         # every rank plans for the largest pass of any rank (so all make the same choices), plus the
@@ -318,6 +338,15 @@ class HessianOperator(CurvatureOperator):
             if self.cache_graphs and not old[1]:
                 self.release_graphs()
             self.chunk_size, self.cache_graphs = old
+
+    def checked(self) -> dict | None:
+        """The difference backend's error against the exact reverse products on the check slice,
+        measured once (:func:`geometry.operators.difference.measure`); None for other backends."""
+        if self.backend == "difference" and self.hvp_check is None:
+            self.hvp_check = measure(self, lambda backend, batches: HessianOperator(
+                self.model, self.loss_fn, batches, params=list(self.space.names), backend=backend,
+                difference_step=self.difference_step, richardson=self.richardson))
+        return self.hvp_check
 
     def release_graphs(self) -> None:
         """Free the gradient graphs kept between calls."""
@@ -374,8 +403,8 @@ class HessianOperator(CurvatureOperator):
         try:
             for p in frozen:
                 p.requires_grad_(False)
-            with module_modes(self.model, training=False), torch.enable_grad(), second_order_attention(), \
-                    true_derivatives(self.model):
+            attention = checkpointing_layers(self.model) if self.backend == "difference" else second_order_attention()
+            with module_modes(self.model, training=False), torch.enable_grad(), attention, true_derivatives(self.model):
                 yield params
         finally:
             for p in frozen:
@@ -386,26 +415,13 @@ class HessianOperator(CurvatureOperator):
 
     def _loss(self, params: dict[str, torch.Tensor], batch: Any, index: int) -> torch.Tensor:
         loss = self.loss_fn(self.model, batch)
-        self._check_loss(loss, index)
+        check_loss(loss, index)
         if not loss.requires_grad:
             raise OperatorError(
                 f"the loss of batch {index} has no autograd graph: it does not depend on the selected "
                 "parameters, or loss_fn detaches it / runs under torch.no_grad()"
             )
         return loss
-
-    @staticmethod
-    def _check_loss(loss: Any, index: int, finite: bool = True) -> None:
-        if not isinstance(loss, torch.Tensor):
-            raise OperatorError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} on batch {index}")
-        if loss.ndim != 0:
-            raise OperatorError(
-                f"loss_fn must return a scalar (0-dim) mean loss; got shape {tuple(loss.shape)} on batch {index}"
-            )
-        if not loss.is_floating_point():
-            raise OperatorError(f"loss_fn returned a {loss.dtype} tensor; the loss must be floating point")
-        if finite and not torch.isfinite(loss.detach()).all():
-            raise OperatorError(f"the loss is {float(loss.detach())} on batch {index}; the Hessian of a non-finite loss is undefined")
 
     def _chunk(self, k: int, vmapped: bool) -> int:
         if self.chunk_size is not None:
@@ -421,6 +437,11 @@ class HessianOperator(CurvatureOperator):
             with self._call_context() as params:
                 if self.backend == "reverse":
                     self._reverse(params, vs, outs)
+                elif self.backend == "difference":
+                    items = [(i, w, b) for i, (w, b) in self._iter_batches("hvp")]
+                    h = self.difference_step or relative_step(self.param_dtype, self.richardson)
+                    self.num_gradients += difference_products(params, items, lambda b, i: self._loss(params, b, i),
+                                                              vs, outs, h, self.richardson)
                 else:
                     self._forward(params, vs, outs)
 
@@ -435,7 +456,7 @@ class HessianOperator(CurvatureOperator):
                 raise OperatorError(f"the Hessian-vector product is NaN/Inf (first at parameter {name!r}); "
                                     "check the model's weights, the vectors and the loss")
 
-    def _graph(self, params: dict[str, torch.Tensor], batch: Any, index: int) -> _Graph:
+    def _graph(self, params: dict[str, torch.Tensor], batch: Any, index: int) -> GradientGraph:
         """Batch ``index``'s gradient graph: from the cache when kept and still valid, else built."""
         if self.cache_graphs:
             fp = self._model_fingerprint()
@@ -445,55 +466,30 @@ class HessianOperator(CurvatureOperator):
             if index in self._graphs:
                 return self._graphs[index]
         tensors = list(params.values())
-        loss = self._loss(params, batch, index)
-        grads = torch.autograd.grad(loss, tensors, create_graph=True, allow_unused=True, materialize_grads=True)
+        graph = gradient_graph(self._loss(params, batch, index), tensors)
         self.num_graph_builds += 1
         # a gradient that does not depend on θ has a zero Hessian row: right for a loss linear in
         # that tensor, wrong when an op's backward is not differentiable -> checked once
-        live = [j for j, g in enumerate(grads) if g.requires_grad]
-        if len(live) < len(tensors) and not self._dead_checked:
+        if len(graph.live) < len(tensors) and not self._dead_checked:
             self._dead_checked = True
             check_dead_rows(lambda: self._loss(params, batch, index), params,
-                            [j for j in range(len(tensors)) if j not in live])
-        graph = _Graph(loss, [grads[j] for j in live], live)
+                            [j for j in range(len(tensors)) if j not in graph.live])
         if self.cache_graphs:
             self._graphs[index] = graph
         return graph
 
     def _reverse(self, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        tensors = list(params.values())
-        k = vs[0].shape[0]
-        chunk = self._chunk(k, self.vectorize)
-        pdt = self.param_dtype
+        chunk = self._chunk(vs[0].shape[0], self.vectorize)
         for i, (w, batch) in self._iter_batches("hvp"):
             graph = self._graph(params, batch, i)
-            if not graph.live:
-                continue
-            for start in range(0, k, chunk):
-                stop = min(start + chunk, k)
-                if self.vectorize:
-                    hv = torch.autograd.grad(
-                        graph.outputs, tensors, grad_outputs=[vs[j][start:stop].to(pdt) for j in graph.live],
-                        retain_graph=True, is_grads_batched=True, allow_unused=True, materialize_grads=True,
-                    )
-                    for o, h in zip(outs, hv):
-                        o[start:stop].add_(h, alpha=w)
-                else:
-                    for r in range(start, stop):
-                        hv = torch.autograd.grad(
-                            graph.outputs, tensors, grad_outputs=[vs[j][r].to(pdt) for j in graph.live],
-                            retain_graph=True, allow_unused=True, materialize_grads=True,
-                        )
-                        for o, h in zip(outs, hv):
-                            o[r].add_(h, alpha=w)
-                        del hv
+            reverse_products(graph, list(params.values()), vs, outs, w, chunk, self.vectorize, self.param_dtype)
             del graph  # not cached: this batch's graph is freed before the next batch
 
     def _forward(self, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
         k = vs[0].shape[0]
         for i, (w, batch) in self._iter_batches("hvp"):
             forward_over_reverse(self.model, self.loss_fn, params, batch, vs, outs, w, self._chunk(k, True),
-                                 self.param_dtype, lambda loss: self._check_loss(loss, i, finite=False), i)
+                                 self.param_dtype, lambda loss: check_loss(loss, i, finite=False), i)
 
 
 #: Measured choice for ``vectorize="auto"`` on CPU (benchmarks/README.md, "HVP throughput").

@@ -12,7 +12,7 @@ The product is the gradient-difference backend (:mod:`geometry.operators.differe
 shards are set to ``θ_master ± ε·v`` in place, every rank runs ``loss.backward()`` on its own batch,
 FSDP2 all-gathers the layers for the forward and reduce-scatters the gradient into each rank's
 ``.grad`` shard, which is read and differenced. The step ε follows the same rule as the unsharded
-backend with *global* norms ‖θ‖ and ‖v‖ (all-reduced), so the sharded product equals the unsharded
+backend with *global* ‖θ‖, ‖v‖₂, ‖v‖₄ and n (all-reduced), so the sharded product equals the unsharded
 difference product up to the order of floating-point summation.
 
 Batches and weights. FSDP2 averages gradients uniformly over the ranks, while the operator weights
@@ -29,7 +29,7 @@ over the ranks, random probes are this rank's columns of the global stream. Esti
 sharded operators (Hutchinson, Hutch++, power iteration, Lanczos) run unchanged; the others refuse
 in one line.
 
-Memory per rank (:meth:`pass_bytes`): the master copy of the local shards (float32 at least), the
+Memory per rank (:meth:`pass_bytes`): the master copy of the local shards (in the parameters' dtype), the
 ``.grad`` shards, and one sharded gradient pass of the largest batch measured once at one and two
 rows (the all-gathered parameters of the live FSDP units, activations, reduce-scatter buffers),
 extrapolated linearly in the rows. Cost per product: (2 or 4 with Richardson) × rounds gradients.
@@ -129,6 +129,7 @@ class ShardedHessianOperator(CurvatureOperator):
         self.progress = progress
         self.num_matvecs = 0
         self.num_gradients = 0
+        self.backend, self.backend_choice, self.hvp_check = "difference", None, None
         self._pass_fit: tuple[float, float] | None = None
 
     # ------------------------------------------------------------------ attributes
@@ -175,9 +176,16 @@ class ShardedHessianOperator(CurvatureOperator):
             start += t.numel()
         return out
 
-    def _global_sq(self, tensors: Sequence[torch.Tensor]) -> float:
-        (total,) = self.parallel.sum_floats([sum(float(t.double().square().sum()) for t in tensors)], self._device)
-        return total
+    def _global_norms(self, tensors: Sequence[torch.Tensor]) -> tuple[float, float]:
+        """``(‖x‖₂, ‖x‖₄²)`` of the global vector whose local parts are ``tensors``, summed in float64
+        (one part-sized float64 temporary at a time) and over the ranks."""
+        s2 = s4 = 0.0
+        for t in tensors:
+            q = t.to(torch.float64, copy=True).square_()  # a copy: never square the caller's tensor
+            s2 += float(q.sum())
+            s4 += float(q.square_().sum())
+        s2, s4 = self.parallel.sum_floats([s2, s4], self._device)
+        return math.sqrt(s2), math.sqrt(s4)
 
     @contextlib.contextmanager
     def _call_context(self) -> Iterator[None]:
@@ -204,20 +212,20 @@ class ShardedHessianOperator(CurvatureOperator):
         out = torch.zeros_like(V)
         vs, outs = self._views(V), self._views(out)
         h = self.difference_step or relative_step(self._param_dtype, self.richardson)
-        masters = [t.detach().to(dtype=estimator_dtype(t.dtype), copy=True) for t in self.locals]
+        masters = [t.detach().clone() for t in self.locals]  # in the parameters' dtype, as the unsharded backend
 
         def local() -> None:
-            theta_norm = math.sqrt(self._global_sq(masters))
+            theta_norm = self._global_norms(masters)[0]
             with self._call_context():
                 try:
                     for r in range(V.shape[0]):
-                        v_norm = math.sqrt(self._global_sq([v[r] for v in vs]))
+                        v_norm, v4 = self._global_norms([v[r] for v in vs])
                         if v_norm == 0.0:
                             continue
-                        for shift, coef in stencil(step_size(h, theta_norm, v_norm), self.richardson):
+                        for shift, coef in stencil(step_size(h, theta_norm, v_norm, v4, self.global_dim), self.richardson):
                             with torch.no_grad():
                                 for t, m, v in zip(self.locals, masters, vs):
-                                    torch.add(m, v[r].to(m.dtype), alpha=shift, out=t)
+                                    torch.add(m.to(v.dtype), v[r], alpha=shift, out=t)  # float32 at least, cast once
                             for i in range(self.rounds):
                                 scale, batch = self._round(i)
                                 for p in self.params.values():
@@ -243,6 +251,16 @@ class ShardedHessianOperator(CurvatureOperator):
             raise OperatorError("the sharded Hessian-vector product is NaN/Inf; check the model's weights and the loss")
         return out
 
+    def checked(self) -> dict:
+        """:attr:`hvp_check` when set; else: the product's error is not measured on a sharded model (the exact products would need
+        the whole model on one rank): measure it with ``backend="difference"`` in one process on
+        the same checkpoint, or on a miniature (:func:`probes.models.curvature.miniature_bound`)."""
+        if self.hvp_check is not None:  # measured elsewhere (e.g. on the unsharded architecture)
+            return self.hvp_check
+        h = self.difference_step or relative_step(self._param_dtype, self.richardson)
+        return {"backend": "difference", "step": h, "richardson": self.richardson, "rel_error": None,
+                "reference": "not measured on a sharded model: run --backend difference in one process to measure it"}
+
     # ------------------------------------------------------------------ memory
     def _measure_pass(self, rows: int) -> int:
         batch = self.batches[0]
@@ -261,7 +279,8 @@ class ShardedHessianOperator(CurvatureOperator):
 
     def pass_bytes(self, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         """Predicted peak bytes of one product on this rank beyond its ``[k, dim]`` input and output:
-        the master copy of the local shards (float32 at least), one sharded gradient pass of the
+        the master copy of the local shards (parameters' dtype; plus one float32 cast of the largest
+        local tensor for half precision), one sharded gradient pass of the
         largest batch (measured at one and two rows of the first batch — all-gathered units,
         activations, ``.grad`` shards, reduce-scatter buffers — and extrapolated in the rows), the
         same over every rank (collective: every rank calls it). Cost, once: 3 small gradients."""
@@ -271,7 +290,9 @@ class ShardedHessianOperator(CurvatureOperator):
             self._pass_fit = (float(2 * one - two), float(max(0, two - one)))
         fixed, per_row = self._pass_fit
         rows = max(one_row(b)[0] for b in self.batches)
-        master = self.local_dim * itemsize(self.dtype)
+        master = self.local_dim * itemsize(self._param_dtype)
+        if self.dtype != self._param_dtype:  # θ_master + s·ε·v is formed in float32, one tensor at a time
+            master += max(t.numel() for t in self.locals) * itemsize(self.dtype)
         need = int(master + max(fixed, 0.0) + per_row * rows)
         return self.parallel.max_int(need, self._device)
 

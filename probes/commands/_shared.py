@@ -35,5 +35,11 @@ def label_option():
     return typer.Option(None, "--label", help="Checkpoint label inside a trajectory folder or hub trajectory (default: last).")
 
 
+def backend_option():
+    return typer.Option("reverse", "--backend", help="HVP backend: reverse (exact, default) | forward (exact) | "
+                        "difference (gradient differences, first order only; error measured and recorded) | auto "
+                        "(reverse when its pass fits --max-memory, else difference)")
+
+
 def register(app: typer.Typer) -> None:  # no commands here; probes.cli registers every module of this package
     return None

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import typer
 
-SUITE = ("hvp_throughput", "solvers", "estimators", "quantize", "surface", "sweep", "scale", "data_parallel", "sharded", "gpu")
+SUITE = ("hvp_throughput", "solvers", "estimators", "quantize", "surface", "sweep", "scale", "data_parallel", "sharded",
+         "difference", "gpu")
 ALIASES = {"hvp": "hvp_throughput"}
 
 
@@ -57,7 +58,8 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(False, "--quick", help="small settings (each benchmark < ~90 s)"),
         json_out: Path = typer.Option(None, "--json", help="also write all rows to this JSON file"),
     ) -> None:
-        """Run benchmarks (HVP throughput, estimator accuracy, GPTQ, surface, sweep against peers; scale: memory
+        """Run benchmarks (HVP throughput, estimator accuracy, GPTQ, surface, sweep against peers; difference: the
+        gradient-difference backend against the exact products; scale: memory
         model against measured peaks on Pythia shapes; gpu: the CUDA path, where a GPU is present)."""
         names = SUITE if name == "all" else (ALIASES.get(name, name),)
         unknown = [n for n in names if n not in SUITE]

@@ -15,7 +15,7 @@ from typing import List, Optional
 
 import typer
 
-from ._shared import CHECKPOINT_HELP, cache_dir_option, label_option, schedule_option, tokens_option
+from ._shared import CHECKPOINT_HELP, backend_option, cache_dir_option, label_option, schedule_option, tokens_option
 
 DEFAULT_SPECS = ["rtn:4:g128", "gptq:4:g128"]
 
@@ -84,6 +84,7 @@ def register(app: typer.Typer) -> None:
         device: Optional[str] = typer.Option(None, "--device", help="torch device (default: cuda when available)"),
         threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch threads"),
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="bytes or e.g. 8GB each curvature step may allocate"),
+        backend: str = backend_option(),
         cache_dir: Optional[Path] = cache_dir_option(),
         schedule: Optional[str] = schedule_option(),
         tokens_per_step: Optional[int] = tokens_option(),
@@ -103,7 +104,7 @@ def register(app: typer.Typer) -> None:
                                         trace_method=trace_method, seed=seed, quick=quick, device=device,
                                         curvature_set=curvature_set, calibration_set=calib_set, modules=modules,
                                         num_threads=threads, max_memory=max_memory, cache_dir=cache_dir,
-                                        schedule=schedule, tokens_per_step=tokens_per_step)
+                                        schedule=schedule, tokens_per_step=tokens_per_step, backend=backend)
         except (ExplainError, BlockError, QuantizeError, EstimatorError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from ._shared import CHECKPOINT_HELP, TRAJECTORY_HELP, cache_dir_option, label_option, schedule_option, tokens_option
+from ._shared import CHECKPOINT_HELP, TRAJECTORY_HELP, backend_option, cache_dir_option, label_option, schedule_option, tokens_option
 
 
 def _torch_dtype(name: str | None):
@@ -139,6 +139,8 @@ def register(app: typer.Typer) -> None:
         export: Optional[Path] = typer.Option(None, "--export", help="Also write the tidy results to .csv or .parquet."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display (for logs)."),
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory each curvature estimator may use beyond the model, e.g. 8GB (overrides the plan's max_memory)."),
+        backend: Optional[str] = typer.Option(None, "--backend", help="HVP backend of the curvature probes (overrides the "
+                                              "plan's backend): reverse | forward | difference | auto"),
         wait: bool = typer.Option(False, "--wait", help="If another sweep is writing to --out, wait for it instead of stopping."),
         allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin/.pt checkpoints that need full pickle "
                                           "(can run arbitrary code: only for files you trust)."),
@@ -181,6 +183,8 @@ def register(app: typer.Typer) -> None:
             p = Plan.default(quick=quick) if plan is None else load_plan(plan)
             if max_memory is not None:
                 p = p.replace(max_memory=max_memory)
+            if backend is not None:
+                p = p.replace(backend=backend)
             report = run_sweep(traj, p, out=out, executor=executor, address=address, retry_failed=retry_failed,
                                allow_mixed=allow_mixed, progress=not quiet, device=device, num_workers=num_workers,
                                num_threads=threads, wait=wait, on_wait=_waiting, allow_pickle=allow_pickle,
@@ -225,6 +229,7 @@ def register(app: typer.Typer) -> None:
         max_iter: int = typer.Option(100, "--max-iter", help="Eigen solver iterations (power) or Lanczos steps."),
         tol: float = typer.Option(1e-3, "--tol", help="Eigen solver tolerance (relative)."),
         eigen_method: str = typer.Option("power", "--eigen-method", help="power | lanczos"),
+        backend: str = backend_option(),
         allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load a .bin/.pt checkpoint that needs full pickle "
                                           "(can run arbitrary code: only for files you trust)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -243,7 +248,8 @@ def register(app: typer.Typer) -> None:
             res = _sharpness(checkpoint, label=label, num_matvecs=num_matvecs, method=method, k=k, params=params, seed=seed,
                              quick=quick, device=device, data=data, num_threads=threads, max_memory=max_memory,
                              dtype=dtype, max_iter=max_iter, tol=tol, eigen_method=eigen_method, allow_pickle=allow_pickle,
-                             cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step, parallel=parallel)
+                             cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step, parallel=parallel,
+                             backend=backend)
         except SharpnessError as exc:
             typer.echo(f"error: {exc}", err=True)  # every rank: a one-line error each
             raise typer.Exit(2)
@@ -259,6 +265,8 @@ def register(app: typer.Typer) -> None:
         ev = res["eigen"]
         con.print(f"λ_max = {ev['values'][0]:.4g} (residual {ev['residuals'][0]:.2g}, {ev['num_matvecs']} HVPs, {ev['seconds']:.1f} s); "
                   f"{res['dim']} parameters, curvature set {res['data']['shape']}")
+        if res["backend"] != "reverse":
+            con.print(f"HVP backend {res['backend']}: {res['hvp_check'] or res['backend_choice']}")
         if not all(ev["converged"]):
             con.print("[red]λ_max did not converge[/red] within the iteration limit: treat it as a lower bound on |λ_max|")
 

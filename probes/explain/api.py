@@ -113,7 +113,8 @@ def _check(partition: str, trace_method: str) -> None:
 
 def explain_specs(model: nn.Module, specs: Sequence, curvature, calibration=None, modules=None, blocks: str = "layer",
                   within: bool = False, trace: TraceEstimate | float | None = None, trace_matvecs: int = 30,
-                  trace_method: str = "hutch++", seed: int = 0, max_memory=None) -> list[Explanation]:
+                  trace_method: str = "hutch++", seed: int = 0, max_memory=None,
+                  backend: str = "reverse") -> list[Explanation]:
     """Explain every quantizer in ``specs`` on ``model`` (one shared tr H estimate).
 
     Args:
@@ -125,6 +126,7 @@ def explain_specs(model: nn.Module, specs: Sequence, curvature, calibration=None
         within: also δ_bᵀH_bbδ_b per block (one HVP per block and spec).
         trace: tr H of the quantized matrices to reuse (a TraceEstimate or an exact float); None
             estimates it once with ``trace_method`` and ``trace_matvecs`` HVPs, ``seed``.
+        backend: HVP backend of every product (reverse, forward, difference, auto).
 
     Cost: per spec the quantizer, one gradient, 1 HVP (+ blocks with ``within``) and one forward
     pass over the curvature set; once, ``trace_matvecs`` HVPs for tr H.
@@ -134,13 +136,13 @@ def explain_specs(model: nn.Module, specs: Sequence, curvature, calibration=None
     if not specs:
         raise ExplainError("no quantizer spec given; pass e.g. ['rtn:4:g128']")
     measures = [measure_direction(model, s, curvature, calibration, modules, within=(blocks,) if within else (),
-                                  max_memory=max_memory) for s in specs]
+                                  max_memory=max_memory, backend=backend) for s in specs]
     names = {m.names for m in measures}
     if len(names) != 1:
         raise ExplainError("the quantizers moved different sets of matrices; explain them separately")
     source = "given"
     if trace is None:
-        trace = direction_trace(model, measures[0].names, curvature, trace_matvecs, trace_method, seed, max_memory)
+        trace = direction_trace(model, measures[0].names, curvature, trace_matvecs, trace_method, seed, max_memory, backend)
         source = "estimated" if len(specs) == 1 else "shared"
     return [build_explanation(model, m, trace, blocks, source) for m in measures]
 

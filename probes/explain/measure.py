@@ -117,7 +117,7 @@ def quantized_direction(model: nn.Module, spec, calibration=None, modules=None):
 
 
 def measure_direction(model: nn.Module, spec, curvature, calibration=None, modules=None,
-                      within: Sequence[str] = (), max_memory=None) -> DirectionMeasure:
+                      within: Sequence[str] = (), max_memory=None, backend: str = "reverse") -> DirectionMeasure:
     """Quantize, then δᵀg, δᵀHδ, ‖δ‖² per quantized matrix and L(θ̂) − L(θ) on ``curvature``.
 
     Args:
@@ -128,6 +128,7 @@ def measure_direction(model: nn.Module, spec, curvature, calibration=None, modul
         within: block partitions (:data:`probes.explain.blocks.PARTITIONS`) whose within-block
             curvatures δ_bᵀH_bbδ_b to compute (one HVP per block).
         max_memory: estimator memory budget (bytes or ``"8GB"``).
+        backend: HVP backend (:func:`probes.models.curvature.lm_hessian`).
 
     Cost: the quantizer; one gradient + 1 HVP (+ one HVP per within block); one forward pass of
     θ̂ over the curvature set. Memory: δ, g, Hδ (three vectors of the quantized matrices' size),
@@ -139,7 +140,7 @@ def measure_direction(model: nn.Module, spec, curvature, calibration=None, modul
         q_loss = evaluate(qm.model, list(curvature)).loss
         canonical, errors, quant_seconds = str(qm.spec), {k: float(v) for k, v in qm.layer_errors.items()}, float(qm.seconds)
         del qm  # the quantized copy goes before the curvature's memory plan
-        op = direction_operator(model, list(delta), curvature, max_memory=max_memory)
+        op = direction_operator(model, list(delta), curvature, max_memory=max_memory, backend=backend)
         parts = direction_parts(op, delta, max_memory=max_memory)
         if parts.total_norm2 == 0:
             raise ExplainError(f"{canonical} left every quantized weight unchanged (δ = 0): there is nothing to explain")
@@ -154,7 +155,7 @@ def measure_direction(model: nn.Module, spec, curvature, calibration=None, modul
 
 
 def direction_trace(model: nn.Module, names: Sequence[str], curvature, num_matvecs: int = 30, method: str = "hutch++",
-                    seed: int = 0, max_memory=None) -> TraceEstimate:
+                    seed: int = 0, max_memory=None, backend: str = "reverse") -> TraceEstimate:
     """tr H of the LM loss on ``curvature`` w.r.t. the parameters ``names`` (the space of δ):
     Hutch++ or Hutchinson with ``num_matvecs`` HVPs (exact when the budget reaches the dimension)."""
     from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
@@ -162,7 +163,7 @@ def direction_trace(model: nn.Module, names: Sequence[str], curvature, num_matve
     if method not in TRACE_METHODS:
         raise ExplainError(f"trace method {method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
     with _grad_enabled(model):
-        op = direction_operator(model, names, curvature, max_memory=max_memory)
+        op = direction_operator(model, names, curvature, max_memory=max_memory, backend=backend)
         fn = hutchpp_trace if method == "hutch++" else hutchinson_trace
         return fn(op, num_matvecs=num_matvecs, seed=seed, max_memory=max_memory)
 

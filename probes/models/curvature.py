@@ -22,7 +22,8 @@ from geometry.operators.parallel import DataParallel
 from probes.core.lm import lm_loss
 from probes.core.lm_head import head_transient_bytes, lm_loss_lean
 
-from .second_order import ensure_second_order
+from .fidelity import with_float64_fidelity
+from .second_order import SecondOrderError, ensure_second_order
 
 
 def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, backend: str = "reverse",
@@ -38,17 +39,70 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     arguments go to :class:`HessianOperator` (``max_memory``, ``chunk_size``, ``data_parallel``, ...);
     with a :class:`~geometry.operators.parallel.DataParallel` as ``data_parallel`` the check is agreed
     over the ranks (a failure on one rank is raised on all).
+
+    ``backend="difference"`` (gradient differences, :mod:`geometry.operators.difference`) needs no
+    second-order rule: the second-order check is skipped and the operator measures its own error
+    against the exact reverse products on ``batches[0][:2, :32]`` (:meth:`HessianOperator.checked`).
+    ``backend="auto"``: the reverse backend when its pass fits ``max_memory``, else the difference
+    backend when its measured error is within ``difference_tolerance``. With either, a float64
+    model's loss runs under :func:`~probes.models.fidelity.float64_fidelity` (HF's float32 norms and
+    softmax in float64), so the float64 step measures the method, not float32 rounding.
     """
     batches = list(batches)
-    if check and batches:
+    if backend in ("difference", "auto") and batches:
+        kwargs.setdefault("check_batches", [batches[0][:2, :32]])
+    if check and batches and backend != "difference":
         probe = batches[0][:2, :16]
         parallel = kwargs.get("data_parallel")
+
+        def second_order() -> str:
+            try:
+                return ensure_second_order(model, probe, backend="reverse" if backend == "auto" else backend, params=params)
+            except SecondOrderError:
+                if backend != "auto":
+                    raise
+                return "difference"  # no exact backend is trustworthy: only the first-order one can run
+
         if isinstance(parallel, DataParallel):  # a check failing on one rank fails on every rank, never hangs
-            backend = parallel.agree(lambda: ensure_second_order(model, probe, backend=backend, params=params),
-                                     "the second-order check", batches[0].device)
+            checked = parallel.agree(second_order, "the second-order check", batches[0].device)
         else:
-            backend = ensure_second_order(model, probe, backend=backend, params=params)
+            checked = second_order()
+        backend = checked if backend != "auto" or checked == "difference" else backend
     lean = lean_head and backend == "reverse"
     if lean:
         kwargs.setdefault("loss_transient_bytes", head_transient_bytes(model, batches))
-    return HessianOperator(model, lm_loss_lean if lean else lm_loss, batches, params=params, backend=backend, **kwargs)
+    loss_fn = lm_loss_lean if lean else lm_loss
+    if backend in ("difference", "auto"):  # a float64 model's float32 islands would swamp the float64-sized step
+        loss_fn = with_float64_fidelity(loss_fn, model)
+    op = HessianOperator(model, loss_fn, batches, params=params, backend=backend, **kwargs)
+    if op.backend == "difference" and batches and op.checked()["rel_error"] is None:
+        op.hvp_check = {**op.hvp_check, **miniature_bound(model, op.check_batches or [batches[0][:2, :32]])}
+    return op
+
+
+def miniature_bound(model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0) -> dict:
+    """The difference backend's error where no exact product can run on the model itself: on a
+    miniature of the architecture (:func:`~probes.models.miniature.miniature`, same class and config
+    pattern) in the model's dtype, against the exact reverse products of its float64 copy (HF's
+    float32 islands in float64, :func:`~probes.models.fidelity.float64_fidelity`), on ``batches``.
+    Returns ``{"rel_error", "reference"}`` (rel_error None when no miniature can be built). Cost: a
+    miniature (~10⁴–10⁶ parameters) and 2 products of each backend on the check batches."""
+    import copy
+
+    from geometry.operators.difference import product_error
+
+    from .fidelity import float64_fidelity
+    from .miniature import miniature
+
+    dtype = next(model.parameters()).dtype
+    mini = miniature(model, dtype=dtype)
+    if mini is None:
+        return {"rel_error": None, "reference": "unavailable: no exact product on the model and no miniature of it"}
+    exact = copy.deepcopy(mini).double()
+    with float64_fidelity():
+        ref = HessianOperator(exact, lm_loss, list(batches))
+        error = product_error(HessianOperator(mini, lm_loss, list(batches), backend="difference"), ref, 2, seed)
+    name = str(dtype).replace("torch.", "")
+    return {"rel_error": error, "reference": f"bound on a {name} miniature of {type(model).__name__} "
+            f"({sum(p.numel() for p in mini.parameters())} parameters) against its float64 reverse products "
+            "(no exact product can run on the model)"}

@@ -22,6 +22,7 @@ from torch import nn
 from geometry.operators.sharded import ShardedHessianOperator
 from probes.core.lm import lm_loss
 from probes.core.modules import find_blocks
+from .fidelity import with_float64_fidelity
 
 
 class ShardingError(ValueError):
@@ -57,7 +58,8 @@ def sharded_lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], max_me
     an FSDP2 model (:func:`shard_model`). ``hvp_check``: the difference backend's measured error on
     the unsharded architecture, recorded as ``op.hvp_check``. Extra keywords go to the operator
     (``difference_step``, ``richardson``)."""
-    op = ShardedHessianOperator(model, lm_loss, list(batches), max_memory=max_memory, **kwargs)
+    loss_fn = with_float64_fidelity(lm_loss, model)  # as lm_hessian's difference backend
+    op = ShardedHessianOperator(model, loss_fn, list(batches), max_memory=max_memory, **kwargs)
     op.hvp_check = hvp_check
     return op
 

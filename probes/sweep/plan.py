@@ -46,8 +46,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from .settings import (EIGEN_METHODS, TRACE_METHODS, BlockTraceProbe, EigenProbe, ExplainProbe, PlanError, TraceProbe,
-                       positive_int as _positive_int)
+from .settings import (EIGEN_METHODS, TRACE_METHODS, BlockTraceProbe, EigenProbe, ExplainProbe, PlanError,
+                       TraceProbe, positive_int as _positive_int)
 
 PROBES = ("loss", "quant", "trace", "eigen", "block_trace", "directional", "kurtosis", "explain")
 """Probe names, in execution order."""
@@ -135,7 +135,7 @@ class Plan:
     default all), ``seed`` (estimator seed), ``data`` (:class:`DataSpec`), ``explain``
     (:class:`ExplainProbe`, or a list of specs: attribution of ΔL by factor and block), ``max_memory``
     (bytes or ``"8GB"`` each curvature estimator may allocate beyond the model; None: geometry.memory.model's
-    default).
+    default), ``backend`` (the HVP backend of every curvature probe: reverse, forward, difference, auto).
     """
 
     loss: bool = True
@@ -154,6 +154,7 @@ class Plan:
     name: str = "sweep"
     explain: ExplainProbe | None = None
     max_memory: int | str | None = None
+    backend: str = "reverse"
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -215,6 +216,10 @@ class Plan:
                 parse_bytes(self.max_memory)
             except MemoryBudgetError as exc:
                 raise PlanError(f"max_memory: {exc}") from exc
+        from geometry.operators.hessian import BACKENDS
+
+        if self.backend not in BACKENDS:
+            raise PlanError(f"backend {self.backend!r} is unknown; valid: {', '.join(BACKENDS)}")
         if not self.tasks():
             raise PlanError("the plan has no probe; enable at least one of: " + ", ".join(PROBES))
 
@@ -343,6 +348,8 @@ class Plan:
         d["probes"] = {k: v for k, v in probes.items() if v not in (None, False, [], ())}
         if d["max_memory"] is None:          # absent, so plans of the first release keep their hash
             d.pop("max_memory")
+        if d["backend"] == "reverse":        # absent by default, so earlier plans keep their hash
+            d.pop("backend")
         return d
 
     @property
@@ -360,7 +367,8 @@ class Plan:
         """Row keys per checkpoint, in execution order: loss, kurtosis, quant…, directional…,
         trace, eigen, block_trace, explain…."""
         curv = {"curvature_params": list(self.curvature_params) if self.curvature_params else None, "data": list(self.data.curvature),
-                **({"max_memory": self.max_memory} if self.max_memory is not None else {})}
+                **({"max_memory": self.max_memory} if self.max_memory is not None else {}),
+                **({"backend": self.backend} if self.backend != "reverse" else {})}
         qdata = {"quant_modules": list(self.quant_modules) if self.quant_modules else None,
                  "eval": list(self.data.eval), "calibration": list(self.data.calibration)}
         out: list[Task] = []

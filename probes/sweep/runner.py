@@ -98,7 +98,7 @@ class CheckpointState:
                 batches = split_batches(batches, self.parallel.rank, self.parallel.world_size)
                 extra = {"data_parallel": self.parallel}
             self._op = lm_hessian(self.model, batches, params=self.plan.curvature_params,
-                                  max_memory=self.plan.max_memory, **extra)
+                                  max_memory=self.plan.max_memory, backend=self.plan.backend, **extra)
         return self._op
 
     def direction(self, spec: str):
@@ -111,7 +111,7 @@ class CheckpointState:
             within = e.blocks if e is not None and e.within and spec in e.specs else ()
             self._directions[spec] = measure_direction(self.model, spec, list(self.data("curvature")),
                                                        self.token_sets.get("calibration"), self.plan.quant_modules, within,
-                                                       max_memory=self.plan.max_memory)
+                                                       max_memory=self.plan.max_memory, backend=self.plan.backend)
         return self._directions[spec]
 
 

@@ -26,7 +26,8 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
               params: Sequence[str] | None = None, seed: int = 0, quick: bool = False, device=None,
               data: str | Path | None = None, num_threads: int | None = None, allow_pickle: bool = False,
               max_memory=None, dtype: str | None = None, cache_dir: str | Path | None = None,
-              schedule: str | None = None, tokens_per_step: int | None = None, parallel: str = "none") -> dict:
+              schedule: str | None = None, tokens_per_step: int | None = None, parallel: str = "none",
+              backend: str = "reverse") -> dict:
     """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint as a dict.
 
     ``checkpoint``: a checkpoint folder or weight file (its step / tokens / LR are read from the
@@ -40,20 +41,30 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     third of the free RAM, 80% of the free GPU memory; :mod:`geometry.memory.model`); what each chose
     (sketch size, block, basis, graph cache) is returned under ``memory``. ``dtype``: ``float32``
     (default), ``bfloat16``, ``float16`` or ``float64`` to load the weights in; products run in it,
-    estimator algebra in float32 at least. Bad options raise :class:`SharpnessError` before
-    anything is loaded; a plan that cannot fit raises it before any product. ``parallel="data"``
-    (under ``torchrun``): every rank loads the model, takes its contiguous share of the curvature
-    batches and runs the same estimators; products are all-reduced (:mod:`geometry.operators.parallel`),
-    so the numbers are one process's over all batches; every rank returns the same dict.
+    estimator algebra in float32 at least. ``backend``: the HVP backend (``reverse``, ``forward``,
+    ``difference`` or ``auto``, :class:`geometry.HessianOperator`); the result records it, the
+    difference backend's measured error (``hvp_check``) and, for ``auto``, the choice and why
+    (``backend_choice``). Bad options raise :class:`SharpnessError` before anything is loaded; a
+    plan that cannot fit raises it before any product. ``parallel="data"`` (under ``torchrun``):
+    every rank loads the model, takes its contiguous share of the curvature batches and runs the
+    same estimators; products are all-reduced (:mod:`geometry.operators.parallel`), so the numbers
+    are one process's over all batches; every rank returns the same dict. ``parallel="fsdp"``:
+    every rank holds 1/N of θ and of every vector (:mod:`geometry.operators.sharded`, gradient
+    differences whatever ``backend`` says: the result records ``backend="difference"``).
     """
     from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
     from probes.checkpoints.locate import checkpoint_trajectory
 
     _check_options(method, eigen_method, num_matvecs, k, max_iter, tol)
+    from geometry.operators.hessian import BACKENDS
     from probes.core.distributed import PARALLEL_MODES, DistributedError, init_data_parallel
 
     if parallel not in PARALLEL_MODES:
         raise SharpnessError(f"parallel {parallel!r} is unknown; valid: {', '.join(PARALLEL_MODES)}")
+    if backend not in BACKENDS:
+        raise SharpnessError(f"backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")
+    if parallel != "none" and backend == "auto":
+        raise SharpnessError("backend 'auto' is not available with --parallel: pass --backend reverse or difference")
     if dtype is not None and dtype not in _DTYPES:
         raise SharpnessError(f"dtype {dtype!r} is unknown; valid: {', '.join(_DTYPES)}")
     if max_memory is not None:
@@ -103,6 +114,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     from geometry.estimators.eigen import estimate_memory as eigen_memory
     from geometry.estimators.eigen import top_eigenvalues
     from geometry.memory.model import MemoryBudgetError
+    from geometry.operators.interface import OperatorError
     from geometry.estimators.trace import estimate_memory as trace_memory
     from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
     from probes.core.threads import torch_threads
@@ -115,14 +127,14 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
             op = sharded_lm_hessian(shard_model(model, dev), batches, max_memory=max_memory)
         else:
             op = lm_hessian(model, batches, params=list(params) if params else None, max_memory=max_memory,
-                            **({"data_parallel": pg} if pg is not None else {}))
+                            backend=backend, **({"data_parallel": pg} if pg is not None else {}))
         # both plans are checked before any product: a plan that cannot fit fails here, in one line
         trace_memory(op, method, num_matvecs)
         eigen_memory(op, k, eigen_method, max_iter)
         with torch_threads(num_threads):
             est = (hutchpp_trace if method == "hutch++" else hutchinson_trace)(op, num_matvecs=num_matvecs, seed=seed)
             ev = top_eigenvalues(op, k=k, method=eigen_method, tol=tol, max_iter=max_iter, seed=seed)
-    except MemoryBudgetError as exc:
+    except (MemoryBudgetError, OperatorError) as exc:
         raise SharpnessError(str(exc)) from exc
     return {
         "checkpoint": ref.label, "step": ref.step, "tokens": ref.tokens, "lr": ref.lr, "location": ref.location,
@@ -140,6 +152,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
         "parallel": {"mode": parallel, "world_size": pg.world_size if pg else 1, "backend": pg.backend if pg else None,
                      "batches_per_rank": pg.gather_objects(len(batches)) if pg else [len(batches)],
                      **({"elements_per_rank": pg.gather_objects(op.local_dim)} if parallel == "fsdp" else {})},
+        "backend": op.backend, "hvp_check": op.checked(), "backend_choice": op.backend_choice,
     }
 
 

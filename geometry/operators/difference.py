@@ -1,0 +1,332 @@
+"""The gradient-difference Hessian-vector product: first-order gradients only (docs/science.md §4 (c)).
+
+``HessianOperator(..., backend="difference")`` computes
+
+    H v ≈ (∇L(θ + εv) − ∇L(θ − εv)) / (2ε)                          (central: 2 gradients, O(ε²))
+    H v ≈ (4 D(ε/2) − D(ε)) / 3,  D(h) = (∇L(θ+hv) − ∇L(θ−hv))/(2h)   (Richardson: 4 gradients, O(ε⁴))
+
+with gradients made the way training makes them: the parameters are perturbed **in place**, then
+``loss_fn(model, batch).backward()`` fills ``.grad`` for each batch, which is read, weighted by the
+batch weight and accumulated in the operator's vector dtype. Nothing needs a double backward or a
+forward-AD rule, so the same code runs where training runs: fused attention kernels (no SDPA
+MATH context is entered), HF activation checkpointing (layers flagged ``gradient_checkpointing``
+run with ``training=True`` on the layer itself so that HF checkpoints them; their children,
+dropout included, stay in eval mode), a model's own fused losses, and hooks that act on ``.grad``
+(data-parallel all-reduce, FSDP2 reduce-scatter).
+
+Precision. The perturbed point is built from a kept **master copy** of θ, taken in float32 for
+float16/bfloat16 parameters: ``θ_master + s·ε·v`` is computed in float32 and cast once to the
+parameters' dtype. (A half-precision number converts to float32 exactly, so the master is stored
+as a copy in the parameters' dtype and converted one tensor at a time: the float32 master at half
+the memory.) Gradients are read in the parameters'
+dtype and accumulated, weighted and differenced in :attr:`~HessianOperator.dtype` (float32 at
+least). In half precision the cast of the perturbed weights to bfloat16 limits accuracy: the
+realised step is ``round(θ + εv) − θ``, off by up to half an ulp of each weight (2⁻⁹ relative in
+bfloat16), and the gradients carry bfloat16 rounding; benchmarks/README.md ("Gradient-difference
+HVPs") measures the result against float64.
+
+Step size (a relative step). With ``u`` the unit roundoff of the gradients (``torch.finfo(dtype).eps``
+of the parameters), the central difference's error is ``≈ ε²‖T[v,v]‖/6`` (truncation, T the third
+derivative) plus ``≈ u‖∇L‖/ε`` (rounding of two gradients of size ‖∇L‖, divided by 2ε); it is
+smallest at ``ε ∝ u^(1/3)``. Measured in units of the weights it moves: each moved weight should
+move by about ``h`` times the typical weight ``‖θ‖/√n``, whether v is spread over all n coordinates
+or concentrated on a few (an eigenvector living in a few rows, where the third derivative is large).
+With ``k = ‖v‖₂⁴ / ‖v‖₄⁴`` the number of coordinates v effectively occupies (its participation
+ratio: n for a Rademacher vector, n/3 for a Gaussian one, k for one spread evenly over k), the move
+is ``‖εv‖ = h · max(1, ‖θ‖) · √(k/n)``, i.e.
+
+    ε = h · max(1, ‖θ‖) · ‖v‖₂ / (√n · ‖v‖₄²),   h = c · u^(1/3)  (central),   h = c · u^(1/5)  (Richardson)
+
+(``ε = h·max(1,‖θ‖)/‖v‖`` for a Rademacher v; Richardson's truncation is O(ε⁴), so its balance is
+at ``u^(1/5)``). The √(k/n) factor was measured to matter for solvers: with the plain ``‖v‖`` rule,
+Lanczos' λ_max in float32 was off by 2e-3 to 2e-2 (Richardson: up to 220%, a spurious Ritz value)
+while random products were within 4e-4; with it, λ_max is within 5e-4 and the products unchanged
+for Rademacher vectors. ``c`` = :data:`STEP_CONSTANT` was measured on the six tiny families
+(benchmarks/README.md); ``difference_step=h`` overrides h.
+
+θ comes back **bit-exactly** after every product: it is copied back from the master copy
+(``p.copy_(master)``; a bfloat16 → float32 → bfloat16 round trip is exact), never un-perturbed by
+subtracting εv. The caller's ``.grad`` (and ``requires_grad``, modes) are restored by the operator.
+
+Cost per product: 2 gradients (central) or 4 (Richardson) per batch, plus the read-out.
+Memory beyond the input and output vectors (:func:`pass_bytes`): the master copy (dim numbers in
+the parameters' dtype: the θ backup), one gradient pass
+of the largest batch (its activations, with checkpointing where on, and ``.grad`` in the
+parameters' dtype, measured once per batch shape on one and two rows by :func:`gradient_pass_bytes`), and one
+parameter tensor in float32 (the perturbation's cast). The first gradient of the pair is held,
+weighted, in the product's output row while the second is computed, so it takes no extra memory.
+
+Error is measured, not assumed: :func:`product_error` compares the products with the exact
+reverse-over-reverse products on a check slice (``HessianOperator.checked()``), and every
+estimator plan records the result (``memory["settings"]["hvp_check"]``).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from ..memory.graphs import itemsize, one_row, peak_new_bytes
+from .interface import CurvatureOperator, OperatorError, estimator_dtype
+
+__all__ = ["STEP_CONSTANT", "DEFAULT_TOLERANCE", "relative_step", "step_size", "stencil", "checkpointing_layers",
+           "difference_products", "gradient_pass_bytes", "pass_bytes", "product_error", "operator_pass_bytes", "measure",
+           "choose_backend"]
+
+#: ``c`` in the step rule ``h = c · u^(1/3)`` (central) / ``c · u^(1/5)`` (Richardson), measured on
+#: the six tiny families (benchmarks/README.md, "Gradient-difference HVPs").
+STEP_CONSTANT = 0.05
+#: Default relative error at which ``backend="auto"`` refuses the difference backend.
+DEFAULT_TOLERANCE = 2e-2
+
+
+def relative_step(dtype: torch.dtype, richardson: bool = False) -> float:
+    """``h`` of the step rule for gradients computed in ``dtype``: ``c · u^(1/3)`` (central) or
+    ``c · u^(1/5)`` (Richardson), ``u = torch.finfo(dtype).eps``."""
+    u = float(torch.finfo(dtype).eps)
+    return STEP_CONSTANT * u ** (0.2 if richardson else 1 / 3)
+
+
+def step_size(h: float, theta_norm: float, v_norm: float, v4: float, n: int) -> float:
+    """ε = h · max(1, ‖θ‖) · ‖v‖₂ / (√n · ‖v‖₄²) for ``v_norm`` = ‖v‖₂, ``v4`` = ‖v‖₄² = √(Σ vᵢ⁴)
+    and n coordinates: each coordinate v occupies moves by ≈ h · max(1, ‖θ‖)/√n (module docstring)."""
+    return h * max(1.0, theta_norm) * v_norm / (math.sqrt(n) * v4)
+
+
+def stencil(eps: float, richardson: bool = False) -> list[tuple[float, float]]:
+    """``[(shift, coefficient)]``: H v ≈ Σ coefficient · ∇L(θ + shift · v)."""
+    if not richardson:
+        return [(eps, 0.5 / eps), (-eps, -0.5 / eps)]
+    # (4 D(ε/2) − D(ε)) / 3 with D(h) = (g(h) − g(−h)) / 2h
+    return [(eps, -1 / (6 * eps)), (-eps, 1 / (6 * eps)), (eps / 2, 4 / (3 * eps)), (-eps / 2, -4 / (3 * eps))]
+
+
+@contextlib.contextmanager
+def checkpointing_layers(model: nn.Module) -> Iterator[list[nn.Module]]:
+    """Modules with ``gradient_checkpointing = True`` (HF ``gradient_checkpointing_enable()``) get
+    ``training=True`` on themselves only for the block (HF checkpoints a layer only in training
+    mode); their children keep their mode (eval: no dropout). Restored on exit."""
+    flagged = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    saved = [(m, m.training) for m in flagged]
+    for m in flagged:
+        m.training = True
+    try:
+        yield flagged
+    finally:
+        for m, flag in saved:
+            m.training = flag
+
+
+def _master(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The kept original θ, in the parameters' dtype. For half precision it *is* the float32
+    master: a bfloat16/float16 number converts to float32 exactly, so ``master.float()`` (one
+    tensor at a time) is θ in float32, at half the memory of a float32 copy."""
+    return [p.detach().clone() for p in params]
+
+
+def _norms(parts: Sequence[torch.Tensor]) -> tuple[float, float]:
+    """``(‖v‖₂, ‖v‖₄²)`` of the vector split in ``parts``, summed in float64 from v / max|v| (no
+    overflow or underflow of the fourth powers; one part-sized temporary at a time)."""
+    vmax = max(float(t.abs().max()) for t in parts)
+    if vmax == 0.0:
+        return 0.0, 0.0
+    s2 = s4 = 0.0
+    for t in parts:
+        q = (t / vmax).square_()
+        s2 += float(q.sum(dtype=torch.float64))
+        s4 += float(q.square_().sum(dtype=torch.float64))
+    return vmax * math.sqrt(s2), vmax * vmax * math.sqrt(s4)
+
+
+def difference_products(params: dict[str, torch.Tensor], items: Sequence[tuple[int, float, Any]],
+                        loss_of: Callable[[Any, int], torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor],
+                        h: float, richardson: bool = False) -> int:
+    """``outs[j][r] += Σ_b w_b (H_b v_r)_j`` by gradient differences; returns the gradients computed.
+
+    Args:
+        params: the selected parameters (live ``nn.Parameter`` s, perturbed in place and restored
+            bit-exactly from a master copy, also on error).
+        items: ``(index, weight, batch)`` of every batch with a positive weight.
+        loss_of: ``loss_of(batch, index)`` -> scalar loss with a graph (the forward of one batch).
+        vs, outs: per parameter ``[k, *shape]`` vectors and outputs in the operator's vector dtype.
+        h: relative step (:func:`relative_step`); ``richardson``: 4 gradients per product.
+
+    Cost: k · (2 or 4) · len(items) gradients (forward + ``loss.backward()``).
+    """
+    tensors = list(params.values())
+    master = _master(tensors)
+    theta_norm = math.sqrt(sum(float(m.to(estimator_dtype(m.dtype)).square().sum(dtype=torch.float64)) for m in master))
+    k, n = vs[0].shape[0], sum(m.numel() for m in master)
+    saved_flags = [p.requires_grad for p in tensors]
+    count = 0
+    try:
+        for p in tensors:
+            p.requires_grad_(True)
+        for r in range(k):
+            v_norm, v4 = _norms([v[r] for v in vs])
+            if v_norm == 0.0:
+                continue  # H 0 = 0
+            for shift, coef in stencil(step_size(h, theta_norm, v_norm, v4, n), richardson):
+                with torch.no_grad():
+                    for p, m, v in zip(tensors, master, vs):
+                        torch.add(m.to(v.dtype), v[r], alpha=shift, out=p)  # in float32 at least, cast once
+                for index, w, batch in items:
+                    for p in tensors:
+                        p.grad = None
+                    loss_of(batch, index).backward()
+                    count += 1
+                    for p, o in zip(tensors, outs):
+                        if p.grad is not None:
+                            o[r].add_(p.grad.to(o.dtype), alpha=w * coef)
+    finally:
+        with torch.no_grad():
+            for p, m in zip(tensors, master):
+                p.copy_(m)
+        for p, flag in zip(tensors, saved_flags):
+            p.grad = None
+            p.requires_grad_(flag)
+    return count
+
+
+def gradient_pass_bytes(loss_of: Callable[[], torch.Tensor], params: dict[str, torch.Tensor]) -> int:
+    """Peak bytes of one ``loss_of().backward()`` beyond what is resident: activations (as the
+    model saves them: with checkpointing, the layer inputs plus one layer's recompute), the loss's
+    temporaries and the ``.grad`` tensors it allocates (measured with
+    :func:`geometry.memory.graphs.peak_new_bytes`; cost: one gradient). ``.grad`` is cleared after."""
+    tensors = list(params.values())
+    saved = [p.grad for p in tensors]
+    try:
+        for p in tensors:
+            p.grad = None
+        _, peak = peak_new_bytes(lambda: loss_of().backward())
+    finally:
+        for p, g in zip(tensors, saved):
+            p.grad = g
+    return int(peak)
+
+
+def pass_bytes(one_row_bytes: int, two_rows: int | None, rows: int, dim: int, param_dtype: torch.dtype, largest: int,
+               transient: int = 0) -> int:
+    """Predicted peak of one difference product beyond its input and output vectors.
+
+    ``one_row_bytes`` / ``two_rows``: :func:`gradient_pass_bytes` of a one-row and a two-row copy of the
+    largest batch (``two_rows`` None for one-row batches), extrapolated linearly to ``rows`` (the
+    ``.grad`` part does not grow with the rows, the activations do); plus the kept θ (dim numbers
+    in the parameters' dtype), one parameter tensor of ``largest`` numbers in float32 (its float32
+    view and the perturbation's cast) and the loss's temporaries.
+    """
+    per_row = 0 if two_rows is None else max(0, two_rows - one_row_bytes)
+    gradient = one_row_bytes + (rows - 1) * per_row
+    master = dim * itemsize(param_dtype)
+    return int(master + gradient + 4 * largest + transient)
+
+
+def product_error(op: CurvatureOperator, reference: CurvatureOperator, num_vectors: int = 2,
+                  seed: int = 0) -> float:
+    """Largest relative error ``‖op v − ref v‖ / ‖ref v‖`` over ``num_vectors`` seeded Gaussian
+    vectors (float64 norms). Cost: ``num_vectors`` products of each operator."""
+    if op.dim != reference.dim:
+        raise OperatorError(f"the operators have different dimensions ({op.dim} and {reference.dim})")
+    g = op.generator(seed)
+    V = torch.randn(num_vectors, op.dim, generator=g, dtype=torch.float64)
+    got = op.matmat_flat(V.to(device=op.device, dtype=op.dtype)).double().cpu()
+    ref = reference.matmat_flat(V.to(device=reference.device, dtype=reference.dtype)).double().cpu()
+    num = torch.linalg.vector_norm(got - ref, dim=1)
+    den = torch.linalg.vector_norm(ref, dim=1).clamp_min(1e-300)
+    return float((num / den).max())
+
+
+def _rows(batch: Any, n: int) -> Any:
+    """A copy of the first ``n`` rows of a tensor batch or a tuple/list of tensor batches."""
+    if isinstance(batch, torch.Tensor):
+        return batch[:n].clone()
+    return type(batch)(t[:n].clone() for t in batch)
+
+
+def operator_pass_bytes(op: Any) -> int:
+    """:func:`pass_bytes` of a difference-backend ``HessianOperator``: the largest over its batches,
+    each batch shape's gradient pass measured once on a one-row and a two-row copy (cost: two
+    small gradients per batch shape)."""
+    largest = max(math.prod(s) for s in op.space.shapes)
+    out = 0
+    for i, batch in enumerate(op.batches):
+        rows, sliced, key = one_row(batch)
+        key = ("first-order", key)
+        if key not in op._graph_bytes:
+            with op._call_context() as params:
+                one = gradient_pass_bytes(lambda: op._loss(params, sliced, i), params)
+                two = None if rows < 2 else gradient_pass_bytes(lambda: op._loss(params, _rows(batch, 2), i), params)
+            op._graph_bytes[key] = (one, two)
+        one, two = op._graph_bytes[key]
+        out = max(out, pass_bytes(one, two, rows, op.dim, op.param_dtype, largest, op.loss_transient_bytes))
+    return out
+
+
+def _describe(batches: Sequence[Any]) -> str:
+    shapes = [list(b.shape) if isinstance(b, torch.Tensor) else type(b).__name__ for b in batches]
+    return f"{len(batches)} check batch(es) {shapes}"
+
+
+def measure(op: Any, make: Callable[[str, list], CurvatureOperator], num_vectors: int = 2, seed: int = 0) -> dict:
+    """The difference backend's relative error (:func:`product_error`) against the exact
+    reverse-over-reverse products of the same loss on ``op.check_batches`` (default: a one-row
+    copy of the first batch), on ``num_vectors`` seeded vectors; ``make(backend, batches)`` builds
+    the operators. When the exact product cannot run there (no double-backward rule, or out of
+    memory) ``rel_error`` is None and ``reference`` says why: bound it elsewhere (e.g. on a miniature
+    of the architecture, :func:`probes.models.curvature.miniature_bound`). Cost: 2 · num_vectors products
+    of each backend on the check slice (plus one reverse graph build)."""
+    batches = list(op.check_batches) if op.check_batches is not None else [one_row(op.batches[0])[1]]
+    h = op.difference_step or relative_step(op.param_dtype, op.richardson)
+    out = {"backend": "difference", "step": h, "richardson": op.richardson, "num_vectors": num_vectors, "seed": seed}
+    diff = make("difference", batches)
+    try:
+        error = product_error(diff, make("reverse", batches), num_vectors, seed)
+    except (RuntimeError, NotImplementedError, OperatorError) as exc:  # recorded, never silent
+        return {**out, "rel_error": None, "reference": f"unavailable on {_describe(batches)}: {type(exc).__name__}: {exc}"[:300]}
+    dtype = str(op.param_dtype).replace("torch.", "")
+    return {**out, "rel_error": error, "reference": f"reverse-over-reverse ({dtype}) on {_describe(batches)}"}
+
+
+def choose_backend(op: Any, tolerance: float = DEFAULT_TOLERANCE) -> str:
+    """``backend="auto"``: ``"reverse"`` when its pass (one vector, no graph cache) plus three
+    vectors (the least any estimator holds) fits ``op.max_memory``; else ``"difference"`` when its
+    pass fits and its measured error (:meth:`~geometry.operators.hessian.HessianOperator.checked`)
+    is ≤ ``tolerance``, else :class:`OperatorError` (one line); ``"reverse"`` when neither pass
+    fits (the estimators then refuse with the bytes needed). Sets ``op.backend_choice``."""
+    from ..memory.model import format_bytes, resolve_budget
+
+    budget = resolve_budget(op.max_memory, op.device)
+    state = 3 * op.dim * itemsize(op.dtype)
+    op.backend = "reverse"
+    try:
+        exact = op.pass_bytes(1, cached=False) + state
+    except (RuntimeError, NotImplementedError, OperatorError) as exc:
+        exact, why_not = None, f"the exact pass cannot run ({type(exc).__name__}: {str(exc)[:120]})"
+    else:
+        why_not = f"the exact pass needs {format_bytes(exact)} of a {format_bytes(budget)} budget"
+    if exact is not None and exact <= budget:
+        op.backend_choice = {"chosen": "reverse", "why": f"the exact pass fits: {format_bytes(exact)} of {format_bytes(budget)}",
+                             "exact_bytes": exact, "budget_bytes": budget}
+        return "reverse"
+    op.backend = "difference"
+    diff = op.pass_bytes(1) + state
+    if diff > budget:
+        op.backend = "reverse"
+        op.backend_choice = {"chosen": "reverse", "why": f"{why_not} and the difference pass {format_bytes(diff)}: "
+                             "neither fits (the estimators refuse)", "exact_bytes": exact, "difference_bytes": diff,
+                             "budget_bytes": budget}
+        return "reverse"
+    check = op.checked()
+    err = check["rel_error"]
+    if err is None or not err <= tolerance:
+        op.backend = "reverse"
+        measured = "could not be measured (no exact product on the check slice)" if err is None else f"is {err:.2g}"
+        raise OperatorError(f"backend='auto': {why_not} and the difference backend's error {measured}, above "
+                            f"difference_tolerance={tolerance:g}; raise max_memory, loosen the tolerance or pass backend='difference'")
+    op.backend_choice = {"chosen": "difference", "why": f"{why_not}; the difference pass fits ({format_bytes(diff)}) and its "
+                         f"measured error {err:.2g} is within {tolerance:g}", "exact_bytes": exact,
+                         "difference_bytes": diff, "budget_bytes": budget, "rel_error": err}
+    return "difference"
