@@ -13,7 +13,9 @@ vectors without ever forming H. Two backends compute the same products:
     vmapped backward (``is_grads_batched=True``, ``vectorize=True``) or as k sequential backwards on
     the retained graph (``vectorize=False``). Only one batch's graph is alive at a time (batches
     outer, chunks of vectors inner), unless graphs are kept between calls (``cache_graphs``): then
-    every batch's graph stays alive until the parameters change or :meth:`release_graphs`, so an
+    every batch's graph stays alive until a parameter or buffer changes (its identity, version or
+    content: :mod:`geometry.operators.fingerprint`, one read of the model per call) or
+    :meth:`release_graphs`, so an
     iterative solver (power iteration, Lanczos, SLQ) pays the graph build once, not every step.
 ``"forward"``, forward-over-reverse
     ``torch.func.jvp`` of ``torch.func.grad`` over ``torch.func.functional_call``, vmapped over the
@@ -61,6 +63,7 @@ from ._forward import forward_over_reverse
 from .attention import second_order_attention
 from ..base.batches import normalise_batch_weights
 from .derivatives import check_dead_rows, true_derivatives
+from .fingerprint import model_fingerprint
 from ..memory.graphs import itemsize, one_row, pass_bytes, saved_graph_bytes
 from ..base.modes import module_modes
 from .interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
@@ -103,8 +106,9 @@ class HessianOperator(CurvatureOperator):
         vectorize: reverse backend only: ``True`` one vmapped second backward per chunk,
             ``False`` k sequential second backwards on the retained graph, ``"auto"`` the measured
             faster one for the device (sequential on CPU, vectorized on CUDA).
-        cache_graphs: reverse backend: keep every batch's gradient graph between calls (until the
-            parameters change or :meth:`release_graphs`). Estimators switch it on themselves when
+        cache_graphs: reverse backend: keep every batch's gradient graph between calls (until a
+            parameter or buffer changes, ``.data`` writes included, or :meth:`release_graphs`;
+            checking costs one read of the model per call). Estimators switch it on themselves when
             it fits their memory budget (:meth:`configured`).
         max_memory: default memory budget of the estimators run on this operator (bytes or
             ``"8GB"``; None: :func:`geometry.memory.model.default_budget` at each estimator call).
@@ -294,8 +298,9 @@ class HessianOperator(CurvatureOperator):
         self._fingerprint = None
 
     def _model_fingerprint(self) -> tuple:
-        ts = list(self.model.parameters()) + list(self.model.buffers())
-        return tuple((t.data_ptr(), t._version, t.dtype) for t in ts)
+        """Identity, address, version and content checksum of every parameter and buffer
+        (:mod:`geometry.operators.fingerprint`: also sees ``.data`` writes; one read of the model)."""
+        return model_fingerprint(self.model)
 
     # ------------------------------------------------------------------ base-class hook
     def _matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
@@ -395,13 +400,8 @@ class HessianOperator(CurvatureOperator):
 
     def _graph(self, params: dict[str, torch.Tensor], batch: Any, index: int) -> _Graph:
         """Batch ``index``'s gradient graph: from the cache when kept and still valid, else built."""
-        if self.cache_graphs:
-            fp = self._model_fingerprint()
-            if fp != self._fingerprint:
-                self._graphs.clear()
-                self._fingerprint = fp
-            if index in self._graphs:
-                return self._graphs[index]
+        if self.cache_graphs and index in self._graphs:  # valid: checked once per call in _reverse
+            return self._graphs[index]
         tensors = list(params.values())
         loss = self._loss(params, batch, index)
         grads = torch.autograd.grad(loss, tensors, create_graph=True, allow_unused=True, materialize_grads=True)
@@ -423,6 +423,11 @@ class HessianOperator(CurvatureOperator):
         k = vs[0].shape[0]
         chunk = self._chunk(k, self.vectorize)
         pdt = self.param_dtype
+        if self.cache_graphs:  # kept graphs are the Hessian at the weights they were built on
+            fp = self._model_fingerprint()
+            if fp != self._fingerprint:
+                self._graphs.clear()
+                self._fingerprint = fp
         for i, (w, batch) in self._iter_batches("hvp"):
             graph = self._graph(params, batch, i)
             if not graph.live:
