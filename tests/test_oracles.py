@@ -131,7 +131,7 @@ def test_both_backends_against_the_loss_oracle_on_every_family(family, seed):
     orc = LossOracle(model64, lm_loss, batches, step=STEP.get(family, 0.05), levels=2)
     refs = [[(V[i], orc.quadratic(V[i]))] + [(u[i], orc.bilinear(u[i], V[i])) for u in (S, R / R.norm(dim=1, keepdim=True))]
             for i in range(2)]
-    for dtype, tol in ((torch.float64, 1e-7), (torch.float32, 2e-5)):
+    for dtype, tol in ((torch.float64, 1e-7), (torch.float32, 2e-6)):
         model = model64 if dtype == torch.float64 else tiny_model(family, seed=seed, dtype=torch.float32)
         for backend in ("reverse", "forward"):
             op = HessianOperator(model, lm_loss, batches, backend=backend)
