@@ -48,9 +48,14 @@ def _weights(device: torch.device) -> torch.Tensor:
 def content_checksum(t: torch.Tensor) -> tuple[int, float]:
     """``(exact sum of the int16 words of t's bytes, position-weighted float64 sum of those words)``.
 
-    Any tensor dtype (bool and 1-byte types are widened first). Reads ``t`` once, chunk by chunk.
+    Any tensor dtype (bool and 1-byte types are widened first); a DTensor contributes its local
+    shard, a sparse tensor its dense form. Reads ``t`` once, chunk by chunk.
     """
     x = t.detach()
+    if hasattr(x, "to_local"):  # a DTensor (FSDP2 shard): this rank's shard
+        x = x.to_local()
+    if x.layout != torch.strided:
+        x = x.to_dense()
     if x.dtype == torch.bool or x.element_size() == 1:
         x = x.to(torch.int16)
     if x.is_complex():
