@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--oracle", action="store_true",
                         help="only judge ours vs curvlinops against the loss-value oracle (NeoX, float64)")
     parser.add_argument("--fingerprint", action="store_true", help="only time the graph cache's fingerprint")
+    parser.add_argument("--seed", type=int, default=0, help="--oracle: seed of the model, batch and vector")
     args = parser.parse_args(argv)
     if args.fingerprint:
         rows = fingerprint_cost(tuple(args.sizes.split(",")), threads=args.threads or None)
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         return rows
     if args.oracle:
         shape = QUICK_SHAPE if args.quick else (BATCH, SEQ)
-        row = oracle_verdict(args.sizes.split(",")[0], shape=shape, threads=args.threads or None)
+        row = oracle_verdict(args.sizes.split(",")[0], seed=args.seed, shape=shape, threads=args.threads or None)
         print(json.dumps(row, indent=1))
         return [row]
     print(f"# torch {torch.__version__}, {platform.machine()} {platform.processor() or ''}, "
