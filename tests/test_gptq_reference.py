@@ -47,11 +47,11 @@ CASES = [  # (bits, group, act, static, sym, cols, block)
 ]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", range(6))
 def test_native_gptq_equals_the_transcription(seed):
     # every combination, each on its own layer; 300 in-features: the last block is 44 columns wide
     worst = 0.0
-    cases = CASES[seed::3]
+    cases = CASES[seed::6]
     for i, (bits, g, act, static, sym, cols, block) in enumerate(cases):
         W, H = layer(16, cols, 2 * cols, seed=1000 * seed + i, dead=(5, 200))
         got = gptq_quantize(W, H, bits, g, sym, act, static, 0.01, block).weight
@@ -60,7 +60,7 @@ def test_native_gptq_equals_the_transcription(seed):
         assert err < TOL, (bits, g, act, static, sym, cols, block, err)
         assert torch.all(got[:, [5, 200]] == 0)
         worst = max(worst, err)
-    assert len(cases) > 80 and worst < TOL
+    assert len(cases) >= 74 and worst < TOL
 
 
 def test_dead_column_holding_a_rows_extreme_uses_the_grid_of_the_loaded_weight():
