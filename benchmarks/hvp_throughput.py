@@ -232,6 +232,72 @@ def bench_model(arch: str, size: str, n_batches: int, repeats: int, quick: bool,
     return rows
 
 
+def oracle_verdict(size: str = "1M", seed: int = 0, shape: tuple[int, int] = (BATCH, SEQ),
+                   threads: int | None = 1) -> dict:
+    """Who is right where ours and curvlinops disagree? One product of each on the NeoX model in
+    float64, judged by :class:`probes.models.oracles.LossOracle` (loss values only, no autograd).
+
+    u = (Hv_curvlinops − Hv_ours)/‖·‖ is the direction of the disagreement: uᵀHv from the oracle
+    says which product is right along it (``*_along_gap``: (uᵀHv_x − oracle)/‖Hv_ours − Hv_curvlinops‖,
+    0 = agrees with the oracle, ±1 = off by the whole gap). Also the product's own direction and a
+    random one (errors relative to ‖Hv‖). Everything runs inside
+    :func:`~probes.models.oracles.float64_everywhere` (the eager softmax's float32 upcast made
+    exact) and, for comparison, the products once more without it (``plain_rel_gap``).
+    Cost: 2 HVPs, ~45 float64 forwards.
+    """
+    from probes.models.oracles import LossOracle, float64_everywhere
+
+    with torch_threads(threads):
+        model = build_model("neox", size, seed).double()
+        g = torch.Generator().manual_seed(seed)
+        batches = [torch.randint(0, SIZES[size]["vocab"], shape, generator=g)]
+        dim = sum(p.numel() for p in model.parameters())
+        v = torch.randn(1, dim, generator=g, dtype=torch.float64)
+        v = v / v.norm()
+        ours_op = HessianOperator(model, lm_loss, batches)
+        plain = (ours_op.matmat_flat(v)[0], _curvlinops(model, batches)(v)[0])
+        with float64_everywhere():
+            ours, theirs = ours_op.matmat_flat(v)[0], _curvlinops(model, batches)(v)[0]
+        orc = LossOracle(model, lm_loss, batches, step=0.05, levels=2)
+        gap = theirs - ours
+        scale, gnorm = float(ours.norm()), float(gap.norm())
+        row = dict(model=f"neox-{size}", dtype="float64", tokens=shape[0] * shape[1], hv_norm=scale,
+                   rel_gap=gnorm / scale, plain_rel_gap=float((plain[1] - plain[0]).norm() / plain[0].norm()))
+        r = torch.randn(dim, generator=g, dtype=torch.float64)
+        for name, u in (("gap", gap / gnorm), ("self", ours / scale), ("random", r / r.norm())):
+            ref = orc.bilinear(u, v[0])
+            norm = gnorm if name == "gap" else scale
+            row[f"ours_along_{name}"] = (float(u @ ours) - ref.value) / norm
+            row[f"curvlinops_along_{name}"] = (float(u @ theirs) - ref.value) / norm
+            row[f"oracle_error_{name}"] = ref.error / norm
+        row["forwards"] = orc.num_losses
+        share = {n: float(gap[s_].norm() ** 2) / gnorm ** 2 for n, s_ in ours_op.space.slices.items()}
+        top = sorted(share, key=share.get, reverse=True)[:3]
+        row["gap_in"] = {n: round(share[n], 3) for n in top}  # share of ‖gap‖² in the largest parameters
+    return row
+
+
+def fingerprint_cost(sizes: tuple[str, ...] = ("1M", "10M"), threads: int | None = 1, repeats: int = 5) -> list[dict]:
+    """Seconds of the graph cache's model fingerprint (:func:`geometry.operators.fingerprint.model_fingerprint`,
+    one read of every parameter and buffer, paid once per product call with ``cache_graphs``)
+    ÷ one gradient of a batch of 8 × 128 tokens (best of ``repeats``)."""
+    from geometry.operators.fingerprint import model_fingerprint
+
+    rows = []
+    with torch_threads(threads):
+        for size in sizes:
+            model = build_model("neox", size)
+            n = sum(p.numel() for p in model.parameters())
+            batches = [torch.randint(0, SIZES[size]["vocab"], (BATCH, SEQ), generator=torch.Generator().manual_seed(0))]
+            grad = _gradient(model, batches)
+            grad()
+            fp = min(_timed(lambda: model_fingerprint(model))[0] for _ in range(repeats))
+            tg = min(_timed(grad)[0] for _ in range(3))
+            rows.append(dict(model=f"neox-{size}", params=n, fingerprint_s=fp, ms_per_million=1e3 * fp / (n / 1e6),
+                             gradient_s=tg, ratio=fp / tg))
+    return rows
+
+
 def run(quick: bool = False, repeats: int | None = None, sizes: tuple[str, ...] | None = None,
         threads: int | None = 1, backends: tuple[str, ...] = ("reverse", "forward", "difference")) -> list[dict]:
     """All benchmark rows (list of dicts, columns as in :func:`format_table`).
@@ -272,7 +338,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     parser.add_argument("--backend", default="reverse,forward,difference",
                         help="comma-separated backends of ours to run: reverse, forward, difference")
+    parser.add_argument("--oracle", action="store_true",
+                        help="only judge ours vs curvlinops against the loss-value oracle (NeoX, float64)")
+    parser.add_argument("--fingerprint", action="store_true", help="only time the graph cache's fingerprint")
+    parser.add_argument("--seed", type=int, default=0, help="--oracle: seed of the model, batch and vector")
     args = parser.parse_args(argv)
+    if args.fingerprint:
+        rows = fingerprint_cost(tuple(args.sizes.split(",")), threads=args.threads or None)
+        print(json.dumps(rows, indent=1))
+        return rows
+    if args.oracle:
+        shape = QUICK_SHAPE if args.quick else (BATCH, SEQ)
+        row = oracle_verdict(args.sizes.split(",")[0], seed=args.seed, shape=shape, threads=args.threads or None)
+        print(json.dumps(row, indent=1))
+        return [row]
     print(f"# torch {torch.__version__}, {platform.machine()} {platform.processor() or ''}, "
           f"{args.threads or torch.get_num_threads()} threads")
     rows = run(quick=args.quick, repeats=args.repeats, sizes=tuple(args.sizes.split(",")), threads=args.threads or None,

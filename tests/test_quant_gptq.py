@@ -39,12 +39,12 @@ def q_col(w, scale, zero, bits):
 def gptq_oracle(W, H, bits, g=-1, sym=False, act=False, static=False, damp=0.01, block=128):
     W, H = W.clone(), H.clone()
     rows, cols = W.shape
+    row_grid = grid(W, bits, sym)  # the reference fits the per-row grid before zeroing dead columns
     dead = torch.diag(H) == 0
     H[dead, dead] = 1
     W[:, dead] = 0
     H = H + damp * torch.mean(torch.diag(H)) * torch.eye(cols, dtype=H.dtype)
     order = torch.argsort(torch.diag(H), descending=True).tolist() if act else list(range(cols))
-    row_grid = grid(W, bits, sym)
     static_grids = {a // g: grid(W[:, a:a + g], bits, sym) for a in range(0, cols, g)} if g != -1 else {}
     Hinv = torch.linalg.inv(H)
     Q = torch.zeros_like(W)

@@ -6,6 +6,7 @@
   by default); ``_forward``: its forward-over-reverse backend (torch.func); ``difference``: its
   gradient-difference backend (first order only: ``loss.backward()`` at θ ± εv, θ restored bit-exactly);
 - ``dense``: :class:`DenseOperator` and ``exact_hessian`` (row by row with double backward);
+- ``fingerprint``: when kept gradient graphs are still valid (identity, version, content checksum);
 - ``derivatives``: true derivatives (``padding_idx`` cleared) and the dead-row check;
 - ``attention``: attention in the MATH SDPA kernel for second-order passes;
 - ``linear_ce``: the lean linear + softmax cross-entropy head (closed-form derivatives).

@@ -13,7 +13,9 @@ vectors without ever forming H. Three backends compute the same products (``"aut
     vmapped backward (``is_grads_batched=True``, ``vectorize=True``) or as k sequential backwards on
     the retained graph (``vectorize=False``). Only one batch's graph is alive at a time (batches
     outer, chunks of vectors inner), unless graphs are kept between calls (``cache_graphs``): then
-    every batch's graph stays alive until the parameters change or :meth:`release_graphs`, so an
+    every batch's graph stays alive until a parameter or buffer changes (its identity, version or
+    content: :mod:`geometry.operators.fingerprint`, one read of the model per call) or
+    :meth:`release_graphs`, so an
     iterative solver (power iteration, Lanczos, SLQ) pays the graph build once, not every step.
 ``"forward"``, forward-over-reverse
     ``torch.func.jvp`` of ``torch.func.grad`` over ``torch.func.functional_call``, vmapped over the
@@ -74,6 +76,7 @@ from ..base.batches import normalise_batch_weights
 from .derivatives import check_dead_rows, true_derivatives
 from .difference import DEFAULT_TOLERANCE, checkpointing_layers, choose_backend, difference_products, measure, relative_step
 from .difference import operator_pass_bytes as difference_pass_bytes
+from .fingerprint import model_fingerprint
 from ..memory.graphs import itemsize, one_row, pass_bytes, saved_graph_bytes
 from ..base.modes import module_modes
 from .interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
@@ -108,8 +111,9 @@ class HessianOperator(CurvatureOperator):
         vectorize: reverse backend only: ``True`` one vmapped second backward per chunk,
             ``False`` k sequential second backwards on the retained graph, ``"auto"`` the measured
             faster one for the device (sequential on CPU, vectorized on CUDA).
-        cache_graphs: reverse backend: keep every batch's gradient graph between calls (until the
-            parameters change or :meth:`release_graphs`). Estimators switch it on themselves when
+        cache_graphs: reverse backend: keep every batch's gradient graph between calls (until a
+            parameter or buffer changes, ``.data`` writes included, or :meth:`release_graphs`;
+            checking costs one read of the model per call). Estimators switch it on themselves when
             it fits their memory budget (:meth:`configured`).
         difference_step, richardson, check_batches, difference_tolerance: the difference backend's
             step h, 4-gradient Richardson stencil, error-check batches (default: a one-row copy of
@@ -353,10 +357,6 @@ class HessianOperator(CurvatureOperator):
         self._graphs.clear()
         self._fingerprint = None
 
-    def _model_fingerprint(self) -> tuple:
-        ts = list(self.model.parameters()) + list(self.model.buffers())
-        return tuple((t.data_ptr(), t._version, t.dtype) for t in ts)
-
     # ------------------------------------------------------------------ base-class hook
     def _matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
         k = V.shape[0]
@@ -458,13 +458,8 @@ class HessianOperator(CurvatureOperator):
 
     def _graph(self, params: dict[str, torch.Tensor], batch: Any, index: int) -> GradientGraph:
         """Batch ``index``'s gradient graph: from the cache when kept and still valid, else built."""
-        if self.cache_graphs:
-            fp = self._model_fingerprint()
-            if fp != self._fingerprint:
-                self._graphs.clear()
-                self._fingerprint = fp
-            if index in self._graphs:
-                return self._graphs[index]
+        if self.cache_graphs and index in self._graphs:  # valid: checked once per call in _reverse
+            return self._graphs[index]
         tensors = list(params.values())
         graph = gradient_graph(self._loss(params, batch, index), tensors)
         self.num_graph_builds += 1
@@ -480,6 +475,11 @@ class HessianOperator(CurvatureOperator):
 
     def _reverse(self, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
         chunk = self._chunk(vs[0].shape[0], self.vectorize)
+        if self.cache_graphs:  # kept graphs are the Hessian at the weights they were built on
+            fp = model_fingerprint(self.model)  # identity, version and content of every tensor (.data writes too)
+            if fp != self._fingerprint:
+                self._graphs.clear()
+                self._fingerprint = fp
         for i, (w, batch) in self._iter_batches("hvp"):
             graph = self._graph(params, batch, i)
             reverse_products(graph, list(params.values()), vs, outs, w, chunk, self.vectorize, self.param_dtype)

@@ -8,6 +8,10 @@ Two references, each needing no second-order rule:
   which estimates vᵀHv from forward passes alone. It also catches a backward that is not the
   derivative of its forward (``padding_idx``-style gradient masking), which the first cannot.
 
+Both use one step size (the check compares two steps for its own accuracy). The independent
+oracle with Richardson extrapolation, polarisation (uᵀHv) and Hessian blocks, evaluated on a
+float64 copy with HF's float32 upcasts made exact, is :class:`probes.models.oracles.LossOracle`.
+
 Such masking hides behind particular tokens, so the check's batch carries every special token of
 the model (:func:`with_special_tokens`) and one probe vector lives on the embedding rows of the
 batch's tokens (:func:`probe_vectors`), where a masked row's curvature is not diluted by the rest

@@ -30,7 +30,7 @@ from probes.core.tokenset import TokenSet
 
 from .errors import CalibrationError, QuantizeError
 from .gptq import GPTQResult
-from .results import LayerReport, QuantizedModel
+from .results import LayerReport, QuantizedModel, write_weight
 from .rtn import int8_quantize, rtn_quantize
 from .spec import QuantSpec
 
@@ -75,10 +75,6 @@ def _check_enough(batches: list[torch.Tensor], linears: dict[str, nn.Linear]) ->
             f"GPTQ needs at least {need} rows (>= {-(-need // seq)} sequences of {seq} tokens) for a full-rank H. "
             "Use more calibration batches."
         )
-
-
-def _set_weight(lin: nn.Linear, new: torch.Tensor) -> None:
-    lin.weight.data.copy_(new.to(device=lin.weight.device, dtype=lin.weight.dtype))
 
 
 def quantize(
@@ -133,14 +129,14 @@ def quantize(
             W = lin.weight.data
             new = int8_quantize(W) if spec.method == "int8" else rtn_quantize(W, spec.bits, spec.group_size, spec.symmetric)
             err = rel_error(new, W)
-            _set_weight(lin, new)
+            write_weight(lin, new)
             report.append(LayerReport(name, err, time.perf_counter() - t))
     elif spec.method == "gptq":
         from .sequential import gptq_sequential
 
         def on_layer(name: str, lin: nn.Linear, res: GPTQResult) -> None:
             err = rel_error(res.weight, lin.weight.data)
-            _set_weight(lin, res.weight)
+            write_weight(lin, res.weight)
             report.append(LayerReport(name, err, res.seconds, res.damping, tuple(res.notes)))
 
         gptq_sequential(target, batches, linears, spec, on_layer, progress=progress)

@@ -79,7 +79,7 @@ from geometry.base.modes import module_modes
 from probes.core.numerics import rel_error
 
 from .errors import QuantizeError
-from .results import CalibObjective, LayerReport
+from .results import CalibObjective, LayerReport, write_weight
 from .rtn import fit_grid, quantize_grid, rtn_quantize
 from .sequential import _call_model, _run_block, _Stop, capture_block_inputs, discover_groups, partition_by_block
 
@@ -305,7 +305,7 @@ def awq_model(model: nn.Module, batches: Sequence[torch.Tensor], linears: dict[s
                 lin = sel[name]
                 new = rtn_quantize(lin.weight.data, spec.bits, spec.group_size, spec.symmetric)
                 err = rel_error(new, lin.weight.data)
-                lin.weight.data.copy_(new)
+                write_weight(lin, new)
                 report.append(LayerReport(name, err, time.perf_counter() - t0, None,
                                           ("never called on the calibration data; quantized with RTN instead",)))
             return
@@ -319,7 +319,7 @@ def awq_model(model: nn.Module, batches: Sequence[torch.Tensor], linears: dict[s
         for name in names:
             lin = sel[name]
             err = rel_error(res.weights[name], lin.weight.data)
-            lin.weight.data.copy_(res.weights[name])
+            write_weight(lin, res.weights[name])
             clipped = res.clipped.get(name, False)
             frac = float((res.clip_ratios[name] < 1).double().mean()) if name in res.clip_ratios else 0.0
             notes = (f"awq alpha={res.alpha:.2f} group={'+'.join(n.rsplit('.', 1)[-1] for n in names)} "

@@ -23,7 +23,7 @@ from torch import nn
 from probes.core.numerics import rel_error
 
 from .errors import BackendUnavailable, QuantizeError
-from .results import LayerReport
+from .results import LayerReport, write_weight
 
 
 def available() -> dict[str, bool]:
@@ -62,7 +62,7 @@ def quantize_with_backend(model: nn.Module, spec, linears: dict[str, nn.Linear],
                 new = bf.dequantize_4bit(qt, state).float().reshape(W.shape)
                 notes = (f"bitsandbytes NF4, block size {spec.group_size}",)
             err = rel_error(new, W)
-            lin.weight.data.copy_(new.to(W.dtype))
+            write_weight(lin, new)
             report.append(LayerReport(name, err, time.perf_counter() - t0, None, notes))
         return report
     if spec.method == "gptqmodel":
@@ -96,7 +96,7 @@ def _gptqmodel(model: nn.Module, spec, linears: dict[str, nn.Linear], batches): 
                 raise QuantizeError(f"gptqmodel did not quantize {name}")
             new = qm.dequantize_weight().T.to(lin.weight.dtype)
             err = rel_error(new, lin.weight.data)
-            lin.weight.data.copy_(new.reshape(lin.weight.shape))
+            write_weight(lin, new)
             report.append(LayerReport(name, err, 0.0, spec.damp, ("quantized by gptqmodel",)))
     if report:
         per = (time.perf_counter() - t0) / len(report)

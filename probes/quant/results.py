@@ -3,11 +3,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from .spec import QuantSpec
 
-__all__ = ["CalibObjective", "LayerReport", "QuantizedModel"]
+__all__ = ["CalibObjective", "LayerReport", "QuantizedModel", "write_weight"]
+
+
+def write_weight(lin: nn.Module, new: torch.Tensor) -> None:
+    """Write a quantizer's result into ``lin.weight`` in place (same tensor, cast to its dtype and
+    device, reshaped to its shape), through autograd's own in-place copy so the parameter's version
+    counter moves: curvature code that keeps graphs of the old weights sees the change
+    (``.data.copy_`` would not bump it: issue #23)."""
+    with torch.no_grad():
+        lin.weight.copy_(new.reshape(lin.weight.shape).to(device=lin.weight.device, dtype=lin.weight.dtype))
 
 
 @dataclass(frozen=True)
