@@ -53,7 +53,7 @@ def estimate_memory(op: CurvatureOperator, num_runs: int = 4, num_steps: int = 4
             calls = -(-num_runs // r) * steps
             for settings, pass_b, cost in pass_options(op, r, calls, num_runs * steps):
                 parts = {f"current vectors and products [{2 * r}, dim]": 2 * r * vec, "operator pass": pass_b,
-                         TEMPORARIES_PART: temporaries_bytes(op.dim, 5)}
+                         TEMPORARIES_PART: temporaries_bytes(op.dim)}
                 host = {}
                 if mode == "full":
                     rows = r * RowBasis.allocated_rows(steps, op.dim, bdtype)   # grown in whole blocks
