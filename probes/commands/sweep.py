@@ -212,7 +212,7 @@ def register(app: typer.Typer) -> None:
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory each estimator may use beyond the model, e.g. 8GB (default: a third of free RAM / 80% of free GPU memory)."),
         dtype: Optional[str] = typer.Option(None, "--dtype", help="Load the weights as float32 (default), bfloat16, float16 or float64."),
         max_iter: int = typer.Option(100, "--max-iter", help="Eigen solver iterations (power) or Lanczos steps."),
-        eigen_method: str = typer.Option("power", "--eigen-method", help="power | lanczos"),
+        eigen_method: str = typer.Option("lanczos", "--eigen-method", help="lanczos (default) | power; converged means ‖Hv − λv‖ ≤ tol·|λ| for both"),
         allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load a .bin/.pt checkpoint that needs full pickle "
                                           "(can run arbitrary code: only for files you trust)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
