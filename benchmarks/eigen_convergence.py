@@ -1,7 +1,8 @@
 """λ_max convergence: Lanczos (thick-restarted on the basis the budget allows) against power iteration.
 
 ``python -m benchmarks.eigen_convergence [--shapes pythia-14m,pythia-70m] [--max-memory 7GB]
-[--methods lanczos,power] [--max-iter 150] [--tol 1e-3] [--trained] [--threads 2] [--json PATH]``
+[--methods lanczos,power] [--bases 6] [--max-iter 150] [--tol 1e-3] [--trained] [--threads 2]
+[--json PATH]``
 
 Each row: HVPs until the true residual ‖Hv − λv‖ ≤ tol·|λ| (the convergence rule of
 :func:`geometry.estimators.eigen.top_eigenvalues`), or ``max_iter`` unconverged; the value, the
@@ -9,8 +10,8 @@ relative residual, the basis the memory plan chose, restarts and seconds. Shapes
 random-init GPT-NeoX models of :mod:`benchmarks.scale` (Pythia's published sizes) on its curvature
 data (2 batches of 4 × 64 random tokens, the ``--quick`` set of ``losslens sharpness``).
 ``--trained`` adds a micro GPT-NeoX (tests/tiny_models.py shape) trained here for 300 Adam steps on
-a repeating token pattern, so its Hessian is that of a trained model (Lanczos also with its basis
-capped at 6 vectors). Threads are pinned for the
+a repeating token pattern, so its Hessian is that of a trained model. ``--bases 6`` adds Lanczos rows
+with the basis capped at those sizes (``max_basis``), beside the one the planner chose. Threads are pinned for the
 run (``--threads``) and restored afterwards.
 """
 from __future__ import annotations
@@ -56,11 +57,12 @@ def _trained_micro(steps: int = 300, seed: int = 0):
         loss.backward()
         opt.step()
     model.eval()
-    return model, [batch() for _ in range(2)], float(loss)
+    return model, [batch() for _ in range(2)], float(loss.detach())
 
 
 def run(shapes=("pythia-14m", "pythia-70m"), max_memory: str | None = "7GB", methods=("lanczos", "power"),
-        max_iter: int = 150, tol: float = 1e-3, trained: bool = True, threads: int | None = 2) -> list[dict]:
+        max_iter: int = 150, tol: float = 1e-3, trained: bool = True, threads: int | None = 2,
+        bases: tuple[int, ...] = (6,)) -> list[dict]:
     from benchmarks.scale import BATCH, BATCHES, SEQ, SHAPES, build
     from probes.models.curvature import lm_hessian
 
@@ -74,7 +76,7 @@ def run(shapes=("pythia-14m", "pythia-70m"), max_memory: str | None = "7GB", met
             from tests.tiny_models import lm_loss
 
             model, batches, loss = _trained_micro()
-            for method, basis in [(m, None) for m in methods] + [("lanczos", 6)] * ("lanczos" in methods):
+            for method, basis in [(m, None) for m in methods] + [("lanczos", b) for b in bases if "lanczos" in methods]:
                 op = HessianOperator(model, lm_loss, batches)
                 rows.append({**_row("micro-gptneox trained", op, method, tol, max_iter, max_memory, basis),
                              "train_loss": loss})
@@ -83,9 +85,9 @@ def run(shapes=("pythia-14m", "pythia-70m"), max_memory: str | None = "7GB", met
             model = build(shape, torch.float32)
             g = torch.Generator().manual_seed(0)
             batches = [torch.randint(0, SHAPES[shape][4], (BATCH, SEQ), generator=g) for _ in range(BATCHES)]
-            for method in methods:
+            for method, basis in [(m, None) for m in methods] + [("lanczos", b) for b in bases if "lanczos" in methods]:
                 op = lm_hessian(model, batches, max_memory=max_memory)
-                rows.append(_row(shape, op, method, tol, max_iter, max_memory))
+                rows.append(_row(shape, op, method, tol, max_iter, max_memory, basis))
                 emit(rows[-1:])
             del model, batches, op
     finally:
@@ -102,10 +104,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--tol", type=float, default=1e-3)
     p.add_argument("--trained", action="store_true")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--bases", default="6", help="extra Lanczos rows with the basis capped at these sizes")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     shapes = tuple(s for s in a.shapes.split(",") if s)
-    rows = run(shapes, a.max_memory, tuple(a.methods.split(",")), a.max_iter, a.tol, a.trained, a.threads)
+    rows = run(shapes, a.max_memory, tuple(a.methods.split(",")), a.max_iter, a.tol, a.trained, a.threads,
+               tuple(int(b) for b in a.bases.split(",") if b))
     if a.json:
         import json
 
