@@ -299,3 +299,45 @@ def test_lanczos_and_slq_state_is_exactly_the_plan_at_10m_dimensions(case):
     assert peak <= predicted + 4096 and predicted <= peak / 0.99, (case, peak, predicted, res.memory["parts"])
     if case == "lanczos restarted":
         assert res.memory["restarts"] > 0
+
+
+class _PlanOnly(CurvatureOperator):
+    """A reverse-backend operator of 10M float32 dimensions for plans only (no products): one
+    graph rebuilt per step costs 300 MB, the graphs of all batches kept 700 MB."""
+
+    backend, vectorize, chunk_size, max_memory, num_matvecs, space = "reverse", False, None, None, 0, None
+    dim = 10_000_000
+    dtype = torch.float32
+    device = torch.device("cpu")
+
+    def pass_bytes(self, k, cached=None, chunk=None):
+        return (700 if cached else 300) * 10**6 + k * 40 * 10**6
+
+    def _matmat_flat(self, V):
+        raise AssertionError("a plan-only operator")
+
+
+def test_lanczos_planner_gives_convergence_its_basis_before_the_graph_cache():
+    """Below max(16, 4k) vectors a larger basis comes before keeping the graphs; from there on the
+    graphs are kept; a basis below k + 4 is refused (power iteration is the advice)."""
+    from geometry.estimators.eigen import ENOUGH_BASIS, SMALLEST_EXTRA
+    from geometry.estimators.eigen import estimate_memory as eigen_memory
+
+    op = _PlanOnly()
+    one, cache_extra = vector_bytes(op.dim, op.dtype), 400 * 10**6       # the cache costs 10 basis vectors
+
+    def total(m, cache):
+        kept = eigen_memory(op, 1, "lanczos", 100, 10**15, max_basis=m)      # graphs kept when it fits
+        assert kept.settings["cache_graphs"] and kept.settings["basis_size"] == m
+        return kept.total - (0 if cache else cache_extra)
+
+    assert total(7, True) - total(6, True) == one
+    plan = eigen_memory(op, 1, "lanczos", 100, total(6, True))          # basis 6 + cache, or 16 without
+    assert plan.settings["basis_size"] == 16 and plan.settings["cache_graphs"] is False
+    plan = eigen_memory(op, 1, "lanczos", 100, total(ENOUGH_BASIS, True))
+    assert plan.settings["basis_size"] == ENOUGH_BASIS and plan.settings["cache_graphs"] is True
+    plan = eigen_memory(op, 1, "lanczos", 100, total(ENOUGH_BASIS + 10, False))   # 26 without, 16 with: cache
+    assert plan.settings["basis_size"] == ENOUGH_BASIS and plan.settings["cache_graphs"] is True
+    with pytest.raises(MemoryBudgetError, match="method='power'"):
+        eigen_memory(op, 1, "lanczos", 100, total(1 + SMALLEST_EXTRA, False) - 1)
+    assert eigen_memory(op, 1, "lanczos", 100, total(1 + SMALLEST_EXTRA, False)).settings["basis_size"] == 5
