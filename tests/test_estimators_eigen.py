@@ -180,6 +180,21 @@ def test_power_converged_means_a_small_true_residual(seed, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_deflated_power_converged_means_small_true_residuals(seed, dtype):
+    tol = 1e-3
+    H = sym_with_spectrum(slow_spectrum(seed=seed, k=3), seed=seed).to(dtype)
+    for max_iter in (30, 3000):
+        res = top_eigenvalues(DenseOperator(H), k=3, method="power", tol=tol, max_iter=max_iter, seed=seed)
+        r = true_residuals(H, res.values, res.vectors)
+        np.testing.assert_allclose(res.residuals, r, rtol=1e-3)
+        for ok, lam, ri in zip(res.converged, res.values, r):
+            assert ok == bool(ri <= tol * abs(lam) * 1.001), (max_iter, lam, ri)
+    assert all(res.converged)
+    np.testing.assert_allclose(res.values, [1.0, 0.97, 0.94], atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_thick_restart_on_a_small_basis_converges_in_few_products(seed, dtype):
     """k = 1 on a basis of 6 or 8 vectors: within 1.8× (6) and 1.4× (8) the products of an

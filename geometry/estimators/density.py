@@ -106,9 +106,11 @@ def spectral_density(
     Returns:
         :class:`SpectralDensity` (nodes/weights per run, grid, density normalised to unit area,
         ``moment(p)`` estimating tr(Hᵖ)/dim, the steps of each run, breakdowns, the memory plan).
-        Cost: ≤ num_runs · num_steps HVPs, applied to a group of runs at a time. Memory: with full
-        re-orthogonalisation ``group · num_steps · dim`` numbers of bases, else ``3 · group · dim``,
-        plus one operator pass (:func:`estimate_memory`).
+        Cost: ≤ num_runs · num_steps HVPs, applied to a group of runs at a time. Memory: the current
+        vectors and their products, ``2 · group · dim`` numbers, plus with full re-orthogonalisation
+        ``group · num_steps · dim`` of bases, else ``group · dim`` (the previous vectors); 3 float64
+        chunk temporaries and one operator pass (:func:`estimate_memory`; measured = plan at 10M
+        dimensions, tests/test_memory_budget.py).
     """
     check_op(op)
     num_runs = check_int("num_runs", num_runs, 1)
