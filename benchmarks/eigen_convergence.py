@@ -38,6 +38,12 @@ def _row(name: str, op, method: str, tol: float, max_iter: int, max_memory, max_
             "predicted_GB": res.memory["predicted_bytes"] / 1e9, "seconds": time.perf_counter() - t0}
 
 
+def _variants(methods, bases) -> list[tuple[str, int | None]]:
+    """(method, max_basis) rows: Lanczos with the planner's basis, then capped, then power."""
+    rows = [("lanczos", None)] * ("lanczos" in methods) + [("lanczos", b) for b in bases]
+    return rows + [(m, None) for m in methods if m != "lanczos"]
+
+
 def _trained_micro(steps: int = 300, seed: int = 0):
     """A micro GPT-NeoX trained on a repeating pattern (loss well below ln(vocab)), and its data."""
     from tests.tiny_models import VOCAB, lm_loss, micro_gptneox
@@ -76,7 +82,7 @@ def run(shapes=("pythia-14m", "pythia-70m"), max_memory: str | None = "7GB", met
             from tests.tiny_models import lm_loss
 
             model, batches, loss = _trained_micro()
-            for method, basis in [(m, None) for m in methods] + [("lanczos", b) for b in bases if "lanczos" in methods]:
+            for method, basis in _variants(methods, bases):
                 op = HessianOperator(model, lm_loss, batches)
                 rows.append({**_row("micro-gptneox trained", op, method, tol, max_iter, max_memory, basis),
                              "train_loss": loss})
@@ -85,7 +91,7 @@ def run(shapes=("pythia-14m", "pythia-70m"), max_memory: str | None = "7GB", met
             model = build(shape, torch.float32)
             g = torch.Generator().manual_seed(0)
             batches = [torch.randint(0, SHAPES[shape][4], (BATCH, SEQ), generator=g) for _ in range(BATCHES)]
-            for method, basis in [(m, None) for m in methods] + [("lanczos", b) for b in bases if "lanczos" in methods]:
+            for method, basis in _variants(methods, bases):
                 op = lm_hessian(model, batches, max_memory=max_memory)
                 rows.append(_row(shape, op, method, tol, max_iter, max_memory, basis))
                 emit(rows[-1:])
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--tol", type=float, default=1e-3)
     p.add_argument("--trained", action="store_true")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--bases", default="6", help="extra Lanczos rows with the basis capped at these sizes")
+    p.add_argument("--bases", default="6", help="Lanczos rows with the basis capped at these sizes (beside --methods)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     shapes = tuple(s for s in a.shapes.split(",") if s)
