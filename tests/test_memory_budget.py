@@ -27,8 +27,7 @@ def dense(seed=0):
 
 
 def vec(op, n=1, temporaries=3):
-    """A budget of ``n`` full-dim vectors besides the chunk temporaries the plan counts (3; 5 for
-    Lanczos and SLQ)."""
+    """A budget of ``n`` full-dim vectors besides the chunk temporaries the plan counts (3)."""
     return vector_bytes(op.dim, op.dtype, n) + temporaries_bytes(op.dim, temporaries)
 
 
@@ -102,7 +101,7 @@ def test_thick_restart_lanczos_matches_eigh_with_a_small_basis(k):
 
 def test_lanczos_budget_picks_a_smaller_basis_and_still_converges():
     op = dense(seed=4)
-    budget = vec(op, 16 + 3 + 2, 5)                          # one 16-row basis block, residual, Ritz vector + product
+    budget = vec(op, 16 + 3 + 2)                          # one 16-row basis block, residual, Ritz vector + product
     res = top_eigenvalues(op, k=1, tol=1e-8, max_iter=150, max_memory=budget)
     assert res.memory["settings"]["restarted"] and res.memory["predicted_bytes"] <= budget
     assert res.values[0] == pytest.approx(40.0, rel=1e-7) and res.converged[0]
@@ -127,10 +126,10 @@ def test_slq_without_reorthogonalisation_keeps_low_moments(steps):
 
 def test_slq_auto_falls_back_to_three_term_recurrence_and_groups_runs():
     op = dense(seed=7)
-    res = spectral_density(op, num_runs=4, num_steps=30, seed=0, max_memory=vec(op, 12, 5))
+    res = spectral_density(op, num_runs=4, num_steps=30, seed=0, max_memory=vec(op, 12))
     st = res.memory["settings"]
     assert st["reorth"] == "none" and st["runs_per_group"] <= 4
-    roomy = spectral_density(dense(seed=7), num_runs=4, num_steps=30, seed=0, max_memory=vec(op, 40, 5))
+    roomy = spectral_density(dense(seed=7), num_runs=4, num_steps=30, seed=0, max_memory=vec(op, 40))
     assert roomy.memory["settings"]["reorth"] == "full" and roomy.memory["settings"]["runs_per_group"] == 1
     for p in (1, 2):
         assert res.moment(p) == pytest.approx(roomy.moment(p), rel=1e-8)
@@ -270,7 +269,7 @@ def test_estimators_allocate_what_their_plan_says(case):
         "power": lambda: top_eigenvalues(op, k=1, method="power", max_iter=8, tol=1e-12),
         "power k=3": lambda: top_eigenvalues(op, k=3, method="power", max_iter=8, tol=1e-12),
         "lanczos": lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=12, tol=1e-12),
-        "lanczos restarted": lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=30, tol=1e-12, max_memory=vec(op, 10, 5)),
+        "lanczos restarted": lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=30, tol=1e-12, max_memory=vec(op, 10)),
         "slq full": lambda: spectral_density(op, num_runs=2, num_steps=6, reorth="full"),
         "slq none": lambda: spectral_density(op, num_runs=2, num_steps=6, reorth="none"),
         "hutch++": lambda: hutchpp_trace(op, num_matvecs=15),
