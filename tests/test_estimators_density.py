@@ -121,3 +121,23 @@ def test_density_of_identity_is_one_atom():
         assert len(nodes) == 1 and nodes[0] == pytest.approx(2.0) and w[0] == pytest.approx(1.0)
     assert res.num_matvecs == 2
     assert res.grid[np.argmax(res.density)] == pytest.approx(2.0, abs=0.01)
+
+
+@pytest.mark.parametrize("reorth", ["full", "none"])
+def test_lock_step_runs_that_stop_early_leave_the_others_unchanged(reorth):
+    """Runs in one group whose Krylov spaces become invariant at different steps (2, 4, 8) give the
+    tridiagonals each run gives alone: the runs that go on move up in place (no copy of the rest)."""
+    from geometry.estimators._lanczos import lanczos
+    from geometry.operators.dense import DenseOperator
+
+    H = torch.diag(torch.tensor([1.0, 2.0, 3.5, 5.0, 6.0, 7.5, 9.0, 10.0] + [0.0] * 12, dtype=torch.float64))
+    g = torch.Generator().manual_seed(0)
+    starts = torch.zeros(3, 20, dtype=torch.float64)
+    for row, support in enumerate((2, 4, 8)):
+        starts[row, :support] = torch.rand(support, generator=g, dtype=torch.float64) + 0.5
+    together = lanczos(DenseOperator(H), starts.clone(), 10, reorth=reorth)
+    assert [r.steps for r in together] == [2, 4, 8] and all(r.breakdown for r in together)
+    for row, run in enumerate(together):
+        alone = lanczos(DenseOperator(H), starts[row:row + 1].clone(), 10, reorth=reorth)[0]
+        np.testing.assert_allclose(run.alphas, alone.alphas, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(run.betas, alone.betas, rtol=1e-12, atol=1e-14)

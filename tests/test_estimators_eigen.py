@@ -95,7 +95,7 @@ def test_power_top1_and_deflated_topk():
         assert float((H @ v - lam * v).norm()) == pytest.approx(r, rel=1e-6, abs=1e-12)
 
 
-def test_power_stops_on_relative_change_and_flags_nonconvergence():
+def test_power_stops_on_a_small_residual_and_flags_nonconvergence():
     H = sym_with_spectrum(np.concatenate([[1.0, 0.99], np.linspace(0, 0.5, 18)]))
     res = top_eigenvalues(DenseOperator(H), k=1, method="power", tol=1e-14, max_iter=5)
     assert res.converged == (False,) and res.num_matvecs == 5
@@ -144,3 +144,85 @@ def test_power_unconverged_vectors_match_their_residuals():
     for lam, v, r in zip(res.values, res.vectors, res.residuals):
         assert float(v @ H @ v) == pytest.approx(lam, rel=1e-12)
         assert float((H @ v - lam * v).norm()) == pytest.approx(r, rel=1e-9)
+
+
+def slow_spectrum(dim: int = 300, seed: int = 0, k: int = 1) -> np.ndarray:
+    """λ_max = 1 over a cluster just below it (λ₂/λ₁ = 0.95–0.99) and a bulk of both signs; k = 3:
+    1, 0.97, 0.94 over a bulk reaching 0.9 (slowly separating top three)."""
+    rng = np.random.default_rng(seed)
+    if k == 1:
+        return np.concatenate([[1.0], rng.uniform(0.95, 0.99, dim // 8), rng.uniform(-0.9, 0.9, dim - 1 - dim // 8)])
+    return np.concatenate([[1.0, 0.97, 0.94], rng.uniform(-0.9, 0.9, dim - 3)])
+
+
+def true_residuals(H: torch.Tensor, values, vectors) -> np.ndarray:
+    """‖H v − λ v‖ in float64 from the dense matrix (not the estimator's code path)."""
+    Hd, V = H.double(), vectors.double()
+    V = V / V.norm(dim=1, keepdim=True)
+    return np.array([float((Hd @ v - lam * v).norm()) for lam, v in zip(values, V)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_power_converged_means_a_small_true_residual(seed, dtype):
+    """A Rayleigh quotient that stalls on a slowly separating spectrum is not convergence."""
+    tol = 1e-3
+    H = sym_with_spectrum(slow_spectrum(seed=seed), seed=seed).to(dtype)
+    for max_iter in (15, 40, 3000):
+        res = top_eigenvalues(DenseOperator(H), k=1, method="power", tol=tol, max_iter=max_iter, seed=seed)
+        lam, r = res.values[0], true_residuals(H, res.values, res.vectors)[0]
+        assert res.residuals[0] == pytest.approx(r, rel=1e-3)
+        if res.converged[0]:
+            assert r <= 1.01 * tol * abs(lam), (max_iter, lam, r)
+        else:
+            assert r > 0.99 * tol * abs(lam) and res.num_matvecs == max_iter
+    assert res.converged[0] and 0.99 < lam <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_deflated_power_converged_means_small_true_residuals(seed, dtype):
+    tol = 1e-3
+    H = sym_with_spectrum(slow_spectrum(seed=seed, k=3), seed=seed).to(dtype)
+    for max_iter in (30, 3000):
+        res = top_eigenvalues(DenseOperator(H), k=3, method="power", tol=tol, max_iter=max_iter, seed=seed)
+        r = true_residuals(H, res.values, res.vectors)
+        np.testing.assert_allclose(res.residuals, r, rtol=1e-3)
+        for ok, lam, ri in zip(res.converged, res.values, r):
+            assert ok == bool(ri <= tol * abs(lam) * 1.001), (max_iter, lam, ri)
+    assert all(res.converged)
+    np.testing.assert_allclose(res.values, [1.0, 0.97, 0.94], atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_thick_restart_on_a_small_basis_converges_in_few_products(seed, dtype):
+    """k = 1 on a basis of 6 or 8 vectors: within 1.8× (6) and 1.4× (8) the products of an
+    unrestarted Lanczos run, and at least 3× fewer than power iteration, on a top eigenvalue over
+    a cluster at 0.95–0.99 of it."""
+    tol = 1e-3
+    H = sym_with_spectrum(slow_spectrum(seed=seed), seed=seed).to(dtype)
+    run = lambda **kw: top_eigenvalues(DenseOperator(H), k=1, tol=tol, max_iter=2000, seed=seed, **kw)
+    full, power = run(), run(method="power")
+    assert full.memory["restarts"] == 0 and full.converged[0] and power.converged[0]
+    for m, factor in ((6, 1.8), (8, 1.4)):
+        res = run(max_basis=m)
+        r = true_residuals(H, res.values, res.vectors)[0]
+        assert res.converged[0] and r <= 1.01 * tol * abs(res.values[0]) and res.memory["restarts"] > 0
+        assert 0.99 < res.values[0] <= 1.0 + 1e-6
+        assert res.num_matvecs <= factor * full.num_matvecs, (m, res.num_matvecs, full.num_matvecs)
+        assert 3 * res.num_matvecs <= power.num_matvecs, (m, res.num_matvecs, power.num_matvecs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_thick_restart_k3_on_a_small_basis(seed, dtype):
+    tol = 1e-3
+    eigs = slow_spectrum(seed=seed, k=3)
+    H = sym_with_spectrum(eigs, seed=seed).to(dtype)
+    full = top_eigenvalues(DenseOperator(H), k=3, tol=tol, max_iter=2000, seed=seed)
+    res = top_eigenvalues(DenseOperator(H), k=3, tol=tol, max_iter=2000, seed=seed, max_basis=8)
+    r = true_residuals(H, res.values, res.vectors)
+    assert all(res.converged) and np.all(r <= 1.01 * tol * np.abs(res.values)) and res.memory["restarts"] > 0
+    np.testing.assert_allclose(res.values, [1.0, 0.97, 0.94], atol=2e-3)
+    assert res.num_matvecs <= 2.5 * full.num_matvecs, (res.num_matvecs, full.num_matvecs)

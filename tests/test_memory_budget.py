@@ -27,8 +27,7 @@ def dense(seed=0):
 
 
 def vec(op, n=1, temporaries=3):
-    """A budget of ``n`` full-dim vectors besides the chunk temporaries the plan counts (3; 5 for
-    Lanczos and SLQ)."""
+    """A budget of ``n`` full-dim vectors besides the chunk temporaries the plan counts (3)."""
     return vector_bytes(op.dim, op.dtype, n) + temporaries_bytes(op.dim, temporaries)
 
 
@@ -102,7 +101,7 @@ def test_thick_restart_lanczos_matches_eigh_with_a_small_basis(k):
 
 def test_lanczos_budget_picks_a_smaller_basis_and_still_converges():
     op = dense(seed=4)
-    budget = vec(op, 16 + 3 + 2, 5)                          # one 16-row basis block, residual, Ritz vector + product
+    budget = vec(op, 16 + 3 + 2)                          # one 16-row basis block, residual, Ritz vector + product
     res = top_eigenvalues(op, k=1, tol=1e-8, max_iter=150, max_memory=budget)
     assert res.memory["settings"]["restarted"] and res.memory["predicted_bytes"] <= budget
     assert res.values[0] == pytest.approx(40.0, rel=1e-7) and res.converged[0]
@@ -127,10 +126,10 @@ def test_slq_without_reorthogonalisation_keeps_low_moments(steps):
 
 def test_slq_auto_falls_back_to_three_term_recurrence_and_groups_runs():
     op = dense(seed=7)
-    res = spectral_density(op, num_runs=4, num_steps=30, seed=0, max_memory=vec(op, 12, 5))
+    res = spectral_density(op, num_runs=4, num_steps=30, seed=0, max_memory=vec(op, 12))
     st = res.memory["settings"]
     assert st["reorth"] == "none" and st["runs_per_group"] <= 4
-    roomy = spectral_density(dense(seed=7), num_runs=4, num_steps=30, seed=0, max_memory=vec(op, 40, 5))
+    roomy = spectral_density(dense(seed=7), num_runs=4, num_steps=30, seed=0, max_memory=vec(op, 40))
     assert roomy.memory["settings"]["reorth"] == "full" and roomy.memory["settings"]["runs_per_group"] == 1
     for p in (1, 2):
         assert res.moment(p) == pytest.approx(roomy.moment(p), rel=1e-8)
@@ -270,7 +269,7 @@ def test_estimators_allocate_what_their_plan_says(case):
         "power": lambda: top_eigenvalues(op, k=1, method="power", max_iter=8, tol=1e-12),
         "power k=3": lambda: top_eigenvalues(op, k=3, method="power", max_iter=8, tol=1e-12),
         "lanczos": lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=12, tol=1e-12),
-        "lanczos restarted": lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=30, tol=1e-12, max_memory=vec(op, 10, 5)),
+        "lanczos restarted": lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=30, tol=1e-12, max_memory=vec(op, 10)),
         "slq full": lambda: spectral_density(op, num_runs=2, num_steps=6, reorth="full"),
         "slq none": lambda: spectral_density(op, num_runs=2, num_steps=6, reorth="none"),
         "hutch++": lambda: hutchpp_trace(op, num_matvecs=15),
@@ -279,3 +278,65 @@ def test_estimators_allocate_what_their_plan_says(case):
     res, peak = peak_new_bytes(runs[case])
     predicted = res.memory["predicted_bytes"]
     assert 0.75 * predicted <= peak <= predicted + 4096, (case, peak, predicted, res.memory["parts"])
+
+
+@pytest.mark.parametrize("case", ["lanczos", "lanczos restarted", "slq full", "slq none"])
+def test_lanczos_and_slq_state_is_exactly_the_plan_at_10m_dimensions(case):
+    """At 10M dimensions a vector (40 MB) outweighs the chunk temporaries (16.8 MB each), so one
+    vector kept alive past its use shows: measured ≤ plan ≤ measured / 0.99."""
+    d = torch.rand(10_000_000, generator=torch.Generator().manual_seed(1))
+    d[:3] = torch.tensor([50.0, 30.0, 20.0])
+    op = _Diagonal(d)
+    runs = {
+        "lanczos": lambda: top_eigenvalues(op, k=1, max_iter=4, tol=1e-12),
+        "lanczos restarted": lambda: top_eigenvalues(op, k=1, max_iter=6, tol=1e-12, max_basis=3),
+        "slq full": lambda: spectral_density(op, num_runs=2, num_steps=3, reorth="full"),
+        "slq none": lambda: spectral_density(op, num_runs=2, num_steps=3, reorth="none"),
+    }
+    res, peak = peak_new_bytes(runs[case])
+    predicted = res.memory["predicted_bytes"]
+    assert peak <= predicted + 4096 and predicted <= peak / 0.99, (case, peak, predicted, res.memory["parts"])
+    if case == "lanczos restarted":
+        assert res.memory["restarts"] > 0
+
+
+class _PlanOnly(CurvatureOperator):
+    """A reverse-backend operator of 10M float32 dimensions for plans only (no products): one
+    graph rebuilt per step costs 300 MB, the graphs of all batches kept 700 MB."""
+
+    backend, vectorize, chunk_size, max_memory, num_matvecs, space = "reverse", False, None, None, 0, None
+    dim = 10_000_000
+    dtype = torch.float32
+    device = torch.device("cpu")
+
+    def pass_bytes(self, k, cached=None, chunk=None):
+        return (700 if cached else 300) * 10**6 + k * 40 * 10**6
+
+    def _matmat_flat(self, V):
+        raise AssertionError("a plan-only operator")
+
+
+def test_lanczos_planner_gives_convergence_its_basis_before_the_graph_cache():
+    """Below max(16, 4k) vectors a larger basis comes before keeping the graphs; from there on the
+    graphs are kept; a basis below k + 4 is refused (power iteration is the advice)."""
+    from geometry.estimators.eigen import ENOUGH_BASIS, SMALLEST_EXTRA
+    from geometry.estimators.eigen import estimate_memory as eigen_memory
+
+    op = _PlanOnly()
+    one, cache_extra = vector_bytes(op.dim, op.dtype), 400 * 10**6       # the cache costs 10 basis vectors
+
+    def total(m, cache):
+        kept = eigen_memory(op, 1, "lanczos", 100, 10**15, max_basis=m)      # graphs kept when it fits
+        assert kept.settings["cache_graphs"] and kept.settings["basis_size"] == m
+        return kept.total - (0 if cache else cache_extra)
+
+    assert total(7, True) - total(6, True) == one
+    plan = eigen_memory(op, 1, "lanczos", 100, total(6, True))          # basis 6 + cache, or 16 without
+    assert plan.settings["basis_size"] == 16 and plan.settings["cache_graphs"] is False
+    plan = eigen_memory(op, 1, "lanczos", 100, total(ENOUGH_BASIS, True))
+    assert plan.settings["basis_size"] == ENOUGH_BASIS and plan.settings["cache_graphs"] is True
+    plan = eigen_memory(op, 1, "lanczos", 100, total(ENOUGH_BASIS + 10, False))   # 26 without, 16 with: cache
+    assert plan.settings["basis_size"] == ENOUGH_BASIS and plan.settings["cache_graphs"] is True
+    with pytest.raises(MemoryBudgetError, match="method='power'"):
+        eigen_memory(op, 1, "lanczos", 100, total(1 + SMALLEST_EXTRA, False) - 1)
+    assert eigen_memory(op, 1, "lanczos", 100, total(1 + SMALLEST_EXTRA, False)).settings["basis_size"] == 5

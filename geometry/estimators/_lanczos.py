@@ -102,11 +102,13 @@ def lanczos(
     anorm = [0.0] * r
     broke = [False] * r
     active = list(range(r))
+    # state: cur [r, dim] (the active runs' current vectors in its first rows, in order), W [a, dim]
+    # (their products; each row becomes the run's next vector, copied into cur), and with "none"
+    # prev [r, dim]. W and every view of it are dropped before the next product.
     for j in range(m_max):
         if not active:
             break
-        q = cur if len(active) == r else cur[torch.tensor(active, device=device)]
-        W = op.matmat_flat(q)                                  # [a, dim]: one HVP per active run
+        W = op.matmat_flat(cur[: len(active)])                 # [a, dim]: one HVP per active run
         still = []
         for pos, run in enumerate(active):
             w = W[pos:pos + 1]
@@ -114,13 +116,13 @@ def lanczos(
             if bases is not None:
                 a = float(bases[run].orthogonalize(w)[j])
             else:
-                a = float(rowdot(cur[run:run + 1], w)[0])
-                w.add_(cur[run], alpha=-a)
+                a = float(rowdot(cur[pos:pos + 1], w)[0])
+                w.add_(cur[pos], alpha=-a)
                 if prev_beta:
-                    w.add_(prev[run], alpha=-prev_beta)
-                c = gram(w, prev[run:run + 1]), gram(w, cur[run:run + 1])  # one local re-orthogonalisation
-                w.add_(prev[run], alpha=-float(c[0][0, 0]))                  # pass, in place (no stacked copy)
-                w.add_(cur[run], alpha=-float(c[1][0, 0]))
+                    w.add_(prev[pos], alpha=-prev_beta)
+                c = gram(w, prev[pos:pos + 1]), gram(w, cur[pos:pos + 1])  # one local re-orthogonalisation
+                w.add_(prev[pos], alpha=-float(c[0][0, 0]))                  # pass, in place (no stacked copy)
+                w.add_(cur[pos], alpha=-float(c[1][0, 0]))
                 a += float(c[1][0, 0])
             b = float(rowdot(w, w)[0] ** 0.5)
             alphas[run].append(a)
@@ -132,15 +134,18 @@ def lanczos(
                 broke[run] = True
                 beta_next[run] = 0.0
                 continue
-            nxt = w[0].div_(b)                                 # in place: W's row becomes the next vector
+            w.div_(b)                                          # in place: W's row becomes the next vector
             if bases is not None:
-                bases[run].append(nxt)
-            else:
-                prev[run] = cur[run]
-            cur[run] = nxt
+                bases[run].append(w[0])
             betas[run].append(b)
-            still.append(run)
-        active = still
+            still.append((pos, run))
+        del w
+        # the runs that go on move to the first rows, in order (in place: a row only moves up)
+        for new_pos, (pos, run) in enumerate(still):
+            if prev is not None:
+                prev[new_pos].copy_(cur[pos])
+            cur[new_pos].copy_(W[pos])
+        active = [run for _, run in still]
         del W
     out = []
     for run in range(r):

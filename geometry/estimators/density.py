@@ -53,7 +53,7 @@ def estimate_memory(op: CurvatureOperator, num_runs: int = 4, num_steps: int = 4
             calls = -(-num_runs // r) * steps
             for settings, pass_b, cost in pass_options(op, r, calls, num_runs * steps):
                 parts = {f"current vectors and products [{2 * r}, dim]": 2 * r * vec, "operator pass": pass_b,
-                         TEMPORARIES_PART: temporaries_bytes(op.dim, 5)}
+                         TEMPORARIES_PART: temporaries_bytes(op.dim)}
                 host = {}
                 if mode == "full":
                     rows = r * RowBasis.allocated_rows(steps, op.dim, bdtype)   # grown in whole blocks
@@ -106,9 +106,11 @@ def spectral_density(
     Returns:
         :class:`SpectralDensity` (nodes/weights per run, grid, density normalised to unit area,
         ``moment(p)`` estimating tr(Hᵖ)/dim, the steps of each run, breakdowns, the memory plan).
-        Cost: ≤ num_runs · num_steps HVPs, applied to a group of runs at a time. Memory: with full
-        re-orthogonalisation ``group · num_steps · dim`` numbers of bases, else ``3 · group · dim``,
-        plus one operator pass (:func:`estimate_memory`).
+        Cost: ≤ num_runs · num_steps HVPs, applied to a group of runs at a time. Memory: the current
+        vectors and their products, ``2 · group · dim`` numbers, plus with full re-orthogonalisation
+        ``group · num_steps · dim`` of bases, else ``group · dim`` (the previous vectors); 3 float64
+        chunk temporaries and one operator pass (:func:`estimate_memory`; measured = plan at 10M
+        dimensions, tests/test_memory_budget.py).
     """
     check_op(op)
     refuse_sharded(op, "spectral_density")

@@ -147,8 +147,10 @@ def resolve_budget(max_memory: Any, device: torch.device | str) -> int:
 
 #: float64 chunk temporaries alive at once in the chunked reductions and orthonormalisations of
 #: geometry.base._linalg (``CHUNK`` numbers each), measured with graph_memory.peak_new_bytes on diagonal
-#: operators (tests/test_memory_budget.py): 3 in the traces, power iteration and directional
-#: curvature, 5 in Lanczos and SLQ (the Gram-Schmidt passes against a basis).
+#: operators (tests/test_memory_budget.py): 3 (a norm of float32 rows: two float64 copies of a chunk
+#: and their product) in the traces, power iteration, directional curvature, Lanczos and SLQ (whose
+#: Gram-Schmidt passes against a basis work in the vectors' dtype, in smaller chunks). Float64
+#: vectors need only 1 (the product), so their plans are up to 2 chunks (34 MB) high.
 CHUNK_TEMPORARIES = 3
 TEMPORARIES_PART = "chunked reductions' temporaries (float64)"
 

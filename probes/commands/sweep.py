@@ -227,8 +227,8 @@ def register(app: typer.Typer) -> None:
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory each estimator may use beyond the model, e.g. 8GB (default: a third of free RAM / 80% of free GPU memory)."),
         dtype: Optional[str] = typer.Option(None, "--dtype", help="Load the weights as float32 (default), bfloat16, float16 or float64."),
         max_iter: int = typer.Option(100, "--max-iter", help="Eigen solver iterations (power) or Lanczos steps."),
-        tol: float = typer.Option(1e-3, "--tol", help="Eigen solver tolerance (relative)."),
-        eigen_method: str = typer.Option("power", "--eigen-method", help="power | lanczos"),
+        tol: float = typer.Option(1e-3, "--tol", help="Eigen solver tolerance: converged means ‖Hv − λv‖ ≤ tol·|λ|."),
+        eigen_method: str = typer.Option("lanczos", "--eigen-method", help="lanczos (default) | power; converged means ‖Hv − λv‖ ≤ tol·|λ| for both"),
         backend: str = backend_option(),
         allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load a .bin/.pt checkpoint that needs full pickle "
                                           "(can run arbitrary code: only for files you trust)."),

@@ -9,6 +9,7 @@ makes the others fail instead of waiting forever. Only rank 0 prints and writes 
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 
@@ -68,7 +69,17 @@ def init_data_parallel(timeout_s: float | None = None, device: str | None = None
         if backend == "nccl":
             torch.cuda.set_device(torch.device(device))
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=float(timeout_s)))
+        atexit.register(_leave_group)
     return rank, world, device
+
+
+def _leave_group() -> None:
+    """At exit, destroy the group this module created: left to interpreter shutdown, gloo's worker
+    threads were seen to abort a finished rank ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def is_main_rank() -> bool:

@@ -33,10 +33,11 @@ class TraceProbe:
 
 @dataclass(frozen=True)
 class EigenProbe:
-    """Top-``k`` Hessian eigenvalues (by magnitude, sign kept) by power iteration or Lanczos."""
+    """Top-``k`` Hessian eigenvalues (by magnitude, sign kept) by Lanczos (default) or power iteration;
+    converged means a true residual ‖Hv − λv‖ ≤ tol·|λ| (:func:`geometry.estimators.eigen.top_eigenvalues`)."""
 
     k: int = 1
-    method: str = "power"
+    method: str = "lanczos"
     tol: float = 1e-3
     max_iter: int = 100
 

@@ -22,7 +22,7 @@ class SharpnessError(ValueError):
 
 
 def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int = 100, method: str = "hutch++",
-              k: int = 1, eigen_method: str = "power", tol: float = 1e-3, max_iter: int = 100,
+              k: int = 1, eigen_method: str = "lanczos", tol: float = 1e-3, max_iter: int = 100,
               params: Sequence[str] | None = None, seed: int = 0, quick: bool = False, device=None,
               data: str | Path | None = None, num_threads: int | None = None, allow_pickle: bool = False,
               max_memory=None, dtype: str | None = None, cache_dir: str | Path | None = None,
