@@ -40,6 +40,17 @@ def one_row(batch: Any) -> tuple[int, Any, Any]:
     return 1, batch, ("whole", id(batch))
 
 
+def first_rows(batch: Any, n: int) -> Any | None:
+    """A copy of the first ``n`` rows of a batch (a tensor, or a tuple/list of tensors sharing
+    their first dimension, of at least ``n`` rows), or None for a batch of any other kind."""
+    if isinstance(batch, torch.Tensor) and batch.ndim >= 1 and batch.shape[0] >= n:
+        return batch[:n].clone()
+    if (isinstance(batch, (tuple, list)) and batch and all(isinstance(t, torch.Tensor) and t.ndim >= 1 for t in batch)
+            and len({t.shape[0] for t in batch}) == 1 and batch[0].shape[0] >= n):
+        return type(batch)(t[:n].clone() for t in batch)
+    return None
+
+
 def saved_graph_bytes(model: nn.Module, build: Callable[[], Any]) -> int:
     """Bytes of the tensors autograd saves while ``build()`` runs a forward and a ``create_graph``
     backward (storages counted once; the model's parameters and buffers excluded)."""
