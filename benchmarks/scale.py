@@ -306,6 +306,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         torch.set_num_threads(int(os.environ.get("LOSSLENS_BENCH_THREADS", "1")))
+        if os.environ.get("LOSSLENS_BENCH_ALLOCATOR", "cli") == "cli":   # as the losslens CLI runs
+            from geometry.memory.allocator import return_freed_memory
+
+            return_freed_memory()
         print(json.dumps(child(*argv[1:5]), default=str))
         return []
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
