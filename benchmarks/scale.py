@@ -88,7 +88,7 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
                           random_plane, spectral_density, top_eigenvalues)
     from geometry.surfaces.grid import GridSpec
     from geometry.surfaces.moving import estimate_memory as surface_memory
-    from geometry.surfaces.moving import forward_bytes
+    from geometry.surfaces.moving import planned_forward_bytes
     from geometry.estimators.trace import block_traces
     from probes.core.lm import lm_loss
     from probes.models.curvature import lm_hessian
@@ -133,7 +133,7 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
         res = block_traces(op, "module", num_matvecs=4)
         out = {"value": res.total.value}
     elif probe == "surface":
-        plan = surface_memory(model, plane, max_memory=max_memory, forward=forward_bytes(model, lm_loss, batches[0]))
+        plan = surface_memory(model, plane, max_memory=max_memory, forward=planned_forward_bytes(model, lm_loss, batches[:1]))
         surf = evaluate_surface(model, lm_loss, batches[:1], plane, GridSpec(resolution=2, x_range=(-1.0, 1.0), y_range=(-1.0, 1.0)),
                                 max_memory=max_memory)
         res = None
