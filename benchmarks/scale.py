@@ -13,7 +13,9 @@ estimator predicted (``memory["predicted_bytes"]``) and their ratio. A timing ro
 seconds per gradient, per graph build (``create_graph``) and per HVP (sequential second backward
 on a kept graph), and their ratios to the gradient.
 
-``--project`` measures, on 1- and 2-layer slices of the 1B and 7B shapes (bfloat16, one sequence
+``--factors`` measures one product of one vector (peak RSS) on small GPT-NeoX, Llama and OLMo-2
+shapes with both backends: the second-backward and forward-backend factors of the memory model
+(geometry.memory.graphs). ``--project`` measures, on 1- and 2-layer slices of the 1B and 7B shapes (bfloat16, one sequence
 of 128 and 256 tokens), the bytes autograd saves per token, and projects what Hutchinson, Hutch++
 and Lanczos need on one 80 GB GPU (memory from the memory model; time from FLOP counts at an
 assumed fraction of the GPU's bf16 peak, with the HVP/gradient ratio measured here). Threads are
@@ -39,7 +41,13 @@ SHAPES = {
     "pythia-160m": (768, 12, 12, 3072, 50304), "pythia-410m": (1024, 24, 16, 4096, 50304),
     "pythia-1b": (2048, 16, 8, 8192, 50304), "olmo-2-1b": (2048, 16, 16, 8192, 100352),
     "pythia-6.9b": (4096, 32, 32, 16384, 50432), "olmo-2-7b": (4096, 32, 32, 11008, 100352),
+    # small shapes of each family for the pass factors (--factors): hidden × layers, Pythia's vocabulary
+    "pythia-128x6": (128, 6, 4, 512, 50304), "pythia-512x2": (512, 2, 8, 2048, 50304),
+    "olmo-2-128x6": (128, 6, 4, 512, 50304), "olmo-2-512x2": (512, 2, 8, 2048, 50304),
+    "llama-128x6": (128, 6, 4, 512, 50304), "llama-512x2": (512, 2, 8, 2048, 50304),
 }
+#: the --factors grid: one product of one vector per family shape and backend
+FACTOR_SHAPES = ("pythia-128x6", "pythia-512x2", "olmo-2-128x6", "olmo-2-512x2", "llama-128x6", "llama-512x2")
 PROBES = ("hutch++", "hutchinson", "lanczos", "power", "slq", "directional", "blocks", "surface")
 BATCHES, BATCH, SEQ = 2, 4, 64
 
@@ -51,7 +59,12 @@ def build(shape: str, dtype: torch.dtype, layers: int | None = None, seed: int =
     h, L, heads, ff, vocab = SHAPES[shape]
     L = layers or L
     torch.manual_seed(seed)
-    if shape.startswith("olmo"):
+    if shape.startswith("llama"):
+        cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
+                                       intermediate_size=ff, max_position_embeddings=4096, use_cache=False,
+                                       tie_word_embeddings=False)
+        cls = transformers.LlamaForCausalLM
+    elif shape.startswith("olmo"):
         cfg = transformers.Olmo2Config(vocab_size=vocab, hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
                                        intermediate_size=ff, max_position_embeddings=4096, use_cache=False)
         cls = transformers.Olmo2ForCausalLM
@@ -98,10 +111,14 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     vocab = SHAPES[shape][4]
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, vocab, (BATCH, SEQ), generator=g) for _ in range(BATCHES)]
-    op = lm_hessian(model, batches, max_memory=max_memory)       # what sharpness and sweeps use
+    backend = probe.split("-", 1)[1] if probe.startswith("pass-") else "reverse"
+    op = lm_hessian(model, batches[:1] if probe.startswith("pass-") else batches, max_memory=max_memory,
+                    backend=backend)                             # what sharpness and sweeps use
     row = {"shape": shape, "dtype": dtype, "probe": probe, "dim": op.dim, "max_memory": max_memory}
     if probe == "timing":
         return {**row, **_timing(op)}
+    if probe.startswith("pass-"):
+        return {**row, **_one_pass(op)}
     graphs = [op.graph_bytes(i) for i in range(len(batches))]        # measured once, before the baseline
     extra_setup = 0
     if probe == "surface":
@@ -152,6 +169,30 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
             "measured_GB": measured / 1e9, "measured/predicted": measured / max(predicted, 1),
             "base_GB": base / 1e9, "peak_GB": peak / 1e9, "plane_GB": extra_setup / 1e9, "seconds": seconds,
             "num_matvecs": getattr(res, "num_matvecs", 0), "settings": memory.get("settings", {})}
+
+
+def _one_pass(op) -> dict:
+    """Peak RSS of one product of one vector (graph rebuilt) against the pass the memory model
+    plans, and the factor it implies (geometry.memory.graphs: SECOND_BACKWARD_FACTOR for the
+    reverse backend, FORWARD_FACTOR for the forward one)."""
+    import gc
+
+    grad = op.dim * torch.empty((), dtype=op.param_dtype).element_size()
+    G = op.graph_bytes(0)
+    plan = op.pass_bytes(1, cached=False)
+    V = torch.randn(1, op.dim, dtype=op.dtype)
+    out_bytes = V.numel() * V.element_size()
+    gc.collect()
+    base, _ = _rss()
+    _reset_peak()
+    op.matmat_flat(V)
+    measured = _rss()[1] - base - out_bytes                      # the product's output is not the pass
+    saved = G - grad
+    conv = grad if op.dtype != op.param_dtype else 0
+    rest = measured - (3 * grad if op.backend == "forward" else G + grad + conv) - op.loss_transient_bytes
+    return {"saved_GB": saved / 1e9, "gradient_GB": grad / 1e9, "head_transient_GB": op.loss_transient_bytes / 1e9,
+            "predicted_GB": plan / 1e9, "measured_GB": measured / 1e9, "measured/predicted": measured / plan,
+            "implied_factor": rest / saved}
 
 
 def _timing(op) -> dict:
@@ -287,6 +328,13 @@ def _param_count(shape: str) -> int:
     return int(2 * vocab * h + L * per_layer + 2 * h)
 
 
+def factors(dtypes: tuple[str, ...] = ("float32",), threads: int = 2) -> list[dict]:
+    """The pass factors per family (``--factors``): one product on 4 × 64 tokens per shape of
+    :data:`FACTOR_SHAPES` and backend, each in a fresh subprocess."""
+    return [_run_child(s, f"pass-{b}", d, "64GB", threads) for s in FACTOR_SHAPES for d in dtypes
+            for b in ("reverse", "forward")]
+
+
 def run(quick: bool = False, shapes: tuple[str, ...] | None = None, dtypes: tuple[str, ...] = ("float32",),
         probes: tuple[str, ...] | None = None, max_memory: str = "8GB", threads: int = 2,
         with_projection: bool = False) -> list[dict]:
@@ -320,8 +368,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--project", action="store_true", help="also the 1B/7B projection (slow: builds 1-2 layer slices)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--factors", action="store_true", help="only the pass factors per family (GPT-NeoX, Llama, OLMo-2)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.factors:
+        return emit(factors(tuple(args.dtype.split(",")), args.threads), args.json)
     rows = run(quick=args.quick, shapes=tuple(args.shapes.split(",")) if args.shapes else None, dtypes=tuple(args.dtype.split(",")),
                probes=tuple(args.probes.split(",")) if args.probes else None, max_memory=args.max_memory,
                threads=args.threads, with_projection=args.project)
