@@ -81,6 +81,13 @@ def build(shape: str, dtype: torch.dtype, layers: int | None = None, seed: int =
         torch.set_default_dtype(old)
 
 
+def _rss_file() -> int:
+    """Resident file-backed bytes of this process (code pages of the libraries it has run)."""
+    with open("/proc/self/status") as f:
+        d = dict(line.split(":", 1) for line in f)
+    return int(d.get("RssFile", "0 kB").split()[0]) * 1024
+
+
 def _rss() -> tuple[int, int]:
     """(resident, peak resident) bytes of this process."""
     with open("/proc/self/status") as f:
@@ -103,9 +110,12 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     from geometry.surfaces.moving import estimate_memory as surface_memory
     from geometry.surfaces.moving import planned_forward_bytes
     from geometry.estimators.trace import block_traces
+    from geometry.memory.graphs import peak_new_bytes
     from probes.core.lm import lm_loss
     from probes.models.curvature import lm_hessian
 
+    probe, _, flag = probe.partition("+")                         # "hutchinson+tracked": also track allocations
+    track = flag == "tracked" or os.environ.get("LOSSLENS_BENCH_TRACK") == "1"
     dt = getattr(torch, dtype)
     model = build(shape, dt)
     vocab = SHAPES[shape][4]
@@ -127,36 +137,42 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
         extra_setup = 2 * sum(t.numel() * t.element_size() for t in center.values())  # e1, e2 (origin: a copy)
     gc.collect()
     base, _ = _rss()
+    file_base = _rss_file()
     _reset_peak()
+    def work():
+        plan = None
+        if probe == "hutch++":
+            res = hutchpp_trace(op, num_matvecs=30)
+            out = {"value": res.value, "stderr": res.stderr}
+        elif probe == "hutchinson":
+            res = hutchinson_trace(op, num_matvecs=8)
+            out = {"value": res.value, "stderr": res.stderr}
+        elif probe in ("lanczos", "power"):
+            res = top_eigenvalues(op, k=1, method=probe, max_iter=8, tol=1e-3)
+            out = {"value": res.values[0], "converged": res.converged[0], "iterations": res.iterations}
+        elif probe == "slq":
+            res = spectral_density(op, num_runs=2, num_steps=4)
+            out = {"steps": list(res.steps)}
+        elif probe == "directional":
+            d = torch.randn(op.dim, generator=g, dtype=torch.float32) * 1e-3
+            res = directional_curvature(op, d)
+            del d
+            out = {"dHd": res.dHd}
+        elif probe == "blocks":
+            res = block_traces(op, "module", num_matvecs=4)
+            out = {"value": res.total.value}
+        elif probe == "surface":
+            plan = surface_memory(model, plane, max_memory=max_memory, forward=planned_forward_bytes(model, lm_loss, batches[:1]))
+            surf = evaluate_surface(model, lm_loss, batches[:1], plane, GridSpec(resolution=2, x_range=(-1.0, 1.0), y_range=(-1.0, 1.0)),
+                                    max_memory=max_memory)
+            res = None
+            out = {"loss_center": float(surf.loss[0, 0])}
+        else:
+            raise SystemExit(f"unknown probe {probe!r}; choose from {', '.join(PROBES)} or timing")
+        return res, out, plan
+
     t0 = time.perf_counter()
-    if probe == "hutch++":
-        res = hutchpp_trace(op, num_matvecs=30)
-        out = {"value": res.value, "stderr": res.stderr}
-    elif probe == "hutchinson":
-        res = hutchinson_trace(op, num_matvecs=8)
-        out = {"value": res.value, "stderr": res.stderr}
-    elif probe in ("lanczos", "power"):
-        res = top_eigenvalues(op, k=1, method=probe, max_iter=8, tol=1e-3)
-        out = {"value": res.values[0], "converged": res.converged[0], "iterations": res.iterations}
-    elif probe == "slq":
-        res = spectral_density(op, num_runs=2, num_steps=4)
-        out = {"steps": list(res.steps)}
-    elif probe == "directional":
-        d = torch.randn(op.dim, generator=g, dtype=torch.float32) * 1e-3
-        res = directional_curvature(op, d)
-        del d
-        out = {"dHd": res.dHd}
-    elif probe == "blocks":
-        res = block_traces(op, "module", num_matvecs=4)
-        out = {"value": res.total.value}
-    elif probe == "surface":
-        plan = surface_memory(model, plane, max_memory=max_memory, forward=planned_forward_bytes(model, lm_loss, batches[:1]))
-        surf = evaluate_surface(model, lm_loss, batches[:1], plane, GridSpec(resolution=2, x_range=(-1.0, 1.0), y_range=(-1.0, 1.0)),
-                                max_memory=max_memory)
-        res = None
-        out = {"loss_center": float(surf.loss[0, 0])}
-    else:
-        raise SystemExit(f"unknown probe {probe!r}; choose from {', '.join(PROBES)} or timing")
+    (res, out, plan), tracked = peak_new_bytes(work) if track else (work(), None)
     seconds = time.perf_counter() - t0
     _, peak = _rss()
     if probe == "blocks":
@@ -168,7 +184,9 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     return {**row, **out, "graph_bytes_per_batch": graphs[0], "predicted_GB": predicted / 1e9,
             "measured_GB": measured / 1e9, "measured/predicted": measured / max(predicted, 1),
             "base_GB": base / 1e9, "peak_GB": peak / 1e9, "plane_GB": extra_setup / 1e9, "seconds": seconds,
-            "num_matvecs": getattr(res, "num_matvecs", 0), "settings": memory.get("settings", {})}
+            "num_matvecs": getattr(res, "num_matvecs", 0), "settings": memory.get("settings", {}),
+            "file_pages_GB": (_rss_file() - file_base) / 1e9,
+            **({"tracked_GB": tracked / 1e9, "tracked/predicted": tracked / max(predicted, 1)} if track else {})}
 
 
 def _one_pass(op) -> dict:
@@ -354,10 +372,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         torch.set_num_threads(int(os.environ.get("LOSSLENS_BENCH_THREADS", "1")))
-        if os.environ.get("LOSSLENS_BENCH_ALLOCATOR", "cli") == "cli":   # as the losslens CLI runs
-            from geometry.memory.allocator import return_freed_memory
+        alloc = os.environ.get("LOSSLENS_BENCH_ALLOCATOR", "glibc")    # "glibc" (as losslens runs), "cli", "cli:BYTES"
+        if alloc.startswith("cli"):                                     # geometry.memory.allocator's settings
+            from geometry.memory.allocator import MMAP_THRESHOLD, return_freed_memory
 
-            return_freed_memory()
+            return_freed_memory(int(alloc[4:]) if alloc.startswith("cli:") else MMAP_THRESHOLD)
         print(json.dumps(child(*argv[1:5]), default=str))
         return []
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

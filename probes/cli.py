@@ -121,12 +121,6 @@ def _main(ctx: typer.Context, debug: bool = typer.Option(
                                "(also accepted after the command name; or set LOSSLENS_DEBUG=1).")) -> None:
     if debug:
         ctx.meta[_DEBUG] = True
-    if ctx.invoked_subcommand != "version":  # (version stays fast: no torch)
-        # freed tensor memory goes back to the OS (and to the workers this process starts), so that
-        # the estimators' memory budgets hold as caps on the process's resident memory
-        from geometry.memory.allocator import return_freed_memory
-
-        return_freed_memory()
 
 
 @app.command()

@@ -1,19 +1,21 @@
-"""The host allocator: freed tensor memory goes back to the OS, so the budget holds as a cap.
+"""The host allocator's retention: an opt-in to return freed tensor memory to the OS at once.
 
 The memory plan (:mod:`geometry.memory.model`) counts the bytes of live tensors. On Linux, torch's
-CPU tensors come from glibc ``malloc``. By default glibc serves requests below a *dynamic* mmap
-threshold (128 kB, raised up to 32 MB each time a larger mapped block is freed) from its heaps
-and arenas, which keep freed space for reuse and fragment: the process's resident memory then
-grows beyond its live tensors (measured 0.8–1.5 GB over the plan at the Pythia-160m shape,
-benchmarks/README.md "Scale"). :func:`return_freed_memory` fixes the threshold, so every tensor of
-at least ``mmap_threshold`` bytes gets its own mapping, returned to the OS when the tensor is freed,
-and trims the heaps' free tops.
+CPU tensors come from glibc ``malloc``, which serves requests below a *dynamic* mmap threshold
+(128 kB, raised up to 32 MB each time a larger mapped block is freed) from heaps and arenas that
+keep freed space: resident memory can exceed the live tensors. :func:`return_freed_memory` fixes
+the threshold, so every allocation of at least ``mmap_threshold`` bytes gets its own mapping,
+returned to the OS when freed (tests/test_memory_allocator.py shows the mechanism: 200 MB of freed
+2 MB tensors leave the process instead of staying resident).
 
-It changes process-wide allocator settings, so library code never calls it at import: the
-``losslens`` CLI calls it once at start (and exports the same settings through the environment to
-the worker processes it starts), and so does ``benchmarks/scale.py``. A Python user can call it
-too. It does nothing off glibc (macOS, musl) and for CUDA memory (torch's caching allocator
-keeps its own reserve there).
+**Measured, it does not make the memory plan a cap, so nothing calls it by default.** On the
+Pythia-70m shape (Hutchinson, 8 HVPs, benchmarks/README.md "Scale"): peak RSS above the model was
+1.90 GB with glibc's defaults, 2.10 GB with a 1 MiB threshold (worse: activations of 0.5 MB then
+come from the heaps) and 1.90 GB with 64 kB (at twice the time), against a plan of 1.80 GB and
+1.74 GB of live tensors (every allocation tracked). It stays as an opt-in for experiments
+(``LOSSLENS_BENCH_ALLOCATOR=cli`` or ``cli:BYTES`` in ``benchmarks/scale.py``). It changes
+process-wide state: call it from an application's entry point, never at import. It does nothing
+off glibc (macOS, musl) and for CUDA memory (torch's caching allocator keeps its own reserve).
 """
 from __future__ import annotations
 
@@ -24,8 +26,6 @@ import os
 __all__ = ["return_freed_memory", "trim", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
 
 #: Allocations of at least this many bytes get their own mapping (returned to the OS on free).
-#: 1 MiB: a [1024]-float32 row is below it, every full-dim vector, gradient and activation of a
-#: 14M+ model above it. Measured cost: benchmarks/README.md "Scale" (seconds with and without).
 MMAP_THRESHOLD = 1 << 20
 #: The heaps return their free top to the OS once it exceeds this many bytes.
 TRIM_THRESHOLD = 1 << 20
