@@ -114,8 +114,8 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     from probes.core.lm import lm_loss
     from probes.models.curvature import lm_hessian
 
-    probe, _, flag = probe.partition("+")                         # "hutchinson+tracked": also track allocations
-    track = flag == "tracked" or os.environ.get("LOSSLENS_BENCH_TRACK") == "1"
+    track = probe.endswith("+tracked") or os.environ.get("LOSSLENS_BENCH_TRACK") == "1"   # also track allocations
+    probe = probe.removesuffix("+tracked")
     dt = getattr(torch, dtype)
     model = build(shape, dt)
     vocab = SHAPES[shape][4]
