@@ -373,8 +373,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if argv[:1] == ["--child"]:
         torch.set_num_threads(int(os.environ.get("LOSSLENS_BENCH_THREADS", "1")))
         alloc = os.environ.get("LOSSLENS_BENCH_ALLOCATOR", "glibc")    # "glibc" (as losslens runs), "cli", "cli:BYTES"
-        if alloc.startswith("cli"):                                     # geometry.memory.allocator's settings
-            from geometry.memory.allocator import MMAP_THRESHOLD, return_freed_memory
+        if alloc.startswith("cli"):                                     # return_freed_memory's settings
+            from geometry.memory.model import MMAP_THRESHOLD, return_freed_memory
 
             return_freed_memory(int(alloc[4:]) if alloc.startswith("cli:") else MMAP_THRESHOLD)
         print(json.dumps(child(*argv[1:5]), default=str))

@@ -1,4 +1,4 @@
-"""geometry.memory.allocator: with its settings, freed tensor memory leaves the process's resident
+"""geometry.memory.model: with its settings, freed tensor memory leaves the process's resident
 memory (the mechanism; benchmarks/README.md "Scale" measures why the CLI does not use it)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from geometry.memory.allocator import _libc
+from geometry.memory.model import _libc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,7 @@ def rss():
         if line.startswith("VmRSS"):
             return int(line.split()[1]) * 1024
 if sys.argv[1] == "cli":
-    from geometry.memory.allocator import return_freed_memory
+    from geometry.memory.model import return_freed_memory
     assert return_freed_memory()
 big = torch.ones(4 << 20); del big            # a 16 MB block freed: glibc raises its mmap threshold to it
 base = rss()

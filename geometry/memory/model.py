@@ -20,6 +20,8 @@ bytes needed, the bytes available and what would fit.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 import os
 import re
@@ -33,7 +35,7 @@ from ..base.results import EstimatorError
 
 __all__ = [
     "MemoryBudgetError", "MemoryEstimate", "available_bytes", "total_bytes", "default_budget", "parse_bytes", "resolve_budget",
-    "identity_settings",
+    "identity_settings", "return_freed_memory", "trim",
     "format_bytes", "vector_bytes", "temporaries_bytes", "TEMPORARIES_PART", "CPU_FRACTION", "CUDA_FRACTION",
 ]
 
@@ -366,3 +368,69 @@ def basis_storage(op_device: Any, basis_device: Any = None, basis_dtype: torch.d
 def with_basis(parts: dict[str, int], name: str, nbytes: int, on_host: bool) -> tuple[dict[str, int], dict[str, int]]:
     """``(device parts, host parts)`` with the basis entry placed where it lives."""
     return (parts, {name: nbytes}) if on_host else ({name: nbytes, **parts}, {})
+
+
+# ---------------------------------------------------------------------------------------------
+# The host allocator's retention: an opt-in to return freed tensor memory to the OS at once.
+#
+# The memory plan (:mod:`geometry.memory.model`) counts the bytes of live tensors. On Linux, torch's
+# CPU tensors come from glibc ``malloc``, which serves requests below a *dynamic* mmap threshold
+# (128 kB, raised up to 32 MB each time a larger mapped block is freed) from heaps and arenas that
+# keep freed space: resident memory can exceed the live tensors. :func:`return_freed_memory` fixes
+# the threshold, so every allocation of at least ``mmap_threshold`` bytes gets its own mapping,
+# returned to the OS when freed (tests/test_memory_allocator.py shows the mechanism: 200 MB of freed
+# 2 MB tensors leave the process instead of staying resident).
+#
+# **Measured, it does not make the memory plan a cap, so nothing calls it by default.** On the
+# Pythia-70m shape (Hutchinson, 8 HVPs, benchmarks/README.md "Scale"): peak RSS above the model was
+# 1.90 GB with glibc's defaults, 2.10 GB with a 1 MiB threshold (worse: activations of 0.5 MB then
+# come from the heaps) and 1.90 GB with 64 kB (at twice the time), against a plan of 1.80 GB and
+# 1.74 GB of live tensors (every allocation tracked). It stays as an opt-in for experiments
+# (``LOSSLENS_BENCH_ALLOCATOR=cli`` or ``cli:BYTES`` in ``benchmarks/scale.py``). It changes
+# process-wide state: call it from an application's entry point, never at import. It does nothing
+# off glibc (macOS, musl) and for CUDA memory (torch's caching allocator keeps its own reserve).
+# ---------------------------------------------------------------------------------------------
+#: Allocations of at least this many bytes get their own mapping (returned to the OS on free).
+MMAP_THRESHOLD = 1 << 20
+#: The heaps return their free top to the OS once it exceeds this many bytes.
+TRIM_THRESHOLD = 1 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3           # glibc malloc.h
+
+
+def _libc():
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return lib if hasattr(lib, "mallopt") and hasattr(lib, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def return_freed_memory(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD,
+                        children: bool = True) -> bool:
+    """Make freed host memory go back to the OS (glibc ``mallopt``; see the module docstring).
+
+    Args:
+        mmap_threshold: bytes from which an allocation is mapped on its own (fixed: glibc's
+            dynamic raising of the threshold is switched off by setting it).
+        trim_threshold: free bytes at a heap's top above which the heap is trimmed.
+        children: also export ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` so processes
+            started from now on (sweep workers) get the same settings (existing values are kept).
+
+    Returns True when the settings were applied (glibc), False otherwise (nothing changed).
+    Changes process-wide state: call it from an application's entry point, never at import.
+    """
+    lib = _libc()
+    if lib is None:
+        return False
+    ok = bool(lib.mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(lib.mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)))
+    if ok and children:
+        for key, value in (("MALLOC_MMAP_THRESHOLD_", mmap_threshold), ("MALLOC_TRIM_THRESHOLD_", trim_threshold)):
+            os.environ.setdefault(key, str(int(value)))
+    lib.malloc_trim(0)
+    return ok
+
+
+def trim() -> bool:
+    """Return the heaps' free memory to the OS now (glibc ``malloc_trim(0)``); False off glibc."""
+    lib = _libc()
+    return bool(lib.malloc_trim(0)) if lib is not None else False
