@@ -17,15 +17,17 @@ from torch import nn
 #: of the batch's saved graph: the activation gradients flowing back through the graph. Fitted on
 #: the GPT-NeoX 14M/70M/160M shapes with every allocation tracked (peak_new_bytes; 0.43–0.49).
 #: Validated range: GPT-NeoX 14M–160M shapes (benchmarks/README.md "Scale", peak RSS against the
-#: plan); on GPT-NeoX and OLMo-2 (SwiGLU) shapes of hidden 128 × 6 layers and 512 × 2 layers (4 × 64
-#: tokens, float32) the measured pass stayed below the plan (0.83–0.87 of it: the head's chunk
-#: temporaries and this transient do not peak together there).
+#: plan); on GPT-NeoX, Llama and OLMo-2 (SwiGLU) shapes of hidden 128 × 6 layers and 512 × 2 layers
+#: (4 × 64 tokens, float32) one pass's peak RSS stayed below the plan (0.83–0.87 of it with freed
+#: memory returned to the OS, 0.67–0.82 with glibc's defaults: the head's chunk temporaries and this
+#: transient do not peak together there; ``python -m benchmarks.scale --factors``).
 SECOND_BACKWARD_FACTOR = 0.45
 #: The same for one tangent of the forward backend (forward, gradient and their tangents), beyond
-#: 3 gradients. Measured (peak RSS of one product with the CLI's allocator settings, 4 × 64 tokens,
-#: float32, the plain loss): GPT-NeoX 1.49–1.50, Llama 1.53–1.74, OLMo-2 1.66–1.86 at hidden 128 ×
-#: 6 layers and 512 × 2 layers (vocabulary 50,304); 1.9 covers all of them (the pass is then
-#: 0.77–0.99 of the plan). It was 3.0, never measured, which planned the pass 1.6× too large.
+#: 3 gradients. Measured (peak RSS of one product with freed memory returned to the OS, ≈ its live
+#: tensors; 4 × 64 tokens, float32, the plain loss): GPT-NeoX 1.49–1.50, Llama 1.53–1.74, OLMo-2
+#: 1.66–1.86 at hidden 128 × 6 layers and 512 × 2 layers (vocabulary 50,304); 1.9 covers all of
+#: them (the pass is then 0.77–0.99 of the plan; 0.68–0.88 of it with glibc's defaults). Validated
+#: on these shapes only. It was 3.0, never measured, which planned the pass 1.6× too large.
 FORWARD_FACTOR = 1.9
 
 
