@@ -18,9 +18,10 @@ from torch import nn
 #: the GPT-NeoX 14M/70M/160M shapes with every allocation tracked (peak_new_bytes; 0.43–0.49).
 #: Validated range: GPT-NeoX 14M–160M shapes (benchmarks/README.md "Scale", peak RSS against the
 #: plan); on GPT-NeoX, Llama and OLMo-2 (SwiGLU) shapes of hidden 128 × 6 layers and 512 × 2 layers
-#: (4 × 64 tokens, float32) one pass's peak RSS stayed below the plan (0.83–0.87 of it with freed
-#: memory returned to the OS, 0.67–0.82 with glibc's defaults: the head's chunk temporaries and this
-#: transient do not peak together there; ``python -m benchmarks.scale --factors``).
+#: (4 × 64 tokens, float32) one pass's peak RSS stayed below the plan: 0.67–0.82 of it with glibc's
+#: defaults (``python -m benchmarks.scale --factors``), 0.83–0.87 with freed memory returned to the
+#: OS (GPT-NeoX and OLMo-2 at 128 × 6): the head's chunk temporaries and this transient do not peak
+#: together there.
 SECOND_BACKWARD_FACTOR = 0.45
 #: The same for one tangent of the forward backend (forward, gradient and their tangents), beyond
 #: 3 gradients. Measured (peak RSS of one product with freed memory returned to the OS, ≈ its live
