@@ -13,7 +13,12 @@ estimator predicted (``memory["predicted_bytes"]``) and their ratio. A timing ro
 seconds per gradient, per graph build (``create_graph``) and per HVP (sequential second backward
 on a kept graph), and their ratios to the gradient.
 
-``--project`` measures, on 1- and 2-layer slices of the 1B and 7B shapes (bfloat16, one sequence
+``--probes hutchinson+tracked`` (any probe + ``+tracked``) also tracks every tensor allocation of
+the run (geometry.memory.graphs.peak_new_bytes: ``tracked_GB``, the live tensors' peak, beside the
+RSS); ``LOSSLENS_BENCH_ALLOCATOR=cli`` (or ``cli:BYTES``) runs the children with
+geometry.memory.model.return_freed_memory (default: glibc's defaults, as losslens runs). ``--factors`` measures one product of one vector (peak RSS) on small GPT-NeoX, Llama and OLMo-2
+shapes with both backends: the second-backward and forward-backend factors of the memory model
+(geometry.memory.graphs). ``--project`` measures, on 1- and 2-layer slices of the 1B and 7B shapes (bfloat16, one sequence
 of 128 and 256 tokens), the bytes autograd saves per token, and projects what Hutchinson, Hutch++
 and Lanczos need on one 80 GB GPU (memory from the memory model; time from FLOP counts at an
 assumed fraction of the GPU's bf16 peak, with the HVP/gradient ratio measured here), for the
@@ -42,7 +47,13 @@ SHAPES = {
     "pythia-160m": (768, 12, 12, 3072, 50304), "pythia-410m": (1024, 24, 16, 4096, 50304),
     "pythia-1b": (2048, 16, 8, 8192, 50304), "olmo-2-1b": (2048, 16, 16, 8192, 100352),
     "pythia-6.9b": (4096, 32, 32, 16384, 50432), "olmo-2-7b": (4096, 32, 32, 11008, 100352),
+    # small shapes of each family for the pass factors (--factors): hidden × layers, Pythia's vocabulary
+    "pythia-128x6": (128, 6, 4, 512, 50304), "pythia-512x2": (512, 2, 8, 2048, 50304),
+    "olmo-2-128x6": (128, 6, 4, 512, 50304), "olmo-2-512x2": (512, 2, 8, 2048, 50304),
+    "llama-128x6": (128, 6, 4, 512, 50304), "llama-512x2": (512, 2, 8, 2048, 50304),
 }
+#: the --factors grid: one product of one vector per family shape and backend
+FACTOR_SHAPES = ("pythia-128x6", "pythia-512x2", "olmo-2-128x6", "olmo-2-512x2", "llama-128x6", "llama-512x2")
 PROBES = ("hutch++", "hutchinson", "lanczos", "power", "slq", "directional", "blocks", "surface")
 BATCHES, BATCH, SEQ = 2, 4, 64
 
@@ -54,7 +65,12 @@ def build(shape: str, dtype: torch.dtype, layers: int | None = None, seed: int =
     h, L, heads, ff, vocab = SHAPES[shape]
     L = layers or L
     torch.manual_seed(seed)
-    if shape.startswith("olmo"):
+    if shape.startswith("llama"):
+        cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
+                                       intermediate_size=ff, max_position_embeddings=4096, use_cache=False,
+                                       tie_word_embeddings=False)
+        cls = transformers.LlamaForCausalLM
+    elif shape.startswith("olmo"):
         cfg = transformers.Olmo2Config(vocab_size=vocab, hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
                                        intermediate_size=ff, max_position_embeddings=4096, use_cache=False)
         cls = transformers.Olmo2ForCausalLM
@@ -69,6 +85,13 @@ def build(shape: str, dtype: torch.dtype, layers: int | None = None, seed: int =
         return cls(cfg).to(dtype).eval()
     finally:
         torch.set_default_dtype(old)
+
+
+def _rss_file() -> int:
+    """Resident file-backed bytes of this process (code pages of the libraries it has run)."""
+    with open("/proc/self/status") as f:
+        d = dict(line.split(":", 1) for line in f)
+    return int(d.get("RssFile", "0 kB").split()[0]) * 1024
 
 
 def _rss() -> tuple[int, int]:
@@ -91,20 +114,27 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
                           random_plane, spectral_density, top_eigenvalues)
     from geometry.surfaces.grid import GridSpec
     from geometry.surfaces.moving import estimate_memory as surface_memory
-    from geometry.surfaces.moving import forward_bytes
+    from geometry.surfaces.moving import planned_forward_bytes
     from geometry.estimators.trace import block_traces
+    from geometry.memory.graphs import peak_new_bytes
     from probes.core.lm import lm_loss
     from probes.models.curvature import lm_hessian
 
+    track = probe.endswith("+tracked") or os.environ.get("LOSSLENS_BENCH_TRACK") == "1"   # also track allocations
+    probe = probe.removesuffix("+tracked")
     dt = getattr(torch, dtype)
     model = build(shape, dt)
     vocab = SHAPES[shape][4]
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, vocab, (BATCH, SEQ), generator=g) for _ in range(BATCHES)]
-    op = lm_hessian(model, batches, max_memory=max_memory)       # what sharpness and sweeps use
+    backend = probe.split("-", 1)[1] if probe.startswith("pass-") else "reverse"
+    op = lm_hessian(model, batches[:1] if probe.startswith("pass-") else batches, max_memory=max_memory,
+                    backend=backend)                             # what sharpness and sweeps use
     row = {"shape": shape, "dtype": dtype, "probe": probe, "dim": op.dim, "max_memory": max_memory}
     if probe == "timing":
         return {**row, **_timing(op)}
+    if probe.startswith("pass-"):
+        return {**row, **_one_pass(op)}
     graphs = [op.graph_bytes(i) for i in range(len(batches))]        # measured once, before the baseline
     extra_setup = 0
     if probe == "surface":
@@ -113,36 +143,42 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
         extra_setup = 2 * sum(t.numel() * t.element_size() for t in center.values())  # e1, e2 (origin: a copy)
     gc.collect()
     base, _ = _rss()
+    file_base = _rss_file()
     _reset_peak()
+    def work():
+        plan = None
+        if probe == "hutch++":
+            res = hutchpp_trace(op, num_matvecs=30)
+            out = {"value": res.value, "stderr": res.stderr}
+        elif probe == "hutchinson":
+            res = hutchinson_trace(op, num_matvecs=8)
+            out = {"value": res.value, "stderr": res.stderr}
+        elif probe in ("lanczos", "power"):
+            res = top_eigenvalues(op, k=1, method=probe, max_iter=8, tol=1e-3)
+            out = {"value": res.values[0], "converged": res.converged[0], "iterations": res.iterations}
+        elif probe == "slq":
+            res = spectral_density(op, num_runs=2, num_steps=4)
+            out = {"steps": list(res.steps)}
+        elif probe == "directional":
+            d = torch.randn(op.dim, generator=g, dtype=torch.float32) * 1e-3
+            res = directional_curvature(op, d)
+            del d
+            out = {"dHd": res.dHd}
+        elif probe == "blocks":
+            res = block_traces(op, "module", num_matvecs=4)
+            out = {"value": res.total.value}
+        elif probe == "surface":
+            plan = surface_memory(model, plane, max_memory=max_memory, forward=planned_forward_bytes(model, lm_loss, batches[:1]))
+            surf = evaluate_surface(model, lm_loss, batches[:1], plane, GridSpec(resolution=2, x_range=(-1.0, 1.0), y_range=(-1.0, 1.0)),
+                                    max_memory=max_memory)
+            res = None
+            out = {"loss_center": float(surf.loss[0, 0])}
+        else:
+            raise SystemExit(f"unknown probe {probe!r}; choose from {', '.join(PROBES)} or timing")
+        return res, out, plan
+
     t0 = time.perf_counter()
-    if probe == "hutch++":
-        res = hutchpp_trace(op, num_matvecs=30)
-        out = {"value": res.value, "stderr": res.stderr}
-    elif probe == "hutchinson":
-        res = hutchinson_trace(op, num_matvecs=8)
-        out = {"value": res.value, "stderr": res.stderr}
-    elif probe in ("lanczos", "power"):
-        res = top_eigenvalues(op, k=1, method=probe, max_iter=8, tol=1e-3)
-        out = {"value": res.values[0], "converged": res.converged[0], "iterations": res.iterations}
-    elif probe == "slq":
-        res = spectral_density(op, num_runs=2, num_steps=4)
-        out = {"steps": list(res.steps)}
-    elif probe == "directional":
-        d = torch.randn(op.dim, generator=g, dtype=torch.float32) * 1e-3
-        res = directional_curvature(op, d)
-        del d
-        out = {"dHd": res.dHd}
-    elif probe == "blocks":
-        res = block_traces(op, "module", num_matvecs=4)
-        out = {"value": res.total.value}
-    elif probe == "surface":
-        plan = surface_memory(model, plane, max_memory=max_memory, forward=forward_bytes(model, lm_loss, batches[0]))
-        surf = evaluate_surface(model, lm_loss, batches[:1], plane, GridSpec(resolution=2, x_range=(-1.0, 1.0), y_range=(-1.0, 1.0)),
-                                max_memory=max_memory)
-        res = None
-        out = {"loss_center": float(surf.loss[0, 0])}
-    else:
-        raise SystemExit(f"unknown probe {probe!r}; choose from {', '.join(PROBES)} or timing")
+    (res, out, plan), tracked = peak_new_bytes(work) if track else (work(), None)
     seconds = time.perf_counter() - t0
     _, peak = _rss()
     if probe == "blocks":
@@ -154,7 +190,33 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     return {**row, **out, "graph_bytes_per_batch": graphs[0], "predicted_GB": predicted / 1e9,
             "measured_GB": measured / 1e9, "measured/predicted": measured / max(predicted, 1),
             "base_GB": base / 1e9, "peak_GB": peak / 1e9, "plane_GB": extra_setup / 1e9, "seconds": seconds,
-            "num_matvecs": getattr(res, "num_matvecs", 0), "settings": memory.get("settings", {})}
+            "num_matvecs": getattr(res, "num_matvecs", 0), "settings": memory.get("settings", {}),
+            "file_pages_GB": (_rss_file() - file_base) / 1e9,
+            **({"tracked_GB": tracked / 1e9, "tracked/predicted": tracked / max(predicted, 1)} if track else {})}
+
+
+def _one_pass(op) -> dict:
+    """Peak RSS of one product of one vector (graph rebuilt) against the pass the memory model
+    plans, and the factor it implies (geometry.memory.graphs: SECOND_BACKWARD_FACTOR for the
+    reverse backend, FORWARD_FACTOR for the forward one)."""
+    import gc
+
+    grad = op.dim * torch.empty((), dtype=op.param_dtype).element_size()
+    G = op.graph_bytes(0)
+    plan = op.pass_bytes(1, cached=False)
+    V = torch.randn(1, op.dim, dtype=op.dtype)
+    out_bytes = V.numel() * V.element_size()
+    gc.collect()
+    base, _ = _rss()
+    _reset_peak()
+    op.matmat_flat(V)
+    measured = _rss()[1] - base - out_bytes                      # the product's output is not the pass
+    saved = G - grad
+    conv = grad if op.dtype != op.param_dtype else 0
+    rest = measured - (3 * grad if op.backend == "forward" else G + grad + conv) - op.loss_transient_bytes
+    return {"saved_GB": saved / 1e9, "gradient_GB": grad / 1e9, "head_transient_GB": op.loss_transient_bytes / 1e9,
+            "predicted_GB": plan / 1e9, "measured_GB": measured / 1e9, "measured/predicted": measured / plan,
+            "implied_factor": rest / saved}
 
 
 def _timing(op) -> dict:
@@ -315,6 +377,13 @@ def _param_count(shape: str) -> int:
     return int(2 * vocab * h + L * per_layer + 2 * h)
 
 
+def factors(dtypes: tuple[str, ...] = ("float32",), threads: int = 2) -> list[dict]:
+    """The pass factors per family (``--factors``): one product on 4 × 64 tokens per shape of
+    :data:`FACTOR_SHAPES` and backend, each in a fresh subprocess."""
+    return [_run_child(s, f"pass-{b}", d, "64GB", threads) for s in FACTOR_SHAPES for d in dtypes
+            for b in ("reverse", "forward")]
+
+
 def run(quick: bool = False, shapes: tuple[str, ...] | None = None, dtypes: tuple[str, ...] = ("float32",),
         probes: tuple[str, ...] | None = None, max_memory: str = "8GB", threads: int = 2,
         with_projection: bool = False) -> list[dict]:
@@ -334,6 +403,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         torch.set_num_threads(int(os.environ.get("LOSSLENS_BENCH_THREADS", "1")))
+        alloc = os.environ.get("LOSSLENS_BENCH_ALLOCATOR", "glibc")    # "glibc" (as losslens runs), "cli", "cli:BYTES"
+        if alloc.startswith("cli"):                                     # return_freed_memory's settings
+            from geometry.memory.model import MMAP_THRESHOLD, return_freed_memory
+
+            return_freed_memory(int(alloc[4:]) if alloc.startswith("cli:") else MMAP_THRESHOLD)
         print(json.dumps(child(*argv[1:5]), default=str))
         return []
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -344,8 +418,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--project", action="store_true", help="also the 1B/7B projection (slow: builds 1-2 layer slices)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--factors", action="store_true", help="only the pass factors per family (GPT-NeoX, Llama, OLMo-2)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.factors:
+        return emit(factors(tuple(args.dtype.split(",")), args.threads), args.json)
     rows = run(quick=args.quick, shapes=tuple(args.shapes.split(",")) if args.shapes else None, dtypes=tuple(args.dtype.split(",")),
                probes=tuple(args.probes.split(",")) if args.probes else None, max_memory=args.max_memory,
                threads=args.threads, with_projection=args.project)

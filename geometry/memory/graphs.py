@@ -15,11 +15,21 @@ from torch import nn
 
 #: Transient of one second backward beyond its result (one gradient's worth of Hv), as a multiple
 #: of the batch's saved graph: the activation gradients flowing back through the graph. Fitted on
-#: the GPT-NeoX 14M/70M/160M shapes with every allocation tracked (peak_new_bytes; 0.43–0.49);
-#: benchmarks/README.md "Scale" checks the whole model against measured peak RSS.
+#: the GPT-NeoX 14M/70M/160M shapes with every allocation tracked (peak_new_bytes; 0.43–0.49).
+#: Validated range: GPT-NeoX 14M–160M shapes (benchmarks/README.md "Scale", peak RSS against the
+#: plan); on GPT-NeoX, Llama and OLMo-2 (SwiGLU) shapes of hidden 128 × 6 layers and 512 × 2 layers
+#: (4 × 64 tokens, float32) one pass's peak RSS stayed below the plan: 0.67–0.82 of it with glibc's
+#: defaults (``python -m benchmarks.scale --factors``), 0.83–0.87 with freed memory returned to the
+#: OS (GPT-NeoX and OLMo-2 at 128 × 6): the head's chunk temporaries and this transient do not peak
+#: together there.
 SECOND_BACKWARD_FACTOR = 0.45
-#: The same for one tangent of the forward backend (forward, gradient and their tangents).
-FORWARD_FACTOR = 3.0
+#: The same for one tangent of the forward backend (forward, gradient and their tangents), beyond
+#: 3 gradients. Measured (peak RSS of one product with freed memory returned to the OS, ≈ its live
+#: tensors; 4 × 64 tokens, float32, the plain loss): GPT-NeoX 1.49–1.50, Llama 1.53–1.74, OLMo-2
+#: 1.66–1.86 at hidden 128 × 6 layers and 512 × 2 layers (vocabulary 50,304); 1.9 covers all of
+#: them (the pass is then 0.77–0.99 of the plan; 0.68–0.88 of it with glibc's defaults). Validated
+#: on these shapes only. It was 3.0, never measured, which planned the pass 1.6× too large.
+FORWARD_FACTOR = 1.9
 
 
 def itemsize(dtype: torch.dtype) -> int:
@@ -38,6 +48,17 @@ def one_row(batch: Any) -> tuple[int, Any, Any]:
         key = ("s",) + tuple((tuple(t.shape[1:]), t.dtype) for t in batch)
         return batch[0].shape[0], type(batch)(t[:1].clone() for t in batch), key
     return 1, batch, ("whole", id(batch))
+
+
+def first_rows(batch: Any, n: int) -> Any | None:
+    """A copy of the first ``n`` rows of a batch (a tensor, or a tuple/list of tensors sharing
+    their first dimension, of at least ``n`` rows), or None for a batch of any other kind."""
+    if isinstance(batch, torch.Tensor) and batch.ndim >= 1 and batch.shape[0] >= n:
+        return batch[:n].clone()
+    if (isinstance(batch, (tuple, list)) and batch and all(isinstance(t, torch.Tensor) and t.ndim >= 1 for t in batch)
+            and len({t.shape[0] for t in batch}) == 1 and batch[0].shape[0] >= n):
+        return type(batch)(t[:n].clone() for t in batch)
+    return None
 
 
 def saved_graph_bytes(model: nn.Module, build: Callable[[], Any]) -> int:
@@ -101,13 +122,13 @@ def peak_new_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
             self.now -= self.live.pop(ptr, 0)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            before = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+            before = {_ptr(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
             out = func(*args, **(kwargs or {}))
             for t in tree_leaves(out):
                 if not isinstance(t, torch.Tensor) or t.device.type == "meta":
                     continue
                 st = t.untyped_storage()
-                ptr = st.data_ptr()
+                ptr = _ptr(t)
                 if ptr == 0 or ptr in before or ptr in self.live:
                     continue
                 self.live[ptr] = st.nbytes()
@@ -115,6 +136,14 @@ def peak_new_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
                 self.peak = max(self.peak, self.now)
                 weakref.finalize(st, self._free, ptr)
             return out
+
+    def _ptr(t: torch.Tensor) -> int:
+        """The storage address, 0 for wrappers without one (functorch's batched and dual tensors:
+        the dense tensors they wrap are counted when their ops allocate them)."""
+        try:
+            return t.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return 0
 
     mode = _Live()
     with mode:

@@ -9,15 +9,19 @@ Every estimator in losslens states its peak memory as a formula and checks it be
                     of the second backward; see :meth:`geometry.operators.hessian.HessianOperator.pass_bytes`)
 
 ``max_memory`` is the number of bytes an estimator may add on top of what is resident. It is an
-int (bytes), a string such as ``"8GB"``/``"512MiB"``, or None for :func:`default_budget`: a safe
-fraction of what the operator's device has free now. Estimators pick the largest fitting setting
-(block size, Hutch++ sketch, Lanczos basis, graph cache) and record it in their result
-(``memory`` field); when even the smallest setting does not fit they raise
-:class:`MemoryBudgetError` before any work, with the bytes needed, the bytes available and what
-would fit.
+int (bytes), a string such as ``"8GB"``/``"512MiB"``, or None for :func:`default_budget`: a fixed
+fraction of the device's *total* memory (host RAM, or the GPU's memory less what this process's
+tensors hold), never of what happens to be free at call time, so the same machine and settings
+give the same plan and the same numbers. Estimators pick the largest fitting setting (block size,
+Hutch++ sketch, Lanczos basis, graph cache) and record it in their result (``memory`` field; sweeps
+make the numerically relevant ones part of a row's identity, :func:`identity_settings`); when even
+the smallest setting does not fit they raise :class:`MemoryBudgetError` before any work, with the
+bytes needed, the bytes available and what would fit.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 import os
 import re
@@ -30,16 +34,17 @@ from ..base._linalg import CHUNK
 from ..base.results import EstimatorError
 
 __all__ = [
-    "MemoryBudgetError", "MemoryEstimate", "available_bytes", "default_budget", "parse_bytes", "resolve_budget",
+    "MemoryBudgetError", "MemoryEstimate", "available_bytes", "total_bytes", "default_budget", "parse_bytes", "resolve_budget",
+    "identity_settings", "return_freed_memory", "trim",
     "format_bytes", "vector_bytes", "temporaries_bytes", "TEMPORARIES_PART", "CPU_FRACTION", "CUDA_FRACTION",
 ]
 
-#: Fraction of the free memory an estimator takes by default. CPU RAM is shared with the OS, other
-#: processes and the allocator's fragmentation, so a third; a GPU's free memory is ours.
+#: Fraction of the total memory an estimator takes by default. CPU RAM is shared with the OS, other
+#: processes and the model itself, so a third; a GPU's memory (less this process's tensors) is ours.
 CPU_FRACTION = 1 / 3
 #: The same for a GPU, whose free memory is ours.
 CUDA_FRACTION = 0.8
-#: Environment variable overriding the default fraction (of free host RAM or GPU memory). Worker
+#: Environment variable overriding the default fraction (of total host RAM or GPU memory). Worker
 #: processes that share one machine get ``CPU_FRACTION / N`` each (probes.core.workers).
 MEMORY_FRACTION_ENV = "LOSSLENS_MEMORY_FRACTION"
 
@@ -78,18 +83,47 @@ def parse_bytes(value: Any) -> int:
     return int(n)
 
 
-def _cgroup_free() -> int | None:
-    """Bytes left under a cgroup-v2 memory limit (containers), or None without a limit."""
+def _cgroup_limit() -> int | None:
+    """A cgroup-v2 memory limit (containers) in bytes, or None without one."""
     try:
         with open("/sys/fs/cgroup/memory.max") as f:
             limit = f.read().strip()
-        if limit == "max":
-            return None
-        with open("/sys/fs/cgroup/memory.current") as f:
-            used = int(f.read().strip())
-        return max(0, int(limit) - used)
+        return None if limit == "max" else int(limit)
     except (OSError, ValueError):
         return None
+
+
+def _cgroup_free() -> int | None:
+    """Bytes left under a cgroup-v2 memory limit (containers), or None without a limit."""
+    limit = _cgroup_limit()
+    if limit is None:
+        return None
+    try:
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        return max(0, limit - used)
+    except (OSError, ValueError):
+        return None
+
+
+def _host_total() -> int:
+    """Bytes of physical RAM (Linux ``MemTotal``), capped by a cgroup limit."""
+    total = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    total = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if total is None:
+        try:
+            total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            total = 8 * 2**30
+    cg = _cgroup_limit()
+    return min(total, cg) if cg is not None else total
 
 
 def _host_available() -> int:
@@ -123,10 +157,24 @@ def available_bytes(device: torch.device | str) -> int:
     return int(_host_available())
 
 
+def total_bytes(device: torch.device | str) -> int:
+    """Bytes of memory ``device`` has for this process's new tensors, independent of what other
+    processes use: a GPU's total memory less what this process's tensors hold now (the model,
+    the data); host RAM: the physical total (a cgroup limit when lower)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        _free, total = torch.cuda.mem_get_info(device)
+        return int(max(0, total - torch.cuda.memory_allocated(device)))
+    return int(_host_total())
+
+
 def default_budget(device: torch.device | str) -> int:
-    """The default ``max_memory``: :data:`CUDA_FRACTION` of the free GPU memory, or
-    :data:`CPU_FRACTION` of the available host RAM; ``$LOSSLENS_MEMORY_FRACTION`` overrides the
-    fraction (set for worker processes that share the machine)."""
+    """The default ``max_memory``: :data:`CUDA_FRACTION` of :func:`total_bytes` on a GPU,
+    :data:`CPU_FRACTION` of the host's total RAM on a CPU; ``$LOSSLENS_MEMORY_FRACTION`` overrides
+    the fraction (set for worker processes that share the machine). It does not depend on how much
+    memory happens to be free when an estimator starts, so its choices (sketch size, basis) and
+    numbers do not either; a plan larger than what is free then fails or swaps rather than
+    silently changing the result (pass a smaller ``max_memory`` on a busy machine)."""
     device = torch.device(device)
     frac = CUDA_FRACTION if device.type == "cuda" else CPU_FRACTION
     env = os.environ.get(MEMORY_FRACTION_ENV, "").strip()
@@ -137,7 +185,7 @@ def default_budget(device: torch.device | str) -> int:
             raise MemoryBudgetError(f"{MEMORY_FRACTION_ENV} must be a fraction such as 0.25, got {env!r}") from None
         if not 0 < frac <= 1:
             raise MemoryBudgetError(f"{MEMORY_FRACTION_ENV} must be in (0, 1], got {env!r}")
-    return int(frac * available_bytes(device))
+    return int(frac * total_bytes(device))
 
 
 def resolve_budget(max_memory: Any, device: torch.device | str) -> int:
@@ -216,6 +264,27 @@ class MemoryEstimate:
             out.update(host_bytes=self.host_total, host_budget_bytes=self.host_budget,
                        host_parts={k: int(v) for k, v in self.host_parts.items()})
         return out
+
+
+#: Settings a plan may choose that do not change an estimator's numbers: the graph of a batch is
+#: the same graph whether it is kept between products or rebuilt (tests/test_memory_identity.py
+#: checks the values are bit-identical). Every other chosen setting (block size, vmapped chunk,
+#: Hutch++ sketch, Lanczos basis, restarts, basis dtype and device) can change them.
+NEUTRAL_SETTINGS = frozenset({"cache_graphs"})
+
+
+def identity_settings(memory: Any) -> dict[str, Any]:
+    """The chosen settings of a plan that can change its numbers, sorted by name: part of what
+    identifies a result (sweep rows are pooled only when these agree). ``memory``: a
+    :class:`MemoryEstimate`, its :meth:`~MemoryEstimate.to_dict`, or a result's ``memory`` dict
+    (None or {} give {})."""
+    if isinstance(memory, MemoryEstimate):
+        settings = memory.settings
+    elif isinstance(memory, dict):
+        settings = memory.get("settings", {}) or {}
+    else:
+        settings = {}
+    return {k: settings[k] for k in sorted(settings) if k not in NEUTRAL_SETTINGS}
 
 
 def refuse(what: str, smallest: MemoryEstimate, advice: str) -> MemoryBudgetError:
@@ -308,3 +377,69 @@ def basis_storage(op_device: Any, basis_device: Any = None, basis_dtype: torch.d
 def with_basis(parts: dict[str, int], name: str, nbytes: int, on_host: bool) -> tuple[dict[str, int], dict[str, int]]:
     """``(device parts, host parts)`` with the basis entry placed where it lives."""
     return (parts, {name: nbytes}) if on_host else ({name: nbytes, **parts}, {})
+
+
+# ---------------------------------------------------------------------------------------------
+# The host allocator's retention: an opt-in to return freed tensor memory to the OS at once.
+#
+# The memory plan (:mod:`geometry.memory.model`) counts the bytes of live tensors. On Linux, torch's
+# CPU tensors come from glibc ``malloc``, which serves requests below a *dynamic* mmap threshold
+# (128 kB, raised up to 32 MB each time a larger mapped block is freed) from heaps and arenas that
+# keep freed space: resident memory can exceed the live tensors. :func:`return_freed_memory` fixes
+# the threshold, so every allocation of at least ``mmap_threshold`` bytes gets its own mapping,
+# returned to the OS when freed (tests/test_memory_allocator.py shows the mechanism: 200 MB of freed
+# 2 MB tensors leave the process instead of staying resident).
+#
+# **Measured, it does not make the memory plan a cap, so nothing calls it by default.** On the
+# Pythia-70m shape (Hutchinson, 8 HVPs, benchmarks/README.md "Scale"): peak RSS above the model was
+# 1.90 GB with glibc's defaults, 2.10 GB with a 1 MiB threshold (worse: activations of 0.5 MB then
+# come from the heaps) and 1.90 GB with 64 kB (at twice the time), against a plan of 1.80 GB and
+# 1.74 GB of live tensors (every allocation tracked). It stays as an opt-in for experiments
+# (``LOSSLENS_BENCH_ALLOCATOR=cli`` or ``cli:BYTES`` in ``benchmarks/scale.py``). It changes
+# process-wide state: call it from an application's entry point, never at import. It does nothing
+# off glibc (macOS, musl) and for CUDA memory (torch's caching allocator keeps its own reserve).
+# ---------------------------------------------------------------------------------------------
+#: Allocations of at least this many bytes get their own mapping (returned to the OS on free).
+MMAP_THRESHOLD = 1 << 20
+#: The heaps return their free top to the OS once it exceeds this many bytes.
+TRIM_THRESHOLD = 1 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3           # glibc malloc.h
+
+
+def _libc():
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return lib if hasattr(lib, "mallopt") and hasattr(lib, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def return_freed_memory(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD,
+                        children: bool = True) -> bool:
+    """Make freed host memory go back to the OS (glibc ``mallopt``; see the module docstring).
+
+    Args:
+        mmap_threshold: bytes from which an allocation is mapped on its own (fixed: glibc's
+            dynamic raising of the threshold is switched off by setting it).
+        trim_threshold: free bytes at a heap's top above which the heap is trimmed.
+        children: also export ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` so processes
+            started from now on (sweep workers) get the same settings (existing values are kept).
+
+    Returns True when the settings were applied (glibc), False otherwise (nothing changed).
+    Changes process-wide state: call it from an application's entry point, never at import.
+    """
+    lib = _libc()
+    if lib is None:
+        return False
+    ok = bool(lib.mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(lib.mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)))
+    if ok and children:
+        for key, value in (("MALLOC_MMAP_THRESHOLD_", mmap_threshold), ("MALLOC_TRIM_THRESHOLD_", trim_threshold)):
+            os.environ.setdefault(key, str(int(value)))
+    lib.malloc_trim(0)
+    return ok
+
+
+def trim() -> bool:
+    """Return the heaps' free memory to the OS now (glibc ``malloc_trim(0)``); False off glibc."""
+    lib = _libc()
+    return bool(lib.malloc_trim(0)) if lib is not None else False

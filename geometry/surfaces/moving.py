@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..memory.graphs import peak_new_bytes
+from ..memory.graphs import first_rows, one_row, peak_new_bytes
 from ..memory.model import MemoryEstimate, first_fitting, resolve_budget
 from ..base.modes import module_modes
 from ..base.params import ParamGlobs, iter_names
@@ -38,6 +38,31 @@ def forward_bytes(model: nn.Module, loss_fn, batch) -> int:
     (:func:`geometry.memory.graphs.peak_new_bytes`); every module's mode is restored."""
     with module_modes(model, training=False), torch.no_grad():
         return peak_new_bytes(lambda: loss_fn(model, batch))[1]
+
+
+def planned_forward_bytes(model: nn.Module, loss_fn, batches: Sequence[Any], points_per_forward: int = 1) -> int:
+    """The peak bytes of one grid evaluation's forwards, planned before any grid point.
+
+    Batches are evaluated one after another, so the peak is that of the largest batch (most
+    elements). For a tensor batch (or a tuple of tensors sharing dim 0) of B > 2 rows it is
+    measured (:func:`forward_bytes`, at the model's own weights) on copies of its first 1 and
+    2 rows and extrapolated linearly, ``p(B) = p(1) + (B − 1)·(p(2) − p(1))``: activations and
+    logits grow with the rows, the loss's fixed temporaries do not. Other batches are measured
+    whole. ``points_per_forward`` = k > 1 vmaps k points: k times one point's forward. Cost: two
+    forwards of one and two rows (one forward of the batch when it cannot be sliced). Memory:
+    what those forwards allocate."""
+    def size(b) -> int:
+        return sum(t.numel() for t in (b if isinstance(b, (tuple, list)) else [b]) if isinstance(t, torch.Tensor))
+
+    batch = max(batches, key=size)
+    rows = one_row(batch)[0]
+    one, two = first_rows(batch, 1), first_rows(batch, 2)
+    if rows <= 2 or one is None or two is None:
+        peak = forward_bytes(model, loss_fn, batch)
+    else:
+        p1, p2 = forward_bytes(model, loss_fn, one), forward_bytes(model, loss_fn, two)
+        peak = p1 + (rows - 1) * max(0, p2 - p1)
+    return int(max(1, int(points_per_forward)) * peak)
 
 
 def estimate_memory(model: nn.Module, plane: Plane, params: ParamGlobs = None, points_per_forward: int = 1,

@@ -50,10 +50,10 @@ import torch
 from torch import nn
 
 from ..base.batches import normalise_batch_weights
-from ..memory.graphs import peak_new_bytes
 from .grid import GridSpec
 from ..base.modes import module_modes
-from .moving import LossFn, PlaneMover, SurfaceError, concat_batches, estimate_memory, evaluate_point, evaluate_stacked
+from .moving import (LossFn, PlaneMover, SurfaceError, concat_batches, estimate_memory, evaluate_point, evaluate_stacked,
+                     planned_forward_bytes)
 from ..base.params import ParamGlobs
 from .planes import Line, Plane
 
@@ -260,8 +260,10 @@ def evaluate_surface(
 
     max_memory : bytes (or ``"8GB"``) the evaluation may allocate beyond the model and the plane
         (:func:`geometry.surfaces.moving.estimate_memory`: one copy of the moved tensors, more when the plane's
-        dtype/device differ or several points are vmapped, checked before any forward; then the
-        peak of the forwards of one grid evaluation, measured on the first and checked before the rest).
+        dtype/device differ or several points are vmapped, checked before any forward; then with the
+        peak of one grid evaluation's forwards, planned from forwards of 1 and 2 rows of the largest
+        batch at the model's own weights (:func:`geometry.surfaces.moving.planned_forward_bytes`),
+        checked before the model is moved or any grid point is evaluated).
 
     Notes
     -----
@@ -288,18 +290,9 @@ def evaluate_surface(
         raise SurfaceError(f"points_per_forward must be >= 1, got {points_per_forward}")
 
     estimate_memory(model, plane, params, k_pts, max_memory)          # the mover's copies, before any forward
+    forward = planned_forward_bytes(model, loss_fn, list(grid_batches) + list(batches), k_pts)  # 1- and 2-row forwards
+    estimate_memory(model, plane, params, k_pts, max_memory, forward=forward)   # the whole plan, before any point
     mover = PlaneMover(model, plane, params)
-    forward_checked = False
-
-    def checked(fn):
-        """The first grid evaluation measures its forwards' peak and checks the whole plan."""
-        nonlocal forward_checked
-        if forward_checked:
-            return fn()
-        forward_checked = True
-        out, peak = peak_new_bytes(fn)
-        estimate_memory(model, plane, params, k_pts, max_memory, forward=peak)
-        return out
 
     fp = (_fingerprint(plane, x, y, batches, w, list(mover.names) + [f"merge={merge_batches}", f"vmap={k_pts}"])
           if checkpoint_path is not None else "")
@@ -325,13 +318,13 @@ def evaluate_surface(
                 if k_pts == 1:
                     for i in range(nx):
                         mover.set(float(x[i]), float(y[j]))
-                        loss[j, i] = checked(lambda: evaluate_point(model, loss_fn, grid_batches, grid_w))
+                        loss[j, i] = evaluate_point(model, loss_fn, grid_batches, grid_w)
                         bar.update(1)
                 else:
                     mover.restore()
                     for s in range(0, nx, k_pts):
                         xy = [(float(x[i]), float(y[j])) for i in range(s, min(nx, s + k_pts))]
-                        vals = checked(lambda: evaluate_stacked(model, loss_fn, grid_batches, grid_w, mover.stacked(xy)))
+                        vals = evaluate_stacked(model, loss_fn, grid_batches, grid_w, mover.stacked(xy))
                         loss[j, s:s + len(xy)] = vals
                         bar.update(len(xy))
                 n_eval += nx

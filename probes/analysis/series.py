@@ -7,7 +7,8 @@ trajectory); :func:`series_frame` puts several side by side.
 Honesty rules (each can be lifted by an argument, never silently): values whose estimator did not
 converge (``converged`` False, e.g. power iteration stopped at ``max_iter``) are NaN unless
 ``include_unconverged``; :func:`unconverged` names them. A series whose rows were computed with
-different settings (two plans in one store) or series measured on different data raise
+different settings (two plans in one store, or estimators whose memory budgets chose different
+sketch sizes, bases or blocks: the ``chosen`` column) or series measured on different data raise
 :class:`AnalysisError` unless ``allow_mixed``.
 """
 from __future__ import annotations
@@ -121,6 +122,15 @@ def _distinct(sel, column: str) -> list[str]:
 
 def _check_one_setting(key: str, sel) -> None:
     cfg = _distinct(sel, "config_hash")
+    chosen = _distinct(sel, "chosen")
+    if len(chosen) > 1:
+        counts = sel["chosen"].fillna("").astype(str).value_counts()
+        raise AnalysisError(
+            f"series {key!r} pools rows whose estimators chose {len(counts)} different settings within their memory "
+            "budgets (" + "; ".join(f"{c or 'none recorded'}: {n} checkpoints" for c, n in counts.items())
+            + "), e.g. a smaller Hutch++ sketch or Lanczos basis where less memory was allowed; numbers computed "
+              "differently are not comparable. Pass allow_mixed=True (CLI: --allow-mixed) to pool them anyway, or "
+              "rerun with one --max-memory so every checkpoint gets the same settings.")
     if len(cfg) > 1:
         counts = sel["config_hash"].astype(str).value_counts()
         raise AnalysisError(
@@ -142,7 +152,8 @@ def series(df, key: str, include_derived: bool = False, include_unconverged: boo
     ('quant/rtn:4/ppl_gap', 'directional/rtn:4/dHd', 'block_trace/layer0/trace').
     Failed probes give NaN; so do values whose estimator did not converge (the ``converged``
     column is False) unless ``include_unconverged``. Rows of one series computed with different
-    settings (``config_hash``) raise :class:`AnalysisError` unless ``allow_mixed``. Raises
+    settings (``config_hash``, or the settings a memory plan chose: ``chosen``) raise
+    :class:`AnalysisError` unless ``allow_mixed``. Raises
     :class:`AnalysisError` for an unknown or ambiguous key.
     """
     import pandas as pd

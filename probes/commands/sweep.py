@@ -224,7 +224,7 @@ def register(app: typer.Typer) -> None:
         device: Optional[str] = typer.Option(None, "--device"),
         data: Optional[Path] = typer.Option(None, "--data", help="Saved TokenSet file for the curvature set (default: built)."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's)."),
-        max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory each estimator may use beyond the model, e.g. 8GB (default: a third of free RAM / 80% of free GPU memory)."),
+        max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory each estimator may use beyond the model, e.g. 8GB (default: a third of the total RAM / 80% of the GPU memory not held by the model; what each estimator chose is in the output)."),
         dtype: Optional[str] = typer.Option(None, "--dtype", help="Load the weights as float32 (default), bfloat16, float16 or float64."),
         max_iter: int = typer.Option(100, "--max-iter", help="Eigen solver iterations (power) or Lanczos steps."),
         tol: float = typer.Option(1e-3, "--tol", help="Eigen solver tolerance: converged means ‖Hv − λv‖ ≤ tol·|λ|."),

@@ -135,8 +135,9 @@ def explain_specs(model: nn.Module, specs: Sequence, curvature, calibration=None
     specs = list(specs)
     if not specs:
         raise ExplainError("no quantizer spec given; pass e.g. ['rtn:4:g128']")
+    plan_trace = (trace_method, trace_matvecs) if trace is None else None   # planned before any quantizer runs
     measures = [measure_direction(model, s, curvature, calibration, modules, within=(blocks,) if within else (),
-                                  max_memory=max_memory, backend=backend) for s in specs]
+                                  max_memory=max_memory, plan_trace=plan_trace, backend=backend) for s in specs]
     names = {m.names for m in measures}
     if len(names) != 1:
         raise ExplainError("the quantizers moved different sets of matrices; explain them separately")

@@ -23,9 +23,13 @@ import torch
 from torch import nn
 
 from geometry.estimators.attribution import direction_parts, within_block_curvature
+from geometry.estimators.directional import estimate_memory as direction_memory
+from geometry.estimators.trace import estimate_memory as trace_memory
+from geometry.estimators.trace import plan_probe_blocks
 from geometry.base.params import literal_glob
 from geometry.base.results import DirectionParts, TraceEstimate
 from probes.core.lm import evaluate
+from probes.core.modules import select_linears
 from probes.models.curvature import lm_hessian
 from probes.quant import quantize
 
@@ -116,8 +120,38 @@ def quantized_direction(model: nn.Module, spec, calibration=None, modules=None):
     return {n: (qparams[n].detach() - params[n].detach()) for n in names}, qm
 
 
+def plan_curvature(model: nn.Module, curvature, modules=None, within: Sequence[str] = (), max_memory=None,
+                   trace: tuple[str, int] | None = None, backend: str = "reverse") -> dict[str, dict]:
+    """Check, before any quantizer runs, that the curvature steps of an explanation fit ``max_memory``.
+
+    The space of δ is known before quantizing: the weights of the linears ``modules`` selects
+    (:func:`probes.core.modules.select_linears`, as :func:`probes.quant.quantize` does). On the LM
+    Hessian of that space this plans δᵀg and δᵀHδ (:func:`geometry.estimators.directional.estimate_memory`),
+    the within-block curvatures of each partition in ``within``, and, when ``trace`` =
+    ``(method, num_matvecs)``, tr H. Raises :class:`~geometry.memory.model.MemoryBudgetError` when
+    one does not fit. Returns the plans (``MemoryEstimate.to_dict``) by step. Cost: no HVP; the
+    operator measures one batch's graph on one row (a forward and backward of one sequence).
+    """
+    names = [f"{n}.weight" for n in select_linears(model, modules)]
+    plans: dict[str, dict] = {}
+    with _grad_enabled(model):
+        op = direction_operator(model, names, curvature, max_memory=max_memory, backend=backend)
+        plans["direction"] = direction_memory(op, max_memory).to_dict()
+        for partition in dict.fromkeys(within):
+            groups = glob_groups(block_members(model, names, partition))
+            plans[f"within {partition}"] = plan_probe_blocks(op, len(groups), None, max_memory,
+                                                             "within-block curvature").to_dict()
+        if trace is not None:
+            method, matvecs = trace
+            if method not in TRACE_METHODS:
+                raise ExplainError(f"trace method {method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
+            plans["trace"] = trace_memory(op, method, int(matvecs), max_memory).to_dict()
+    return plans
+
+
 def measure_direction(model: nn.Module, spec, curvature, calibration=None, modules=None,
-                      within: Sequence[str] = (), max_memory=None, backend: str = "reverse") -> DirectionMeasure:
+                      within: Sequence[str] = (), max_memory=None, plan_trace: tuple[str, int] | None = None,
+                      backend: str = "reverse") -> DirectionMeasure:
     """Quantize, then δᵀg, δᵀHδ, ‖δ‖² per quantized matrix and L(θ̂) − L(θ) on ``curvature``.
 
     Args:
@@ -128,13 +162,18 @@ def measure_direction(model: nn.Module, spec, curvature, calibration=None, modul
         within: block partitions (:data:`probes.explain.blocks.PARTITIONS`) whose within-block
             curvatures δ_bᵀH_bbδ_b to compute (one HVP per block).
         max_memory: estimator memory budget (bytes or ``"8GB"``).
+        plan_trace: ``(method, num_matvecs)`` of a tr H estimate that will follow on the same space,
+            planned with the rest (:func:`plan_curvature`) before the quantizer runs.
         backend: HVP backend (:func:`probes.models.curvature.lm_hessian`).
 
+    Every curvature step's memory is planned (:func:`plan_curvature`) before quantizing: a budget
+    that cannot hold them raises :class:`~geometry.memory.model.MemoryBudgetError` before GPTQ runs.
     Cost: the quantizer; one gradient + 1 HVP (+ one HVP per within block); one forward pass of
     θ̂ over the curvature set. Memory: δ, g, Hδ (three vectors of the quantized matrices' size),
     one quantized copy of the model.
     """
     t0 = time.perf_counter()
+    plan_curvature(model, curvature, modules, within, max_memory, plan_trace, backend)
     with _grad_enabled(model):
         delta, qm = quantized_direction(model, spec, calibration, modules)
         q_loss = evaluate(qm.model, list(curvature)).loss
@@ -168,5 +207,5 @@ def direction_trace(model: nn.Module, names: Sequence[str], curvature, num_matve
         return fn(op, num_matvecs=num_matvecs, seed=seed, max_memory=max_memory)
 
 
-__all__ = ["DirectionMeasure", "ExplainError", "measure_direction", "direction_trace", "direction_operator",
+__all__ = ["DirectionMeasure", "ExplainError", "measure_direction", "plan_curvature", "direction_trace", "direction_operator",
            "quantized_direction", "TRACE_METHODS"]

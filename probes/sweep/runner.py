@@ -109,9 +109,11 @@ class CheckpointState:
 
             e = self.plan.explain
             within = e.blocks if e is not None and e.within and spec in e.specs else ()
+            trace = (e.trace_method, e.trace_matvecs) if e is not None and spec in e.specs else None
             self._directions[spec] = measure_direction(self.model, spec, list(self.data("curvature")),
                                                        self.token_sets.get("calibration"), self.plan.quant_modules, within,
-                                                       max_memory=self.plan.max_memory, backend=self.plan.backend)
+                                                       max_memory=self.plan.max_memory, plan_trace=trace,
+                                                       backend=self.plan.backend)
         return self._directions[spec]
 
 
@@ -162,7 +164,7 @@ def _explain(st: CheckpointState, task: Task) -> ProbeRow:
     return ProbeRow(st_label(st), "explain", task.spec, metrics=ms,
                     extra={"dim": m.parts.dim, "trace_method": trace.method, "trace_hvps": int(trace.num_matvecs),
                            "trace_estimated_here": bool(spent), "direction_shared": not fresh,
-                           "layer_errors": dict(m.layer_errors), "within_hvps": m.within_matvecs},
+                           "layer_errors": dict(m.layer_errors), "within_hvps": m.within_matvecs, "memory": trace.memory},
                     n_hvp=spent + m.within_matvecs + (int(m.parts.num_matvecs) if fresh else 0), seed=o["seed"])
 
 

@@ -38,7 +38,8 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     TokenSet file for the curvature set (default: built). ``num_threads``: torch threads for the
     estimators (None: torch's default). ``allow_pickle``: load torch files that need full pickle.
     ``max_memory``: bytes or ``"8GB"`` each estimator may allocate beyond the model (default: a
-    third of the free RAM, 80% of the free GPU memory; :mod:`geometry.memory.model`); what each chose
+    third of the total RAM, 80% of the GPU memory this process's tensors do not hold; never what
+    happens to be free, so reruns choose the same settings: :mod:`geometry.memory.model`); what each chose
     (sketch size, block, basis, graph cache) is returned under ``memory``. ``dtype``: ``float32``
     (default), ``bfloat16``, ``float16`` or ``float64`` to load the weights in; products run in it,
     estimator algebra in float32 at least. ``backend``: the HVP backend (``reverse``, ``forward``,

@@ -55,9 +55,13 @@ from .store_errors import StoreError, _damaged, _guarded, check_plan as _check_p
 
 RESULT_COLUMNS = ["run", "checkpoint", "step", "tokens", "lr", "derived", "probe", "spec", "metric", "value",
                   "stderr", "ci_low", "ci_high", "n_hvp", "seconds", "status", "error", "seed", "data_hash",
-                  "converged", "threads", "plan_hash", "config_hash"]
+                  "converged", "threads", "plan_hash", "config_hash", "chosen"]
 """Columns of :meth:`Store.results`, in order (CONTRACT.md). ``converged``: the estimator's flag
-for that value (nullable bool; NA when the probe has no stopping criterion)."""
+for that value (nullable bool; NA when the probe has no stopping criterion). ``chosen``: the
+settings the estimator's memory plan chose that can change its numbers (sketch size, basis, block,
+...; :func:`geometry.memory.model.identity_settings` of ``extra["memory"]``) as canonical JSON, ""
+when it chose none: with ``config_hash`` it identifies how a value was computed, and analysis
+refuses to pool values whose ``chosen`` differ unless ``allow_mixed``."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -388,7 +392,7 @@ class Store:
              dh, ph, ch, extra, conv, threads) in self.conn.execute(q):
             base = dict(run=run, checkpoint=ckpt, step=step, tokens=tokens, lr=lr, derived=bool(derived) if derived is not None else False,
                         probe=probe, n_hvp=n_hvp, seconds=seconds, status=status, error=error, seed=seed, data_hash=dh,
-                        threads=threads, plan_hash=ph, config_hash=ch)
+                        threads=threads, plan_hash=ph, config_hash=ch, chosen=chosen_settings(extra))
             key = (pos if pos is not None else 1 << 30, order.get(probe, len(order)), rid)
             ms = json.loads(metrics or "[]")
             if not ms:
@@ -438,6 +442,21 @@ class Store:
         """Row counts: ``{"ok": n, "failed": m, "checkpoints": c}``."""
         return {"ok": self.count("ok"), "failed": self.count("failed"),
                 "checkpoints": self.conn.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0]}
+
+
+def chosen_settings(extra: str | dict | None) -> str:
+    """The ``chosen`` column of a row: canonical JSON of the numerically relevant settings its
+    memory plan chose (``extra["memory"]``), "" when it has no plan or chose none."""
+    from geometry.memory.model import identity_settings
+
+    if isinstance(extra, str):
+        try:
+            extra = json.loads(extra or "{}")
+        except ValueError:
+            return ""
+    memory = extra.get("memory") if isinstance(extra, dict) else None
+    chosen = identity_settings(memory) if isinstance(memory, dict) else {}
+    return json.dumps(chosen, sort_keys=True, default=str) if chosen else ""
 
 
 def _int(x):
