@@ -2,7 +2,8 @@
 #   make demo   -> creates .venv, installs losslens, runs `losslens demo --out demo-out`
 #   make test   -> creates .venv, installs losslens with dev extras (+ headless Chromium when
 #                  possible), runs the test suite
-#   make check  -> the house rules (ARCHITECTURE.md): module sizes, no import circles, geometry's imports
+#   make check  -> the house rules (ARCHITECTURE.md): module sizes, no import circles, geometry's imports;
+#                  and every measured number / "exact" claim of README.md names its test or benchmark row
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -46,6 +47,7 @@ bench: $(VENV)/.installed-dev
 # The house rules of ARCHITECTURE.md (stdlib only: needs no virtual environment).
 check:
 	$(PYTHON) scripts/check_house.py
+	$(PYTHON) scripts/check_doc_claims.py README.md
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT)

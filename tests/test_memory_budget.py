@@ -279,3 +279,17 @@ def test_estimators_allocate_what_their_plan_says(case):
     res, peak = peak_new_bytes(runs[case])
     predicted = res.memory["predicted_bytes"]
     assert 0.75 * predicted <= peak <= predicted + 4096, (case, peak, predicted, res.memory["parts"])
+
+
+def test_chunk_temporaries_are_at_most_84_MB():
+    """README: the float64 chunk temporaries of the reductions take ≤ 84 MB whatever the dimension
+    (at most 5 alive, in Lanczos and SLQ, of CHUNK float64 numbers each)."""
+    import re
+    from pathlib import Path
+
+    from geometry.memory.model import temporaries_bytes
+
+    counts = {int(c or 3) for f in Path("geometry/estimators").glob("*.py")
+              for c in re.findall(r"temporaries_bytes\(op\.dim(?:, (\d+))?\)", f.read_text())}
+    assert counts and max(counts) == 5
+    assert temporaries_bytes(10**12, max(counts)) <= 84e6 < temporaries_bytes(10**12, max(counts) + 1)

@@ -193,7 +193,8 @@ def series_frame(df, keys: Sequence[str], include_derived: bool = False, include
 def checkpoint_runs(df, index):
     """(run label [n], time order [n] of positions) of the checkpoints in ``index`` (the index of a
     :func:`series_frame` of ``df``): which run each checkpoint belongs to, and the positions sorted
-    by run (first appearance) then step, so that each run's checkpoints form one time series.
+    by run label, then step (then label), so that each run's checkpoints form one time series and
+    the order does not depend on the order of the table's rows.
     A table without a ``run`` column is one run."""
     import numpy as np
 
@@ -205,7 +206,6 @@ def checkpoint_runs(df, index):
         raise AnalysisError(f"checkpoints {missing[:3]} are not in the results table")
     run = key.loc[list(index), "_run"].to_numpy(object)
     step = key.loc[list(index), "step"].astype(float).to_numpy() if "step" in key.columns else np.arange(len(index), dtype=float)
-    first = {r: i for i, r in reversed(list(enumerate(run)))}
     pos = np.arange(len(index))
-    order = np.array(sorted(pos, key=lambda i: (first[run[i]], np.nan_to_num(step[i], nan=np.inf), i)), dtype=int)
+    order = np.array(sorted(pos, key=lambda i: (run[i], np.nan_to_num(step[i], nan=np.inf), str(index[i]))), dtype=int)
     return run, order
