@@ -32,16 +32,18 @@ def _se(rate: float, reps: int) -> float:
 
 
 def test_unrelated_trending_runs_interval_and_p_at_nominal_rate():
-    """x and y drift slowly within every run (AR(1), φ = 0.5, the same law in every run) but are
+    """Every run's x follows the same trend (a rise over the run, as a sharpness series does) plus a
+    slow drift; every run's y drifts slowly (AR(1), φ = 0.5, the same law in every run); x and y are
     independent: the true correlation is 0. The i.i.d. pair bootstrap and scipy's p exclude 0 far
     more often than 5%; the block bootstrap within runs covers 0 and the circular-shift test rejects
     at their nominal 95% / 5%, within 3 binomial standard errors over the replicates."""
     rng = np.random.default_rng(2024)
     runs, m, reps = 2, 400, 200
     g = np.repeat(np.arange(runs), m)
+    trend = np.tile(np.linspace(-1.5, 1.5, m), runs)
     cover = reject = iid_cover = iid_reject = 0
     for i in range(reps):
-        x, y = _ar1(rng, runs, m, 0.5), _ar1(rng, runs, m, 0.5)
+        x, y = _ar1(rng, runs, m, 0.5) + trend, _ar1(rng, runs, m, 0.5)
         c = correlate(x, y, groups=g, n_boot=200, n_perm=39, seed=i)
         cover += c.ci_low <= 0 <= c.ci_high
         reject += c.p < 0.05
