@@ -2,7 +2,7 @@
 (docs/science.md §6).
 
 * :func:`correlate` — Pearson, Spearman or Kendall r over the pooled checkpoints, with
-  - a 95% interval from a **moving-block bootstrap within runs** (blocks of ``block_len``
+  - a 95% interval from a **circular-block bootstrap within runs** (blocks of ``block_len``
     consecutive checkpoints of one run, chosen from the lag-1 autocorrelation and recorded;
     :func:`~.dependence.block_length`);
   - a two-sided **permutation p-value from circular shifts within runs**: y's series of each run
@@ -52,12 +52,12 @@ class Correlation:
     """A correlation coefficient with a dependence-aware p-value and 95% interval.
 
     ``n``: pairs used; ``n_excluded``: pairs dropped because of a NaN; ``n_eff``: effective sample
-    size (≤ n); ``n_runs``: runs; ``block_len``: moving-block length used (``block_rule``: what
+    size (≤ n); ``n_runs``: runs; ``block_len``: circular-block length used (``block_rule``: what
     the autocorrelation asked for, ``lag1``: the lag-1 autocorrelation it came from);
     ``n_boot_failed``: bootstrap resamples with an undefined r, excluded from the interval;
     ``n_perm``: shift arrangements compared (``p_exact``: all of them); ``p_iid``: scipy's p
     assuming independent pairs (for comparison only); ``inference``: :data:`DEPENDENT` or
-    :data:`DESCRIPTIVE`; ``note``: why something is descriptive or capped;
+    :data:`DESCRIPTIVE` (no honest p-value: ``p`` is NaN); ``note``: why something is descriptive, missing or capped;
     ``covariates``: names of the controls for a partial correlation (empty otherwise).
     """
 
@@ -208,7 +208,7 @@ def _finish(r, p_iid, plan: _Plan, lo, hi, failed, null, exact, n, n_excl, metho
     p = _perm_p(r, null, exact) if plan.test else math.nan
     return Correlation(r, p, lo, hi, n, n_excl, method, int(n_boot), failed, tuple(names), plan.n_eff, len(plan.runs),
                        plan.block_len, plan.block_rule, plan.lag1, int(null.size) if plan.test else 0, bool(exact and plan.test),
-                       p_iid, DEPENDENT if plan.test and plan.interval else DESCRIPTIVE, "; ".join(plan.notes))
+                       p_iid, DEPENDENT if plan.test else DESCRIPTIVE, "; ".join(plan.notes))
 
 
 # --------------------------------------------------------------------------- correlation
@@ -312,7 +312,7 @@ def partial_correlation(x, y, covariates, method: str = "pearson", n_boot: int =
 
     ``covariates``: [n] or [n, k] array, a pandas Series/DataFrame, or ``{name: [n] values}``.
     ``method``: 'pearson' (on the values) or 'spearman' (everything replaced by ranks first).
-    r = Pearson r of the two residual vectors. Interval: moving-block bootstrap within runs of the
+    r = Pearson r of the two residual vectors. Interval: circular-block bootstrap within runs of the
     rows (x, y, covariates together; residualised again in every resample). p: Freedman–Lane —
     y's residuals rotated within runs, residualised on the covariates again, correlated with x's
     residuals. Block length and n_eff from the residuals. ``p_iid``: the t-test with

@@ -9,8 +9,8 @@ intact; :mod:`.correlation` uses them.
 - :func:`run_index` — the positions of each run (runs in order of first appearance; within a run
   the given order is time order).
 - :func:`autocorrelation` — lag-k autocorrelation pooled over runs; lag pairs never cross runs.
-- :func:`block_length` — the block length, from the lag-1 autocorrelation (AR(1) plug-in
-  rule of Bühlmann & Künsch 1999 for the moving-block bootstrap):
+- :func:`block_length` — the block length, from the lag-1 autocorrelation (a plug-in rule for
+  block-bootstrap variance estimation: the n^(1/3) rate with an AR(1) constant):
   ``b = ceil((3m/2)^(1/3) · (2ρ/(1 − ρ²))^(2/3))``, m the median run length, ρ the larger
   |lag-1 autocorrelation| of the two series (each centred on its run mean, ρ ≤ 0.95).
 - :func:`effective_n` — Bartlett's effective sample size of a correlation between two
