@@ -3,7 +3,8 @@
 #   make test   -> creates .venv, installs losslens with dev extras (+ headless Chromium when
 #                  possible), runs the test suite
 #   make docs   -> the docs site (Sphinx, offline, strict) in docs/_build/html
-#   make check  -> the house rules (ARCHITECTURE.md): module sizes, no import circles, geometry's imports
+#   make check  -> the house rules (ARCHITECTURE.md): module sizes, no import circles, geometry's imports;
+#                  and every measured number / "exact" claim of README.md names its test or benchmark row
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -52,6 +53,7 @@ docs: $(VENV)/.installed-dev
 # The house rules of ARCHITECTURE.md (stdlib only: needs no virtual environment).
 check:
 	$(PYTHON) scripts/check_house.py
+	$(PYTHON) scripts/check_doc_claims.py README.md
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -146,18 +146,36 @@ class DemoResult:
     phases: dict
     seconds: dict
     explain: str = ""
+    failures: dict = field(default_factory=dict)
+    problems: list = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every probe row of every run is ``ok``; 1 when some failed (:attr:`failures`: run →
+        failed rows). Analyses that could not be computed (:attr:`problems`) are flagged in the
+        summary and the report, not in the exit status: the data, not the run, lacked something."""
+        return 1 if self.failures else 0
 
     def summary_text(self) -> str:
         lines = ["Final checkpoint of each run (ΔQ L = L(θ̂)/L(θ) − 1, in %):", self.final.to_string(index=False), ""]
         head = self.correlations
         if len(head):
-            lines.append("Sharpness vs quantization error across all checkpoints of all runs:")
+            lines.append("Sharpness vs quantization error across all checkpoints of all runs (each run a time series: "
+                         "block-bootstrap 95% interval within runs, circular-shift permutation p, effective n):")
             for _, r in head.iterrows():
                 ctrl = f" | {r['controls']}" if r["controls"] else ""
+                p = f"p={r['p']:.2g}" if math.isfinite(r["p"]) else "p: descriptive"
                 lines.append(f"  {r['method']:>8} r({r['x']}, ΔQ {r['y']}{ctrl}) = {r['r']:+.3f} "
-                             f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] p={r['p']:.2g} n={int(r['n'])}")
+                             f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] {p} n={int(r['n'])} n_eff={r['n_eff']:.1f} "
+                             f"block={int(r['block_len'])}" + (f" ({r['note']})" if r["note"] else ""))
         if self.explain:
             lines += ["", "Why ΔQ changes (explain probe; natural-log shares, see explain.md):", self.explain]
+        if self.failures:
+            lines += ["", "FAILED (exit status 1):"]
+            lines += [f"  {n} probe row(s) failed in {run}; see the report's failed rows or the store's error column"
+                      for run, n in self.failures.items()]
+        if self.problems:
+            lines += ["", "NOT COMPUTED:"] + [f"  {p}" for p in self.problems]
         lines.append("")
         lines.append(f"report: {self.report}")
         lines.append(f"store:  {self.store}")
@@ -298,14 +316,17 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
     sets = default_token_sets(first, shapes={"eval": settings.eval_shape, "calibration": settings.calibration_shape,
                                              "curvature": settings.curvature_shape}, seed=settings.seed)
     store_path = out / "results.sqlite"
+    failures: dict[str, int] = {}
+    problems: list[str] = []
     for run in settings.runs:
         echo(f"[demo] sweeping {run.name}")
         local = executor == "local"
         report = run_sweep(trajectories[run.name], settings.plan(run), out=store_path, token_sets=sets,
                            progress=progress, executor=executor, pool=pool if local else None,
                            num_workers=1 if local and pool is None else None)
-        if report.n_failed:
-            echo(f"[demo] {report.n_failed} probe(s) failed in {run.name}; see the store's error column")
+        if report.n_failed_total:  # this call's failures and the ones kept from an earlier call
+            failures[run.name] = report.n_failed_total
+            echo(f"[demo] {report.n_failed_total} probe(s) failed in {run.name}; see the store's error column")
     seconds["sweep"] = time.perf_counter() - t0
 
     with Store(store_path) as store:
@@ -318,7 +339,8 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
         try:
             phases[run.name] = detect_phases(ok[ok["run"] == run.name], gap=settings.headline_spec)
         except AnalysisError as exc:
-            echo(f"[demo] phases of {run.name}: {exc}")
+            problems.append(f"phases of {run.name} not computed: {exc}")
+            echo(f"[demo] {problems[-1]}")
 
     t0 = time.perf_counter()
     from geometry.surfaces.surface import Surface
@@ -347,20 +369,32 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
             explain_text = format_check(explanation)
             (out / "explain.md").write_text(explain_text + "\n")
         except AnalysisError as exc:
-            echo(f"[demo] explain analysis: {exc}")
+            problems.append(f"explain analysis not computed: {exc}")
+            echo(f"[demo] {problems[-1]}")
     final = final_table(ok, settings)
+    bad_rows = [f"{row['x']} vs {row['y']} ({row['method']}{', | ' + row['controls'] if row['controls'] else ''}): "
+                f"{row['note']}" for _, row in correlations.iterrows() if not math.isfinite(row["r"])]
+    problems += [f"correlation not computed: {b}" for b in bad_rows]
     notes = ("Embedded demo: tiny GPT-NeoX trajectories trained here on the package's corpus. "
-             f"Headline quantizer {settings.headline_spec}; correlations pool every real checkpoint of every run.")
+             f"Headline quantizer {settings.headline_spec}; correlations pool every real checkpoint of every run, "
+             "each run one time series (intervals and p-values resample within runs).")
+    if failures:
+        notes += (" FAILED: " + "; ".join(f"{n} probe row(s) failed in {r}" for r, n in failures.items())
+                  + " (listed below); the demo exits with status 1.")
+    if problems:
+        notes += " NOT COMPUTED: " + "; ".join(problems) + "."
     report_path = build_report(df, out / "report.html", correlations=correlations, phases=phases,
                                surfaces={f"{k} ({settings.headline_spec})": v for k, v in surfaces.items()},
                                plan=plan0, title="losslens demo: sharpness and quantization error along training",
                                notes=notes, explanation=explanation)
     result = DemoResult(out=out, report=Path(report_path), store=store_path, results=df, final=final,
                         correlations=correlations, phases={k: v.to_dict() for k, v in phases.items()}, seconds=seconds,
-                        explain=_driver_lines(explanation))
+                        explain=_driver_lines(explanation), failures=failures, problems=problems)
     (out / "summary.json").write_text(json.dumps({"final": final.to_dict(orient="records"),
                                                   "correlations": correlations.to_dict(orient="records"),
-                                                  "phases": result.phases, "seconds": seconds}, indent=2, default=str))
+                                                  "phases": result.phases, "seconds": seconds, "failures": failures,
+                                                  "problems": problems, "exit_code": result.exit_code},
+                                                 indent=2, default=str))
     return result
 
 

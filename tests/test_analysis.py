@@ -26,7 +26,9 @@ def test_correlate_matches_scipy(xy, method, ref):
     c = correlate(x, y, method=method, n_boot=500, seed=3)
     want = ref(x, y)
     assert c.r == pytest.approx(want.statistic, abs=1e-12)
-    assert c.p == pytest.approx(want.pvalue, rel=1e-9)
+    assert c.p_iid == pytest.approx(want.pvalue, rel=1e-9)
+    # one run of 40: all 40 circular shifts (exact test); the observed alignment is the extreme one
+    assert c.p_exact and c.n_perm == 40 and c.p == pytest.approx(1 / 40)
     assert c.n == 40 and c.n_excluded == 0 and c.method == method
     assert c.ci_low < c.r < c.ci_high
     assert -1 <= c.ci_low and c.ci_high <= 1
@@ -34,8 +36,8 @@ def test_correlate_matches_scipy(xy, method, ref):
 
 def test_bootstrap_is_seeded_and_percentile(xy):
     x, y = xy
-    a = correlate(x, y, n_boot=400, seed=7)
-    b = correlate(x, y, n_boot=400, seed=7)
+    a = correlate(x, y, n_boot=400, seed=7, block_len=1)  # blocks of 1 in one run = the i.i.d. pair bootstrap
+    b = correlate(x, y, n_boot=400, seed=7, block_len=1)
     assert a == b
     # the percentile interval of a direct loop equals ours
     rng = np.random.default_rng(7)
@@ -44,7 +46,7 @@ def test_bootstrap_is_seeded_and_percentile(xy):
     lo, hi = np.quantile(boot, [0.025, 0.975])
     assert a.ci_low == pytest.approx(lo, abs=1e-10) and a.ci_high == pytest.approx(hi, abs=1e-10)
     # spearman bootstrap agrees with a loop too
-    s = correlate(x, y, method="spearman", n_boot=200, seed=2)
+    s = correlate(x, y, method="spearman", n_boot=200, seed=2, block_len=1)
     rng = np.random.default_rng(2)
     idx = rng.integers(0, 40, size=(200, 40))
     boot = [stats.spearmanr(x[i], y[i]).statistic for i in idx]
@@ -111,7 +113,7 @@ def test_partial_correlation_matches_residual_formula_and_t_test():
     t = r * math.sqrt(dof / (1 - r * r))
     c = partial_correlation(x, y, Z, n_boot=200)
     assert c.r == pytest.approx(r, abs=1e-10)
-    assert c.p == pytest.approx(2 * stats.t.sf(abs(t), dof), rel=1e-8)
+    assert c.p_iid == pytest.approx(2 * stats.t.sf(abs(t), dof), rel=1e-8)
     # the residual on a single covariate equals the textbook formula
     z = Z[:, 0]
     rxy, rxz, ryz = (stats.pearsonr(a, b).statistic for a, b in ((x, y), (x, z), (y, z)))

@@ -58,3 +58,25 @@ def test_demo_rerun_resumes_without_recomputing(demo_dir):
     with Store(out / "results.sqlite") as st:
         after = st.raw()[["run", "checkpoint", "probe", "spec", "created"]]
     assert after.equals(before)  # nothing rewritten
+
+
+def test_demo_exits_1_and_flags_failed_probes(demo_dir):
+    """A probe row stored as failed (here: marked so in the store, as a crash would leave it) makes
+    the demo exit 1, with the failure in the summary, on stderr and in the report; it used to exit 0."""
+    import sqlite3
+
+    out, _ = demo_dir
+    run = QUICK.runs[0].name
+    with sqlite3.connect(out / "results.sqlite") as con:
+        n = con.execute("UPDATE results SET status = 'failed', error = 'RuntimeError: planted failure' "
+                        "WHERE id = (SELECT MIN(id) FROM results WHERE run = ? AND probe = 'kurtosis')", (run,)).rowcount
+    assert n == 1
+    result = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out), "--quiet"])
+    assert result.exit_code == 1, result.output
+    assert f"FAILED (exit status 1):\n  1 probe row(s) failed in {run}" in result.output
+    assert f"error: 1 probe row(s) failed in {run}" in result.output
+    html = (out / "report.html").read_text()
+    assert 'data-note="failed"' in html and f"1 probe row(s) failed in {run}" in html
+    # the correlation table shows the dependence-aware statistics
+    assert "block-bootstrap 95% interval within runs" in result.output and "n_eff=" in result.output
+    assert ">n_eff</th>" in html and ">inference</th>" in html

@@ -172,7 +172,7 @@ def test_half_precision_model_gets_float32_estimator_vectors():
     assert rel(out, ref) < 0.1
 
 
-def test_bf16_model_trace_and_lambda_max_within_10_percent_of_float32(tiny_trajectory):
+def test_bf16_model_trace_and_lambda_max_within_half_a_percent_of_float32(tiny_trajectory):
     """Same weights, seed and data: products in bfloat16, estimator algebra in float32."""
     from geometry.estimators.eigen import top_eigenvalues
     from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
@@ -191,4 +191,5 @@ def test_bf16_model_trace_and_lambda_max_within_10_percent_of_float32(tiny_traje
     }
     for name, run in runs.items():
         f32, b16 = run(ops[torch.float32]), run(ops[torch.bfloat16])
-        assert f32 > 0 and abs(b16 - f32) <= 0.1 * abs(f32), (name, f32, b16)
+        # README's claim; measured 2026-11-24: Hutch++ 5.9e-4, Hutchinson 1e-5, power 9e-5, Lanczos 9e-5
+        assert f32 > 0 and abs(b16 - f32) <= 0.005 * abs(f32), (name, f32, b16)

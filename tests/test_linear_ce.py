@@ -57,7 +57,7 @@ def test_exact_hessian_of_the_lean_lm_loss_equals_the_plain_one(factory):
     H_plain, _ = exact_hessian(model, lm_loss, batches)
     H_lean, _ = exact_hessian(model, lm_loss_lean, batches)
     assert lean_head_status(model) == "lean"
-    assert float((H_lean - H_plain).abs().max()) <= 1e-10 * float(H_plain.abs().max())
+    assert float((H_lean - H_plain).abs().max()) <= 1e-13 * float(H_plain.abs().max())  # README's claim (measured ~2e-16)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -68,7 +68,7 @@ def test_every_family_lean_products_equal_plain_products(family):
     a, b = HessianOperator(model, lm_loss, batches), HessianOperator(model, lm_loss_lean, batches)
     V = torch.randn(2, a.dim, dtype=torch.float64, generator=g)
     ha, hb = a.matmat(V), b.matmat(V)
-    assert float((ha - hb).norm() / ha.norm()) < 1e-10
+    assert float((ha - hb).norm() / ha.norm()) < 1e-13  # README's claim
     assert lean_head_status(model) == "lean"
 
 

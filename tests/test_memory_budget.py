@@ -340,3 +340,17 @@ def test_lanczos_planner_gives_convergence_its_basis_before_the_graph_cache():
     with pytest.raises(MemoryBudgetError, match="method='power'"):
         eigen_memory(op, 1, "lanczos", 100, total(1 + SMALLEST_EXTRA, False) - 1)
     assert eigen_memory(op, 1, "lanczos", 100, total(1 + SMALLEST_EXTRA, False)).settings["basis_size"] == 5
+
+
+def test_chunk_temporaries_are_at_most_51_MB():
+    """README: the float64 chunk temporaries of the reductions take ≤ 51 MB whatever the dimension
+    (every estimator plans 3 alive, of CHUNK float64 numbers each)."""
+    import re
+    from pathlib import Path
+
+    from geometry.memory.model import CHUNK_TEMPORARIES, temporaries_bytes
+
+    counts = {int(c or CHUNK_TEMPORARIES) for f in Path("geometry/estimators").glob("*.py")
+              for c in re.findall(r"temporaries_bytes\(op\.dim(?:, (\d+))?\)", f.read_text())}
+    assert counts and max(counts) == 3
+    assert temporaries_bytes(10**12, max(counts)) <= 51e6 < temporaries_bytes(10**12, max(counts) + 1)

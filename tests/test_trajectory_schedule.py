@@ -118,3 +118,12 @@ def test_from_hub_mixes_names_and_patterns():
     assert olmo.with_schedule(None, 3_000_000, override=False)[0].tokens == 1_500_000_000  # 500 x 3M, not the name's 2B
     with pytest.raises(NoCheckpointsError, match="matches 'step3\\*'.*hf download org/x --revision REV"):
         Trajectory.from_hub("org/x", ["step1*", "step3*"], available=avail)
+
+
+def test_pythia_floor_is_not_an_end_value():
+    """README: at step 82,000 the Pythia cosine (to zero, floored at 10%) is at 40% of the peak; a
+    cosine that *ends* at 10% (same warm-up and lag) would give 46% there."""
+    sched = PRESETS["pythia-160m"]
+    assert sched.lr(82_000) / sched.peak == pytest.approx(0.40, abs=0.005)
+    t = (82_000 - 1 - 1430) / 143_000  # the scheduler one step behind, after the warm-up (as the preset)
+    assert 0.1 + 0.9 * (1 + math.cos(math.pi * t)) / 2 == pytest.approx(0.46, abs=0.005)

@@ -27,7 +27,9 @@ a rerun with the same plane, grid and data skips the finished rows. A file writt
 plane/grid/data raises :class:`SurfaceError` rather than being overwritten.
 
 NaN. A non-finite loss at a grid point is kept (NaN/inf in ``Surface.loss``), counted in
-``Surface.n_nonfinite``, reported with a warning, and drawn as a hole (never interpolated).
+``Surface.n_nonfinite``, reported with a warning, and drawn as a hole (never interpolated). A
+non-finite loss at a *marked* point (A, B, the quantized C) raises :class:`SurfaceError`: the
+surface is drawn around those points and means nothing without them.
 
 Cost: (nx·ny + number of marked points) × len(batches) forward passes, plus two passes over the
 moved parameters per point; memory: one clone of the moved parameters (plus the plane's tensors
@@ -343,11 +345,16 @@ def evaluate_surface(
     n_bad = int(bad.sum())
     loss = np.where(bad, np.nan, loss)
     bad_points = [k for k, v in point_losses.items() if not math.isfinite(v[2])]
-    if n_bad or bad_points:
-        warnings.warn(
-            f"{n_bad} of {nx * ny} grid points gave a non-finite loss"
-            + (f" (and marked points {bad_points})" if bad_points else "")
-            + "; kept as NaN and drawn as holes", RuntimeWarning, stacklevel=2)
+    if n_bad:
+        warnings.warn(f"{n_bad} of {nx * ny} grid points gave a non-finite loss; kept as NaN and drawn as holes",
+                      RuntimeWarning, stacklevel=2)
+    if bad_points:  # the surface is drawn around these points: without them it means nothing
+        raise SurfaceError(
+            f"the loss at marked point(s) {bad_points} is not finite "
+            f"({', '.join(f'{k}: {point_losses[k][2]}' for k in bad_points)}): the weights at that point or the loss "
+            "on these batches are NaN/inf. Check the checkpoint's weights (and the quantized ones for a quantization "
+            "plane) before drawing its surface"
+            + (f"; the grid rows done so far are kept in {checkpoint_path}" if checkpoint_path is not None else ""))
     n_points = n_eval + len(marked)
     meta = {
         "n_batches": len(batches),

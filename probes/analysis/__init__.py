@@ -7,8 +7,9 @@ Inputs are per-checkpoint series pulled out of the tidy results DataFrame of
 :meth:`probes.sweep.Store.results`. Modules:
 
 - :mod:`.series`      -- :func:`series` / :func:`series_frame`: one per-checkpoint series by a short key;
-- :mod:`.correlation` -- :func:`correlate` (Pearson, Spearman, Kendall with bootstrap intervals) and
-  :func:`partial_correlation`;
+- :mod:`.correlation` -- :func:`correlate` (Pearson, Spearman, Kendall) and :func:`partial_correlation`,
+  each run a time series: block-bootstrap intervals within runs, circular-shift p-values, effective n;
+- :mod:`.dependence`  -- the resampling plans behind them (blocks, shifts, autocorrelation, n_eff);
 - :mod:`.phases`      -- :func:`convergence_onset`, :func:`divergence_onset`, :func:`detect_phases`
   (seed 004's phases);
 - :mod:`.summary`     -- :func:`summary` (a table of correlations for several x/y pairs) and

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from .inputs import AnalysisError
 
-__all__ = ["series", "series_frame", "unconverged", "CHECKPOINT_COLUMNS"]
+__all__ = ["series", "series_frame", "unconverged", "checkpoint_runs", "CHECKPOINT_COLUMNS"]
 
 CHECKPOINT_COLUMNS = ("step", "tokens", "lr")
 _DEFAULT_METRIC = {"loss": "loss", "quant": "rel_loss_error", "trace": "trace", "eigen": "lambda_1",
@@ -199,3 +199,24 @@ def series_frame(df, keys: Sequence[str], include_derived: bool = False, include
                   "to pool them anyway, or sweep each data set into its own store.")
     return pd.concat([series(df, k, include_derived=include_derived, include_unconverged=include_unconverged,
                              allow_mixed=allow_mixed) for k in keys], axis=1)
+
+
+def checkpoint_runs(df, index):
+    """(run label [n], time order [n] of positions) of the checkpoints in ``index`` (the index of a
+    :func:`series_frame` of ``df``): which run each checkpoint belongs to, and the positions sorted
+    by run label, then step (then label), so that each run's checkpoints form one time series and
+    the order does not depend on the order of the table's rows.
+    A table without a ``run`` column is one run."""
+    import numpy as np
+
+    q = _run_qualified(df)
+    runs = q["run"].astype(str) if "run" in q.columns else None
+    key = q.assign(_run=runs if runs is not None else "run").drop_duplicates("checkpoint").set_index("checkpoint")
+    missing = [c for c in index if c not in key.index]
+    if missing:
+        raise AnalysisError(f"checkpoints {missing[:3]} are not in the results table")
+    run = key.loc[list(index), "_run"].to_numpy(object)
+    step = key.loc[list(index), "step"].astype(float).to_numpy() if "step" in key.columns else np.arange(len(index), dtype=float)
+    pos = np.arange(len(index))
+    order = np.array(sorted(pos, key=lambda i: (run[i], np.nan_to_num(step[i], nan=np.inf), str(index[i]))), dtype=int)
+    return run, order

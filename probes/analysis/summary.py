@@ -1,5 +1,9 @@
 """Summary tables of a sweep: correlations (plain and partial) for several x/y pairs, and the
-statistics a report shows (:func:`analyse`)."""
+statistics a report shows (:func:`analyse`).
+
+Checkpoints of one run are a time series: every row's interval resamples blocks within runs, its
+p-value rotates each run's series (circular shifts) and n_eff stands next to n
+(:mod:`.correlation`, docs/science.md §6)."""
 from __future__ import annotations
 
 import math
@@ -8,25 +12,31 @@ from typing import Sequence
 from .correlation import correlate, partial_correlation
 from .inputs import METHODS, AnalysisError, check_method, check_n_boot
 from .phases import detect_phases
-from .series import series_frame, unconverged
+from .series import checkpoint_runs, series_frame, unconverged
 
-__all__ = ["summary", "analyse"]
+__all__ = ["summary", "analyse", "COLUMNS"]
+
+COLUMNS = ["x", "y", "method", "controls", "r", "ci_low", "ci_high", "p", "n", "n_eff", "n_runs", "block_len", "n_perm",
+           "inference", "n_excluded", "n_unconverged", "note"]
 
 
 def summary(df, x: str | Sequence[str] | None = None, y: str | Sequence[str] | None = None,
             controls: Sequence[str] | str | None = None, methods: Sequence[str] = ("pearson", "spearman"),
             n_boot: int = 2000, seed: int = 0, include_derived: bool = False, include_unconverged: bool = False,
-            allow_mixed: bool = False):
-    """Correlation table: one row per (x, y, method, controls) with r, CI, p, n, n_excluded,
-    n_unconverged.
+            allow_mixed: bool = False, n_perm: int = 2000):
+    """Correlation table: one row per (x, y, method, controls) with the columns :data:`COLUMNS`:
+    r, the block-bootstrap 95% interval [ci_low, ci_high], the circular-shift permutation p (NaN
+    when 'descriptive'), n, n_eff, runs, block length, shift arrangements compared, inference
+    ('block bootstrap + circular shifts' or 'descriptive'), n_excluded, n_unconverged and a note.
 
+    The checkpoints of every run in ``df`` are pooled; each run is one time series (ordered by step).
     Defaults: x = every curvature/weight series present (trace, lambda_max, kurtosis); y = every
     quantizer spec present (its rel_loss_error). With ``controls`` each pair also gets a partial
     correlation row (Pearson/Spearman only). Values whose estimator did not converge are left out
     (counted in ``n_excluded`` and, separately, in ``n_unconverged``) unless ``include_unconverged``.
     Pairs that cannot be computed (too few points, constant series, rows of different settings or
     data without ``allow_mixed``) get a row with NaNs and the reason in ``note``. An unknown method
-    or a negative ``n_boot`` raises :class:`AnalysisError`.
+    or a negative ``n_boot`` raises :class:`AnalysisError`. Cost per row: O((n_boot + n_perm) · n).
     """
     import pandas as pd
 
@@ -39,6 +49,7 @@ def summary(df, x: str | Sequence[str] | None = None, y: str | Sequence[str] | N
     ys = _keys(y) if y is not None else list(dict.fromkeys(df.loc[df["probe"] == "quant", "spec"]))
     ctrl = _keys(controls) if controls else []
     opts = dict(include_derived=include_derived, include_unconverged=include_unconverged, allow_mixed=allow_mixed)
+    stat = dict(n_boot=n_boot, seed=seed, n_perm=n_perm)
     rows = []
     for xk in xs:
         for yk in ys:
@@ -52,20 +63,24 @@ def summary(df, x: str | Sequence[str] | None = None, y: str | Sequence[str] | N
                         if not include_unconverged:
                             bad = set().union(*(unconverged(df, k, include_derived) for k in (xk, yk, *cv)))
                             n_unconv = len(bad & set(frame.index))
+                        runs, order = checkpoint_runs(df, frame.index)
+                        frame, runs = frame.iloc[order], runs[order]
                         if cv:
-                            c = partial_correlation(frame[xk], frame[yk], frame[list(cv)], method=m, n_boot=n_boot, seed=seed)
+                            c = partial_correlation(frame[xk].to_numpy(float), frame[yk].to_numpy(float),
+                                                    frame[list(cv)], method=m, groups=runs, **stat)
                         else:
-                            c = correlate(frame[xk], frame[yk], method=m, n_boot=n_boot, seed=seed)
-                        row.update(r=c.r, ci_low=c.ci_low, ci_high=c.ci_high, p=c.p, n=c.n, n_excluded=c.n_excluded,
-                                   n_unconverged=n_unconv, note="")
+                            c = correlate(frame[xk].to_numpy(float), frame[yk].to_numpy(float), method=m, groups=runs, **stat)
+                        row.update(r=c.r, ci_low=c.ci_low, ci_high=c.ci_high, p=c.p, n=c.n, n_eff=c.n_eff, n_runs=c.n_runs,
+                                   block_len=c.block_len, n_perm=c.n_perm, inference=c.inference, n_excluded=c.n_excluded,
+                                   n_unconverged=n_unconv, note=c.note)
                     except AnalysisError as exc:
                         why = (f" ({n_unconv} value(s) left out because their estimator did not converge; "
                                "include_unconverged=True / --include-unconverged keeps them)") if n_unconv else ""
-                        row.update(r=math.nan, ci_low=math.nan, ci_high=math.nan, p=math.nan, n=0, n_excluded=0,
-                                   n_unconverged=n_unconv, note=f"{exc}{why}")
+                        row.update(r=math.nan, ci_low=math.nan, ci_high=math.nan, p=math.nan, n=0, n_eff=math.nan, n_runs=0,
+                                   block_len=0, n_perm=0, inference="", n_excluded=0, n_unconverged=n_unconv,
+                                   note=f"{exc}{why}")
                     rows.append(row)
-    cols = ["x", "y", "method", "controls", "r", "ci_low", "ci_high", "p", "n", "n_excluded", "n_unconverged", "note"]
-    return pd.DataFrame(rows, columns=cols)
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def _keys(v) -> list[str]:
@@ -76,25 +91,27 @@ def _keys(v) -> list[str]:
 
 def analyse(df, n_boot: int = 2000, include_unconverged: bool = False, allow_mixed: bool = False):
     """Correlation table and per-run phases of a results table (whatever can be computed): what
-    ``losslens report`` shows (options as in :func:`summary`).
+    ``losslens report`` shows (options as in :func:`summary`; every run's checkpoints are pooled,
+    each run one time series).
 
-    Returns ``(correlations DataFrame | None, {run: Phases} | None, notes)``."""
+    Returns ``(correlations DataFrame | None, {run: Phases} | None, notes)``. What cannot be
+    computed for a reason in the data (:class:`AnalysisError`) becomes a note the report shows;
+    anything else is a bug and is raised."""
     notes: list[str] = []
     correlations = None
     runs = list(dict.fromkeys(df["run"].fillna("run"))) if "run" in df else ["run"]
     try:
-        base = df[df["run"].fillna("run") == runs[0]] if len(runs) > 1 else df
-        correlations = summary(base, n_boot=n_boot, include_unconverged=include_unconverged, allow_mixed=allow_mixed)
+        correlations = summary(df, n_boot=n_boot, include_unconverged=include_unconverged, allow_mixed=allow_mixed)
         if len(runs) > 1:
-            notes.append(f"correlations computed on run {runs[0]!r}")
-    except Exception as exc:
-        notes.append(f"correlations unavailable: {exc}")
+            notes.append(f"correlations pool the checkpoints of {len(runs)} runs; intervals and p-values resample within runs")
+    except AnalysisError as exc:
+        notes.append(f"correlations not computed: {exc}")
     phases = {}
     qspecs = [s for s in dict.fromkeys(df.loc[df["probe"] == "quant", "spec"]) if isinstance(s, str)]
     for run in runs:
         sub = df[df["run"].fillna("run") == run] if "run" in df else df
         try:
             phases[run if len(runs) > 1 else ""] = detect_phases(sub, gap=qspecs[0] if qspecs else "rtn:4")
-        except Exception as exc:
-            notes.append(f"phases of {run!r} unavailable: {exc}")
+        except AnalysisError as exc:
+            notes.append(f"phases of {run!r} not computed: {exc}")
     return correlations, (phases or None), notes

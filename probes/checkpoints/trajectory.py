@@ -21,7 +21,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -381,8 +380,11 @@ def _trainer_states(root: Path, refs: list[CheckpointRef]) -> list[dict]:
         if f.is_file():
             try:
                 states.append(json.loads(f.read_text()))
-            except ValueError:
-                warnings.warn(f"ignoring unreadable {f}")
+            except (ValueError, UnicodeDecodeError) as exc:  # its LR and tokens would silently go missing
+                raise CorruptCheckpointError(
+                    f"{f} is not valid JSON ({exc}); the learning rates and tokens of this trajectory come from it. "
+                    "Repair it (the HF Trainer writes it next to each checkpoint), or delete it and give the schedule "
+                    "with --schedule / a trajectory.json") from exc
     return states
 
 

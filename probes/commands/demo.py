@@ -30,3 +30,8 @@ def register(app: typer.Typer) -> None:
         typer.echo("")
         typer.echo(result.summary_text())
         typer.echo("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items()))
+        if result.exit_code:
+            failed = "; ".join(f"{n} probe row(s) failed in {r}" for r, n in result.failures.items())
+            typer.echo(f"error: {failed}; "
+                       f"the rest of the study is done and the report lists the failed rows: {result.report}", err=True)
+            raise typer.Exit(result.exit_code)

@@ -52,16 +52,29 @@ def print_table(df, title: str, console=None) -> None:
 
 def correlation_summary(df, x=None, y=None, controls=None, methods=("pearson", "spearman"), n_boot: int = 2000):
     """The summary table printed at the end of a sweep (x: curvature series, y: quantizer specs;
-    a partial correlation on LR when there are enough checkpoints)."""
-    from probes.analysis import series, summary
+    a partial correlation on LR when there are enough checkpoints). Why there is no LR control,
+    when there is none, is in ``table.attrs["notes"]`` (printed under the table)."""
+    import probes.analysis as analysis
 
+    notes: list[str] = []
     if controls is None:
+        controls = []
         try:
-            lr = series(df, "lr")
-            controls = ["lr"] if lr.notna().sum() >= 5 and lr.nunique() > 1 else []
-        except Exception:
-            controls = []
-    return summary(df, x=x, y=y, controls=controls, methods=methods, n_boot=n_boot)
+            lr = analysis.series(df, "lr")
+        except analysis.AnalysisError as exc:
+            notes.append(f"no partial correlation on lr: {exc}")
+        else:
+            known = int(lr.notna().sum())
+            if known < 5:
+                notes.append(f"no partial correlation on lr: only {known} checkpoint(s) record their LR (needs 5; "
+                             "give --schedule or a trajectory.json)")
+            elif lr.nunique() <= 1:
+                notes.append(f"no partial correlation on lr: it is constant ({lr.dropna().iloc[0]:g}) over the checkpoints")
+            else:
+                controls = ["lr"]
+    tab = analysis.summary(df, x=x, y=y, controls=controls, methods=methods, n_boot=n_boot)
+    tab.attrs["notes"] = notes
+    return tab
 
 
 def print_phases(df, console=None, gap: str | None = None) -> None:
@@ -208,6 +221,8 @@ def register(app: typer.Typer) -> None:
         tab = correlation_summary(df)
         if len(tab):
             print_table(tab, "correlations across checkpoints", con)
+        for note in tab.attrs.get("notes", []):
+            con.print(f"  note: {note}")
         print_phases(df, con)
         _exit_with_failures(report)
 
@@ -323,7 +338,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(tab.to_json(orient="records", indent=2))
         else:
             print_table(tab, f"correlations ({results.name})")
-        bad = tab[tab["note"] != ""]
+        bad = tab[tab["r"].isna()]  # a note alone (descriptive, block capped) is information, not a failure
         if len(bad) == len(tab) and len(tab):
             typer.echo(f"error: {bad['note'].iloc[0]}", err=True)
             raise typer.Exit(1)

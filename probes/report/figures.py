@@ -318,8 +318,11 @@ def _corr_text(correlation) -> str:
     s = f"{method}{' | ' + ctrl if ctrl else ''} r = {r:+.3f} [95% CI {lo:+.3f}, {hi:+.3f}]"
     if p is not None and not (isinstance(p, float) and math.isnan(p)):
         s += f", p = {float(p):.3g}"
+    elif c.get("inference") == "descriptive":
+        s += ", p: descriptive"
+    n_eff = c.get("n_eff")
     if n is not None:
-        s += f", n = {int(n)}"
+        s += f", n = {int(n)}" + (f" (effective {n_eff:.1f})" if isinstance(n_eff, float) and math.isfinite(n_eff) else "")
     return s
 
 

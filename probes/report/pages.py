@@ -38,7 +38,7 @@ h1{font-size:1.6em;margin-bottom:0}h2{border-bottom:1px solid #ddd;padding-botto
 .sub{color:#666;margin-top:4px}.figure{margin:12px 0 24px 0;border:1px solid #eee;border-radius:4px}
 table{border-collapse:collapse;font-size:.9em;margin:8px 0}th,td{border:1px solid #ddd;padding:3px 8px;text-align:right}
 th{background:#f5f5f5}td.l,th.l{text-align:left}pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:.85em}
-nav a{margin-right:12px}.note{color:#666;font-size:.9em}
+nav a{margin-right:12px}.note{color:#666;font-size:.9em}.failed{color:#b00020;font-weight:bold}
 """
 
 
@@ -95,6 +95,19 @@ def _correlation_rows(correlations) -> list[dict]:
             rows.append({"pair": name, **d})
         return rows
     return [c.to_dict() if hasattr(c, "to_dict") else dict(c) for c in correlations]
+
+
+def _flagged(notes: str) -> bool:
+    """Notes that say something failed or was not computed are shown in red (class "failed")."""
+    return any(w in notes.lower() for w in ("failed", "not computed"))
+
+
+def _descriptive(row: dict) -> dict:
+    """A row whose p-value is NaN because no honest one exists shows 'descriptive' in its place."""
+    p = row.get("p")
+    if row.get("inference") == "descriptive" and isinstance(p, float) and math.isnan(p):
+        return {**row, "p": "descriptive"}
+    return row
 
 
 def _phase_rows(phases) -> list[dict]:
@@ -242,14 +255,19 @@ def build_report(
     if ex:
         sections.append(("explain", "Why quantization error changes", ex))
 
-    crows = _correlation_rows(correlations)
+    crows = [_descriptive(r) for r in _correlation_rows(correlations)]
     if crows:
-        cols = [c for c in ("pair", "x", "y", "method", "controls", "covariates", "r", "ci_low", "ci_high", "p", "n",
-                            "n_excluded", "n_unconverged", "note") if any(c in r for r in crows)]
+        cols = [c for c in ("pair", "x", "y", "method", "controls", "covariates", "r", "ci_low", "ci_high", "p", "n", "n_eff",
+                            "n_runs", "block_len", "n_perm", "inference", "n_excluded", "n_unconverged", "note")
+                if any(c in r for r in crows)]
         sections.append(("correlations", "Correlations",
-                         '<p class="note">r with bootstrap 95% interval [ci_low, ci_high] and p-value across checkpoints '
-                         '(derived checkpoints excluded).</p>' + _table(crows, cols, left=("pair", "x", "y", "method", "controls",
-                                                                                             "covariates", "note"))))
+                         '<p class="note">r across checkpoints (derived checkpoints excluded), pooled over runs. Checkpoints '
+                         'of one run are a time series, not independent draws: [ci_low, ci_high] is a 95% interval from a '
+                         'block bootstrap within runs (blocks of block_len checkpoints, from the autocorrelation); p is a '
+                         'permutation p-value from circular shifts of each run\'s series (n_perm arrangements); n_eff is the '
+                         'effective number of independent pairs. "descriptive": too few arrangements for an honest p-value. '
+                         'Both are conditional on the runs observed (docs/science.md §6).</p>'
+                         + _table(crows, cols, left=("pair", "x", "y", "method", "controls", "covariates", "inference", "note"))))
     urows = unconverged_table(df)
     if urows:
         sections.append(("unconverged", f"Not converged ({len(urows)})",
@@ -305,7 +323,8 @@ def build_report(
         f"<script type=\"text/javascript\">/* plotly.js {plotly.__version__} embedded */{get_plotlyjs()}</script>"
         "</head><body>"
         f"<h1>{html.escape(title)}</h1><p class=\"sub\">generated {created} by losslens</p>"
-        + (f"<p>{html.escape(notes)}</p>" if notes else "")
+        + ((f'<p class="failed" data-note="failed">{html.escape(notes)}</p>' if _flagged(notes)
+            else f"<p>{html.escape(notes)}</p>") if notes else "")
         + f"<nav>{nav}</nav>{body}</body></html>\n"
     )
     tmp = out_path.with_suffix(out_path.suffix + ".tmp")

@@ -349,12 +349,10 @@ def get_loader(trajectory, device=None, dtype=None, allow_pickle: bool = False):
         loader = CheckpointLoader(trajectory, dtype=dtype, device=device, allow_pickle=allow_pickle)
         _LOADERS[key] = loader
     else:
-        # the trajectory may have gained derived checkpoints since; let the loader know them
+        # the trajectory may have gained derived checkpoints since; let the loader know them (a loader
+        # that cannot take them would load a stale trajectory: that is a bug, and it is raised)
         if hasattr(loader, "trajectory"):
-            try:
-                loader.trajectory = trajectory
-            except Exception:
-                pass
+            loader.trajectory = trajectory
     return loader
 
 
