@@ -31,7 +31,9 @@ import numpy as np
 from .selection import AccuracyError, TaskSelection, TaskUnavailable, load_tasks, quiet_lm_eval
 from .stats import mean_stderr
 
-__all__ = ["TaskScore", "score_model", "subsample", "prepare_tasks"]
+__all__ = ["TaskScore", "score_model", "subsample", "prepare_tasks", "prepared_once"]
+
+_PREPARED: dict = {}
 
 
 @dataclass
@@ -123,6 +125,17 @@ def prepare_tasks(selection: TaskSelection, limit: int | None = None, num_fewsho
         out[name] = {"top": top, "leaves": leaves, "fewshot": shots, "samples": samples, "sizes": sizes, "version": version,
                      "manager": manager}
     return out
+
+
+def prepared_once(selection: TaskSelection, limit: int | None = None, num_fewshot: int | None = None,
+                  seed: int = 0) -> dict[str, Any]:
+    """:func:`prepare_tasks`, kept per process for the last settings (a sweep scores every
+    checkpoint on the same loaded tasks; lm-eval's own task index costs ~10 s to build)."""
+    key = (selection, limit, num_fewshot, seed)
+    if key not in _PREPARED:
+        _PREPARED.clear()
+        _PREPARED[key] = prepare_tasks(selection, limit, num_fewshot, seed)
+    return _PREPARED[key]
 
 
 def _score(name: str, prep: Mapping[str, Any], samples: Mapping[str, list], limit, seed, keep: bool) -> TaskScore:
