@@ -79,3 +79,21 @@ def test_accuracy_settings_are_validated():
         Plan(accuracy=AccuracyProbe(specs=("rtn:99",)))
     assert Plan.from_dict({"probes": {"accuracy": {"tasks": ["embedded"], "limit": 5}}}).accuracy.limit == 5
     assert Plan().hash == Plan(accuracy=None).hash
+
+
+def test_cli_accuracy_json(traj):
+    import json
+
+    from typer.testing import CliRunner
+
+    from probes.cli import app
+
+    ck = traj[-1].location
+    res = CliRunner().invoke(app, ["accuracy", str(ck), "--tasks", "embedded", "--spec", SPEC, "--limit", "12",
+                                   "--n-boot", "50", "--json"])
+    assert res.exit_code == 0, res.output
+    recs = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    by = {(r["variant"], r["task"]): r for r in recs}
+    assert by[("fp", TASK_NAME)]["n"] == 12 and "delta_acc" in by[(f"{SPEC}", "mean")]
+    bad = CliRunner().invoke(app, ["accuracy", str(ck), "--tasks", "/nonexistent/x.yaml"])
+    assert bad.exit_code == 2 and "does not exist" in bad.output

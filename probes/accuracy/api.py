@@ -57,7 +57,11 @@ class AccuracyReport:
                     if v not in self.means:
                         continue
                     r = {"variant": v, "task": MEAN, "acc": self.means[v][0], "acc_stderr": self.means[v][1],
-                         "n": sum(self.scores[v][x].n for x in self.scored_tasks), "metric": "acc"}
+                         "n": sum(self.scores[v][x].n for x in self.scored_tasks), "metric": "acc",
+                         "tasks": list(self.scored_tasks)}
+                    missing = [x for x in self.tasks if x not in self.scored_tasks]
+                    if missing:
+                        r["note"] = f"mean over {len(self.scored_tasks)} of {len(self.tasks)} tasks (missing: {', '.join(missing)})"
                 else:
                     r = {"variant": v, "task": t, "acc": s.acc if s.acc is not None else s.acc_norm,
                          "acc_stderr": s.acc_stderr if s.acc is not None else s.acc_norm_stderr, "n": s.n,
