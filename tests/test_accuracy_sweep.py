@@ -22,7 +22,7 @@ def traj():
 
 
 def _plan(tasks=("embedded",), **kw):
-    return Plan(loss=True, accuracy=AccuracyProbe(tasks=tasks, specs=(SPEC,), limit=20, n_boot=100, **kw),
+    return Plan(loss=True, quant=(SPEC,), accuracy=AccuracyProbe(tasks=tasks, specs=(SPEC,), limit=20, n_boot=100, **kw),
                 data=DataSpec(eval=(1, 4, 64), calibration=(1, 4, 64), curvature=(1, 2, 64)))
 
 
@@ -33,7 +33,7 @@ def test_accuracy_rows_match_the_function_and_resume(traj, tmp_path):
     q = plan.accuracy.specs[0]                                          # the canonical spec string
     assert keys == ["fp", f"fp@{TASK_NAME}", q, f"{q}@{TASK_NAME}"]
     rep = run_sweep(traj, plan, out=out, progress=False)
-    assert rep.n_failed == 0 and rep.n_ok == len(traj) * 5
+    assert rep.n_failed == 0 and rep.n_ok == len(traj) * 6
     with Store(out) as st:
         df = st.results()
     acc = df[df["probe"] == "accuracy"]
@@ -52,8 +52,20 @@ def test_accuracy_rows_match_the_function_and_resume(traj, tmp_path):
     assert val(f"{spec}@{TASK_NAME}", "rel_drop") == pytest.approx(direct.deltas[SPEC][TASK_NAME].rel_drop, nan_ok=True)
     s = series(df, f"accuracy/{SPEC}/delta_acc")                      # correlate's series key for Δacc
     assert len(s) == len(traj) and np.isfinite(s.to_numpy()).all()
+    assert np.allclose(series(df, f"delta_acc:{SPEC}").to_numpy(), s.to_numpy())
+    from probes.analysis.accuracy import accuracy_verdict
+    from probes.report.accuracy_figures import accuracy_pairs
+    from probes.report.pages import build_report
+
+    pairs = accuracy_pairs(df)
+    assert len(pairs) == len(traj) and set(pairs["spec"]) == {q}
+    v = accuracy_verdict(df, q, n_boot=200)
+    assert v["answer"] in ("yes", "no", "not resolved") and "Spearman" in v["text"]
+    assert v["n"] == len(traj) or "constant" in v["text"]
+    page = build_report(df, tmp_path / "report.html").read_text()
+    assert "Loss vs task accuracy" in page and 'data-figure="loss_vs_accuracy"' in page and "Does task accuracy fall" in page
     again = run_sweep(traj, plan, out=out, progress=False)              # resumable: nothing recomputed
-    assert again.n_run == 0 and again.n_skipped == len(traj) * 5
+    assert again.n_run == 0 and again.n_skipped == len(traj) * 6
 
 
 def test_an_uncached_task_fails_its_rows_only(traj, tmp_path, monkeypatch):
@@ -97,3 +109,17 @@ def test_cli_accuracy_json(traj):
     assert by[("fp", TASK_NAME)]["n"] == 12 and "delta_acc" in by[(f"{SPEC}", "mean")]
     bad = CliRunner().invoke(app, ["accuracy", str(ck), "--tasks", "/nonexistent/x.yaml"])
     assert bad.exit_code == 2 and "does not exist" in bad.output
+
+
+@pytest.mark.parametrize("sign,answer", [(-1.0, "yes"), (1.0, "no")])
+def test_accuracy_verdict_says_whether_accuracy_falls_where_dq_rises(sign, answer):
+    import pandas as pd
+
+    from probes.analysis.accuracy import accuracy_verdict
+    from probes.report.figures import synthetic_results
+
+    df = synthetic_results(n_checkpoints=10, specs=("rtn:4:g128",))
+    q = df[(df["probe"] == "quant") & (df["metric"] == "rel_loss_error")].copy()
+    acc = q.assign(probe="accuracy", metric="delta_acc", value=sign * 3 * q["value"].astype(float))
+    v = accuracy_verdict(pd.concat([df, acc], ignore_index=True), n_boot=300)
+    assert v["answer"] == answer and v["n"] == int((~q["derived"].astype(bool)).sum())
