@@ -58,3 +58,16 @@ def test_demo_rerun_resumes_without_recomputing(demo_dir):
     with Store(out / "results.sqlite") as st:
         after = st.raw()[["run", "checkpoint", "probe", "spec", "created"]]
     assert after.equals(before)  # nothing rewritten
+
+
+def test_demo_scores_the_embedded_task_along_its_trajectories(demo_dir):
+    out, output = demo_dir
+    with Store(out / "results.sqlite") as st:
+        df = st.results()
+    acc = df[df["probe"] == "accuracy"]
+    assert set(acc["spec"].str.split("@").str[0]) == {"fp", QUICK.headline_spec}
+    d = acc[(acc["spec"] == QUICK.headline_spec) & (acc["metric"] == "delta_acc")]
+    assert len(d) == len(QUICK.runs) * (QUICK.checkpoints + 1) and d["ci_low"].notna().all()
+    html = (out / "report.html").read_text()
+    assert ">Loss vs task accuracy</h2>" in html and 'data-figure="loss_vs_accuracy"' in html
+    assert "Does task accuracy fall where ΔQ rises" in output and "Does task accuracy fall" in html
