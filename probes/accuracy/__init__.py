@@ -10,7 +10,7 @@ Modules:
   and its lm-eval task folder ``tasks/losslens_pydoc_mc``; :func:`~.embedded.export_task`;
 - :mod:`.selection` -- ``--tasks`` entries (names, YAML paths/folders, ``embedded``, ``seed-12``),
   loading each task with a one-line error when its data is not cached offline;
-- :mod:`.harness`   -- ``HFLM(pretrained=model, tokenizer=tok)`` + ``simple_evaluate``, per-item
+- :mod:`.harness`   -- ``HFLM(pretrained=model, tokenizer=tok)`` + lm-eval's ``evaluate``, per-item
   outcomes, seeded subsamples;
 - :mod:`.stats`     -- mean ± stderr, paired bootstrap and McNemar for Δacc;
 - :mod:`.api`       -- :func:`task_accuracy` (FP and quantized variants) and :class:`AccuracyReport`.

@@ -3,7 +3,9 @@
 :func:`score_model` wraps the model and its tokenizer in lm-eval's ``HFLM(pretrained=model,
 tokenizer=tok)`` -- no reload from disk or hub; the model keeps its device and dtype (a half-precision
 model gets its log-softmax in float32, as :func:`probes.core.lm.lm_loss` does) -- and calls
-``lm_eval.simple_evaluate`` with ``log_samples=True``. From the logged samples it keeps, per task,
+``lm_eval.evaluator.evaluate``, the core of ``simple_evaluate`` without its global RNG seeding and
+its ~1.5 s per call of environment logging (it runs ``pip list``), with ``log_samples=True``; the
+tasks' few-shot samplers are seeded with :data:`FEWSHOT_SEED`, ``simple_evaluate``'s default. From the logged samples it keeps, per task,
 the per-item outcomes (``acc``; ``acc_norm`` where the task has it), so that two models scored on
 the same items can be compared item by item (:mod:`.stats`).
 
@@ -34,6 +36,8 @@ from .stats import mean_stderr
 __all__ = ["TaskScore", "score_model", "subsample", "prepare_tasks", "prepared_once"]
 
 _PREPARED: dict = {}
+FEWSHOT_SEED = 1234
+"""Seed of the few-shot sampler of every task (lm-eval's ``simple_evaluate`` default)."""
 
 
 @dataclass
@@ -116,6 +120,7 @@ def prepare_tasks(selection: TaskSelection, limit: int | None = None, num_fewsho
             own = task.get_config("num_fewshot")
             k = own if own == 0 else num_fewshot if num_fewshot is not None else fewshot.get(name, own if own is not None else 0)
             task.set_config(key="num_fewshot", value=int(k))
+            task.set_fewshot_seed(seed=FEWSHOT_SEED)
             shots[leaf] = int(k)
             sizes[leaf] = len(task.eval_docs)
             idx = subsample(sizes[leaf], limit, seed, leaf)
@@ -123,7 +128,7 @@ def prepare_tasks(selection: TaskSelection, limit: int | None = None, num_fewsho
                 samples[leaf] = idx
         version = {leaf: (task.get_config("metadata") or {}).get("version") for leaf, task in leaves.items()}
         out[name] = {"top": top, "leaves": leaves, "fewshot": shots, "samples": samples, "sizes": sizes, "version": version,
-                     "manager": manager}
+                     "loaded": loaded}
     return out
 
 
@@ -172,14 +177,14 @@ def _score(name: str, prep: Mapping[str, Any], samples: Mapping[str, list], limi
 
 def score_model(model, tokenizer, prepared: Mapping[str, Any], batch_size: int = 32, limit: int | None = None,
                 seed: int = 0, keep_samples: bool = False, progress: bool = False) -> dict[str, "TaskScore | TaskUnavailable"]:
-    """Score ``model`` on every prepared task (:func:`prepare_tasks`) in one ``simple_evaluate`` call.
+    """Score ``model`` on every prepared task (:func:`prepare_tasks`) in one lm-eval ``evaluate`` call.
 
     ``tokenizer``: the model's tokenizer object (a ``transformers`` tokenizer; offline it cannot be
     loaded by name). Returns ``{name: TaskScore}`` (or the task's :class:`TaskUnavailable`).
     Memory: the model plus one batch of ``batch_size`` × context activations.
     """
     import torch
-    from lm_eval import simple_evaluate
+    from lm_eval.evaluator import evaluate
     from lm_eval.models.huggingface import HFLM
 
     from geometry.base.modes import module_modes
@@ -193,11 +198,13 @@ def score_model(model, tokenizer, prepared: Mapping[str, Any], batch_size: int =
     dtype = next(model.parameters()).dtype
     softmax = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None
     samples = {leaf: idx for p in ready.values() for leaf, idx in p["samples"].items()}
+    task_dict: dict[str, dict] = {"tasks": {}, "groups": {}, "group_map": {}}
+    for p in ready.values():
+        for k in task_dict:
+            task_dict[k].update(p["loaded"].get(k) or {})
     with module_modes(model, training=False), quiet_lm_eval(not progress), torch.no_grad():
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=int(batch_size), softmax_dtype=softmax)
-        res = simple_evaluate(model=lm, tasks=[p["top"] for p in ready.values()], samples=samples or None,
-                              log_samples=True, bootstrap_iters=0, num_fewshot=None,
-                              task_manager=next(iter(ready.values()))["manager"])
+        res = evaluate(lm=lm, task_dict=task_dict, samples=samples or None, log_samples=True, bootstrap_iters=0)
     logged = res.get("samples") or {}
     for name, prep in ready.items():
         out[name] = _score(name, prep, logged, limit, seed, keep_samples)
