@@ -96,7 +96,7 @@ def test_lm_eval_logliks_equal_lm_loss(tok, dtype, family, spec):
         model = quantize(model, spec).model
     prep = prepare_tasks(select_tasks("embedded"), limit=24, seed=3)
     score = score_model(model, tok, prep, batch_size=16, limit=24, seed=3, keep_samples=True)[TASK_NAME]
-    assert score.n == 24 and len(score.loglik) == 24
+    assert score.n == 24 and len(score.loglik) == 24 and score.n_truncated == 0
     worst = 0.0
     for lls, args in zip(score.loglik, score.arguments):
         assert len(lls) == 4
@@ -193,6 +193,12 @@ def test_uncached_task_fails_with_a_one_line_hint(tmp_path, monkeypatch, tok):
     msg = str(err)
     assert "\n" not in msg and "HF_DATASETS_OFFLINE=1" in msg and "cache it once while online" in msg
     assert rep.scores["fp"][TASK_NAME].n == 5                   # the other task still ran
+
+
+def test_items_beyond_the_context_are_counted(tok):
+    model = tiny_model("gpt_neox", vocab_size=384, max_position_embeddings=24)   # far below the task's 64 tokens
+    score = score_model(model, tok, prepare_tasks(select_tasks("embedded"), limit=10), limit=10)[TASK_NAME]
+    assert score.n_truncated == 10
 
 
 def test_bad_task_arguments_raise_specific_errors(tmp_path):

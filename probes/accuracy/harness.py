@@ -50,7 +50,9 @@ class TaskScore:
     ``correct_norm``: the per-item outcomes [n] in that order. ``loglik``: per item, the
     log-likelihood of each choice (lm-eval's ``filtered_resps``) and ``arguments`` its
     ``(context, continuation)`` pairs -- kept only with ``keep_samples``. ``doc_ids``: the scored
-    indices per leaf task (the subsample when ``limit`` was given).
+    indices per leaf task (the subsample when ``limit`` was given). ``n_truncated``: items with a
+    choice whose context + continuation exceeds the model's context by more than one token (lm-eval
+    then drops tokens from the left; its warning is silenced here, so they are counted).
     """
 
     task: str
@@ -69,6 +71,7 @@ class TaskScore:
     version: dict[str, Any] = field(default_factory=dict)
     loglik: list | None = None
     arguments: list | None = None
+    n_truncated: int = 0
 
     @property
     def headline(self) -> str:
@@ -85,7 +88,7 @@ class TaskScore:
     def summary(self) -> dict:
         return {"task": self.task, "n": self.n, "acc": self.acc, "acc_stderr": self.acc_stderr, "acc_norm": self.acc_norm,
                 "acc_norm_stderr": self.acc_norm_stderr, "headline": self.headline, "num_fewshot": self.num_fewshot,
-                "limit": self.limit, "seed": self.seed, "version": self.version}
+                "limit": self.limit, "seed": self.seed, "version": self.version, "n_truncated": self.n_truncated}
 
 
 def subsample(n_docs: int, limit: int | None, seed: int, task: str) -> list[int] | None:
@@ -143,8 +146,10 @@ def prepared_once(selection: TaskSelection, limit: int | None = None, num_fewsho
     return _PREPARED[key]
 
 
-def _score(name: str, prep: Mapping[str, Any], samples: Mapping[str, list], limit, seed, keep: bool) -> TaskScore:
+def _score(name: str, prep: Mapping[str, Any], samples: Mapping[str, list], limit, seed, keep: bool,
+           tokenizer=None, max_length: int | None = None) -> TaskScore:
     keys, acc, accn, ll, args = [], [], [], [], []
+    truncated = 0
     has_norm = True
     doc_ids: dict[str, list[int]] = {}
     for leaf in sorted(prep["leaves"]):
@@ -160,6 +165,8 @@ def _score(name: str, prep: Mapping[str, Any], samples: Mapping[str, list], limi
             acc.append(float(s.get("acc", np.nan)))
             has_norm = has_norm and "acc_norm" in s
             accn.append(float(s.get("acc_norm", np.nan)))
+            if tokenizer is not None and max_length is not None:
+                truncated += any(len(tokenizer.encode(c + x)) > max_length + 1 for c, x in s["arguments"])
             if keep:
                 ll.append([float(r[0]) for r in s["filtered_resps"]])
                 args.append([tuple(a) for a in s["arguments"]])
@@ -172,7 +179,7 @@ def _score(name: str, prep: Mapping[str, Any], samples: Mapping[str, list], limi
                      correct=a.astype(bool) if have_acc else None, correct_norm=an.astype(bool) if an is not None else None,
                      num_fewshot=dict(prep["fewshot"]), limit=limit, seed=seed, doc_ids=doc_ids,
                      version={k: v for k, v in prep["version"].items() if v is not None}, loglik=ll if keep else None,
-                     arguments=args if keep else None)
+                     arguments=args if keep else None, n_truncated=int(truncated))
 
 
 def score_model(model, tokenizer, prepared: Mapping[str, Any], batch_size: int = 32, limit: int | None = None,
@@ -207,5 +214,5 @@ def score_model(model, tokenizer, prepared: Mapping[str, Any], batch_size: int =
         res = evaluate(lm=lm, task_dict=task_dict, samples=samples or None, log_samples=True, bootstrap_iters=0)
     logged = res.get("samples") or {}
     for name, prep in ready.items():
-        out[name] = _score(name, prep, logged, limit, seed, keep_samples)
+        out[name] = _score(name, prep, logged, limit, seed, keep_samples, tokenizer, lm.max_length)
     return {n: out[n] for n in prepared}

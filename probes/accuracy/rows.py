@@ -68,7 +68,7 @@ def row_values(rep: AccuracyReport, variant: str, task: str = MEAN) -> tuple[lis
             raise s
         out = [_m("acc", s.acc, s.acc_stderr) if s.acc is not None else _m("acc", s.acc_norm, s.acc_norm_stderr),
                _m("acc_norm", s.acc_norm, s.acc_norm_stderr)]
-        extra.update(n=s.n, headline=s.headline, num_fewshot=s.num_fewshot, version=s.version,
+        extra.update(n=s.n, headline=s.headline, num_fewshot=s.num_fewshot, version=s.version, n_truncated=s.n_truncated,
                      items_sha256=hashlib.sha256("\n".join(s.items).encode()).hexdigest()[:16],
                      subsample={k: len(v) for k, v in s.doc_ids.items()} if s.limit is not None else None)
     if variant != FP:
