@@ -22,7 +22,7 @@ def traj():
 
 
 def _plan(tasks=("embedded",), **kw):
-    return Plan(loss=True, quant=(SPEC,), accuracy=AccuracyProbe(tasks=tasks, specs=(SPEC,), limit=20, n_boot=100, **kw),
+    return Plan(loss=True, quant=(SPEC,), lawa=(2,), accuracy=AccuracyProbe(tasks=tasks, specs=(SPEC,), limit=20, n_boot=100, **kw),
                 data=DataSpec(eval=(1, 4, 64), calibration=(1, 4, 64), curvature=(1, 2, 64)))
 
 
@@ -33,7 +33,7 @@ def test_accuracy_rows_match_the_function_and_resume(traj, tmp_path):
     q = plan.accuracy.specs[0]                                          # the canonical spec string
     assert keys == ["fp", f"fp@{TASK_NAME}", q, f"{q}@{TASK_NAME}"]
     rep = run_sweep(traj, plan, out=out, progress=False)
-    assert rep.n_failed == 0 and rep.n_ok == len(traj) * 6
+    assert rep.n_failed == 0 and rep.n_ok == (len(traj) + 1) * 6
     with Store(out) as st:
         df = st.results()
     acc = df[df["probe"] == "accuracy"]
@@ -58,14 +58,14 @@ def test_accuracy_rows_match_the_function_and_resume(traj, tmp_path):
     from probes.report.pages import build_report
 
     pairs = accuracy_pairs(df)
-    assert len(pairs) == len(traj) and set(pairs["spec"]) == {q}
+    assert len(pairs) == len(traj) + 1 and set(pairs["spec"]) == {q}     # + the LAWA checkpoint (its tokenizer: the run's)
     v = accuracy_verdict(df, q, n_boot=200)
     assert v["answer"] in ("yes", "no", "not resolved") and "Spearman" in v["text"]
     assert v["n"] == len(traj) or "constant" in v["text"]
     page = build_report(df, tmp_path / "report.html").read_text()
     assert "Loss vs task accuracy" in page and 'data-figure="loss_vs_accuracy"' in page and "Does task accuracy fall" in page
     again = run_sweep(traj, plan, out=out, progress=False)              # resumable: nothing recomputed
-    assert again.n_run == 0 and again.n_skipped == len(traj) * 6
+    assert again.n_run == 0 and again.n_skipped == (len(traj) + 1) * 6
 
 
 def test_an_uncached_task_fails_its_rows_only(traj, tmp_path, monkeypatch):
