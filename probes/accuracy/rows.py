@@ -75,7 +75,8 @@ def row_values(rep: AccuracyReport, variant: str, task: str = MEAN) -> tuple[lis
         d = rep.deltas.get(variant, {}).get(task)
         if d is not None:
             out.append(("delta_acc", d.delta, d.stderr, d.ci_low, d.ci_high))
-            out.append(("rel_drop", d.rel_drop, None, d.rel_ci_low, d.rel_ci_high))
+            if math.isfinite(d.rel_drop):  # undefined when acc_fp = 0
+                out.append(("rel_drop", d.rel_drop, None, d.rel_ci_low, d.rel_ci_high))
             extra.update(p_mcnemar=d.p, discordant_fp_right=d.b, discordant_q_right=d.c, n_boot=d.n_boot)
             fp_s = rep.scores[FP]
             extra["fp_acc"] = rep.means[FP][0] if task == MEAN else (fp_s[task].acc if fp_s[task].acc is not None
