@@ -61,6 +61,7 @@ def test_demo_rerun_resumes_without_recomputing(demo_dir):
 
 
 def test_demo_scores_the_embedded_task_along_its_trajectories(demo_dir):
+    pytest.importorskip("lm_eval")
     out, output = demo_dir
     with Store(out / "results.sqlite") as st:
         df = st.results()
