@@ -5,7 +5,7 @@
 Trains (or reuses, cached) the embedded trajectory at the demo's size (:class:`TrainConfig`
 defaults: 0.17M-parameter GPT-NeoX, WSD, peak LR 3e-3, 800 steps, 8 checkpoints; quick:
 ``TrainConfig.tiny()``), then scores every checkpoint on the embedded task ``losslens_pydoc_mc``
-(every item; quick: a seeded subsample of 200) under FP and the demo's headline quantizer
+(every item, or ``--limit`` N of them, seeded; quick: 200) under FP and the demo's headline quantizer
 ``rtn:2:g32``, through :func:`probes.accuracy.task_accuracy`. Rows:
 
 - ``baseline``: the length-only rules (always the longest / shortest choice) and chance;
@@ -44,7 +44,7 @@ def trajectory(quick: bool, cache: str | None = None):
     return train_tiny(cfg, out, progress=False)
 
 
-def run(quick: bool = False, threads: int = 1, cache: str | None = None) -> list[dict]:
+def run(quick: bool = False, threads: int = 1, cache: str | None = None, limit: int | None = None) -> list[dict]:
     import torch
     from scipy.stats import spearmanr
 
@@ -54,7 +54,7 @@ def run(quick: bool = False, threads: int = 1, cache: str | None = None) -> list
     from probes.core.threads import torch_threads
     from probes.data import load_tokenizer
 
-    limit = 200 if quick else None
+    limit = limit if limit is not None else 200 if quick else None
     rows: list[dict] = [{"row": "baseline", **length_baselines(embedded_items())}]
     with torch_threads(threads):
         traj = trajectory(quick, cache)
@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cache", default=None)
     p.add_argument("--json", default=None)
+    p.add_argument("--limit", type=int, default=None, help="a seeded subsample of N items (default: all; quick: 200)")
     a = p.parse_args(argv)
-    rows = run(a.quick, a.threads, a.cache)
+    rows = run(a.quick, a.threads, a.cache, a.limit)
     for r in rows:
         print(json.dumps(r, default=str))
     if a.json:
