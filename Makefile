@@ -1,5 +1,5 @@
 # Two entry points, each doing all set-up on a fresh machine:
-#   make demo   -> creates .venv, installs losslens, runs `losslens demo --out demo-out`
+#   make demo   -> creates .venv, installs losslens (+ lm-eval, the eval extra), runs `losslens demo --out demo-out`
 #   make test   -> creates .venv, installs losslens with dev extras (+ headless Chromium when
 #                  possible), runs the test suite
 #   make docs   -> the docs site (Sphinx, offline, strict) in docs/_build/html
@@ -20,11 +20,11 @@ $(BIN)/python:
 # torch first, pinned, so no later step resolves a multi-GB CUDA build.
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e .
+	$(BIN)/pip install -e '.[eval]'
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed requirements-peers.txt
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install -e '.[dev,eval]'
 	$(BIN)/pip install --no-deps -r requirements-peers.txt
 	$(BIN)/pip install jaxtyping mpmath
 	touch $@

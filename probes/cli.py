@@ -41,7 +41,7 @@ _USER_ERRORS = (
     ("probes.models.weights", "WeightStatsError"), ("probes.models.second_order", "SecondOrderError"),
     ("geometry.base.params", "ParameterSelectionError"), ("geometry.surfaces.planes", "PlaneError"), ("geometry.surfaces.grid", "GridError"),
     ("geometry.base.results", "EstimatorError"), ("geometry.operators.interface", "OperatorError"), ("geometry.surfaces.moving", "SurfaceError"),
-    ("probes.core.workers", "WorkerError"), ("torch", "OutOfMemoryError"),
+    ("probes.core.workers", "WorkerError"), ("torch", "OutOfMemoryError"), ("probes.accuracy.selection", "AccuracyError"),
 )
 
 

@@ -74,6 +74,9 @@ class DemoSettings:
     explain: tuple[str, ...] = ()
     explain_hvps: int = 30
     explain_within: bool = False
+    accuracy_limit: int = 0
+    """Items of the embedded task (seeded subsample) scored per checkpoint for FP and the headline
+    quantizer (the accuracy probe, :mod:`probes.accuracy`); 0: off."""
 
     def train_config(self, run: DemoRun):
         from .train.config import TrainConfig
@@ -86,12 +89,23 @@ class DemoSettings:
     def plan(self, run: DemoRun):
         from .sweep import DataSpec, EigenProbe, ExplainProbe, Plan, TraceProbe
 
+        from .sweep import AccuracyProbe
+
         explain = ExplainProbe(self.explain, within=self.explain_within, trace_matvecs=self.explain_hvps) if self.explain else None
-        return Plan(loss=True, quant=self.quant, trace=TraceProbe("hutch++", self.trace_hvps), explain=explain,
+        accuracy = (AccuracyProbe(tasks=("embedded",), specs=(self.headline_spec,), limit=self.accuracy_limit, n_boot=1000,
+                                  seed=self.seed) if self.accuracy_limit and has_lm_eval() else None)
+        return Plan(loss=True, quant=self.quant, trace=TraceProbe("hutch++", self.trace_hvps), explain=explain, accuracy=accuracy,
                     eigen=EigenProbe(k=1, method="lanczos", tol=1e-3, max_iter=self.eigen_iters),
                     directional=(self.headline_spec,), kurtosis=True, lawa=(self.lawa_k,), seed=self.seed,
                     data=DataSpec(eval=self.eval_shape, calibration=self.calibration_shape,
                                   curvature=self.curvature_shape), name=run.name)
+
+
+def has_lm_eval() -> bool:
+    """Whether lm-evaluation-harness (the ``eval`` extra) is installed; without it the demo skips the accuracy probe."""
+    import importlib.util
+
+    return importlib.util.find_spec("lm_eval") is not None
 
 
 _RUNS = (DemoRun("wsd", 3e-3), DemoRun("wsd", 1e-2), DemoRun("cosine", 3e-3), DemoRun("cosine", 1e-2))
@@ -122,7 +136,7 @@ def _embedded_default() -> dict:
 DEFAULT = DemoSettings(runs=_RUNS, **_embedded_default(), lawa_k=3, quant=_QUANT,
                        headline_spec="rtn:2:g32", trace_hvps=60, eigen_iters=30, eval_shape=(8, 16, 64),
                        calibration_shape=(4, 16, 64), curvature_shape=(1, 16, 64), grid=15, explain=_EXPLAIN,
-                       explain_hvps=30)
+                       explain_hvps=30, accuracy_limit=200)
 
 #: ``--quick``: the same study at toy size (≤ 2 min; used by the tests), with the explain probe's
 #: within-block parts switched on (one HVP per block and spec: off in the default demo for time).
@@ -130,7 +144,7 @@ QUICK = replace(DEFAULT, runs=(DemoRun("wsd", 3e-3), DemoRun("cosine", 1e-2)), s
                 hidden_size=32, num_layers=2, num_heads=2, batch_size=16, vocab_size=384,
                 quant=("rtn:2:g32", "rtn:3:row", "int8", "gptq:3:row"), trace_hvps=12, eigen_iters=20,
                 eval_shape=(2, 8, 64), calibration_shape=(2, 8, 64), curvature_shape=(1, 4, 64), grid=5,
-                explain_hvps=12, explain_within=True)
+                explain_hvps=12, explain_within=True, accuracy_limit=60)
 
 
 @dataclass
@@ -146,6 +160,7 @@ class DemoResult:
     phases: dict
     seconds: dict
     explain: str = ""
+    accuracy: str = ""
     failures: dict = field(default_factory=dict)
     problems: list = field(default_factory=list)
 
@@ -168,6 +183,8 @@ class DemoResult:
                 lines.append(f"  {r['method']:>8} r({r['x']}, ΔQ {r['y']}{ctrl}) = {r['r']:+.3f} "
                              f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] {p} n={int(r['n'])} n_eff={r['n_eff']:.1f} "
                              f"block={int(r['block_len'])}" + (f" ({r['note']})" if r["note"] else ""))
+        if self.accuracy:
+            lines += ["", "Loss vs task accuracy (embedded task, accuracy probe):", "  " + self.accuracy]
         if self.explain:
             lines += ["", "Why ΔQ changes (explain probe; natural-log shares, see explain.md):", self.explain]
         if self.failures:
@@ -304,6 +321,8 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo.json").write_text(json.dumps(asdict(settings), indent=2, default=str))
+    if settings.accuracy_limit and not has_lm_eval():
+        echo("[demo] lm-eval is not installed (pip install 'losslens[eval]'): the accuracy panel is left out")
     seconds: dict[str, float] = {}
 
     t0 = time.perf_counter()
@@ -371,6 +390,15 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
         except AnalysisError as exc:
             problems.append(f"explain analysis not computed: {exc}")
             echo(f"[demo] {problems[-1]}")
+    accuracy_text = ""
+    if (ok["probe"] == "accuracy").any():
+        from .analysis.accuracy import accuracy_verdict
+
+        try:
+            accuracy_text = accuracy_verdict(ok, settings.headline_spec, seed=settings.seed)["text"]
+        except AnalysisError as exc:
+            accuracy_text = f"no verdict: {exc}"
+            problems.append(f"accuracy verdict not computed: {exc}")
     final = final_table(ok, settings)
     bad_rows = [f"{row['x']} vs {row['y']} ({row['method']}{', | ' + row['controls'] if row['controls'] else ''}): "
                 f"{row['note']}" for _, row in correlations.iterrows() if not math.isfinite(row["r"])]
@@ -389,11 +417,12 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
                                notes=notes, explanation=explanation)
     result = DemoResult(out=out, report=Path(report_path), store=store_path, results=df, final=final,
                         correlations=correlations, phases={k: v.to_dict() for k, v in phases.items()}, seconds=seconds,
-                        explain=_driver_lines(explanation), failures=failures, problems=problems)
+                        explain=_driver_lines(explanation), accuracy=accuracy_text, failures=failures, problems=problems)
     (out / "summary.json").write_text(json.dumps({"final": final.to_dict(orient="records"),
                                                   "correlations": correlations.to_dict(orient="records"),
-                                                  "phases": result.phases, "seconds": seconds, "failures": failures,
-                                                  "problems": problems, "exit_code": result.exit_code},
+                                                  "phases": result.phases, "seconds": seconds, "accuracy": accuracy_text,
+                                                  "failures": failures, "problems": problems,
+                                                  "exit_code": result.exit_code},
                                                  indent=2, default=str))
     return result
 

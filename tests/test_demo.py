@@ -60,6 +60,20 @@ def test_demo_rerun_resumes_without_recomputing(demo_dir):
     assert after.equals(before)  # nothing rewritten
 
 
+def test_demo_scores_the_embedded_task_along_its_trajectories(demo_dir):
+    pytest.importorskip("lm_eval")
+    out, output = demo_dir
+    with Store(out / "results.sqlite") as st:
+        df = st.results()
+    acc = df[df["probe"] == "accuracy"]
+    assert set(acc["spec"].str.split("@").str[0]) == {"fp", QUICK.headline_spec}
+    d = acc[(acc["spec"] == QUICK.headline_spec) & (acc["metric"] == "delta_acc")]
+    assert len(d) == len(QUICK.runs) * (QUICK.checkpoints + 1) and d["ci_low"].notna().all()
+    html = (out / "report.html").read_text()
+    assert ">Loss vs task accuracy</h2>" in html and 'data-figure="loss_vs_accuracy"' in html
+    assert "Does task accuracy fall where ΔQ rises" in output and "Does task accuracy fall" in html
+
+
 def test_demo_exits_1_and_flags_failed_probes(demo_dir):
     """A probe row stored as failed (here: marked so in the store, as a crash would leave it) makes
     the demo exit 1, with the failure in the summary, on stderr and in the report; it used to exit 0."""

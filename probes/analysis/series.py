@@ -21,7 +21,10 @@ __all__ = ["series", "series_frame", "unconverged", "checkpoint_runs", "CHECKPOI
 
 CHECKPOINT_COLUMNS = ("step", "tokens", "lr")
 _DEFAULT_METRIC = {"loss": "loss", "quant": "rel_loss_error", "trace": "trace", "eigen": "lambda_1",
-                   "block_trace": "trace", "directional": "dHd", "kurtosis": "pooled", "explain": "kappa"}
+                   "block_trace": "trace", "directional": "dHd", "kurtosis": "pooled", "explain": "kappa",
+                   "accuracy": "acc"}
+_ACCURACY_KEYS = ("delta_acc", "rel_drop", "acc", "acc_norm")
+"""``delta_acc:SPEC`` = accuracy/SPEC/delta_acc (the mean over tasks; ``SPEC@TASK`` for one task)."""
 _ALIASES = {"lambda_max": ("eigen", None, "lambda_1"), "ppl": ("loss", None, "ppl"), "fp_loss": ("loss", None, "loss"),
             "kurtosis": ("kurtosis", None, "pooled"), "loss": ("loss", None, "loss"), "trace": ("trace", None, "trace"),
             "eigen": ("eigen", None, "lambda_1")}
@@ -40,6 +43,9 @@ def _resolve(df, key: str) -> tuple[str | None, str | None, str]:
     """(probe, spec, metric) for a series key; probe None means a checkpoint column."""
     if key in CHECKPOINT_COLUMNS:
         return None, None, key
+    head, sep, rest = key.partition(":")
+    if sep and head in _ACCURACY_KEYS and "/" not in key:
+        return "accuracy", rest, head
     if "/" in key:
         parts = key.split("/")
         if len(parts) == 3:
@@ -148,7 +154,8 @@ def series(df, key: str, include_derived: bool = False, include_unconverged: boo
     ``key``: a checkpoint column ('step', 'tokens', 'lr'); a probe ('loss', 'trace', 'eigen',
     'kurtosis' → its main metric; 'lambda_max' = lambda_1); a metric name measured by one probe
     ('ppl', 'lambda_2', 'q_loss' is ambiguous once several specs exist); a quantizer spec
-    ('gptq:3:g128' → its rel_loss_error); or explicit 'probe/spec/metric'
+    ('gptq:3:g128' → its rel_loss_error); task accuracy ('delta_acc:rtn:4' = Δacc of the mean over
+    tasks, 'rel_drop:rtn:4', 'acc:fp', 'delta_acc:rtn:4@arc_easy'); or explicit 'probe/spec/metric'
     ('quant/rtn:4/ppl_gap', 'directional/rtn:4/dHd', 'block_trace/layer0/trace').
     Failed probes give NaN; so do values whose estimator did not converge (the ``converged``
     column is False) unless ``include_unconverged``. Rows of one series computed with different

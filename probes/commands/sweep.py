@@ -289,7 +289,7 @@ def register(app: typer.Typer) -> None:
     def correlate(
         results: Path = typer.Argument(..., help="SQLite store written by `losslens sweep`."),
         x: List[str] = typer.Option(["trace"], "--x", help="x series (repeatable): trace, lambda_max, kurtosis, loss, lr, ..."),
-        y: List[str] = typer.Option([], "--y", help="y series (repeatable), e.g. gptq:3:g128 (its rel_loss_error); default every quant spec."),
+        y: List[str] = typer.Option([], "--y", help="y series (repeatable), e.g. gptq:3:g128 (its rel_loss_error) or delta_acc:gptq:3:g128 (Δacc, accuracy probe); default every quant spec."),
         control: List[str] = typer.Option([], "--control", help="Covariates for a partial correlation (repeatable): lr, loss, tokens."),
         method: List[str] = typer.Option(["pearson", "spearman", "kendall"], "--method", help="pearson | spearman | kendall (repeatable)."),
         n_boot: int = typer.Option(2000, "--n-boot", help="Bootstrap resamples for the 95% interval."),

@@ -27,6 +27,7 @@ from probes.sweep.store import Store
 
 from probes.quant.awq import HELD_OUT_NOTE
 
+from .accuracy_figures import accuracy_figures, accuracy_note
 from .explain_figures import explain_figures
 from .figures import specs_of, trajectory_figures
 from .flags import unconverged_table
@@ -200,6 +201,17 @@ def _explain_section(df, check, phases) -> str:
     return "".join(parts)
 
 
+def _accuracy_line(df) -> str:
+    """The accuracy verdict sentence (:func:`probes.analysis.accuracy.accuracy_verdict`), or ''."""
+    from probes.analysis import AnalysisError
+    from probes.analysis.accuracy import accuracy_verdict
+
+    try:
+        return accuracy_verdict(df[df["status"] == "ok"] if "status" in df else df)["text"]
+    except AnalysisError as exc:
+        return f"no verdict: {exc}"
+
+
 def figure_html(fig, div_id: str) -> str:
     """A figure as a ``<div>`` + script, without plotly.js (embedded once by the page)."""
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
@@ -254,6 +266,11 @@ def build_report(
     ex = _explain_section(df, explanation, _phases_for_figures(phases))
     if ex:
         sections.append(("explain", "Why quantization error changes", ex))
+
+    acc_figs = accuracy_figures(df)
+    if acc_figs:
+        sections.append(("accuracy", "Loss vs task accuracy", accuracy_note(df, _accuracy_line(df)) + "".join(
+            f'<div class="figure" data-figure="{k}">{figure_html(f, f"acc-{i}")}</div>' for i, (k, f) in enumerate(acc_figs.items()))))
 
     crows = [_descriptive(r) for r in _correlation_rows(correlations)]
     if crows:

@@ -12,12 +12,12 @@ each probe computes), :mod:`.executor` (how checkpoints are scheduled; exit stat
 from .executor import (EXECUTORS, EXIT_ALL_FAILED, EXIT_SOME_FAILED, SweepError, SweepReport, build_data, data_hashes,
                        resolve_trajectory, run_sweep)
 from .lock import StoreLock, StoreLockedError
-from .plan import PROBES, BlockTraceProbe, DataSpec, EigenProbe, ExplainProbe, Plan, PlanError, Task, TraceProbe, load_plan
+from .plan import PROBES, AccuracyProbe, BlockTraceProbe, DataSpec, EigenProbe, ExplainProbe, Plan, PlanError, Task, TraceProbe, load_plan
 from .runner import CheckpointState, ProbeError, probe_checkpoint
 from .store import RESULT_COLUMNS, ProbeRow, Store, StoreError
 
 __all__ = [
-    "Plan", "PlanError", "TraceProbe", "EigenProbe", "BlockTraceProbe", "ExplainProbe", "DataSpec", "Task", "PROBES", "load_plan",
+    "Plan", "PlanError", "AccuracyProbe", "TraceProbe", "EigenProbe", "BlockTraceProbe", "ExplainProbe", "DataSpec", "Task", "PROBES", "load_plan",
     "Store", "StoreError", "ProbeRow", "RESULT_COLUMNS",
     "run_sweep", "SweepReport", "SweepError", "EXECUTORS", "EXIT_SOME_FAILED", "EXIT_ALL_FAILED", "build_data",
     "data_hashes", "resolve_trajectory", "StoreLock", "StoreLockedError",

@@ -28,6 +28,7 @@ or in a TOML / YAML / JSON file (:meth:`Plan.from_file`)::
     directional = ["rtn:4"]
     kurtosis = true
     explain = { specs = ["rtn:4", "gptq:4"], blocks = ["layer", "kind"], trace_matvecs = 30 }
+    accuracy = { tasks = ["embedded"], specs = ["rtn:4"], limit = 200 }
 
 Validation happens at construction: an unknown probe, option, trace method or quantizer spec
 raises :class:`PlanError` naming the valid choices. :attr:`Plan.hash` is a SHA-256 of the
@@ -46,10 +47,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from .settings import (EIGEN_METHODS, TRACE_METHODS, BlockTraceProbe, EigenProbe, ExplainProbe, PlanError,
+from .settings import (EIGEN_METHODS, TRACE_METHODS, AccuracyProbe, BlockTraceProbe, EigenProbe, ExplainProbe, PlanError,
                        TraceProbe, positive_int as _positive_int)
 
-PROBES = ("loss", "quant", "trace", "eigen", "block_trace", "directional", "kurtosis", "explain")
+PROBES = ("loss", "quant", "trace", "eigen", "block_trace", "directional", "kurtosis", "explain", "accuracy")
 """Probe names, in execution order."""
 
 DATA_SETS = ("eval", "calibration", "curvature")
@@ -135,7 +136,8 @@ class Plan:
     default all), ``seed`` (estimator seed), ``data`` (:class:`DataSpec`), ``explain``
     (:class:`ExplainProbe`, or a list of specs: attribution of ΔL by factor and block), ``max_memory``
     (bytes or ``"8GB"`` each curvature estimator may allocate beyond the model; None: geometry.memory.model's
-    default), ``backend`` (the HVP backend of every curvature probe: reverse, forward, difference, auto).
+    default), ``backend`` (the HVP backend of every curvature probe: reverse, forward, difference, auto),
+    ``accuracy`` (:class:`AccuracyProbe`: lm-eval task accuracy, FP and quantized, Δacc).
     """
 
     loss: bool = True
@@ -155,6 +157,7 @@ class Plan:
     explain: ExplainProbe | None = None
     max_memory: int | str | None = None
     backend: str = "reverse"
+    accuracy: AccuracyProbe | None = None
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -169,7 +172,8 @@ class Plan:
             dup = sorted({s for s in seen if seen.count(s) > 1})
             if dup:
                 raise PlanError(f"{name} lists {dup} more than once")
-        for name, cls in (("trace", TraceProbe), ("eigen", EigenProbe), ("block_trace", BlockTraceProbe)):
+        for name, cls in (("trace", TraceProbe), ("eigen", EigenProbe), ("block_trace", BlockTraceProbe),
+                          ("accuracy", AccuracyProbe)):
             v = getattr(self, name)
             if v is None or isinstance(v, cls):
                 continue
@@ -187,6 +191,8 @@ class Plan:
         if e is not None and not isinstance(e, ExplainProbe):
             raise PlanError(f"explain must be an ExplainProbe, a list of quantizer specs or a table, got {e!r}")
         set_("explain", e if e is None else replace(e, specs=tuple(canonical_spec(s, "explain") for s in e.specs)))
+        if self.accuracy is not None:
+            set_("accuracy", replace(self.accuracy, specs=tuple(canonical_spec(s, "accuracy") for s in self.accuracy.specs)))
         if isinstance(self.data, Mapping):
             set_("data", _build(DataSpec, self.data, "data"))
         elif not isinstance(self.data, DataSpec):
@@ -337,6 +343,8 @@ class Plan:
         d["data"]["files"] = dict(self.data.files)
         for k in ("quant", "directional", "lawa"):
             d[k] = list(d[k])
+        if d["accuracy"] is not None:
+            d["accuracy"].update(tasks=list(self.accuracy.tasks), specs=list(self.accuracy.specs))
         if d["explain"] is not None:
             d["explain"].update(specs=list(self.explain.specs), blocks=list(self.explain.blocks))
         for k in ("eval", "calibration", "curvature"):
@@ -392,6 +400,15 @@ class Plan:
         e = self.explain
         for s in e.specs if e is not None else ():
             out.append(_task("explain", s, {**qdata, **curv, **asdict(e), "specs": None, "seed": self.seed}))
+        a = self.accuracy
+        if a is not None:
+            names = a.task_names()
+            opts = {"tasks": list(a.tasks), "names": list(names), "limit": a.limit, "num_fewshot": a.num_fewshot,
+                    "seed": a.seed, "n_boot": a.n_boot}
+            for v in ("fp", *a.specs):
+                vo = {**opts, **({"quant_modules": qdata["quant_modules"], "calibration": qdata["calibration"]} if v != "fp" else {})}
+                out.append(_task("accuracy", v, vo))
+                out.extend(_task("accuracy", f"{v}@{n}", vo) for n in names)
         return out
 
     @property
@@ -463,5 +480,5 @@ def load_plan(plan: "Plan | str | Path | Mapping | None", quick: bool = False) -
     raise PlanError(f"cannot make a plan from {type(plan).__name__}")
 
 
-__all__ = ["Plan", "PlanError", "TraceProbe", "EigenProbe", "BlockTraceProbe", "ExplainProbe", "DataSpec", "Task", "PROBES",
+__all__ = ["Plan", "PlanError", "AccuracyProbe", "TraceProbe", "EigenProbe", "BlockTraceProbe", "ExplainProbe", "DataSpec", "Task", "PROBES",
            "canonical_spec", "load_plan"]

@@ -29,6 +29,9 @@ eigen          top{k}            lambda_1..lambda_k, each with its converged fla
                                  iterations = Lanczos steps or power iterations actually taken)
 block_trace    groups name       trace per group (the tidy table's spec = group name)
 kurtosis       ""                pooled weight excess kurtosis of the quantized matrices (per_matrix)
+accuracy       fp | spec [@task] acc (± stderr, 95% CI), acc_norm; for a spec delta_acc = acc_q − acc_fp and
+                                 rel_drop with paired bootstrap CIs (McNemar p); no @task: mean over tasks
+                                 (probes.accuracy; lm-eval on the in-memory model, FP scored once)
 explain        quantizer spec    actual_delta, rel_delta, gTd, quadratic = dHd/2, pred_delta, remainder,
                                  norm2, trace (CI), trace_per_param (CI), rayleigh, kappa (CI), loss,
                                  q_loss; per block dHd[part:block], gTd[...], norm2[...], within[...]
@@ -70,6 +73,7 @@ class CheckpointState:
         self._fp = None
         self._op = None
         self._directions: dict[str, Any] = {}
+        self._accuracy: dict[str, Any] = {}
         self.traces: dict[tuple, Any] = {}  # (parameter names, method, HVPs, seed) -> TraceEstimate
 
     def data(self, name: str):
@@ -117,7 +121,40 @@ class CheckpointState:
         return self._directions[spec]
 
 
+    def accuracy(self, variant: str):
+        """The :class:`probes.accuracy.AccuracyReport` of ``fp`` or a quantizer spec (with FP), scored
+        once per checkpoint; FP's scores are shared by every spec (the same items, paired)."""
+        if variant not in self._accuracy:
+            from probes.accuracy.api import FP, evaluate_variants
+            from probes.accuracy.harness import prepared_once
+            from probes.accuracy.selection import select_tasks
+            from probes.data import load_tokenizer
+
+            a = self.plan.accuracy
+            if getattr(self, "tokenizer", None) is None:
+                self.tokenizer = load_tokenizer(self.ref)
+            sel = select_tasks(list(a.tasks))
+            prep = prepared_once(sel, a.limit, a.num_fewshot, a.seed)
+            fp = self._accuracy[FP].scores[FP] if FP in self._accuracy else None
+            specs = () if variant == FP else (variant,)
+            self._accuracy[variant] = evaluate_variants(
+                self.model, self.tokenizer, sel, specs, self.token_sets.get("calibration"), self.plan.quant_modules,
+                a.limit, a.num_fewshot, a.seed, a.batch_size, a.n_boot, fp_scores=fp, prepared=prep)
+            if FP not in self._accuracy:
+                self._accuracy[FP] = self._accuracy[variant]
+        return self._accuracy[variant]
+
+
 # --------------------------------------------------------------------------- probes
+def _accuracy(st: CheckpointState, task: Task) -> ProbeRow:
+    from probes.accuracy.rows import row_values, split_spec
+
+    variant, name = split_spec(task.spec)
+    ms, extra = row_values(st.accuracy(variant), variant, name)
+    return ProbeRow(st_label(st), "accuracy", task.spec, metrics=[metric(*m) for m in ms], extra=extra,
+                    seed=task.opts["seed"])
+
+
 def _loss(st: CheckpointState, task: Task) -> ProbeRow:
     r = st.fp_loss()
     return ProbeRow(st_label(st), "loss", "", metrics=[metric("loss", r.loss), metric("ppl", r.ppl)],
@@ -231,7 +268,7 @@ def _kurtosis(st: CheckpointState, task: Task) -> ProbeRow:
 
 PROBE_FUNCS: dict[str, Callable[[CheckpointState, Task], ProbeRow]] = {
     "loss": _loss, "quant": _quant, "directional": _directional, "trace": _trace, "eigen": _eigen,
-    "block_trace": _block_trace, "kurtosis": _kurtosis, "explain": _explain,
+    "block_trace": _block_trace, "kurtosis": _kurtosis, "explain": _explain, "accuracy": _accuracy,
 }
 
 
@@ -290,6 +327,7 @@ def probe_checkpoint(ref, tasks: Iterable[Task], plan: Plan, token_sets: Mapping
     load_seconds = time.perf_counter() - t0
     st = CheckpointState(model, plan, token_sets, parallel)
     st.label = label
+    st.ref = ref
     first = True
     for t in tasks:
         if on_start is not None:

@@ -124,5 +124,49 @@ class ExplainProbe:
         object.__setattr__(self, "blocks", tuple(dict.fromkeys(blocks)))
 
 
-__all__ = ["PlanError", "TraceProbe", "EigenProbe", "BlockTraceProbe", "ExplainProbe", "positive_int", "TRACE_METHODS",
+@dataclass(frozen=True)
+class AccuracyProbe:
+    """Task accuracy through lm-evaluation-harness (:mod:`probes.accuracy`) of the FP checkpoint and
+    of its quantized copies under ``specs``: ``tasks`` (lm-eval names, task YAML paths or folders,
+    ``embedded``, ``seed-12``), ``limit`` (a seeded random subsample of that many items per task;
+    None: all), ``num_fewshot`` (None: the preset's or task's own), ``seed`` (subsample and
+    bootstrap), ``n_boot`` (paired bootstrap resamples for Δacc), ``batch_size`` (sequences per
+    forward; not part of the settings hash). Rows: ``fp``, ``fp@TASK``, ``SPEC``, ``SPEC@TASK``
+    (:mod:`probes.accuracy.rows`)."""
+
+    tasks: tuple[str, ...] = ("embedded",)
+    specs: tuple[str, ...] = ()
+    limit: int | None = None
+    num_fewshot: int | None = None
+    seed: int = 0
+    n_boot: int = 2000
+    batch_size: int = 32
+
+    def __post_init__(self):
+        tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks)
+        if not tasks or not all(isinstance(t, str) and t.strip() for t in tasks):
+            raise PlanError(f"accuracy.tasks must be a non-empty list of task names / paths, got {self.tasks!r}")
+        specs = (self.specs,) if isinstance(self.specs, str) else tuple(self.specs)
+        object.__setattr__(self, "tasks", tasks)
+        object.__setattr__(self, "specs", specs)
+        if self.limit is not None:
+            positive_int("accuracy.limit", self.limit)
+        if self.num_fewshot is not None:
+            positive_int("accuracy.num_fewshot", self.num_fewshot, minimum=0)
+        positive_int("accuracy.n_boot", self.n_boot, minimum=0)
+        positive_int("accuracy.batch_size", self.batch_size)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise PlanError(f"accuracy.seed must be an integer, got {self.seed!r}")
+
+    def task_names(self) -> tuple[str, ...]:
+        """The task names the rows are keyed by (presets and folders expanded)."""
+        from probes.accuracy.selection import AccuracyError, select_tasks
+
+        try:
+            return select_tasks(list(self.tasks)).names
+        except AccuracyError as exc:
+            raise PlanError(f"accuracy.tasks: {exc}") from exc
+
+
+__all__ = ["PlanError", "AccuracyProbe", "TraceProbe", "EigenProbe", "BlockTraceProbe", "ExplainProbe", "positive_int", "TRACE_METHODS",
            "EIGEN_METHODS"]
