@@ -58,3 +58,17 @@ def test_demo_rerun_resumes_without_recomputing(demo_dir):
     with Store(out / "results.sqlite") as st:
         after = st.raw()[["run", "checkpoint", "probe", "spec", "created"]]
     assert after.equals(before)  # nothing rewritten
+
+
+def test_demo_report_shows_the_monitored_run_live(demo_dir):
+    """The first run is trained under probes.monitor: its store holds rows taken while it trained
+    (at multiples of monitor_every, the first always), and the report draws them."""
+    out, _ = demo_dir
+    html = (out / "report.html").read_text()
+    with Store(out / "monitor.sqlite") as st:
+        df = st.results()
+    assert set(df["run"]) == {QUICK.monitor_run} and (df["status"] == "ok").all()
+    steps = sorted(int(s) for s in df["step"].dropna().unique())
+    assert steps and steps[0] == QUICK.monitor_every and all(s % QUICK.monitor_every == 0 for s in steps)
+    assert {"loss", "quant", "trace", "eigen"} <= set(df["probe"])
+    assert f'data-figure="live:{QUICK.monitor_run}' in html and "Live monitor" in html

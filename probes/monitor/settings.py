@@ -61,7 +61,7 @@ class MonitorSettings:
     """
 
     specs: tuple[str, ...] = DEFAULT_SPECS
-    trace_hvps: int = 10
+    trace_hvps: int = 8
     lanczos_steps: int = 12
     lanczos_tol: float = 1e-2
     trace_ci_floor: float = 0.25
