@@ -55,18 +55,49 @@ def run_one(run, seed: int, out: Path, every: int, eval_shape, settings_kw: dict
     return res
 
 
+def replay(path: Path, settings=None) -> list[dict]:
+    """The alarm of :class:`~probes.monitor.MonitorSettings` (default: today's defaults) replayed
+    on the stored (step, loss, ΔQ) histories of a run file: the same :class:`Alarm` the monitor
+    updates live, fed the same measurements in order. Returns per run the step it fires at."""
+    from probes.demo import DEFAULT
+    from probes.monitor import Alarm, MonitorSettings
+
+    s = settings or MonitorSettings()
+    out = []
+    for r in json.loads(Path(path).read_text()):
+        alarm = Alarm(s.alarm_spec, s.alarm_threshold, s.alarm_window, s.alarm_min_improvement)
+        rates = []
+        for step, loss, dq in r["history"]:
+            rate, _ = alarm.update(step, loss, dq)
+            rates.append((step, rate))
+        run = next(x for x in DEFAULT.runs if x.schedule == r["schedule"] and x.peak_lr == r["peak_lr"])
+        from dataclasses import replace
+
+        cfg = replace(DEFAULT.train_config(run), seed=r["seed"])
+        step = alarm.fired.step if alarm.fired else None
+        out.append({"run": r["run"], "seed": r["seed"], "alarm_step": step, "phase": None if step is None else phase(step, cfg),
+                    "rate": None if alarm.fired is None else round(alarm.fired.rate, 4),
+                    "max_stable_rate": max((x for st, x in rates if x is not None and phase(st, cfg) == "stable"), default=None)})
+    return out
+
+
 def main(argv=None) -> None:
     from concurrent.futures import ProcessPoolExecutor
 
     from probes.demo import DEFAULT
 
     ap = argparse.ArgumentParser()
+    ap.add_argument("--replay", default=None, help="a results JSON of an earlier run: the alarm with today's settings")
     ap.add_argument("--seeds", default="1,2")
     ap.add_argument("--out", default="/tmp/losslens-monitor-alarm")
     ap.add_argument("--every", type=int, default=25)
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--schedules", default="wsd,cosine")
     a = ap.parse_args(argv)
+    if a.replay:
+        for r in replay(Path(a.replay)):
+            print(json.dumps(r))
+        return
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = [int(s) for s in a.seeds.split(",")]

@@ -348,3 +348,27 @@ def test_bad_settings_raise_specific_errors(tmp_path):
     with pytest.raises(MonitorError, match="eval_set"):
         RobustnessMonitor(tmp_path / "m.sqlite", torch.zeros(2, 4, 8))
     assert math.isfinite(MonitorSettings().alarm_threshold)
+
+
+# --------------------------------------------------------------------------- losslens train-tiny --monitor
+def test_train_tiny_monitor_cli_same_checkpoints(tmp_path):
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from probes.cli import app
+
+    data = tmp_path / "data"
+    base = ["train-tiny", "--tiny", "--steps", "20", "--checkpoints", "2", "-q", "--data-dir", str(data)]
+    r = CliRunner().invoke(app, base + ["--out", str(tmp_path / "plain")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, base + ["--out", str(tmp_path / "mon"), "--monitor", "--monitor-every", "10"])
+    assert r.exit_code == 0, r.output
+    assert "monitor: " in r.output and "monitor.sqlite" in r.output
+    for step in ("step-000010", "step-000020"):
+        a = load_file(str(tmp_path / "plain" / step / "model.safetensors"))
+        b = load_file(str(tmp_path / "mon" / step / "model.safetensors"))
+        assert _same(a, b)
+    df = Store(tmp_path / "mon" / "monitor.sqlite").results()
+    assert 10 in set(df["step"].dropna()) and (df["status"] == "ok").all()
+    r = CliRunner().invoke(app, base + ["--out", str(tmp_path / "x"), "--monitor", "--seeds", "0,1"])
+    assert r.exit_code != 0 and "--monitor watches one run" in r.output
