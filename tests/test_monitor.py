@@ -372,3 +372,15 @@ def test_train_tiny_monitor_cli_same_checkpoints(tmp_path):
     assert 10 in set(df["step"].dropna()) and (df["status"] == "ok").all()
     r = CliRunner().invoke(app, base + ["--out", str(tmp_path / "x"), "--monitor", "--seeds", "0,1"])
     assert r.exit_code != 0 and "--monitor watches one run" in r.output
+
+
+def test_time_budget_stretches_the_interval(tmp_path):
+    """With a budget of ~0 every measurement after the first is skipped and counted; with a large
+    one none is."""
+    model = _model(0, dropout=0.0)
+    tight = _monitor(tmp_path / "a.sqlite", every=1, time_budget=1e-9, curvature=False)
+    got = [tight.step(model, s) for s in range(1, 5)]
+    assert got[0] is not None and got[1:] == [None, None, None] and tight.n_skipped == 3
+    assert Store(tmp_path / "a.sqlite").meta["monitor:monitor"]["skipped_for_time"] == 3
+    loose = _monitor(tmp_path / "b.sqlite", every=2, curvature=False)
+    assert [loose.step(model, s) is not None for s in range(1, 5)] == [False, True, False, True]

@@ -203,15 +203,18 @@ class RobustnessMonitor:
     # ----------------------------------------------------------------- when
     def due(self) -> bool:
         """Whether a measurement now keeps the monitor within its time budget: the first always;
-        later ones when (time spent so far + the last measurement's cost) ≤ budget × the training
-        time elapsed (wall time since :meth:`prepare` or the first call, minus the monitor's own)."""
+        later ones when (time spent measuring so far + the last measurement's cost) ≤ budget × the
+        training time elapsed (wall time since :meth:`prepare` or the first call, minus the
+        monitor's own). The one-off :meth:`prepare` is not charged here (it is reported in
+        :meth:`summary` and the store's metadata)."""
         now = time.perf_counter()
         if self._t0 is None:
             self._t0 = now
         if self.n_measured == 0:
             return True
         train = (now - self._t0) - self.monitor_seconds
-        return self.monitor_seconds + self._last_cost <= self.settings.time_budget * train
+        spent = self.monitor_seconds - self.prepare_seconds
+        return spent + self._last_cost <= self.settings.time_budget * train
 
     def step(self, model: nn.Module, step: int, lr: float | None = None, *, loss: float | None = None,
              tokens: int | None = None) -> Measurement | None:
@@ -219,7 +222,10 @@ class RobustnessMonitor:
         ``step``; ``lr``: the LR that update used; ``loss``: its training loss; ``tokens``: tokens
         seen, default ``step × tokens_per_step``). Measures when ``step`` is a multiple of
         ``settings.every`` (default every 50 steps here) and the time budget allows; returns the
-        :class:`Measurement` or None."""
+        :class:`Measurement` or None. The first call runs :meth:`prepare` (the memory check);
+        call ``prepare(model)`` yourself before the loop to be refused before the first update."""
+        if not self._prepared:
+            self.prepare(model)
         every = self.settings.every or 50
         if step % every:
             return None
