@@ -52,6 +52,7 @@ def run_one(run, seed: int, out: Path, every: int, eval_shape, settings_kw: dict
            "alarm_step": None if fired is None else fired.step, "alarm_phase": None if fired is None else phase(fired.step, cfg),
            "decay_starts_after": cfg.steps - round(cfg.decay * cfg.steps) if cfg.schedule == "wsd" else None}
     mon.close()
+    (out / f"{cfg.name}.json").write_text(json.dumps(res, indent=1))   # each run as soon as it is done
     return res
 
 
@@ -102,7 +103,7 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     seeds = [int(s) for s in a.seeds.split(",")]
     runs = [r for r in DEFAULT.runs if r.schedule in a.schedules.split(",")]
-    jobs = [(r, s) for s in seeds for r in runs]
+    jobs = sorted(((r, s) for s in seeds for r in runs), key=lambda j: (j[0].schedule != "wsd", j[1]))  # WSD first
     with ProcessPoolExecutor(a.procs) as ex:
         futs = [ex.submit(run_one, r, s, out, a.every, (4, 16, 64), {}) for r, s in jobs]
         results = [f.result() for f in futs]
