@@ -58,14 +58,17 @@ def run_one(run, seed: int, out: Path, every: int, eval_shape, settings_kw: dict
 
 def replay(path: Path, settings=None) -> list[dict]:
     """The alarm of :class:`~probes.monitor.MonitorSettings` (default: today's defaults) replayed
-    on the stored (step, loss, ΔQ) histories of a run file: the same :class:`Alarm` the monitor
+    on the stored (step, loss, ΔQ) histories of a results file (or a folder of per-run files): the same :class:`Alarm` the monitor
     updates live, fed the same measurements in order. Returns per run the step it fires at."""
     from probes.demo import DEFAULT
     from probes.monitor import Alarm, MonitorSettings
 
     s = settings or MonitorSettings()
     out = []
-    for r in json.loads(Path(path).read_text()):
+    path = Path(path)
+    runs = ([json.loads(f.read_text()) for f in sorted(path.glob("*-s[0-9]*.json"))] if path.is_dir()
+            else json.loads(path.read_text()))
+    for r in runs:
         alarm = Alarm(s.alarm_spec, s.alarm_threshold, s.alarm_window, s.alarm_min_improvement)
         rates = []
         for step, loss, dq in r["history"]:
