@@ -69,15 +69,17 @@ def replay(path: Path, settings=None) -> list[dict]:
     runs = ([json.loads(f.read_text()) for f in sorted(path.glob("*-s[0-9]*.json"))] if path.is_dir()
             else json.loads(path.read_text()))
     for r in runs:
-        alarm = Alarm(s.alarm_spec, s.alarm_threshold, s.alarm_window, s.alarm_min_improvement)
+        alarm = Alarm(s.alarm_spec, s.alarm_threshold, s.alarm_window, s.alarm_min_improvement, s.alarm_lr_drop)
         rates = []
-        for step, loss, dq in r["history"]:
-            rate, _ = alarm.update(step, loss, dq)
-            rates.append((step, rate))
         run = next(x for x in DEFAULT.runs if x.schedule == r["schedule"] and x.peak_lr == r["peak_lr"])
         from dataclasses import replace
 
+        from probes.train.config import lr_at
+
         cfg = replace(DEFAULT.train_config(run), seed=r["seed"])
+        for step, loss, dq in r["history"]:
+            rate, _ = alarm.update(step, loss, dq, lr_at(step, cfg))
+            rates.append((step, rate))
         step = alarm.fired.step if alarm.fired else None
         out.append({"run": r["run"], "seed": r["seed"], "alarm_step": step, "phase": None if step is None else phase(step, cfg),
                     "rate": None if alarm.fired is None else round(alarm.fired.rate, 4),

@@ -384,3 +384,15 @@ def test_time_budget_stretches_the_interval(tmp_path):
     assert Store(tmp_path / "a.sqlite").meta["monitor:monitor"]["skipped_for_time"] == 3
     loose = _monitor(tmp_path / "b.sqlite", every=2, curvature=False)
     assert [loose.step(model, s) is not None for s in range(1, 5)] == [False, True, False, True]
+
+
+def test_alarm_waits_for_the_lr_to_anneal():
+    """At peak LR a high rate does not fire (ΔQ growth there is ordinary progress); the first
+    measurement over the threshold after the LR fell below (1 − lr_drop) × its peak does."""
+    a = Alarm("rtn:2:g32", threshold=0.05, window=1, min_improvement=0.01, lr_drop=0.05)
+    steps = [(1, 4.0, 0.01, 1e-3), (2, 3.9, 0.03, 1e-3), (3, 3.8, 0.05, 1e-3), (4, 3.7, 0.07, 0.96e-3),
+             (5, 3.6, 0.09, 0.5e-3)]
+    fired = [a.update(*s)[1] for s in steps]
+    assert [e.step for e in fired if e is not None] == [5]
+    b = Alarm("rtn:2:g32", threshold=0.05, window=1, min_improvement=0.01)
+    assert [e.step for e in (b.update(*s[:3]) [1] for s in steps) if e is not None] == [2]   # no LR: rate alone

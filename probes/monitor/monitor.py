@@ -148,7 +148,8 @@ class RobustnessMonitor:
         self.tokens_per_step = tokens_per_step
         self.on_alarm = on_alarm
         s = self.settings
-        self.alarm = Alarm(s.alarm_spec, s.alarm_threshold, s.alarm_window, s.alarm_min_improvement) if s.alarm_spec else None
+        self.alarm = (Alarm(s.alarm_spec, s.alarm_threshold, s.alarm_window, s.alarm_min_improvement, s.alarm_lr_drop)
+                      if s.alarm_spec else None)
         self.memory: dict | None = None
         self.monitor_seconds = 0.0
         self.prepare_seconds = 0.0
@@ -173,8 +174,12 @@ class RobustnessMonitor:
         loss = df[(df["probe"] == "loss") & (df["metric"] == "loss")].set_index("step")["value"]
         dq = df[(df["probe"] == "quant") & (df["spec"] == self.alarm.spec) & (df["metric"] == "rel_loss_error")]
         dq = dq.set_index("step")["value"]
+        lrs = df.groupby("step")["lr"].first()
         for step in sorted(set(loss.index) & set(dq.index)):
             self.alarm.history.append((int(step), float(loss[step]), float(dq[step])))
+            lr = lrs.get(step)
+            if lr is not None and math.isfinite(lr):
+                self.alarm.annealing(float(lr))          # the peak LR seen before the resume
 
     def prepare(self, model: nn.Module) -> dict:
         """Check, before training starts, that a measurement fits beside training in memory
@@ -268,7 +273,7 @@ class RobustnessMonitor:
         values = self._values(label)
         event = None
         if self.alarm is not None and "loss" in values and f"dq/{self.alarm.spec}" in values:
-            rate, event = self.alarm.update(step, values["loss"], values[f"dq/{self.alarm.spec}"])
+            rate, event = self.alarm.update(step, values["loss"], values[f"dq/{self.alarm.spec}"], lr)
             if rate is not None:
                 values["alarm_rate"] = rate
             values["alarm"] = float(self.alarm.fired is not None)

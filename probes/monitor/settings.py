@@ -55,7 +55,8 @@ class MonitorSettings:
             10%). A measurement that would push the monitor's total time past the budget is skipped
             (and counted), so the interval stretches on slow steps; the first is always taken.
         alarm_spec: the quantizer whose ΔQ the alarm watches (must be one of ``specs``).
-        alarm_threshold, alarm_window, alarm_min_improvement: the alarm (see :mod:`probes.monitor.alarm`).
+        alarm_threshold, alarm_window, alarm_min_improvement, alarm_lr_drop: the alarm (see
+            :mod:`probes.monitor.alarm`).
         max_memory: bytes (or ``"2GB"``) the monitor may use beside training; None: the geometry
             memory model's default (a fraction of what is free when training starts).
     """
@@ -75,6 +76,7 @@ class MonitorSettings:
     alarm_threshold: float = 0.06
     alarm_window: int = 100
     alarm_min_improvement: float = 0.01
+    alarm_lr_drop: float = 0.05
     max_memory: int | str | None = None
 
     def __post_init__(self):
@@ -102,7 +104,7 @@ class MonitorSettings:
             raise MonitorError(f"every must be None (at each evaluation) or an integer >= 1, got {self.every!r}")
         for name, lo, hi in (("lanczos_tol", 0.0, 1.0), ("trace_ci_floor", 0.0, float("inf")),
                              ("time_budget", 0.0, float("inf")), ("alarm_threshold", 0.0, float("inf")),
-                             ("alarm_min_improvement", 0.0, float("inf"))):
+                             ("alarm_min_improvement", 0.0, float("inf")), ("alarm_lr_drop", 0.0, 1.0)):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo < v < hi:
                 raise MonitorError(f"{name} must be a number in ({lo}, {hi}), got {v!r}")
