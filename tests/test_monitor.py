@@ -283,6 +283,13 @@ def test_rows_are_a_sweep_store_resumable_and_reportable(tmp_path):
     df, plan, _ = load_store(path)
     assert plan.trace.method == "hutchinson" and plan.eigen.method == "lanczos"
     assert build_report(df, tmp_path / "r.html").is_file()
+    from typer.testing import CliRunner
+
+    from probes.cli import app
+
+    again.measure(model, 12, lr=1e-3)
+    r = CliRunner().invoke(app, ["report", str(path), "--out", str(tmp_path / "cli.html"), "--n-boot", "200"])
+    assert r.exit_code == 0 and "3 checkpoints" in r.output, r.output
     meta = Store(path).meta
     assert meta["monitor:r"]["settings"]["trace_hvps"] == 4 and meta["monitor:r"]["memory"]["need"] > 0
 
