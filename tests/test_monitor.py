@@ -352,6 +352,8 @@ def test_bad_settings_raise_specific_errors(tmp_path):
         MonitorSettings(specs=("nope:3",))
     with pytest.raises(MonitorError, match="calibration_set"):
         _monitor(tmp_path / "m.sqlite", specs=("gptq:3", "rtn:2:g32"))
+    with pytest.raises(MonitorError, match="unknown monitor setting.*trace_probes"):
+        _monitor(tmp_path / "m.sqlite", trace_probes=3)
     with pytest.raises(MonitorError, match="eval_set"):
         RobustnessMonitor(tmp_path / "m.sqlite", torch.zeros(2, 4, 8))
     assert math.isfinite(MonitorSettings().alarm_threshold)

@@ -126,6 +126,9 @@ class RobustnessMonitor:
                  on_alarm: Callable[[AlarmEvent], Any] | None = None, **overrides):
         if settings is not None and overrides:
             raise MonitorError(f"give either settings or keyword settings, not both ({sorted(overrides)})")
+        unknown = sorted(set(overrides) - set(MonitorSettings.__dataclass_fields__))
+        if unknown:
+            raise MonitorError(f"unknown monitor setting(s) {unknown}; valid: {', '.join(MonitorSettings.__dataclass_fields__)}")
         self.settings = settings if settings is not None else MonitorSettings(**overrides)
         ev = _token_set(eval_set, "eval_set")
         cv = _token_set(curvature_set, "curvature_set") if curvature_set is not None else ev.subset(1, "curvature")
