@@ -24,7 +24,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed requirements-peers.txt
-	$(BIN)/pip install -e '.[dev,eval]'
+	$(BIN)/pip install -e '.[dev,eval,monitor]'
 	$(BIN)/pip install --no-deps -r requirements-peers.txt
 	$(BIN)/pip install jaxtyping mpmath
 	touch $@

@@ -42,6 +42,7 @@ _USER_ERRORS = (
     ("geometry.base.params", "ParameterSelectionError"), ("geometry.surfaces.planes", "PlaneError"), ("geometry.surfaces.grid", "GridError"),
     ("geometry.base.results", "EstimatorError"), ("geometry.operators.interface", "OperatorError"), ("geometry.surfaces.moving", "SurfaceError"),
     ("probes.core.workers", "WorkerError"), ("torch", "OutOfMemoryError"), ("probes.accuracy.selection", "AccuracyError"),
+    ("probes.monitor.settings", "MonitorError"),
 )
 
 

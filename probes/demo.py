@@ -77,6 +77,8 @@ class DemoSettings:
     accuracy_limit: int = 0
     """Items of the embedded task (seeded subsample) scored per checkpoint for FP and the headline
     quantizer (the accuracy probe, :mod:`probes.accuracy`); 0: off."""
+    monitor_run: str | None = None
+    monitor_every: int = 50
 
     def train_config(self, run: DemoRun):
         from .train.config import TrainConfig
@@ -136,7 +138,7 @@ def _embedded_default() -> dict:
 DEFAULT = DemoSettings(runs=_RUNS, **_embedded_default(), lawa_k=3, quant=_QUANT,
                        headline_spec="rtn:2:g32", trace_hvps=60, eigen_iters=30, eval_shape=(8, 16, 64),
                        calibration_shape=(4, 16, 64), curvature_shape=(1, 16, 64), grid=15, explain=_EXPLAIN,
-                       explain_hvps=30, accuracy_limit=200)
+                       explain_hvps=30, accuracy_limit=200, monitor_run=_RUNS[0].name, monitor_every=100)
 
 #: ``--quick``: the same study at toy size (≤ 2 min; used by the tests), with the explain probe's
 #: within-block parts switched on (one HVP per block and spec: off in the default demo for time).
@@ -144,7 +146,7 @@ QUICK = replace(DEFAULT, runs=(DemoRun("wsd", 3e-3), DemoRun("cosine", 1e-2)), s
                 hidden_size=32, num_layers=2, num_heads=2, batch_size=16, vocab_size=384,
                 quant=("rtn:2:g32", "rtn:3:row", "int8", "gptq:3:row"), trace_hvps=12, eigen_iters=20,
                 eval_shape=(2, 8, 64), calibration_shape=(2, 8, 64), curvature_shape=(1, 4, 64), grid=5,
-                explain_hvps=12, explain_within=True, accuracy_limit=60)
+                explain_hvps=12, explain_within=True, accuracy_limit=60, monitor_every=30)
 
 
 @dataclass
@@ -263,7 +265,16 @@ def _train_job(context, run: DemoRun):
     from .train.tiny import train_tiny
 
     settings, out, progress = context
-    return train_tiny(settings.train_config(run), out / "runs" / run.name, progress=progress, data_dir=out / "data")
+    cfg, folder, mon = settings.train_config(run), out / "runs" / run.name, None
+    if run.name == settings.monitor_run:  # watched live (probes.monitor); the training is bit-identical
+        from .monitor.tiny import tiny_monitor
+
+        mon = tiny_monitor(cfg, out / "monitor.sqlite", folder, out / "data", every=settings.monitor_every)
+    try:
+        return train_tiny(cfg, folder, progress=progress, data_dir=out / "data", on_step=None if mon is None else mon.step)
+    finally:
+        if mon is not None:
+            mon.close()
 
 
 def _surface_job(context, traj, path: str) -> str:
@@ -414,7 +425,7 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
     report_path = build_report(df, out / "report.html", correlations=correlations, phases=phases,
                                surfaces={f"{k} ({settings.headline_spec})": v for k, v in surfaces.items()},
                                plan=plan0, title="losslens demo: sharpness and quantization error along training",
-                               notes=notes, explanation=explanation)
+                               notes=notes, explanation=explanation, live=_live_curves(out, settings))
     result = DemoResult(out=out, report=Path(report_path), store=store_path, results=df, final=final,
                         correlations=correlations, phases={k: v.to_dict() for k, v in phases.items()}, seconds=seconds,
                         explain=_driver_lines(explanation), accuracy=accuracy_text, failures=failures, problems=problems)
@@ -425,6 +436,22 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
                                                   "exit_code": result.exit_code},
                                                  indent=2, default=str))
     return result
+
+
+def _live_curves(out: Path, settings: DemoSettings) -> dict:
+    """``{label: results}`` of the run the monitor watched while it trained (``DIR/monitor.sqlite``)."""
+    from .sweep import Store
+
+    path = out / "monitor.sqlite"
+    if settings.monitor_run is None or not path.is_file():
+        return {}
+    with Store(path) as st:
+        df, alarm = st.results(), st.meta.get(f"monitor_alarm:{settings.monitor_run}")
+    df = df[df["run"] == settings.monitor_run]
+    if df.empty:
+        return {}
+    when = f"alarm at step {alarm['step']}" if alarm else "no alarm"
+    return {f"{settings.monitor_run}, measured every {settings.monitor_every} steps while training ({when})": df}
 
 
 def _driver_lines(check: dict | None) -> str:

@@ -74,6 +74,20 @@ def test_demo_scores_the_embedded_task_along_its_trajectories(demo_dir):
     assert "Does task accuracy fall where ΔQ rises" in output and "Does task accuracy fall" in html
 
 
+def test_demo_report_shows_the_monitored_run_live(demo_dir):
+    """The first run is trained under probes.monitor: its store holds rows taken while it trained
+    (at multiples of monitor_every, the first always), and the report draws them."""
+    out, _ = demo_dir
+    html = (out / "report.html").read_text()
+    with Store(out / "monitor.sqlite") as st:
+        df = st.results()
+    assert set(df["run"]) == {QUICK.monitor_run} and (df["status"] == "ok").all()
+    steps = sorted(int(s) for s in df["step"].dropna().unique())
+    assert steps and steps[0] == QUICK.monitor_every and all(s % QUICK.monitor_every == 0 for s in steps)
+    assert {"loss", "quant", "trace", "eigen"} <= set(df["probe"])
+    assert f'data-figure="live:{QUICK.monitor_run}' in html and "Live monitor" in html
+
+
 def test_demo_exits_1_and_flags_failed_probes(demo_dir):
     """A probe row stored as failed (here: marked so in the store, as a crash would leave it) makes
     the demo exit 1, with the failure in the summary, on stderr and in the report; it used to exit 0."""

@@ -56,6 +56,10 @@ def register(app: typer.Typer) -> None:
                                             "seeds; runs in OUT/<name>-s<seed>/)"),
         force: bool = typer.Option(False, "--force", help="overwrite a different run in --out"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+        monitor: bool = typer.Option(False, "--monitor", help="measure ΔQ (RTN INT3, INT2-g32), loss, trace and "
+                                     "λ_max while training into OUT/monitor.sqlite (probes.monitor; `losslens "
+                                     "report` reads it); training is unchanged"),
+        monitor_every: int = typer.Option(50, "--monitor-every", help="with --monitor: measure every N steps [50]"),
     ) -> None:
         """Train a tiny GPT-NeoX on the embedded corpus and write an HF-checkpoint trajectory.
 
@@ -74,6 +78,8 @@ def register(app: typer.Typer) -> None:
         overrides = {k: v for k, v in overrides.items() if v is not None}
         if save_optimizer:
             overrides["save_optimizer"] = True
+        if monitor and (sweep or seeds is not None):
+            raise typer.BadParameter("--monitor watches one run; it cannot be combined with --sweep / --seeds")
         if sweep or seeds is not None:
             if resume_from is not None:
                 raise typer.BadParameter("--resume-from cannot be combined with --sweep / --seeds")
@@ -100,12 +106,20 @@ def register(app: typer.Typer) -> None:
             if failed:
                 raise typer.Exit(1)
             return
+        mon = None
         try:
             config = replace(TrainConfig.tiny() if tiny else TrainConfig(), **overrides)
+            if monitor:
+                from probes.monitor.tiny import tiny_monitor
+
+                mon = tiny_monitor(config, Path(out) / "monitor.sqlite", out, data_dir, every=monitor_every)
             traj = train_tiny(config, out, progress=not quiet, resume_from=resume_from, overwrite=force, data_dir=data_dir,
-                              num_threads=threads)
+                              num_threads=threads, on_step=None if mon is None else mon.step)
         except TrainError as exc:
             raise typer.BadParameter(str(exc)) from exc
+        finally:
+            if mon is not None:
+                mon.close()
         last = traj[len(traj) - 1]
         meta = traj.meta
         typer.echo(f"wrote {len(traj)} checkpoints of {traj.name} ({meta.get('n_params', '?'):,} parameters) to "
@@ -114,6 +128,13 @@ def register(app: typer.Typer) -> None:
                    f"validation loss {last.meta.get('val_loss', float('nan')):.4f}; "
                    f"{meta.get('seconds', 0):.1f} s, {meta.get('steps_per_second', 0):.1f} steps/s")
         typer.echo(f"  load it with: Trajectory.from_folder({str(out)!r})")
+        if mon is not None:
+            sm = mon.summary()
+            alarm = sm["alarm"]
+            typer.echo(f"  monitor: {sm['measured']} measurements ({sm['skipped_for_time']} skipped for time, "
+                       f"{sm['monitor_seconds']:.1f} s) in {Path(out) / 'monitor.sqlite'}; "
+                       + (f"alarm at step {alarm['step']}" if alarm else "no alarm")
+                       + f"; see `losslens report {Path(out) / 'monitor.sqlite'}`")
 
     @app.command("fork")
     def fork_cmd(

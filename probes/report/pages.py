@@ -229,6 +229,7 @@ def build_report(
     title: str = "losslens report",
     notes: str | None = None,
     explanation: Mapping[str, Any] | None = None,
+    live: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a self-contained HTML report; returns its path.
 
@@ -243,6 +244,8 @@ def build_report(
     versions : software versions to print; default :func:`versions` of this process.
     explanation : :func:`probes.analysis.explain.science_check` of ``df``; computed here when ``df``
         holds ``explain`` rows and it is not given (section "Why quantization error changes").
+    live : ``{label: results DataFrame}`` of runs measured while training (:mod:`probes.monitor`
+        stores), drawn in a section "Live monitor" (loss, ΔQ, curvature against the step).
     """
     import plotly
     from plotly.offline import get_plotlyjs
@@ -262,6 +265,11 @@ def build_report(
         fig_html.append(f'<p class="note" data-note="awq">{html.escape(", ".join(map(str, awq)))}: '
                         f'{html.escape(HELD_OUT_NOTE)}</p>')
     sections.append(("trajectory", "Trajectory", "".join(fig_html)))
+
+    for j, (label, ldf) in enumerate((live or {}).items()):
+        parts = [f'<div class="figure" data-figure="live:{html.escape(str(label))}:{name}">{figure_html(fig, f"live-{j}-{i}")}</div>'
+                 for i, (name, fig) in enumerate(trajectory_figures(ldf).items()) if not name.startswith("scatter")]
+        sections.append((f"live-{j}", f"Live monitor: {label}", "".join(parts)))
 
     ex = _explain_section(df, explanation, _phases_for_figures(phases))
     if ex:

@@ -194,6 +194,10 @@ class Store:
                 out[k] = v
         return out
 
+    def set_meta(self, items: Mapping[str, Any]) -> None:
+        """Insert or replace metadata entries (values JSON-encoded), e.g. the monitor's settings."""
+        self._set_meta(items)
+
     @_guarded
     def _set_meta(self, items: Mapping[str, Any]) -> None:
         with self.conn:

@@ -190,8 +190,8 @@ def write_json(path: Path, data: dict) -> None:
 # --------------------------------------------------------------------------------------------
 
 def train_tiny(config: TrainConfig, out_dir: str | Path, progress: bool = True, resume_from: str | Path | None = None,
-               overwrite: bool = False, data_dir: str | Path | None = None, num_threads: int | None = None
-               ) -> Trajectory:
+               overwrite: bool = False, data_dir: str | Path | None = None, num_threads: int | None = None,
+               on_step=None) -> Trajectory:
     """Train a tiny GPT-NeoX under ``config`` and write its trajectory to ``out_dir``.
 
     Returns ``Trajectory.from_folder(out_dir)``. If ``out_dir`` already holds a finished run with
@@ -205,16 +205,19 @@ def train_tiny(config: TrainConfig, out_dir: str | Path, progress: bool = True, 
     thread when ``hidden_size <= 64`` (such models are too small to gain from threads, and on a
     loaded machine 2 threads were measured 25x slower than 1), torch's default otherwise; 0 =
     torch's default.
+    ``on_step``: called as ``on_step(model, step, lr=lr, loss=loss)`` after every update (e.g. a
+    :class:`probes.monitor.RobustnessMonitor`'s ``step``; it must leave the training state alone).
     Cost: ``steps`` forward+backward passes of [batch_size, seq_len] plus ``checkpoints`` x
     ``val_batches`` forward passes.
     """
     if num_threads is None:
         num_threads = 1 if config.hidden_size <= 64 else 0
     with torch_threads(num_threads):
-        return _train(config, Path(out_dir), progress, resume_from, overwrite, data_dir)
+        return _train(config, Path(out_dir), progress, resume_from, overwrite, data_dir, on_step)
 
 
-def _train(config: TrainConfig, out: Path, progress: bool, resume_from, overwrite: bool, data_dir) -> Trajectory:
+def _train(config: TrainConfig, out: Path, progress: bool, resume_from, overwrite: bool, data_dir,
+           on_step=None) -> Trajectory:
     out.mkdir(parents=True, exist_ok=True)
     tj_path = out / "trajectory.json"
     if tj_path.is_file() and resume_from is None:
@@ -226,7 +229,7 @@ def _train(config: TrainConfig, out: Path, progress: bool, resume_from, overwrit
                              "output folder or overwrite=True (--force)")
         done = [r for r in old.get("checkpoints", []) if (out / r["path"] / "training_state.pt").is_file()]
         if not overwrite and done:  # an unfinished run that saved its optimizer: continue it
-            return _train(config, out, progress, out / done[-1]["path"], overwrite, data_dir)
+            return _train(config, out, progress, out / done[-1]["path"], overwrite, data_dir, on_step)
         for p in out.glob("step-*"):
             if p.is_dir():
                 shutil.rmtree(p)
@@ -254,13 +257,13 @@ def _train(config: TrainConfig, out: Path, progress: bool, resume_from, overwrit
     }
     run_loop(model, optimizer, train, val, tok, out, record, config, start=start,
              checkpoint_steps=config.checkpoint_steps, lr_fn=lambda step: lr_at(step, config), progress=progress,
-             t_start=t_start)
+             t_start=t_start, on_step=on_step)
     return Trajectory.from_folder(out)
 
 
 def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, train: torch.Tensor, val: TokenSet, tok: Any,
              out: Path, record: dict, config: TrainConfig, start: int, checkpoint_steps: list[int], lr_fn,
-             progress: bool = False, t_start: float | None = None, checkpoint_extra=None) -> None:
+             progress: bool = False, t_start: float | None = None, checkpoint_extra=None, on_step=None) -> None:
     """The training loop shared by :func:`train_tiny` and forks (:mod:`probes.train.forks`).
 
     Runs updates ``start + 1 .. config.steps``; update ``step`` uses LR ``lr_fn(step)`` on batch
@@ -269,7 +272,8 @@ def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, train: torch.Te
     ``config.save_optimizer``), appends a record (step, tokens, lr, mean train loss since the last
     checkpoint, val loss, seconds since ``t_start``, plus ``checkpoint_extra(step)`` when given) to
     ``record["checkpoints"]`` and rewrites ``out/trajectory.json``; ``record["complete"]`` turns
-    true at ``config.steps``.
+    true at ``config.steps``. ``on_step(model, step, lr=lr, loss=loss)``, when given, is called after
+    every update (before the checkpoint of that step).
     """
     from tqdm.auto import tqdm
 
@@ -294,6 +298,8 @@ def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, train: torch.Te
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         losses.append(loss.item())
+        if on_step is not None:
+            on_step(model, step, lr=lr, loss=losses[-1])
         if progress:
             bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr:.2e}", refresh=False)
         if step in ckpt_steps:
