@@ -168,8 +168,8 @@ class DemoResult:
 
     @property
     def exit_code(self) -> int:
-        """0 when every probe row of every run is ``ok``; 1 when some failed (:attr:`failures`: run →
-        failed rows). Analyses that could not be computed (:attr:`problems`) are flagged in the
+        """0 when every probe row of every run is ``ok``; 1 when some failed (``failures``: run →
+        failed rows). Analyses that could not be computed (``problems``) are flagged in the
         summary and the report, not in the exit status: the data, not the run, lacked something."""
         return 1 if self.failures else 0
 

@@ -152,7 +152,7 @@ def top_eigenvalues(
             random vector orthogonal to it. When the basis reaches its size m (below the steps
             wanted: memory), it is thick-restarted: the ℓ Ritz vectors of largest ``|θ|`` are kept
             with their coupling to the residual (Wu & Simon 2000), ℓ chosen at each restart as
-            TRLan's adaptive scheme does (:func:`_kept`). Cost: one HVP per step, plus one
+            TRLan's adaptive scheme does (``_kept``). Cost: one HVP per step, plus one
             block of k HVPs for the true residuals of the Ritz vectors, which decide ``converged``.
 
             ``"power"`` — power iteration for the largest-``|λ|`` eigenpair, then deflated power

@@ -29,7 +29,7 @@ vectors without ever forming H. Three backends compute the same products (``"aut
     measured on a check slice (:meth:`checked`) and recorded in every estimator plan.
 ``"auto"``
     ``"reverse"`` when its pass fits ``max_memory``, else ``"difference"`` when its pass fits and its
-    error is ≤ ``difference_tolerance`` (else :class:`OperatorError`); why: :attr:`backend_choice`.
+    error is ≤ ``difference_tolerance`` (else :class:`OperatorError`); why: ``backend_choice``.
 
 ``vectorize="auto"`` picks the sequential second backwards on CPU (measured faster there, see
 benchmarks/README.md, "HVP throughput") and the vectorized one on CUDA.
@@ -309,7 +309,7 @@ class HessianOperator(CurvatureOperator):
     def pass_bytes(self, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         """Predicted peak bytes of one :meth:`matmat_flat` of ``k`` vectors beyond its input and
         output ``[k, dim]`` tensors (:func:`geometry.memory.graphs.pass_bytes`), with graphs kept
-        between calls when ``cached`` (default: :attr:`cache_graphs`)."""
+        between calls when ``cached`` (default: ``cache_graphs``)."""
         if self.backend == "difference":
             need = difference_pass_bytes(self)
         else:

@@ -11,10 +11,10 @@ word order in context tells them apart). Built by :func:`build_items`, determini
   windows of ``prompt_words + choice_words`` words; the prompt is the first ``prompt_words`` words
   (no trailing space), the gold choice the next ``choice_words`` words with a leading space, so the
   scored continuation starts at a word boundary (lm-eval's ``target_delimiter`` is "");
-- a window is kept when its prompt has at most :data:`PROMPT_CHARS` characters and its gold at
-  most :data:`CHOICE_CHARS`; the distractors are three distinct orderings of the gold's words,
+- a window is kept when its prompt has at most ``PROMPT_CHARS`` characters and its gold at
+  most ``CHOICE_CHARS``; the distractors are three distinct orderings of the gold's words,
   each different from the gold (a window whose words allow fewer gives no item);
-- the distractors and the gold's position (0–3) are drawn with :class:`random.Random` seeded by
+- the distractors and the gold's position (0–3) are drawn with ``random.Random`` seeded by
   the SHA-256 of ``(document name, window index)``, so items do not depend on each other or on
   the document order;
 - items whose prompt appears twice are dropped (both), so no item is duplicated;
@@ -69,11 +69,15 @@ TASK_NAME = "losslens_pydoc_mc"
 TASK_DIR = Path(__file__).parent / "tasks" / TASK_NAME
 """The lm-eval task folder shipped with the package (YAML + the generator it points to)."""
 FORMAT = 2
+#: Most tokens of prompt + longest choice under the reference tokenizer.
 CONTEXT_TOKENS = 64
+#: Entries of the reference byte-level BPE the items are checked against.
 REFERENCE_VOCAB = 384
 PROMPT_WORDS = 10
 CHOICE_WORDS = 4
+#: Most characters of an item's prompt.
 PROMPT_CHARS = 80
+#: Most characters of an item's gold continuation.
 CHOICE_CHARS = 32
 N_CHOICES = 4
 

@@ -5,7 +5,7 @@ tokenizer=tok)`` -- no reload from disk or hub; the model keeps its device and d
 model gets its log-softmax in float32, as :func:`probes.core.lm.lm_loss` does) -- and calls
 ``lm_eval.evaluator.evaluate``, the core of ``simple_evaluate`` without its global RNG seeding and
 its ~1.5 s per call of environment logging (it runs ``pip list``), with ``log_samples=True``; the
-tasks' few-shot samplers are seeded with :data:`FEWSHOT_SEED`, ``simple_evaluate``'s default. From the logged samples it keeps, per task,
+tasks' few-shot samplers are seeded with ``FEWSHOT_SEED``, ``simple_evaluate``'s default. From the logged samples it keeps, per task,
 the per-item outcomes (``acc``; ``acc_norm`` where the task has it), so that two models scored on
 the same items can be compared item by item (:mod:`.stats`).
 
@@ -36,6 +36,7 @@ from .stats import mean_stderr
 __all__ = ["TaskScore", "score_model", "subsample", "prepare_tasks", "prepared_once"]
 
 _PREPARED: dict = {}
+#: Seed of the tasks' few-shot samplers (``simple_evaluate``'s default).
 FEWSHOT_SEED = 1234
 """Seed of the few-shot sampler of every task (lm-eval's ``simple_evaluate`` default)."""
 

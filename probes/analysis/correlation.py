@@ -2,6 +2,7 @@
 (docs/science.md §6).
 
 * :func:`correlate` — Pearson, Spearman or Kendall r over the pooled checkpoints, with
+
   - a 95% interval from a **circular-block bootstrap within runs** (blocks of ``block_len``
     consecutive checkpoints of one run, chosen from the lag-1 autocorrelation and recorded;
     :func:`~.dependence.block_length`);
@@ -10,6 +11,7 @@
     breaks only the alignment of x and y (all ∏ n_r arrangements when there are at most
     ``n_perm``, else ``n_perm`` random ones);
   - **n_eff**, Bartlett's effective sample size, next to n.
+
 * :func:`partial_correlation` — r between the residuals of x and y after least squares on the
   covariates (with intercept; on ranks for Spearman); the same interval (rows resampled together),
   a Freedman–Lane permutation test (y's residuals rotated within runs, then residualised again)
@@ -41,7 +43,9 @@ from .inputs import AnalysisError, align_pair, as_1d, check_method, covariate_ma
 
 __all__ = ["Correlation", "correlate", "partial_correlation", "DEPENDENT", "DESCRIPTIVE"]
 
+#: ``inference`` of a correlation with a block-bootstrap interval and a circular-shift p-value.
 DEPENDENT = "block bootstrap + circular shifts"
+#: ``inference`` of a correlation without an honest p-value (too few arrangements).
 DESCRIPTIVE = "descriptive"
 MIN_RUN_FOR_INTERVAL = 4
 """Median run length below which no block-bootstrap interval is given (fewer than 2 blocks of 2)."""

@@ -12,7 +12,7 @@ intact; :mod:`.correlation` uses them.
 - :func:`block_length` — the block length, from the lag-1 autocorrelation (a plug-in rule for
   block-bootstrap variance estimation: the n^(1/3) rate with an AR(1) constant):
   ``b = ceil((3m/2)^(1/3) · (2ρ/(1 − ρ²))^(2/3))``, m the median run length, ρ the larger
-  |lag-1 autocorrelation| of the two series (each centred on its run mean, ρ ≤ 0.95).
+  ``|lag-1 autocorrelation|`` of the two series (each centred on its run mean, ρ ≤ 0.95).
 - :func:`effective_n` — Bartlett's effective sample size of a correlation between two
   autocorrelated series, ``n / (1 + 2 Σ_k w_k ρ_x(k) ρ_y(k))`` (w_k = share of the n points that
   have a partner k steps later in their run; series centred on the pooled mean, so a between-run

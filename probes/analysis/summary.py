@@ -16,6 +16,7 @@ from .series import checkpoint_runs, series_frame, unconverged
 
 __all__ = ["summary", "analyse", "COLUMNS"]
 
+#: The columns of the correlation summary table, in order.
 COLUMNS = ["x", "y", "method", "controls", "r", "ci_low", "ci_high", "p", "n", "n_eff", "n_runs", "block_len", "n_perm",
            "inference", "n_excluded", "n_unconverged", "note"]
 
@@ -24,7 +25,7 @@ def summary(df, x: str | Sequence[str] | None = None, y: str | Sequence[str] | N
             controls: Sequence[str] | str | None = None, methods: Sequence[str] = ("pearson", "spearman"),
             n_boot: int = 2000, seed: int = 0, include_derived: bool = False, include_unconverged: bool = False,
             allow_mixed: bool = False, n_perm: int = 2000):
-    """Correlation table: one row per (x, y, method, controls) with the columns :data:`COLUMNS`:
+    """Correlation table: one row per (x, y, method, controls) with the columns ``COLUMNS``:
     r, the block-bootstrap 95% interval [ci_low, ci_high], the circular-shift permutation p (NaN
     when 'descriptive'), n, n_eff, runs, block length, shift arrangements compared, inference
     ('block bootstrap + circular shifts' or 'descriptive'), n_excluded, n_unconverged and a note.

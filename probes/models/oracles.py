@@ -15,7 +15,7 @@ Precision: the oracle evaluates a **float64 copy** of the model (the caller's mo
 written) inside :func:`float64_everywhere`, a ``TorchFunctionMode`` that serves every request for
 float32 (``.float()``, ``.to(torch.float32)``, ``dtype=torch.float32``, e.g. HF's RMSNorm and eager
 softmax upcasts) in float64. Without it a float64 HF model rounds its norms to float32, which puts
-noise of ~1e-7·|L| into every loss value and, divided by h², swamps a second difference. With it,
+noise of ~1e-7·``|L|`` into every loss value and, divided by h², swamps a second difference. With it,
 loss values carry ~1e-15 relative noise; on the six seed families (2 seeds, step 0.05 and two
 halvings) vᵀHv agreed with both backends' float64 products to ≤ 7e-9·‖Hv‖ and with their float32
 products to ≤ 5e-8·‖Hv‖ (tests/test_oracles.py asserts 1e-7 and 2e-6). Run the products you check inside the same context (or compare a float32

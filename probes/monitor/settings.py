@@ -41,9 +41,9 @@ class MonitorSettings:
             (RTN by default; GPTQ/AWQ need a calibration set).
         trace_hvps: Hessian-vector products of the Hutchinson trace (Rademacher probes), fixed.
         lanczos_steps: Lanczos steps (one HVP each) for λ_max; stops early when converged.
-        lanczos_tol: λ_max counts as converged when ‖Hv − λv‖ ≤ tol·|λ| (docs/science.md §4).
+        lanczos_tol: λ_max counts as converged when ‖Hv − λv‖ ≤ tol·``|λ|`` (docs/science.md §4).
         trace_ci_floor: precision floor of the trace: the 95% interval's half-width divided by
-            |trace| must not exceed it; a row above it is flagged ``below_floor`` (so is an
+            ``|trace|`` must not exceed it; a row above it is flagged ``below_floor`` (so is an
             unconverged λ_max).
         curvature: measure trace and λ_max (False: ΔQ and loss only).
         seed: seed of the trace probes and the Lanczos start vector (the same at every step).

@@ -6,7 +6,7 @@ model block by block lives in :mod:`probes.quant.sequential`.
 
 It reproduces the IST-DASLab reference (``gptq.py`` ``GPTQ.fasterquant`` + ``quant.py``
 ``Quantizer``) step for step, so the two agree to float rounding on the same W, H and settings
-(tested: ``tests/test_gptq_reference.py`` against an independent transcription, ≤ 1e-12 of max |W|
+(tested: ``tests/test_gptq_reference.py`` against an independent transcription, ≤ 1e-12 of max ``|W|``
 in float64 over 448 settings; the result does not depend on the scale of H):
 
 0. the per-row grid (used when ``group_size = -1``) is fitted on W as given, before step 1 — so a

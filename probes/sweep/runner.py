@@ -29,7 +29,7 @@ eigen          top{k}            lambda_1..lambda_k, each with its converged fla
                                  iterations = Lanczos steps or power iterations actually taken)
 block_trace    groups name       trace per group (the tidy table's spec = group name)
 kurtosis       ""                pooled weight excess kurtosis of the quantized matrices (per_matrix)
-accuracy       fp | spec [@task] acc (± stderr, 95% CI), acc_norm; for a spec delta_acc = acc_q − acc_fp and
+accuracy       fp|spec[@task]    acc (± stderr, 95% CI), acc_norm; for a spec delta_acc = acc_q − acc_fp and
                                  rel_drop with paired bootstrap CIs (McNemar p); no @task: mean over tasks
                                  (probes.accuracy; lm-eval on the in-memory model, FP scored once)
 explain        quantizer spec    actual_delta, rel_delta, gTd, quadratic = dHd/2, pred_delta, remainder,
@@ -266,6 +266,7 @@ def _kurtosis(st: CheckpointState, task: Task) -> ProbeRow:
                     extra={"per_matrix": {n: float(v) for n, v in dict(k.per_matrix).items()}})
 
 
+#: The function that computes each probe's rows, by probe name.
 PROBE_FUNCS: dict[str, Callable[[CheckpointState, Task], ProbeRow]] = {
     "loss": _loss, "quant": _quant, "directional": _directional, "trace": _trace, "eigen": _eigen,
     "block_trace": _block_trace, "kurtosis": _kurtosis, "explain": _explain, "accuracy": _accuracy,

@@ -34,7 +34,7 @@ class TraceProbe:
 @dataclass(frozen=True)
 class EigenProbe:
     """Top-``k`` Hessian eigenvalues (by magnitude, sign kept) by Lanczos (default) or power iteration;
-    converged means a true residual ‖Hv − λv‖ ≤ tol·|λ| (:func:`geometry.estimators.eigen.top_eigenvalues`)."""
+    converged means a true residual ‖Hv − λv‖ ≤ tol·``|λ|`` (:func:`geometry.estimators.eigen.top_eigenvalues`)."""
 
     k: int = 1
     method: str = "lanczos"
