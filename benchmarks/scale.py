@@ -394,8 +394,11 @@ def run(quick: bool = False, shapes: tuple[str, ...] | None = None, dtypes: tupl
     if with_projection and not quick:
         from probes.core.threads import torch_threads
 
+        from benchmarks.sharded import project as sharded_project
+
         with torch_threads(threads):
             rows += project()
+        rows += sharded_project()  # OLMo-2-7B and a 32B shape over 8 x 80 GB, FSDP2-sharded (issue #27)
     return rows
 
 

@@ -18,7 +18,7 @@ Hutchinson (``--probes`` probes) and Lanczos (``--steps`` steps) on a
 
 ``--project``: per-rank memory of sharded Hutchinson / Lanczos on OLMo-2-7B and a 32B shape
 (OLMo-2-0325-32B: hidden 5120, 64 layers, 40 heads, MLP 27648, vocabulary 100,352) over 8 GPUs of
-80 GB, bfloat16 weights, float32 vectors and master copy, one sequence of 2048 tokens with
+80 GB, bfloat16 weights and master copy, float32 vectors, one sequence of 2048 tokens with
 activation checkpointing (see :func:`project`).
 """
 from __future__ import annotations
@@ -105,8 +105,10 @@ SHAPE_32B = (5120, 64, 40, 27648, 100352)
 def project(gpus: int = 8, gpu_bytes: float = 80e9, seq: int = 2048, vectors: dict | None = None) -> list[dict]:
     """Per-rank bytes of sharded curvature over ``gpus`` GPUs (bfloat16 model, float32 vectors):
 
-    θ shard (2 B / param / N) + float32 master shard (4 B / N) + ``.grad`` shard (2 B / N) + the
-    estimator's float32 vectors (4 B / N each) + two all-gathered decoder blocks (current and
+    θ shard (2 B / param / N) + master shard in the parameters' dtype (2 B / N; a bfloat16 number
+    converts to float32 exactly) + one float32 cast of the largest local tensor (the embedding's
+    shard, ``vocab · h · 4 B / N``) + ``.grad`` shard (2 B / N) + the estimator's float32 vectors
+    (4 B / N each) + two all-gathered decoder blocks (current and
     prefetched, 2 B / block param each) + the reduce-scatter of one block's gradient (2 B / block
     param) + activations of one sequence with checkpointing (the blocks' inputs, ``L · s · h · 2 B``,
     plus one block's recompute, ≈ ``s · (14 h + 2 ff) · 2 B``) + the loss's float32 logits
@@ -120,7 +122,7 @@ def project(gpus: int = 8, gpu_bytes: float = 80e9, seq: int = 2048, vectors: di
         per_layer = 4 * h * h + 3 * h * ff + 4 * h
         dim = _param_count("olmo-2-7b") if name == "olmo-2-7b" else int(2 * vocab * h + L * per_layer + h)
         shard = dim / gpus
-        fixed = shard * (2 + 4 + 2) + 2 * 2 * per_layer + 2 * per_layer
+        fixed = shard * (2 + 2 + 2) + vocab * h * 4 / gpus + 2 * 2 * per_layer + 2 * per_layer
         acts = L * seq * h * 2 + seq * (14 * h + 2 * ff) * 2 + 2 * seq * vocab * 4
         row = {"kind": "sharded projection", "shape": name, "params": dim, "gpus": gpus, "tokens": f"1x{seq}",
                "checkpointing": True, "fixed_GB": fixed / 1e9, "activations_GB": acts / 1e9,
