@@ -384,6 +384,40 @@ def factors(dtypes: tuple[str, ...] = ("float32",), threads: int = 2) -> list[di
             for b in ("reverse", "forward")]
 
 
+#: OLMo-2-0325-32B's published shape: (hidden, layers, heads, intermediate, vocab)
+SHAPE_32B = (5120, 64, 40, 27648, 100352)
+
+
+def sharded_project(gpus: int = 8, gpu_bytes: float = 80e9, seq: int = 2048, vectors: dict | None = None) -> list[dict]:
+    """Per-rank bytes of sharded curvature over ``gpus`` GPUs (bfloat16 model, float32 vectors):
+
+    θ shard (2 B / param / N) + master shard in the parameters' dtype (2 B / N; a bfloat16 number
+    converts to float32 exactly) + one float32 cast of the largest local tensor (the embedding's
+    shard, ``vocab · h · 4 B / N``) + ``.grad`` shard (2 B / N) + the estimator's float32 vectors
+    (4 B / N each) + two all-gathered decoder blocks (current and
+    prefetched, 2 B / block param each) + the reduce-scatter of one block's gradient (2 B / block
+    param) + activations of one sequence with checkpointing (the blocks' inputs, ``L · s · h · 2 B``,
+    plus one block's recompute, ≈ ``s · (14 h + 2 ff) · 2 B``) + the loss's float32 logits
+    (``s · vocab · 4 B`` twice: logits and their gradient). Parameter counts as ``benchmarks.scale``.
+    """
+    vectors = vectors or {"hutchinson (block 1)": 2, "lanczos (basis 8)": 9, "hutch++ (sketch 8)": 10}
+    rows = []
+    for name, (h, L, heads, ff, vocab) in (("olmo-2-7b", SHAPES["olmo-2-7b"]), ("olmo-2-32b", SHAPE_32B)):
+        per_layer = 4 * h * h + 3 * h * ff + 4 * h
+        dim = _param_count("olmo-2-7b") if name == "olmo-2-7b" else int(2 * vocab * h + L * per_layer + h)
+        shard = dim / gpus
+        fixed = shard * (2 + 2 + 2) + vocab * h * 4 / gpus + 2 * 2 * per_layer + 2 * per_layer
+        acts = L * seq * h * 2 + seq * (14 * h + 2 * ff) * 2 + 2 * seq * vocab * 4
+        row = {"kind": "sharded projection", "shape": name, "params": dim, "gpus": gpus, "tokens": f"1x{seq}",
+               "checkpointing": True, "fixed_GB": fixed / 1e9, "activations_GB": acts / 1e9,
+               "vector_shard_GB": 4 * shard / 1e9}
+        for est, n in vectors.items():
+            need = fixed + acts + n * 4 * shard
+            row[f"{est}_GB"] = need / 1e9
+            row[f"{est}_fits"] = bool(need <= gpu_bytes)
+        rows.append(row)
+    return rows
+
 def run(quick: bool = False, shapes: tuple[str, ...] | None = None, dtypes: tuple[str, ...] = ("float32",),
         probes: tuple[str, ...] | None = None, max_memory: str = "8GB", threads: int = 2,
         with_projection: bool = False) -> list[dict]:
@@ -393,8 +427,6 @@ def run(quick: bool = False, shapes: tuple[str, ...] | None = None, dtypes: tupl
     rows = [_run_child(s, p, d, max_memory, threads) for s in shapes for d in dtypes for p in probes]
     if with_projection and not quick:
         from probes.core.threads import torch_threads
-
-        from benchmarks.sharded import project as sharded_project
 
         with torch_threads(threads):
             rows += project()
