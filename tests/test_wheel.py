@@ -45,11 +45,12 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 
 
 def _source_files() -> set[str]:
-    """What the wheel must hold: every module and py.typed of geometry/ and probes/ in the checkout."""
+    """What the wheel must hold: every module, py.typed and lm-eval task YAML of geometry/ and probes/
+    in the checkout."""
     files = set()
     for pkg in ("geometry", "probes"):
         for p in (ROOT / pkg).rglob("*"):
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".typed"):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".typed", ".yaml"):
                 files.add(p.relative_to(ROOT).as_posix())
     return files
 
