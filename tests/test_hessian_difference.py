@@ -303,6 +303,32 @@ def test_error_check_records_why_when_no_exact_product_can_run():
     assert check["rel_error"] is None and check["reference"].startswith("unavailable")
 
 
+def test_error_check_is_planned_within_the_budget():
+    """The check holds three vectors and one product's pass; a budget that cannot hold them skips it
+    with the bytes (it once allocated float64 copies of [2, dim] unplanned: 24 GB at 410M)."""
+    model = tiny_model("gpt_neox", seed=0, dtype=torch.float32)
+    op = HessianOperator(model, lm_loss, FAMILY_BATCHES, backend="difference", max_memory=4096)
+    check = op.checked()
+    assert check["rel_error"] is None and "the exact check needs" in check["reference"]
+    assert "of a 4.10 kB budget" in check["reference"]
+    roomy = HessianOperator(model, lm_loss, FAMILY_BATCHES, backend="difference")
+    assert roomy.checked()["rel_error"] < 1e-2
+
+
+def test_product_error_one_vector_at_a_time_equals_the_direct_formula():
+    from geometry.operators.difference import product_error
+
+    model = micro_gptneox(seed=2, dtype=torch.float64)
+    batches = random_batches(n_batches=1, batch=2, seq=8, seed=4)
+    a = HessianOperator(model, lm_loss, batches, backend="difference")
+    b = HessianOperator(model, lm_loss, batches)
+    g = a.generator(7)
+    V = torch.stack([torch.randn(1, a.dim, generator=g, dtype=a.dtype)[0] for _ in range(3)])
+    got, ref = a.matmat_flat(V), b.matmat_flat(V)
+    direct = float(((got - ref).norm(dim=1) / ref.norm(dim=1)).max())
+    assert product_error(a, b, num_vectors=3, seed=7) == pytest.approx(direct, rel=1e-9)
+
+
 def test_bad_backend_is_refused():
     with pytest.raises(OperatorError, match="'difference'"):
         HessianOperator(tiny_mlp(), mlp_loss, mlp_batches(), backend="finite")

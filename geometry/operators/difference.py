@@ -73,7 +73,7 @@ from ..memory.graphs import itemsize, one_row, peak_new_bytes
 from .interface import CurvatureOperator, OperatorError, estimator_dtype
 
 __all__ = ["STEP_CONSTANT", "DEFAULT_TOLERANCE", "relative_step", "step_size", "stencil", "checkpointing_layers",
-           "difference_products", "gradient_pass_bytes", "pass_bytes", "product_error", "operator_pass_bytes", "measure",
+           "difference_products", "gradient_pass_bytes", "pass_bytes", "product_error", "check_bytes", "operator_pass_bytes", "measure",
            "choose_backend"]
 
 #: ``c`` in the step rule ``h = c · u^(1/3)`` (central) / ``c · u^(1/5)`` (Richardson), measured on
@@ -227,16 +227,39 @@ def pass_bytes(one_row_bytes: int, two_rows: int | None, rows: int, dim: int, pa
 def product_error(op: CurvatureOperator, reference: CurvatureOperator, num_vectors: int = 2,
                   seed: int = 0) -> float:
     """Largest relative error ``‖op v − ref v‖ / ‖ref v‖`` over ``num_vectors`` seeded Gaussian
-    vectors (float64 norms). Cost: ``num_vectors`` products of each operator."""
+    vectors, one vector at a time, norms summed in float64 a chunk at a time. Cost: ``num_vectors``
+    products of each operator. Memory beyond the products' passes: three ``[1, dim]`` vectors in
+    the operators' vector dtype (v, op v, ref v) and float64 chunks (:func:`check_bytes`)."""
     if op.dim != reference.dim:
         raise OperatorError(f"the operators have different dimensions ({op.dim} and {reference.dim})")
     g = op.generator(seed)
-    V = torch.randn(num_vectors, op.dim, generator=g, dtype=torch.float64)
-    got = op.matmat_flat(V.to(device=op.device, dtype=op.dtype)).double().cpu()
-    ref = reference.matmat_flat(V.to(device=reference.device, dtype=reference.dtype)).double().cpu()
-    num = torch.linalg.vector_norm(got - ref, dim=1)
-    den = torch.linalg.vector_norm(ref, dim=1).clamp_min(1e-300)
-    return float((num / den).max())
+    worst = 0.0
+    for _ in range(num_vectors):
+        v = torch.randn(1, op.dim, generator=g, dtype=op.dtype)
+        got = op.matmat_flat(v.to(device=op.device))
+        ref = reference.matmat_flat(v.to(device=reference.device, dtype=reference.dtype))
+        del v
+        num, den = _difference_norms(got[0], ref[0].to(got.device))
+        worst = max(worst, num / max(den, 1e-300))
+        del got, ref
+    return worst
+
+
+def _difference_norms(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 21) -> tuple[float, float]:
+    """``(‖a − b‖, ‖b‖)`` of two flat vectors, in float64 one chunk at a time (no full-size copy)."""
+    num = den = 0.0
+    for s in range(0, a.numel(), chunk):
+        y = b[s:s + chunk].double()
+        num += float((a[s:s + chunk].double() - y).square().sum())
+        den += float(y.square().sum())
+    return math.sqrt(num), math.sqrt(den)
+
+
+def check_bytes(op: Any, *passes: int) -> int:
+    """Peak bytes of :func:`product_error` on operators of ``op.dim`` whose single-vector passes
+    take ``passes`` bytes: three vectors of the vector dtype, the larger pass (the products run
+    one after the other) and three float64 chunks."""
+    return 3 * op.dim * itemsize(op.dtype) + max(passes, default=0) + 3 * 8 * min(op.dim, 1 << 21)
 
 
 def _rows(batch: Any, n: int) -> Any:
@@ -276,14 +299,24 @@ def measure(op: Any, make: Callable[[str, list], CurvatureOperator], num_vectors
     copy of the first batch), on ``num_vectors`` seeded vectors; ``make(backend, batches)`` builds
     the operators. When the exact product cannot run there (no double-backward rule, or out of
     memory) ``rel_error`` is None and ``reference`` says why: bound it elsewhere (e.g. on a miniature
-    of the architecture, :func:`probes.models.curvature.miniature_bound`). Cost: 2 · num_vectors products
-    of each backend on the check slice (plus one reverse graph build)."""
+    of the architecture, :func:`probes.models.curvature.miniature_bound`); so it is when the check's
+    memory (:func:`check_bytes`: three vectors and the larger single-vector pass) exceeds the
+    operator's budget. Cost: 2 · num_vectors products of each backend on the check slice (plus one
+    reverse graph build)."""
     batches = list(op.check_batches) if op.check_batches is not None else [one_row(op.batches[0])[1]]
     h = op.difference_step or relative_step(op.param_dtype, op.richardson)
     out = {"backend": "difference", "step": h, "richardson": op.richardson, "num_vectors": num_vectors, "seed": seed}
     diff = make("difference", batches)
     try:
-        error = product_error(diff, make("reverse", batches), num_vectors, seed)
+        from ..memory.model import format_bytes, resolve_budget
+
+        reference = make("reverse", batches)
+        need = check_bytes(op, diff.pass_bytes(1), reference.pass_bytes(1, cached=False))
+        budget = resolve_budget(op.max_memory, op.device)
+        if need > budget:  # planned like any estimator: never an allocation the budget did not allow
+            return {**out, "rel_error": None, "reference": f"not run on {_describe(batches)}: the exact check needs "
+                    f"{format_bytes(need)} of a {format_bytes(budget)} budget (bound it on a miniature instead)"}
+        error = product_error(diff, reference, num_vectors, seed)
     except (RuntimeError, NotImplementedError, OperatorError) as exc:  # recorded, never silent
         return {**out, "rel_error": None, "reference": f"unavailable on {_describe(batches)}: {type(exc).__name__}: {exc}"[:300]}
     dtype = str(op.param_dtype).replace("torch.", "")
