@@ -5,16 +5,11 @@ the test compares the ranks with a single process over all the batches.
 """
 from __future__ import annotations
 
-import datetime
-import os
-import traceback
-from pathlib import Path
-
 import torch
-import torch.distributed as dist
 
 from geometry import HessianOperator, hutchinson_trace, top_eigenvalues
 from geometry.operators.parallel import split_batches
+from tests.gloo_ranks import gloo_group, record
 from tests.tiny_models import lm_loss, micro_gptneox, random_batches
 
 SIZES = [3, 5, 2]  # uneven rows: the token weights matter, and 3 batches split 2 + 1
@@ -35,36 +30,22 @@ def estimates(op: HessianOperator) -> dict:
             "weights": op.weights, "num_batches": len(op.batches)}
 
 
-def _record(out: Path, name: str, rank: int, fn) -> None:
-    try:
-        result = {"ok": fn()}
-    except Exception as exc:  # the test inspects the error each rank raised
-        result = {"error": type(exc).__name__, "message": str(exc), "trace": traceback.format_exc()}
-    torch.save(result, out / f"{name}-{rank}.pt")
-
-
 def run(rank: int, world: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-    out = Path(out)
-    try:
+    with gloo_group(rank, world, port, timeout_s=60):
         model = micro_gptneox(seed=1)
         mine = split_batches(lm_batches(), rank, world)
-        _record(out, "same", rank, lambda: estimates(HessianOperator(model, lm_loss, mine, data_parallel=True)))
+        record(out, "same", rank, lambda: estimates(HessianOperator(model, lm_loss, mine, data_parallel=True)))
 
         def failing_loss(m, batch):
             if rank == 1:
                 raise RuntimeError("this rank's loss broke")
             return lm_loss(m, batch)
 
-        _record(out, "rank_fails", rank,
-                lambda: HessianOperator(model, failing_loss, mine, data_parallel=True).matvec_flat(torch.ones(
-                    sum(p.numel() for p in model.parameters()), dtype=torch.float64)))
-        _record(out, "empty_rank", rank,
-                lambda: HessianOperator(model, lm_loss, mine if rank == 0 else [], data_parallel=True))
-        _record(out, "mismatch", rank,
-                lambda: HessianOperator(model, lm_loss, mine, params="*layers.0.*" if rank == 0 else None,
-                                        data_parallel=True))
-    finally:
-        dist.destroy_process_group()
+        record(out, "rank_fails", rank,
+               lambda: HessianOperator(model, failing_loss, mine, data_parallel=True).matvec_flat(torch.ones(
+                   sum(p.numel() for p in model.parameters()), dtype=torch.float64)))
+        record(out, "empty_rank", rank,
+               lambda: HessianOperator(model, lm_loss, mine if rank == 0 else [], data_parallel=True))
+        record(out, "mismatch", rank,
+               lambda: HessianOperator(model, lm_loss, mine, params="*layers.0.*" if rank == 0 else None,
+                                       data_parallel=True))

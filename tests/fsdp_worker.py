@@ -4,16 +4,11 @@ shards a tiny model with FSDP2 ``fully_shard`` and runs the estimators on a
 computed, or the error it raised, to ``out/<scenario>-<rank>.pt``."""
 from __future__ import annotations
 
-import datetime
-import os
-import traceback
-from pathlib import Path
-
 import torch
-import torch.distributed as dist
-
 from geometry import hutchinson_trace, hutchpp_trace, spectral_density, top_eigenvalues
 from geometry.operators.parallel import split_batches
+from probes.models.sharding import shard_model
+from tests.gloo_ranks import gloo_group, record
 from tests.tiny_models import lm_loss, micro_gptneox, micro_llama, random_batches
 
 SIZES = [3, 5, 2]  # 3 batches of uneven rows: split 2 + 1 over 2 ranks
@@ -32,37 +27,13 @@ def estimates(op) -> dict:
     return {"trace": tr.value, "hutchpp": pp.value, "lanczos": lz.values[0], "power": pw.values[0]}
 
 
-def shard(model, world: int):
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh("cpu", (world,))
-    blocks = model.gpt_neox.layers if hasattr(model, "gpt_neox") else model.model.layers
-    for block in blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
-
-
-def _record(out: Path, name: str, rank: int, fn) -> None:
-    try:
-        result = {"ok": fn()}
-    except Exception as exc:  # the test inspects the error each rank raised
-        result = {"error": type(exc).__name__, "message": str(exc), "trace": traceback.format_exc()}
-    torch.save(result, out / f"{name}-{rank}.pt")
-
-
 def run(rank: int, world: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-    out = Path(out)
     from geometry.operators.sharded import ShardedHessianOperator
 
-    try:
+    with gloo_group(rank, world, port, timeout_s=120):
         mine = split_batches(lm_batches(), rank, world)
         for family, make in FAMILIES.items():
-            model = shard(make(seed=1), world)
+            model = shard_model(make(seed=1))
             before = {n: p.to_local().clone() for n, p in model.named_parameters()}
 
             def run_family():
@@ -72,9 +43,7 @@ def run(rank: int, world: int, port: int, out: str) -> None:
                            unchanged=all(torch.equal(before[n], p.to_local()) for n, p in model.named_parameters()))
                 return res
 
-            _record(out, f"same-{family}", rank, run_family)
-        model = shard(micro_gptneox(seed=1), world)
-        _record(out, "refuses-slq", rank, lambda: spectral_density(ShardedHessianOperator(model, lm_loss, mine),
-                                                                   num_runs=1, num_steps=4))
-    finally:
-        dist.destroy_process_group()
+            record(out, f"same-{family}", rank, run_family)
+        model = shard_model(micro_gptneox(seed=1))
+        record(out, "refuses-slq", rank, lambda: spectral_density(ShardedHessianOperator(model, lm_loss, mine),
+                                                                  num_runs=1, num_steps=4))

@@ -4,34 +4,20 @@ batches (float64, to 1e-10), with an uneven split (3 batches of 3, 5 and 2 rows 
 failures are one error on every rank, never a hang."""
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from geometry import HessianOperator
 from geometry.operators.parallel import split_batches
 from tests import dp_worker
+from tests.gloo_ranks import WORLD, run_ranks
 from tests.tiny_models import lm_loss, micro_gptneox
-
-WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """Run every scenario of tests/dp_worker.py once on 2 spawned ranks; {scenario: [rank results]}."""
-    out = tmp_path_factory.mktemp("dp")
-    mp.start_processes(dp_worker.run, args=(WORLD, _free_port(), str(out)), nprocs=WORLD, join=True,
-                       start_method="spawn")
-    names = {p.name.rsplit("-", 1)[0] for p in out.glob("*.pt")}
-    return {n: [torch.load(out / f"{n}-{r}.pt", weights_only=False) for r in range(WORLD)] for n in names}
+    return run_ranks(dp_worker.run, tmp_path_factory.mktemp("dp"))
 
 
 def test_two_ranks_equal_one_process_over_all_batches(ranks):

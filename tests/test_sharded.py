@@ -5,32 +5,17 @@ uneven split (3 batches of 3, 5 and 2 rows over 2 ranks); each rank's vectors ho
 θ is unchanged after the products; unsupported estimators refuse in one line."""
 from __future__ import annotations
 
-import socket
-
 import pytest
-import torch
-import torch.multiprocessing as mp
 
 from geometry import HessianOperator
 from tests import fsdp_worker
+from tests.gloo_ranks import WORLD, run_ranks
 from tests.tiny_models import lm_loss
-
-WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp")
-    mp.start_processes(fsdp_worker.run, args=(WORLD, _free_port(), str(out)), nprocs=WORLD, join=True,
-                       start_method="spawn")
-    names = {p.name.rsplit("-", 1)[0] for p in out.glob("*.pt")}
-    return {n: [torch.load(out / f"{n}-{r}.pt", weights_only=False) for r in range(WORLD)] for n in names}
+    return run_ranks(fsdp_worker.run, tmp_path_factory.mktemp("fsdp"))
 
 
 @pytest.mark.parametrize("family", sorted(fsdp_worker.FAMILIES))
