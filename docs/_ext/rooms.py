@@ -329,19 +329,8 @@ def _by_last_name(domain, target: str, module: str) -> list[str]:
 
 def _canonical_of(dotted: str) -> str | None:
     """The canonical name of the object at a dotted path (importing its module), or None."""
-    parts = dotted.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except Exception:  # noqa: BLE001 - not a module path: try a shorter one
-            continue
-        try:
-            for attr in parts[cut:]:
-                obj = getattr(obj, attr)
-        except AttributeError:
-            return None
-        return _canonical(obj)
-    return None
+    obj = _lookup(dotted)
+    return None if obj is None else _canonical(obj)
 
 
 _TYPE = re.compile(r"^\s*[\w.]+(\[[\w., \[\]|]*\])?(\s*\|\s*[\w.]+(\[[\w., \[\]|]*\])?)*\s*$")
