@@ -106,44 +106,34 @@ def _cgroup_free() -> int | None:
         return None
 
 
-def _host_total() -> int:
-    """Bytes of physical RAM (Linux ``MemTotal``), capped by a cgroup limit."""
-    total = None
+def _host_memory(meminfo_key: str, sysconf_pages: str, cgroup_cap: int | None) -> int:
+    """Bytes of the Linux ``/proc/meminfo`` entry ``meminfo_key`` (elsewhere ``sysconf_pages`` ×
+    the page size, else 8 GiB), capped by ``cgroup_cap`` when there is one."""
+    value = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemTotal:"):
-                    total = int(line.split()[1]) * 1024
+                if line.startswith(meminfo_key + ":"):
+                    value = int(line.split()[1]) * 1024
                     break
     except OSError:
         pass
-    if total is None:
+    if value is None:
         try:
-            total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            value = os.sysconf(sysconf_pages) * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError, AttributeError):
-            total = 8 * 2**30
-    cg = _cgroup_limit()
-    return min(total, cg) if cg is not None else total
+            value = 8 * 2**30
+    return min(value, cgroup_cap) if cgroup_cap is not None else value
+
+
+def _host_total() -> int:
+    """Bytes of physical RAM (Linux ``MemTotal``), capped by a cgroup limit."""
+    return _host_memory("MemTotal", "SC_PHYS_PAGES", _cgroup_limit())
 
 
 def _host_available() -> int:
-    """Bytes of RAM available to new allocations (MemAvailable, capped by a cgroup limit)."""
-    avail = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except OSError:
-        pass
-    if avail is None:  # non-Linux: total physical memory is the best cheap answer
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            avail = 8 * 2**30
-    cg = _cgroup_free()
-    return min(avail, cg) if cg is not None else avail
+    """Bytes of RAM available to new allocations (MemAvailable, capped by what a cgroup limit leaves)."""
+    return _host_memory("MemAvailable", "SC_AVPHYS_PAGES", _cgroup_free())
 
 
 def available_bytes(device: torch.device | str) -> int:
