@@ -117,6 +117,7 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     from geometry.surfaces.moving import planned_forward_bytes
     from geometry.estimators.trace import block_traces
     from geometry.memory.graphs import peak_new_bytes
+    from geometry.memory.model import trim
     from probes.core.lm import lm_loss
     from probes.models.curvature import lm_hessian
 
@@ -142,6 +143,7 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
         plane = random_plane(center, seed=0, max_memory=max_memory)
         extra_setup = 2 * sum(t.numel() * t.element_size() for t in center.values())  # e1, e2 (origin: a copy)
     gc.collect()
+    trim()                        # free heap kept from building the model would hide the run's growth
     base, _ = _rss()
     file_base = _rss_file()
     _reset_peak()

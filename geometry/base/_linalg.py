@@ -81,6 +81,23 @@ def spans(dim: int, rows: int = 1):
         yield slice(start, min(start + step, dim))
 
 
+def power_sums(x: torch.Tensor, scale: float = 1.0) -> tuple[float, float]:
+    """``(Σ (x/scale)², Σ (x/scale)⁴)`` over every entry of ``x``, in float64, :data:`CHUNK`
+    entries at a time (``x.sum(dtype=torch.float64)`` would first cast all of ``x`` on CPU).
+    Temporaries: one float64 chunk (16.8 MB); one host synchronisation. Local: no sum over ranks."""
+    flat = x.reshape(-1)                                     # a view for contiguous x
+    s2 = torch.zeros((), dtype=torch.float64, device=x.device)
+    s4 = torch.zeros((), dtype=torch.float64, device=x.device)
+    for start in range(0, flat.numel(), CHUNK):
+        q = flat[start:start + CHUNK].to(torch.float64, copy=True)
+        if scale != 1.0:
+            q.div_(scale)
+        s2 += q.square_().sum()
+        s4 += q.square_().sum()
+        del q                                                # before the next chunk's copy
+    return float(s2), float(s4)
+
+
 def rowdot(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     """``[k]`` float64 (CPU): ``Σ_j A[i, j] · B[i, j]`` for each row i of two ``[k, dim]`` tensors."""
     out = torch.zeros(A.shape[0], dtype=torch.float64)

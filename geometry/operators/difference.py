@@ -69,8 +69,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from ..base._linalg import power_sums
 from ..memory.graphs import itemsize, one_row, peak_new_bytes
-from .interface import CurvatureOperator, OperatorError, estimator_dtype
+from .interface import CurvatureOperator, OperatorError
 
 __all__ = ["STEP_CONSTANT", "DEFAULT_TOLERANCE", "relative_step", "step_size", "stencil", "checkpointing_layers",
            "difference_products", "gradient_pass_bytes", "pass_bytes", "product_error", "check_bytes", "operator_pass_bytes", "measure",
@@ -129,15 +130,14 @@ def _master(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 def _norms(parts: Sequence[torch.Tensor]) -> tuple[float, float]:
     """``(‖v‖₂, ‖v‖₄²)`` of the vector split in ``parts``, summed in float64 from v / max|v| (no
-    overflow or underflow of the fourth powers; one part-sized temporary at a time)."""
-    vmax = max(float(t.abs().max()) for t in parts)
+    overflow or underflow of the fourth powers; temporaries: one float64 chunk, no part-sized copy)."""
+    vmax = max(max(-float(lo), float(hi)) for lo, hi in (t.aminmax() for t in parts))
     if vmax == 0.0:
         return 0.0, 0.0
     s2 = s4 = 0.0
     for t in parts:
-        q = (t / vmax).square_()
-        s2 += float(q.sum(dtype=torch.float64))
-        s4 += float(q.square_().sum(dtype=torch.float64))
+        a, b = power_sums(t, vmax)
+        s2, s4 = s2 + a, s4 + b
     return vmax * math.sqrt(s2), vmax * vmax * math.sqrt(s4)
 
 
@@ -158,7 +158,7 @@ def difference_products(params: dict[str, torch.Tensor], items: Sequence[tuple[i
     """
     tensors = list(params.values())
     master = _master(tensors)
-    theta_norm = math.sqrt(sum(float(m.to(estimator_dtype(m.dtype)).square().sum(dtype=torch.float64)) for m in master))
+    theta_norm = math.sqrt(sum(power_sums(m)[0] for m in master))
     k, n = vs[0].shape[0], sum(m.numel() for m in master)
     saved_flags = [p.requires_grad for p in tensors]
     count = 0

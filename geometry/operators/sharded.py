@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..base._linalg import ShardLayout
+from ..base._linalg import ShardLayout, power_sums
 from ..base.batches import raw_batch_weights
 from ..base.modes import module_modes
 from ..memory.graphs import itemsize, one_row, peak_new_bytes
@@ -178,12 +178,11 @@ class ShardedHessianOperator(CurvatureOperator):
 
     def _global_norms(self, tensors: Sequence[torch.Tensor]) -> tuple[float, float]:
         """``(‖x‖₂, ‖x‖₄²)`` of the global vector whose local parts are ``tensors``, summed in float64
-        (one part-sized float64 temporary at a time) and over the ranks."""
+        (one float64 chunk at a time) and over the ranks."""
         s2 = s4 = 0.0
         for t in tensors:
-            q = t.to(torch.float64, copy=True).square_()  # a copy: never square the caller's tensor
-            s2 += float(q.sum())
-            s4 += float(q.square_().sum())
+            a, b = power_sums(t)
+            s2, s4 = s2 + a, s4 + b
         s2, s4 = self.parallel.sum_floats([s2, s4], self._device)
         return math.sqrt(s2), math.sqrt(s4)
 
