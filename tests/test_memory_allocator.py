@@ -1,5 +1,6 @@
 """geometry.memory.model: with its settings, freed tensor memory leaves the process's resident
-memory (the mechanism; benchmarks/README.md "Scale" measures why the CLI does not use it)."""
+memory (the mechanism; benchmarks/README.md "Scale" measures what it does to peak RSS against the
+plan, and why ``--strict-memory`` uses a 64 kB threshold and is not the default)."""
 from __future__ import annotations
 
 import os
@@ -22,22 +23,28 @@ def rss():
 if sys.argv[1] == "cli":
     from geometry.memory.model import return_freed_memory
     assert return_freed_memory()
+if sys.argv[1] == "strict":                   # what `losslens sharpness/sweep/explain --strict-memory` does
+    import os
+    from probes.commands._shared import apply_strict_memory
+    apply_strict_memory(True)
+    assert os.environ["MALLOC_MMAP_THRESHOLD_"] == "65536"   # for the workers it starts
+size = int(sys.argv[2])
 big = torch.ones(4 << 20); del big            # a 16 MB block freed: glibc raises its mmap threshold to it
 base = rss()
 keep, tmp = [], []
-for i in range(100):
-    tmp.append(torch.ones(1 << 19))           # 2 MB each, freed below
-    keep.append(torch.ones(30000))            # kept: pins the heap above the freed blocks
+for i in range((200 << 20) // (4 * size)):
+    tmp.append(torch.ones(size))              # 200 MB in all, freed below
+    keep.append(torch.ones(size // 64))       # kept: pins the heap above the freed blocks
 held = rss() - base
 del tmp
 print(held, rss() - base)
 """
 
 
-def _run(mode: str) -> tuple[int, int]:
+def _run(mode: str, size: int = 1 << 19) -> tuple[int, int]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(size)], env=env, capture_output=True, text=True, check=True)
     held, left = map(int, out.stdout.split())
     return held, left
 
@@ -48,3 +55,14 @@ def test_freed_tensors_leave_resident_memory_with_the_cli_settings():
     assert held > 190e6 and left > 0.9 * held         # glibc's default keeps the freed 200 MB resident
     held, left = _run("cli")
     assert held > 190e6 and left < 0.15 * held        # returned to the OS (the kept tensors stay)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or _libc() is None, reason="glibc malloc only")
+def test_strict_memory_returns_activation_sized_blocks_that_the_cli_settings_keep():
+    """256 kB blocks (a Pythia-70m activation is 0.5 MB, 14m's 128 kB): kept by glibc's defaults and
+    by the 1 MiB threshold, returned with ``--strict-memory``'s 64 kB."""
+    size = 64 << 10                                    # float32 numbers: 256 kB
+    held, left = _run("cli", size)
+    assert held > 190e6 and left > 0.9 * held
+    held, left = _run("strict", size)
+    assert held > 190e6 and left < 0.15 * held

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -74,6 +75,32 @@ def test_correlate_command(traj, tmp_path, runner):
     assert r.exit_code == 2 and "no results store" in r.output
     with Store(full) as st:
         assert st.count("ok") == 3 * N_CKPT
+
+
+def test_strict_memory_changes_the_allocator_not_the_numbers(traj, runner):
+    """``--strict-memory`` (glibc's 64 kB mmap threshold, process-wide: so in a subprocess) gives the
+    same trace and eigenvalue, bit for bit, as the default allocator."""
+    import os
+    import subprocess
+    import sys
+
+    from geometry.memory.model import _libc
+
+    if not sys.platform.startswith("linux") or _libc() is None:
+        pytest.skip("--strict-memory needs glibc's malloc")
+    args = ["sharpness", str(traj / "step-000200"), "--num-matvecs", "3", "--data",
+            str(traj / "data" / "curvature.safetensors"), "--threads", "1", "--max-iter", "5", "--json"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    plain = json.loads(r.output[r.output.index("{"):])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, "-m", "probes.cli", *args, "--strict-memory"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    strict = json.loads(done.stdout[done.stdout.index("{"):])
+    assert strict["trace"]["value"] == plain["trace"]["value"]
+    assert strict["eigen"]["values"] == plain["eigen"]["values"]
 
 
 def test_sharpness_command_json(traj, runner):

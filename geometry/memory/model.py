@@ -35,7 +35,7 @@ from ..base.results import EstimatorError
 
 __all__ = [
     "MemoryBudgetError", "MemoryEstimate", "available_bytes", "total_bytes", "default_budget", "parse_bytes", "resolve_budget",
-    "identity_settings", "return_freed_memory", "trim",
+    "identity_settings", "return_freed_memory", "trim", "STRICT_MMAP_THRESHOLD",
     "format_bytes", "vector_bytes", "temporaries_bytes", "TEMPORARIES_PART", "CPU_FRACTION", "CUDA_FRACTION",
 ]
 
@@ -370,27 +370,32 @@ def with_basis(parts: dict[str, int], name: str, nbytes: int, on_host: bool) -> 
 
 
 # ---------------------------------------------------------------------------------------------
-# The host allocator's retention: an opt-in to return freed tensor memory to the OS at once.
+# The host allocator's retention, and ``--strict-memory``.
 #
 # The memory plan (:mod:`geometry.memory.model`) counts the bytes of live tensors. On Linux, torch's
 # CPU tensors come from glibc ``malloc``, which serves requests below a *dynamic* mmap threshold
-# (128 kB, raised up to 32 MB each time a larger mapped block is freed) from heaps and arenas that
-# keep freed space: resident memory can exceed the live tensors. :func:`return_freed_memory` fixes
-# the threshold, so every allocation of at least ``mmap_threshold`` bytes gets its own mapping,
-# returned to the OS when freed (tests/test_memory_allocator.py shows the mechanism: 200 MB of freed
-# 2 MB tensors leave the process instead of staying resident).
+# (128 kB, raised up to 32 MB each time a larger mapped block is freed) from heaps that keep freed
+# space: resident memory can exceed the live tensors. :func:`return_freed_memory` fixes the
+# threshold, so every allocation of at least ``mmap_threshold`` bytes gets its own mapping, returned
+# to the OS when freed (tests/test_memory_allocator.py shows the mechanism).
 #
-# **Measured, it does not make the memory plan a cap, so nothing calls it by default.** On the
-# Pythia-70m shape (Hutchinson, 8 HVPs, benchmarks/README.md "Scale"): peak RSS above the model was
-# 1.90 GB with glibc's defaults, 2.10 GB with a 1 MiB threshold (worse: activations of 0.5 MB then
-# come from the heaps) and 1.90 GB with 64 kB (at twice the time), against a plan of 1.80 GB and
-# 1.74 GB of live tensors (every allocation tracked). It stays as an opt-in for experiments
-# (``LOSSLENS_BENCH_ALLOCATOR=cli`` or ``cli:BYTES`` in ``benchmarks/scale.py``). It changes
+# Measured (benchmarks/README.md "Scale", Hutchinson, 8 HVPs, graphs kept, float32, 2 threads; the
+# heap trimmed before the baseline): with glibc's defaults peak RSS exceeds the live tensors by
+# 0.25-0.33 GB at the Pythia-70m shape and 0.72 GB at 160m, about 1.1-1.5 x the saved graphs of the
+# kept batches; a 1 MiB threshold leaves 0.17 / 0.44 GB of it (activations below 1 MiB still come
+# from the heaps); 64 kB (:data:`STRICT_MMAP_THRESHOLD`) leaves 0.04 GB, the kernels' own
+# temporaries, at 1.6-1.7 x the time (every activation is then a fresh mapping). The CLI applies it
+# with ``--strict-memory`` only; by default it keeps glibc's defaults. (Before issue #22 the
+# products' finiteness check also cast every product to float64, 8 bytes per parameter outside the
+# plan: that, not the allocator, was most of the gap once put down to glibc.) It changes
 # process-wide state: call it from an application's entry point, never at import. It does nothing
 # off glibc (macOS, musl) and for CUDA memory (torch's caching allocator keeps its own reserve).
 # ---------------------------------------------------------------------------------------------
 #: Allocations of at least this many bytes get their own mapping (returned to the OS on free).
 MMAP_THRESHOLD = 1 << 20
+#: The threshold of ``losslens … --strict-memory``: measured to keep peak RSS within the plan
+#: (1 MiB did not: activations below it fragment the heaps; benchmarks/README.md "Scale").
+STRICT_MMAP_THRESHOLD = 64 << 10
 #: The heaps return their free top to the OS once it exceeds this many bytes.
 TRIM_THRESHOLD = 1 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3           # glibc malloc.h

@@ -64,6 +64,7 @@ Conventions, side effects and guarantees of every call:
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 import torch
@@ -315,11 +316,14 @@ class HessianOperator(CurvatureOperator):
         else:
             graphs = [self.graph_bytes(i) for i in range(len(self.batches))]
             grad = self.dim * itemsize(self.param_dtype)
-            # half-precision models: each float32 vector is converted to the parameters' dtype for its product
-            converted = grad if self.dtype != self.param_dtype else 0
-            need = pass_bytes(graphs, grad, self.backend, self.vectorize, k,
-                              chunk or self._chunk(k, True), self.cache_graphs if cached is None else cached,
-                              self.loss_transient_bytes + converted)
+            # half models: each float32 vector is converted to the parameters' dtype, and adding a half
+            # product into a float32 output casts it a parameter at a time (the largest, per vector in flight)
+            chunk, converted = chunk or self._chunk(k, True), 0
+            if self.dtype != self.param_dtype:
+                largest = max((math.prod(s) for s in self.space.shapes), default=0)
+                converted = grad + (min(k, chunk) if self.vectorize else 1) * largest * itemsize(self.dtype)
+            need = pass_bytes(graphs, grad, self.backend, self.vectorize, k, chunk,
+                              self.cache_graphs if cached is None else cached, self.loss_transient_bytes + converted)
         if self.parallel is None:
             return need
         # every rank plans for the largest pass of any rank (so all make the same choices), plus the

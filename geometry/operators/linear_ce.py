@@ -147,7 +147,8 @@ class _LinearCEGrad(torch.autograd.Function):
                 u += a_b.to(cdt)
             dz = p.clone()
             dz[torch.arange(len(hc), device=h.device), y[s:s + chunk]] -= 1.0
-            out_g += (dz * u).sum(dtype=torch.float64) / T
+            for r in range(0, len(hc), 16):                    # float64 sums of 16 rows: on CPU a float64
+                out_g += (dz[r:r + 16] * u[r:r + 16]).sum(dtype=torch.float64) / T  # sum casts its input
             J = u.mul_(p)                                      # p ⊙ u, in u's storage
             J.sub_(p.mul_(J.sum(1, keepdim=True))).mul_(scale)  # (p ⊙ u − p (p·u)) · scale
             del p

@@ -15,7 +15,7 @@ from typing import List, Optional
 
 import typer
 
-from ._shared import CHECKPOINT_HELP, backend_option, cache_dir_option, label_option, schedule_option, tokens_option
+from ._shared import CHECKPOINT_HELP, apply_strict_memory, strict_memory_option, backend_option, cache_dir_option, label_option, schedule_option, tokens_option
 
 DEFAULT_SPECS = ["rtn:4:g128", "gptq:4:g128"]
 
@@ -84,6 +84,7 @@ def register(app: typer.Typer) -> None:
         device: Optional[str] = typer.Option(None, "--device", help="torch device (default: cuda when available)"),
         threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch threads"),
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="bytes or e.g. 8GB each curvature step may allocate"),
+        strict_memory: bool = strict_memory_option(),
         backend: str = backend_option(),
         cache_dir: Optional[Path] = cache_dir_option(),
         schedule: Optional[str] = schedule_option(),
@@ -94,6 +95,7 @@ def register(app: typer.Typer) -> None:
         from probes.explain import BlockError, ExplainError, explain_checkpoint
         from probes.quant import QuantizeError, QuantSpec
 
+        apply_strict_memory(strict_memory)
         specs = spec or DEFAULT_SPECS
         try:
             specs = [str(QuantSpec.parse(s)) for s in specs]
