@@ -33,3 +33,15 @@ torch.set_num_threads(1)
 def _seed_everything():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _allocator_settings_stay_out_of_the_test_process(monkeypatch):
+    """``--strict-memory`` (implied by ``--max-memory``) changes glibc's settings for the whole
+    process and the processes it starts; in-process CLI tests must not leave them on for the rest
+    of the suite. The real setting is tested in subprocesses (tests/test_memory_allocator.py,
+    tests/test_sweep_cli.py::test_strict_memory_changes_the_allocator_not_the_numbers)."""
+    import geometry.memory.model as memory_model
+
+    monkeypatch.setattr(memory_model, "return_freed_memory", lambda *args, **kwargs: True)
+    yield

@@ -66,3 +66,15 @@ def test_strict_memory_returns_activation_sized_blocks_that_the_cli_settings_kee
     assert held > 190e6 and left > 0.9 * held
     held, left = _run("strict", size)
     assert held > 190e6 and left < 0.15 * held
+
+
+@pytest.mark.parametrize("strict, max_memory, on", [
+    (None, None, False),        # the default budget: a third of the RAM leaves room for glibc's kept memory
+    (None, "8GB", True),        # a budget given on the command line is a cap
+    (False, "8GB", False),      # --no-strict-memory
+    (True, None, True),         # --strict-memory
+])
+def test_strict_memory_is_on_when_a_budget_is_given(strict, max_memory, on):
+    from probes.commands._shared import apply_strict_memory
+
+    assert apply_strict_memory(strict, max_memory) is on   # (conftest keeps the real setting out of this process)

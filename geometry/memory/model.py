@@ -385,7 +385,8 @@ def with_basis(parts: dict[str, int], name: str, nbytes: int, on_host: bool) -> 
 # kept batches; a 1 MiB threshold leaves 0.17 / 0.44 GB of it (activations below 1 MiB still come
 # from the heaps); 64 kB (:data:`STRICT_MMAP_THRESHOLD`) leaves 0.04 GB, the kernels' own
 # temporaries, at 1.6-1.7 x the time (every activation is then a fresh mapping). The CLI applies it
-# with ``--strict-memory`` only; by default it keeps glibc's defaults. (Before issue #22 the
+# with ``--strict-memory``, which is on when ``--max-memory`` is given; with the default budget (a
+# third of the RAM) it keeps glibc's defaults. (Before issue #22 the
 # products' finiteness check also cast every product to float64, 8 bytes per parameter outside the
 # plan: that, not the allocator, was most of the gap once put down to glibc.) It changes
 # process-wide state: call it from an application's entry point, never at import. It does nothing

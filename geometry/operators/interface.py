@@ -29,7 +29,7 @@ def estimator_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def is_finite(x: torch.Tensor) -> bool:
     """Whether every entry of ``x`` is finite: the float64 sum of finite float32 entries is finite,
-    and any NaN/Inf makes it NaN/Inf. Summed :data:`~geometry.base._linalg.CHUNK` entries at a
+    and any NaN/Inf makes it NaN/Inf. Summed ``CHUNK`` (2 Mi) entries at a
     time: on CPU ``x.sum(dtype=torch.float64)`` first casts the whole of ``x`` to float64, an
     unplanned temporary of 8 bytes per entry (563 MB for one Pythia-70m vector; issue #22).
     Temporaries: one float64 chunk (16.8 MB); one host synchronisation."""

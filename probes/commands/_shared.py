@@ -42,24 +42,30 @@ def backend_option():
 
 
 def strict_memory_option():
-    return typer.Option(False, "--strict-memory", help="On a CPU, make --max-memory a cap on resident memory: freed "
-                        "tensor memory goes back to the OS at once (glibc: allocations of 64 kB and more are mapped "
-                        "on their own), so peak RSS above the model stays within the plan; costs about 1.6-1.7x the "
-                        "time. Without it glibc keeps freed heap memory and peak RSS can exceed the plan "
+    return typer.Option(None, "--strict-memory/--no-strict-memory", help="On a CPU, make the memory budget a cap "
+                        "on resident memory: freed tensor memory goes back to the OS at once (glibc: allocations "
+                        "of 64 kB and more are mapped on their own), so peak RSS above the model stays within the "
+                        "plan; costs about 1.6-1.7x the time. Default: on when --max-memory is given, off with the "
+                        "default budget (a third of the RAM), where glibc's kept heap memory fits in the rest "
                         "(benchmarks/README.md, \"Scale\"). Applies to this process and the workers it starts.")
 
 
-def apply_strict_memory(strict: bool) -> None:
-    """``--strict-memory``: :func:`geometry.memory.model.return_freed_memory` with the 64 kB mmap
-    threshold measured to keep peak RSS within the plan (:data:`~geometry.memory.model.STRICT_MMAP_THRESHOLD`).
-    Raises ``typer.BadParameter`` off glibc, where the setting does not exist."""
-    if not strict:
-        return
+def apply_strict_memory(strict: bool | None, max_memory: str | None = None) -> bool:
+    """``--strict-memory`` (``None``: on when ``max_memory`` was given):
+    :func:`geometry.memory.model.return_freed_memory` with the 64 kB mmap threshold measured to keep
+    peak RSS within the plan (:data:`~geometry.memory.model.STRICT_MMAP_THRESHOLD`). Returns whether
+    it is on. Raises ``typer.BadParameter`` when asked for explicitly off glibc, where the setting
+    does not exist; when implied by ``--max-memory`` there it is skipped (the budget stays a plan)."""
+    if strict is False or (strict is None and max_memory is None):
+        return False
     from geometry.memory.model import STRICT_MMAP_THRESHOLD, return_freed_memory
 
-    if not return_freed_memory(STRICT_MMAP_THRESHOLD):
+    if return_freed_memory(STRICT_MMAP_THRESHOLD):
+        return True
+    if strict:
         raise typer.BadParameter("needs glibc's malloc (Linux); this process's C library has no mallopt: drop "
                                  "--strict-memory and leave headroom beyond --max-memory", param_hint="--strict-memory")
+    return False
 
 
 def register(app: typer.Typer) -> None:  # no commands here; probes.cli registers every module of this package

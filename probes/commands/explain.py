@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
         device: Optional[str] = typer.Option(None, "--device", help="torch device (default: cuda when available)"),
         threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch threads"),
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="bytes or e.g. 8GB each curvature step may allocate"),
-        strict_memory: bool = strict_memory_option(),
+        strict_memory: Optional[bool] = strict_memory_option(),
         backend: str = backend_option(),
         cache_dir: Optional[Path] = cache_dir_option(),
         schedule: Optional[str] = schedule_option(),
@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
         from probes.explain import BlockError, ExplainError, explain_checkpoint
         from probes.quant import QuantizeError, QuantSpec
 
-        apply_strict_memory(strict_memory)
+        apply_strict_memory(strict_memory, max_memory)
         specs = spec or DEFAULT_SPECS
         try:
             specs = [str(QuantSpec.parse(s)) for s in specs]

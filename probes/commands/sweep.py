@@ -152,7 +152,7 @@ def register(app: typer.Typer) -> None:
         export: Optional[Path] = typer.Option(None, "--export", help="Also write the tidy results to .csv or .parquet."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display (for logs)."),
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory each curvature estimator may use beyond the model, e.g. 8GB (overrides the plan's max_memory)."),
-        strict_memory: bool = strict_memory_option(),
+        strict_memory: Optional[bool] = strict_memory_option(),
         backend: Optional[str] = typer.Option(None, "--backend", help="HVP backend of the curvature probes (overrides the "
                                               "plan's backend): reverse | forward | difference | auto"),
         wait: bool = typer.Option(False, "--wait", help="If another sweep is writing to --out, wait for it instead of stopping."),
@@ -176,7 +176,7 @@ def register(app: typer.Typer) -> None:
         from probes.sweep import PlanError, Plan, Store, StoreError, SweepError, load_plan, resolve_trajectory, run_sweep
 
         _check_quick(quick, plan)
-        apply_strict_memory(strict_memory)
+        apply_strict_memory(strict_memory, max_memory)
         if parallel == "data":
             try:
                 device = init_data_parallel(device=device)[2]
@@ -242,7 +242,7 @@ def register(app: typer.Typer) -> None:
         data: Optional[Path] = typer.Option(None, "--data", help="Saved TokenSet file for the curvature set (default: built)."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's)."),
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory each estimator may use beyond the model, e.g. 8GB (default: a third of the total RAM / 80% of the GPU memory not held by the model; what each estimator chose is in the output)."),
-        strict_memory: bool = strict_memory_option(),
+        strict_memory: Optional[bool] = strict_memory_option(),
         dtype: Optional[str] = typer.Option(None, "--dtype", help="Load the weights as float32 (default), bfloat16, float16 or float64."),
         max_iter: int = typer.Option(100, "--max-iter", help="Eigen solver iterations (power) or Lanczos steps."),
         tol: float = typer.Option(1e-3, "--tol", help="Eigen solver tolerance: converged means ‖Hv − λv‖ ≤ tol·|λ|."),
@@ -262,7 +262,7 @@ def register(app: typer.Typer) -> None:
         from probes.core.distributed import is_main_rank
         from probes.sweep.sharpness import SharpnessError, sharpness as _sharpness
 
-        apply_strict_memory(strict_memory)
+        apply_strict_memory(strict_memory, max_memory)
         try:
             res = _sharpness(checkpoint, label=label, num_matvecs=num_matvecs, method=method, k=k, params=params, seed=seed,
                              quick=quick, device=device, data=data, num_threads=threads, max_memory=max_memory,
