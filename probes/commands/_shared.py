@@ -47,7 +47,7 @@ def strict_memory_option():
                         "of 64 kB and more are mapped on their own), so peak RSS above the model stays within the "
                         "plan; costs about 1.6-1.7x the time. Default: on when --max-memory is given, off with the "
                         "default budget (a third of the RAM), where glibc's kept heap memory fits in the rest "
-                        "(benchmarks/README.md, \"Scale\"). Applies to this process and the workers it starts.")
+                        "(benchmarks/README.md, \"Scale\"). Applies to this process and the local sweep workers it starts (not to Ray's).")
 
 
 def apply_strict_memory(strict: bool | None, max_memory: str | None = None) -> bool:

@@ -15,7 +15,8 @@ from typing import List, Optional
 
 import typer
 
-from ._shared import CHECKPOINT_HELP, apply_strict_memory, strict_memory_option, backend_option, cache_dir_option, label_option, schedule_option, tokens_option
+from ._shared import (CHECKPOINT_HELP, apply_strict_memory, backend_option, cache_dir_option, label_option, schedule_option,
+                      strict_memory_option, tokens_option)
 
 DEFAULT_SPECS = ["rtn:4:g128", "gptq:4:g128"]
 

@@ -8,7 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from ._shared import CHECKPOINT_HELP, apply_strict_memory, strict_memory_option, TRAJECTORY_HELP, backend_option, cache_dir_option, label_option, schedule_option, tokens_option
+from ._shared import (CHECKPOINT_HELP, TRAJECTORY_HELP, apply_strict_memory, backend_option, cache_dir_option, label_option,
+                      schedule_option, strict_memory_option, tokens_option)
 
 
 def _torch_dtype(name: str | None):
