@@ -69,8 +69,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..base._linalg import power_sums
+from ..base._linalg import CHUNK, power_sums
 from ..memory.graphs import itemsize, one_row, peak_new_bytes
+from ..memory.model import temporaries_bytes
 from .interface import CurvatureOperator, OperatorError
 
 __all__ = ["STEP_CONSTANT", "DEFAULT_TOLERANCE", "relative_step", "step_size", "stencil", "checkpointing_layers",
@@ -245,7 +246,7 @@ def product_error(op: CurvatureOperator, reference: CurvatureOperator, num_vecto
     return worst
 
 
-def _difference_norms(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 21) -> tuple[float, float]:
+def _difference_norms(a: torch.Tensor, b: torch.Tensor, chunk: int = CHUNK) -> tuple[float, float]:
     """``(‖a − b‖, ‖b‖)`` of two flat vectors, in float64 one chunk at a time (no full-size copy)."""
     num = den = 0.0
     for s in range(0, a.numel(), chunk):
@@ -259,7 +260,7 @@ def check_bytes(op: Any, *passes: int) -> int:
     """Peak bytes of :func:`product_error` on operators of ``op.dim`` whose single-vector passes
     take ``passes`` bytes: three vectors of the vector dtype, the larger pass (the products run
     one after the other) and three float64 chunks."""
-    return 3 * op.dim * itemsize(op.dtype) + max(passes, default=0) + 3 * 8 * min(op.dim, 1 << 21)
+    return 3 * op.dim * itemsize(op.dtype) + max(passes, default=0) + temporaries_bytes(op.dim)
 
 
 def _rows(batch: Any, n: int) -> Any:
