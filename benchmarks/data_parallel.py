@@ -42,7 +42,7 @@ def _measure(rank: int, world: int, port: int, out: str, size: str, n_batches: i
     torch.set_num_threads(1)
     from benchmarks.hvp_throughput import SIZES, build_model
     from geometry import HessianOperator, hutchinson_trace
-    from geometry.operators.parallel import split_batches
+    from geometry.operators.data_parallel import split_batches
     from probes.core.lm import lm_loss
 
     parallel = world > 1

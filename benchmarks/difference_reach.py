@@ -50,7 +50,7 @@ def _exact_plan(model, batch, budget: str, probes: int) -> dict:
     saved = a * s + c * s * s
     op = HessianOperator(model, lm_loss, [batch], max_memory=budget)
     _, _, key = one_row(batch)
-    op._graph_bytes[key] = int(saved)                            # the extrapolated one-row graph (rows = 1)
+    op.measured_passes[key] = int(saved)                            # the extrapolated one-row graph (rows = 1)
     row = {"graph_GB_extrapolated": saved / 1e9, "graph_GB_measured": {n: v / 1e9 for n, v in short.items()},
            "pass_GB": op.pass_bytes(1, cached=False) / 1e9}
     try:

@@ -125,18 +125,28 @@ def _methods(model: nn.Module, batches: list[torch.Tensor], quick: bool,
         ks_rev = {False: (4,) if quick else (8,), True: ()}
     else:
         ks_rev = {v: (4,) if quick else (1, 4, 8, 16) for v in (False, True)}
-    for vec in (False, True) if "reverse" in backends else ():
-        op = HessianOperator(model, lm_loss, batches, backend="reverse", vectorize=vec)
-        for k in ks_rev[vec]:
-            yield f"ours-reverse-{'vec' if vec else 'seq'}", k, op.matmat_flat
-    if "difference" in backends:
+
+    def reverse():
+        for vec in (False, True):
+            op = HessianOperator(model, lm_loss, batches, backend="reverse", vectorize=vec)
+            for k in ks_rev[vec]:
+                yield f"ours-reverse-{'vec' if vec else 'seq'}", k, op.matmat_flat
+
+    def difference():
         op = HessianOperator(model, lm_loss, batches, backend="difference")
         for k in ((4,) if quick else (8,)):
             yield "ours-difference", k, op.matmat_flat
-    if not multi and "forward" in backends:
+
+    def forward():
+        if multi:
+            return
         op = HessianOperator(model, lm_loss, batches, backend="forward")
         for k in ((2,) if quick else (1, 4, 8)):
             yield "ours-forward", k, op.matmat_flat
+
+    runs = {"reverse": reverse, "difference": difference, "forward": forward}
+    for name in sorted(set(backends), key=list(runs).index):  # reverse, difference, forward, as before
+        yield from runs[name]()
     k_py = 1 if quick and multi else 2 if quick or multi else 8
     yield "pyhessian", k_py, _pyhessian(model, batches, charge_graph=True)
     if not multi:

@@ -16,7 +16,7 @@ on a kept graph), and their ratios to the gradient.
 ``--probes hutchinson+tracked`` (any probe + ``+tracked``) also tracks every tensor allocation of
 the run (geometry.memory.graphs.peak_new_bytes: ``tracked_GB``, the live tensors' peak, beside the
 RSS); ``LOSSLENS_BENCH_ALLOCATOR=cli`` (or ``cli:BYTES``) runs the children with
-geometry.memory.model.return_freed_memory (default: glibc's defaults, as losslens runs). ``--factors`` measures one product of one vector (peak RSS) on small GPT-NeoX, Llama and OLMo-2
+geometry.memory.allocator.return_freed_memory (default: glibc's defaults, as losslens runs). ``--factors`` measures one product of one vector (peak RSS) on small GPT-NeoX, Llama and OLMo-2
 shapes with both backends: the second-backward and forward-backend factors of the memory model
 (geometry.memory.graphs). ``--project`` measures, on 1- and 2-layer slices of the 1B and 7B shapes (bfloat16, one sequence
 of 128 and 256 tokens), the bytes autograd saves per token, and projects what Hutchinson, Hutch++
@@ -117,7 +117,7 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     from geometry.surfaces.moving import planned_forward_bytes
     from geometry.estimators.trace import block_traces
     from geometry.memory.graphs import peak_new_bytes
-    from geometry.memory.model import trim
+    from geometry.memory.allocator import trim
     from probes.core.lm import lm_loss
     from probes.models.curvature import lm_hessian
 
@@ -215,7 +215,10 @@ def _one_pass(op) -> dict:
     measured = _rss()[1] - base - out_bytes                      # the product's output is not the pass
     saved = G - grad
     conv = grad if op.dtype != op.param_dtype else 0
-    rest = measured - (3 * grad if op.backend == "forward" else G + grad + conv) - op.loss_transient_bytes
+    from geometry.operators.forward import ForwardBackend
+
+    forward = isinstance(op.product_backend, ForwardBackend)
+    rest = measured - (3 * grad if forward else G + grad + conv) - op.loss_transient_bytes
     return {"saved_GB": saved / 1e9, "gradient_GB": grad / 1e9, "head_transient_GB": op.loss_transient_bytes / 1e9,
             "predicted_GB": plan / 1e9, "measured_GB": measured / 1e9, "measured/predicted": measured / plan,
             "implied_factor": rest / saved}
@@ -324,7 +327,7 @@ def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_b
             n_layers, dim = (L, dim_all) if sel == "all" else (2, 2 * dim_layer)
             saved = b * (n_layers * layer_s + o1 * s / 128)
             grads, vec, model_b = 2 * dim, 4 * dim, 2 * dim_all
-            pass_b = pass_bytes([int(saved + grads)], grads, "reverse", False, 1, 1, False,
+            pass_b = pass_bytes([int(saved + grads)], grads, False, 1, 1, False,
                                 transient_bytes(b * s, vocab, torch.bfloat16))
             need = {name: model_b + n * vec + pass_b + temporaries_bytes(dim, 5) for name, n in VECTORS.items()}
             room = gpu_bytes - model_b - pass_b - 2 * vec
@@ -442,7 +445,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         torch.set_num_threads(int(os.environ.get("LOSSLENS_BENCH_THREADS", "1")))
         alloc = os.environ.get("LOSSLENS_BENCH_ALLOCATOR", "glibc")    # "glibc" (as losslens runs), "cli", "cli:BYTES"
         if alloc.startswith("cli"):                                     # return_freed_memory's settings
-            from geometry.memory.model import MMAP_THRESHOLD, return_freed_memory
+            from geometry.memory.allocator import MMAP_THRESHOLD, return_freed_memory
 
             return_freed_memory(int(alloc[4:]) if alloc.startswith("cli:") else MMAP_THRESHOLD)
         print(json.dumps(child(*argv[1:5]), default=str))

@@ -48,7 +48,7 @@ def _rank(rank: int, world: int, port: int, out: str, shape: str, probes: int, s
         from benchmarks.scale import SHAPES, build
         from geometry import hutchinson_trace, top_eigenvalues
         from geometry.memory.graphs import peak_new_bytes
-        from geometry.operators.parallel import split_batches
+        from geometry.operators.data_parallel import split_batches
         from probes.models.sharding import shard_model, sharded_lm_hessian
 
         model = shard_model(build(shape, torch.float32), "cpu")

@@ -25,8 +25,8 @@ from .operators.hessian import HessianOperator
 from .base.modes import module_modes
 from .operators.interface import CurvatureOperator, OperatorError
 from .base.params import ParameterSelectionError, ParamSpace, select_parameters
-from .surfaces.planes import (Line, Plane, PlaneError, filter_normalize, line, orthonormality, plane_through_points,
-                     random_plane)
+from .surfaces.planes import Line, Plane, PlaneError, line, orthonormality, plane_through_points
+from .surfaces.random_planes import filter_normalize, random_plane
 from .base.results import (Attribution, BlockTraces, DirectionalCurvature, DirectionParts, EigenResult, EstimatorError,
                       QuadraticFactors, SpectralDensity, TraceEstimate)
 from .surfaces.surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface

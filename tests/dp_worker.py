@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from geometry import HessianOperator, hutchinson_trace, top_eigenvalues
-from geometry.operators.parallel import split_batches
+from geometry.operators.data_parallel import split_batches
 from tests.gloo_ranks import gloo_group, record
 from tests.tiny_models import lm_loss, micro_gptneox, random_batches
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 from geometry import hutchinson_trace, hutchpp_trace, spectral_density, top_eigenvalues
-from geometry.operators.parallel import split_batches
+from geometry.operators.data_parallel import split_batches
 from probes.models.sharding import shard_model
 from tests.gloo_ranks import gloo_group, record
 from tests.tiny_models import lm_loss, micro_gptneox, micro_llama, random_batches

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.surfaces.planes import plane_through_points, random_plane
+from geometry.surfaces.planes import plane_through_points
+from geometry.surfaces.random_planes import random_plane
 from geometry.surfaces.surface import evaluate_surface
 from probes.core.lm import evaluate, lm_loss
 from probes.models.families import FAMILIES, tiny_model

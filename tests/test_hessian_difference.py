@@ -412,22 +412,22 @@ def test_float32_lanczos_lambda_max_matches_the_exact_one(richardson):
 
 @pytest.mark.parametrize("scale", [1e-20, 1.0, 1e20])
 def test_vector_norms_of_the_step_rule_neither_overflow_nor_underflow(scale):
-    from geometry.operators.difference import _norms
+    from geometry.operators.backend import LOCAL
 
     parts = [torch.randn(7, 3, generator=torch.Generator().manual_seed(0)) * scale, torch.randn(5) * scale]
     flat = torch.cat([p.reshape(-1) for p in parts]).double()
-    v2, v4 = _norms(parts)
+    v2, v4 = LOCAL.norms(parts)
     assert v2 == pytest.approx(float(flat.norm()), rel=1e-6)
     assert v4 == pytest.approx(float(flat.pow(4).sum().sqrt()), rel=1e-6)
 
 
 def test_where_no_exact_product_runs_the_error_is_bounded_on_a_miniature(monkeypatch):
-    import geometry.operators.hessian as hessian_module
+    from geometry.operators.difference import DifferenceBackend
     from probes.models.curvature import lm_hessian
 
     model = tiny_model("olmo2", seed=0, dtype=torch.float32)
     batches = _family_batches(0, model)
-    monkeypatch.setattr(hessian_module, "measure", lambda op, make: {
+    monkeypatch.setattr(DifferenceBackend, "check", lambda self, op: {
         "backend": "difference", "rel_error": None, "reference": "unavailable on the model: RuntimeError: no double backward"})
     op = lm_hessian(model, batches, backend="difference")
     check = op.checked()

@@ -1,4 +1,4 @@
-"""geometry.memory.model: with its settings, freed tensor memory leaves the process's resident
+"""geometry.memory.allocator: with its settings, freed tensor memory leaves the process's resident
 memory (the mechanism; benchmarks/README.md "Scale" measures what it does to peak RSS against the
 plan, and why ``--strict-memory`` uses a 64 kB threshold and is not the default)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from geometry.memory.model import _libc
+from geometry.memory.allocator import _libc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ def rss():
         if line.startswith("VmRSS"):
             return int(line.split()[1]) * 1024
 if sys.argv[1] == "cli":
-    from geometry.memory.model import return_freed_memory
+    from geometry.memory.allocator import return_freed_memory
     assert return_freed_memory()
 if sys.argv[1] == "strict":                   # what `losslens sharpness/sweep/explain --strict-memory` does
     import os

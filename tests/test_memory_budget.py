@@ -14,6 +14,7 @@ from geometry.estimators.directional import directional_curvature
 from geometry.estimators.eigen import top_eigenvalues
 from geometry.memory.graphs import peak_new_bytes
 from geometry.operators.hessian import HessianOperator
+from geometry.operators.reverse import ReverseBackend
 from geometry.operators.interface import CurvatureOperator
 from geometry.memory.model import MemoryBudgetError, format_bytes, parse_bytes, temporaries_bytes, vector_bytes
 from geometry.estimators.trace import estimate_memory, hutchinson_trace, hutchpp_trace
@@ -164,7 +165,7 @@ def test_graph_cache_gives_identical_products_and_follows_weight_changes():
     fresh = HessianOperator(model, lm_loss, batches).matmat(V[:1])
     assert torch.equal(cached.matmat(V[:1]), fresh) and cached.num_graph_builds == 6
     cached.release_graphs()
-    assert not cached._graphs
+    assert cached.kept_graphs == 0
 
 
 def test_estimators_use_the_cache_only_inside_their_call():
@@ -172,7 +173,7 @@ def test_estimators_use_the_cache_only_inside_their_call():
     op = HessianOperator(model, lm_loss, random_batches(n_batches=2, seed=2))
     res = top_eigenvalues(op, k=1, method="power", max_iter=15, tol=1e-12)
     assert res.memory["settings"]["cache_graphs"] is True
-    assert op.num_graph_builds == 2 and not op._graphs and op.cache_graphs is False
+    assert op.num_graph_builds == 2 and op.kept_graphs == 0 and op.cache_graphs is False
     assert res.num_matvecs == res.iterations >= 2
 
 
@@ -304,7 +305,8 @@ class _PlanOnly(CurvatureOperator):
     """A reverse-backend operator of 10M float32 dimensions for plans only (no products): one
     graph rebuilt per step costs 300 MB, the graphs of all batches kept 700 MB."""
 
-    backend, vectorize, chunk_size, max_memory, num_matvecs, space = "reverse", False, None, None, 0, None
+    vectorize, chunk_size, max_memory, num_matvecs, space = False, None, None, 0, None
+    product_backend = ReverseBackend()
     dim = 10_000_000
     dtype = torch.float32
     device = torch.device("cpu")

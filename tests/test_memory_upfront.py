@@ -7,7 +7,7 @@ import torch
 
 from geometry.memory.model import MemoryBudgetError
 from geometry.surfaces.moving import estimate_memory, forward_bytes, planned_forward_bytes
-from geometry.surfaces.planes import random_plane
+from geometry.surfaces.random_planes import random_plane
 from geometry.surfaces.surface import evaluate_surface
 from probes.core.lm import lm_loss
 from tests.tiny_models import micro_gptneox, micro_llama, random_batches

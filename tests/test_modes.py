@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from geometry.base.modes import module_modes
-from geometry.surfaces.planes import random_plane
+from geometry.surfaces.random_planes import random_plane
 from geometry.surfaces.surface import evaluate_surface
 from probes.core.lm import evaluate, lm_loss
 from probes.models.families import tiny_model

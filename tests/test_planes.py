@@ -8,13 +8,12 @@ import pytest
 import torch
 
 from geometry.surfaces.grid import GridError, GridSpec
+from geometry.surfaces.random_planes import filter_normalize, random_plane
 from geometry.surfaces.planes import (
     PlaneError,
-    filter_normalize,
     line,
     orthonormality,
     plane_through_points,
-    random_plane,
 )
 
 

@@ -84,7 +84,7 @@ def test_strict_memory_changes_the_allocator_not_the_numbers(traj, runner):
     import subprocess
     import sys
 
-    from geometry.memory.model import _libc
+    from geometry.memory.allocator import _libc
 
     if not sys.platform.startswith("linux") or _libc() is None:
         pytest.skip("--strict-memory needs glibc's malloc")

@@ -28,8 +28,9 @@ def estimate_memory(op: CurvatureOperator, max_memory=None) -> MemoryEstimate:
     parts = {"direction, gradient, H d [3, dim]": 3 * vec, "operator pass": op.pass_bytes(1, cached=False),
              TEMPORARIES_PART: temporaries_bytes(op.dim)}
     settings = {"cache_graphs": False}
-    if getattr(op, "backend", None) == "difference":  # its measured error goes with every result
-        settings.update(backend="difference", hvp_check=op.checked())
+    backend = getattr(op, "product_backend", None)
+    if backend is not None and not backend.exact:  # its measured error goes with every result
+        settings.update(backend=backend.name, hvp_check=op.checked())
     return first_fitting([MemoryEstimate(parts, budget, settings)], "directional_curvature",
                          "use fewer or shorter curvature batches, fewer parameters (params=...), or raise max_memory")
 

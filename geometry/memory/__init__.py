@@ -2,6 +2,7 @@
 
 - ``model``: the budget (``max_memory``), :class:`MemoryEstimate`, and the parts every plan counts
   (vectors, chunk temporaries, one operator pass);
+- ``allocator``: the host allocator's retention (``return_freed_memory``, ``--strict-memory``);
 - ``graphs``: measuring a batch's autograd graph (saved-tensor hooks on one row) and the peak of
   tracked allocations (``peak_new_bytes``).
 

@@ -41,13 +41,12 @@ def one_row(batch: Any) -> tuple[int, Any, Any]:
     """``(rows, one-row copy, shape key)`` of a batch: a tensor or a tuple/list of tensors sharing
     their first dimension; anything else is measured whole (rows = 1). A copy, not a view: saved
     inputs count with their whole storage."""
-    if isinstance(batch, torch.Tensor) and batch.ndim >= 1 and batch.shape[0] > 0:
-        return batch.shape[0], batch[:1].clone(), ("t", tuple(batch.shape[1:]), batch.dtype)
-    if (isinstance(batch, (tuple, list)) and batch and all(isinstance(t, torch.Tensor) and t.ndim >= 1 for t in batch)
-            and len({t.shape[0] for t in batch}) == 1 and batch[0].shape[0] > 0):
-        key = ("s",) + tuple((tuple(t.shape[1:]), t.dtype) for t in batch)
-        return batch[0].shape[0], type(batch)(t[:1].clone() for t in batch), key
-    return 1, batch, ("whole", id(batch))
+    sliced = first_rows(batch, 1)
+    if sliced is None:
+        return 1, batch, ("whole", id(batch))
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0], sliced, ("t", tuple(batch.shape[1:]), batch.dtype)
+    return batch[0].shape[0], sliced, ("s",) + tuple((tuple(t.shape[1:]), t.dtype) for t in batch)
 
 
 def first_rows(batch: Any, n: int) -> Any | None:
@@ -82,23 +81,26 @@ def saved_graph_bytes(model: nn.Module, build: Callable[[], Any]) -> int:
     return int(sum(seen.values()))
 
 
-def pass_bytes(graphs: list[int], grad_bytes: int, backend: str, vectorize: bool, k: int, chunk: int,
-               cached: bool, transient: int = 0) -> int:
-    """Predicted peak of one product of k vectors beyond its input and output, from each batch's
-    graph bytes (``graphs``, gradients included), the bytes of one gradient (``grad_bytes``) and
-    the loss's own temporaries (``transient``, independent of the batch size).
-
-    reverse: the live graph(s) (the largest batch, or every batch when ``cached``) + the second
-    backward's transient (its result, one gradient, + :data:`SECOND_BACKWARD_FACTOR` × saved graph
-    + the loss's temporaries), × the chunk when vmapped; forward: chunk × (:data:`FORWARD_FACTOR`
-    × saved graph + 3 gradients + the loss's temporaries).
+def pass_bytes(graphs: list[int], grad_bytes: int, vectorize: bool, k: int, chunk: int, cached: bool,
+               transient: int = 0) -> int:
+    """Predicted peak of one reverse-over-reverse product of k vectors beyond its input and output,
+    from each batch's graph bytes (``graphs``, gradients included), the bytes of one gradient
+    (``grad_bytes``) and the loss's own temporaries (``transient``, independent of the batch size):
+    the live graph(s) (the largest batch, or every batch when ``cached``) + the second backward's
+    transient (its result, one gradient, + :data:`SECOND_BACKWARD_FACTOR` × saved graph + the
+    loss's temporaries), × the chunk when vmapped.
     """
     saved_max = max(graphs) - grad_bytes
-    if backend == "forward":
-        return int(min(k, chunk) * (FORWARD_FACTOR * saved_max + 3 * grad_bytes + transient))
     live = sum(graphs) if cached else max(graphs)
     c = min(k, chunk) if vectorize else 1
     return int(live + c * (SECOND_BACKWARD_FACTOR * saved_max + grad_bytes + transient))
+
+
+def forward_pass_bytes(graphs: list[int], grad_bytes: int, k: int, chunk: int, transient: int = 0) -> int:
+    """The same for the forward-over-reverse backend: chunk × (:data:`FORWARD_FACTOR` × the largest
+    saved graph + 3 gradients + the loss's temporaries)."""
+    saved_max = max(graphs) - grad_bytes
+    return int(min(k, chunk) * (FORWARD_FACTOR * saved_max + 3 * grad_bytes + transient))
 
 
 def peak_new_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:

@@ -20,8 +20,6 @@ bytes needed, the bytes available and what would fit.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 import os
 import re
@@ -35,7 +33,7 @@ from ..base.results import EstimatorError
 
 __all__ = [
     "MemoryBudgetError", "MemoryEstimate", "available_bytes", "total_bytes", "default_budget", "parse_bytes", "resolve_budget",
-    "identity_settings", "return_freed_memory", "trim", "STRICT_MMAP_THRESHOLD",
+    "identity_settings",
     "format_bytes", "vector_bytes", "temporaries_bytes", "TEMPORARIES_PART", "CPU_FRACTION", "CUDA_FRACTION",
 ]
 
@@ -306,39 +304,19 @@ def choose(candidates: list[Candidate], what: str, advice: str) -> MemoryEstimat
 def pass_options(op: Any, k: int, calls: int, hvps: int | None = None) -> list[tuple[dict[str, Any], int, float]]:
     """``(settings, pass bytes, cost)`` of the ways ``op`` can run ``calls`` products of at most
     ``k`` vectors each (``hvps`` vectors in all, default ``k · calls``): graphs rebuilt per call or
-    kept (``cache_graphs``), vmapped chunk sizes.
+    kept (``cache_graphs``), vmapped chunk sizes, as its product backend offers them
+    (:meth:`geometry.operators.backend.ProductBackend.pass_options`).
 
     Cost in gradient-equivalents over the whole data: 1.5 per graph build of every batch, 2 per
     vector (the reverse backend's measured shape); 4 per vector for the forward backend; 2 (4 with
     Richardson) for the difference backend, whose settings record its measured error (``hvp_check``).
+    An explicit matrix (no backend): one option, 2 per vector.
     """
     hvps = k * calls if hvps is None else hvps
-    backend = getattr(op, "backend", None)
+    backend = getattr(op, "product_backend", None)
     if backend is None:  # an explicit matrix: nothing to choose
         return [({}, op.pass_bytes(k), 2.0 * hvps)]
-    if backend == "difference":  # 2 gradients per vector (4 with Richardson); the measured error is recorded
-        settings = {"backend": "difference", "hvp_check": op.checked(), "backend_choice": op.backend_choice}
-        return [(settings, op.pass_bytes(k), (4.0 if op.richardson else 2.0) * hvps)]
-    vmapped = backend == "forward" or getattr(op, "vectorize", False)
-    chunks = sorted({min(k, c) for c in (16, 8, 4, 2, 1)}, reverse=True) if vmapped and op.chunk_size is None else [None]
-    caches = (False, True) if backend == "reverse" and calls > 1 else (False,)
-    out = []
-    for chunk in chunks:
-        for cache in caches:
-            settings = {"cache_graphs": cache}
-            if getattr(op, "backend_choice", None):  # backend="auto" chose the exact backend: say why
-                settings["backend_choice"] = op.backend_choice
-            if chunk is not None:
-                settings["chunk_size"] = chunk
-            nbytes = op.pass_bytes(k, cached=cache, chunk=chunk)
-            if backend == "forward":
-                cost = 4.0 * hvps
-            else:
-                cost = 1.5 * (1 if cache else calls) + 2.0 * hvps
-            if chunk is not None:
-                cost += 0.01 * hvps / chunk  # larger vmapped chunks run faster
-            out.append((settings, nbytes, cost))
-    return out
+    return backend.pass_options(op, k, calls, hvps)
 
 
 def first_fitting(candidates: list[MemoryEstimate], what: str, advice: str) -> MemoryEstimate:
@@ -367,75 +345,3 @@ def basis_storage(op_device: Any, basis_device: Any = None, basis_dtype: torch.d
 def with_basis(parts: dict[str, int], name: str, nbytes: int, on_host: bool) -> tuple[dict[str, int], dict[str, int]]:
     """``(device parts, host parts)`` with the basis entry placed where it lives."""
     return (parts, {name: nbytes}) if on_host else ({name: nbytes, **parts}, {})
-
-
-# ---------------------------------------------------------------------------------------------
-# The host allocator's retention, and ``--strict-memory``.
-#
-# The memory plan (:mod:`geometry.memory.model`) counts the bytes of live tensors. On Linux, torch's
-# CPU tensors come from glibc ``malloc``, which serves requests below a *dynamic* mmap threshold
-# (128 kB, raised up to 32 MB each time a larger mapped block is freed) from heaps that keep freed
-# space: resident memory can exceed the live tensors. :func:`return_freed_memory` fixes the
-# threshold, so every allocation of at least ``mmap_threshold`` bytes gets its own mapping, returned
-# to the OS when freed (tests/test_memory_allocator.py shows the mechanism).
-#
-# Measured (benchmarks/README.md "Scale", Hutchinson, 8 HVPs, graphs kept, float32, 2 threads; the
-# heap trimmed before the baseline): with glibc's defaults peak RSS exceeds the live tensors by
-# 0.25-0.33 GB at the Pythia-70m shape and 0.72 GB at 160m, about 1.1-1.5 x the saved graphs of the
-# kept batches; a 1 MiB threshold leaves 0.17 / 0.44 GB of it (activations below 1 MiB still come
-# from the heaps); 64 kB (:data:`STRICT_MMAP_THRESHOLD`) leaves 0.04 GB, the kernels' own
-# temporaries, at 1.6-1.7 x the time (every activation is then a fresh mapping). The CLI applies it
-# with ``--strict-memory``, which is on when ``--max-memory`` is given; with the default budget (a
-# third of the RAM) it keeps glibc's defaults. (Before issue #22 the
-# products' finiteness check also cast every product to float64, 8 bytes per parameter outside the
-# plan: that, not the allocator, was most of the gap once put down to glibc.) It changes
-# process-wide state: call it from an application's entry point, never at import. It does nothing
-# off glibc (macOS, musl) and for CUDA memory (torch's caching allocator keeps its own reserve).
-# ---------------------------------------------------------------------------------------------
-#: Allocations of at least this many bytes get their own mapping (returned to the OS on free).
-MMAP_THRESHOLD = 1 << 20
-#: The threshold of ``losslens … --strict-memory``: measured to keep peak RSS within the plan
-#: (1 MiB did not: activations below it fragment the heaps; benchmarks/README.md "Scale").
-STRICT_MMAP_THRESHOLD = 64 << 10
-#: The heaps return their free top to the OS once it exceeds this many bytes.
-TRIM_THRESHOLD = 1 << 20
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3           # glibc malloc.h
-
-
-def _libc():
-    try:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return lib if hasattr(lib, "mallopt") and hasattr(lib, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-def return_freed_memory(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD,
-                        children: bool = True) -> bool:
-    """Make freed host memory go back to the OS (glibc ``mallopt``; see the module docstring).
-
-    Args:
-        mmap_threshold: bytes from which an allocation is mapped on its own (fixed: glibc's
-            dynamic raising of the threshold is switched off by setting it).
-        trim_threshold: free bytes at a heap's top above which the heap is trimmed.
-        children: also export ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` so processes
-            started from now on (sweep workers) get the same settings (existing values are kept).
-
-    Returns True when the settings were applied (glibc), False otherwise (nothing changed).
-    Changes process-wide state: call it from an application's entry point, never at import.
-    """
-    lib = _libc()
-    if lib is None:
-        return False
-    ok = bool(lib.mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(lib.mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)))
-    if ok and children:
-        for key, value in (("MALLOC_MMAP_THRESHOLD_", mmap_threshold), ("MALLOC_TRIM_THRESHOLD_", trim_threshold)):
-            os.environ.setdefault(key, str(int(value)))
-    lib.malloc_trim(0)
-    return ok
-
-
-def trim() -> bool:
-    """Return the heaps' free memory to the OS now (glibc ``malloc_trim(0)``); False off glibc."""
-    lib = _libc()
-    return bool(lib.malloc_trim(0)) if lib is not None else False

@@ -2,9 +2,14 @@
 
 - ``interface``: :class:`CurvatureOperator` (``matvec``, batched ``matmat``, scipy ``LinearOperator``)
   and :class:`OperatorError`;
-- ``hessian``: :class:`HessianOperator`, batched HVPs of a loss over batches (reverse-over-reverse
-  by default); ``_forward``: its forward-over-reverse backend (torch.func); ``difference``: its
-  gradient-difference backend (first order only: ``loss.backward()`` at θ ± εv, θ restored bit-exactly);
+- ``hessian``: :class:`HessianOperator`, batched HVPs of a loss over batches; ``call``: the
+  conventions of every product call (modes, attention, frozen parameters, restored state);
+- ``backend``: the product-backend interface (:class:`ProductBackend`) and the vector spaces of the
+  difference loop; ``names``: the name → backend map (the one place a backend's name is read); the backends: ``reverse`` (reverse-over-reverse, the
+  default), ``forward`` (forward-over-reverse, torch.func), ``difference`` (gradient differences:
+  first order only, θ restored bit-exactly, its error measured); ``auto``: the choice between them;
+- ``data_parallel``: products over ranks that each hold the whole model (``DataParallel``);
+  ``sharded``: :class:`ShardedHessianOperator`, FSDP2-sharded models (the difference loop on shards);
 - ``dense``: :class:`DenseOperator` and ``exact_hessian`` (row by row with double backward);
 - ``fingerprint``: when kept gradient graphs are still valid (identity, version, content checksum);
 - ``derivatives``: true derivatives (``padding_idx`` cleared) and the dead-row check;

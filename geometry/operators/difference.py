@@ -1,6 +1,6 @@
 """The gradient-difference Hessian-vector product: first-order gradients only (docs/science.md §4 (c)).
 
-``HessianOperator(..., backend="difference")`` computes
+:class:`DifferenceBackend` (``HessianOperator(..., backend="difference")``) computes
 
     H v ≈ (∇L(θ + εv) − ∇L(θ − εv)) / (2ε)                          (central: 2 gradients, O(ε²))
     H v ≈ (4 D(ε/2) − D(ε)) / 3,  D(h) = (∇L(θ+hv) − ∇L(θ−hv))/(2h)   (Richardson: 4 gradients, O(ε⁴))
@@ -59,6 +59,11 @@ weighted, in the product's output row while the second is computed, so it takes 
 Error is measured, not assumed: :func:`product_error` compares the products with the exact
 reverse-over-reverse products on a check slice (``HessianOperator.checked()``), and every
 estimator plan records the result (``memory["settings"]["hvp_check"]``).
+
+One loop (:func:`difference_products`) serves one process, data-parallel ranks (each rank's
+batches, then the operator all-reduces) and FSDP2 shards (:mod:`geometry.operators.sharded`): the
+norms of the step rule go through a :class:`~geometry.operators.backend.VectorSpace`, whole or
+all-reduced.
 """
 from __future__ import annotations
 
@@ -69,14 +74,15 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..base._linalg import CHUNK, power_sums
-from ..memory.graphs import itemsize, one_row, peak_new_bytes
+from ..base._linalg import CHUNK
+from ..memory.graphs import first_rows, itemsize, one_row, peak_new_bytes
 from ..memory.model import temporaries_bytes
+from .backend import LOCAL, ProductBackend, VectorSpace
 from .interface import CurvatureOperator, OperatorError
 
 __all__ = ["STEP_CONSTANT", "DEFAULT_TOLERANCE", "relative_step", "step_size", "stencil", "checkpointing_layers",
-           "difference_products", "gradient_pass_bytes", "pass_bytes", "product_error", "check_bytes", "operator_pass_bytes", "measure",
-           "choose_backend"]
+           "difference_products", "gradient_pass_bytes", "pass_bytes", "product_error", "check_bytes", "measure",
+           "DifferenceBackend"]
 
 #: ``c`` in the step rule ``h = c · u^(1/3)`` (central) / ``c · u^(1/5)`` (Richardson), measured on
 #: the six tiny families (benchmarks/README.md, "Gradient-difference HVPs").
@@ -122,71 +128,62 @@ def checkpointing_layers(model: nn.Module) -> Iterator[list[nn.Module]]:
             m.training = flag
 
 
-def _master(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The kept original θ, in the parameters' dtype. For half precision it *is* the float32
-    master: a bfloat16/float16 number converts to float32 exactly, so ``master.float()`` (one
-    tensor at a time) is θ in float32, at half the memory of a float32 copy."""
-    return [p.detach().clone() for p in params]
-
-
-def _norms(parts: Sequence[torch.Tensor]) -> tuple[float, float]:
-    """``(‖v‖₂, ‖v‖₄²)`` of the vector split in ``parts``, summed in float64 from v / max|v| (no
-    overflow or underflow of the fourth powers; temporaries: one float64 chunk, no part-sized copy)."""
-    vmax = max(max(-float(lo), float(hi)) for lo, hi in (t.aminmax() for t in parts))
-    if vmax == 0.0:
-        return 0.0, 0.0
-    s2 = s4 = 0.0
-    for t in parts:
-        a, b = power_sums(t, vmax)
-        s2, s4 = s2 + a, s4 + b
-    return vmax * math.sqrt(s2), vmax * vmax * math.sqrt(s4)
-
-
-def difference_products(params: dict[str, torch.Tensor], items: Sequence[tuple[int, float, Any]],
+def difference_products(params: Sequence[torch.Tensor], items: Sequence[tuple[int, float, Any]],
                         loss_of: Callable[[Any, int], torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor],
-                        h: float, richardson: bool = False) -> int:
+                        h: float, richardson: bool = False, space: VectorSpace = LOCAL,
+                        tensors: Sequence[torch.Tensor] | None = None,
+                        grad_of: Callable[[torch.Tensor], torch.Tensor] | None = None) -> int:
     """``outs[j][r] += Σ_b w_b (H_b v_r)_j`` by gradient differences; returns the gradients computed.
 
     Args:
-        params: the selected parameters (live ``nn.Parameter`` s, perturbed in place and restored
-            bit-exactly from a master copy, also on error).
-        items: ``(index, weight, batch)`` of every batch with a positive weight.
+        params: the selected live parameters (``requires_grad`` set for the call, ``.grad`` read).
+        items: ``(index, weight, batch)`` of every batch to run (a zero weight still runs: FSDP2's
+            backward is a collective).
         loss_of: ``loss_of(batch, index)`` -> scalar loss with a graph (the forward of one batch).
         vs, outs: per parameter ``[k, *shape]`` vectors and outputs in the operator's vector dtype.
         h: relative step (:func:`relative_step`); ``richardson``: 4 gradients per product.
+        space: how ‖θ‖, ‖v‖₂, ‖v‖₄ and n are measured: this rank's whole vectors
+            (:data:`~geometry.operators.backend.LOCAL`) or shards summed over ranks.
+        tensors: the storage perturbed in place, one per parameter (default: ``params``; FSDP2:
+            the local shards), restored bit-exactly from a master copy, also on error.
+        grad_of: reads a parameter's ``.grad`` as a tensor shaped like its ``tensors`` entry
+            (default: ``.grad`` itself; FSDP2: its local shard).
 
     Cost: k · (2 or 4) · len(items) gradients (forward + ``loss.backward()``).
     """
-    tensors = list(params.values())
-    master = _master(tensors)
-    theta_norm = math.sqrt(sum(power_sums(m)[0] for m in master))
-    k, n = vs[0].shape[0], sum(m.numel() for m in master)
-    saved_flags = [p.requires_grad for p in tensors]
+    params = list(params)
+    tensors = params if tensors is None else list(tensors)
+    # the kept original θ in the parameters' dtype; for half precision it *is* the float32 master:
+    # a bfloat16/float16 number converts to float32 exactly (one tensor at a time, below)
+    master = [p.detach().clone() for p in tensors]
+    theta_norm = space.norm(master)
+    k, n = vs[0].shape[0], space.numel(master)
+    saved_flags = [p.requires_grad for p in params]
     count = 0
     try:
-        for p in tensors:
+        for p in params:
             p.requires_grad_(True)
         for r in range(k):
-            v_norm, v4 = _norms([v[r] for v in vs])
+            v_norm, v4 = space.norms([v[r] for v in vs])
             if v_norm == 0.0:
                 continue  # H 0 = 0
             for shift, coef in stencil(step_size(h, theta_norm, v_norm, v4, n), richardson):
                 with torch.no_grad():
-                    for p, m, v in zip(tensors, master, vs):
-                        torch.add(m.to(v.dtype), v[r], alpha=shift, out=p)  # in float32 at least, cast once
+                    for t, m, v in zip(tensors, master, vs):
+                        torch.add(m.to(v.dtype), v[r], alpha=shift, out=t)  # in float32 at least, cast once
                 for index, w, batch in items:
-                    for p in tensors:
+                    for p in params:
                         p.grad = None
                     loss_of(batch, index).backward()
                     count += 1
-                    for p, o in zip(tensors, outs):
+                    for p, o in zip(params, outs):
                         if p.grad is not None:
-                            o[r].add_(p.grad.to(o.dtype), alpha=w * coef)
+                            o[r].add_((p.grad if grad_of is None else grad_of(p.grad)).to(o.dtype), alpha=w * coef)
     finally:
         with torch.no_grad():
-            for p, m in zip(tensors, master):
-                p.copy_(m)
-        for p, flag in zip(tensors, saved_flags):
+            for t, m in zip(tensors, master):
+                t.copy_(m)
+        for p, flag in zip(params, saved_flags):
             p.grad = None
             p.requires_grad_(flag)
     return count
@@ -263,55 +260,31 @@ def check_bytes(op: Any, *passes: int) -> int:
     return 3 * op.dim * itemsize(op.dtype) + max(passes, default=0) + temporaries_bytes(op.dim)
 
 
-def _rows(batch: Any, n: int) -> Any:
-    """A copy of the first ``n`` rows of a tensor batch or a tuple/list of tensor batches."""
-    if isinstance(batch, torch.Tensor):
-        return batch[:n].clone()
-    return type(batch)(t[:n].clone() for t in batch)
-
-
-def operator_pass_bytes(op: Any) -> int:
-    """:func:`pass_bytes` of a difference-backend ``HessianOperator``: the largest over its batches,
-    each batch shape's gradient pass measured once on a one-row and a two-row copy (cost: two
-    small gradients per batch shape)."""
-    largest = max(math.prod(s) for s in op.space.shapes)
-    out = 0
-    for i, batch in enumerate(op.batches):
-        rows, sliced, key = one_row(batch)
-        key = ("first-order", key)
-        if key not in op._graph_bytes:
-            with op._call_context() as params:
-                one = gradient_pass_bytes(lambda: op._loss(params, sliced, i), params)
-                two = None if rows < 2 else gradient_pass_bytes(lambda: op._loss(params, _rows(batch, 2), i), params)
-            op._graph_bytes[key] = (one, two)
-        one, two = op._graph_bytes[key]
-        out = max(out, pass_bytes(one, two, rows, op.dim, op.param_dtype, largest, op.loss_transient_bytes))
-    return out
-
-
 def _describe(batches: Sequence[Any]) -> str:
     shapes = [list(b.shape) if isinstance(b, torch.Tensor) else type(b).__name__ for b in batches]
     return f"{len(batches)} check batch(es) {shapes}"
 
 
-def measure(op: Any, make: Callable[[str, list], CurvatureOperator], num_vectors: int = 2, seed: int = 0) -> dict:
+def measure(op: Any, backend: "DifferenceBackend", num_vectors: int = 2, seed: int = 0) -> dict:
     """The difference backend's relative error (:func:`product_error`) against the exact
-    reverse-over-reverse products of the same loss on ``op.check_batches`` (default: a one-row
-    copy of the first batch), on ``num_vectors`` seeded vectors; ``make(backend, batches)`` builds
-    the operators. When the exact product cannot run there (no double-backward rule, or out of
+    reverse-over-reverse products of the same loss on ``backend.check_batches`` (default: a one-row
+    copy of the first batch), on ``num_vectors`` seeded vectors; ``op.sibling(batches, backend)``
+    builds the operators. When the exact product cannot run there (no double-backward rule, or out of
     memory) ``rel_error`` is None and ``reference`` says why: bound it elsewhere (e.g. on a miniature
     of the architecture, :func:`probes.models.curvature.miniature_bound`); so it is when the check's
     memory (:func:`check_bytes`: three vectors and the larger single-vector pass) exceeds the
     operator's budget. Cost: 2 · num_vectors products of each backend on the check slice (plus one
     reverse graph build)."""
-    batches = list(op.check_batches) if op.check_batches is not None else [one_row(op.batches[0])[1]]
-    h = op.difference_step or relative_step(op.param_dtype, op.richardson)
-    out = {"backend": "difference", "step": h, "richardson": op.richardson, "num_vectors": num_vectors, "seed": seed}
-    diff = make("difference", batches)
+    from .reverse import ReverseBackend
+
+    batches = list(backend.check_batches) if backend.check_batches is not None else [one_row(op.batches[0])[1]]
+    out = {"backend": backend.name, "step": backend.step(op), "richardson": backend.richardson,
+           "num_vectors": num_vectors, "seed": seed}
+    diff = op.sibling(batches, DifferenceBackend(backend.difference_step, backend.richardson))
     try:
         from ..memory.model import format_bytes, resolve_budget
 
-        reference = make("reverse", batches)
+        reference = op.sibling(batches, ReverseBackend())
         need = check_bytes(op, diff.pass_bytes(1), reference.pass_bytes(1, cached=False))
         budget = resolve_budget(op.max_memory, op.device)
         if need > budget:  # planned like any estimator: never an allocation the budget did not allow
@@ -324,43 +297,61 @@ def measure(op: Any, make: Callable[[str, list], CurvatureOperator], num_vectors
     return {**out, "rel_error": error, "reference": f"reverse-over-reverse ({dtype}) on {_describe(batches)}"}
 
 
-def choose_backend(op: Any, tolerance: float = DEFAULT_TOLERANCE) -> str:
-    """``backend="auto"``: ``"reverse"`` when its pass (one vector, no graph cache) plus three
-    vectors (the least any estimator holds) fits ``op.max_memory``; else ``"difference"`` when its
-    pass fits and its measured error (:meth:`~geometry.operators.hessian.HessianOperator.checked`)
-    is ≤ ``tolerance``, else :class:`OperatorError` (one line); ``"reverse"`` when neither pass
-    fits (the estimators then refuse with the bytes needed). Sets ``op.backend_choice``."""
-    from ..memory.model import format_bytes, resolve_budget
+class DifferenceBackend(ProductBackend):
+    """Gradient-difference products (module docstring): first order only, its error measured.
 
-    budget = resolve_budget(op.max_memory, op.device)
-    state = 3 * op.dim * itemsize(op.dtype)
-    op.backend = "reverse"
-    try:
-        exact = op.pass_bytes(1, cached=False) + state
-    except (RuntimeError, NotImplementedError, OperatorError) as exc:
-        exact, why_not = None, f"the exact pass cannot run ({type(exc).__name__}: {str(exc)[:120]})"
-    else:
-        why_not = f"the exact pass needs {format_bytes(exact)} of a {format_bytes(budget)} budget"
-    if exact is not None and exact <= budget:
-        op.backend_choice = {"chosen": "reverse", "why": f"the exact pass fits: {format_bytes(exact)} of {format_bytes(budget)}",
-                             "exact_bytes": exact, "budget_bytes": budget}
-        return "reverse"
-    op.backend = "difference"
-    diff = op.pass_bytes(1) + state
-    if diff > budget:
-        op.backend = "reverse"
-        op.backend_choice = {"chosen": "reverse", "why": f"{why_not} and the difference pass {format_bytes(diff)}: "
-                             "neither fits (the estimators refuse)", "exact_bytes": exact, "difference_bytes": diff,
-                             "budget_bytes": budget}
-        return "reverse"
-    check = op.checked()
-    err = check["rel_error"]
-    if err is None or not err <= tolerance:
-        op.backend = "reverse"
-        measured = "could not be measured (no exact product on the check slice)" if err is None else f"is {err:.2g}"
-        raise OperatorError(f"backend='auto': {why_not} and the difference backend's error {measured}, above "
-                            f"difference_tolerance={tolerance:g}; raise max_memory, loosen the tolerance or pass backend='difference'")
-    op.backend_choice = {"chosen": "difference", "why": f"{why_not}; the difference pass fits ({format_bytes(diff)}) and its "
-                         f"measured error {err:.2g} is within {tolerance:g}", "exact_bytes": exact,
-                         "difference_bytes": diff, "budget_bytes": budget, "rel_error": err}
-    return "difference"
+    Args:
+        difference_step: the relative step h (default :func:`relative_step` of the parameters' dtype).
+        richardson: the 4-gradient Richardson stencil (O(ε⁴)).
+        check_batches: the batches of the error check (default: a one-row copy of the first batch).
+    """
+
+    name = "difference"
+    exact = False
+    second_order = False
+
+    def __init__(self, difference_step: float | None = None, richardson: bool = False,
+                 check_batches: Sequence[Any] | None = None):
+        self.difference_step, self.richardson, self.check_batches = difference_step, bool(richardson), check_batches
+
+    def __repr__(self) -> str:
+        return f"DifferenceBackend(difference_step={self.difference_step}, richardson={self.richardson})"
+
+    def attention(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Whatever attention the model runs (first order only), checkpointed layers flagged."""
+        return checkpointing_layers(model)
+
+    def step(self, op: Any) -> float:
+        return self.difference_step or relative_step(op.param_dtype, self.richardson)
+
+    def products(self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor],
+                 outs: list[torch.Tensor]) -> None:
+        items = [(i, w, b) for i, (w, b) in op.batch_items("hvp")]
+        op.num_gradients += difference_products(list(params.values()), items, lambda b, i: op.batch_loss(params, b, i),
+                                                vs, outs, self.step(op), self.richardson)
+
+    def pass_bytes(self, op: Any, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
+        """:func:`pass_bytes`, the largest over the operator's batches, each batch shape's gradient
+        pass measured once on a one-row and a two-row copy (cost: two small gradients per shape)."""
+        largest = max(math.prod(s) for s in op.space.shapes)
+        out = 0
+        for i, batch in enumerate(op.batches):
+            rows, sliced, key = one_row(batch)
+            key = ("first-order", key)
+            if key not in op.measured_passes:
+                with op.call_context(self) as params:
+                    one = gradient_pass_bytes(lambda: op.batch_loss(params, sliced, i), params)
+                    two = None if rows < 2 else gradient_pass_bytes(
+                        lambda: op.batch_loss(params, first_rows(batch, 2), i), params)
+                op.measured_passes[key] = (one, two)
+            one, two = op.measured_passes[key]
+            out = max(out, pass_bytes(one, two, rows, op.dim, op.param_dtype, largest, op.loss_transient_bytes))
+        return out
+
+    def pass_options(self, op: Any, k: int, calls: int, hvps: int) -> list[tuple[dict[str, Any], int, float]]:
+        """One option: 2 gradients per vector (4 with Richardson); the measured error is recorded."""
+        settings = {"backend": self.name, "hvp_check": op.checked(), "backend_choice": op.backend_choice}
+        return [(settings, op.pass_bytes(k), (4.0 if self.richardson else 2.0) * hvps)]
+
+    def check(self, op: Any) -> dict:
+        return measure(op, self)

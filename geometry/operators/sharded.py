@@ -43,14 +43,15 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..base._linalg import ShardLayout, power_sums
+from ..base._linalg import ShardLayout
 from ..base.batches import raw_batch_weights
 from ..base.modes import module_modes
-from ..memory.graphs import itemsize, one_row, peak_new_bytes
+from ..memory.graphs import first_rows, itemsize, one_row, peak_new_bytes
+from .backend import ReducedVectors
 from .derivatives import true_derivatives
-from .difference import checkpointing_layers, relative_step, stencil, step_size
+from .difference import DifferenceBackend, checkpointing_layers, difference_products
 from .interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
-from .parallel import DataParallel, global_batch_weights
+from .data_parallel import DataParallel, global_batch_weights
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -124,18 +125,26 @@ class ShardedHessianOperator(CurvatureOperator):
             from ..memory.model import default_budget
 
             self.max_memory = self.parallel.min_int(default_budget(self._device), self._device)
-        self.difference_step = difference_step
-        self.richardson = bool(richardson)
+        self.product_backend = DifferenceBackend(difference_step, richardson)
         self.progress = progress
         self.num_matvecs = 0
         self.num_gradients = 0
-        self.backend, self.backend_choice, self.hvp_check = "difference", None, None
+        self.backend_choice, self.hvp_check = None, None
         self._pass_fit: tuple[float, float] | None = None
 
     # ------------------------------------------------------------------ attributes
     @property
     def dim(self) -> int:
         return self._dim
+
+    @property
+    def backend(self) -> str:
+        """The product backend's name (always the difference backend), as results record it."""
+        return self.product_backend.name
+
+    @property
+    def richardson(self) -> bool:
+        return self.product_backend.richardson
 
     @property
     def dtype(self) -> torch.dtype:
@@ -176,16 +185,6 @@ class ShardedHessianOperator(CurvatureOperator):
             start += t.numel()
         return out
 
-    def _global_norms(self, tensors: Sequence[torch.Tensor]) -> tuple[float, float]:
-        """``(‖x‖₂, ‖x‖₄²)`` of the global vector whose local parts are ``tensors``, summed in float64
-        (one float64 chunk at a time) and over the ranks."""
-        s2 = s4 = 0.0
-        for t in tensors:
-            a, b = power_sums(t)
-            s2, s4 = s2 + a, s4 + b
-        s2, s4 = self.parallel.sum_floats([s2, s4], self._device)
-        return math.sqrt(s2), math.sqrt(s4)
-
     @contextlib.contextmanager
     def _call_context(self) -> Iterator[None]:
         """Eval mode (checkpointed layers flagged for HF), grad on, true embedding derivatives
@@ -210,37 +209,21 @@ class ShardedHessianOperator(CurvatureOperator):
     def _matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(V)
         vs, outs = self._views(V), self._views(out)
-        h = self.difference_step or relative_step(self._param_dtype, self.richardson)
-        masters = [t.detach().clone() for t in self.locals]  # in the parameters' dtype, as the unsharded backend
+        space = ReducedVectors(lambda values: self.parallel.sum_floats(values, self._device), self.global_dim)
+        items = [(i, 1.0, i) for i in range(self.rounds)]  # the weight is folded into the loss: FSDP2 averages
+
+        def loss_of(_batch: Any, i: int) -> torch.Tensor:
+            scale, batch = self._round(i)
+            loss = self.loss_fn(self.model, batch)
+            if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+                raise OperatorError("loss_fn must return a scalar (0-dim) mean loss")
+            return loss * scale
 
         def local() -> None:
-            theta_norm = self._global_norms(masters)[0]
             with self._call_context():
-                try:
-                    for r in range(V.shape[0]):
-                        v_norm, v4 = self._global_norms([v[r] for v in vs])
-                        if v_norm == 0.0:
-                            continue
-                        for shift, coef in stencil(step_size(h, theta_norm, v_norm, v4, self.global_dim), self.richardson):
-                            with torch.no_grad():
-                                for t, m, v in zip(self.locals, masters, vs):
-                                    torch.add(m.to(v.dtype), v[r], alpha=shift, out=t)  # float32 at least, cast once
-                            for i in range(self.rounds):
-                                scale, batch = self._round(i)
-                                for p in self.params.values():
-                                    p.grad = None
-                                loss = self.loss_fn(self.model, batch)
-                                if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
-                                    raise OperatorError("loss_fn must return a scalar (0-dim) mean loss")
-                                (loss * scale).backward()
-                                self.num_gradients += 1
-                                for p, o in zip(self.params.values(), outs):
-                                    if p.grad is not None:
-                                        o[r].add_(p.grad.to_local().to(o.dtype), alpha=coef)
-                finally:
-                    with torch.no_grad():
-                        for t, m in zip(self.locals, masters):
-                            t.copy_(m)  # θ back bit-exactly from the kept original
+                self.num_gradients += difference_products(
+                    list(self.params.values()), items, loss_of, vs, outs, self.product_backend.step(self),
+                    self.richardson, space, tensors=self.locals, grad_of=lambda g: g.to_local())
 
         # a rank that raises mid-product would leave the others in a collective: the backward passes
         # are collectives themselves, so a failure here is reported by the process group's timeout
@@ -256,14 +239,14 @@ class ShardedHessianOperator(CurvatureOperator):
         the same checkpoint, or on a miniature (:func:`probes.models.curvature.miniature_bound`)."""
         if self.hvp_check is not None:  # measured elsewhere (e.g. on the unsharded architecture)
             return self.hvp_check
-        h = self.difference_step or relative_step(self._param_dtype, self.richardson)
-        return {"backend": "difference", "step": h, "richardson": self.richardson, "rel_error": None,
+        return {"backend": self.backend, "step": self.product_backend.step(self), "richardson": self.richardson, "rel_error": None,
                 "reference": "not measured on a sharded model: run --backend difference in one process to measure it"}
 
     # ------------------------------------------------------------------ memory
     def _measure_pass(self, rows: int) -> int:
         batch = self.batches[0]
-        sliced = batch[:rows] if isinstance(batch, torch.Tensor) else type(batch)(b[:rows] for b in batch)
+        sliced = first_rows(batch, min(rows, one_row(batch)[0]))
+        sliced = batch if sliced is None else sliced  # not row-shaped: measured whole
 
         def run() -> None:
             with self._call_context():

@@ -52,13 +52,13 @@ def strict_memory_option():
 
 def apply_strict_memory(strict: bool | None, max_memory: str | None = None) -> bool:
     """``--strict-memory`` (``None``: on when ``max_memory`` was given):
-    :func:`geometry.memory.model.return_freed_memory` with the 64 kB mmap threshold measured to keep
-    peak RSS within the plan (:data:`~geometry.memory.model.STRICT_MMAP_THRESHOLD`). Returns whether
+    :func:`geometry.memory.allocator.return_freed_memory` with the 64 kB mmap threshold measured to keep
+    peak RSS within the plan (:data:`~geometry.memory.allocator.STRICT_MMAP_THRESHOLD`). Returns whether
     it is on. Raises ``typer.BadParameter`` when asked for explicitly off glibc, where the setting
     does not exist; when implied by ``--max-memory`` there it is skipped (the budget stays a plan)."""
     if strict is False or (strict is None and max_memory is None):
         return False
-    from geometry.memory.model import STRICT_MMAP_THRESHOLD, return_freed_memory
+    from geometry.memory.allocator import STRICT_MMAP_THRESHOLD, return_freed_memory
 
     if return_freed_memory(STRICT_MMAP_THRESHOLD):
         return True

@@ -75,7 +75,7 @@ def checkpoint_surface(checkpoint: "str | Path", previous: "str | Path | None", 
     import torch
 
     from geometry.surfaces.grid import GridSpec
-    from geometry.surfaces.planes import random_plane as make_random_plane
+    from geometry.surfaces.random_planes import random_plane as make_random_plane
     from geometry.surfaces.surface import evaluate_surface
     from probes.checkpoints import ArchitectureMismatchError, CheckpointLoader, open_checkpoint
     from probes.checkpoints.configs import config_differences

@@ -285,7 +285,7 @@ def register(app: typer.Typer) -> None:
         ev = res["eigen"]
         con.print(f"λ_max = {ev['values'][0]:.4g} (residual {ev['residuals'][0]:.2g}, {ev['num_matvecs']} HVPs, {ev['seconds']:.1f} s); "
                   f"{res['dim']} parameters, curvature set {res['data']['shape']}")
-        if res["backend"] != "reverse":
+        if res["hvp_check"] is not None:  # a backend with a measured error (difference)
             con.print(f"HVP backend {res['backend']}: {res['hvp_check'] or res['backend_choice']}")
         if not all(ev["converged"]):
             con.print("[red]λ_max did not converge[/red] within the iteration limit: treat it as a lower bound on |λ_max|")

@@ -5,7 +5,7 @@
 :func:`init_data_parallel` joins them into one ``torch.distributed`` group: NCCL when CUDA is
 available (each rank on ``cuda:LOCAL_RANK``), gloo otherwise; with a timeout, so a rank that dies
 makes the others fail instead of waiting forever. Only rank 0 prints and writes files
-(:func:`is_main_rank`). The products themselves are :mod:`geometry.operators.parallel`.
+(:func:`is_main_rank`). The products themselves are :mod:`geometry.operators.data_parallel`.
 """
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def explain_checkpoint(checkpoint: str | Path, specs: Sequence[str], label: str 
     from probes.core.threads import torch_threads
     from probes.core.tokenset import TokenSet
 
-    from geometry.operators.hessian import BACKENDS
+    from geometry.operators.names import BACKENDS
 
     if backend not in BACKENDS:
         raise ExplainError(f"backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")

@@ -17,8 +17,11 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from geometry.operators.auto import AutoBackend
+from geometry.operators.names import backend_named
+from geometry.operators.data_parallel import DataParallel
 from geometry.operators.hessian import HessianOperator
-from geometry.operators.parallel import DataParallel
+from geometry.operators.reverse import ReverseBackend
 from probes.core.lm import lm_loss
 from probes.core.lm_head import head_transient_bytes, lm_loss_lean
 
@@ -37,7 +40,7 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     ``[tokens, vocab]`` tensor in the double-backward graph; models whose logits are not a plain
     linear head fall back to :func:`~probes.core.lm.lm_loss` by themselves). Extra keyword
     arguments go to :class:`HessianOperator` (``max_memory``, ``chunk_size``, ``data_parallel``, ...);
-    with a :class:`~geometry.operators.parallel.DataParallel` as ``data_parallel`` the check is agreed
+    with a :class:`~geometry.operators.data_parallel.DataParallel` as ``data_parallel`` the check is agreed
     over the ranks (a failure on one rank is raised on all).
 
     ``backend="difference"`` (gradient differences, :mod:`geometry.operators.difference`) needs no
@@ -49,33 +52,37 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     softmax in float64), so the float64 step measures the method, not float32 rounding.
     """
     batches = list(batches)
-    if backend in ("difference", "auto") and batches:
+    chosen = backend_named(backend)  # an unknown name raises here, before any work
+    auto = isinstance(chosen, AutoBackend)
+    if (auto or not chosen.exact) and batches:
         kwargs.setdefault("check_batches", [batches[0][:2, :32]])
-    if check and batches and backend != "difference":
+    if check and batches and (auto or chosen.second_order):
         probe = batches[0][:2, :16]
         parallel = kwargs.get("data_parallel")
+        exact = ReverseBackend() if auto else chosen
 
         def second_order() -> str:
             try:
-                return ensure_second_order(model, probe, backend="reverse" if backend == "auto" else backend, params=params)
+                return ensure_second_order(model, probe, backend=exact.name, params=params)
             except SecondOrderError:
-                if backend != "auto":
+                if not auto:
                     raise
-                return "difference"  # no exact backend is trustworthy: only the first-order one can run
+                return chosen.difference.name  # no exact backend is trustworthy: only the first-order one can run
 
         if isinstance(parallel, DataParallel):  # a check failing on one rank fails on every rank, never hangs
             checked = parallel.agree(second_order, "the second-order check", batches[0].device)
         else:
             checked = second_order()
-        backend = checked if backend != "auto" or checked == "difference" else backend
-    lean = lean_head and backend == "reverse"
+        if not auto or not backend_named(checked).second_order:
+            backend, chosen, auto = checked, backend_named(checked), False
+    lean = lean_head and isinstance(chosen, ReverseBackend)  # the lean head's derivatives are reverse-mode only
     if lean:
         kwargs.setdefault("loss_transient_bytes", head_transient_bytes(model, batches))
     loss_fn = lm_loss_lean if lean else lm_loss
-    if backend in ("difference", "auto"):  # a float64 model's float32 islands would swamp the float64-sized step
+    if auto or not chosen.exact:  # a float64 model's float32 islands would swamp the float64-sized step
         loss_fn = with_float64_fidelity(loss_fn, model)
     op = HessianOperator(model, loss_fn, batches, params=params, backend=backend, **kwargs)
-    if op.backend == "difference" and batches and op.checked()["rel_error"] is None:
+    if not op.product_backend.exact and batches and op.checked()["rel_error"] is None:
         op.hvp_check = {**op.hvp_check, **miniature_bound(model, op.check_batches or [batches[0][:2, :32]])}
     return op
 

@@ -236,8 +236,8 @@ def check_second_order(
                             f"tolerance raised to {tol:.1e}")
         checks: dict[str, BackendCheck] = {}
         products: dict[str, torch.Tensor] = {}
-        for backend in ("reverse", "forward"):
-            op = op_rev if backend == "reverse" else HessianOperator(work, loss_fn, batches, params=params, backend=backend)
+        for backend, op in (("reverse", op_rev), ("forward", None)):
+            op = op or HessianOperator(work, loss_fn, batches, params=params, backend=backend)
             try:
                 HV = op.matmat_flat(V)
             except Exception as e:  # noqa: BLE001 - every failure is reported, none is swallowed silently
@@ -254,7 +254,7 @@ def check_second_order(
                                            worst_params=() if ok else worst_params(op_rev.space, HV, ref))
     agreement = rel_error(products["forward"], products["reverse"]) if len(products) == 2 else None
     _explain(checks, customs, tol, messages)
-    other = "forward" if preferred == "reverse" else "reverse"
+    (other,) = checks.keys() - {preferred}  # the other exact backend
     if checks[preferred].ok:
         recommended = preferred
     elif checks[other].ok:

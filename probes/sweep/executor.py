@@ -337,7 +337,7 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
         allow_pickle: load ``.bin``/``.pt`` checkpoints that need full pickle (only for trusted files).
         parallel: ``"data"`` inside an initialised ``torch.distributed`` group (``torchrun … sweep
             --parallel data``): every rank probes every checkpoint with one process (local executor),
-            the curvature batches split over the ranks (:mod:`geometry.operators.parallel`); rank 0
+            the curvature batches split over the ranks (:mod:`geometry.operators.data_parallel`); rank 0
             alone takes the store's lock, decides what is left to do (resumable as always), writes
             the rows and reports; the other ranks return a report of the rows they computed.
 

@@ -222,7 +222,7 @@ class Plan:
                 parse_bytes(self.max_memory)
             except MemoryBudgetError as exc:
                 raise PlanError(f"max_memory: {exc}") from exc
-        from geometry.operators.hessian import BACKENDS
+        from geometry.operators.names import BACKENDS
 
         if self.backend not in BACKENDS:
             raise PlanError(f"backend {self.backend!r} is unknown; valid: {', '.join(BACKENDS)}")
@@ -356,7 +356,9 @@ class Plan:
         d["probes"] = {k: v for k, v in probes.items() if v not in (None, False, [], ())}
         if d["max_memory"] is None:          # absent, so plans of the first release keep their hash
             d.pop("max_memory")
-        if d["backend"] == "reverse":        # absent by default, so earlier plans keep their hash
+        from geometry.operators.names import is_default_backend
+
+        if is_default_backend(d["backend"]):  # absent by default, so earlier plans keep their hash
             d.pop("backend")
         return d
 
@@ -374,9 +376,11 @@ class Plan:
     def tasks(self) -> list[Task]:
         """Row keys per checkpoint, in execution order: loss, kurtosis, quant…, directional…,
         trace, eigen, block_trace, explain…."""
+        from geometry.operators.names import is_default_backend
+
         curv = {"curvature_params": list(self.curvature_params) if self.curvature_params else None, "data": list(self.data.curvature),
                 **({"max_memory": self.max_memory} if self.max_memory is not None else {}),
-                **({"backend": self.backend} if self.backend != "reverse" else {})}
+                **({} if is_default_backend(self.backend) else {"backend": self.backend})}
         qdata = {"quant_modules": list(self.quant_modules) if self.quant_modules else None,
                  "eval": list(self.data.eval), "calibration": list(self.data.calibration)}
         out: list[Task] = []

@@ -2,7 +2,7 @@
 the process group and the data every rank must share.
 
 Every rank runs the same plan on the same checkpoints in one process; the Hessian operator splits
-the curvature batches over the ranks (:mod:`geometry.operators.parallel`). Rank 0 alone holds the
+the curvature batches over the ranks (:mod:`geometry.operators.data_parallel`). Rank 0 alone holds the
 store; the others build the same token sets (checked by their hash) and follow rank 0's list of
 what is left to do, so the collectives of every product line up.
 """
@@ -12,7 +12,7 @@ from .datasets import build_data, data_hashes
 
 
 def data_parallel_group(parallel: str, executor: str, num_workers, pool, error: type[Exception]):
-    """The :class:`~geometry.operators.parallel.DataParallel` of ``parallel="data"`` (None for
+    """The :class:`~geometry.operators.data_parallel.DataParallel` of ``parallel="data"`` (None for
     ``"none"``); bad combinations are refused before any work, as ``error`` (the caller's class)."""
     if parallel == "none":
         return None
@@ -25,7 +25,7 @@ def data_parallel_group(parallel: str, executor: str, num_workers, pool, error: 
     if not (dist.is_available() and dist.is_initialized()):
         raise error("--parallel data runs under torchrun: torchrun --nproc_per_node N -m probes.cli sweep … "
                     "--parallel data (no process group is initialised)")
-    from geometry.operators.parallel import DataParallel
+    from geometry.operators.data_parallel import DataParallel
 
     return DataParallel()
 

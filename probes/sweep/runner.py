@@ -67,7 +67,7 @@ class CheckpointState:
 
     def __init__(self, model: torch.nn.Module, plan: Plan, token_sets: Mapping[str, Any], parallel=None):
         self.model = model
-        self.parallel = parallel  # a geometry.operators.parallel.DataParallel: the curvature batches are split
+        self.parallel = parallel  # a geometry.operators.data_parallel.DataParallel: the curvature batches are split
         self.plan = plan
         self.token_sets = token_sets
         self._fp = None
@@ -97,7 +97,7 @@ class CheckpointState:
 
             batches, extra = list(self.data("curvature")), {}
             if self.parallel is not None:  # this rank's share; products all-reduced over the ranks
-                from geometry.operators.parallel import split_batches
+                from geometry.operators.data_parallel import split_batches
 
                 batches = split_batches(batches, self.parallel.rank, self.parallel.world_size)
                 extra = {"data_parallel": self.parallel}
@@ -293,7 +293,7 @@ def probe_checkpoint(ref, tasks: Iterable[Task], plan: Plan, token_sets: Mapping
     ``on_start(label, task)`` is called before each probe (for progress displays). The first row
     carries ``extra["load_seconds"]`` (loading the weights). Rows carry the wall time of their probe
     (the FP evaluation is charged to the probe that first needs it) and the torch thread count.
-    ``parallel``: a :class:`~geometry.operators.parallel.DataParallel` when every rank of a process
+    ``parallel``: a :class:`~geometry.operators.data_parallel.DataParallel` when every rank of a process
     group runs the same tasks (``sweep --parallel data``): the Hessian operator's batches are split
     over the ranks, and a checkpoint that fails to load on any rank fails on all of them.
     """

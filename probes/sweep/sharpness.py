@@ -48,7 +48,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     (``backend_choice``). Bad options raise :class:`SharpnessError` before anything is loaded; a
     plan that cannot fit raises it before any product. ``parallel="data"`` (under ``torchrun``):
     every rank loads the model, takes its contiguous share of the curvature batches and runs the
-    same estimators; products are all-reduced (:mod:`geometry.operators.parallel`), so the numbers
+    same estimators; products are all-reduced (:mod:`geometry.operators.data_parallel`), so the numbers
     are one process's over all batches; every rank returns the same dict. ``parallel="fsdp"``:
     every rank holds 1/N of θ and of every vector (:mod:`geometry.operators.sharded`, gradient
     differences whatever ``backend`` says: the result records ``backend="difference"``).
@@ -57,14 +57,15 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     from probes.checkpoints.locate import checkpoint_trajectory
 
     _check_options(method, eigen_method, num_matvecs, k, max_iter, tol)
-    from geometry.operators.hessian import BACKENDS
+    from geometry.operators.auto import AutoBackend
+    from geometry.operators.names import BACKENDS, backend_named
     from probes.core.distributed import PARALLEL_MODES, DistributedError, init_data_parallel
 
     if parallel not in PARALLEL_MODES:
         raise SharpnessError(f"parallel {parallel!r} is unknown; valid: {', '.join(PARALLEL_MODES)}")
     if backend not in BACKENDS:
         raise SharpnessError(f"backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")
-    if parallel != "none" and backend == "auto":
+    if parallel != "none" and isinstance(backend_named(backend), AutoBackend):
         raise SharpnessError("backend 'auto' is not available with --parallel: pass --backend reverse or difference")
     if dtype is not None and dtype not in _DTYPES:
         raise SharpnessError(f"dtype {dtype!r} is unknown; valid: {', '.join(_DTYPES)}")
@@ -95,7 +96,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     dev = device or ("cuda" if torch.cuda.is_available() else None)
     batches, pg = list(curv), None
     if parallel in ("data", "fsdp"):
-        from geometry.operators.parallel import DataParallel, split_batches
+        from geometry.operators.data_parallel import DataParallel, split_batches
 
         if parallel == "fsdp" and params:
             raise SharpnessError("--params is not supported with --parallel fsdp yet: sharded curvature is w.r.t. "

@@ -1,6 +1,6 @@
 """The forward-over-reverse Hessian-vector product: ``torch.func.jvp`` of ``torch.func.grad``.
 
-Used by :class:`geometry.operators.hessian.HessianOperator` with ``backend="forward"``: the loss is written
+:class:`ForwardBackend` (``backend="forward"`` of :class:`geometry.operators.hessian.HessianOperator`): the loss is written
 as a function of the selected parameters with :func:`torch.func.functional_call` (the other
 parameters and buffers enter as constants), and the jvp of its gradient is vmapped over the k
 tangents, a chunk at a time.
@@ -12,7 +12,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..memory.graphs import forward_pass_bytes, itemsize
+from .backend import ProductBackend
 from .interface import OperatorError
+from .reverse import _chunks, _option, check_loss, converted_bytes
 
 
 class _LossModule(nn.Module):
@@ -62,3 +65,29 @@ def forward_over_reverse(model: nn.Module, loss_fn, params: dict[str, torch.Tens
                                 "the Hessian of a non-finite loss is undefined")
         for n, o in zip(names, outs):
             o[start:stop].add_(hv[n], alpha=weight)
+
+
+class ForwardBackend(ProductBackend):
+    """Forward-over-reverse products, vmapped over chunks of tangents. It rebuilds the forward and
+    the gradient for every chunk (≈ 4 gradients per vector on CPU); memory per chunk:
+    :func:`~geometry.memory.graphs.forward_pass_bytes`."""
+
+    name = "forward"
+
+    def products(self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor],
+                 outs: list[torch.Tensor]) -> None:
+        k = vs[0].shape[0]
+        for i, (w, batch) in op.batch_items("hvp"):
+            forward_over_reverse(op.model, op.loss_fn, params, batch, vs, outs, w, op.chunk_for(k, True),
+                                 op.param_dtype, lambda loss: check_loss(loss, i, finite=False), i)
+
+    def pass_bytes(self, op: Any, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
+        graphs = [op.graph_bytes(i) for i in range(len(op.batches))]
+        chunk = chunk or op.chunk_for(k, True)
+        return forward_pass_bytes(graphs, op.dim * itemsize(op.param_dtype), k, chunk,
+                                  op.loss_transient_bytes + converted_bytes(op, k, chunk))
+
+    def pass_options(self, op: Any, k: int, calls: int, hvps: int) -> list[tuple[dict[str, Any], int, float]]:
+        """Vmapped chunk sizes (no graph to keep); cost: 4 gradient-equivalents per vector."""
+        chunks = _chunks(k) if op.chunk_size is None else [None]
+        return [_option(op, k, chunk, False, 4.0 * hvps, hvps) for chunk in chunks]

@@ -108,6 +108,13 @@ class DataParallel:
         self._dist.all_gather_object(out, obj, group=self.group)
         return out
 
+    def planned_pass_bytes(self, need: int, k: int, dim: int, dtype: torch.dtype, device: torch.device) -> int:
+        """A product's planned bytes on every rank: the largest ``need`` of any rank (so all make the
+        same choices), plus the all-reduce's staging copy of the ``[k, dim]`` result where the
+        backend cannot reduce in place (collective)."""
+        staging = k * dim * torch.empty((), dtype=dtype).element_size() if self._device(device) != device else 0
+        return self.max_int(need + staging, device)
+
     # ------------------------------------------------------------------ agreement
     def agree(self, fn: Callable[[], Any], what: str, device: torch.device | str = "cpu") -> Any:
         """Run ``fn()`` on this rank, then make the ranks agree that all succeeded.

@@ -1,0 +1,68 @@
+"""The conventions, side effects and guarantees of every Hessian product call (:class:`~geometry.operators.hessian.HessianOperator`).
+
+:func:`product_call` is the context every product, gradient and memory measurement runs in:
+
+- attention runs under the backend's context: for the exact backends
+  :func:`geometry.operators.attention.second_order_attention` (SDPA MATH backend); embeddings'
+  ``padding_idx`` is cleared (:func:`geometry.operators.derivatives.true_derivatives`), so the
+  products are those of the loss the forward computes;
+- the model is put in **eval mode** for the call, and every submodule's previous mode is restored;
+- ``.grad`` of every parameter is left as it was (exact backends use ``torch.autograd.grad``; the
+  difference backend's ``.grad`` writes are undone); parameters outside the selection are frozen
+  for the call only (so no graph is kept for layers that lead to no selected parameter: curvature
+  of the last blocks needs the graph of those blocks only); ``requires_grad`` flags and parameter
+  values are restored;
+- grad mode is switched on internally, so calls work inside ``torch.no_grad()``;
+- the selected parameters are looked up in the model at each call (weights may have been
+  replaced); one that vanished or changed shape, dtype or device raises
+  :class:`~geometry.operators.interface.OperatorError`.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager, Iterator
+
+import torch
+from torch import nn
+
+from ..base.modes import module_modes
+from ..base.params import ParamSpace
+from .derivatives import true_derivatives
+from .interface import OperatorError
+
+__all__ = ["product_call", "current_parameters"]
+
+
+def current_parameters(model: nn.Module, space: ParamSpace) -> dict[str, torch.Tensor]:
+    """The selected parameters as they are in ``model`` now, in ``space`` order."""
+    named = dict(model.named_parameters())
+    out = {}
+    for name, shape in zip(space.names, space.shapes):
+        p = named.get(name)
+        if p is None or p.shape != shape or p.dtype != space.dtype or p.device != space.device:
+            raise OperatorError(f"parameter {name!r} vanished or changed shape/dtype/device since the operator was built")
+        out[name] = p
+    return out
+
+
+@contextlib.contextmanager
+def product_call(model: nn.Module, space: ParamSpace, attention: ContextManager) -> Iterator[dict[str, torch.Tensor]]:
+    """Yields the selected parameters. Eval mode, ``attention``, true embedding derivatives, grad
+    enabled, parameters outside the selection frozen (``requires_grad=False``: autograd then keeps
+    no graph for the layers that lead to no selected parameter, and the Hessian is w.r.t. the
+    selection with the rest constant, as defined); restores modes, ``requires_grad`` and ``.grad``."""
+    grads = [(p, p.grad) for p in model.parameters()]
+    params = current_parameters(model, space)
+    chosen = {id(t) for t in params.values()}
+    frozen = [p for p in model.parameters() if p.requires_grad and id(p) not in chosen]
+    try:
+        for p in frozen:
+            p.requires_grad_(False)
+        with module_modes(model, training=False), torch.enable_grad(), attention, true_derivatives(model):
+            yield params
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+        for p, g in grads:
+            if p.grad is not g:
+                p.grad = g

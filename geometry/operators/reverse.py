@@ -1,0 +1,196 @@
+"""Reverse-over-reverse Hessian-vector products on one batch's retained gradient graph.
+
+:class:`ReverseBackend` (``backend="reverse"``, the default of
+:class:`geometry.operators.hessian.HessianOperator`): the
+gradient ``g = ∇L_b`` is built once with ``create_graph=True`` (:class:`GradientGraph`), then
+``H_b v = ∇(g · v)`` is one more backward per vector (``vectorize=False``) or one vmapped
+backward per chunk of vectors (``vectorize=True``, ``is_grads_batched``). Memory: the graph
+plus one chunk's second-backward intermediates (:func:`geometry.memory.graphs.pass_bytes`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..memory.graphs import itemsize, one_row, pass_bytes, saved_graph_bytes
+from .backend import ProductBackend
+from .derivatives import check_dead_rows
+from .fingerprint import model_fingerprint
+from .interface import OperatorError
+
+
+@dataclass
+class GradientGraph:
+    """One batch's gradient with its graph: the live gradients (those that have a graph) and
+    which selected tensors they belong to."""
+
+    loss: torch.Tensor
+    outputs: list[torch.Tensor]
+    live: list[int]
+
+
+def gradient_graph(loss: torch.Tensor, tensors: list[torch.Tensor]) -> GradientGraph:
+    """The gradient of ``loss`` w.r.t. ``tensors`` with ``create_graph=True``; a gradient without
+    a graph (it does not depend on θ: a zero Hessian row) is left out of ``outputs``."""
+    grads = torch.autograd.grad(loss, tensors, create_graph=True, allow_unused=True, materialize_grads=True)
+    live = [j for j, g in enumerate(grads) if g.requires_grad]
+    return GradientGraph(loss, [grads[j] for j in live], live)
+
+
+def reverse_products(graph: GradientGraph, tensors: list[torch.Tensor], vs: list[torch.Tensor],
+                     outs: list[torch.Tensor], weight: float, chunk: int, vectorize: bool,
+                     param_dtype: torch.dtype) -> None:
+    """``outs[j] += weight · (H_b V)_j`` for V given per parameter as ``vs[j]`` [k, *shape_j]
+    (in the estimator dtype; converted to ``param_dtype`` a chunk at a time)."""
+    if not graph.live:
+        return
+    k = vs[0].shape[0]
+    for start in range(0, k, chunk):
+        stop = min(start + chunk, k)
+        if vectorize:
+            hv = torch.autograd.grad(
+                graph.outputs, tensors, grad_outputs=[vs[j][start:stop].to(param_dtype) for j in graph.live],
+                retain_graph=True, is_grads_batched=True, allow_unused=True, materialize_grads=True,
+            )
+            for o, h in zip(outs, hv):
+                o[start:stop].add_(h, alpha=weight)
+            continue
+        for r in range(start, stop):
+            hv = torch.autograd.grad(
+                graph.outputs, tensors, grad_outputs=[vs[j][r].to(param_dtype) for j in graph.live],
+                retain_graph=True, allow_unused=True, materialize_grads=True,
+            )
+            for o, h in zip(outs, hv):
+                o[r].add_(h, alpha=weight)
+            del hv
+
+
+def check_loss(loss: Any, index: int, finite: bool = True) -> None:
+    """Raise :class:`OperatorError` unless ``loss`` (of batch ``index``) is a floating-point scalar
+    tensor, and, with ``finite``, a finite one."""
+    if not isinstance(loss, torch.Tensor):
+        raise OperatorError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} on batch {index}")
+    if loss.ndim != 0:
+        raise OperatorError(
+            f"loss_fn must return a scalar (0-dim) mean loss; got shape {tuple(loss.shape)} on batch {index}"
+        )
+    if not loss.is_floating_point():
+        raise OperatorError(f"loss_fn returned a {loss.dtype} tensor; the loss must be floating point")
+    if finite and not torch.isfinite(loss.detach()).all():
+        raise OperatorError(f"the loss is {float(loss.detach())} on batch {index}; the Hessian of a non-finite loss is undefined")
+
+
+@dataclass
+class GraphCache:
+    """An operator's kept gradient graphs (``cache_graphs``): per batch index, valid while the model's
+    :func:`~geometry.operators.fingerprint.model_fingerprint` is ``fingerprint``; ``dead_checked``:
+    the dead-row check ran once."""
+
+    graphs: dict[int, GradientGraph] = field(default_factory=dict)
+    fingerprint: tuple | None = None
+    dead_checked: bool = False
+
+    def release(self) -> None:
+        self.graphs.clear()
+        self.fingerprint = None
+
+
+class ReverseBackend(ProductBackend):
+    """Reverse-over-reverse products: per batch one ``create_graph`` gradient, then one second backward
+    per vector (``op.vectorize=False``) or per chunk (vmapped). Memory: the graph of the largest batch
+    (of every batch when graphs are kept) plus the second backward's transient (:func:`pass_bytes`)."""
+
+    name = "reverse"
+    keeps_graphs = True
+
+    def products(self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor],
+                 outs: list[torch.Tensor]) -> None:
+        cache = op.graph_cache
+        chunk = op.chunk_for(vs[0].shape[0], op.vectorize)
+        if op.cache_graphs:  # kept graphs are the Hessian at the weights they were built on
+            fp = model_fingerprint(op.model)  # identity, version and content of every tensor (.data writes too)
+            if fp != cache.fingerprint:
+                cache.graphs.clear()
+                cache.fingerprint = fp
+        for i, (w, batch) in op.batch_items("hvp"):
+            graph = self._graph(op, params, batch, i)
+            reverse_products(graph, list(params.values()), vs, outs, w, chunk, op.vectorize, op.param_dtype)
+            del graph  # not cached: this batch's graph is freed before the next batch
+
+    @staticmethod
+    def _graph(op: Any, params: dict[str, torch.Tensor], batch: Any, index: int) -> GradientGraph:
+        """Batch ``index``'s gradient graph: from the cache when kept and still valid, else built."""
+        cache = op.graph_cache
+        if op.cache_graphs and index in cache.graphs:  # valid: checked once per call in products
+            return cache.graphs[index]
+        tensors = list(params.values())
+        graph = gradient_graph(op.batch_loss(params, batch, index), tensors)
+        op.num_graph_builds += 1
+        # a gradient that does not depend on θ has a zero Hessian row: right for a loss linear in
+        # that tensor, wrong when an op's backward is not differentiable -> checked once
+        if len(graph.live) < len(tensors) and not cache.dead_checked:
+            cache.dead_checked = True
+            check_dead_rows(lambda: op.batch_loss(params, batch, index), params,
+                            [j for j in range(len(tensors)) if j not in graph.live])
+        if op.cache_graphs:
+            cache.graphs[index] = graph
+        return graph
+
+    def pass_bytes(self, op: Any, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
+        graphs = [op.graph_bytes(i) for i in range(len(op.batches))]
+        chunk = chunk or op.chunk_for(k, True)
+        return pass_bytes(graphs, op.dim * itemsize(op.param_dtype), op.vectorize, k, chunk,
+                          op.cache_graphs if cached is None else cached, op.loss_transient_bytes + converted_bytes(op, k, chunk))
+
+    def pass_options(self, op: Any, k: int, calls: int, hvps: int) -> list[tuple[dict[str, Any], int, float]]:
+        """Graphs rebuilt per call or kept; vmapped chunk sizes. Cost: 1.5 per graph build of every
+        batch, 2 per vector (the measured shape), + 0.01 per vmapped chunk (larger ones run faster)."""
+        chunks = _chunks(k) if op.vectorize and op.chunk_size is None else [None]
+        return [_option(op, k, chunk, cache, 1.5 * (1 if cache else calls) + 2.0 * hvps, hvps)
+                for chunk in chunks for cache in ((False, True) if calls > 1 else (False,))]
+
+
+def graph_bytes(op: Any, index: int) -> int:
+    """Bytes of batch ``index``'s double-backward graph: the tensors autograd saves for the forward
+    and the ``create_graph`` backward, plus the first-order gradients. Measured once per batch shape
+    on a one-row copy, under the exact backends' attention (:mod:`geometry.memory.graphs`; cost: one
+    small gradient) and kept in ``op.measured_passes``."""
+    rows, sliced, key = one_row(op.batches[index])
+    if key not in op.measured_passes:
+        def build():
+            loss = op.batch_loss(params, sliced, index)
+            torch.autograd.grad(loss, list(params.values()), create_graph=True, allow_unused=True)
+
+        with op.call_context(ReverseBackend()) as params:
+            op.measured_passes[key] = saved_graph_bytes(op.model, build)
+    return int(op.measured_passes[key] * rows + op.dim * itemsize(op.param_dtype))
+
+
+def converted_bytes(op: Any, k: int, chunk: int) -> int:
+    """Half models: each float32 vector is converted to the parameters' dtype, and adding a half
+    product into a float32 output casts it a parameter at a time (the largest, per vector in flight);
+    0 when the vectors are in the parameters' dtype."""
+    if op.dtype == op.param_dtype:
+        return 0
+    largest = max((math.prod(s) for s in op.space.shapes), default=0)
+    return op.dim * itemsize(op.param_dtype) + (min(k, chunk) if op.vectorize else 1) * largest * itemsize(op.dtype)
+
+
+def _chunks(k: int) -> list[int]:
+    """The vmapped chunk sizes a plan may choose for k vectors, largest first."""
+    return sorted({min(k, c) for c in (16, 8, 4, 2, 1)}, reverse=True)
+
+
+def _option(op: Any, k: int, chunk: int | None, cache: bool, cost: float, hvps: int) -> tuple[dict[str, Any], int, float]:
+    """One ``(settings, pass bytes, cost)`` of an exact backend's plan (``backend_choice`` recorded
+    when ``backend="auto"`` chose it)."""
+    settings: dict[str, Any] = {"cache_graphs": cache}
+    if getattr(op, "backend_choice", None):  # backend="auto" chose the exact backend: say why
+        settings["backend_choice"] = op.backend_choice
+    if chunk is not None:
+        settings["chunk_size"] = chunk
+        cost += 0.01 * hvps / chunk  # larger vmapped chunks run faster
+    return settings, op.pass_bytes(k, cached=cache, chunk=chunk), cost
