@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from probes.cli import app
 from probes.sweep import Plan, Store, StoreError, run_sweep
 from probes.sweep.lock import StoreLock, StoreLockedError, lock_path
-from probes.sweep.store import ProbeRow, metric
+from probes.sweep_probes.rows import ProbeRow, metric
 from probes.sweep.testing import tiny_plan_toml, tiny_token_sets, tiny_trajectory
 
 CHEAP = 'loss = true\nquant = ["rtn:4"]\n'

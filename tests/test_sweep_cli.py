@@ -113,7 +113,7 @@ def test_sharpness_command_json(traj, runner):
     assert out["trace"]["ci_low"] <= out["trace"]["value"] <= out["trace"]["ci_high"]
     assert len(out["eigen"]["values"]) == 1 and out["dim"] > 0 and out["trace"]["seconds"] > 0
     assert out["eigen"]["method"] == "lanczos" and len(out["eigen"]["residuals"]) == 1   # the default (#23)
-    from probes.sweep.settings import EigenProbe
+    from probes.sweep_probes.eigen import EigenProbe
 
     assert EigenProbe().method == "lanczos"
     r = runner.invoke(app, ["sharpness", str(traj), "--label", "step-000999", "--data", str(data)])

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 import pandas as pd
 import pytest
 
-from probes.sweep import DataSpec, Plan, PlanError, ProbeRow, Store, StoreError, TraceProbe
-from probes.sweep.store import RESULT_COLUMNS, metric
+from probes.sweep import DataSpec, Plan, PlanError, Store, StoreError, TraceProbe
+from probes.sweep.store import RESULT_COLUMNS
+from probes.sweep_probes.rows import ProbeRow, metric
 
 
 # --------------------------------------------------------------------------- plan
 def test_plan_validation_messages(tmp_path):
-    with pytest.raises(PlanError, match="unknown probe.*valid probes: loss, quant, trace, eigen, block_trace, directional, kurtosis"):
+    with pytest.raises(PlanError, match="unknown probe.*valid probes: loss, kurtosis, quant, directional, trace, eigen, block_trace, explain, accuracy"):
         Plan.from_dict({"probes": {"loss": True, "hessian_trace": {}}})
     with pytest.raises(PlanError, match="invalid quantizer spec 'zz:4'|unknown quantizer"):
         Plan(quant=("zz:4",))

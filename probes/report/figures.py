@@ -15,9 +15,12 @@ a labelled vertical line. Figures display inline in Jupyter (``fig.show()`` or a
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+
+from probes.sweep_probes.registry import REGISTRY
 
 from .flags import UNCONVERGED_MARKER, add_unconverged_points, unconverged_mask
 
@@ -412,12 +415,11 @@ def trajectory_figures(df, phases=None, correlations=None, specs: Sequence[str] 
         raise FigureError("the results table is empty")
     figs: dict[str, Any] = {}
     probes = set(df["probe"].dropna())
-    if "loss" in probes:
-        figs["loss"] = loss_figure(df, phases)
-    if "quant" in probes:
-        figs["quant"] = quant_error_figure(df, phases, specs=specs)
-    if probes & {"trace", "eigen"}:
-        figs["sharpness"] = curvature_figure(df, phases)
+    draw = sys.modules[__name__]  # the figures of this module, handed to each probe's figure declaration
+    for p in REGISTRY:  # in execution order; a figure two probes declare (sharpness) is drawn once
+        if p.figure is not None and p.name in probes:
+            for key, fig in p.figure(draw, df, phases, specs).items():
+                figs.setdefault(key, fig)
     qspecs = list(specs) if specs is not None else specs_of(df, "quant")
     sharp = ("trace", None, "trace") if "trace" in probes else (("eigen", None, "lambda_1") if "eigen" in probes else None)
     if sharp is not None and sharp[0] == "trace":

@@ -13,13 +13,13 @@ from .executor import (EXECUTORS, EXIT_ALL_FAILED, EXIT_SOME_FAILED, SweepError,
                        resolve_trajectory, run_sweep)
 from .lock import StoreLock, StoreLockedError
 from .plan import PROBES, AccuracyProbe, BlockTraceProbe, DataSpec, EigenProbe, ExplainProbe, Plan, PlanError, Task, TraceProbe, load_plan
-from .runner import CheckpointState, ProbeError, probe_checkpoint
-from .store import RESULT_COLUMNS, ProbeRow, Store, StoreError
+from .runner import probe_checkpoint
+from .store import RESULT_COLUMNS, Store, StoreError
 
 __all__ = [
     "Plan", "PlanError", "AccuracyProbe", "TraceProbe", "EigenProbe", "BlockTraceProbe", "ExplainProbe", "DataSpec", "Task", "PROBES", "load_plan",
-    "Store", "StoreError", "ProbeRow", "RESULT_COLUMNS",
+    "Store", "StoreError", "RESULT_COLUMNS",
     "run_sweep", "SweepReport", "SweepError", "EXECUTORS", "EXIT_SOME_FAILED", "EXIT_ALL_FAILED", "build_data",
     "data_hashes", "resolve_trajectory", "StoreLock", "StoreLockedError",
-    "probe_checkpoint", "CheckpointState", "ProbeError",
+    "probe_checkpoint",
 ]

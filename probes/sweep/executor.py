@@ -44,11 +44,14 @@ from probes.core.workers import WorkerError
 from .lock import StoreLock
 from .datasets import build_data, data_hashes
 from .parallel import check_memory, execute_workers, resolve_workers
-from .plan import Plan, PlanError, Task, load_plan
+from probes.sweep_probes.rows import ProbeRow, error_type
+from probes.sweep_probes.tasks import Task
+from probes.sweep_probes.validation import PlanError
+
+from .plan import Plan, load_plan
 from .ranks import data_parallel_group, sweep_data
-from .rows import error_type
 from .runner import get_loader, probe_checkpoint
-from .store import ProbeRow, Store
+from .store import Store
 
 EXECUTORS = ("local", "ray")
 EXIT_SOME_FAILED = 1

@@ -49,8 +49,11 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from geometry.base.jsonable import jsonable
 
-from .plan import PROBES, Plan, Task
-from .rows import ProbeRow, _f, metric, row_converged
+from probes.sweep_probes.registry import PROBES
+from probes.sweep_probes.rows import ProbeRow, _f, row_converged
+from probes.sweep_probes.tasks import Task
+
+from .plan import Plan
 from .store_errors import StoreError, _damaged, _guarded, check_plan as _check_plan
 
 RESULT_COLUMNS = ["run", "checkpoint", "step", "tokens", "lr", "derived", "probe", "spec", "metric", "value",
@@ -486,4 +489,4 @@ def _str(x):
     return None if x is None else str(x)
 
 
-__all__ = ["Store", "StoreError", "ProbeRow", "metric", "RESULT_COLUMNS", "versions"]  # ProbeRow, metric: from .rows
+__all__ = ["Store", "StoreError", "RESULT_COLUMNS", "versions"]

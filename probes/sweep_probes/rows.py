@@ -6,7 +6,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from .plan import Task
+from .tasks import Task
 
 __all__ = ["ProbeRow", "metric", "error_type", "row_converged"]
 
