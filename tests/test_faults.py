@@ -354,7 +354,7 @@ def test_sharpness_bad_options_are_one_line_errors(pristine, args, message):
 
 def test_debug_shows_the_traceback_and_internal_errors_say_so(pristine, monkeypatch):
     from geometry.base.params import ParameterSelectionError
-    from probes.sweep import sharpness as sharp_mod
+    from probes.curvature import sharpness as sharp_mod
 
     args = ["sharpness", pristine, "--params", "nomatch.*", "--num-matvecs", "3", "--data",
             pristine / "data" / "curvature.safetensors"]

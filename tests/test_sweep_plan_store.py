@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from probes.sweep import DataSpec, Plan, PlanError, Store, StoreError, TraceProbe
-from probes.sweep.store import RESULT_COLUMNS
+from probes.sweep import RESULT_COLUMNS
 from probes.sweep_probes.rows import ProbeRow, metric
 
 

@@ -49,11 +49,11 @@ from typing import Any, Mapping
 
 from probes.sweep_probes.accuracy import AccuracyProbe
 from probes.sweep_probes.block_trace import BlockTraceProbe
-from probes.sweep_probes.eigen import EIGEN_METHODS, EigenProbe
+from probes.sweep_probes.eigen import EigenProbe
 from probes.sweep_probes.explain import ExplainProbe
 from probes.sweep_probes.registry import PROBES, REGISTRY
 from probes.sweep_probes.tasks import Task
-from probes.sweep_probes.trace import TRACE_METHODS, TraceProbe
+from probes.sweep_probes.trace import TraceProbe
 from probes.sweep_probes.validation import PlanError, canonical_spec, settings_from_table as _build
 
 DATA_SETS = ("eval", "calibration", "curvature")

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from probes.curvature.methods import EIGEN_METHODS
+
 from .probe import Probe
 from .rows import ProbeRow, metric
 from .tasks import curvature_options, make_task
 from .validation import PlanError, optional_settings, positive_int
 
-EIGEN_METHODS = ("power", "lanczos")
 
 
 @dataclass(frozen=True)

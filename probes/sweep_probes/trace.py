@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from probes.curvature.methods import TRACE_METHODS
+
 from .probe import Probe
 from .rows import ProbeRow, metric
 from .tasks import curvature_options, make_task
 from .validation import PlanError, optional_settings, positive_int
 
-TRACE_METHODS = ("hutch++", "hutchinson")
 
 
 @dataclass(frozen=True)
