@@ -47,6 +47,7 @@ def metric_rows(df, probe: str, metric: str, spec: str | None = None):
 
 
 def specs_of(df, probe: str) -> list[str]:
+    """The specs of ``probe`` in the table, in first-seen order."""
     return [s for s in dict.fromkeys(df.loc[df["probe"] == probe, "spec"]) if isinstance(s, str)]
 
 

@@ -39,6 +39,23 @@ def loss_figure(df, phases=None, lr: bool = True, metric: str = "loss"):
     return fig
 
 
+def series_figure(df, probe: str, metric: str, phases=None, lr: bool = True, title: str | None = None,
+                  ytitle: str | None = None, log_y: bool = False):
+    """One probe's ``metric`` vs step, one line per spec and run (stderr bars when present), the LR on a
+    secondary axis: the figure a probe declares when one series tells its story (``figure`` in
+    :class:`probes.sweep_probes.probe.Probe`)."""
+    fig = _base(lr, title or f"{probe} {metric} vs step", ytitle or metric, log_y)
+    specs = specs_of(df, probe) or [None]
+    n = sum(_add_series(fig, df, probe, metric, s if len(specs) > 1 else None, f"{metric} ({s})" if s else metric, i,
+                        secondary_y=False if lr else None) for i, s in enumerate(specs))
+    if n == 0:
+        _empty(fig, f"no {probe!r} probe in the results")
+    if lr:
+        _add_lr(fig, df)
+    _shade_phases(fig, _phase_list(phases), _x_max(df))
+    return fig
+
+
 def quant_error_figure(df, phases=None, metric: str = "rel_loss_error", lr: bool = True, specs: Sequence[str] | None = None,
                        cols: int = 2):
     """Quantization error vs step as small multiples: one panel (log y) per spec, ``cols`` panels a
@@ -292,5 +309,5 @@ def _rows(run, ckpt, step, lr, derived, loss, trace, specs, rng):
     return out
 
 
-__all__ = ["loss_figure", "quant_error_figure", "curvature_figure", "sharpness_vs_quant_figure", "trajectory_figures",
+__all__ = ["loss_figure", "series_figure", "quant_error_figure", "curvature_figure", "sharpness_vs_quant_figure", "trajectory_figures",
            "synthetic_results"]
