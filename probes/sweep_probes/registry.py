@@ -13,6 +13,7 @@ from .loss import PROBE as loss  # noqa: E402,I001  (the order of these lines is
 from .kurtosis import PROBE as kurtosis  # noqa: E402
 from .quant import PROBE as quant  # noqa: E402
 from .directional import PROBE as directional  # noqa: E402
+from .grad_norm import PROBE as grad_norm  # noqa: E402
 from .trace import PROBE as trace  # noqa: E402
 from .eigen import PROBE as eigen  # noqa: E402
 from .block_trace import PROBE as block_trace  # noqa: E402
