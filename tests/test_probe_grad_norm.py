@@ -20,7 +20,8 @@ def test_plan_grad_norm_settings_tasks_and_hash():
     assert [t.key for t in p.tasks()] == [("grad_norm", "")] and p.needs_curvature
     assert Plan.from_dict(p.to_dict()) == p and p.to_dict()["probes"] == {"grad_norm": True}
     # the row's settings follow the curvature space; a plan without the probe does not see it
-    assert Plan(grad_norm=True, curvature_params=[QUANTIZED]).tasks()[1].config_hash != Plan(grad_norm=True).tasks()[1].config_hash
+    narrow = Plan(grad_norm=True, curvature_params=[QUANTIZED])
+    assert narrow.tasks()[1].config_hash != Plan(grad_norm=True).tasks()[1].config_hash
     assert "grad_norm" not in Plan.default().to_dict()["probes"]
     with pytest.raises(PlanError, match="grad_norm must be true or false"):
         Plan.from_dict({"probes": {"grad_norm": 1}})
@@ -76,8 +77,8 @@ def test_grad_norm_series_and_figure():
     from probes.report.figures import synthetic_results, trajectory_figures
 
     df = synthetic_results(n_checkpoints=4, lawa=False)
-    extra = df[df.probe == "loss"].assign(probe="grad_norm", spec="", metric="grad_norm", value=[0.4, 0.4, 0.3, 0.3, 0.2, 0.2, 0.1, 0.1])
-    extra = extra[extra.index % 2 == 0]
+    extra = df[(df.probe == "loss") & (df.metric == "loss")]
+    extra = extra.assign(probe="grad_norm", spec="", metric="grad_norm", value=[0.4, 0.3, 0.2, 0.1])
     df = pd.concat([df, extra], ignore_index=True)
     s = series(df, "grad_norm")
     assert list(s) == [0.4, 0.3, 0.2, 0.1]

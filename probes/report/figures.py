@@ -22,8 +22,8 @@ import numpy as np
 
 from probes.sweep_probes.registry import REGISTRY
 
-from .figure_parts import (FigureError, _add_lr, _add_series, _base, _empty, _phase_list, _run_col, _shade_phases, _x_max,
-                           metric_rows, specs_of)
+from .figure_parts import (FigureError, _add_lr, _add_series, _base, _empty, _phase_list, _run_col, _shade_phases,
+                           _x_max, metric_rows, specs_of)
 from .flags import UNCONVERGED_MARKER, unconverged_mask
 
 # --------------------------------------------------------------------------- figures

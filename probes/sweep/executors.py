@@ -45,7 +45,8 @@ def execute_local(work, plan, token_sets, traj, write, progress: SweepProgress, 
     loader = get_loader(traj, device=device, dtype=opts.dtype, allow_pickle=opts.allow_pickle)
     with torch_threads(opts.num_threads):
         for ref, tasks in work:
-            for row in probe_checkpoint(ref, tasks, plan, token_sets, loader, on_start=progress.start_probe, parallel=group):
+            rows = probe_checkpoint(ref, tasks, plan, token_sets, loader, on_start=progress.start_probe, parallel=group)
+            for row in rows:
                 write(row)
                 progress.probe_done()
             progress.checkpoint_done(str(ref.label))

@@ -97,4 +97,5 @@ def run(st, task) -> ProbeRow:
 
 
 PROBE = Probe("block_trace", "BlockTraceProbe | None", None,
-              lambda v: optional_settings("block_trace", BlockTraceProbe, v), tasks, run, to_dict=to_dict, metric="trace")
+              lambda v: optional_settings("block_trace", BlockTraceProbe, v), tasks, run, to_dict=to_dict,
+              metric="trace")

@@ -20,7 +20,8 @@ from .validation import PlanError, optional_settings, positive_int
 @dataclass(frozen=True)
 class EigenProbe:
     """Top-``k`` Hessian eigenvalues (by magnitude, sign kept) by Lanczos (default) or power iteration;
-    converged means a true residual ‖Hv − λv‖ ≤ tol·``|λ|`` (:func:`geometry.estimators.eigen.top_eigenvalues`)."""
+    converged means a true residual ‖Hv − λv‖ ≤ tol·``|λ|``
+    (:func:`geometry.estimators.eigen.top_eigenvalues`)."""
 
     k: int = 1
     method: str = "lanczos"
@@ -40,18 +41,21 @@ def tasks(plan) -> list:
     e = plan.eigen
     if e is None:
         return []
-    return [make_task("eigen", f"top{e.k}", {**asdict(e), **curvature_options(plan), "seed": plan.seed}, curvature=True)]
+    options = {**asdict(e), **curvature_options(plan), "seed": plan.seed}
+    return [make_task("eigen", f"top{e.k}", options, curvature=True)]
 
 
 def run(st, task) -> ProbeRow:
     from geometry.estimators.eigen import top_eigenvalues
 
     o = task.opts
-    res = top_eigenvalues(st.hessian(), k=o["k"], method=o["method"], tol=o["tol"], max_iter=o["max_iter"], seed=o["seed"])
+    res = top_eigenvalues(st.hessian(), k=o["k"], method=o["method"], tol=o["tol"], max_iter=o["max_iter"],
+                          seed=o["seed"])
     return ProbeRow(st.label, "eigen", task.spec,
                     metrics=[metric(f"lambda_{i + 1}", v, converged=c)
                              for i, (v, c) in enumerate(zip(res.values, res.converged))],
-                    extra={"residuals": [float(x) for x in res.residuals], "converged": [bool(c) for c in res.converged],
+                    extra={"residuals": [float(x) for x in res.residuals],
+                           "converged": [bool(c) for c in res.converged],
                            "iterations": int(res.iterations), "method": res.method, "memory": res.memory},
                     n_hvp=int(res.num_matvecs), seed=o["seed"])
 

@@ -24,8 +24,8 @@ from .validation import PlanError, canonical_spec, positive_int, settings_from_t
 class ExplainProbe:
     """Second-order attribution of each quantizer's loss change (:mod:`probes.explain`).
 
-    Per checkpoint and spec: ΔL = L(θ̂) − L(θ) on the curvature set, gᵀδ, ½δᵀHδ = ½·‖δ‖²·(tr H/n)·κ
-    with tr H's interval carried into κ, the remainder, and δᵀHδ, gᵀδ, ‖δ‖² per block of every
+    Per checkpoint and spec: ΔL = L(θ̂) − L(θ) on the curvature set, gᵀδ,
+    ½δᵀHδ = ½·‖δ‖²·(tr H/n)·κ with tr H's interval carried into κ, the remainder, and δᵀHδ, gᵀδ, ‖δ‖² per block of every
     partition in ``blocks`` ('layer', 'kind', 'layer_kind', 'module', 'parameter'). ``within``: also
     δ_bᵀH_bbδ_b per block (one more HVP per block and spec). tr H is of the quantized matrices (the
     space of δ), estimated once per checkpoint with ``trace_method`` and ``trace_matvecs`` HVPs and
@@ -97,7 +97,8 @@ def run(st, task) -> ProbeRow:
     return ProbeRow(st.label, "explain", task.spec, metrics=ms,
                     extra={"dim": m.parts.dim, "trace_method": trace.method, "trace_hvps": int(trace.num_matvecs),
                            "trace_estimated_here": bool(spent), "direction_shared": not fresh,
-                           "layer_errors": dict(m.layer_errors), "within_hvps": m.within_matvecs, "memory": trace.memory},
+                           "layer_errors": dict(m.layer_errors), "within_hvps": m.within_matvecs,
+                           "memory": trace.memory},
                     n_hvp=spent + m.within_matvecs + (int(m.parts.num_matvecs) if fresh else 0), seed=o["seed"])
 
 

@@ -25,7 +25,8 @@ def run(st, task) -> ProbeRow:
     return ProbeRow(st.label, "quant", task.spec,
                     metrics=[metric("q_loss", e.q_loss), metric("rel_loss_error", e.rel_loss_error),
                              metric("ppl_gap", e.ppl_gap)],
-                    extra={"fp_loss": e.fp_loss, "q_ppl": e.q_ppl, "fp_ppl": e.fp_ppl, "layer_errors": dict(e.layer_errors),
+                    extra={"fp_loss": e.fp_loss, "q_ppl": e.q_ppl, "fp_ppl": e.fp_ppl,
+                           "layer_errors": dict(e.layer_errors),
                            "kurtosis_quantized": e.kurtosis, "quant_seconds": e.quant_seconds, "notes": list(e.notes)})
 
 

@@ -83,10 +83,10 @@ class CheckpointState:
             e = self.plan.explain
             within = e.blocks if e is not None and e.within and spec in e.specs else ()
             trace = (e.trace_method, e.trace_matvecs) if e is not None and spec in e.specs else None
-            self._directions[spec] = measure_direction(self.model, spec, list(self.data("curvature")),
-                                                       self.token_sets.get("calibration"), self.plan.quant_modules, within,
-                                                       max_memory=self.plan.max_memory, plan_trace=trace,
-                                                       backend=self.plan.backend)
+            self._directions[spec] = measure_direction(
+                self.model, spec, list(self.data("curvature")), self.token_sets.get("calibration"),
+                self.plan.quant_modules, within, max_memory=self.plan.max_memory, plan_trace=trace,
+                backend=self.plan.backend)
         return self._directions[spec]
 
 

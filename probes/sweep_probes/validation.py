@@ -83,4 +83,5 @@ def optional_settings(name: str, cls, value: Any):
     raise PlanError(f"{name} must be a {cls.__name__}, a table of its options, true/false; got {value!r}")
 
 
-__all__ = ["PlanError", "positive_int", "canonical_spec", "spec_list", "flag", "settings_from_table", "optional_settings"]
+__all__ = ["PlanError", "positive_int", "canonical_spec", "spec_list", "flag", "settings_from_table",
+           "optional_settings"]
