@@ -31,7 +31,7 @@ _DEBUG = "losslens.debug"
 
 _USER_ERRORS = (
     ("probes.checkpoints.errors", "CheckpointError"), ("probes.checkpoints.errors", "TrajectoryNameError"),
-    ("probes.checkpoints.errors", "ScheduleError"), ("probes.sweep.plan", "PlanError"),
+    ("probes.checkpoints.errors", "ScheduleError"), ("probes.sweep_probes.validation", "PlanError"),
     ("probes.sweep.store_errors", "StoreError"), ("probes.sweep.outcome", "SweepError"),
     ("probes.curvature.sharpness", "SharpnessError"), ("probes.sweep_probes.state", "ProbeError"),
     ("probes.analysis.inputs", "AnalysisError"), ("probes.report.pages", "ReportError"),
