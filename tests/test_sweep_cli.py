@@ -47,7 +47,9 @@ def test_sweep_command_bad_plan(traj, tmp_path, runner):
     bad.write_text('[probes]\nloss = true\nsharpness = true\n')
     r = runner.invoke(app, ["sweep", str(traj), "--out", str(tmp_path / "x.sqlite"), "--plan", str(bad), "--quiet"])
     assert r.exit_code == 2
-    assert "unknown probe(s) ['sharpness']; valid probes: loss, kurtosis, quant, directional, trace, eigen, block_trace, explain, accuracy" in r.output
+    from probes.sweep_probes.registry import PROBES
+
+    assert f"unknown probe(s) ['sharpness']; valid probes: {', '.join(PROBES)}\n" in r.output
     bad.write_text('[probes]\nquant = ["rtn:9"]\n')
     r = runner.invoke(app, ["sweep", str(traj), "--out", str(tmp_path / "x.sqlite"), "--plan", str(bad), "--quiet"])
     assert r.exit_code == 2 and "invalid quantizer spec 'rtn:9'" in r.output

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sqlite3
 from dataclasses import dataclass
 
@@ -15,7 +16,10 @@ from probes.sweep_probes.rows import ProbeRow, metric
 
 # --------------------------------------------------------------------------- plan
 def test_plan_validation_messages(tmp_path):
-    with pytest.raises(PlanError, match="unknown probe.*valid probes: loss, kurtosis, quant, directional, trace, eigen, block_trace, explain, accuracy"):
+    from probes.sweep_probes.registry import PROBES
+
+    assert {"loss", "quant", "trace", "eigen", "block_trace", "directional", "kurtosis", "explain", "accuracy"} <= set(PROBES)
+    with pytest.raises(PlanError, match=r"unknown probe.*valid probes: " + re.escape(", ".join(PROBES)) + "$"):
         Plan.from_dict({"probes": {"loss": True, "hessian_trace": {}}})
     with pytest.raises(PlanError, match="invalid quantizer spec 'zz:4'|unknown quantizer"):
         Plan(quant=("zz:4",))
