@@ -16,7 +16,7 @@ finished surfaces (``DIR/surfaces/*.json``) not re-evaluated. The default settin
 that the seeds' effect is measurable at this scale (docs/science.md §8; see :data:`DEFAULT`).
 
 All cores: with ``workers`` > 1 (default: one per core) the runs train in parallel, each sweep
-probes its checkpoints on the workers (:mod:`probes.sweep.parallel`; only this process writes the
+probes its checkpoints on the workers (:mod:`probes.sweep.local_workers`; only this process writes the
 store) and the planes are drawn in parallel, all on one :class:`~probes.core.workers.WorkerPool`
 started once. Every worker uses ``threads`` torch threads; the numbers do not depend on the
 number of workers.
@@ -246,7 +246,7 @@ def run_demo(out: str | Path = "demo-out", quick: bool = False, settings: DemoSe
     process). Each worker holds one tiny model (a few MB).
     """
     from .core.threads import torch_threads
-    from .sweep.parallel import resolve_workers
+    from .sweep.local_workers import resolve_workers
 
     settings = settings or (QUICK if quick else DEFAULT)
     n, _ = resolve_workers(workers, max(len(settings.runs), settings.checkpoints + 1), None, threads)

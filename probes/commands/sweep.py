@@ -261,7 +261,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Sharpness of one checkpoint: Hessian trace (95% CI), top eigenvalue(s), HVPs, timing, memory plan."""
         from probes.core.distributed import is_main_rank
-        from probes.sweep.sharpness import SharpnessError, sharpness as _sharpness
+        from probes.curvature.sharpness import SharpnessError, sharpness as _sharpness
 
         apply_strict_memory(strict_memory, max_memory)
         try:
