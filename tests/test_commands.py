@@ -58,7 +58,8 @@ def test_sharpness_called_as_a_function_equals_the_cli(traj, capsys):
 def test_shared_options_come_from_one_declaration():
     """`sweep --help` and `sharpness --help` list the group fields with the group's flags and checks;
     a command's defaults come from its group instance, and help texts only where it gives its own."""
-    ours = {f.name for g in (TrajectoryOptions, LoadOptions, MemoryOptions, ComputeOptions) for f in dataclasses.fields(g)}
+    groups = (TrajectoryOptions, LoadOptions, MemoryOptions, ComputeOptions)
+    ours = {f.name for g in groups for f in dataclasses.fields(g)}
     sw = inspect.signature(cli(sweep, help=SWEEP_HELP)).parameters
     sh = inspect.signature(cli(sharpness)).parameters
     assert ours <= set(sw) and ours | {"label"} <= set(sh)

@@ -35,7 +35,7 @@ from .files import (TRAINER_FILES, WEIGHT_SUFFIXES, file_shapes, has_tokenizer_f
                     ref_weight_files)
 from .hub import hub_revisions
 from .records import apply_trainer_state, apply_trajectory_json, trainer_states
-from .refs import CheckpointRef, parse_step
+from .refs import CheckpointRef, name_tokens, parse_step
 from .schedule import Schedule, apply_schedule, as_schedule, check_tokens_per_step, read_sidecar
 
 __all__ = ["Trajectory", "CheckpointProblem", "tokenizer_folder"]
@@ -173,7 +173,7 @@ class Trajectory:
             sched, tps = read_sidecar(tj)
             refs = apply_schedule(refs, sched, tps, override=False)
             meta.update({k: v for k, v in (("schedule", sched and sched.spec), ("tokens_per_step", tps)) if v})
-        return cls(_name_tokens(refs), name or root.name, meta)
+        return cls(name_tokens(refs), name or root.name, meta)
 
     @classmethod
     def from_hub(cls, repo_id: str, revisions: "Sequence[str] | str", cache_dir: str | Path | None = None,
@@ -196,7 +196,7 @@ class Trajectory:
         if not items:
             raise NoCheckpointsError(f"no revisions given for {repo_id}")
         revs, patterns = hub_revisions(repo_id, items, cache_dir, local_files_only, available)
-        refs = _name_tokens([CheckpointRef.from_hub(repo_id, r, cache_dir, local_files_only) for r in revs])
+        refs = name_tokens([CheckpointRef.from_hub(repo_id, r, cache_dir, local_files_only) for r in revs])
         if patterns:
             refs.sort(key=_sort_key)
         return cls(refs, name or repo_id, {"repo_id": repo_id, "cache_dir": str(cache_dir) if cache_dir else None})
@@ -332,10 +332,3 @@ def tokenizer_folder(obj: "CheckpointRef | Trajectory | str | Path") -> Path | N
         return tokenizer_folder(Trajectory.from_folder(p))
     except CheckpointError:
         return p if p.is_dir() and has_tokenizer_files(p) else None
-
-
-def _name_tokens(refs: list[CheckpointRef]) -> list[CheckpointRef]:
-    """Tokens read from checkpoint names (``stage1-step1000-tokens4B``) where nothing better is known;
-    marked ``meta["tokens_source"] = "name"`` (rounded; a schedule's tokens per step replace them)."""
-    return [r if r.tokens is not None or "tokens_from_name" not in r.meta
-            else r.replace(tokens=r.meta["tokens_from_name"], meta={**r.meta, "tokens_source": "name"}) for r in refs]

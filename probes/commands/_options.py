@@ -6,7 +6,7 @@ parameter per group, e.g. ``memory: MemoryOptions = MemoryOptions()``. :func:`cl
 the callback the CLI registers: each group parameter is replaced by the group's fields (their
 names, types, flags, checks and help from the group's one declaration; their defaults from the
 parameter's default instance, so a command can default a field differently), and the flat values
-typer parses are put back into one group instance per parameter before the function is called.
+typer parses are put back into one group instance per parameter before the function is called::
 
     @dataclass(frozen=True)
     class MemoryOptions:

@@ -35,16 +35,21 @@ def accuracy(
     *,
     tasks: Annotated[List[str], typer.Option("--tasks", "-t", help="task names, YAML paths/folders, 'embedded', "
                                         "'seed-12' (repeatable or comma-separated)")] = ["embedded"],
-    spec: Annotated[Optional[List[str]], typer.Option("--spec", "-s", help="quantizer spec, repeatable (rtn:4:g128, gptq:4, ...)")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="a seeded random subsample of N items per task")] = None,
+    spec: Annotated[Optional[List[str]], typer.Option(
+        "--spec", "-s", help="quantizer spec, repeatable (rtn:4:g128, gptq:4, ...)")] = None,
+    limit: Annotated[Optional[int], typer.Option(
+        "--limit", min=1, help="a seeded random subsample of N items per task")] = None,
     num_fewshot: Annotated[Optional[int], typer.Option("--num-fewshot", min=0, help="few-shot examples (default: the "
                                                   "preset's or the task's own; seed-12: 5)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of the subsample and of the bootstrap")] = 0,
-    n_boot: Annotated[int, typer.Option("--n-boot", min=0, help="paired bootstrap resamples for the Δacc intervals")] = 2000,
+    n_boot: Annotated[int, typer.Option(
+        "--n-boot", min=0, help="paired bootstrap resamples for the Δacc intervals")] = 2000,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="sequences per forward pass")] = 32,
     device: Annotated[Optional[str], typer.Option("--device", help="torch device (default: cpu)")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="print one JSON record per (variant, task) and mean")] = False,
-    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="load a .bin/.pt checkpoint that needs full pickle")] = False,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="print one JSON record per (variant, task) and mean")] = False,
+    allow_pickle: Annotated[bool, typer.Option(
+        "--allow-pickle", help="load a .bin/.pt checkpoint that needs full pickle")] = False,
     label: Annotated[Optional[str], option_of(CheckpointOptions, "label")] = None,
     cache_dir: Annotated[Optional[Path], option_of(CheckpointOptions, "cache_dir")] = None,
 ) -> None:

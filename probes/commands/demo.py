@@ -9,11 +9,13 @@ import typer
 
 def demo(
     *,
-    out: Annotated[Path, typer.Option("--out", help="folder for runs, results.sqlite and report.html")] = Path("demo-out"),
+    out: Annotated[Path, typer.Option(
+        "--out", help="folder for runs, results.sqlite and report.html")] = Path("demo-out"),
     quick: Annotated[bool, typer.Option("--quick", help="toy-size study (≤ 2 min; what the tests run)")] = False,
     executor: Annotated[str, typer.Option("--executor", help="sweep executor: local or ray")] = "local",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
-    threads: Annotated[int, typer.Option("--threads", help="torch threads per process (1 is fastest for the demo's tiny models)")] = 1,
+    threads: Annotated[int, typer.Option(
+        "--threads", help="torch threads per process (1 is fastest for the demo's tiny models)")] = 1,
     workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="worker processes for training, sweeps and "
                                               "planes [default: the cores, $LOSSLENS_WORKERS]")] = None,
 ) -> None:

@@ -71,20 +71,28 @@ EXPLAIN_HELP = {"max_memory": "bytes or e.g. 8GB each curvature step may allocat
 def explain(
     checkpoint: Annotated[str, typer.Argument(help=CHECKPOINT_HELP)],
     *,
-    spec: Annotated[Optional[List[str]], typer.Option("--spec", "-s", help=f"quantizer spec, repeatable (default: {' '.join(DEFAULT_SPECS)})")] = None,
-    blocks: Annotated[str, typer.Option("--blocks", help="block partition: layer, kind, layer_kind, module, parameter")] = "layer",
-    within: Annotated[bool, typer.Option("--within", help="also δ_bᵀH_bbδ_b per block (one HVP per block and spec)")] = False,
-    trace_hvps: Annotated[int, typer.Option("--trace-hvps", min=3, help="HVPs of the tr H estimate (shared by the specs)")] = 30,
+    spec: Annotated[Optional[List[str]], typer.Option(
+        "--spec", "-s", help=f"quantizer spec, repeatable (default: {' '.join(DEFAULT_SPECS)})")] = None,
+    blocks: Annotated[str, typer.Option(
+        "--blocks", help="block partition: layer, kind, layer_kind, module, parameter")] = "layer",
+    within: Annotated[bool, typer.Option(
+        "--within", help="also δ_bᵀH_bbδ_b per block (one HVP per block and spec)")] = False,
+    trace_hvps: Annotated[int, typer.Option(
+        "--trace-hvps", min=3, help="HVPs of the tr H estimate (shared by the specs)")] = 30,
     trace_method: Annotated[str, typer.Option("--trace-method", help="hutch++ or hutchinson")] = "hutch++",
     source: CheckpointOptions = CheckpointOptions(),
     out: Annotated[Path, typer.Option("--out", "-o", help="JSON file to write")] = Path("explain.json"),
     json_out: Annotated[bool, typer.Option("--json", help="print the JSON instead of the tables")] = False,
     quick: Annotated[bool, typer.Option("--quick", help="small default token sets (smoke runs)")] = False,
-    curvature_set: Annotated[Optional[Path], typer.Option("--curvature-set", help="curvature TokenSet file (TokenSet.save)")] = None,
-    calib_set: Annotated[Optional[Path], typer.Option("--calib-set", help="calibration TokenSet file (GPTQ / AWQ)")] = None,
-    modules: Annotated[Optional[List[str]], typer.Option("--modules", "-m", help="glob(s) of linear layers to quantize")] = None,
+    curvature_set: Annotated[Optional[Path], typer.Option(
+        "--curvature-set", help="curvature TokenSet file (TokenSet.save)")] = None,
+    calib_set: Annotated[Optional[Path], typer.Option(
+        "--calib-set", help="calibration TokenSet file (GPTQ / AWQ)")] = None,
+    modules: Annotated[Optional[List[str]], typer.Option(
+        "--modules", "-m", help="glob(s) of linear layers to quantize")] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of the trace estimate and the default token sets")] = 0,
-    device: Annotated[Optional[str], typer.Option("--device", help="torch device (default: cuda when available)")] = None,
+    device: Annotated[Optional[str], typer.Option(
+        "--device", help="torch device (default: cuda when available)")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="torch threads")] = None,
     memory: MemoryOptions = MemoryOptions(),
     backend: Annotated[str, option_of(ComputeOptions, "backend")] = "reverse",

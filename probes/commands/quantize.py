@@ -33,12 +33,17 @@ def quantize(
     spec: Annotated[Optional[List[str]], typer.Option("--spec", "-s", help="quantizer spec, repeatable: rtn:4:g128, rtn:3:row, int8, gptq:4:g128, gptq:3:g128:act, "
                  f"bnb-nf4, ... (default: {' '.join(DEFAULT_SPECS)})")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object per spec (one per line)")] = False,
-    calib_batches: Annotated[Optional[int], typer.Option("--calib-batches", min=1, help="use only the first N calibration batches (GPTQ)")] = None,
-    eval_batches: Annotated[Optional[int], typer.Option("--eval-batches", min=1, help="use only the first N evaluation batches")] = None,
-    eval_set: Annotated[Optional[Path], typer.Option("--eval-set", help="evaluation TokenSet file (TokenSet.save)")] = None,
-    calib_set: Annotated[Optional[Path], typer.Option("--calib-set", help="calibration TokenSet file (TokenSet.save)")] = None,
+    calib_batches: Annotated[Optional[int], typer.Option(
+        "--calib-batches", min=1, help="use only the first N calibration batches (GPTQ)")] = None,
+    eval_batches: Annotated[Optional[int], typer.Option(
+        "--eval-batches", min=1, help="use only the first N evaluation batches")] = None,
+    eval_set: Annotated[Optional[Path], typer.Option(
+        "--eval-set", help="evaluation TokenSet file (TokenSet.save)")] = None,
+    calib_set: Annotated[Optional[Path], typer.Option(
+        "--calib-set", help="calibration TokenSet file (TokenSet.save)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="small default token sets (smoke runs)")] = False,
-    modules: Annotated[Optional[List[str]], typer.Option("--modules", "-m", help="glob(s) of linear layers to quantize (default: every Linear in the blocks)")] = None,
+    modules: Annotated[Optional[List[str]], typer.Option(
+        "--modules", "-m", help="glob(s) of linear layers to quantize (default: every Linear in the blocks)")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="torch device (default: cpu)")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="progress bars on stderr")] = False,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="load a .bin/.pt checkpoint that needs full "

@@ -10,13 +10,17 @@ import typer
 def report(
     store: Annotated[Path, typer.Argument(help="Results store of a sweep (SQLite, from `losslens sweep`).")],
     *,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Self-contained HTML report to write.")] = Path("report.html"),
-    surfaces: Annotated[Optional[List[Path]], typer.Option("--surface", help="Surface JSON(s) from `losslens surface --json` to include.")] = None,
+    out: Annotated[Path, typer.Option(
+        "--out", "-o", help="Self-contained HTML report to write.")] = Path("report.html"),
+    surfaces: Annotated[Optional[List[Path]], typer.Option(
+        "--surface", help="Surface JSON(s) from `losslens surface --json` to include.")] = None,
     title: Annotated[Optional[str], typer.Option("--title", help="Report title.")] = None,
     n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the correlation intervals.")] = 2000,
-    include_unconverged: Annotated[bool, typer.Option("--include-unconverged", help="Correlate values whose estimator "
-                                                 "did not converge too (default: left out, counted and flagged).")] = False,
-    allow_mixed: Annotated[bool, typer.Option("--allow-mixed", help="Pool rows computed with different settings or data.")] = False,
+    include_unconverged: Annotated[bool, typer.Option(
+        "--include-unconverged", help="Correlate values whose estimator did not converge too (default: left out, "
+        "counted and flagged).")] = False,
+    allow_mixed: Annotated[bool, typer.Option(
+        "--allow-mixed", help="Pool rows computed with different settings or data.")] = False,
 ) -> None:
     """Turn a sweep's results store into one self-contained HTML report (works offline)."""
     from geometry.surfaces.surface import Surface

@@ -29,7 +29,8 @@ def sharpness(
     quick: Annotated[bool, typer.Option("--quick", help="Quick (small) curvature set.")] = False,
     data: Annotated[Optional[Path], typer.Option("--data", help="Saved TokenSet file for the curvature set (default: "
                                                  "built).")] = None,
-    max_iter: Annotated[int, typer.Option("--max-iter", help="Eigen solver iterations (power) or Lanczos steps.")] = 100,
+    max_iter: Annotated[int, typer.Option(
+        "--max-iter", help="Eigen solver iterations (power) or Lanczos steps.")] = 100,
     tol: Annotated[float, typer.Option("--tol", help="Eigen solver tolerance: converged means ‖Hv − λv‖ ≤ "
                                        "tol·|λ|.")] = 1e-3,
     eigen_method: Annotated[str, typer.Option("--eigen-method", help="lanczos (default) | power; converged means "
@@ -41,18 +42,17 @@ def sharpness(
 ) -> None:
     """Sharpness of one checkpoint: Hessian trace (95% CI), top eigenvalue(s), HVPs, timing, memory plan."""
     from probes.core.distributed import is_main_rank
-    from probes.sweep.sharpness import SharpnessError
-    from probes.sweep.sharpness import sharpness as measure
+    from probes.sweep import sharpness as one_checkpoint
 
     memory.apply()
     try:
-        res = measure(checkpoint, label=source.label, num_matvecs=num_matvecs, method=method, k=k, params=params,
-                      seed=seed, quick=quick, device=load.device, data=data, num_threads=compute.threads,
-                      max_memory=memory.max_memory, dtype=load.dtype, max_iter=max_iter, tol=tol,
-                      eigen_method=eigen_method, allow_pickle=load.allow_pickle, cache_dir=source.cache_dir,
-                      schedule=source.schedule, tokens_per_step=source.tokens_per_step, parallel=compute.parallel,
-                      backend=compute.backend)
-    except SharpnessError as exc:
+        res = one_checkpoint.sharpness(
+            checkpoint, label=source.label, num_matvecs=num_matvecs, method=method, k=k, params=params, seed=seed,
+            quick=quick, device=load.device, data=data, num_threads=compute.threads, max_memory=memory.max_memory,
+            dtype=load.dtype, max_iter=max_iter, tol=tol, eigen_method=eigen_method, allow_pickle=load.allow_pickle,
+            cache_dir=source.cache_dir, schedule=source.schedule, tokens_per_step=source.tokens_per_step,
+            parallel=compute.parallel, backend=compute.backend)
+    except one_checkpoint.SharpnessError as exc:
         typer.echo(f"error: {exc}", err=True)  # every rank: a one-line error each
         raise typer.Exit(2)
     if not is_main_rank():
@@ -71,4 +71,5 @@ def sharpness(
     if res["backend"] != "reverse":
         con.print(f"HVP backend {res['backend']}: {res['hvp_check'] or res['backend_choice']}")
     if not all(ev["converged"]):
-        con.print("[red]λ_max did not converge[/red] within the iteration limit: treat it as a lower bound on |λ_max|")
+        con.print("[red]λ_max did not converge[/red] within the iteration limit: treat it as a lower bound on "
+                  "|λ_max|")

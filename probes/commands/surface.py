@@ -150,23 +150,32 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def surface(
     checkpoint: Annotated[str, typer.Argument(help="Θ_K, the plane's origin A. " + CHECKPOINT_HELP)],
     *,
-    previous: Annotated[Optional[str], typer.Option("--previous", "-p", help="Previous checkpoint Θ_{K−1} (B): a folder, weight file or hf:ORG/NAME@REV. "
-                                                    "Default: the checkpoint before CHECKPOINT in its trajectory.")] = None,
+    previous: Annotated[Optional[str], typer.Option(
+        "--previous", "-p", help="Previous checkpoint Θ_{K−1} (B): a folder, weight file or hf:ORG/NAME@REV. Default: "
+        "the checkpoint before CHECKPOINT in its trajectory.")] = None,
     label: Annotated[Optional[str], option_of(CheckpointOptions, "label")] = None,
     cache_dir: Annotated[Optional[Path], option_of(CheckpointOptions, "cache_dir")] = None,
-    spec: Annotated[str, typer.Option("--spec", "-s", help="Quantizer spec giving C = Θ̂_K (e.g. rtn:4:g128, int8, gptq:3:g128).")] = "rtn:4:g128",
+    spec: Annotated[str, typer.Option(
+        "--spec", "-s", help="Quantizer spec giving C = Θ̂_K (e.g. rtn:4:g128, int8, gptq:3:g128).")] = "rtn:4:g128",
     grid: Annotated[int, typer.Option("--grid", "-g", help="Grid points per axis (>= 2).")] = 31,
-    margin: Annotated[float, typer.Option("--margin", help="Margin around A, B, C as a fraction of their extent.")] = 0.25,
+    margin: Annotated[float, typer.Option(
+        "--margin", help="Margin around A, B, C as a fraction of their extent.")] = 0.25,
     out: Annotated[Path, typer.Option("--out", "-o", help="Self-contained HTML page to write.")] = Path("surface.html"),
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the Surface as JSON (input of `losslens report --surface`).")] = None,
-    png: Annotated[Optional[Path], typer.Option("--png", help="Also write a static PNG (needs kaleido + Chromium; skipped otherwise).")] = None,
+    json_out: Annotated[Optional[Path], typer.Option(
+        "--json", help="Also write the Surface as JSON (input of `losslens report --surface`).")] = None,
+    png: Annotated[Optional[Path], typer.Option(
+        "--png", help="Also write a static PNG (needs kaleido + Chromium; skipped otherwise).")] = None,
     log: Annotated[bool, typer.Option("--log", help="Colour/height by log10(loss).")] = False,
     quick: Annotated[bool, typer.Option("--quick", help="Small evaluation set (4 batches of 4×64).")] = False,
-    data: Annotated[Optional[Path], typer.Option("--data", help="Evaluation TokenSet file (default: the checkpoint tokenizer's default eval set).")] = None,
-    calibration: Annotated[Optional[Path], typer.Option("--calibration", help="Calibration TokenSet file (GPTQ).")] = None,
-    random: Annotated[bool, typer.Option("--random-plane", help="Li et al. random filter-normalised plane around CHECKPOINT instead.")] = False,
+    data: Annotated[Optional[Path], typer.Option(
+        "--data", help="Evaluation TokenSet file (default: the checkpoint tokenizer's default eval set).")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(
+        "--calibration", help="Calibration TokenSet file (GPTQ).")] = None,
+    random: Annotated[bool, typer.Option(
+        "--random-plane", help="Li et al. random filter-normalised plane around CHECKPOINT instead.")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random plane.")] = 0,
-    resume: Annotated[Optional[Path], typer.Option("--resume", help=".npz file of finished grid rows (written as it goes; rerun resumes).")] = None,
+    resume: Annotated[Optional[Path], typer.Option(
+        "--resume", help=".npz file of finished grid rows (written as it goes; rerun resumes).")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="Device (default cpu; e.g. cuda).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Load .bin/.pt checkpoints that need full pickle "

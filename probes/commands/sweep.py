@@ -105,14 +105,18 @@ def _exit_with_failures(report) -> None:
 
 SWEEP_HELP = {  # where the sweep's wording differs from the shared groups' (the meaning is the same)
     "device": "Device to load checkpoints on (default: cuda if present).",
-    "dtype": "Load the weights as float32 (default), bfloat16, float16 or float64; curvature algebra stays float32 at least.",
-    "allow_pickle": "Load .bin/.pt checkpoints that need full pickle (can run arbitrary code: only for files you trust).",
-    "max_memory": "Memory each curvature estimator may use beyond the model, e.g. 8GB (overrides the plan's max_memory).",
-    "backend": "HVP backend of the curvature probes (overrides the plan's backend): reverse | forward | difference | auto",
-    "threads": "torch threads per process/task (default: the cores shared out between workers; torch's with one process; "
-               "1 is best for tiny models).",
-    "parallel": "none | data: under torchrun, split each checkpoint's curvature batches over the ranks (rank 0 writes the "
-                "store and prints).",
+    "dtype": "Load the weights as float32 (default), bfloat16, float16 or float64; curvature algebra stays float32 "
+             "at least.",
+    "allow_pickle": "Load .bin/.pt checkpoints that need full pickle (can run arbitrary code: only for files you "
+                    "trust).",
+    "max_memory": "Memory each curvature estimator may use beyond the model, e.g. 8GB (overrides the plan's "
+                  "max_memory).",
+    "backend": "HVP backend of the curvature probes (overrides the plan's backend): reverse | forward | difference | "
+               "auto",
+    "threads": "torch threads per process/task (default: the cores shared out between workers; torch's with one "
+               "process; 1 is best for tiny models).",
+    "parallel": "none | data: under torchrun, split each checkpoint's curvature batches over the ranks (rank 0 writes "
+                "the store and prints).",
 }
 """Help texts of ``losslens sweep`` for fields of the shared option groups."""
 
@@ -130,9 +134,9 @@ def sweep(
     address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster address (default: start a local "
                                                    "cluster).")] = None,
     num_workers: Annotated[Optional[int], typer.Option(
-        "--workers", "--num-workers", min=1, help="local: worker processes, each probing whole checkpoints with its own "
-        "model (N workers need N x the memory of one) [default: the cores, $LOSSLENS_WORKERS; 1 on CUDA]; ray: CPUs of "
-        "the local cluster.")] = None,
+        "--workers", "--num-workers", min=1, help="local: worker processes, each probing whole checkpoints with its "
+        "own model (N workers need N x the memory of one) [default: the cores, $LOSSLENS_WORKERS; 1 on CUDA]; ray: "
+        "CPUs of the local cluster.")] = None,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Rerun rows stored as failed.")] = False,
     allow_mixed: Annotated[bool, typer.Option("--allow-mixed", help="Add to a store written by another plan.")] = False,
     wait: Annotated[bool, typer.Option("--wait", help="If another sweep is writing to --out, wait for it instead of "
@@ -178,7 +182,8 @@ def sweep(
     # every keyword argument of run_sweep, in one place (a SweepOptions of probes.sweep once it exists)
     run = dict(out=out, executor=executor, address=address, retry_failed=retry_failed, allow_mixed=allow_mixed,
                progress=not quiet, device=device, num_workers=num_workers, num_threads=compute.threads, wait=wait,
-               on_wait=_waiting, allow_pickle=load.allow_pickle, dtype=_torch_dtype(load.dtype), parallel=compute.parallel)
+               on_wait=_waiting, allow_pickle=load.allow_pickle, dtype=_torch_dtype(load.dtype),
+               parallel=compute.parallel)
     try:
         p = Plan.default(quick=quick) if plan is None else load_plan(plan)
         if memory.max_memory is not None:
@@ -214,16 +219,24 @@ def sweep(
 def correlate(
     results: Annotated[Path, typer.Argument(help="SQLite store written by `losslens sweep`.")],
     *,
-    x: Annotated[List[str], typer.Option("--x", help="x series (repeatable): trace, lambda_max, kurtosis, loss, lr, ...")] = ["trace"],
-    y: Annotated[List[str], typer.Option("--y", help="y series (repeatable), e.g. gptq:3:g128 (its rel_loss_error) or delta_acc:gptq:3:g128 (Δacc, accuracy probe); default every quant spec.")] = [],
-    control: Annotated[List[str], typer.Option("--control", help="Covariates for a partial correlation (repeatable): lr, loss, tokens.")] = [],
-    method: Annotated[List[str], typer.Option("--method", help="pearson | spearman | kendall (repeatable).")] = ["pearson", "spearman", "kendall"],
+    x: Annotated[List[str], typer.Option(
+        "--x", help="x series (repeatable): trace, lambda_max, kurtosis, loss, lr, ...")] = ["trace"],
+    y: Annotated[List[str], typer.Option(
+        "--y", help="y series (repeatable), e.g. gptq:3:g128 (its rel_loss_error) or delta_acc:gptq:3:g128 (Δacc, "
+        "accuracy probe); default every quant spec.")] = [],
+    control: Annotated[List[str], typer.Option(
+        "--control", help="Covariates for a partial correlation (repeatable): lr, loss, tokens.")] = [],
+    method: Annotated[List[str], typer.Option(
+        "--method", help="pearson | spearman | kendall (repeatable).")] = ["pearson", "spearman", "kendall"],
     n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the 95% interval.")] = 2000,
     seed: Annotated[int, typer.Option("--seed")] = 0,
-    include_derived: Annotated[bool, typer.Option("--include-derived", help="Include LAWA/derived checkpoints.")] = False,
-    include_unconverged: Annotated[bool, typer.Option("--include-unconverged", help="Keep values whose estimator did not "
-                                                 "converge (default: left out and counted in n_unconverged).")] = False,
-    allow_mixed: Annotated[bool, typer.Option("--allow-mixed", help="Pool rows computed with different settings or data.")] = False,
+    include_derived: Annotated[bool, typer.Option(
+        "--include-derived", help="Include LAWA/derived checkpoints.")] = False,
+    include_unconverged: Annotated[bool, typer.Option(
+        "--include-unconverged", help="Keep values whose estimator did not converge (default: left out and counted in "
+        "n_unconverged).")] = False,
+    allow_mixed: Annotated[bool, typer.Option(
+        "--allow-mixed", help="Pool rows computed with different settings or data.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON records.")] = False,
 ) -> None:
     """Correlate two per-checkpoint series of a sweep (bootstrap 95% CI, p-value, partial on controls)."""

@@ -25,15 +25,20 @@ def train_tiny_cmd(
     schedule: Annotated[Optional[str], typer.Option(help="LR schedule: wsd | cosine | constant | linear [wsd]")] = None,
     peak_lr: Annotated[Optional[float], typer.Option("--peak-lr", help="peak learning rate [3e-3]")] = None,
     steps: Annotated[Optional[int], typer.Option(help="optimizer updates [800; --tiny 60]")] = None,
-    checkpoints: Annotated[Optional[int], typer.Option(help="checkpoints to write, evenly spaced [8; --tiny 3]")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="init seed (also the data-order seed unless --data-seed) [0]")] = None,
-    tiny: Annotated[bool, typer.Option("--tiny", help="tiny preset for tests/smoke runs (~60k params, seconds)")] = False,
-    weight_decay: Annotated[Optional[float], typer.Option("--weight-decay", help="AdamW decoupled weight decay [1.0]")] = None,
+    checkpoints: Annotated[Optional[int], typer.Option(
+        help="checkpoints to write, evenly spaced [8; --tiny 3]")] = None,
+    seed: Annotated[Optional[int], typer.Option(
+        help="init seed (also the data-order seed unless --data-seed) [0]")] = None,
+    tiny: Annotated[bool, typer.Option(
+        "--tiny", help="tiny preset for tests/smoke runs (~60k params, seconds)")] = False,
+    weight_decay: Annotated[Optional[float], typer.Option(
+        "--weight-decay", help="AdamW decoupled weight decay [1.0]")] = None,
     warmup: Annotated[Optional[float], typer.Option(help="warmup fraction of steps [0.05]")] = None,
     decay: Annotated[Optional[float], typer.Option(help="WSD: decay fraction of steps [0.2]")] = None,
     min_lr_ratio: Annotated[Optional[float], typer.Option("--min-lr-ratio", help="final LR / peak LR [0]")] = None,
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="sequences per step [32]")] = None,
-    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="tokens per sequence = context length [64]")] = None,
+    seq_len: Annotated[Optional[int], typer.Option(
+        "--seq-len", help="tokens per sequence = context length [64]")] = None,
     hidden: Annotated[Optional[int], typer.Option("--hidden", help="hidden size [64]")] = None,
     layers: Annotated[Optional[int], typer.Option("--layers", help="transformer blocks [2]")] = None,
     heads: Annotated[Optional[int], typer.Option("--heads", help="attention heads [4]")] = None,
@@ -41,8 +46,10 @@ def train_tiny_cmd(
     grad_clip: Annotated[Optional[float], typer.Option("--grad-clip", help="gradient-norm clip, 0 = off [1.0]")] = None,
     val_batches: Annotated[Optional[int], typer.Option("--val-batches", help="validation batches [8]")] = None,
     data_seed: Annotated[Optional[int], typer.Option("--data-seed", help="data-order seed [= --seed]")] = None,
-    save_optimizer: Annotated[bool, typer.Option("--save-optimizer", help="save AdamW state (resumable/forkable)")] = False,
-    resume_from: Annotated[Optional[Path], typer.Option("--resume-from", help="continue from this checkpoint folder")] = None,
+    save_optimizer: Annotated[bool, typer.Option(
+        "--save-optimizer", help="save AdamW state (resumable/forkable)")] = False,
+    resume_from: Annotated[Optional[Path], typer.Option(
+        "--resume-from", help="continue from this checkpoint folder")] = None,
     name: Annotated[Optional[str], typer.Option(help="run name [derived from the config]")] = None,
     data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="tokenizer/token-stream cache to share "
                                                 "between runs [OUT/data]")] = None,
@@ -58,7 +65,8 @@ def train_tiny_cmd(
     monitor: Annotated[bool, typer.Option("--monitor", help="measure ΔQ (RTN INT3, INT2-g32), loss, trace and "
                                      "λ_max while training into OUT/monitor.sqlite (probes.monitor; `losslens "
                                      "report` reads it); training is unchanged")] = False,
-    monitor_every: Annotated[int, typer.Option("--monitor-every", help="with --monitor: measure every N steps [50]")] = 50,
+    monitor_every: Annotated[int, typer.Option(
+        "--monitor-every", help="with --monitor: measure every N steps [50]")] = 50,
 ) -> None:
     """Train a tiny GPT-NeoX on the embedded corpus and write an HF-checkpoint trajectory.
 
@@ -145,21 +153,26 @@ def fork_cmd(
     steps: Annotated[Optional[int], typer.Option(help="fork length in updates [the parent's remaining steps]")] = None,
     seeds: Annotated[str, typer.Option("--seeds", help="data-order seeds, comma-separated (the parent's data seed "
                                   "continues its data order)")] = "0",
-    start_lr: Annotated[Optional[float], typer.Option("--start-lr", help="LR at the fork [the parent's LR there]")] = None,
-    min_lr: Annotated[Optional[float], typer.Option("--min-lr", help="final / floor LR [the parent's final LR]")] = None,
+    start_lr: Annotated[Optional[float], typer.Option(
+        "--start-lr", help="LR at the fork [the parent's LR there]")] = None,
+    min_lr: Annotated[Optional[float], typer.Option(
+        "--min-lr", help="final / floor LR [the parent's final LR]")] = None,
     period: Annotated[Optional[int], typer.Option(help="sgdr: first cycle length in updates [steps // 3]")] = None,
     restart_lr: Annotated[Optional[float], typer.Option("--restart-lr", help="sgdr: LR at each restart "
                                                    "[the parent's peak LR]")] = None,
     period_mult: Annotated[float, typer.Option("--period-mult", help="sgdr: cycle length multiplier [1]")] = 1.0,
-    amplitude: Annotated[Optional[float], typer.Option(help="oscillate: LR added during bumps [the LR at the fork]")] = None,
+    amplitude: Annotated[Optional[float], typer.Option(
+        help="oscillate: LR added during bumps [the LR at the fork]")] = None,
     bump_steps: Annotated[int, typer.Option("--bump-steps", help="oscillate: updates per bump [25]")] = 25,
     cool_steps: Annotated[int, typer.Option("--cool-steps", help="oscillate: updates per cool phase [100]")] = 100,
     checkpoints: Annotated[Optional[int], typer.Option(help="fork checkpoints, evenly spaced [min(10, steps)]")] = None,
-    every: Annotated[Optional[int], typer.Option(help="a fork checkpoint every N updates (instead of --checkpoints)")] = None,
+    every: Annotated[Optional[int], typer.Option(
+        help="a fork checkpoint every N updates (instead of --checkpoints)")] = None,
     save_optimizer: Annotated[bool, typer.Option("--save-optimizer", help="save AdamW state in the fork's "
                                             "checkpoints (forkable forks)")] = False,
-    restart_moments: Annotated[bool, typer.Option("--restart-moments", help="allow a parent checkpoint without "
-                                             "AdamW state: moments restart from zero (recorded in the lineage)")] = False,
+    restart_moments: Annotated[bool, typer.Option(
+        "--restart-moments", help="allow a parent checkpoint without AdamW state: moments restart from zero (recorded "
+        "in the lineage)")] = False,
     data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="tokenizer/token-stream cache "
                                                 "[PARENT/data or OUT/data]")] = None,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads; 0 = torch default [auto]")] = None,
@@ -208,7 +221,8 @@ def compare_forks_cmd(
     spec: Annotated[str, typer.Option(help="quantizer spec [rtn:3:row]")] = "rtn:3:row",
     all_phases: Annotated[bool, typer.Option("--all-phases", help="also measure checkpoints inside bumps "
                                         "[default: cool phases only]")] = False,
-    pairing: Annotated[str, typer.Option(help="seed: fork A vs fork B with the same seed; all: every seed pair")] = "seed",
+    pairing: Annotated[str, typer.Option(
+        help="seed: fork A vs fork B with the same seed; all: every seed pair")] = "seed",
     by: Annotated[str, typer.Option(help="compare the final gap or the mean gap over checkpoints")] = "final",
     quick: Annotated[bool, typer.Option("--quick", help="small evaluation set (noisier)")] = False,
     csv: Annotated[Optional[Path], typer.Option("--csv", help="write the per-checkpoint table here")] = None,
