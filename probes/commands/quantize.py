@@ -30,8 +30,9 @@ DEFAULT_SPECS = ["int8", "rtn:4:g128", "rtn:3:g128", "gptq:4:g128"]
 def quantize(
     checkpoint: Annotated[str, typer.Argument(help=CHECKPOINT_HELP)],
     *,
-    spec: Annotated[Optional[List[str]], typer.Option("--spec", "-s", help="quantizer spec, repeatable: rtn:4:g128, rtn:3:row, int8, gptq:4:g128, gptq:3:g128:act, "
-                 f"bnb-nf4, ... (default: {' '.join(DEFAULT_SPECS)})")] = None,
+    spec: Annotated[Optional[List[str]], typer.Option(
+        "--spec", "-s", help="quantizer spec, repeatable: rtn:4:g128, rtn:3:row, int8, gptq:4:g128, gptq:3:g128:act, "
+                             f"bnb-nf4, ... (default: {' '.join(DEFAULT_SPECS)})")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object per spec (one per line)")] = False,
     calib_batches: Annotated[Optional[int], typer.Option(
         "--calib-batches", min=1, help="use only the first N calibration batches (GPTQ)")] = None,
