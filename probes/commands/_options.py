@@ -39,8 +39,10 @@ def option(default: Any, *names: str, **settings: Any) -> Any:
 
 def is_group(tp: Any) -> bool:
     """Whether ``tp`` is an option group (a dataclass whose every field was made by :func:`option`)."""
-    return (isinstance(tp, type) and dataclasses.is_dataclass(tp)
-            and all(_CLI in f.metadata for f in dataclasses.fields(tp)))
+    if not (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
+        return False
+    fields = dataclasses.fields(tp)
+    return bool(fields) and all(_CLI in f.metadata for f in fields)
 
 
 def option_of(group: type, name: str, **changes: Any) -> Any:
