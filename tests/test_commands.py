@@ -17,7 +17,8 @@ from probes.commands._shared import CheckpointOptions, ComputeOptions, LoadOptio
 from probes.commands.explain import explain
 from probes.commands.sharpness import sharpness
 from probes.commands.sweep import SWEEP_HELP, sweep
-from probes.sweep.testing import tiny_trajectory
+from probes.sweep import Store
+from probes.sweep.testing import tiny_plan_toml, tiny_trajectory
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,21 @@ def test_sharpness_called_as_a_function_equals_the_cli(traj, capsys):
     with pytest.raises(typer.Exit) as exc:
         sharpness(ckpt, source=CheckpointOptions(label="step-000999"), data=data)
     assert exc.value.exit_code == 2 and "step-000999" in capsys.readouterr().err
+
+
+def test_sweep_called_as_a_function_writes_the_store(traj, tmp_path, capsys):
+    """`sweep` from Python: the plan's backend unless ComputeOptions names one (its default instance
+    says backend=None), one row per checkpoint and probe, the summary printed."""
+    plan = tiny_plan_toml(tmp_path / "plan.toml", traj, probes='loss = true\ntrace = { method = "hutchinson", '
+                                                              'num_matvecs = 2 }\n')
+    out = tmp_path / "r.sqlite"
+    sweep(str(traj), out=out, plan=plan, quiet=True, compute=ComputeOptions(backend=None, threads=1),
+          load=LoadOptions(device="cpu"))
+    assert "2 checkpoints, 4 rows: 4 ok, 0 failed" in capsys.readouterr().out
+    with Store(out) as st:
+        df = st.results()
+    assert set(df["probe"]) == {"loss", "trace"} and (df["status"] == "ok").all()
+    assert inspect.signature(sweep).parameters["compute"].default == ComputeOptions(backend=None)
 
 
 def test_shared_options_come_from_one_declaration():
