@@ -103,7 +103,7 @@ def _exit_with_failures(report) -> None:
     raise typer.Exit(code)
 
 
-SWEEP_HELP = {  # where the sweep's wording differs from the shared groups' (the meaning is the same)
+SWEEP_HELP = {  # the sweep's own wording: what overrides the plan, what is per worker, which modes it has
     "device": "Device to load checkpoints on (default: cuda if present).",
     "dtype": "Load the weights as float32 (default), bfloat16, float16 or float64; curvature algebra stays float32 "
              "at least.",
