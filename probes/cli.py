@@ -141,7 +141,9 @@ def version() -> None:
 
 
 for _info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-    importlib.import_module(f"{commands.__name__}.{_info.name}").register(app)
+    _module = importlib.import_module(f"{commands.__name__}.{_info.name}")
+    if hasattr(_module, "register"):  # a command module; _options, _shared, _console and sharpness (sweep's) have none
+        _module.register(app)
 
 
 def main() -> None:  # pragma: no cover - console entry
