@@ -20,7 +20,7 @@ accumulation over batches are in :attr:`dtype`, which is float32 for a float16/b
 (the model's dtype otherwise), so estimator linear algebra never runs in half precision. To
 compute the products themselves in float32, load the model in float32.
 
-Memory: :meth:`pass_bytes` predicts the peak of one product of k vectors beyond the vectors
+Memory: :meth:`HessianOperator.pass_bytes` predicts the peak of one product of k vectors beyond the vectors
 themselves, from the double-backward graph of the largest batch measured once (saved-tensor
 hooks on one row of each batch shape): see :mod:`geometry.memory.model` and benchmarks/README.md
 ("Scale") for the check against measured peaks.
@@ -369,7 +369,7 @@ class HessianOperator(CurvatureOperator):
 
     def _accumulate(self, vs: list[torch.Tensor], outs: list[torch.Tensor],
                     reduce: list[torch.Tensor] | None = None) -> None:
-        """``outs[j] += Σ_b w_b (H_b V)_j`` for V given per parameter as ``vs[j]`` [k, *shape_j].
+        """``outs[j] += Σ_b w_b (H_b V)_j`` for V given per parameter as ``vs[j]`` ``[k, *shape_j]``.
         Data-parallel: over this rank's batches, then the contiguous tensors ``reduce`` (holding
         ``outs``) are all-reduced, after every rank reported success."""
         def local() -> None:
