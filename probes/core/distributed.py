@@ -15,6 +15,8 @@ import os
 
 import torch
 
+from geometry.base.errors import LosslensError
+
 #: Seconds a collective may wait for the other ranks before the process group gives up
 #: (``$LOSSLENS_DIST_TIMEOUT`` overrides it).
 DEFAULT_TIMEOUT_S = 1800.0
@@ -22,7 +24,7 @@ TIMEOUT_ENV = "LOSSLENS_DIST_TIMEOUT"
 PARALLEL_MODES = ("none", "data", "fsdp")
 
 
-class DistributedError(RuntimeError):
+class DistributedError(LosslensError, RuntimeError):
     """``--parallel data`` asked for outside ``torchrun``, or a process group that cannot start."""
 
 

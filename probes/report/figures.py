@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from geometry.base.errors import LosslensError
 from .flags import UNCONVERGED_MARKER, add_unconverged_points, unconverged_mask
 
 PHASE_COLOURS = ("rgba(31,119,180,0.10)", "rgba(214,39,40,0.10)", "rgba(44,160,44,0.10)", "rgba(148,103,189,0.10)")
@@ -26,7 +27,7 @@ PHASE_LINES = ("rgb(31,119,180)", "rgb(214,39,40)", "rgb(44,160,44)", "rgb(148,1
 RUN_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 
-class FigureError(ValueError):
+class FigureError(LosslensError, ValueError):
     """The results table lacks what a figure needs."""
 
 

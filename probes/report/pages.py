@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from geometry.base.errors import LosslensError
 from geometry.surfaces.surface import Surface
 from probes.sweep.store import Store
 
@@ -43,7 +44,7 @@ nav a{margin-right:12px}.note{color:#666;font-size:.9em}.failed{color:#b00020;fo
 """
 
 
-class ReportError(ValueError):
+class ReportError(LosslensError, ValueError):
     """The report cannot be built (empty results, unwritable path)."""
 
 

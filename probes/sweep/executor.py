@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from geometry.base.errors import LosslensError
 from probes.core.threads import torch_threads
 from probes.core.workers import WorkerError
 
@@ -57,7 +58,7 @@ EXIT_ALL_FAILED = 3
 """Exit status of ``losslens sweep`` when every row of the plan is stored as failed."""
 
 
-class SweepError(RuntimeError):
+class SweepError(LosslensError, RuntimeError):
     """The sweep cannot start (bad trajectory, unknown checkpoint label, Ray missing, ...)."""
 
 

@@ -52,13 +52,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 if TYPE_CHECKING:  # torch is imported lazily so that `losslens --help` stays fast
     import torch
 
+from geometry.base.errors import LosslensError
 from probes.core.workers import short_error as _short_error
 
 from .plan import Plan, Task
 from .store import ProbeRow, metric
 
 
-class ProbeError(RuntimeError):
+class ProbeError(LosslensError, RuntimeError):
     """A probe could not run (missing data set, unsupported option)."""
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from geometry.base.errors import LosslensError
+
 TRACE_METHODS = ("hutch++", "hutchinson")
 EIGEN_METHODS = ("power", "lanczos")
 
-class PlanError(ValueError):
+class PlanError(LosslensError, ValueError):
     """A plan names an unknown probe, option or spec, or has an invalid value."""
 
 

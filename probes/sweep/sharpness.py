@@ -11,13 +11,15 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from geometry.base.errors import LosslensError
+
 from .plan import EIGEN_METHODS, TRACE_METHODS
 
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "float64": "float64"}
 
 
-class SharpnessError(ValueError):
+class SharpnessError(LosslensError, ValueError):
     """Bad checkpoint path/label or options."""
 
 
