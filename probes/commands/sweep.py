@@ -180,7 +180,7 @@ def register(app: typer.Typer) -> None:
         apply_strict_memory(strict_memory, max_memory)
         if parallel == "data":
             try:
-                device = init_data_parallel(device=device)[2]
+                device = init_data_parallel(device=device, command="sweep")[2]
             except DistributedError as exc:
                 typer.echo(f"error: {exc}", err=True)
                 raise typer.Exit(2)
