@@ -74,7 +74,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
         from geometry.memory.model import MemoryBudgetError, parse_bytes
 
         try:
-            parse_bytes(max_memory)
+            parse_bytes(max_memory, device)
         except MemoryBudgetError as exc:
             raise SharpnessError(f"--max-memory: {exc}") from exc
     try:
