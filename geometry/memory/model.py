@@ -9,7 +9,8 @@ Every estimator in losslens states its peak memory as a formula and checks it be
                     of the second backward; see :meth:`geometry.operators.hessian.HessianOperator.pass_bytes`)
 
 ``max_memory`` is the number of bytes an estimator may add on top of what is resident. It is an
-int (bytes), a string such as ``"8GB"``/``"512MiB"``, or None for :func:`default_budget`: a fixed
+int (bytes), a size string such as ``"8GB"``/``"512MiB"`` (:mod:`geometry.memory.sizes`: a unit, 1 MB up to the
+device's memory), or None for :func:`default_budget`: a fixed
 fraction of the device's *total* memory (host RAM, or the GPU's memory less what this process's
 tensors hold), never of what happens to be free at call time, so the same machine and settings
 give the same plan and the same numbers. Estimators pick the largest fitting setting (block size,
@@ -62,9 +63,8 @@ def format_bytes(n: float) -> str:
 
 
 def parse_bytes(value: Any, device: torch.device | str | None = None) -> int:
-    """Bytes of a size string (strict: a unit, at least 1 MB, at most the memory of ``device`` — the
-    GPU's, or the host's RAM; None: the larger of RAM and the largest GPU) or an int of bytes, by
-    :func:`geometry.memory.sizes.parse_size`. Raises :class:`MemoryBudgetError`."""
+    """Bytes of a size string (:func:`geometry.memory.sizes.parse_size`, at most the memory of ``device``)
+    or an int of bytes; :class:`MemoryBudgetError` otherwise."""
     try:
         return parse_size(value, *_room(device)) if isinstance(value, str) else parse_size(value)
     except SizeError as exc:
