@@ -8,7 +8,7 @@ CLI (:mod:`probes.cli`, :mod:`probes.commands`, :mod:`probes.demo`).
 Importing it checks that ``geometry`` and ``probes`` are losslens's own (:mod:`probes._namespace`:
 both names are taken on the package index too) and warns when another distribution owns them.
 
-:class:`LosslensError` (defined in :mod:`geometry.base.errors`) is the base class of every error a user
+:class:`~geometry.base.errors.LosslensError` is the base class of every error a user
 can cause, in both packages; it is loaded on first use, so ``import probes`` stays light.
 """
 from ._namespace import warn_on_clash as _warn_on_clash
