@@ -67,7 +67,8 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     if backend not in BACKENDS:
         raise SharpnessError(f"--backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")
     if parallel != "none" and backend == "auto":
-        raise SharpnessError(f"--backend auto is not available with --parallel {parallel}: pass --backend reverse or difference")
+        raise SharpnessError(f"--backend auto is not available with --parallel {parallel}: pass --backend reverse "
+                             "or difference")
     if dtype is not None and dtype not in _DTYPES:
         raise SharpnessError(f"--dtype {dtype!r} is unknown; valid: {', '.join(_DTYPES)}")
     if max_memory is not None:
