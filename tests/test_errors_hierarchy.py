@@ -97,13 +97,18 @@ def test_the_cli_keeps_no_list_of_error_names():
 
 
 def _planted(monkeypatch, exc: BaseException):
-    """``losslens sharpness`` with its checkpoint opener replaced by one that raises ``exc``."""
-    import probes.checkpoints
+    """``losslens sharpness`` with its checkpoint opener replaced by one that raises ``exc`` (in every
+    loaded probes module that holds it, wherever the command imports it from)."""
+    import sys
+
+    import probes.checkpoints  # noqa: F401
 
     def opener(*args, **kwargs):
         raise exc
 
-    monkeypatch.setattr(probes.checkpoints, "open_checkpoint", opener)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("probes") and callable(getattr(module, "open_checkpoint", None)):
+            monkeypatch.setattr(module, "open_checkpoint", opener)
     return CliRunner().invoke(app, ["sharpness", "nowhere", "--num-matvecs", "3"])
 
 
