@@ -89,8 +89,8 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, vocab, (BATCH, SEQ), generator=g) for _ in range(BATCHES)]
     backend = probe.split("-", 1)[1] if probe.startswith("pass-") else "reverse"
-    op = lm_hessian(model, batches[:1] if probe.startswith("pass-") else batches, max_memory=max_memory,
-                    backend=backend)                             # what sharpness and sweeps use
+    op = lm_hessian(model, batches[:1] if probe.startswith("pass-") else batches, backend=backend,  # as sharpness does
+                    max_memory=int(max_memory) if max_memory.isdigit() else max_memory)  # digits: bytes, uncapped
     row = {"shape": shape, "dtype": dtype, "probe": probe, "dim": op.dim, "max_memory": max_memory}
     if probe == "timing":
         return {**row, **_timing(op)}
@@ -222,7 +222,7 @@ def _run_child(shape: str, probe: str, dtype: str, max_memory: str, threads: int
 def factors(dtypes: tuple[str, ...] = ("float32",), threads: int = 2) -> list[dict]:
     """The pass factors per family (``--factors``): one product on 4 × 64 tokens per shape of
     :data:`FACTOR_SHAPES` and backend, each in a fresh subprocess."""
-    return [_run_child(s, f"pass-{b}", d, "64GB", threads) for s in FACTOR_SHAPES for d in dtypes
+    return [_run_child(s, f"pass-{b}", d, str(64 * 10**9), threads) for s in FACTOR_SHAPES for d in dtypes
             for b in ("reverse", "forward")]
 
 

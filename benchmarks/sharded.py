@@ -54,7 +54,7 @@ def _rank(rank: int, world: int, port: int, out: str, shape: str, probes: int, s
         model = shard_model(build(shape, torch.float32), "cpu")
         g = torch.Generator().manual_seed(0)
         batches = [torch.randint(0, SHAPES[shape][4], (ROWS, SEQ), generator=g) for _ in range(BATCHES)]
-        op = sharded_lm_hessian(model, split_batches(batches, rank, world), max_memory="64GB")
+        op = sharded_lm_hessian(model, split_batches(batches, rank, world), max_memory=64 * 10**9)
         op.pass_bytes(1)  # measured once, outside the tracked calls
         rows = {}
         for name, call in (("hutchinson", lambda: hutchinson_trace(op, num_matvecs=probes, seed=0, block_size=1)),

@@ -60,8 +60,8 @@ def solver_rows(n_batches: int, steps: int, quick: bool) -> list[dict]:
         v = torch.randn(op.dim, generator=g)
         runs = {"power step (one product)": lambda: [op.matvec_flat(v) for _ in range(steps)]}
         if cache:
-            runs["lanczos step"] = lambda: top_eigenvalues(op, max_iter=steps, tol=1e-12, max_memory="64GB")
-            runs["slq step (2 runs)"] = lambda: spectral_density(op, num_runs=2, num_steps=steps, max_memory="64GB")
+            runs["lanczos step"] = lambda: top_eigenvalues(op, max_iter=steps, tol=1e-12, max_memory=64 * 10**9)
+            runs["slq step (2 runs)"] = lambda: spectral_density(op, num_runs=2, num_steps=steps, max_memory=64 * 10**9)
         for name, run in runs.items():
             n0 = op.num_matvecs
             t = _timed(run, n=2)

@@ -16,6 +16,7 @@ of batches, curvature is taken w.r.t. a declared parameter set (name globs).
 from .operators.attention import second_order_attention
 from .estimators.attribution import assemble, attribute, direction_parts, factorise, within_block_curvature
 from .base.batches import default_batch_weight
+from .base.errors import LosslensError
 from .operators.dense import DenseOperator, exact_hessian
 from .estimators.density import spectral_density
 from .estimators.directional import directional_curvature
@@ -40,5 +41,5 @@ __all__ = [
     "BlockTraces", "DirectionalCurvature", "EigenResult", "EstimatorError", "SpectralDensity", "TraceEstimate",
     "Profile", "Surface", "SurfaceError", "evaluate_line", "evaluate_surface", "block_traces", "hutchinson_trace",
     "hutchpp_trace", "assemble", "attribute", "direction_parts", "factorise", "within_block_curvature", "Attribution",
-    "DirectionParts", "QuadraticFactors",
+    "DirectionParts", "QuadraticFactors", "LosslensError",
 ]

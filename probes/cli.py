@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import sys
 
 import typer
 from typer.core import TyperGroup
@@ -29,32 +30,19 @@ EXIT_INTERRUPTED = 130
 
 _DEBUG = "losslens.debug"
 
-_USER_ERRORS = (
-    ("probes.checkpoints.errors", "CheckpointError"), ("probes.checkpoints.errors", "TrajectoryNameError"),
-    ("probes.checkpoints.errors", "ScheduleError"), ("probes.sweep_probes.validation", "PlanError"),
-    ("probes.sweep.store_errors", "StoreError"), ("probes.sweep.outcome", "SweepError"),
-    ("probes.curvature.sharpness", "SharpnessError"), ("probes.sweep_probes.state", "ProbeError"),
-    ("probes.analysis.inputs", "AnalysisError"), ("probes.report.pages", "ReportError"),
-    ("probes.report.figure_parts", "FigureError"), ("probes.train.config", "TrainError"), ("probes.data.corpus", "DataError"),
-    ("probes.quant.errors", "QuantizeError"), ("probes.core.tokenset", "TokenSetError"),
-    ("probes.core.modules", "ModuleSelectionError"), ("probes.core.lm", "LossError"),
-    ("probes.models.weights", "WeightStatsError"), ("probes.models.second_order", "SecondOrderError"),
-    ("geometry.base.params", "ParameterSelectionError"), ("geometry.surfaces.planes", "PlaneError"), ("geometry.surfaces.grid", "GridError"),
-    ("geometry.base.results", "EstimatorError"), ("geometry.operators.interface", "OperatorError"), ("geometry.surfaces.moving", "SurfaceError"),
-    ("probes.core.workers", "WorkerError"), ("torch", "OutOfMemoryError"), ("probes.accuracy.selection", "AccuracyError"),
-    ("probes.monitor.settings", "MonitorError"),
-)
-
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """The exception types a user can cause (printed as one line, exit 2). Imported on demand, so
-    that ``losslens --help`` stays fast; a module that cannot be imported contributes nothing."""
+    """The exception types a user can cause (printed as one line, exit 2): every
+    :class:`geometry.base.errors.LosslensError` (each room's own classes derive from it), a missing
+    or unreadable file (``OSError``), and running out of memory (``MemoryError``,
+    ``torch.OutOfMemoryError``). Taken from the modules already loaded, so that ``losslens --help``
+    stays fast: an exception whose module was never imported cannot have been raised."""
     out: list[type[BaseException]] = [OSError, MemoryError]
-    for mod, name in _USER_ERRORS:
-        try:
-            out.append(getattr(importlib.import_module(mod), name))
-        except (ImportError, AttributeError):
-            pass
+    errors, torch = sys.modules.get("geometry.base.errors"), sys.modules.get("torch")
+    if errors is not None:
+        out.append(errors.LosslensError)
+    if torch is not None and hasattr(torch, "OutOfMemoryError"):
+        out.append(torch.OutOfMemoryError)
     return tuple(out)
 
 

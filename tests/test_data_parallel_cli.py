@@ -56,8 +56,31 @@ def test_parallel_data_outside_torchrun_is_one_clear_error(setup, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(SharpnessError, match="--parallel data runs under torchrun"):
         sharpness(ckpt, data=data, parallel="data", **ARGS)
-    with pytest.raises(SharpnessError, match="parallel 'model' is unknown; valid: none, data, fsdp"):
+    with pytest.raises(SharpnessError, match="--parallel 'model' is unknown; valid: none, data, fsdp"):
         sharpness(ckpt, data=data, parallel="model", **ARGS)
+    with pytest.raises(SharpnessError, match="--backend auto is not available with --parallel data"):
+        sharpness(ckpt, data=data, parallel="data", backend="auto", **ARGS)
+
+
+@pytest.mark.parametrize("mode", ["data", "fsdp"])
+def test_the_error_outside_torchrun_names_the_mode_and_command_given(setup, monkeypatch, mode):
+    """The line names the --parallel mode and the command the user ran (issue #36: fsdp said "data")."""
+    from typer.testing import CliRunner
+
+    from probes.cli import app
+
+    ckpt, data = setup
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    r = CliRunner().invoke(app, ["sharpness", *_cli_args(ckpt, data), "--parallel", mode])
+    assert r.exit_code == 2, r.output
+    (line,) = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    other = {"data": "fsdp", "fsdp": "data"}[mode]
+    assert f"--parallel {mode} runs under torchrun" in line and "probes.cli sharpness … --parallel " + mode in line
+    assert f"--parallel {other}" not in line
+    r = CliRunner().invoke(app, ["sweep", str(ckpt.parent), "--out", str(ckpt.parent / "r.sqlite"), "--quick",
+                                 "--parallel", "data"])
+    assert r.exit_code == 2 and "probes.cli sweep … --parallel data" in r.output, r.output
 
 
 def test_torchrun_sweep_writes_once_and_resumes(setup, tmp_path):

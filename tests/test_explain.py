@@ -147,7 +147,7 @@ def test_explain_command_prints_tables_and_writes_json(tmp_path):
     assert json.loads(res.output)["explanations"][0]["spec"] == "rtn:3:row"
     bad = CliRunner().invoke(app, ["explain", str(ckpt), "--spec", "gptq:3:row", "--curvature-set", str(data / "curvature.safetensors")])
     assert bad.exit_code == 2 and "cannot build or read the token sets" in bad.output  # no tokenizer, no --calib-set
-    bad = CliRunner().invoke(app, args[:4] + ["--max-memory", "1KB", "--curvature-set", str(data / "curvature.safetensors")])
+    bad = CliRunner().invoke(app, args[:4] + ["--max-memory", "1MB", "--curvature-set", str(data / "curvature.safetensors")])
     assert bad.exit_code == 2 and "max_memory" in bad.output  # refused before any work, with what it needs
     bad = CliRunner().invoke(app, ["explain", str(ckpt), "--spec", "rtn:9"])
     assert bad.exit_code != 0 and "bits" in bad.output

@@ -339,8 +339,8 @@ def test_analysis_refuses_a_series_computed_with_different_settings():
     (["--k", "100000"], "k must be <= the operator dimension"),
     (["--params", "nomatch.*"], "parameter glob 'nomatch.*' matches no trainable parameter"),
     (["--label", "step-000999"], "step-000999"),
-    (["--max-memory", "lots"], "cannot read memory size 'lots'"),
-    (["--max-memory", "20kB"], "needs at least"),          # a plan that cannot fit: refused before any product
+    (["--max-memory", "lots"], "--max-memory: cannot read the size 'lots'"),   # tests/test_sizes.py: the full table
+    (["--max-memory", "1MB"], "needs at least"),           # a plan that cannot fit: refused before any product
     (["--dtype", "int8"], "dtype 'int8' is unknown"),
 ])
 def test_sharpness_bad_options_are_one_line_errors(pristine, args, message):

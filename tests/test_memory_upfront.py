@@ -30,7 +30,7 @@ def test_a_surface_is_refused_before_the_model_moves_or_any_grid_point_runs():
     original = {n: p.detach().clone() for n, p in model.named_parameters()}
     batches = random_batches(n_batches=2, batch=6, seq=16, seed=0)
     plane = random_plane(original, seed=0)
-    copies = estimate_memory(model, plane, max_memory="1TB").total
+    copies = estimate_memory(model, plane, max_memory="1GB").total
     budget = copies + forward_bytes(model, lm_loss, batches[0]) // 2     # the copies fit, a forward does not
     calls = []
 
@@ -56,7 +56,7 @@ def test_explain_refuses_before_the_quantizer_runs(monkeypatch):
     real = measure.quantize
     monkeypatch.setattr(measure, "quantize", lambda *a, **k: ran.append(a[1]) or real(*a, **k))
     with pytest.raises(MemoryBudgetError, match="directional_curvature needs"):
-        explain_specs(model, ["gptq:3:row"], curvature, calibration=calibration, max_memory="1KB")
+        explain_specs(model, ["gptq:3:row"], curvature, calibration=calibration, max_memory=1000)
     assert ran == []                                    # no GPTQ before the refusal
     plans = measure.plan_curvature(model, curvature, within=("layer",), trace=("hutch++", 30), max_memory="1GB")
     assert set(plans) == {"direction", "within layer", "trace"}

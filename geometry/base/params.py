@@ -14,10 +14,12 @@ from typing import Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
+from .errors import LosslensError
+
 ParamGlobs = str | Sequence[str] | None
 
 
-class ParameterSelectionError(ValueError):
+class ParameterSelectionError(LosslensError, ValueError):
     """A parameter glob matched nothing, or a vector does not fit the parameter space."""
 
 

@@ -15,13 +15,14 @@ from typing import Any
 
 import numpy as np
 
+from .errors import LosslensError
 from .jsonable import jsonable
 
 __all__ = ["EstimatorError", "TraceEstimate", "EigenResult", "SpectralDensity", "BlockTraces", "DirectionalCurvature",
            "QuadraticFactors", "DirectionParts", "Attribution"]
 
 
-class EstimatorError(ValueError):
+class EstimatorError(LosslensError, ValueError):
     """Bad input to an estimator (``num_matvecs < 1``, ``k > dim``, ...) or a non-finite result."""
 
 

@@ -9,7 +9,8 @@ Every estimator in losslens states its peak memory as a formula and checks it be
                     of the second backward; see :meth:`geometry.operators.hessian.HessianOperator.pass_bytes`)
 
 ``max_memory`` is the number of bytes an estimator may add on top of what is resident. It is an
-int (bytes), a string such as ``"8GB"``/``"512MiB"``, or None for :func:`default_budget`: a fixed
+int (bytes), a size string such as ``"8GB"``/``"512MiB"`` (:mod:`geometry.memory.sizes`: a unit, 1 MB up to the
+device's memory), or None for :func:`default_budget`: a fixed
 fraction of the device's *total* memory (host RAM, or the GPU's memory less what this process's
 tensors hold), never of what happens to be free at call time, so the same machine and settings
 give the same plan and the same numbers. Estimators pick the largest fitting setting (block size,
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ import torch
 
 from ..base._linalg import CHUNK
 from ..base.results import EstimatorError
+from .sizes import SizeError, parse_size
 
 __all__ = [
     "MemoryBudgetError", "MemoryEstimate", "available_bytes", "total_bytes", "default_budget", "parse_bytes", "resolve_budget",
@@ -46,9 +47,6 @@ CUDA_FRACTION = 0.8
 #: processes that share one machine get ``CPU_FRACTION / N`` each (probes.core.workers).
 MEMORY_FRACTION_ENV = "LOSSLENS_MEMORY_FRACTION"
 
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
 
 class MemoryBudgetError(EstimatorError):
     """A curvature plan cannot fit in its memory budget (raised before any work is done)."""
@@ -63,22 +61,26 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def parse_bytes(value: Any) -> int:
-    """Bytes from an int/float or a string with a unit: ``"8GB"``, ``"8 GiB"``, ``"512MB"``, ``"1e9"``."""
-    if isinstance(value, bool):
-        raise MemoryBudgetError(f"max_memory must be a number of bytes or a string like '8GB', got {value!r}")
-    if isinstance(value, (int, float)):
-        n = float(value)
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", value)
-        if not m or m.group(2).lower() not in _UNITS:
-            raise MemoryBudgetError(f"cannot read memory size {value!r}; write e.g. '8GB', '512MiB' or a number of bytes")
-        n = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    else:
-        raise MemoryBudgetError(f"max_memory must be a number of bytes or a string like '8GB', got {type(value).__name__}")
-    if not math.isfinite(n) or n <= 0:
-        raise MemoryBudgetError(f"max_memory must be positive, got {value!r}")
-    return int(n)
+def parse_bytes(value: Any, device: torch.device | str | None = None) -> int:
+    """Bytes of a size string (:func:`geometry.memory.sizes.parse_size`, at most the memory of ``device``)
+    or an int of bytes; :class:`MemoryBudgetError` otherwise."""
+    try:
+        return parse_size(value, *_room(device)) if isinstance(value, str) else parse_size(value)
+    except SizeError as exc:
+        raise MemoryBudgetError(str(exc)) from exc
+
+
+def _room(device: torch.device | str | None) -> tuple[int, str]:
+    """(bytes, what) no size may exceed: a CUDA device's memory, else the host's RAM; None: the larger
+    of the RAM and each GPU's memory."""
+    dev = None if device is None else torch.device(device)
+    if dev is not None and dev.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(dev).total_memory, f"the memory of {dev}"
+    rooms = [(_host_total(), "this machine's RAM")]
+    if dev is None and torch.cuda.is_available():
+        rooms += [(torch.cuda.get_device_properties(i).total_memory, f"the memory of cuda:{i}")
+                  for i in range(torch.cuda.device_count())]
+    return max(rooms)
 
 
 def _cgroup_limit() -> int | None:
@@ -178,7 +180,7 @@ def default_budget(device: torch.device | str) -> int:
 
 def resolve_budget(max_memory: Any, device: torch.device | str) -> int:
     """``max_memory`` (None, bytes or a size string) as bytes; None gives :func:`default_budget`."""
-    return default_budget(device) if max_memory is None else parse_bytes(max_memory)
+    return default_budget(device) if max_memory is None else parse_bytes(max_memory, device)
 
 
 #: float64 chunk temporaries alive at once in the chunked reductions and orthonormalisations of

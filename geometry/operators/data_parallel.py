@@ -189,7 +189,7 @@ def split_batches(batches: Sequence[Any], rank: int, world_size: int) -> list[An
     batches than ranks."""
     n = len(batches)
     if n < world_size:
-        raise ValueError(f"{n} curvature batches cannot be split over {world_size} ranks: every rank needs at least "
+        raise OperatorError(f"{n} curvature batches cannot be split over {world_size} ranks: every rank needs at least "
                          "one batch (build more batches, or run fewer processes)")
     base, extra = divmod(n, world_size)
     start = rank * base + min(rank, extra)

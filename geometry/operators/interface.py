@@ -15,9 +15,10 @@ import torch
 
 from ..base._linalg import CHUNK
 from ..base.params import ParamSpace
+from ..base.errors import LosslensError
 
 
-class OperatorError(ValueError):
+class OperatorError(LosslensError, ValueError):
     """Bad input to a linear operator (wrong shape, k = 0, non-finite result, ...)."""
 
 

@@ -13,9 +13,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from .planes import Line, Plane
+from ..base.errors import LosslensError
 
 
-class GridError(ValueError):
+class GridError(LosslensError, ValueError):
     """A grid specification cannot produce a grid (resolution < 2, empty range, ...)."""
 
 

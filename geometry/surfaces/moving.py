@@ -21,11 +21,12 @@ from ..memory.model import MemoryEstimate, first_fitting, resolve_budget
 from ..base.modes import module_modes
 from ..base.params import ParamGlobs, iter_names
 from .planes import Plane
+from ..base.errors import LosslensError
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
 
-class SurfaceError(ValueError):
+class SurfaceError(LosslensError, ValueError):
     """The surface cannot be evaluated as asked (plane does not fit the model, bad grid, bad resume file)."""
 
 

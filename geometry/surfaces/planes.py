@@ -27,11 +27,12 @@ import torch
 
 from ..base.jsonable import jsonable
 from ..memory.model import MemoryEstimate, first_fitting, resolve_budget
+from ..base.errors import LosslensError
 
 Params = Mapping[str, torch.Tensor]
 
 
-class PlaneError(ValueError):
+class PlaneError(LosslensError, ValueError):
     """The points do not define a plane (different architectures, coincident or collinear points)."""
 
 

@@ -23,6 +23,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from geometry.base.errors import LosslensError
+
 from .embedded import TASK_DIR, TASK_NAME
 
 __all__ = ["AccuracyError", "TaskUnavailable", "TaskSelection", "select_tasks", "load_tasks", "SEED_12",
@@ -36,7 +38,7 @@ SEED_12_FEWSHOT = 5
 PRESETS = ("embedded", "seed-12")
 
 
-class AccuracyError(ValueError):
+class AccuracyError(LosslensError, ValueError):
     """Bad accuracy input (unknown task, missing lm-eval, a model without a tokenizer); the message says what to do."""
 
 

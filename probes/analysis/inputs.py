@@ -7,6 +7,8 @@ from typing import Mapping
 
 import numpy as np
 
+from geometry.base.errors import LosslensError
+
 __all__ = ["AnalysisError", "as_1d", "align_pair", "covariate_matrix", "check_method", "check_n_boot", "too_few",
            "METHODS", "MIN_BOOT"]
 
@@ -16,7 +18,7 @@ MIN_BOOT = 40
 are the smallest / largest resample, not an interval estimate."""
 
 
-class AnalysisError(ValueError):
+class AnalysisError(LosslensError, ValueError):
     """Too few points, unknown series name, or otherwise unusable input for a statistic."""
 
 

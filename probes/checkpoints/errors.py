@@ -1,12 +1,14 @@
 """Exceptions of :mod:`probes.checkpoints`: all derive from :class:`CheckpointError`."""
 from __future__ import annotations
 
+from geometry.base.errors import LosslensError
+
 __all__ = ["CheckpointError", "NoCheckpointsError", "MissingWeightsError", "CorruptCheckpointError",
            "UnsafeCheckpointError", "ArchitectureMismatchError", "RevisionNotCachedError", "TrajectoryNameError",
            "ScheduleError"]
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(LosslensError, RuntimeError):
     """Base class: a checkpoint or trajectory could not be found, read or used."""
 
 

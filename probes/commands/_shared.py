@@ -108,7 +108,10 @@ def apply_strict_memory(strict: bool | None, max_memory: str | None = None) -> b
     :func:`geometry.memory.allocator.return_freed_memory` with the 64 kB mmap threshold measured to keep
     peak RSS within the plan (:data:`~geometry.memory.allocator.STRICT_MMAP_THRESHOLD`). Returns whether
     it is on. Raises ``typer.BadParameter`` when asked for explicitly off glibc, where the setting
-    does not exist; when implied by ``--max-memory`` there it is skipped (the budget stays a plan)."""
+    does not exist; when implied by ``--max-memory`` there it is skipped (the budget stays a plan).
+    A bad ``max_memory`` is refused first, before any work (:func:`check_max_memory`)."""
+    if max_memory is not None:
+        check_max_memory(max_memory)
     if strict is False or (strict is None and max_memory is None):
         return False
     from geometry.memory.allocator import STRICT_MMAP_THRESHOLD, return_freed_memory
@@ -121,5 +124,17 @@ def apply_strict_memory(strict: bool | None, max_memory: str | None = None) -> b
     return False
 
 
+def check_max_memory(max_memory: str) -> int:
+    """``--max-memory`` in bytes, read by the one size parser (:func:`geometry.memory.model.parse_bytes`:
+    a number and a unit, from 1 MB to this machine's memory); ``typer.BadParameter`` naming the option
+    and saying what was read and what is accepted otherwise."""
+    from geometry.memory.model import MemoryBudgetError, parse_bytes
+
+    try:
+        return parse_bytes(max_memory)
+    except MemoryBudgetError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--max-memory") from None
+
+
 __all__ = ["CHECKPOINT_HELP", "TRAJECTORY_HELP", "CheckpointOptions", "ComputeOptions", "LoadOptions", "MemoryOptions",
-           "TrajectoryOptions", "apply_strict_memory"]
+           "TrajectoryOptions", "apply_strict_memory", "check_max_memory"]

@@ -133,18 +133,9 @@ def checkpoint_surface(checkpoint: "str | Path", previous: "str | Path | None", 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by the inputs (printed as one line, exit code 2) rather than bugs."""
-    from geometry.surfaces.grid import GridError
-    from geometry.surfaces.planes import PlaneError
-    from geometry.surfaces.surface import SurfaceError
+    from geometry.base.errors import LosslensError
 
-    errs: list[type[BaseException]] = [PlaneError, GridError, SurfaceError, FileNotFoundError]
-    for mod, name in (("probes.checkpoints", "CheckpointError"), ("probes.quant", "QuantizeError"),
-                      ("probes.core.tokenset", "TokenSetError"), ("probes.core.lm", "LossError")):
-        try:
-            errs.append(getattr(__import__(mod, fromlist=[name]), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errs)
+    return (LosslensError, FileNotFoundError)
 
 
 def surface(

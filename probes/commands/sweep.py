@@ -165,7 +165,7 @@ def sweep(
     device = load.device
     if compute.parallel == "data":
         try:
-            device = init_data_parallel(device=device)[2]
+            device = init_data_parallel(device=device, command="sweep")[2]
         except DistributedError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2)

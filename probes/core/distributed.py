@@ -15,6 +15,8 @@ import os
 
 import torch
 
+from geometry.base.errors import LosslensError
+
 #: Seconds a collective may wait for the other ranks before the process group gives up
 #: (``$LOSSLENS_DIST_TIMEOUT`` overrides it).
 DEFAULT_TIMEOUT_S = 1800.0
@@ -22,8 +24,8 @@ TIMEOUT_ENV = "LOSSLENS_DIST_TIMEOUT"
 PARALLEL_MODES = ("none", "data", "fsdp")
 
 
-class DistributedError(RuntimeError):
-    """``--parallel data`` asked for outside ``torchrun``, or a process group that cannot start."""
+class DistributedError(LosslensError, RuntimeError):
+    """``--parallel data|fsdp`` asked for outside ``torchrun``, or a process group that cannot start."""
 
 
 def torchrun_env() -> tuple[int, int, int] | None:
@@ -36,13 +38,15 @@ def torchrun_env() -> tuple[int, int, int] | None:
         raise DistributedError(f"RANK / WORLD_SIZE / LOCAL_RANK must be integers: {exc}") from None
 
 
-def init_data_parallel(timeout_s: float | None = None, device: str | None = None) -> tuple[int, int, str]:
+def init_data_parallel(timeout_s: float | None = None, device: str | None = None, mode: str = "data",
+                       command: str = "sharpness") -> tuple[int, int, str]:
     """Join (or reuse) the default process group; returns ``(rank, world_size, device)``.
 
     ``device``: None picks ``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``; the backend is
     NCCL for CUDA devices, gloo for CPU. ``timeout_s``: how long a collective waits for a rank
     (default ``$LOSSLENS_DIST_TIMEOUT``, else :data:`DEFAULT_TIMEOUT_S`). Raises
-    :class:`DistributedError` outside ``torchrun`` (or an already initialised group).
+    :class:`DistributedError` outside ``torchrun`` (or an already initialised group); its message names
+    the ``--parallel`` ``mode`` and the CLI ``command`` the user ran.
     """
     if timeout_s is None:
         try:
@@ -52,15 +56,15 @@ def init_data_parallel(timeout_s: float | None = None, device: str | None = None
     import torch.distributed as dist
 
     if not dist.is_available():
-        raise DistributedError("this torch build has no torch.distributed: --parallel data cannot run")
+        raise DistributedError(f"this torch build has no torch.distributed: --parallel {mode} cannot run")
     if dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
         local = int(os.environ.get("LOCAL_RANK", "0"))
     else:
         env = torchrun_env()
         if env is None:
-            raise DistributedError("--parallel data runs under torchrun: torchrun --nproc_per_node N -m probes.cli "
-                                   "sharpness … --parallel data (RANK and WORLD_SIZE are not set)")
+            raise DistributedError(f"--parallel {mode} runs under torchrun: torchrun --nproc_per_node N -m probes.cli "
+                                   f"{command} … --parallel {mode} (RANK and WORLD_SIZE are not set)")
         rank, world, local = env
     if device is None:
         device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"

@@ -15,10 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from geometry.base.errors import LosslensError
 from geometry.base.modes import module_modes
 
 
-class LossError(ValueError):
+class LossError(LosslensError, ValueError):
     """The loss could not be computed as defined (bad batch shape, sequence too long, NaN, ...)."""
 
 

@@ -12,8 +12,10 @@ from typing import Sequence
 
 from torch import nn
 
+from geometry.base.errors import LosslensError
 
-class ModuleSelectionError(ValueError):
+
+class ModuleSelectionError(LosslensError, ValueError):
     """No decoder blocks found, or a module glob matched nothing."""
 
 

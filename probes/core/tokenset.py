@@ -15,8 +15,10 @@ from typing import Iterator
 
 import torch
 
+from geometry.base.errors import LosslensError
 
-class TokenSetError(ValueError):
+
+class TokenSetError(LosslensError, ValueError):
     """A token set is malformed, too small for what was asked, or unreadable."""
 
 

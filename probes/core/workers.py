@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterable, Iterator
 
+from geometry.base.errors import LosslensError
 from geometry.memory.model import CPU_FRACTION, MEMORY_FRACTION_ENV
 
 __all__ = ["WorkerPool", "WorkerError", "Event", "emit", "short_error", "available_cores", "in_worker"]
@@ -59,7 +60,7 @@ _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _SINK: Callable[[Any], None] | None = None
 
 
-class WorkerError(RuntimeError):
+class WorkerError(LosslensError, RuntimeError):
     """Worker processes cannot be used here (not POSIX) or die before they can take a job."""
 
 

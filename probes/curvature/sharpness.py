@@ -11,13 +11,15 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from geometry.base.errors import LosslensError
+
 from .methods import EIGEN_METHODS, TRACE_METHODS
 
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "float64": "float64"}
 
 
-class SharpnessError(ValueError):
+class SharpnessError(LosslensError, ValueError):
     """Bad checkpoint path/label or options."""
 
 
@@ -62,18 +64,19 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     from probes.core.distributed import PARALLEL_MODES, DistributedError, init_data_parallel
 
     if parallel not in PARALLEL_MODES:
-        raise SharpnessError(f"parallel {parallel!r} is unknown; valid: {', '.join(PARALLEL_MODES)}")
+        raise SharpnessError(f"--parallel {parallel!r} is unknown; valid: {', '.join(PARALLEL_MODES)}")
     if backend not in BACKENDS:
-        raise SharpnessError(f"backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")
+        raise SharpnessError(f"--backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")
     if parallel != "none" and isinstance(backend_named(backend), AutoBackend):
-        raise SharpnessError("backend 'auto' is not available with --parallel: pass --backend reverse or difference")
+        raise SharpnessError(f"--backend auto is not available with --parallel {parallel}: pass --backend reverse "
+                             "or difference")
     if dtype is not None and dtype not in _DTYPES:
-        raise SharpnessError(f"dtype {dtype!r} is unknown; valid: {', '.join(_DTYPES)}")
+        raise SharpnessError(f"--dtype {dtype!r} is unknown; valid: {', '.join(_DTYPES)}")
     if max_memory is not None:
         from geometry.memory.model import MemoryBudgetError, parse_bytes
 
         try:
-            parse_bytes(max_memory)
+            parse_bytes(max_memory, device)
         except MemoryBudgetError as exc:
             raise SharpnessError(f"--max-memory: {exc}") from exc
     try:
@@ -102,7 +105,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
             raise SharpnessError("--params is not supported with --parallel fsdp yet: sharded curvature is w.r.t. "
                                  "every parameter (or use --parallel data with a selection)")
         try:
-            rank, world, dev = init_data_parallel(device=device)
+            rank, world, dev = init_data_parallel(device=device, mode=parallel)
             batches = split_batches(batches, rank, world)
         except (DistributedError, ValueError) as exc:
             raise SharpnessError(str(exc)) from exc

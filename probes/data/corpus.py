@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from geometry.base.errors import LosslensError
+
 __all__ = ["DataError", "TextSource", "embedded_corpus", "embedded_documents", "is_heldout", "HELDOUT_MODULUS"]
 
 HELDOUT_MODULUS = 10
@@ -41,7 +43,7 @@ _STDLIB_SKIP = {"test", "tests", "idlelib", "site-packages", "dist-packages", "l
                 "turtledemo", "ensurepip", "venv", "__pycache__", "encodings", "config-3"}
 
 
-class DataError(ValueError):
+class DataError(LosslensError, ValueError):
     """A text source or tokenizer could not be found or read; the message says what to do."""
 
 

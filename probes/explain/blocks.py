@@ -17,13 +17,14 @@ from typing import Sequence
 
 from torch import nn
 
+from geometry.base.errors import LosslensError
 from geometry.base.params import literal_glob
 from probes.core.modules import ModuleSelectionError, find_blocks
 
 PARTITIONS = ("layer", "kind", "layer_kind", "module", "parameter")
 
 
-class BlockError(ValueError):
+class BlockError(LosslensError, ValueError):
     """An unknown partition, or a parameter name the model does not have."""
 
 

@@ -22,6 +22,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
+from geometry.base.errors import LosslensError
 from geometry.estimators.attribution import direction_parts, within_block_curvature
 from geometry.estimators.directional import estimate_memory as direction_memory
 from geometry.estimators.trace import estimate_memory as trace_memory
@@ -38,7 +39,7 @@ from .blocks import block_members, glob_groups
 TRACE_METHODS = ("hutch++", "hutchinson")
 
 
-class ExplainError(ValueError):
+class ExplainError(LosslensError, ValueError):
     """The direction cannot be explained as asked (a quantizer that moves unexpected parameters,
     a zero direction, bad options)."""
 

@@ -46,6 +46,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
+from geometry.base.errors import LosslensError
 from geometry.operators.hessian import HessianOperator
 from probes.core.lm import lm_loss
 from probes.core.numerics import rel_error
@@ -59,7 +60,7 @@ __all__ = ["check_second_order", "SecondOrderReport", "BackendCheck", "SecondOrd
            "ensure_second_order", "curvature_safe", "architecture_key"]
 
 
-class SecondOrderError(RuntimeError):
+class SecondOrderError(LosslensError, RuntimeError):
     """No HVP backend gives a trustworthy Hessian for this model (message names the op)."""
 
 

@@ -19,13 +19,14 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from geometry.base.errors import LosslensError
 from geometry.operators.sharded import ShardedHessianOperator
 from probes.core.lm import lm_loss
 from probes.core.modules import find_blocks
 from .fidelity import with_float64_fidelity
 
 
-class ShardingError(ValueError):
+class ShardingError(LosslensError, ValueError):
     """The model or the process group cannot be sharded as asked."""
 
 

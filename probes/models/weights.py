@@ -14,12 +14,13 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from geometry.base.errors import LosslensError
 from probes.core.modules import select_linears
 
 __all__ = ["excess_kurtosis", "weight_kurtosis", "KurtosisResult", "WeightStatsError"]
 
 
-class WeightStatsError(ValueError):
+class WeightStatsError(LosslensError, ValueError):
     """A tensor has too few entries, zero variance, or non-finite values."""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from geometry.base.errors import LosslensError
 from geometry.memory.model import MemoryBudgetError
 
 from probes.sweep.plan import DataSpec, EigenProbe, Plan, TraceProbe, canonical_spec
@@ -22,7 +23,7 @@ __all__ = ["MonitorSettings", "MonitorError", "MonitorMemoryError", "DEFAULT_SPE
 DEFAULT_SPECS = ("rtn:3", "rtn:2:g32")
 
 
-class MonitorError(ValueError):
+class MonitorError(LosslensError, ValueError):
     """Bad monitor settings or inputs (an unknown spec, a token set of the wrong shape, a missing
     calibration set for GPTQ/AWQ, a negative budget)."""
 

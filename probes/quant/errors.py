@@ -5,10 +5,11 @@ A module glob that matches nothing raises :class:`probes.core.modules.ModuleSele
 """
 from __future__ import annotations
 
+from geometry.base.errors import LosslensError
 from probes.core.modules import ModuleSelectionError  # noqa: F401  (re-export)
 
 
-class QuantizeError(ValueError):
+class QuantizeError(LosslensError, ValueError):
     """Quantization could not be done as asked."""
 
 

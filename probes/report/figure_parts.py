@@ -12,12 +12,14 @@ import numpy as np
 
 from .flags import add_unconverged_points, unconverged_mask
 
+from geometry.base.errors import LosslensError
+
 PHASE_COLOURS = ("rgba(31,119,180,0.10)", "rgba(214,39,40,0.10)", "rgba(44,160,44,0.10)", "rgba(148,103,189,0.10)")
 PHASE_LINES = ("rgb(31,119,180)", "rgb(214,39,40)", "rgb(44,160,44)", "rgb(148,103,189)")
 RUN_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 
-class FigureError(ValueError):
+class FigureError(LosslensError, ValueError):
     """The results table lacks what a figure needs."""
 
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
+from geometry.base.errors import LosslensError
 from geometry.surfaces.surface import Surface
 from probes.sweep.store import Store
 
@@ -34,7 +35,7 @@ from .page_sections import (_CSS, _accuracy_line, _correlation_rows, _descriptiv
                             _phase_rows, _phases_for_figures, _plan_json, _surfaces, _table, figure_html)
 from .surface_figures import surface_figure, surface_profile_figure
 
-class ReportError(ValueError):
+class ReportError(LosslensError, ValueError):
     """The report cannot be built (empty results, unwritable path)."""
 
 

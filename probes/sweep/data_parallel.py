@@ -17,7 +17,7 @@ def data_parallel_group(parallel: str, executor: str, num_workers, pool, error: 
     if parallel == "none":
         return None
     if parallel != "data":
-        raise error(f"parallel {parallel!r} is unknown; valid: none, data")
+        raise error(f"--parallel {parallel!r} is unknown for a sweep; valid: none, data")
     if executor != "local" or pool is not None or (num_workers or 1) > 1:
         raise error("--parallel data runs one local process per rank: leave --executor local and --workers 1")
     import torch.distributed as dist

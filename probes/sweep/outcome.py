@@ -7,13 +7,15 @@ from pathlib import Path
 
 from probes.sweep_probes.rows import error_type
 
+from geometry.base.errors import LosslensError
+
 EXIT_SOME_FAILED = 1
 """Exit status of ``losslens sweep`` when some rows of the plan are stored as failed."""
 EXIT_ALL_FAILED = 3
 """Exit status of ``losslens sweep`` when every row of the plan is stored as failed."""
 
 
-class SweepError(RuntimeError):
+class SweepError(LosslensError, RuntimeError):
     """The sweep cannot start (bad trajectory, unknown checkpoint label, Ray missing, ...)."""
 
 

@@ -7,10 +7,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Mapping
 
+from geometry.base.errors import LosslensError
+
 __all__ = ["StoreError", "check_plan"]
 
 
-class StoreError(RuntimeError):
+class StoreError(LosslensError, RuntimeError):
     """The store cannot be used as asked (another plan's store, unreadable file, bad export path)."""
 
 

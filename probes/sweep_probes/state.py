@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from geometry.base.errors import LosslensError
+
 if TYPE_CHECKING:  # torch is imported lazily so that `losslens --help` stays fast
     import torch
 
 
-class ProbeError(RuntimeError):
+class ProbeError(LosslensError, RuntimeError):
     """A probe could not run (missing data set, unsupported option)."""
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, Mapping
 
+from geometry.base.errors import LosslensError
+
 _FALLBACK_QUANT_METHODS = ("rtn", "int8", "gptq")
 
 
-class PlanError(ValueError):
+class PlanError(LosslensError, ValueError):
     """A plan names an unknown probe, option or spec, or has an invalid value."""
 
 

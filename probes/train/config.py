@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from geometry.base.errors import LosslensError
+
 from . import schedules
 
 __all__ = ["TrainConfig", "TrainError", "lr_at", "format_value", "SCHEDULES", "FORMAT"]
@@ -18,7 +20,7 @@ SCHEDULES = ("wsd", "cosine", "constant", "linear")
 FORMAT = "losslens-trajectory/1"
 
 
-class TrainError(ValueError):
+class TrainError(LosslensError, ValueError):
     """Bad training config, or an output folder that holds a different run."""
 
 
