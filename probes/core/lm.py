@@ -2,7 +2,10 @@
 
 ``lm_loss(model, batch)`` is the mean next-token cross-entropy in nats over every target token of
 a ``[batch, seq]`` LongTensor: positions 0..seq-2 predict tokens 1..seq-1, so one batch holds
-``batch * (seq - 1)`` targets. It is a valid ``loss_fn`` for :class:`geometry.HessianOperator`.
+``batch * (seq - 1)`` targets. It is a valid ``loss_fn`` for :class:`geometry.HessianOperator`, and carries
+``lm_loss.batch_weight`` (= :func:`target_count`), so operators and surfaces over several batches
+weight each batch by its targets: their loss is the pooled token mean that :func:`evaluate` reports
+(docs/science.md §1).
 """
 from __future__ import annotations
 
@@ -64,6 +67,10 @@ def target_count(batch: torch.Tensor) -> int:
     return int(batch.shape[0] * (batch.shape[1] - 1))
 
 
+# the curvature operators and surfaces weight each batch by its targets (geometry.base.batches), as evaluate() does
+lm_loss.batch_weight = target_count
+
+
 @dataclass(frozen=True)
 class LossResult:
     """Loss (nats per target token) and perplexity of a model over a token set."""
@@ -93,7 +100,7 @@ def evaluate(model: nn.Module, batches: Iterable[torch.Tensor], progress: bool =
     with module_modes(model, training=False):
         for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
             check_batch(model, batch)
-            n = target_count(batch)
+            n = lm_loss.batch_weight(batch)  # the operators' default weight: one rule for both
             total += float(lm_loss(model, batch)) * n
             count += n
     loss = total / count

@@ -24,7 +24,7 @@ from torch import nn
 
 from geometry.operators.linear_ce import linear_cross_entropy, transient_bytes
 
-from .lm import lm_loss
+from .lm import lm_loss, target_count
 
 __all__ = ["lm_loss_lean", "lean_head_status", "split_head"]
 
@@ -76,6 +76,9 @@ def lm_loss_lean(model: nn.Module, batch: Any) -> torch.Tensor:
     trunk, head = split_head(model)
     hidden = trunk(input_ids=ids).last_hidden_state[:, :-1]
     return linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, ids[:, 1:].reshape(-1), head.bias)
+
+
+lm_loss_lean.batch_weight = target_count  # as lm_loss: batches weighted by their targets (the pooled token mean)
 
 
 def head_transient_bytes(model: nn.Module, batches: Any) -> int:
