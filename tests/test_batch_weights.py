@@ -102,3 +102,22 @@ def test_distributed_hessian_is_the_pooled_token_mean_hessian(setting, ranks, sc
             assert _rel(r["hv"], want) < 1e-8
     else:  # each rank holds its own columns
         assert _rel(sum(r["hv"] for r in results), want) < 1e-8
+
+
+def test_sharded_lm_hessian_leaves_zero_embedding_tokens_out(ranks):
+    """FSDP2 path of issue #35's zero-row exclusion: the row is found on the sharded embedding (every
+    rank agrees), the counts are summed over the ranks, and the products are those of the loss without
+    the token (a single-process reverse operator of the same loss, 1e-8)."""
+    from probes.core.lm import ExcludingLoss, lm_loss as probe_loss
+    from probes.models.fidelity import float64_fidelity
+
+    results = [res.get("ok") for res in ranks["fsdp-zero-row"]]
+    assert all(r is not None for r in results), [res.get("trace") for res in ranks["fsdp-zero-row"]]
+    model, batches = tokens_worker.zero_row_model(), tokens_worker.padded_batches()
+    for r in results:
+        assert r["found"] == (tokens_worker.PAD,)
+        assert r["excluded"]["positions"] == 5 and r["excluded"]["targets"] == 6
+    with float64_fidelity():
+        want = HessianOperator(model, ExcludingLoss(probe_loss, (tokens_worker.PAD,)), batches).matmat_flat(
+            tokens_worker.probes(sum(p.numel() for p in model.parameters())))
+    assert _rel(sum(r["hv"] for r in results), want) < 1e-8

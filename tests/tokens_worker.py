@@ -18,6 +18,26 @@ def unequal_batches() -> list[torch.Tensor]:
     return [random_batches(n_batches=1, batch=b, seq=s, seed=40 + i)[0] for i, (b, s) in enumerate(SHAPES)]
 
 
+PAD = 1
+
+
+def zero_row_model() -> torch.nn.Module:
+    """micro_llama (seed 1) with token PAD's input-embedding row zeroed."""
+    model = micro_llama(seed=1)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[PAD] = 0.0
+    return model
+
+
+def padded_batches() -> list[torch.Tensor]:
+    """:func:`unequal_batches` with token PAD at the end of the first row and inside the last batch
+    (5 positions; 6 targets left out)."""
+    out = [b.masked_fill(b == PAD, PAD + 1) for b in unequal_batches()]
+    out[0][0, -3:] = PAD
+    out[2][0, 4:6] = PAD
+    return out
+
+
 def probes(dim: int) -> torch.Tensor:
     """Fixed global vectors [K, dim] (float64)."""
     return torch.randn(K, dim, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
@@ -64,3 +84,14 @@ def run(rank: int, world: int, port: int, out: str) -> None:
             return {"hv": _global(op.matmat_flat(_local(probes(dim), op)), op), "weights": op.weights}
 
         record(out, "fsdp", rank, fsdp)
+        padded = shard_model(zero_row_model())
+
+        def fsdp_zero_row():  # sharded_lm_hessian finds the zero row shard by shard and leaves token PAD out
+            from probes.models.sharding import sharded_lm_hessian
+            from probes.models.zero_embeddings import zero_embedding_tokens
+
+            op = sharded_lm_hessian(padded, split_batches(padded_batches(), rank, world), richardson=True)
+            return {"hv": _global(op.matmat_flat(_local(probes(dim), op)), op), "excluded": op.excluded,
+                    "found": zero_embedding_tokens(padded)}
+
+        record(out, "fsdp-zero-row", rank, fsdp_zero_row)

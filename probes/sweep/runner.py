@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # torch is imported lazily so that `losslens --help` stays fa
     import torch
 
 from probes.core.workers import short_error as _short_error
+from probes.models.zero_embeddings import row_extra as _excluded
 
 from .plan import Plan, Task
 from .store import ProbeRow, metric
@@ -218,7 +219,7 @@ def _trace(st: CheckpointState, task: Task) -> ProbeRow:
     return ProbeRow(st_label(st), "trace", task.spec,
                     metrics=[metric("trace", est.value, est.stderr, est.ci_low, est.ci_high, converged=est.converged)],
                     extra={"method": est.method, "dim": op.dim, "rel_stderr": est.rel_stderr, "converged": bool(est.converged),
-                           "memory": est.memory},
+                           "memory": est.memory, **_excluded(op)},
                     n_hvp=int(est.num_matvecs), seed=o["seed"])
 
 
@@ -230,7 +231,8 @@ def _eigen(st: CheckpointState, task: Task) -> ProbeRow:
     return ProbeRow(st_label(st), "eigen", task.spec,
                     metrics=[metric(f"lambda_{i + 1}", v, converged=c) for i, (v, c) in enumerate(zip(res.values, res.converged))],
                     extra={"residuals": [float(x) for x in res.residuals], "converged": [bool(c) for c in res.converged],
-                           "iterations": int(res.iterations), "method": res.method, "memory": res.memory},
+                           "iterations": int(res.iterations), "method": res.method, "memory": res.memory,
+                           **_excluded(st.hessian())},
                     n_hvp=int(res.num_matvecs), seed=o["seed"])
 
 
