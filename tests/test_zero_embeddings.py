@@ -44,6 +44,7 @@ def test_difference_products_are_clean_with_a_zero_embedding_row_in_the_batch(fa
     # 4 padding positions; targets dropped: 3 (row 0 of batch 0) + 2 (before and after the inner one)
     assert op.excluded["zero_embedding_tokens"] == [pad] and op.excluded["positions"] == 4
     assert op.excluded["targets"] == 5 and op.weights == pytest.approx((15 / 31, 16 / 31), rel=1e-15)
+    assert row_extra(op) == {"excluded": op.excluded}  # what trace / eigen sweep rows carry
     with float64_fidelity():
         exact = HessianOperator(model, ExcludingLoss(lm_loss, (pad,)), batches)
         assert product_error(op, exact, 2, seed=0) <= 1e-8

@@ -95,3 +95,13 @@ def run(rank: int, world: int, port: int, out: str) -> None:
                     "found": zero_embedding_tokens(padded)}
 
         record(out, "fsdp-zero-row", rank, fsdp_zero_row)
+
+        def data_zero_row():  # lm_hessian, data-parallel: the counts summed over the ranks
+            from geometry.operators.parallel import DataParallel
+            from probes.models.curvature import lm_hessian
+
+            op = lm_hessian(zero_row_model(), split_batches(padded_batches(), rank, world), check=False,
+                            data_parallel=DataParallel())
+            return {"hv": op.matmat_flat(probes(dim)), "excluded": op.excluded}
+
+        record(out, "data-zero-row", rank, data_zero_row)
