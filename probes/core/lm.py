@@ -141,7 +141,8 @@ def evaluate(model: nn.Module, batches: Iterable[torch.Tensor], progress: bool =
 
     ``loss_fn``: :func:`lm_loss` or an :class:`ExcludingLoss` (then the mean is over its kept
     targets, each batch weighted by ``loss_fn.batch_weight``: the loss of a curvature operator built
-    with it, ``n_tokens`` its kept targets).
+    with it, ``n_tokens`` its kept targets); a loss without ``batch_weight`` is weighted by
+    :func:`target_count`.
 
     ``batches`` is a :class:`probes.data.TokenSet` or any iterable of [b, s] LongTensors. The model
     is put in eval mode for the call and every module's previous mode restored
@@ -158,7 +159,7 @@ def evaluate(model: nn.Module, batches: Iterable[torch.Tensor], progress: bool =
     with module_modes(model, training=False):
         for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
             check_batch(model, batch)
-            n = loss_fn.batch_weight(batch)  # the operators' default weight: one rule for both
+            n = getattr(loss_fn, "batch_weight", target_count)(batch)  # the operators' default weight: one rule
             total += float(loss_fn(model, batch)) * n
             count += n
     if count == 0:
