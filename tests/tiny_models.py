@@ -187,6 +187,9 @@ def lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
+lm_loss.batch_weight = lambda batch: batch.shape[0] * (batch.shape[1] - 1)  # as probes' lm_loss: its targets
+
+
 def sym_with_spectrum(eigs, seed: int = 0) -> torch.Tensor:
     """A random symmetric float64 matrix ``U diag(eigs) Uᵀ`` with exactly the spectrum ``eigs``
     (U from the QR of a seeded Gaussian matrix)."""

@@ -176,7 +176,8 @@ def join_data_parallel(op: Any, spec: Any, weights: Sequence[float] | None) -> D
     pg = spec if isinstance(spec, DataParallel) else DataParallel(None if spec is True else spec)
     pg.check_same({"dim": op.dim, "names": list(op.space.names), "dtype": str(op.param_dtype),
                    "backend": op.backend}, "the Hessian operator")
-    raw = pg.agree(lambda: raw_batch_weights(op.batches, weights, OperatorError), "checking the batch weights", op.device)
+    raw = pg.agree(lambda: raw_batch_weights(op.batches, weights, OperatorError, op.loss_fn), "checking the batch weights",
+                   op.device)
     op.weights = global_batch_weights(pg, op.batches, raw, op.device)
     if op.max_memory is None:
         op.max_memory = pg.min_int(default_budget(op.device), op.device)

@@ -12,7 +12,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from .interface import CurvatureOperator
+from .interface import CurvatureOperator, OperatorError
+from ..base.batches import normalise_batch_weights
 from ..base.params import ParamGlobs, ParamSpace, select_parameters
 
 
@@ -51,7 +52,9 @@ def exact_hessian(
 ) -> tuple[torch.Tensor, ParamSpace]:
     """Dense Hessian [dim, dim] of the weighted mean loss over ``batches``, row by row.
 
-    Weights default to 1 per batch (plain mean) unless given. Cost: one gradient plus ``dim``
+    Weights default to :func:`~geometry.base.batches.default_batch_weight` of each batch, as
+    :class:`~geometry.operators.hessian.HessianOperator`'s (``loss_fn.batch_weight`` when the loss
+    carries it, else the batch size), normalised. Cost: one gradient plus ``dim``
     second backwards per batch. Returns the matrix and the :class:`ParamSpace` fixing its order.
     Attention runs under the MATH SDPA backend so every op has a double-backward rule, and
     embeddings' ``padding_idx`` is cleared (:func:`geometry.operators.derivatives.true_derivatives`) so the
@@ -62,8 +65,7 @@ def exact_hessian(
 
     sel = select_parameters(model, params)
     space = ParamSpace.from_params(sel)
-    w = torch.ones(len(batches), dtype=torch.float64) if weights is None else torch.as_tensor(weights, dtype=torch.float64)
-    w = w / w.sum()
+    w = torch.as_tensor(normalise_batch_weights(list(batches), weights, OperatorError, loss_fn), dtype=torch.float64)
     H = torch.zeros(space.dim, space.dim, dtype=space.dtype, device=space.device)
     tensors = list(sel.values())
     with second_order_attention(), true_derivatives(model):

@@ -71,7 +71,7 @@ class HessianOperator(CurvatureOperator):
         params: ``None`` (every parameter with ``requires_grad``), a glob or a list of globs over
             parameter names (:func:`geometry.base.params.select_parameters`).
         weights: one non-negative weight per batch, normalised to sum 1; default
-            :func:`~geometry.base.batches.default_batch_weight` (the batch size, i.e. an example-weighted mean).
+            :func:`~geometry.base.batches.default_batch_weight` (``loss_fn.batch_weight``: tokens; else rows).
         backend: ``"reverse"`` (default), ``"forward"``, ``"difference"`` or ``"auto"`` (module docstring),
             or a backend object (:mod:`geometry.operators.backend`: ``ReverseBackend()``,
             ``DifferenceBackend(step, richardson, check_batches)``, ``AutoBackend(...)``, ...).
@@ -155,7 +155,7 @@ class HessianOperator(CurvatureOperator):
         self.model = model
         self.loss_fn = loss_fn
         self.batches = batches
-        self.weights = () if parallel else normalise_batch_weights(batches, weights, OperatorError)
+        self.weights = () if parallel else normalise_batch_weights(batches, weights, OperatorError, loss_fn)
         self.product_backend: ProductBackend = ReverseBackend() if isinstance(chosen, AutoBackend) else chosen
         self.chunk_size = chunk_size
         self.progress = progress

@@ -16,7 +16,8 @@ backend with *global* ‖θ‖, ‖v‖₂, ‖v‖₄ and n (all-reduced), so t
 difference product up to the order of floating-point summation.
 
 Batches and weights. FSDP2 averages gradients uniformly over the ranks, while the operator weights
-batches by their tokens (rows): each rank scales its loss by ``w_b · N``, so the reduce-scatter's
+batches by their loss terms (``loss_fn.batch_weight``, e.g. the predicted tokens of ``lm_loss``; rows
+for a loss without it: :mod:`geometry.base.batches`): each rank scales its loss by ``w_b · N``, so the reduce-scatter's
 mean is ``Σ_r Σ_b w_b ∇L_b`` whatever the split. Every backward is a collective, so the ranks run
 the same number of rounds: a rank with fewer batches runs zero-weighted passes of its first batch
 (the cost of an uneven split).
@@ -82,7 +83,8 @@ class ShardedHessianOperator(CurvatureOperator):
         model: a module whose trainable parameters are FSDP2 ``DTensor`` s (``fully_shard``).
         loss_fn: ``loss_fn(model, batch) -> scalar`` mean loss of the batch.
         batches: this rank's curvature batches (at least one per rank).
-        weights: this rank's raw batch weights (default: rows of each batch), normalised over all ranks.
+        weights: this rank's raw batch weights (default: ``loss_fn.batch_weight`` of each batch when the
+            loss carries it, else its rows), normalised over all ranks.
         max_memory: default budget of the estimators (bytes or ``"8GB"``; None: the smallest default
             budget over the ranks).
         difference_step: the relative step h (default :func:`~geometry.operators.difference.relative_step`
@@ -116,7 +118,7 @@ class ShardedHessianOperator(CurvatureOperator):
                                   "global_dim": self.global_dim}, "the sharded Hessian operator")
         self.layout = self._layout()
         self._dim = self.parallel.max_int(self.local_dim, self._device)
-        raw = self.parallel.agree(lambda: raw_batch_weights(self.batches, weights, OperatorError), "checking the batch weights",
+        raw = self.parallel.agree(lambda: raw_batch_weights(self.batches, weights, OperatorError, loss_fn), "checking the batch weights",
                                   self._device)
         self.weights = global_batch_weights(self.parallel, self.batches, raw, self._device)
         self.rounds = self.parallel.max_int(len(self.batches), self._device)

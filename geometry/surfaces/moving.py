@@ -153,7 +153,7 @@ def concat_batches(batches: list, w: list[float], merge: bool | int, weights) ->
     if merge is None or merge is False or (merge is not True and int(merge) == 1) or len(batches) == 1:
         return batches, w
     if weights is not None:
-        raise SurfaceError("merge_batches needs the default batch-size weights (weights=None)")
+        raise SurfaceError("merge_batches needs the default batch weights (weights=None)")
     if not all(isinstance(b, torch.Tensor) and b.ndim >= 1 for b in batches):
         raise SurfaceError("merge_batches needs tensor batches (e.g. [b, s] token ids)")
     if len({(tuple(b.shape[1:]), b.dtype, b.device) for b in batches}) != 1:

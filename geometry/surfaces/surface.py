@@ -249,8 +249,9 @@ def evaluate_surface(
         model at those weights to float rounding of origin + x·e₁ + y·e₂.
     progress : tqdm progress bar over the points.
     checkpoint_path : ``.npz`` file to which finished rows are written; a rerun resumes there.
-    weights : per-batch weights of the mean (default: batch size ``len(batch)``, normalised --
-        equal to the token-weighted mean for equal-shaped LM batches).
+    weights : per-batch weights of the mean, normalised (default: ``loss_fn.batch_weight(batch)``
+        when the loss carries it -- the predicted tokens of :func:`probes.core.lm.lm_loss`, so the
+        pooled token mean --, else the batch size ``len(batch)``: :mod:`geometry.base.batches`).
     points_per_forward : grid points per vmapped forward (see module docstring; default 1).
     merge_batches : ``True`` concatenates all batches (``k``: groups of k) along dim 0 into one
         forward per grid node -- fewer, larger forwards (faster on CPU for small batches; measured in
@@ -280,7 +281,7 @@ def evaluate_surface(
     batches = list(batches)
     if not batches:
         raise SurfaceError("no batches: the loss needs at least one batch")
-    w = list(normalise_batch_weights(batches, weights, SurfaceError))
+    w = list(normalise_batch_weights(batches, weights, SurfaceError, loss_fn))
     grid_batches, grid_w = concat_batches(batches, w, merge_batches, weights)
     x, y = _grid_axes(grid, plane)
     nx, ny = len(x), len(y)

@@ -1,7 +1,8 @@
 """The pieces every room of probes uses; imports no other room of probes (only geometry).
 
 - :mod:`.lm`       -- :func:`lm_loss` (mean next-token cross-entropy, nats), :func:`evaluate`
-  (loss and perplexity over a token set), :func:`check_batch`;
+  (loss and perplexity over a token set), :func:`check_batch`, :class:`ExcludingLoss` (the loss
+  without some token ids, as inputs and targets);
 - :mod:`.tokenset` -- :class:`TokenSet`: a fixed [n_batches, batch, seq] set of token ids, hashed,
   saved as safetensors (built from text in :mod:`probes.data`);
 - :mod:`.modules`  -- :func:`find_blocks` (the decoder blocks) and :func:`select_linears` (the
@@ -12,11 +13,11 @@
 - :mod:`.workers`  -- :class:`WorkerPool` (jobs in N fresh worker processes, results streamed back)
   and :func:`short_error` (an exception as one line).
 """
-from .lm import LossError, LossResult, check_batch, evaluate, lm_loss
+from .lm import ExcludingLoss, LossError, LossResult, check_batch, evaluate, lm_loss
 from .modules import ModuleSelectionError, find_blocks, select_linears
 from .numerics import rel_error
 from .threads import torch_threads
 from .tokenset import TokenSet, TokenSetError
 
-__all__ = ["lm_loss", "evaluate", "check_batch", "LossResult", "LossError", "TokenSet", "TokenSetError",
-           "find_blocks", "select_linears", "ModuleSelectionError", "rel_error", "torch_threads"]
+__all__ = ["lm_loss", "evaluate", "check_batch", "ExcludingLoss", "LossResult", "LossError", "TokenSet",
+           "TokenSetError", "find_blocks", "select_linears", "ModuleSelectionError", "rel_error", "torch_threads"]

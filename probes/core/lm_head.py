@@ -17,14 +17,14 @@ backend uses :func:`~probes.core.lm.lm_loss`.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
 from geometry.operators.linear_ce import linear_cross_entropy, transient_bytes
 
-from .lm import lm_loss
+from .lm import kept_tokens, lm_loss, target_count
 
 __all__ = ["lm_loss_lean", "lean_head_status", "split_head"]
 
@@ -62,20 +62,33 @@ def lean_head_status(model: nn.Module) -> str | None:
     return _STATUS.get(model)
 
 
-def lm_loss_lean(model: nn.Module, batch: Any) -> torch.Tensor:
+def lm_loss_lean(model: nn.Module, batch: Any, exclude: Sequence[int] = ()) -> torch.Tensor:
     """Mean next-token cross-entropy (nats) of ``model`` on ``batch`` [b, s], as :func:`lm_loss`
-    defines it (half-precision logits taken in float32), through the closed-form chunked head.
-    Memory of its double-backward graph: no ``[tokens, vocab]`` tensor beyond one chunk."""
+    defines it (half-precision logits taken in float32; ``exclude`` as there), through the
+    closed-form chunked head. Memory of its double-backward graph: no ``[tokens, vocab]`` tensor
+    beyond one chunk."""
     device = next(model.parameters()).device
     ids = batch.to(device=device, dtype=torch.long)
     status = _STATUS.get(model)
     if status is None:
         status = _STATUS[model] = _verify(model, ids)
     if status != "lean":
-        return lm_loss(model, batch)
+        return lm_loss(model, batch, exclude=exclude)
     trunk, head = split_head(model)
-    hidden = trunk(input_ids=ids).last_hidden_state[:, :-1]
-    return linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, ids[:, 1:].reshape(-1), head.bias)
+    if not exclude:
+        hidden = trunk(input_ids=ids).last_hidden_state[:, :-1]
+        targets = ids[:, 1:].reshape(-1)
+        return linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, targets, head.bias)
+    keep = kept_tokens(ids, exclude)
+    hidden = trunk(input_ids=ids, attention_mask=keep.long()).last_hidden_state[:, :-1]
+    valid = (keep[:, :-1] & keep[:, 1:]).reshape(-1)
+    if not bool(valid.any()):  # nothing counted: a zero that keeps the graph
+        return hidden.sum() * 0.0
+    return linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1])[valid], head.weight, ids[:, 1:].reshape(-1)[valid],
+                                head.bias)
+
+
+lm_loss_lean.batch_weight = target_count  # as lm_loss: batches weighted by their targets (the pooled token mean)
 
 
 def head_transient_bytes(model: nn.Module, batches: Any) -> int:

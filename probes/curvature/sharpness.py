@@ -53,7 +53,9 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     same estimators; products are all-reduced (:mod:`geometry.operators.data_parallel`), so the numbers
     are one process's over all batches; every rank returns the same dict. ``parallel="fsdp"``:
     every rank holds 1/N of θ and of every vector (:mod:`geometry.operators.sharded`, gradient
-    differences whatever ``backend`` says: the result records ``backend="difference"``).
+    differences whatever ``backend`` says: the result records ``backend="difference"``). Tokens
+    whose input-embedding row is zero (padding) are left out of the loss; ``excluded`` records which
+    and how many positions and targets (:mod:`probes.models.zero_embeddings`).
     """
     from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
     from probes.checkpoints.locate import checkpoint_trajectory
@@ -158,6 +160,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
                      "batches_per_rank": pg.gather_objects(len(batches)) if pg else [len(batches)],
                      **({"elements_per_rank": pg.gather_objects(op.local_dim)} if parallel == "fsdp" else {})},
         "backend": op.backend, "hvp_check": op.checked(), "backend_choice": op.backend_choice,
+        "excluded": getattr(op, "excluded", None),  # zero-embedding tokens left out (probes.models.zero_embeddings)
     }
 
 

@@ -29,9 +29,10 @@ from geometry.estimators.trace import estimate_memory as trace_memory
 from geometry.estimators.trace import plan_probe_blocks
 from geometry.base.params import literal_glob
 from geometry.base.results import DirectionParts, TraceEstimate
-from probes.core.lm import evaluate
+from probes.core.lm import evaluate, lm_loss
 from probes.core.modules import select_linears
 from probes.models.curvature import lm_hessian
+from probes.models.zero_embeddings import curvature_loss
 from probes.quant import quantize
 
 from .blocks import block_members, glob_groups
@@ -177,7 +178,8 @@ def measure_direction(model: nn.Module, spec, curvature, calibration=None, modul
     plan_curvature(model, curvature, modules, within, max_memory, plan_trace, backend)
     with _grad_enabled(model):
         delta, qm = quantized_direction(model, spec, calibration, modules)
-        q_loss = evaluate(qm.model, list(curvature)).loss
+        # on the loss the curvature operator takes (zero-embedding tokens of θ left out, probes.models.zero_embeddings)
+        q_loss = evaluate(qm.model, list(curvature), loss_fn=curvature_loss(lm_loss, model)).loss
         canonical, errors, quant_seconds = str(qm.spec), {k: float(v) for k, v in qm.layer_errors.items()}, float(qm.seconds)
         del qm  # the quantized copy goes before the curvature's memory plan
         op = direction_operator(model, list(delta), curvature, max_memory=max_memory, backend=backend)

@@ -8,6 +8,8 @@
 - :mod:`.oracles`      -- :class:`~.oracles.LossOracle`: vᵀHv, uᵀHv and Hessian blocks from loss values only
   (Richardson second differences in float64, no autograd), and :func:`~.oracles.float64_everywhere`;
 - :mod:`.curvature`    -- :func:`lm_hessian`: the checked :class:`geometry.HessianOperator` of the LM loss;
+- :mod:`.zero_embeddings` -- :func:`~.zero_embeddings.zero_embedding_tokens`: tokens whose input-embedding
+  row is zero (padding), left out of every curvature loss (the first normalisation is singular there);
 - :mod:`.weights`      -- :func:`weight_kurtosis`: excess kurtosis of the quantized weight matrices.
 
 Loading checkpoints is :mod:`probes.checkpoints`; finding blocks and linears is :mod:`probes.core.modules`.

@@ -22,11 +22,12 @@ from geometry.operators.names import backend_named
 from geometry.operators.data_parallel import DataParallel
 from geometry.operators.hessian import HessianOperator
 from geometry.operators.reverse import ReverseBackend
-from probes.core.lm import lm_loss
+from probes.core.lm import ExcludingLoss, lm_loss
 from probes.core.lm_head import head_transient_bytes, lm_loss_lean
 
 from .fidelity import with_float64_fidelity
 from .second_order import SecondOrderError, ensure_second_order
+from .zero_embeddings import curvature_loss, exclusion_record, zero_embedding_tokens
 
 
 def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, backend: str = "reverse",
@@ -50,8 +51,13 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     backend when its measured error is within ``difference_tolerance``. With either, a float64
     model's loss runs under :func:`~probes.models.fidelity.float64_fidelity` (HF's float32 norms and
     softmax in float64), so the float64 step measures the method, not float32 rounding.
+
+    Tokens whose input-embedding row is zero (padding) are left out of the loss as inputs and
+    targets, with every backend (:mod:`probes.models.zero_embeddings`: the first normalisation is
+    singular there); ``op.excluded`` records which and how many (summed over the ranks).
     """
     batches = list(batches)
+    exclude = zero_embedding_tokens(model)  # left out of the loss, the second-order check's included
     chosen = backend_named(backend)  # an unknown name raises here, before any work
     auto = isinstance(chosen, AutoBackend)
     if (auto or not chosen.exact) and batches:
@@ -63,7 +69,8 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
 
         def second_order() -> str:
             try:
-                return ensure_second_order(model, probe, backend=exact.name, params=params)
+                return ensure_second_order(model, probe, backend=exact.name, params=params,
+                                           loss_fn=curvature_loss(lm_loss, model, exclude))
             except SecondOrderError:
                 if not auto:
                     raise
@@ -78,20 +85,24 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     lean = lean_head and isinstance(chosen, ReverseBackend)  # the lean head's derivatives are reverse-mode only
     if lean:
         kwargs.setdefault("loss_transient_bytes", head_transient_bytes(model, batches))
-    loss_fn = lm_loss_lean if lean else lm_loss
+    loss_fn = curvature_loss(lm_loss_lean if lean else lm_loss, model, exclude)  # zero-embedding tokens left out
     if auto or not chosen.exact:  # a float64 model's float32 islands would swamp the float64-sized step
         loss_fn = with_float64_fidelity(loss_fn, model)
     op = HessianOperator(model, loss_fn, batches, params=params, backend=backend, **kwargs)
+    op.excluded = exclusion_record(ExcludingLoss(lm_loss, exclude), batches, op.parallel)
     if not op.product_backend.exact and batches and op.checked()["rel_error"] is None:
-        op.hvp_check = {**op.hvp_check, **miniature_bound(model, op.check_batches or [batches[0][:2, :32]])}
+        bound = miniature_bound(model, op.check_batches or [batches[0][:2, :32]], exclude=exclude)
+        op.hvp_check = {**op.hvp_check, **bound}
     return op
 
 
-def miniature_bound(model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0) -> dict:
+def miniature_bound(model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0,
+                    exclude: Sequence[int] = ()) -> dict:
     """The difference backend's error where no exact product can run on the model itself: on a
     miniature of the architecture (:func:`~probes.models.miniature.miniature`, same class and config
     pattern) in the model's dtype, against the exact reverse products of its float64 copy (HF's
-    float32 islands in float64, :func:`~probes.models.fidelity.float64_fidelity`), on ``batches``.
+    float32 islands in float64, :func:`~probes.models.fidelity.float64_fidelity`), on ``batches``,
+    with the tokens ``exclude`` and the miniature's own zero-embedding tokens left out of the loss.
     Returns ``{"rel_error", "reference"}`` (rel_error None when no miniature can be built). Cost: a
     miniature (~10⁴–10⁶ parameters) and 2 products of each backend on the check batches."""
     import copy
@@ -106,9 +117,10 @@ def miniature_bound(model: nn.Module, batches: Sequence[torch.Tensor], seed: int
     if mini is None:
         return {"rel_error": None, "reference": "unavailable: no exact product on the model and no miniature of it"}
     exact = copy.deepcopy(mini).double()
+    loss_fn = curvature_loss(lm_loss, mini, sorted(set(exclude) | set(zero_embedding_tokens(mini))))
     with float64_fidelity():
-        ref = HessianOperator(exact, lm_loss, list(batches))
-        error = product_error(HessianOperator(mini, lm_loss, list(batches), backend="difference"), ref, 2, seed)
+        ref = HessianOperator(exact, loss_fn, list(batches))
+        error = product_error(HessianOperator(mini, loss_fn, list(batches), backend="difference"), ref, 2, seed)
     name = str(dtype).replace("torch.", "")
     return {"rel_error": error, "reference": f"bound on a {name} miniature of {type(model).__name__} "
             f"({sum(p.numel() for p in mini.parameters())} parameters) against its float64 reverse products "

@@ -61,6 +61,8 @@ class FidelityLoss:
     def __init__(self, loss_fn):
         self.loss_fn = loss_fn
         self.__name__ = getattr(loss_fn, "__name__", "loss_fn")
+        if callable(getattr(loss_fn, "batch_weight", None)):  # the batch weights of the loss it wraps
+            self.batch_weight = loss_fn.batch_weight
 
     def __call__(self, model, batch):
         with float64_fidelity():

@@ -98,7 +98,8 @@ class LossOracle:
         loss_fn: ``loss_fn(model, batch) -> scalar`` (mean loss of the batch).
         batches: the batches; floating tensors in them are converted to float64.
         params: globs of the parameters (flat vectors follow their order; default all trainable).
-        weights: batch weights (default: batch sizes, as :class:`HessianOperator`), normalised.
+        weights: batch weights (default: ``loss_fn.batch_weight`` of each batch when the loss carries it,
+            else batch sizes, as :class:`HessianOperator`), normalised.
         step: largest step h along a unit vector; ``levels`` halvings after it (Richardson order 2·levels+2).
         exact64: evaluate inside :func:`float64_everywhere`.
     """
@@ -115,7 +116,7 @@ class LossOracle:
         self.space = ParamSpace.from_params(self.params)
         self.loss_fn = loss_fn
         self.batches = [_to64(b) for b in batches]
-        self.weights = normalise_batch_weights(list(batches), weights, ValueError)
+        self.weights = normalise_batch_weights(list(batches), weights, ValueError, loss_fn)
         self.step, self.levels, self.exact64 = float(step), int(levels), exact64
         self.origin = {n: p.detach().clone() for n, p in self.params.items()}
         self.num_losses = 0

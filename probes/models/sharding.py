@@ -24,6 +24,7 @@ from geometry.operators.sharded import ShardedHessianOperator
 from probes.core.lm import lm_loss
 from probes.core.modules import find_blocks
 from .fidelity import with_float64_fidelity
+from .zero_embeddings import curvature_loss, exclusion_record
 
 
 class ShardingError(LosslensError, ValueError):
@@ -58,10 +59,13 @@ def sharded_lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], max_me
     """The sharded Hessian of the mean LM loss over this rank's ``batches`` ([b, s] token tensors) of
     an FSDP2 model (:func:`shard_model`). ``hvp_check``: the difference backend's measured error on
     the unsharded architecture, recorded as ``op.hvp_check``. Extra keywords go to the operator
-    (``difference_step``, ``richardson``)."""
-    loss_fn = with_float64_fidelity(lm_loss, model)  # as lm_hessian's difference backend
-    op = ShardedHessianOperator(model, loss_fn, list(batches), max_memory=max_memory, **kwargs)
+    (``difference_step``, ``richardson``). Tokens whose input-embedding row is zero are left out of
+    the loss as in :func:`probes.models.curvature.lm_hessian` (``op.excluded`` records them)."""
+    loss_fn = curvature_loss(lm_loss, model)  # zero-embedding tokens left out, as lm_hessian (a collective)
+    op = ShardedHessianOperator(model, with_float64_fidelity(loss_fn, model), list(batches), max_memory=max_memory,
+                                **kwargs)  # float64 fidelity: as lm_hessian's difference backend
     op.hvp_check = hvp_check
+    op.excluded = exclusion_record(loss_fn, list(batches), op.parallel)
     return op
 
 

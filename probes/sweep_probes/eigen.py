@@ -47,6 +47,7 @@ def tasks(plan) -> list:
 
 def run(st, task) -> ProbeRow:
     from geometry.estimators.eigen import top_eigenvalues
+    from probes.models.zero_embeddings import row_extra as excluded
 
     o = task.opts
     res = top_eigenvalues(st.hessian(), k=o["k"], method=o["method"], tol=o["tol"], max_iter=o["max_iter"],
@@ -56,7 +57,8 @@ def run(st, task) -> ProbeRow:
                              for i, (v, c) in enumerate(zip(res.values, res.converged))],
                     extra={"residuals": [float(x) for x in res.residuals],
                            "converged": [bool(c) for c in res.converged],
-                           "iterations": int(res.iterations), "method": res.method, "memory": res.memory},
+                           "iterations": int(res.iterations), "method": res.method, "memory": res.memory,
+                           **excluded(st.hessian())},
                     n_hvp=int(res.num_matvecs), seed=o["seed"])
 
 

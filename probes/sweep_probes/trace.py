@@ -40,6 +40,7 @@ def tasks(plan) -> list:
 
 def run(st, task) -> ProbeRow:
     from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
+    from probes.models.zero_embeddings import row_extra as excluded
 
     o = task.opts
     op = st.hessian()
@@ -51,7 +52,7 @@ def run(st, task) -> ProbeRow:
     return ProbeRow(st.label, "trace", task.spec,
                     metrics=[metric("trace", est.value, est.stderr, est.ci_low, est.ci_high, converged=est.converged)],
                     extra={"method": est.method, "dim": op.dim, "rel_stderr": est.rel_stderr,
-                           "converged": bool(est.converged), "memory": est.memory},
+                           "converged": bool(est.converged), "memory": est.memory, **excluded(op)},
                     n_hvp=int(est.num_matvecs), seed=o["seed"])
 
 
