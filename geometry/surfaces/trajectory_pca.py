@@ -36,7 +36,8 @@ import torch
 
 from ..base.params import ParamGlobs, iter_names
 from ..memory.model import MemoryEstimate, first_fitting, resolve_budget
-from .planes import Plane, PlaneError, _filter_normalize_
+from .planes import Plane, PlaneError
+from .random_planes import _filter_normalize_
 from .sources import PointSource, as_source, chunk_rows, row_count
 
 __all__ = ["TrajectoryPCA", "ProjectedPoint", "TrajectoryPCAError", "trajectory_pca", "estimate_memory"]
