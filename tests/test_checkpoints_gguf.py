@@ -12,11 +12,11 @@ import torch
 
 pytest.importorskip("gguf")
 
-from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint  # noqa: E402
-from probes.core.lm import lm_loss  # noqa: E402
-from probes.quant import quantize  # noqa: E402
-from probes.quant.ggml import gguf_quantize  # noqa: E402
-from tests.gguf_files import train_tiny_llama, write_gguf  # noqa: E402
+from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
+from probes.core.lm import lm_loss
+from probes.quant import quantize
+from probes.quant.ggml import gguf_quantize
+from tests.gguf_files import train_tiny_llama, write_gguf
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 gguf = pytest.importorskip("gguf")
-from gguf import GGMLQuantizationType as T  # noqa: E402
+from gguf import GGMLQuantizationType as T
 
-from probes.quant import QuantizeError, quantize  # noqa: E402
-from probes.quant.formats import GGUF_TYPES  # noqa: E402
-from probes.quant.ggml import TYPES, gguf_quantize  # noqa: E402
-from tests.ggml_transcription import quantize_row_q4_k  # noqa: E402
+from probes.quant import QuantizeError, quantize
+from probes.quant.formats import GGUF_TYPES
+from probes.quant.ggml import TYPES, gguf_quantize
+from tests.ggml_transcription import quantize_row_q4_k
 
 LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 SEEDS = (0, 1, 2)

@@ -23,12 +23,12 @@ from pathlib import Path
 
 from .errors import CheckpointError
 
-__all__ = ["is_gguf", "gguf_checkpoint_folder", "gguf_in_folder", "gguf_cache_root"]
+__all__ = ["gguf_cache_root", "gguf_checkpoint_folder", "gguf_in_folder", "is_gguf"]
 
 SUFFIX = ".gguf"
 
 
-def is_gguf(path: "str | Path") -> bool:
+def is_gguf(path: str | Path) -> bool:
     """True for an existing file whose name ends in ``.gguf``."""
     p = Path(path)
     return p.suffix.lower() == SUFFIX and p.is_file()
@@ -43,7 +43,7 @@ def gguf_cache_root() -> Path:
     return Path(env).expanduser() / "gguf" if env else Path.home() / ".cache" / "losslens" / "gguf"
 
 
-def gguf_in_folder(folder: "str | Path") -> Path | None:
+def gguf_in_folder(folder: str | Path) -> Path | None:
     """The one ``.gguf`` file of a folder that has no config.json (a GGUF hub snapshot), else None.
 
     Raises :class:`CheckpointError` when several ``.gguf`` files are there (name the file instead)."""
@@ -62,7 +62,7 @@ def _key(path: Path) -> str:
     return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
-def gguf_checkpoint_folder(path: "str | Path") -> Path:
+def gguf_checkpoint_folder(path: str | Path) -> Path:
     """The dequantized checkpoint folder of the GGUF file ``path`` (written on first use; see the module docstring).
 
     Raises:
@@ -85,7 +85,9 @@ def gguf_checkpoint_folder(path: "str | Path") -> Path:
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as exc:  # unsupported architecture, truncated file, not GGUF ...
-        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+        from transformers.modeling_gguf_pytorch_utils import (
+            GGUF_SUPPORTED_ARCHITECTURES,
+        )
 
         raise CheckpointError(f"transformers cannot load the GGUF file {path}: {str(exc).strip().splitlines()[0]} "
                               f"(architectures it reads: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))})") from exc

@@ -28,13 +28,10 @@ from __future__ import annotations
 import torch
 
 from .errors import QuantizeError
+from .ggml_kquants import fp16 as _fp16
+from .ggml_kquants import q4_k
 
 BLOCK = 32
-
-
-def _fp16(x: torch.Tensor) -> torch.Tensor:
-    """float32 → fp16 (round to nearest even) → float32: ggml's GGML_FP32_TO_FP16 then back."""
-    return x.to(torch.float16).to(torch.float32)
 
 
 def _inverse(d: torch.Tensor) -> torch.Tensor:
@@ -86,12 +83,6 @@ def q8_0(x: torch.Tensor) -> torch.Tensor:
     return _fp16(d) * _roundf(x * _inverse(d))
 
 
-def _q4_k(x: torch.Tensor) -> torch.Tensor:
-    from .ggml_kquants import q4_k
-
-    return q4_k(x)
-
-
 #: type name → (block size, nominal bits, quantize→dequantize of [n_blocks, block] float32 blocks)
 TYPES = {
     "Q4_0": (BLOCK, 4, q4_0),
@@ -99,7 +90,7 @@ TYPES = {
     "Q5_0": (BLOCK, 5, q5_0),
     "Q5_1": (BLOCK, 5, q5_1),
     "Q8_0": (BLOCK, 8, q8_0),
-    "Q4_K": (256, 4, _q4_k),
+    "Q4_K": (256, 4, q4_k),
 }
 #: llama-quantize's fallback for tensors whose rows are not a multiple of a k-quant's 256
 FALLBACK = {"Q4_K": "Q5_0"}

@@ -29,11 +29,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .ggml import _fp16
-
 QK_K = 256
 SUB = 32
 _F = np.float32
+
+
+def fp16(x: torch.Tensor) -> torch.Tensor:
+    """float32 → fp16 (round to nearest even) → float32: ggml's GGML_FP32_TO_FP16 and back."""
+    return x.to(torch.float16).to(torch.float32)
 
 
 def _seq_sum(t: torch.Tensor) -> torch.Tensor:
@@ -108,7 +111,7 @@ def q4_k_codes(x: torch.Tensor) -> dict[str, torch.Tensor]:
     max_scale = torch.clamp(scales.amax(dim=1), min=0.0)
     max_min = torch.clamp(mins.amax(dim=1), min=0.0)
     sc, m = _six_bit(scales, max_scale), _six_bit(mins, max_min)
-    d, dmin = _fp16(max_scale / 63.0), _fp16(max_min / 63.0)
+    d, dmin = fp16(max_scale / 63.0), fp16(max_min / 63.0)
     dj = (d[:, None] * sc).reshape(n * 8, 1)
     dm = (dmin[:, None] * m).reshape(n * 8, 1)
     q = _clamp_round((sub + dm) / torch.where(dj == 0, torch.ones_like(dj), dj), 15)

@@ -47,7 +47,7 @@ class Minifloat:
     @property
     def emax(self) -> int:
         """Exponent of the largest finite number, floor(log2 max) (the OCP MX ``emax_elem``)."""
-        return int(math.floor(math.log2(self.max_value)))
+        return math.floor(math.log2(self.max_value))
 
 
 E4M3 = Minifloat("e4m3", 4, 3, 7, 448.0)
