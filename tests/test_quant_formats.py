@@ -230,3 +230,17 @@ def test_every_format_runs_through_quantize():
     notes = {r.name: r.notes for r in quantize(model, "gguf:Q4_K").report}
     assert "Q5_0" in notes["gpt_neox.layers.0.attention.query_key_value"][0]  # in_features 64: llama.cpp's fallback
     assert notes["gpt_neox.layers.0.mlp.dense_4h_to_h"] == ()  # in_features 256: real Q4_K
+
+
+def test_sweep_plans_and_the_explain_probe_take_the_new_specs():
+    from probes.explain import explain_specs
+    from probes.sweep.plan import canonical_spec
+
+    assert canonical_spec("GGUF:q4_k") == "gguf:Q4_K" and canonical_spec("had2+mxfp4") == "had2+mxfp4"
+    model = tiny()
+    ids = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(3))
+    exps = explain_specs(model, ["mxfp4", "had+gguf:Q4_0"], [ids], trace_matvecs=4)
+    assert [e.spec for e in exps] == ["mxfp4", "had+gguf:Q4_0"]
+    for e in exps:
+        assert all(0 < v < 0.3 for v in e.layer_errors.values())
+        assert e.factors.norm2 > 0
