@@ -244,3 +244,20 @@ def test_sweep_plans_and_the_explain_probe_take_the_new_specs():
     for e in exps:
         assert all(0 < v < 0.3 for v in e.layer_errors.values())
         assert e.factors.norm2 > 0
+
+
+def test_had_wraps_calibrated_quantizers_on_rotated_inputs():
+    from probes.core.lm import lm_loss
+
+    model = tiny()
+    g = torch.Generator().manual_seed(4)
+    cal = torch.randint(0, 96, (2, 8, 32), generator=g)
+    ids = torch.randint(0, 96, (4, 32), generator=g)
+    with torch.no_grad():
+        base = lm_loss(model, ids).item()
+        for spec in ("had+gptq:4:g32", "had+awq:4:g32"):
+            qm = quantize(model, spec, calibration=cal)
+            assert all(r.notes and "Hadamard" in r.notes[0] for r in qm.report), spec
+            assert abs(lm_loss(qm.model, ids).item() - base) < 0.05 * base, spec
+    for name, lin in qm.model.named_modules():  # no rotation hook is left behind
+        assert not getattr(lin, "_forward_pre_hooks", {}), name
