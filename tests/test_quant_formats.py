@@ -261,3 +261,13 @@ def test_had_wraps_calibrated_quantizers_on_rotated_inputs():
             assert abs(lm_loss(qm.model, ids).item() - base) < 0.05 * base, spec
     for name, lin in qm.model.named_modules():  # no rotation hook is left behind
         assert not getattr(lin, "_forward_pre_hooks", {}), name
+
+
+def test_had_refuses_a_tied_weight():
+    from probes.core.modules import select_linears
+    from probes.quant.hadamard import rotated_inputs
+
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 10, bias=False))
+    model[1].weight = model[0].weight
+    with pytest.raises(QuantizeError, match="tied"), rotated_inputs(model, select_linears(model, "1")):
+        pass

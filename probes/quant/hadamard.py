@@ -19,6 +19,9 @@ in_features uses the same R (one seed per spec), so linears that read one input 
 still share it: calibration-based quantizers (GPTQ, AWQ) see the rotated inputs through the online
 rotation hook, which returns the *same* rotated tensor to all readers of one input.
 
+The rotated weight W R is held in the weight's own dtype while SPEC runs (for bfloat16 weights one
+extra rounding before Q). A weight shared with another module (tied embeddings) is refused.
+
 Cost: O(n log b) per rotated row (fast Walsh–Hadamard transform), no n×n matrix is formed; memory
 one rotated copy of the most recent input per distinct in_features.
 """
@@ -86,6 +89,14 @@ def rotated_inputs(model: nn.Module, linears: dict[str, nn.Linear], seed: int = 
     On exit the hooks go and each weight becomes W' Rᵀ, W' being whatever the linear holds then (its
     quantized W R), so the model is an ordinary model again. Yields {name: note} describing each rotation.
     """
+    owners: dict[int, int] = {}
+    for mod in model.modules():
+        for p in mod.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    tied = [name for name, lin in linears.items() if owners.get(id(lin.weight), 0) > 1]
+    if tied:
+        raise QuantizeError(f"had+ cannot rotate {', '.join(tied)}: the weight is shared with another module (tied "
+                            "embeddings), which would be rotated too; exclude it with modules=...")
     rotations: dict[int, Rotation] = {}
     for lin in linears.values():
         if lin.in_features not in rotations:
