@@ -40,7 +40,7 @@ def _inverse(d: torch.Tensor) -> torch.Tensor:
 
 
 def _signed_absmax(x: torch.Tensor) -> torch.Tensor:
-    """The element of largest |x| per row (its sign kept; the first one on ties), [n, 1]."""
+    """The element of largest abs(x) per row (its sign kept; the first one on ties), [n, 1]."""
     return torch.gather(x, 1, x.abs().argmax(dim=1, keepdim=True))
 
 

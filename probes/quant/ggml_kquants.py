@@ -5,7 +5,7 @@ index sc_j and a 6-bit min index m_j, and two fp16 super-scales d and dmin; a va
 x̂ = (fp16(d)·sc_j)·q − fp16(dmin)·m_j with q in 0..15 (docs/science.md §3c). The reference picks
 them in three steps, reproduced here operation by operation in float32:
 
-1. per sub-block, weights w_l = sqrt(Σ x²/32) + |x_l| and ggml's ``make_qkx2_quants(32, 15, x, w,
+1. per sub-block, weights w_l = sqrt(Σ x²/32) + abs(x_l) and ggml's ``make_qkx2_quants(32, 15, x, w,
    rmin=−1, rdelta=0.1, nstep=20)``: min := min(min x, 0); start from the grid
    (max − min)/15 and try the 21 inverse scales (15 − 1 + 0.1·i)/(max − min), i = 0..20; for each,
    q = clamp(nearest(iscale·(x − min)), 0, 15), then the weighted least-squares scale and offset
