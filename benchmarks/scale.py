@@ -75,7 +75,7 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     from geometry.surfaces.grid import GridSpec
     from geometry.surfaces.moving import estimate_memory as surface_memory
     from geometry.surfaces.moving import planned_forward_bytes
-    from geometry.estimators.trace import block_traces
+    from geometry.estimators.blocks import block_traces
     from geometry.memory.graphs import peak_new_bytes
     from geometry.memory.allocator import trim
     from probes.core.lm import lm_loss

@@ -69,7 +69,7 @@ def _with(model, weights):
 
 def run(quick: bool = False, repeats: int | None = None) -> list[dict]:
     from geometry.surfaces.grid import GridSpec
-    from geometry.surfaces.planes import plane_through_points
+    from geometry.surfaces.point_planes import plane_through_points
     from geometry.surfaces.surface import evaluate_surface
     from probes.core.lm import evaluate, lm_loss
 

@@ -26,12 +26,14 @@ from .operators.hessian import HessianOperator
 from .base.modes import module_modes
 from .operators.interface import CurvatureOperator, OperatorError
 from .base.params import ParameterSelectionError, ParamSpace, select_parameters
-from .surfaces.planes import Line, Plane, PlaneError, line, orthonormality, plane_through_points
+from .surfaces.planes import Line, Plane, PlaneError, orthonormality
+from .surfaces.point_planes import line, plane_through_points
 from .surfaces.random_planes import filter_normalize, random_plane
-from .base.results import (Attribution, BlockTraces, DirectionalCurvature, DirectionParts, EigenResult, EstimatorError,
-                      QuadraticFactors, SpectralDensity, TraceEstimate)
+from .base.attribution_results import Attribution, DirectionParts, QuadraticFactors
+from .base.results import BlockTraces, DirectionalCurvature, EigenResult, EstimatorError, SpectralDensity, TraceEstimate
 from .surfaces.surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
-from .estimators.trace import block_traces, hutchinson_trace, hutchpp_trace
+from .estimators.blocks import block_traces
+from .estimators.trace import hutchinson_trace, hutchpp_trace
 
 __all__ = [
     "second_order_attention", "DenseOperator", "exact_hessian", "spectral_density", "directional_curvature",

@@ -16,7 +16,8 @@ from geometry.estimators.eigen import top_eigenvalues
 from geometry.operators.hessian import HessianOperator
 from geometry.base.params import ParamSpace, select_parameters
 from geometry.base.results import BlockTraces, EstimatorError
-from geometry.estimators.trace import block_traces, hutchinson_trace, hutchpp_trace
+from geometry.estimators.blocks import block_traces
+from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
 
 
 def loss_fn(model, batch):

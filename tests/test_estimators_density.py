@@ -11,7 +11,8 @@ import torch
 from geometry.operators.dense import DenseOperator
 from geometry.estimators.density import spectral_density
 from geometry.base.results import EstimatorError
-from geometry.estimators.trace import hutchinson_trace, rademacher
+from geometry.estimators.sampling import rademacher
+from geometry.estimators.trace import hutchinson_trace
 from tests.tiny_models import classifier_mlp_hessian, sym_with_spectrum
 
 

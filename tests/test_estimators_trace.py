@@ -11,7 +11,8 @@ import torch
 from geometry.operators.dense import DenseOperator
 from geometry.operators.interface import OperatorError
 from geometry.base.results import EstimatorError, TraceEstimate
-from geometry.estimators.trace import hutchinson_trace, hutchpp_trace, rademacher, t_quantile
+from geometry.estimators.sampling import rademacher, t_quantile
+from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
 from tests.tiny_models import classifier_mlp_hessian, sym_with_spectrum
 
 

@@ -131,7 +131,7 @@ def test_family_end_to_end(family, tmp_path):
 
     # ---- quantization plane: A = model, B = perturbed, C = quantized -------------------------------
     if HAS_SURFACE:
-        from geometry.surfaces.planes import plane_through_points
+        from geometry.surfaces.point_planes import plane_through_points
         from geometry.surfaces.surface import evaluate_surface
 
         A = {n: p.detach().clone() for n, p in model.named_parameters()}

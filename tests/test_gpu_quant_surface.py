@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.surfaces.planes import plane_through_points
+from geometry.surfaces.point_planes import plane_through_points
 from geometry.surfaces.random_planes import random_plane
 from geometry.surfaces.surface import evaluate_surface
 from probes.core.lm import evaluate, lm_loss

@@ -9,12 +9,8 @@ import torch
 
 from geometry.surfaces.grid import GridError, GridSpec
 from geometry.surfaces.random_planes import filter_normalize, random_plane
-from geometry.surfaces.planes import (
-    PlaneError,
-    line,
-    orthonormality,
-    plane_through_points,
-)
+from geometry.surfaces.planes import PlaneError, orthonormality
+from geometry.surfaces.point_planes import line, plane_through_points
 
 
 def _point(seed: int, scale: float = 1.0, dtype=torch.float32) -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from geometry.surfaces.grid import GridSpec
-from geometry.surfaces.planes import plane_through_points
+from geometry.surfaces.point_planes import plane_through_points
 from geometry.surfaces.surface import SurfaceError, evaluate_surface
 from probes.analysis import AnalysisError, analyse
 from probes.checkpoints import Trajectory

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from geometry.surfaces.grid import GridSpec
-from geometry.surfaces.planes import line, plane_through_points
+from geometry.surfaces.point_planes import line, plane_through_points
 from geometry.surfaces.random_planes import random_plane
 from geometry.surfaces.surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
 from probes.core.lm import evaluate, lm_loss

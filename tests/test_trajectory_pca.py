@@ -8,7 +8,8 @@ import torch
 
 from geometry.memory.model import MemoryBudgetError
 from geometry.surfaces.sources import DictSource, MeanSource
-from geometry.surfaces.trajectory_pca import TrajectoryPCAError, trajectory_pca
+from geometry.surfaces.trajectory_axes import TrajectoryPCAError
+from geometry.surfaces.trajectory_pca import trajectory_pca
 
 SHAPES = {"emb.weight": (11, 6), "layer.0.weight": (6, 6), "layer.0.bias": (6,), "norm.weight": (6,),
           "conv": (3, 2, 4), "scale": ()}

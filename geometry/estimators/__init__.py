@@ -1,8 +1,10 @@
 """geometry.estimators: numbers computed from Hessian-vector products; imports ``geometry.base``,
 ``geometry.memory`` and ``geometry.operators``.
 
-- ``trace``: Hutchinson, Hutch++ and per-block traces;
-- ``eigen``: top eigenvalues by power iteration and Lanczos; ``_lanczos``: the Lanczos recurrence;
+- ``trace``: Hutchinson and Hutch++ traces and their memory plan; ``blocks``: per-block traces;
+- ``sampling``: Rademacher probes, their Student-t statistics, the memory plan of probes in blocks;
+- ``eigen``: top eigenvalues and their memory plan; ``_eigen_solvers``: thick-restart Lanczos and
+  deflated power iteration; ``_lanczos``: the Lanczos recurrence of the spectral density;
 - ``density``: spectral density by stochastic Lanczos quadrature;
 - ``directional``: curvature along one direction;
 - ``attribution``: a loss change split by factor and by block;

@@ -31,8 +31,10 @@ from ..base._linalg import rowdot
 from .directional import estimate_memory as _direction_memory
 from ..operators.interface import CurvatureOperator
 from ..base.params import ParamGlobs
-from ..base.results import Attribution, DirectionParts, EstimatorError, QuadraticFactors, TraceEstimate
-from .trace import hutchpp_trace, plan_probe_blocks
+from ..base.attribution_results import Attribution, DirectionParts, QuadraticFactors
+from ..base.results import EstimatorError, TraceEstimate
+from .sampling import plan_probe_blocks
+from .trace import hutchpp_trace
 
 __all__ = ["factorise", "direction_parts", "group_parts", "within_block_curvature", "attribute", "assemble"]
 

@@ -24,7 +24,7 @@ from ..memory.model import (Candidate, MemoryEstimate, basis_storage, choose, de
                      TEMPORARIES_PART, temporaries_bytes, vector_bytes, with_basis)
 from ..operators.interface import CurvatureOperator
 from ..base.results import EstimatorError, SpectralDensity
-from .trace import rademacher
+from .sampling import rademacher
 
 __all__ = ["spectral_density", "estimate_memory"]
 

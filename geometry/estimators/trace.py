@@ -1,11 +1,12 @@
-"""Stochastic trace estimators: Hutchinson, Hutch++, and per-block traces.
+"""Stochastic trace estimators of the whole Hessian: Hutchinson and Hutch++ (exact for small problems).
 
-All three run on any :class:`~geometry.operators.interface.CurvatureOperator` through
+All of them run on any :class:`~geometry.operators.interface.CurvatureOperator` through
 ``op.matmat_flat(V[k, dim])`` and apply the probes in blocks of k vectors, so a batched HVP
-backend (one gradient graph reused for k vectors) pays off. Probes are Rademacher (±1 entries),
-drawn from ``op.generator(seed)`` (a CPU generator; probes are moved to the operator's device) in
-blocks: the stream does not depend on the block size, so the same seed gives bit-identical probes
-on every device, run and memory plan. Per-probe quadratic forms are accumulated in float64.
+backend (one gradient graph reused for k vectors) pays off. Probes are Rademacher
+(:func:`~geometry.estimators.sampling.rademacher`: a CPU generator's stream, independent of the block
+size, so the same seed gives bit-identical probes on every device, run and memory plan). Per-probe
+quadratic forms are accumulated in float64. Per-block traces from the same probes are in
+:mod:`geometry.estimators.blocks`.
 
 Memory (n = dim, b = bytes of ``op.dtype``, float32 at least): Hutchinson and block traces hold
 one block of probes and its products, ``2 · block · n · b``; Hutch++ holds its sketch basis,
@@ -17,96 +18,50 @@ largest sketch up to m/3, and record the choice in the result's ``memory``.
 Cost is counted in Hessian-vector products (HVPs, ≈ 2 gradients each with the reverse backend)
 and read from ``op.num_matvecs``.
 """
+
 from __future__ import annotations
 
 import math
 import time
-from typing import Mapping
 
 import numpy as np
 import torch
 
-from ._checks import check_int, check_op, on_operator_vectors, refuse_sharded
-from ..base._linalg import orthonormalize_rows, project_out, rademacher_rows, rowdot
-from ..memory.model import (Candidate, MemoryEstimate, basis_storage, choose, default_budget, pass_options, resolve_budget,
-                     TEMPORARIES_PART, temporaries_bytes, vector_bytes, with_basis)
+from ._checks import check_int, check_op, on_operator_vectors
+from .sampling import _ADVICE, _blocks, _finite, _interval, _mean_stderr, plan_probe_blocks, rademacher
+from ..base._linalg import orthonormalize_rows, project_out, rowdot
+from ..memory.model import (
+    Candidate,
+    MemoryEstimate,
+    basis_storage,
+    choose,
+    default_budget,
+    pass_options,
+    resolve_budget,
+    TEMPORARIES_PART,
+    temporaries_bytes,
+    vector_bytes,
+    with_basis,
+)
 from ..operators.interface import CurvatureOperator
-from ..base.params import ParamGlobs
-from ..base.results import BlockTraces, EstimatorError, TraceEstimate
+from ..base.results import EstimatorError, TraceEstimate
 
-__all__ = ["hutchinson_trace", "hutchpp_trace", "block_traces", "rademacher", "t_quantile", "estimate_memory"]
-
-DEFAULT_BLOCK_SIZE = 16
-_BLOCKS = (16, 8, 4, 2, 1)
-_ADVICE = ("use fewer or shorter curvature batches (the graph of one batch dominates), select fewer parameters "
-           "(params=...), or raise max_memory")
+__all__ = ["hutchinson_trace", "hutchpp_trace", "estimate_memory"]
 
 
-# ----------------------------------------------------------------------------------- helpers
-def rademacher(generator: torch.Generator, k: int, dim: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """``[k, dim]`` i.i.d. ±1 entries from a CPU ``generator``, cast to ``dtype`` on ``device``.
-    Drawing k rows at once or in several calls gives the same numbers; with sharded vectors, this
-    rank's columns of them (``geometry.base._linalg.rademacher_rows``)."""
-    return rademacher_rows(generator, k, dim, dtype, device)
-
-
-def t_quantile(n: int, level: float = 0.95) -> float:
-    """Two-sided Student-t quantile for ``n`` samples (n − 1 degrees of freedom); inf for n < 2."""
-    if n < 2:
-        return math.inf
-    from scipy.stats import t
-
-    return float(t.ppf(0.5 + level / 2, n - 1))
-
-
-def _mean_stderr(samples: np.ndarray) -> tuple[float, float]:
-    n = samples.shape[0]
-    mean = float(samples.mean())
-    if n < 2:
-        return mean, math.inf
-    return mean, float(samples.std(ddof=1) / math.sqrt(n))
-
-
-def _interval(value: float, stderr: float, n: int) -> tuple[float, float]:
-    if stderr == 0.0:
-        return value, value
-    if not math.isfinite(stderr):
-        return -math.inf, math.inf
-    h = t_quantile(n) * stderr
-    return value - h, value + h
-
-
-def _finite(name: str, *xs: float) -> None:
-    for x in xs:
-        if not math.isfinite(x):
-            raise EstimatorError(f"{name} is not finite ({x}); check the loss and the operator")
-
-
-def _blocks(m: int, block_size: int | None) -> list[int]:
-    return [block_size] if block_size is not None else sorted({min(m, b) for b in _BLOCKS}, reverse=True)
-
-
-def plan_probe_blocks(op: CurvatureOperator, m: int, block_size: int | None, max_memory, what: str) -> MemoryEstimate:
-    """Memory plan of m probes in blocks (Hutchinson, block traces): the fastest block size and
-    graph cache within the budget. Memory: ``2 · block · dim`` vectors + one pass."""
-    budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
-    vec = vector_bytes(op.dim, op.dtype)
-    cands = []
-    for b in _blocks(m, block_size):
-        calls = math.ceil(m / b)
-        for settings, pass_b, cost in pass_options(op, b, calls, m):
-            parts = {f"probes [{b}, dim]": b * vec, f"products [{b}, dim]": b * vec, "operator pass": pass_b,
-                     TEMPORARIES_PART: temporaries_bytes(op.dim)}
-            cands.append(Candidate(MemoryEstimate(parts, budget, {"block_size": b, **settings}), cost))
-    return choose(cands, what, _ADVICE)
-
-
-def estimate_memory(op: CurvatureOperator, method: str = "hutch++", num_matvecs: int = 100,
-                    max_memory=None, block_size: int | None = None, basis_device=None,
-                    basis_dtype: torch.dtype | None = None) -> MemoryEstimate:
-    """The memory plan :func:`hutchinson_trace` / :func:`hutchpp_trace` / :func:`block_traces`
-    would run with (``method`` ``"hutchinson"``, ``"hutch++"`` or ``"blocks"``), without running
-    it. Raises :class:`~geometry.memory.model.MemoryBudgetError` when nothing fits."""
+def estimate_memory(
+    op: CurvatureOperator,
+    method: str = "hutch++",
+    num_matvecs: int = 100,
+    max_memory=None,
+    block_size: int | None = None,
+    basis_device=None,
+    basis_dtype: torch.dtype | None = None,
+) -> MemoryEstimate:
+    """The memory plan :func:`hutchinson_trace` / :func:`hutchpp_trace` /
+    :func:`~geometry.estimators.blocks.block_traces` would run with (``method`` ``"hutchinson"``,
+    ``"hutch++"`` or ``"blocks"``), without running it. Raises
+    :class:`~geometry.memory.model.MemoryBudgetError` when nothing fits."""
     if method == "hutch++":
         return _plan_hutchpp(op, num_matvecs, max_memory, basis_device, basis_dtype)
     if method in ("hutchinson", "blocks"):
@@ -187,9 +142,18 @@ def hutchinson_trace(
     _finite("hutchinson trace estimate", value)
     lo, hi = _interval(value, se, len(samples))
     return TraceEstimate(
-        value=value, stderr=se, ci_low=lo, ci_high=hi, num_matvecs=op.num_matvecs - n0,
-        seconds=time.perf_counter() - t0, seed=int(seed), method="hutchinson",
-        converged=True if tol is None else reached, num_samples=len(samples), dim=op.dim, memory=plan.to_dict(),
+        value=value,
+        stderr=se,
+        ci_low=lo,
+        ci_high=hi,
+        num_matvecs=op.num_matvecs - n0,
+        seconds=time.perf_counter() - t0,
+        seed=int(seed),
+        method="hutchinson",
+        converged=True if tol is None else reached,
+        num_samples=len(samples),
+        dim=op.dim,
+        memory=plan.to_dict(),
     )
 
 
@@ -208,31 +172,61 @@ def _plan_hutchpp(op: CurvatureOperator, m: int, max_memory, basis_device=None, 
     host_budget = default_budget("cpu") if on_host else 0
     bvec = vector_bytes(op.dim, bdtype)
     target = m // 3
-    sizes = sorted({target, *[int(target * f) for f in (0.75, 0.5, 0.35, 0.25, 0.15, 0.1)], *range(min(target, 8), -1, -1)},
-                   reverse=True)
+    sizes = sorted(
+        {target, *[int(target * f) for f in (0.75, 0.5, 0.35, 0.25, 0.15, 0.1)], *range(min(target, 8), -1, -1)},
+        reverse=True,
+    )
     for s in sizes:
         s, r = _split(m, s)
         cands = []
         for b in _blocks(max(s, r, 1), None):
             calls = (2 * math.ceil(s / b) if s else 0) + math.ceil(r / b)
             for settings, pass_b, cost in pass_options(op, b, max(calls, 1), m):
-                parts, host = with_basis({f"block [{b}, dim]": b * vec, f"block products [{b}, dim]": b * vec,
-                                          "operator pass": pass_b, TEMPORARIES_PART: temporaries_bytes(op.dim)},
-                                         f"sketch basis [{s}, dim] {str(bdtype).replace('torch.', '')}", s * bvec, on_host)
-                cands.append(Candidate(MemoryEstimate(parts, budget, {"sketch_size": s, "residual_probes": r,
-                                                                        "sketch_capped": s < target, "block_size": b,
-                                                                        "basis_device": str(bdev),
-                                                                        "basis_dtype": str(bdtype).replace("torch.", ""),
-                                                                        **settings}, host, host_budget), cost))
+                parts, host = with_basis(
+                    {
+                        f"block [{b}, dim]": b * vec,
+                        f"block products [{b}, dim]": b * vec,
+                        "operator pass": pass_b,
+                        TEMPORARIES_PART: temporaries_bytes(op.dim),
+                    },
+                    f"sketch basis [{s}, dim] {str(bdtype).replace('torch.', '')}",
+                    s * bvec,
+                    on_host,
+                )
+                cands.append(
+                    Candidate(
+                        MemoryEstimate(
+                            parts,
+                            budget,
+                            {
+                                "sketch_size": s,
+                                "residual_probes": r,
+                                "sketch_capped": s < target,
+                                "block_size": b,
+                                "basis_device": str(bdev),
+                                "basis_dtype": str(bdtype).replace("torch.", ""),
+                                **settings,
+                            },
+                            host,
+                            host_budget,
+                        ),
+                        cost,
+                    )
+                )
         if any(c.estimate.fits for c in cands) or s == 0:
             return choose(cands, "hutchpp_trace", _ADVICE)
     raise AssertionError("unreachable")  # s = 0 returns above
 
 
 @on_operator_vectors
-def hutchpp_trace(op: CurvatureOperator, num_matvecs: int = 100, seed: int = 0,
-                  max_memory: int | str | None = None, basis_device=None,
-                  basis_dtype: torch.dtype | None = None) -> TraceEstimate:
+def hutchpp_trace(
+    op: CurvatureOperator,
+    num_matvecs: int = 100,
+    seed: int = 0,
+    max_memory: int | str | None = None,
+    basis_device=None,
+    basis_dtype: torch.dtype | None = None,
+) -> TraceEstimate:
     """Hutch++ (Meyer, Musco, Musco & Woodruff, 2021) estimate of tr(H) with a budget of m HVPs.
 
     With s = m // 3 and r = m − 2s: draw a Rademacher sketch S [s, dim] and compute Y = H S
@@ -280,12 +274,12 @@ def hutchpp_trace(op: CurvatureOperator, num_matvecs: int = 100, seed: int = 0,
     with op.configured(**plan.operator_settings):
         if s > 0:
             Q = torch.empty(s, dim, dtype=bdtype, device=bdev)
-            for start in range(0, s, b):                      # Y = H S, block by block, into Q
+            for start in range(0, s, b):  # Y = H S, block by block, into Q
                 stop = min(start + b, s)
                 Q[start:stop] = op.matmat_flat(rademacher(g, stop - start, dim, op.dtype, op.device))
             Q = orthonormalize_rows(Q)
-            r += s - Q.shape[0]                                # dropped directions: their HVPs go to the residual
-            for start in range(0, Q.shape[0], b):              # tr(QᵀHQ), block by block
+            r += s - Q.shape[0]  # dropped directions: their HVPs go to the residual
+            for start in range(0, Q.shape[0], b):  # tr(QᵀHQ), block by block
                 stop = min(start + b, Q.shape[0])
                 low += float(rowdot(Q[start:stop], op.matmat_flat(Q[start:stop])).sum())
         else:
@@ -303,9 +297,17 @@ def hutchpp_trace(op: CurvatureOperator, num_matvecs: int = 100, seed: int = 0,
     _finite("hutch++ trace estimate", value)
     lo, hi = _interval(value, se, residual.size)
     return TraceEstimate(
-        value=value, stderr=se, ci_low=lo, ci_high=hi, num_matvecs=op.num_matvecs - n0,
-        seconds=time.perf_counter() - t0, seed=int(seed), method="hutch++" if s > 0 else "hutchinson",
-        converged=True, num_samples=int(residual.size), dim=dim,
+        value=value,
+        stderr=se,
+        ci_low=lo,
+        ci_high=hi,
+        num_matvecs=op.num_matvecs - n0,
+        seconds=time.perf_counter() - t0,
+        seed=int(seed),
+        method="hutch++" if s > 0 else "hutchinson",
+        converged=True,
+        num_samples=int(residual.size),
+        dim=dim,
         memory={**plan.to_dict(), "basis_rank": int(Q.shape[0])},
     )
 
@@ -327,70 +329,16 @@ def _exact_trace(op: CurvatureOperator, seed: int, max_memory) -> TraceEstimate:
             total += float(HE[rows, rows + start].sum(dtype=torch.float64))
     _finite("exact trace", total)
     return TraceEstimate(
-        value=total, stderr=0.0, ci_low=total, ci_high=total, num_matvecs=op.num_matvecs - n0,
-        seconds=time.perf_counter() - t0, seed=int(seed), method="exact", converged=True,
-        num_samples=0, dim=dim, memory=plan.to_dict(),
+        value=total,
+        stderr=0.0,
+        ci_low=total,
+        ci_high=total,
+        num_matvecs=op.num_matvecs - n0,
+        seconds=time.perf_counter() - t0,
+        seed=int(seed),
+        method="exact",
+        converged=True,
+        num_samples=0,
+        dim=dim,
+        memory=plan.to_dict(),
     )
-
-
-# ----------------------------------------------------------------------------- block traces
-def block_traces(
-    op: CurvatureOperator,
-    groups: Mapping[str, ParamGlobs] | str,
-    num_matvecs: int = 100,
-    seed: int = 0,
-    block_size: int | None = None,
-    max_memory: int | str | None = None,
-) -> BlockTraces:
-    """Hutchinson estimates of tr(H_gg) for each parameter group g, from one set of probes.
-
-    Args:
-        op: a curvature operator with a :class:`~geometry.base.params.ParamSpace` in ``op.space``.
-        groups: as :meth:`ParamSpace.groups` accepts: a mapping ``{group: glob(s)}`` (unmatched
-            parameters form ``"other"``), ``"module"`` or ``"parameter"``. The groups partition
-            the parameters.
-        num_matvecs: number of probes m ≥ 1 (= HVPs spent); seed: seed of the probes (the same
-            probes as :func:`hutchinson_trace` with the same seed).
-        block_size: probes per ``matmat`` call (default: the fastest that fits ``max_memory``).
-        max_memory: as :func:`hutchinson_trace`. Memory: as Hutchinson's.
-
-    Returns:
-        :class:`BlockTraces`; block g's estimate is ``mean_i v_{i,g}ᵀ (H v_i)_g`` and the blocks
-        sum to ``total.value`` (the full Hutchinson estimate) up to float64 round-off. Cost: m HVPs.
-    """
-    check_op(op)
-    refuse_sharded(op, "block_traces")
-    space = getattr(op, "space", None)
-    if space is None:
-        raise EstimatorError(
-            "block_traces needs an operator with a parameter space (op.space); build it from a model "
-            "(HessianOperator) or pass space= to DenseOperator"
-        )
-    num_matvecs = check_int("num_matvecs", num_matvecs, 1)
-    if block_size is not None:
-        block_size = check_int("block_size", block_size, 1)
-    members = space.groups(groups)
-    slices = space.slices
-    group_slices = {gname: [slices[n] for n in names] for gname, names in members.items()}
-    plan = plan_probe_blocks(op, num_matvecs, block_size, max_memory, "block_traces")
-    t0, n0 = time.perf_counter(), op.num_matvecs
-    with op.configured(**plan.operator_settings):
-        samples, per_group, _ = _hutchinson_samples(op, num_matvecs, seed, plan.settings["block_size"], None, group_slices)
-    m = len(samples)
-    values, stderr, ci_low, ci_high = {}, {}, {}, {}
-    for gname, x in per_group.items():
-        v, se = _mean_stderr(x)
-        _finite(f"block trace of group {gname!r}", v)
-        values[gname], stderr[gname] = v, se
-        ci_low[gname], ci_high[gname] = _interval(v, se, m)
-    tv, tse = _mean_stderr(samples)
-    seconds = time.perf_counter() - t0
-    spent = op.num_matvecs - n0
-    tlo, thi = _interval(tv, tse, m)
-    total = TraceEstimate(value=tv, stderr=tse, ci_low=tlo, ci_high=thi, num_matvecs=spent, seconds=seconds,
-                          seed=int(seed), method="hutchinson", converged=True, num_samples=m, dim=op.dim,
-                          memory=plan.to_dict())
-    sizes = {gname: int(sum(s.stop - s.start for s in sl)) for gname, sl in group_slices.items()}
-    return BlockTraces(values=values, stderr=stderr, ci_low=ci_low, ci_high=ci_high, sizes=sizes,
-                       members={k: tuple(v) for k, v in members.items()}, total=total,
-                       num_matvecs=spent, seconds=seconds, seed=int(seed))

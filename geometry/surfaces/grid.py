@@ -2,8 +2,10 @@
 
 :class:`GridSpec` covers every marked point of a :class:`~geometry.surfaces.planes.Plane` (or
 :class:`~geometry.surfaces.planes.Line`) with a margin, or explicit ranges; :meth:`GridSpec.axes` gives the
-float64 x and y axes.
+float64 x and y axes; :func:`grid_axes` reads the ``grid`` argument of
+:func:`~geometry.surfaces.surface.evaluate_surface` (a spec, a resolution or explicit axes).
 """
+
 from __future__ import annotations
 
 import math
@@ -12,6 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .moving import SurfaceError
 from .planes import Line, Plane
 from ..base.errors import LosslensError
 
@@ -87,3 +90,21 @@ class GridSpec:
         x = np.linspace(ranges[0][0], ranges[0][1], nx)
         y = np.linspace(ranges[1][0], ranges[1][1], ny)
         return x, y
+
+
+def grid_axes(grid: GridSpec | int | tuple, plane: Plane) -> tuple[np.ndarray, np.ndarray]:
+    """(x[nx], y[ny]) float64 axes of ``grid`` on ``plane``: a :class:`GridSpec`, an int resolution,
+    ``(nx, ny)`` or explicit ``(x_axis, y_axis)`` arrays (non-empty, finite; else
+    :class:`~geometry.surfaces.moving.SurfaceError`)."""
+    if isinstance(grid, GridSpec):
+        return grid.axes(plane)
+    if isinstance(grid, int):
+        return GridSpec(resolution=grid).axes(plane)
+    if isinstance(grid, (tuple, list)) and len(grid) == 2 and not isinstance(grid[0], (int, float)):
+        x, y = np.asarray(grid[0], float).ravel(), np.asarray(grid[1], float).ravel()
+        if len(x) < 1 or len(y) < 1 or not (np.isfinite(x).all() and np.isfinite(y).all()):
+            raise SurfaceError("explicit grid axes must be non-empty and finite")
+        return x, y
+    if isinstance(grid, (tuple, list)) and len(grid) == 2:
+        return GridSpec(resolution=(int(grid[0]), int(grid[1]))).axes(plane)
+    raise SurfaceError(f"grid must be a GridSpec, an int resolution, (nx, ny) or (x_axis, y_axis); got {grid!r}")

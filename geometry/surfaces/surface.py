@@ -24,7 +24,8 @@ The marked points are always evaluated in place, batch by batch, like a direct e
 
 Resuming. With ``checkpoint_path`` (a ``.npz`` file) every finished grid row is written atomically;
 a rerun with the same plane, grid and data skips the finished rows. A file written for a different
-plane/grid/data raises :class:`SurfaceError` rather than being overwritten.
+plane/grid/data raises :class:`SurfaceError` rather than being overwritten
+(:mod:`geometry.surfaces.resume`).
 
 NaN. A non-finite loss at a grid point is kept (NaN/inf in ``Surface.loss``), counted in
 ``Surface.n_nonfinite``, reported with a warning, and drawn as a hole (never interpolated). A
@@ -35,13 +36,12 @@ Cost: (nx·ny + number of marked points) × len(batches) forward passes, plus tw
 moved parameters per point; memory: one clone of the moved parameters (plus the plane's tensors
 moved to the model's device/dtype when they differ).
 """
+
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -52,12 +52,21 @@ import torch
 from torch import nn
 
 from ..base.batches import normalise_batch_weights
-from .grid import GridSpec
+from .grid import GridSpec, grid_axes
 from ..base.modes import module_modes
-from .moving import (LossFn, PlaneMover, SurfaceError, concat_batches, estimate_memory, evaluate_point, evaluate_stacked,
-                     planned_forward_bytes)
+from .moving import (
+    LossFn,
+    PlaneMover,
+    SurfaceError,
+    concat_batches,
+    estimate_memory,
+    evaluate_point,
+    evaluate_stacked,
+    planned_forward_bytes,
+)
 from ..base.params import ParamGlobs
 from .planes import Line, Plane
+from .resume import load_rows, save_rows, surface_fingerprint
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,8 +112,10 @@ class Surface:
             "x": self.x.tolist(),
             "y": self.y.tolist(),
             "loss": [_nan_to_none(row) for row in self.loss],
-            "points": {k: [float(v[0]), float(v[1]), (float(v[2]) if math.isfinite(v[2]) else None)]
-                       for k, v in self.points.items()},
+            "points": {
+                k: [float(v[0]), float(v[1]), (float(v[2]) if math.isfinite(v[2]) else None)]
+                for k, v in self.points.items()
+            },
             "plane": self.plane,
             "n_nonfinite": int(self.n_nonfinite),
             "seconds": float(self.seconds),
@@ -114,9 +125,19 @@ class Surface:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Surface":
         loss = np.array([[np.nan if v is None else v for v in row] for row in d["loss"]], dtype=float)
-        points = {k: (float(v[0]), float(v[1]), float("nan") if v[2] is None else float(v[2])) for k, v in d["points"].items()}
-        return cls(np.array(d["x"], float), np.array(d["y"], float), loss, points, dict(d.get("plane", {})),
-                   int(d.get("n_nonfinite", 0)), float(d.get("seconds", 0.0)), dict(d.get("meta", {})))
+        points = {
+            k: (float(v[0]), float(v[1]), float("nan") if v[2] is None else float(v[2])) for k, v in d["points"].items()
+        }
+        return cls(
+            np.array(d["x"], float),
+            np.array(d["y"], float),
+            loss,
+            points,
+            dict(d.get("plane", {})),
+            int(d.get("n_nonfinite", 0)),
+            float(d.get("seconds", 0.0)),
+            dict(d.get("meta", {})),
+        )
 
     def save(self, path: str | os.PathLike) -> None:
         """Write :meth:`to_dict` as JSON."""
@@ -146,76 +167,32 @@ class Profile:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"x": np.asarray(self.x, float).tolist(), "loss": _nan_to_none(self.loss),
-                "points": {k: [float(v[0]), float(v[1]) if math.isfinite(v[1]) else None] for k, v in self.points.items()},
-                "line": self.line, "n_nonfinite": int(self.n_nonfinite), "seconds": float(self.seconds), "meta": self.meta}
+        return {
+            "x": np.asarray(self.x, float).tolist(),
+            "loss": _nan_to_none(self.loss),
+            "points": {k: [float(v[0]), float(v[1]) if math.isfinite(v[1]) else None] for k, v in self.points.items()},
+            "line": self.line,
+            "n_nonfinite": int(self.n_nonfinite),
+            "seconds": float(self.seconds),
+            "meta": self.meta,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Profile":
-        return cls(np.array(d["x"], float), np.array([np.nan if v is None else v for v in d["loss"]], float),
-                   {k: (float(v[0]), float("nan") if v[1] is None else float(v[1])) for k, v in d["points"].items()},
-                   dict(d.get("line", {})), int(d.get("n_nonfinite", 0)), float(d.get("seconds", 0.0)), dict(d.get("meta", {})))
+        return cls(
+            np.array(d["x"], float),
+            np.array([np.nan if v is None else v for v in d["loss"]], float),
+            {k: (float(v[0]), float("nan") if v[1] is None else float(v[1])) for k, v in d["points"].items()},
+            dict(d.get("line", {})),
+            int(d.get("n_nonfinite", 0)),
+            float(d.get("seconds", 0.0)),
+            dict(d.get("meta", {})),
+        )
 
 
 # --------------------------------------------------------------------------------------------
 # evaluation
 # --------------------------------------------------------------------------------------------
-def _fingerprint(plane: Plane, x: np.ndarray, y: np.ndarray, batches: Sequence[Any], weights: Sequence[float],
-                 names: Sequence[str]) -> str:
-    h = hashlib.sha256()
-    h.update(np.ascontiguousarray(x, dtype=np.float64).tobytes())
-    h.update(np.ascontiguousarray(y, dtype=np.float64).tobytes())
-    h.update(json.dumps(plane.describe(), sort_keys=True, default=str).encode())
-    h.update(json.dumps(list(names)).encode())
-    h.update(np.asarray(weights, dtype=np.float64).tobytes())
-    for b in batches:
-        for t in (b if isinstance(b, (tuple, list)) else [b]):
-            if isinstance(t, torch.Tensor):
-                h.update(str(tuple(t.shape)).encode())
-                h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def _load_checkpoint(path: str, fp: str, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    ny, nx = shape
-    if not os.path.exists(path):
-        return np.full((ny, nx), np.nan), np.zeros(ny, dtype=bool)
-    with np.load(path, allow_pickle=False) as f:
-        if str(f["fingerprint"]) != fp or tuple(f["loss"].shape) != (ny, nx):
-            raise SurfaceError(
-                f"{path} holds a surface for a different plane, grid or data set; delete it or pass "
-                "another checkpoint_path"
-            )
-        return f["loss"].astype(float).copy(), f["done"].astype(bool).copy()
-
-
-def _save_checkpoint(path: str, fp: str, x, y, loss, done) -> None:
-    d = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".npz")
-    os.close(fd)
-    try:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, fingerprint=np.array(fp), x=x, y=y, loss=loss, done=done)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _grid_axes(grid: GridSpec | int | tuple, plane: Plane) -> tuple[np.ndarray, np.ndarray]:
-    if isinstance(grid, GridSpec):
-        return grid.axes(plane)
-    if isinstance(grid, int):
-        return GridSpec(resolution=grid).axes(plane)
-    if isinstance(grid, (tuple, list)) and len(grid) == 2 and not isinstance(grid[0], (int, float)):
-        x, y = np.asarray(grid[0], float).ravel(), np.asarray(grid[1], float).ravel()
-        if len(x) < 1 or len(y) < 1 or not (np.isfinite(x).all() and np.isfinite(y).all()):
-            raise SurfaceError("explicit grid axes must be non-empty and finite")
-        return x, y
-    if isinstance(grid, (tuple, list)) and len(grid) == 2:
-        return GridSpec(resolution=(int(grid[0]), int(grid[1]))).axes(plane)
-    raise SurfaceError(f"grid must be a GridSpec, an int resolution, (nx, ny) or (x_axis, y_axis); got {grid!r}")
 
 
 def evaluate_surface(
@@ -283,7 +260,7 @@ def evaluate_surface(
         raise SurfaceError("no batches: the loss needs at least one batch")
     w = list(normalise_batch_weights(batches, weights, SurfaceError, loss_fn))
     grid_batches, grid_w = concat_batches(batches, w, merge_batches, weights)
-    x, y = _grid_axes(grid, plane)
+    x, y = grid_axes(grid, plane)
     nx, ny = len(x), len(y)
     marked = {k: (float(v[0]), float(v[1])) for k, v in plane.coords.items()}
     if points:
@@ -292,16 +269,19 @@ def evaluate_surface(
     if k_pts < 1:
         raise SurfaceError(f"points_per_forward must be >= 1, got {points_per_forward}")
 
-    estimate_memory(model, plane, params, k_pts, max_memory)          # the mover's copies, before any forward
+    estimate_memory(model, plane, params, k_pts, max_memory)  # the mover's copies, before any forward
     forward = planned_forward_bytes(model, loss_fn, list(grid_batches) + list(batches), k_pts)  # 1- and 2-row forwards
-    estimate_memory(model, plane, params, k_pts, max_memory, forward=forward)   # the whole plan, before any point
+    estimate_memory(model, plane, params, k_pts, max_memory, forward=forward)  # the whole plan, before any point
     mover = PlaneMover(model, plane, params)
 
-    fp = (_fingerprint(plane, x, y, batches, w, list(mover.names) + [f"merge={merge_batches}", f"vmap={k_pts}"])
-          if checkpoint_path is not None else "")
+    fp = (
+        surface_fingerprint(plane, x, y, batches, w, list(mover.names) + [f"merge={merge_batches}", f"vmap={k_pts}"])
+        if checkpoint_path is not None
+        else ""
+    )
     if checkpoint_path is not None:
         checkpoint_path = os.fspath(checkpoint_path)
-        loss, done = _load_checkpoint(checkpoint_path, fp, (ny, nx))
+        loss, done = load_rows(checkpoint_path, fp, (ny, nx))
     else:
         loss, done = np.full((ny, nx), np.nan), np.zeros(ny, dtype=bool)
     resumed_rows = int(done.sum())
@@ -328,12 +308,12 @@ def evaluate_surface(
                     for s in range(0, nx, k_pts):
                         xy = [(float(x[i]), float(y[j])) for i in range(s, min(nx, s + k_pts))]
                         vals = evaluate_stacked(model, loss_fn, grid_batches, grid_w, mover.stacked(xy))
-                        loss[j, s:s + len(xy)] = vals
+                        loss[j, s : s + len(xy)] = vals
                         bar.update(len(xy))
                 n_eval += nx
                 done[j] = True
                 if checkpoint_path is not None:
-                    _save_checkpoint(checkpoint_path, fp, x, y, loss, done)
+                    save_rows(checkpoint_path, fp, x, y, loss, done)
             for label, (px, py) in marked.items():
                 mover.set(px, py)
                 point_losses[label] = (px, py, evaluate_point(model, loss_fn, batches, w))
@@ -347,15 +327,19 @@ def evaluate_surface(
     loss = np.where(bad, np.nan, loss)
     bad_points = [k for k, v in point_losses.items() if not math.isfinite(v[2])]
     if n_bad:
-        warnings.warn(f"{n_bad} of {nx * ny} grid points gave a non-finite loss; kept as NaN and drawn as holes",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"{n_bad} of {nx * ny} grid points gave a non-finite loss; kept as NaN and drawn as holes",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     if bad_points:  # the surface is drawn around these points: without them it means nothing
         raise SurfaceError(
             f"the loss at marked point(s) {bad_points} is not finite "
             f"({', '.join(f'{k}: {point_losses[k][2]}' for k in bad_points)}): the weights at that point or the loss "
             "on these batches are NaN/inf. Check the checkpoint's weights (and the quantized ones for a quantization "
             "plane) before drawing its surface"
-            + (f"; the grid rows done so far are kept in {checkpoint_path}" if checkpoint_path is not None else ""))
+            + (f"; the grid rows done so far are kept in {checkpoint_path}" if checkpoint_path is not None else "")
+        )
     n_points = n_eval + len(marked)
     meta = {
         "n_batches": len(batches),
@@ -390,7 +374,15 @@ def evaluate_line(
         gx, _ = GridSpec(resolution=(int(xs), 2), margin=margin).axes(plane)
     else:
         gx = np.asarray(xs, float).ravel()
-    s = evaluate_surface(model, loss_fn, batches, plane, (gx, np.array([0.0])), params=params, progress=progress,
-                         weights=weights)
-    return Profile(s.x, s.loss[0], {k: (v[0], v[2]) for k, v in s.points.items()}, line.describe(),
-                   s.n_nonfinite, s.seconds, s.meta)
+    s = evaluate_surface(
+        model, loss_fn, batches, plane, (gx, np.array([0.0])), params=params, progress=progress, weights=weights
+    )
+    return Profile(
+        s.x,
+        s.loss[0],
+        {k: (v[0], v[2]) for k, v in s.points.items()},
+        line.describe(),
+        s.n_nonfinite,
+        s.seconds,
+        s.meta,
+    )

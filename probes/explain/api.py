@@ -21,7 +21,8 @@ from torch import nn
 
 from geometry.estimators.attribution import assemble, factorise, group_parts
 from geometry.base.jsonable import jsonable
-from geometry.base.results import Attribution, QuadraticFactors, TraceEstimate
+from geometry.base.attribution_results import Attribution, QuadraticFactors
+from geometry.base.results import TraceEstimate
 
 from .blocks import PARTITIONS, BlockError, block_members
 from .measure import TRACE_METHODS, DirectionMeasure, ExplainError, direction_trace, measure_direction
@@ -38,7 +39,7 @@ class Explanation:
 
     Attributes:
         spec: canonical quantizer spec; partition: the block partition of :attr:`attribution`.
-        attribution: the :class:`geometry.base.results.Attribution`: factors (gᵀδ, ½δᵀHδ, prediction,
+        attribution: the :class:`geometry.base.attribution_results.Attribution`: factors (gᵀδ, ½δᵀHδ, prediction,
             measured ΔL, remainder, ‖δ‖², tr H with its interval, tr H/n, κ with its interval) and
             per-block δᵀHδ, gᵀδ, ‖δ‖² (and δ_bᵀH_bbδ_b when asked for).
         q_loss: L(θ̂) on the curvature set (nats); L(θ) is ``attribution.loss``.
@@ -83,7 +84,7 @@ class Explanation:
                 "num_matvecs": a.num_matvecs, "trace_matvecs": self.trace_matvecs}
 
     def frame(self):
-        """pandas DataFrame, one row per block (:meth:`geometry.base.results.Attribution.rows`)."""
+        """pandas DataFrame, one row per block (:meth:`geometry.base.attribution_results.Attribution.rows`)."""
         import pandas as pd
 
         return pd.DataFrame(self.attribution.rows())

@@ -26,9 +26,10 @@ from geometry.base.errors import LosslensError
 from geometry.estimators.attribution import direction_parts, within_block_curvature
 from geometry.estimators.directional import estimate_memory as direction_memory
 from geometry.estimators.trace import estimate_memory as trace_memory
-from geometry.estimators.trace import plan_probe_blocks
+from geometry.estimators.sampling import plan_probe_blocks
 from geometry.base.params import literal_glob
-from geometry.base.results import DirectionParts, TraceEstimate
+from geometry.base.attribution_results import DirectionParts
+from geometry.base.results import TraceEstimate
 from probes.core.lm import evaluate, lm_loss
 from probes.core.modules import select_linears
 from probes.models.curvature import lm_hessian

@@ -27,7 +27,8 @@ from geometry.base.params import literal_glob
 from geometry.surfaces.grid import GridSpec
 from geometry.surfaces.sources import DictSource
 from geometry.surfaces.surface import Surface, evaluate_surface
-from geometry.surfaces.trajectory_pca import ProjectedPoint, TrajectoryPCA, TrajectoryPCAError, trajectory_pca
+from geometry.surfaces.trajectory_axes import ProjectedPoint, TrajectoryPCA, TrajectoryPCAError
+from geometry.surfaces.trajectory_pca import trajectory_pca
 from probes.checkpoints.loader import CheckpointLoader
 from probes.checkpoints.refs import CheckpointRef
 from probes.checkpoints.trajectory import Trajectory
@@ -56,7 +57,7 @@ class Landscape:
 
     Attributes
     ----------
-    pca : the :class:`~geometry.surfaces.trajectory_pca.TrajectoryPCA` of every checkpoint.
+    pca : the :class:`~geometry.surfaces.trajectory_axes.TrajectoryPCA` of every checkpoint.
     runs : the runs' paths (labels in training order).
     quantized : checkpoint label -> its quantized point projected (``spec`` given), with residual.
     own_loss : label -> loss at the point's real weights (checkpoints and quantized points).

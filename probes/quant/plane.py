@@ -11,7 +11,8 @@ from typing import Any, Mapping
 import torch
 
 from geometry.surfaces.grid import GridSpec
-from geometry.surfaces.planes import Plane, plane_through_points
+from geometry.surfaces.planes import Plane
+from geometry.surfaces.point_planes import plane_through_points
 from geometry.surfaces.surface import Surface, evaluate_surface
 from probes.core.lm import lm_loss
 

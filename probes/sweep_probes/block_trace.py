@@ -82,7 +82,7 @@ def _block_groups(model: torch.nn.Module, groups):
 
 
 def run(st, task) -> ProbeRow:
-    from geometry.estimators.trace import block_traces
+    from geometry.estimators.blocks import block_traces
 
     o = task.opts
     groups = o["groups"]
