@@ -29,7 +29,7 @@ import numpy as np
 
 __all__ = ["RUN_LEVEL", "EFFECTIVE_N", "DESCRIPTIVE", "MIN_RUNS", "MIN_NU", "MAX_PHI", "LEVEL", "fisher_z",
            "within_residuals", "run_correlations", "demeaned_correlation", "run_level_t", "ar1_persistence", "effective_n_ar1",
-           "within_effective_n_t", "infer_within", "STATUS", "min_run_length", "between_share"]
+           "within_effective_n_t", "infer_within", "mean_interval", "STATUS", "min_run_length", "between_share"]
 
 #: ``inference`` of a row with the run-level t interval and p (3 or more usable runs).
 RUN_LEVEL = "run-level t"
@@ -235,6 +235,38 @@ def infer_within(xs, ys, zs=None, method: str = "pearson", level: float = LEVEL)
     pick = (lambda key: np.where(run_level, t[key], e[key]))
     return {"estimate": rw, "ci_low": pick("ci_low"), "ci_high": pick("ci_high"), "p": pick("p"), "n_eff": n_eff,
             "df": np.where(run_level, q - 1.0, e["nu"]), "phi_x": phx, "phi_y": phy, "q": q, "status": status}
+
+
+def mean_interval(vs, level: float = LEVEL) -> tuple[float, float, float, str]:
+    """(mean, low, high, inference) of a quantity measured at the checkpoints of R runs (``vs``: R
+    arrays [m_i], NaNs left out). ≥ :data:`MIN_RUNS` runs: the mean of the run means ± t_{R−1} ·
+    s/√R (run-level t); else the pooled mean ± t_ν · sd/√n_eff with n_eff = n (1 − φ̃)/(1 + φ̃)
+    (AR(1), :func:`ar1_persistence`) and ν = n_eff − R, when ν ≥ :data:`MIN_NU` and φ̃ ≤
+    :data:`MAX_PHI`; otherwise the interval is NaN ('descriptive')."""
+    from scipy import stats
+
+    vs = [np.asarray(v, float)[np.isfinite(v)] for v in vs]
+    vs = [v for v in vs if v.size]
+    if not vs:
+        return math.nan, math.nan, math.nan, DESCRIPTIVE
+    if len(vs) >= MIN_RUNS:
+        means = np.array([v.mean() for v in vs])
+        mean, se = float(means.mean()), float(means.std(ddof=1) / math.sqrt(len(means)))
+        if se > 0:
+            h = float(stats.t.ppf(0.5 + level / 2, len(means) - 1)) * se
+            return mean, mean - h, mean + h, RUN_LEVEL
+        return mean, math.nan, math.nan, DESCRIPTIVE
+    allv = np.concatenate(vs)
+    mean = float(allv.mean())
+    phi = float(ar1_persistence(vs))
+    if not math.isfinite(phi) or allv.size < 3:
+        return mean, math.nan, math.nan, DESCRIPTIVE
+    n_eff = float(np.clip(allv.size * (1 - phi) / (1 + phi), 1.0, allv.size))
+    nu = n_eff - len(vs)
+    if nu < MIN_NU or phi > MAX_PHI:
+        return mean, math.nan, math.nan, DESCRIPTIVE
+    h = float(stats.t.ppf(0.5 + level / 2, nu)) * float(allv.std(ddof=1)) / math.sqrt(n_eff)
+    return mean, mean - h, mean + h, EFFECTIVE_N
 
 
 STATUS = (RUN_LEVEL, EFFECTIVE_N, DESCRIPTIVE)
