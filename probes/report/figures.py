@@ -315,11 +315,16 @@ def _corr_text(correlation) -> str:
     n = c.get("n")
     ctrl = c.get("covariates") or c.get("controls")
     ctrl = ", ".join(ctrl) if isinstance(ctrl, (list, tuple)) else (ctrl or "")
-    s = f"{method}{' | ' + ctrl if ctrl else ''} r = {r:+.3f} [95% CI {lo:+.3f}, {hi:+.3f}]"
+    rw = c.get("r_within", float("nan"))
+    s = f"{method}{' | ' + ctrl if ctrl else ''} r = {r:+.3f}"
+    if isinstance(rw, float) and math.isfinite(rw) and c.get("n_runs", 1) != 1:
+        s += f" pooled, within runs {rw:+.3f}"
+    if isinstance(lo, float) and math.isfinite(lo) and isinstance(hi, float) and math.isfinite(hi):
+        s += f" [95% CI {lo:+.3f}, {hi:+.3f}]"
     if p is not None and not (isinstance(p, float) and math.isnan(p)):
-        s += f", p = {float(p):.3g}"
+        s += f", p = {float(p):.3g}" + (f" ({c['inference']})" if c.get("inference") else "")
     elif c.get("inference") == "descriptive":
-        s += ", p: descriptive"
+        s += ", descriptive (no interval, no p)"
     n_eff = c.get("n_eff")
     if n is not None:
         s += f", n = {int(n)}" + (f" (effective {n_eff:.1f})" if isinstance(n_eff, float) and math.isfinite(n_eff) else "")
