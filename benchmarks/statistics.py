@@ -1,6 +1,6 @@
 """Calibration of the correlation inference along trajectories (issue 37, docs/science.md §6).
 
-``python -m benchmarks.statistics [--reps N] [--quick] [--check-reps N] [--json PATH]``
+``python -m benchmarks.statistics [--reps N] [--quick] [--check-reps N] [--confirm N] [--json PATH]``
 
 Simulated trajectories: R runs × m checkpoints; x and y are stationary AR(1) series with the same
 φ whose innovations have correlation ρ, so the within-run correlation of x and y is exactly ρ (the
@@ -118,6 +118,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--reps", type=int, default=2000)
     ap.add_argument("--quick", action="store_true", help="only the issue's cells: 4 runs × 30 and 8 runs × 100")
     ap.add_argument("--check-reps", type=int, default=200, help="replicates of the check cell through summary()")
+    ap.add_argument("--confirm", type=int, default=0,
+                    help="replicates for a second pass over the issue's cells (4 runs × 30, φ 0.8/0.9/0.95, ρ = 0)")
     ap.add_argument("--seed", type=int, default=37)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -136,12 +138,20 @@ def main(argv=None) -> list[dict]:
                     print(f"| {phi} | {runs} × {m} | {variant} | {rho} | {c['method']} | {100 * c['descriptive']:.0f}% | "
                           f"{100 * c['coverage']:.1f}% | {100 * c['reject']:.1f}% | {c['width']:.2f} | {c['n_eff']:.1f} |",
                           flush=True)
-    seconds = time.perf_counter() - t0
+    seconds, n_grid = time.perf_counter() - t0, len(rows)
+    if args.confirm:
+        crng = np.random.default_rng(args.seed + 1)
+        for phi in (0.8, 0.9, 0.95):
+            for variant in VARIANTS:
+                c = cell(crng, args.confirm, 4, 30, phi, 0.0, variant)
+                rows.append({**c, "confirm": True})
+                print(f"confirm {args.confirm} replicates: φ {phi} 4 × 30 {variant}: coverage {100 * c['coverage']:.2f}%, "
+                      f"size {100 * c['reject']:.2f}%", flush=True)
     check = check_through_summary(args.check_reps) if args.check_reps else None
     if check:
         print(f"check cell through summary(): {check}")
         assert check["max_abs_diff"] < 1e-9, check
-    print(f"{len(rows)} cells × {args.reps} replicates in {seconds:.0f} s on {platform.processor() or platform.machine()}, "
+    print(f"{n_grid} cells × {args.reps} replicates in {seconds:.0f} s on {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}, numpy {np.__version__}")
     if args.json:
         with open(args.json, "w") as f:
