@@ -99,7 +99,8 @@ def check_through_summary(reps: int, seed: int = 1) -> dict:
         rows = []
         for j in range(runs):
             for t in range(m):
-                base = {"run": f"r{j}", "checkpoint": f"step-{t:04d}", "step": t, "tokens": t, "lr": lr[t], "status": "ok",
+                base = {"run": f"r{j}", "checkpoint": f"step-{t:04d}", "step": t, "tokens": t, "lr": lr[t],
+                        "status": "ok",
                         "derived": False, "spec": None, "settings": "s", "data": "d", "converged": True}
                 rows += [{**base, "probe": "trace", "metric": "trace", "value": x[i, j, t]},
                          {**base, "probe": "quant", "metric": "rel_loss_error", "spec": "rtn:4", "value": y[i, j, t]}]
@@ -135,8 +136,9 @@ def main(argv=None) -> list[dict]:
                 for rho in (0.0, 0.5):
                     c = cell(rng, args.reps, runs, m, phi, rho, variant)
                     rows.append(c)
-                    print(f"| {phi} | {runs} × {m} | {variant} | {rho} | {c['method']} | {100 * c['descriptive']:.0f}% | "
-                          f"{100 * c['coverage']:.1f}% | {100 * c['reject']:.1f}% | {c['width']:.2f} | {c['n_eff']:.1f} |",
+                    print(f"| {phi} | {runs} × {m} | {variant} | {rho} | {c['method']} | "
+                          f"{100 * c['descriptive']:.0f}% | {100 * c['coverage']:.1f}% | {100 * c['reject']:.1f}% | "
+                          f"{c['width']:.2f} | {c['n_eff']:.1f} |",
                           flush=True)
     seconds, n_grid = time.perf_counter() - t0, len(rows)
     if args.confirm:
@@ -145,13 +147,15 @@ def main(argv=None) -> list[dict]:
             for variant in VARIANTS:
                 c = cell(crng, args.confirm, 4, 30, phi, 0.0, variant)
                 rows.append({**c, "confirm": True})
-                print(f"confirm {args.confirm} replicates: φ {phi} 4 × 30 {variant}: coverage {100 * c['coverage']:.2f}%, "
+                print(f"confirm {args.confirm} replicates: φ {phi} 4 × 30 {variant}: "
+                      f"coverage {100 * c['coverage']:.2f}%, "
                       f"size {100 * c['reject']:.2f}%", flush=True)
     check = check_through_summary(args.check_reps) if args.check_reps else None
     if check:
         print(f"check cell through summary(): {check}")
         assert check["max_abs_diff"] < 1e-9, check
-    print(f"{n_grid} cells × {args.reps} replicates in {seconds:.0f} s on {platform.processor() or platform.machine()}, "
+    print(f"{n_grid} cells × {args.reps} replicates in {seconds:.0f} s on "
+          f"{platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}, numpy {np.__version__}")
     if args.json:
         with open(args.json, "w") as f:

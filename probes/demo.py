@@ -178,11 +178,14 @@ class DemoResult:
         head = self.correlations
         if len(head):
             lines.append("Sharpness vs quantization error across all checkpoints of all runs: r pooled over runs; "
-                         "r_within (within runs) with its 95% interval and p, runs the independent units (docs/science.md §6):")
+                         "r_within (within runs) with its 95% interval and p, runs the independent units "
+                         "(docs/science.md §6):")
             for _, r in head.iterrows():
                 ctrl = f" | {r['controls']}" if r["controls"] else ""
-                ci = f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] p={r['p']:.2g}" if math.isfinite(r["p"]) else "descriptive"
-                lines.append(f"  {r['method']:>8} r({r['x']}, ΔQ {r['y']}{ctrl}) = {r['r']:+.3f}, within {r['r_within']:+.3f} "
+                ci = (f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] p={r['p']:.2g}" if math.isfinite(r["p"])
+                      else "descriptive")
+                lines.append(f"  {r['method']:>8} r({r['x']}, ΔQ {r['y']}{ctrl}) = {r['r']:+.3f}, "
+                             f"within {r['r_within']:+.3f} "
                              f"{ci} ({r['inference']}) n={int(r['n'])} n_eff={r['n_eff']:.1f}"
                              + (f" ({r['note']})" if r["note"] else ""))
         if self.accuracy:

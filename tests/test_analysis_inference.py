@@ -24,7 +24,8 @@ def test_run_level_t_matches_one_sample_t_and_is_vectorised():
         t = stats.ttest_1samp(z, 0.0)
         ci = t.confidence_interval(0.95)
         assert out["p"][i] == pytest.approx(t.pvalue, rel=1e-10)
-        assert (out["ci_low"][i], out["ci_high"][i]) == pytest.approx((math.tanh(ci.low), math.tanh(ci.high)), abs=1e-12)
+        want = (math.tanh(ci.low), math.tanh(ci.high))
+        assert (out["ci_low"][i], out["ci_high"][i]) == pytest.approx(want, abs=1e-12)
         assert out["estimate"][i] == pytest.approx(math.tanh(z.mean()), abs=1e-12)
     # a NaN run is left out (3 runs, 2 dof); fewer than 2 runs: NaN
     r[0, 1] = np.nan
@@ -54,7 +55,8 @@ def test_effective_n_fallback_gate():
     assert ok["ok"] and ok["nu"] == 55
     half = stats.t.ppf(0.975, 55) / math.sqrt(55)
     assert ok["ci_low"] == pytest.approx(math.tanh(math.atanh(0.3) - half))
-    for bad in (inf.within_effective_n_t(0.3, 13.9, 1, 1, 0.5, 0.2), inf.within_effective_n_t(0.3, 200.0, 2, 0, 0.95, 0.1)):
+    for bad in (inf.within_effective_n_t(0.3, 13.9, 1, 1, 0.5, 0.2),
+                inf.within_effective_n_t(0.3, 200.0, 2, 0, 0.95, 0.1)):
         assert not bad["ok"] and math.isnan(bad["p"]) and math.isnan(bad["ci_high"])
 
 

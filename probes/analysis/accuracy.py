@@ -40,7 +40,8 @@ def accuracy_verdict(df, spec: str | None = None, n_boot: int = 2000, seed: int 
     else:
         answer = "not resolved"
     ci = f"[{lo:+.2f}, {hi:+.2f}] ({r['inference']})" if math.isfinite(lo) else f"({r['inference'] or 'no interval'})"
-    text = (f"Does task accuracy fall where ΔQ rises ({spec})? {answer}: Spearman r(ΔQ L, Δacc) within runs = {rv:+.2f} "
+    text = (f"Does task accuracy fall where ΔQ rises ({spec})? {answer}: "
+            f"Spearman r(ΔQ L, Δacc) within runs = {rv:+.2f} "
             f"{ci}, pooled {float(r['r']):+.2f}, n = {int(r['n'])} checkpoints"
             + (f" ({r['note']})" if r.get("note") else "") + ".")
     return {"spec": spec, "r": rv, "ci_low": lo, "ci_high": hi, "p": float(r["p"]), "n": int(r["n"]), "answer": answer,

@@ -87,11 +87,13 @@ class Correlation:
         if self.inference == DESCRIPTIVE or not math.isfinite(self.ci_low):
             inner = f"within runs {self.r_within:+.3f} (descriptive: no interval, no p)"
         else:
-            inner = (f"within runs {self.r_within:+.3f} [{self.ci_low:+.3f}, {self.ci_high:+.3f}] 95%, p = {self.p:.3g} "
+            inner = (f"within runs {self.r_within:+.3f} [{self.ci_low:+.3f}, {self.ci_high:+.3f}] 95%, "
+                     f"p = {self.p:.3g} "
                      f"({self.inference}, df {self.df:.0f})")
         return (f"{self.method}{ctrl}: r = {self.r:+.3f} pooled; {inner}; n = {self.n} (n_eff {self.n_eff:.1f}, "
                 f"{self.n_runs} run{'s' if self.n_runs != 1 else ''})"
-                + (f" ({self.n_excluded} excluded: NaN)" if self.n_excluded else "") + (f"; {self.note}" if self.note else ""))
+                + (f" ({self.n_excluded} excluded: NaN)" if self.n_excluded else "")
+                + (f"; {self.note}" if self.note else ""))
 
 
 def _pearson_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
@@ -149,7 +151,8 @@ def _within(xa, ya, Z, g, method: str, interval: bool) -> dict:
         if q >= inf.MIN_RUNS:
             res.update(inf.run_level_t(rr), status=0, df=q - 1.0)
         else:
-            res.update(estimate=float(np.nanmean(rr)), ci_low=math.nan, ci_high=math.nan, p=math.nan, status=2, df=math.nan)
+            res.update(estimate=float(np.nanmean(rr)), ci_low=math.nan, ci_high=math.nan, p=math.nan, status=2,
+                       df=math.nan)
     else:
         res = inf.infer_within(pick(xs), pick(ys), zs_u, method)
     q, n_eff, status = int(res["q"]), float(res["n_eff"]), int(res["status"])

@@ -108,8 +108,8 @@ def analyse(df, n_boot: int = 2000, include_unconverged: bool = False, allow_mix
     try:
         correlations = summary(df, n_boot=n_boot, include_unconverged=include_unconverged, allow_mixed=allow_mixed)
         if len(runs) > 1:
-            notes.append(f"correlations pool the checkpoints of {len(runs)} runs (r); r_within, its interval and p are within runs "
-                         "(run-level t over the runs, docs/science.md §6)")
+            notes.append(f"correlations pool the checkpoints of {len(runs)} runs (r); r_within, its interval and p are "
+                         "within runs (runs the independent units, docs/science.md §6)")
     except AnalysisError as exc:
         notes.append(f"correlations not computed: {exc}")
     phases = {}

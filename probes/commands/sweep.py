@@ -297,7 +297,7 @@ def register(app: typer.Typer) -> None:
         y: List[str] = typer.Option([], "--y", help="y series (repeatable), e.g. gptq:3:g128 (its rel_loss_error) or delta_acc:gptq:3:g128 (Δacc, accuracy probe); default every quant spec."),
         control: List[str] = typer.Option([], "--control", help="Covariates for a partial correlation (repeatable): lr, loss, tokens."),
         method: List[str] = typer.Option(["pearson", "spearman", "kendall"], "--method", help="pearson | spearman | kendall (repeatable)."),
-        n_boot: int = typer.Option(2000, "--n-boot", help="Bootstrap resamples for the 95% interval."),
+        n_boot: int = typer.Option(2000, "--n-boot", help="0 leaves the 95% intervals out (the inference is closed-form)."),
         seed: int = typer.Option(0, "--seed"),
         include_derived: bool = typer.Option(False, "--include-derived", help="Include LAWA/derived checkpoints."),
         include_unconverged: bool = typer.Option(False, "--include-unconverged", help="Keep values whose estimator did not "
@@ -305,7 +305,8 @@ def register(app: typer.Typer) -> None:
         allow_mixed: bool = typer.Option(False, "--allow-mixed", help="Pool rows computed with different settings or data."),
         as_json: bool = typer.Option(False, "--json", help="Print the table as JSON records."),
     ) -> None:
-        """Correlate two per-checkpoint series of a sweep (bootstrap 95% CI, p-value, partial on controls)."""
+        """Correlate two per-checkpoint series of a sweep (pooled r; within-run r with a 95% CI and p, runs the
+        independent units; partial on controls; docs/science.md §6)."""
         from probes.analysis import AnalysisError, summary
         from probes.analysis.inputs import check_method, check_n_boot
         from probes.sweep import Store, StoreError
@@ -343,7 +344,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(tab.to_json(orient="records", indent=2))
         else:
             print_table(tab, f"correlations ({results.name})")
-        bad = tab[tab["r"].isna()]  # a note alone (descriptive, block capped) is information, not a failure
+        bad = tab[tab["r"].isna()]  # a note alone (descriptive, pooled runs) is information, not a failure
         if len(bad) == len(tab) and len(tab):
             typer.echo(f"error: {bad['note'].iloc[0]}", err=True)
             raise typer.Exit(1)
