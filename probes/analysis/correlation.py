@@ -56,8 +56,8 @@ class Correlation:
     AR(1) effective n of the within-run correlation (≤ n); ``n_runs``: runs; ``df``: degrees of
     freedom of the t quantile (runs − 1, or ν); ``phi_x``, ``phi_y``: bias-corrected lag-1
     autocorrelations within runs; ``p_iid``: scipy's p assuming independent pairs (for comparison
-    only); ``inference``: :data:`RUN_LEVEL`, :data:`EFFECTIVE_N` or :data:`DESCRIPTIVE` (no
-    interval, ``p`` NaN); ``note``: why descriptive, what the pooled r means, what was left out;
+    only); ``inference``: :data:`~.inference.RUN_LEVEL`, :data:`~.inference.EFFECTIVE_N` or
+    :data:`~.inference.DESCRIPTIVE` (no interval, ``p`` NaN); ``note``: why descriptive, what the pooled r means, what was left out;
     ``covariates``: names of the controls for a partial correlation (empty otherwise).
     """
 

@@ -215,7 +215,7 @@ def science_check(df, specs: Sequence[str] | None = None, target: str = "rel") -
       checkpoint: mean log ratios of ‖δ‖², κ, ½δᵀHδ (= the first two: tr H is shared, so the κ
       ratio carries no trace noise) and ΔL (over the ``n_delta`` checkpoints where both ΔL share a
       sign), with 95% intervals that treat runs as the independent units (``{name}_inference``:
-      run-level t, effective-n t or descriptive; :func:`_mean_ci`), and the median κ of each;
+      run-level t, effective-n t or descriptive; ``_mean_ci``), and the median κ of each;
     * ``lawa`` — per run and spec, the shares from the final real checkpoint to the LAWA one.
 
     What cannot be computed (ΔL ≤ 0, no decay, no LAWA row) is skipped with a line in ``notes``.

@@ -57,7 +57,7 @@ def min_run_length(k: int) -> int:
 
 
 def fisher_z(r):
-    """atanh(r), with |r| clipped just below 1 (a run with |r| = 1 gives a large finite z)."""
+    """atanh(r), with r clipped to ±(1 − 1e-9) (a run with r = ±1 gives a large finite z)."""
     return np.arctanh(np.clip(r, -_CLIP, _CLIP))
 
 

@@ -40,8 +40,8 @@ def summary(df, x: str | Sequence[str] | None = None, y: str | Sequence[str] | N
     Pairs that cannot be computed (too few points, constant series, rows of different settings or
     data without ``allow_mixed``) get a row with NaNs and the reason in ``note``. An unknown method
     or a negative ``n_boot`` raises :class:`AnalysisError`; ``n_boot`` = 0 leaves the intervals out
-(``n_boot``'s other values, ``seed`` and ``n_perm`` no longer change a row: the inference is
-closed-form). Cost per row: O(n) (partial: O(n · k²)).
+    (``n_boot``'s other values, ``seed`` and ``n_perm`` no longer change a row: the inference is
+    closed-form). Cost per row: O(n) (partial: O(n · k²)).
     """
     import pandas as pd
 
