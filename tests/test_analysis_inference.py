@@ -102,3 +102,26 @@ def test_nominal_rates_at_the_issue_cell():
     tol = 3 * math.sqrt(0.05 * 0.95 / reps)
     print(f"coverage {cover:.3f}, rejection {reject:.3f}, tolerance {tol:.3f}")
     assert abs(cover - 0.95) <= tol and abs(reject - 0.05) <= tol
+
+
+def test_monotone_runs_and_fully_explained_controls():
+    """Two series monotone in every run: each run's Spearman is exactly 1, an atom; Fisher z uses
+    the rank bound 1 − 6/(m(m² − 1)), and when every run sits at it there is no spread: descriptive,
+    r_within 1. A control that explains x within every run (x a linear function of it): no run
+    has a correlation of its own, r_within NaN, descriptive — never a correlation of rounding noise."""
+    from probes.analysis import correlate, partial_correlation
+
+    assert inf.rank_bound("spearman", 8) == pytest.approx(1 - 6 / (8 * 63))
+    assert inf.rank_bound("kendall", 8) == pytest.approx(1 - 2 / 56) and inf.rank_bound("pearson", 8) > 1 - 1e-8
+    rng = np.random.default_rng(5)
+    g = np.repeat(np.arange(4), 8)
+    t = np.tile(np.arange(8.0), 4)
+    x, y = np.exp(t / 3), t**2 + np.repeat(rng.normal(size=4), 8)
+    c = correlate(x, y, method="spearman", groups=g)
+    assert c.inference == "descriptive" and c.r_within == pytest.approx(1.0) and math.isnan(c.p)
+    assert "no spread across runs" in c.note
+    noisy = y + rng.normal(scale=5.0, size=32)
+    assert correlate(x, noisy, method="spearman", groups=g).inference == "run-level t"
+    z = 2.0 * x + 1.0
+    p = partial_correlation(x, noisy, z, groups=g)
+    assert p.inference == "descriptive" and math.isnan(p.r_within) and "fully explained" in p.note

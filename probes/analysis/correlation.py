@@ -148,8 +148,9 @@ def _within(xa, ya, Z, g, method: str, interval: bool) -> dict:
         rr = inf.run_correlations(pick(xs), pick(ys), None, method)
         q = int(np.isfinite(rr).sum())
         res = {"n_eff": float(inf.effective_n_ar1(lengths, phx, phy)), "phi_x": phx, "phi_y": phy, "q": q}
-        if q >= inf.MIN_RUNS:
-            res.update(inf.run_level_t(rr), status=0, df=q - 1.0)
+        bound = np.array([inf.rank_bound("kendall", n) for n in lengths])
+        if q >= inf.MIN_RUNS and math.isfinite(float(inf.run_level_t(np.clip(rr, -bound, bound))["p"])):
+            res.update(inf.run_level_t(np.clip(rr, -bound, bound)), status=0, df=q - 1.0)
         else:
             res.update(estimate=float(np.nanmean(rr)), ci_low=math.nan, ci_high=math.nan, p=math.nan, status=2,
                        df=math.nan)
@@ -162,7 +163,17 @@ def _within(xa, ya, Z, g, method: str, interval: bool) -> dict:
     if status == 0 and n_eff / q < 2:
         notes.append(f"n_eff {n_eff:.1f}: about {n_eff / q:.1f} independent pair(s) per run, so the interval rests "
                      f"on the {q} runs and is wide")
-    if status == 2:
+    if q < len(use):
+        notes.append(f"{len(use) - q} run(s) whose x or y is fully explained by the controls within the run give no "
+                     "correlation of their own")
+    if q == 0:
+        out.update(r_within=math.nan)
+    if status == 2 and q >= inf.MIN_RUNS:
+        notes.append(f"descriptive: the {q} runs' correlations are all {out['r_within']:+.3f} (e.g. two series "
+                     "monotone in every run); with no spread across runs there is no interval and no p-value")
+    elif status == 2 and q == 0:
+        notes.append("descriptive: no run has a correlation of its own; no interval, no p-value")
+    elif status == 2:
         why = ("Kendall's tau has no effective-n interval" if method == "kendall" else
                f"the persistence φ = {max(phx, phy):.2f} is above {inf.MAX_PHI}" if max(phx, phy) > inf.MAX_PHI else
                f"ν = n_eff − (runs − 1) − k − 3 = {out['df']:.1f} is below {inf.MIN_NU}")

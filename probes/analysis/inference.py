@@ -14,7 +14,7 @@ A run is an array ``[..., m_i]`` (the batch axes first, its checkpoints in time 
   checkpoint with a per-run intercept, pooled over runs), bias-corrected (Marriott & Pope 1954:
   E φ̂ ≈ φ − (1 + 3φ)/m).
 - :func:`effective_n_ar1` — Bartlett's effective n of a correlation between two AR(1) series,
-  Σ_i m_i (1 − φ_x φ_y)/(1 + φ_x φ_y) (capped at Σ m_i).
+  Σ_i m_i (1 − φ_x φ_y)/(1 + φ_x φ_y) (between the number of runs and Σ m_i).
 - :func:`within_effective_n_t` — the fallback for one or two runs: Fisher z of the run-demeaned
   correlation with standard error 1/√ν, ν = n_eff − (R − 1) − k − 3, Student-t quantiles on ν;
   descriptive when ν < :data:`MIN_NU` or the persistence is above :data:`MAX_PHI`.
@@ -24,13 +24,14 @@ Cost: O(batch · n) (partial: O(batch · n · k²)); memory a few copies of the 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
 __all__ = ["RUN_LEVEL", "EFFECTIVE_N", "DESCRIPTIVE", "MIN_RUNS", "MIN_NU", "MAX_PHI", "LEVEL", "fisher_z",
            "within_residuals", "run_correlations", "demeaned_correlation", "run_level_t", "ar1_persistence",
            "effective_n_ar1",
-           "within_effective_n_t", "infer_within", "mean_interval", "STATUS", "min_run_length", "between_share"]
+           "within_effective_n_t", "infer_within", "mean_interval", "STATUS", "rank_bound", "min_run_length", "between_share"]
 
 #: ``inference`` of a row with the run-level t interval and p (3 or more usable runs).
 RUN_LEVEL = "run-level t"
@@ -56,6 +57,17 @@ def min_run_length(k: int) -> int:
     return int(k) + 4
 
 
+def rank_bound(method: str, m: int) -> float:
+    """Largest |r| used in Fisher z for a run of ``m`` checkpoints: a rank correlation of ±1 is an
+    atom (any two monotone series), so it is taken halfway to the next attainable value —
+    Spearman 1 − 6/(m(m² − 1)), Kendall 1 − 2/(m(m − 1)); Pearson 1 − 1e-9."""
+    if method == "spearman":
+        return 1.0 - 6.0 / (m * (m * m - 1.0))
+    if method == "kendall":
+        return 1.0 - 2.0 / (m * (m - 1.0))
+    return _CLIP
+
+
 def fisher_z(r):
     """atanh(r), with r clipped to ±(1 − 1e-9) (a run with r = ±1 gives a large finite z)."""
     return np.arctanh(np.clip(r, -_CLIP, _CLIP))
@@ -79,7 +91,10 @@ def _residual(v: np.ndarray, z: np.ndarray | None) -> np.ndarray:
         return c
     zc = z - z.mean(axis=-2, keepdims=True)
     coef = np.linalg.pinv(zc) @ c[..., None]  # [..., k, 1]
-    return c - (zc @ coef)[..., 0]
+    res = c - (zc @ coef)[..., 0]
+    # fully explained by the controls (rounding noise left): zero, so its correlation is NaN
+    gone = np.linalg.norm(res, axis=-1) <= 1e-9 * np.linalg.norm(c, axis=-1)
+    return np.where(gone[..., None], 0.0, res)
 
 
 def _pearson_last(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -106,7 +121,10 @@ def within_residuals(xs, ys, zs=None, method: str = "pearson") -> tuple[list, li
     """Per run: x's and y's centred series (Spearman: within-run ranks) less their fit on the controls."""
     pairs = [_prepare(np.asarray(x, float), np.asarray(y, float), None if zs is None else np.asarray(zs[i], float),
                       method) for i, (x, y) in enumerate(zip(xs, ys))]
-    return [a for a, _ in pairs], [b for _, b in pairs]
+    # a run whose x or y is constant (or fully explained by the controls) carries no pair: both zero
+    dead = [~((a != 0).any(-1) & (b != 0).any(-1))[..., None] for a, b in pairs]
+    return ([np.where(d, 0.0, a) for d, (a, _) in zip(dead, pairs)],
+            [np.where(d, 0.0, b) for d, (_, b) in zip(dead, pairs)])
 
 
 def run_correlations(xs, ys, zs=None, method: str = "pearson") -> np.ndarray:
@@ -187,10 +205,11 @@ def ar1_persistence(vs) -> np.ndarray:
 
 def effective_n_ar1(lengths, phi_x, phi_y) -> np.ndarray:
     """[...] Bartlett's n_eff of a correlation of two AR(1) series: n (1 − φ_x φ_y)/(1 + φ_x φ_y),
-    n = Σ lengths, between 1 and n (anti-persistence does not add information here)."""
+    n = Σ lengths, between the number of runs (one pair each) and n (anti-persistence does not add
+    information here)."""
     n = float(np.sum(lengths))
     prod = np.asarray(phi_x, float) * np.asarray(phi_y, float)
-    return np.clip(n * (1 - prod) / (1 + prod), 1.0, n)
+    return np.clip(n * (1 - prod) / (1 + prod), float(len(lengths)), n)
 
 
 def within_effective_n_t(r_within, n_eff, n_runs: int, k: int, phi_x, phi_y, level: float = LEVEL) -> dict:
@@ -227,12 +246,17 @@ def infer_within(xs, ys, zs=None, method: str = "pearson", level: float = LEVEL)
     lengths = [np.shape(x)[-1] for x in xs]
     n_eff = np.where(np.isfinite(phx * phy), effective_n_ar1(lengths, np.nan_to_num(phx), np.nan_to_num(phy)), np.nan)
     rr = run_correlations(xs, ys, zs, method)
-    t = run_level_t(rr, level)
+    bound = np.array([rank_bound(method, n) for n in lengths])
+    t = run_level_t(np.clip(rr, -bound, bound), level)
     q = t["q"]
     run_level = q >= MIN_RUNS
-    rw = np.where(run_level, t["estimate"], demeaned_correlation(xs, ys, zs, method))
+    flat = run_level & ~np.isfinite(t["p"])  # every run at the same value (e.g. all at ±1): no spread, no interval
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a replicate without any finite run: NaN
+        raw_mean = np.nanmean(rr, axis=-1)
+    rw = np.where(run_level, np.where(flat, raw_mean, t["estimate"]), demeaned_correlation(xs, ys, zs, method))
     e = within_effective_n_t(rw, n_eff, len(xs), k, phx, phy, level)
-    status = np.where(run_level, 0, np.where(e["ok"], 1, 2))
+    status = np.where(run_level, np.where(flat, 2, 0), np.where(e["ok"], 1, 2))
     pick = (lambda key: np.where(run_level, t[key], e[key]))
     return {"estimate": rw, "ci_low": pick("ci_low"), "ci_high": pick("ci_high"), "p": pick("p"), "n_eff": n_eff,
             "df": np.where(run_level, q - 1.0, e["nu"]), "phi_x": phx, "phi_y": phy, "q": q, "status": status}
