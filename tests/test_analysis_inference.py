@@ -122,6 +122,6 @@ def test_monotone_runs_and_fully_explained_controls():
     assert "no spread across runs" in c.note
     noisy = y + rng.normal(scale=5.0, size=32)
     assert correlate(x, noisy, method="spearman", groups=g).inference == "run-level t"
-    z = 2.0 * x + 1.0
+    z = 2.0 * x + np.repeat([0.0, 5.0, 1.0, 3.0], 8)  # explains x within every run, not pooled
     p = partial_correlation(x, noisy, z, groups=g)
     assert p.inference == "descriptive" and math.isnan(p.r_within) and "fully explained" in p.note
