@@ -30,8 +30,8 @@ import numpy as np
 
 __all__ = ["RUN_LEVEL", "EFFECTIVE_N", "DESCRIPTIVE", "MIN_RUNS", "MIN_NU", "MAX_PHI", "LEVEL", "fisher_z",
            "within_residuals", "run_correlations", "demeaned_correlation", "run_level_t", "ar1_persistence",
-           "effective_n_ar1",
-           "within_effective_n_t", "infer_within", "mean_interval", "STATUS", "rank_bound", "min_run_length", "between_share"]
+           "effective_n_ar1", "within_effective_n_t", "infer_within", "mean_interval", "STATUS", "rank_bound",
+           "min_run_length", "between_share"]
 
 #: ``inference`` of a row with the run-level t interval and p (3 or more usable runs).
 RUN_LEVEL = "run-level t"
