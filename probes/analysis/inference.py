@@ -18,6 +18,9 @@ A run is an array ``[..., m_i]`` (the batch axes first, its checkpoints in time 
 - :func:`within_effective_n_t` — the fallback for one or two runs: Fisher z of the run-demeaned
   correlation with standard error 1/√ν, ν = n_eff − (R − 1) − k − 3, Student-t quantiles on ν;
   descriptive when ν < :data:`MIN_NU` or the persistence is above :data:`MAX_PHI`.
+- :func:`infer_within` — one row's choice among them (what ``summary`` and the benchmark call);
+  :func:`mean_interval` — the same treatment for a mean over checkpoints (the explain check);
+  :func:`rank_bound` — where a rank correlation of ±1 enters Fisher z.
 
 Cost: O(batch · n) (partial: O(batch · n · k²)); memory a few copies of the [..., n] inputs.
 """
