@@ -61,7 +61,7 @@ def min_run_length(k: int) -> int:
 
 
 def rank_bound(method: str, m: int) -> float:
-    """Largest |r| used in Fisher z for a run of ``m`` checkpoints: a rank correlation of ±1 is an
+    """Largest absolute r used in Fisher z for a run of ``m`` checkpoints: a rank correlation of ±1 is an
     atom (any two monotone series), so it is taken halfway to the next attainable value —
     Spearman 1 − 6/(m(m² − 1)), Kendall 1 − 2/(m(m − 1)); Pearson 1 − 1e-9."""
     if method == "spearman":
