@@ -163,5 +163,10 @@ def main(argv=None) -> list[dict]:
     return rows
 
 
+def run(quick: bool = False) -> list[dict]:
+    """``losslens bench statistics``: the full grid, or (``quick``) the issue's cells at 500 replicates."""
+    return main(["--quick", "--reps", "500", "--check-reps", "20"] if quick else [])
+
+
 if __name__ == "__main__":
     main()

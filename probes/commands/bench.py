@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 SUITE = ("hvp_throughput", "solvers", "estimators", "quantize", "surface", "sweep", "scale", "data_parallel", "sharded",
-         "difference", "gpu")
+         "difference", "gpu", "statistics")
 ALIASES = {"hvp": "hvp_throughput"}
 
 
