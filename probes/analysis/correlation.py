@@ -127,9 +127,8 @@ def _within(xa, ya, Z, g, method: str, interval: bool) -> dict:
     notes = []
     if len(runs) > 1:
         bx, by = inf.between_share(xs), inf.between_share(ys)
-        notes.append(f"r pools {len(runs)} runs; between run means lie {100 * bx:.0f}% of x's and {100 * by:.0f}% of "
-                     "y's variance, so r mixes run-to-run differences with co-movement within runs; r_within, the "
-                     "interval and p are within runs")
+        notes.append(f"r pools {len(runs)} runs (between run means: {100 * bx:.0f}% of x's, {100 * by:.0f}% of y's "
+                     "variance); r_within, the interval and p are within runs")
     need = inf.min_run_length(k)
     use = [i for i, r in enumerate(runs) if len(r) >= need and np.ptp(xa[r]) > 0 and np.ptp(ya[r]) > 0]
     if len(use) < len(runs):
@@ -161,8 +160,8 @@ def _within(xa, ya, Z, g, method: str, interval: bool) -> dict:
     out = dict(r_within=float(res["estimate"]), ci_low=float(res["ci_low"]), ci_high=float(res["ci_high"]),
                p=float(res["p"]), n_eff=n_eff, df=float(res["df"]), phi_x=phx, phi_y=phy, inference=inf.STATUS[status])
     if status == 0 and n_eff / q < 2:
-        notes.append(f"n_eff {n_eff:.1f}: about {n_eff / q:.1f} independent pair(s) per run, so the interval rests "
-                     f"on the {q} runs and is wide")
+        notes.append(f"n_eff {n_eff:.1f}: about {n_eff / q:.1f} independent pair(s) per run; the interval rests on "
+                     f"the {q} runs")
     if q < len(use):
         notes.append(f"{len(use) - q} run(s) whose x or y is fully explained by the controls within the run give no "
                      "correlation of their own")
