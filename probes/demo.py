@@ -179,14 +179,17 @@ class DemoResult:
         lines = ["Final checkpoint of each run (ΔQ L = L(θ̂)/L(θ) − 1, in %):", self.final.to_string(index=False), ""]
         head = self.correlations
         if len(head):
-            lines.append("Sharpness vs quantization error across all checkpoints of all runs (each run a time series: "
-                         "block-bootstrap 95% interval within runs, circular-shift permutation p, effective n):")
+            lines.append("Sharpness vs quantization error across all checkpoints of all runs: r pooled over runs; "
+                         "r_within (within runs) with its 95% interval and p, runs the independent units "
+                         "(docs/science.md §6):")
             for _, r in head.iterrows():
                 ctrl = f" | {r['controls']}" if r["controls"] else ""
-                p = f"p={r['p']:.2g}" if math.isfinite(r["p"]) else "p: descriptive"
-                lines.append(f"  {r['method']:>8} r({r['x']}, ΔQ {r['y']}{ctrl}) = {r['r']:+.3f} "
-                             f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] {p} n={int(r['n'])} n_eff={r['n_eff']:.1f} "
-                             f"block={int(r['block_len'])}" + (f" ({r['note']})" if r["note"] else ""))
+                ci = (f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] p={r['p']:.2g}" if math.isfinite(r["p"])
+                      else "descriptive")
+                lines.append(f"  {r['method']:>8} r({r['x']}, ΔQ {r['y']}{ctrl}) = {r['r']:+.3f}, "
+                             f"within {r['r_within']:+.3f} "
+                             f"{ci} ({r['inference']}) n={int(r['n'])} n_eff={r['n_eff']:.1f}"
+                             + (f" ({r['note']})" if r["note"] else ""))
         if self.accuracy:
             lines += ["", "Loss vs task accuracy (embedded task, accuracy probe):", "  " + self.accuracy]
         if self.explain:
@@ -335,7 +338,8 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
     problems += [f"correlation not computed: {b}" for b in bad_rows]
     notes = ("Embedded demo: tiny GPT-NeoX trajectories trained here on the package's corpus. "
              f"Headline quantizer {settings.headline_spec}; correlations pool every real checkpoint of every run, "
-             "each run one time series (intervals and p-values resample within runs).")
+             "each run one time series (r pooled; intervals and p-values are within runs, with runs as the independent "
+             "units).")
     if failures:
         notes += (" FAILED: " + "; ".join(f"{n} probe row(s) failed in {r}" for r, n in failures.items())
                   + " (listed below); the demo exits with status 1.")

@@ -113,13 +113,25 @@ def test_cli_accuracy_json(traj):
 
 @pytest.mark.parametrize("sign,answer", [(-1.0, "yes"), (1.0, "no")])
 def test_accuracy_verdict_says_whether_accuracy_falls_where_dq_rises(sign, answer):
+    """4 runs where Δacc follows ΔQ (plus noise): the within-run interval over the runs excludes 0.
+    One run of 10 trending checkpoints: any two monotone trends rank-correlate perfectly, so one run
+    does not resolve it (issue 37; this used to answer from a bootstrap over one run's checkpoints)."""
+    import numpy as np
     import pandas as pd
 
     from probes.analysis.accuracy import accuracy_verdict
     from probes.report.figures import synthetic_results
 
-    df = synthetic_results(n_checkpoints=10, specs=("rtn:4:g128",))
+    df = synthetic_results(n_checkpoints=10, specs=("rtn:4:g128",), runs=("r0", "r1", "r2", "r3"))
     q = df[(df["probe"] == "quant") & (df["metric"] == "rel_loss_error")].copy()
-    acc = q.assign(probe="accuracy", metric="delta_acc", value=sign * 3 * q["value"].astype(float))
-    v = accuracy_verdict(pd.concat([df, acc], ignore_index=True), n_boot=300)
-    assert v["answer"] == answer and v["n"] == int((~q["derived"].astype(bool)).sum())
+    v = q["value"].astype(float)
+    noise = np.random.default_rng(0).normal(scale=0.3 * float(v.std()), size=len(v))
+    acc = q.assign(probe="accuracy", metric="delta_acc", value=sign * 3 * v + noise)
+    verdict = accuracy_verdict(pd.concat([df, acc], ignore_index=True), n_boot=300)
+    assert verdict["answer"] == answer and verdict["n"] == int((~q["derived"].astype(bool)).sum())
+    assert "run-level t" in verdict["text"]
+    one = synthetic_results(n_checkpoints=10, specs=("rtn:4:g128",))
+    q1 = one[(one["probe"] == "quant") & (one["metric"] == "rel_loss_error")].copy()
+    acc1 = q1.assign(probe="accuracy", metric="delta_acc", value=sign * 3 * q1["value"].astype(float))
+    single = accuracy_verdict(pd.concat([one, acc1], ignore_index=True), n_boot=300)
+    assert single["answer"] == "not resolved" and "descriptive" in single["text"]

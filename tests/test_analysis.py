@@ -27,30 +27,57 @@ def test_correlate_matches_scipy(xy, method, ref):
     want = ref(x, y)
     assert c.r == pytest.approx(want.statistic, abs=1e-12)
     assert c.p_iid == pytest.approx(want.pvalue, rel=1e-9)
-    # one run of 40: all 40 circular shifts (exact test); the observed alignment is the extreme one
-    assert c.p_exact and c.n_perm == 40 and c.p == pytest.approx(1 / 40)
+    # one run: the within-run correlation is the correlation (issue 37 replaced the circular-shift
+    # test, whose p = 1/40 this test used to assert, by the inference of probes.analysis.inference)
+    assert c.r_within == pytest.approx(c.r, abs=1e-12) and c.n_runs == 1
     assert c.n == 40 and c.n_excluded == 0 and c.method == method
+    if method == "kendall":  # one run, Kendall: no effective-n interval
+        assert c.inference == "descriptive" and math.isnan(c.p) and math.isnan(c.ci_low) and "Kendall" in c.note
+        return
+    assert c.inference == "effective-n t (AR(1))"
     assert c.ci_low < c.r < c.ci_high
     assert -1 <= c.ci_low and c.ci_high <= 1
 
 
-def test_bootstrap_is_seeded_and_percentile(xy):
+def test_effective_n_interval_by_hand(xy):
+    """One run of 40: the bias-corrected AR(1) fits, Bartlett's n_eff and the Fisher-z t interval,
+    recomputed here with scipy's linregress (the slope is the least-squares lag-1 coefficient)."""
     x, y = xy
-    a = correlate(x, y, n_boot=400, seed=7, block_len=1)  # blocks of 1 in one run = the i.i.d. pair bootstrap
-    b = correlate(x, y, n_boot=400, seed=7, block_len=1)
-    assert a == b
-    # the percentile interval of a direct loop equals ours
-    rng = np.random.default_rng(7)
-    idx = rng.integers(0, 40, size=(400, 40))
-    boot = [stats.pearsonr(x[i], y[i]).statistic for i in idx]
-    lo, hi = np.quantile(boot, [0.025, 0.975])
-    assert a.ci_low == pytest.approx(lo, abs=1e-10) and a.ci_high == pytest.approx(hi, abs=1e-10)
-    # spearman bootstrap agrees with a loop too
-    s = correlate(x, y, method="spearman", n_boot=200, seed=2, block_len=1)
-    rng = np.random.default_rng(2)
-    idx = rng.integers(0, 40, size=(200, 40))
-    boot = [stats.spearmanr(x[i], y[i]).statistic for i in idx]
-    assert s.ci_low == pytest.approx(np.quantile(boot, 0.025), abs=1e-10)
+    c = correlate(x, y, n_boot=500)
+    phis = []
+    for v in (x, y):
+        b = stats.linregress(v[:-1], v[1:]).slope
+        phis.append(min(0.99, max(-0.99, b + (1 + 3 * b) / 40)))
+    n_eff = min(40.0, max(1.0, 40 * (1 - phis[0] * phis[1]) / (1 + phis[0] * phis[1])))
+    nu = n_eff - 3
+    half = stats.t.ppf(0.975, nu) / math.sqrt(nu)
+    z = math.atanh(stats.pearsonr(x, y).statistic)
+    assert (c.phi_x, c.phi_y) == pytest.approx(tuple(phis), abs=1e-12)
+    assert c.n_eff == pytest.approx(n_eff, rel=1e-12) and c.df == pytest.approx(nu, rel=1e-12)
+    assert (c.ci_low, c.ci_high) == pytest.approx((math.tanh(z - half), math.tanh(z + half)), abs=1e-12)
+    assert c.p == pytest.approx(2 * stats.t.sf(abs(z) * math.sqrt(nu), nu), rel=1e-9)
+
+
+def test_run_level_interval_by_hand_and_seed_free():
+    """4 runs: r_within, the interval and p are the one-sample t on the runs' Fisher z (scipy's
+    ttest_1samp); seed, n_boot and n_perm do not change the row (the inference is closed-form);
+    n_boot = 0 leaves the interval out."""
+    rng = np.random.default_rng(4)
+    g = np.repeat(np.arange(4), 12)
+    x = rng.normal(size=48)
+    y = 0.4 * x + rng.normal(size=48) + np.repeat(rng.normal(scale=3, size=4), 12)  # y's runs at other levels
+    c = correlate(x, y, groups=g, seed=1)
+    z = np.arctanh([stats.pearsonr(x[g == i], y[g == i]).statistic for i in range(4)])
+    t = stats.ttest_1samp(z, 0.0)
+    half = stats.t.ppf(0.975, 3) * z.std(ddof=1) / 2
+    assert c.inference == "run-level t" and c.df == 3
+    assert c.r_within == pytest.approx(math.tanh(z.mean()), abs=1e-12)
+    assert (c.ci_low, c.ci_high) == pytest.approx((math.tanh(z.mean() - half), math.tanh(z.mean() + half)), abs=1e-12)
+    assert c.p == pytest.approx(t.pvalue, rel=1e-9)
+    assert c.r == pytest.approx(stats.pearsonr(x, y).statistic) and "between run means" in c.note
+    assert correlate(x, y, groups=g, seed=9, n_boot=50, n_perm=7) == c
+    bare = correlate(x, y, groups=g, n_boot=0)
+    assert math.isnan(bare.ci_low) and bare.p == c.p
 
 
 def test_nan_pairs_excluded_with_count(xy):

@@ -106,5 +106,5 @@ def test_demo_exits_1_and_flags_failed_probes(demo_dir):
     html = (out / "report.html").read_text()
     assert 'data-note="failed"' in html and f"1 probe row(s) failed in {run}" in html
     # the correlation table shows the dependence-aware statistics
-    assert "block-bootstrap 95% interval within runs" in result.output and "n_eff=" in result.output
-    assert ">n_eff</th>" in html and ">inference</th>" in html
+    assert "runs the independent units" in result.output and "n_eff=" in result.output
+    assert ">n_eff</th>" in html and ">inference</th>" in html and ">r_within</th>" in html

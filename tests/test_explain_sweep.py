@@ -143,7 +143,9 @@ def test_science_check_and_report_section(synth, tmp_path):
     q = check["quantizers"].iloc[0]
     assert (q["calibrated"], q["rtn"], q["n"]) == ("gptq:4:g128", "rtn:4:g128", 16)
     assert q["log_quadratic_ratio"] == pytest.approx(q["log_norm2_ratio"] + q["log_kappa_ratio"], rel=1e-9)
-    assert q["log_kappa_ratio_ci"][0] < q["log_kappa_ratio"] < q["log_kappa_ratio_ci"][1] < 0  # GPTQ lowers κ here
+    assert q["log_kappa_ratio"] < 0  # GPTQ lowers κ here; but 2 runs × 8 autocorrelated checkpoints support no
+    # interval (issue 37: runs are the independent units; this used to assert a t-interval over the 16 checkpoints)
+    assert q["log_kappa_ratio_inference"] == "descriptive" and all(math.isnan(v) for v in q["log_kappa_ratio_ci"])
     assert len(check["lawa"]) == 4
     text = format_check(check)
     assert "| gptq:4:g128 vs rtn:4:g128 | 16 |" in text and "over the LR decay" in text

@@ -7,9 +7,10 @@ Inputs are per-checkpoint series pulled out of the tidy results DataFrame of
 :meth:`probes.sweep.Store.results`. Modules:
 
 - :mod:`.series`      -- :func:`series` / :func:`series_frame`: one per-checkpoint series by a short key;
-- :mod:`.correlation` -- :func:`correlate` (Pearson, Spearman, Kendall) and :func:`partial_correlation`,
-  each run a time series: block-bootstrap intervals within runs, circular-shift p-values, effective n;
-- :mod:`.dependence`  -- the resampling plans behind them (blocks, shifts, autocorrelation, n_eff);
+- :mod:`.correlation` -- :func:`correlate` (Pearson, Spearman, Kendall) and :func:`partial_correlation`:
+  r pooled over runs and r_within with a 95% interval and p that treat runs as the independent units;
+- :mod:`.inference`   -- that inference (run-level t, AR(1) effective-n t, 'descriptive'), vectorised;
+- :mod:`.dependence`  -- runs, autocorrelations and Bartlett's nonparametric n_eff;
 - :mod:`.phases`      -- :func:`convergence_onset`, :func:`divergence_onset`, :func:`detect_phases`
   (seed 004's phases);
 - :mod:`.summary`     -- :func:`summary` (a table of correlations for several x/y pairs) and

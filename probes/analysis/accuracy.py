@@ -2,10 +2,10 @@
 
 :func:`accuracy_verdict` correlates, across checkpoints (every run pooled, derived checkpoints
 left out), ΔQ L of a quantizer (``quant`` rows) with its Δacc (``accuracy`` rows: mean over tasks),
-Spearman with a bootstrap 95% interval (:func:`probes.analysis.summary`), and says in one sentence
-whether accuracy falls where ΔQ rises: "yes" when r < 0 and the interval excludes 0, "no" when
-r > 0 and it excludes 0, otherwise "not resolved" (descriptive: checkpoints of one run are not
-independent draws; docs/science.md §6).
+Spearman within runs with its 95% interval (:func:`probes.analysis.summary`: runs are the
+independent units), and says in one sentence whether accuracy falls where ΔQ rises: "yes" when the
+within-run r < 0 and the interval excludes 0, "no" when r > 0 and it excludes 0, otherwise "not
+resolved" (also when the row is descriptive: too few runs for an honest interval; docs/science.md §6).
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def accuracy_verdict(df, spec: str | None = None, n_boot: int = 2000, seed: int 
     spec = spec if spec is not None else specs[0]
     tab = summary(df, x=[spec], y=[f"delta_acc:{spec}"], methods=("spearman",), n_boot=n_boot, seed=seed)
     r = tab.iloc[0]
-    rv, lo, hi = float(r["r"]), float(r["ci_low"]), float(r["ci_high"])
+    # the interval is about the within-run correlation (docs/science.md §6); the answer follows it
+    rv, lo, hi = float(r["r_within"]), float(r["ci_low"]), float(r["ci_high"])
     if not math.isfinite(rv):
         answer = "not resolved"
     elif rv < 0 and hi < 0:
@@ -38,8 +39,10 @@ def accuracy_verdict(df, spec: str | None = None, n_boot: int = 2000, seed: int 
         answer = "no"
     else:
         answer = "not resolved"
-    text = (f"Does task accuracy fall where ΔQ rises ({spec})? {answer}: Spearman r(ΔQ L, Δacc) = {rv:+.2f} "
-            f"[{lo:+.2f}, {hi:+.2f}], n = {int(r['n'])} checkpoints" + (f" ({r['note']})" if r.get("note") else "")
-            + "; descriptive (checkpoints of a run are autocorrelated).")
+    ci = f"[{lo:+.2f}, {hi:+.2f}] ({r['inference']})" if math.isfinite(lo) else f"({r['inference'] or 'no interval'})"
+    text = (f"Does task accuracy fall where ΔQ rises ({spec})? {answer}: "
+            f"Spearman r(ΔQ L, Δacc) within runs = {rv:+.2f} "
+            f"{ci}, pooled {float(r['r']):+.2f}, n = {int(r['n'])} checkpoints"
+            + (f" ({r['note']})" if r.get("note") else "") + ".")
     return {"spec": spec, "r": rv, "ci_low": lo, "ci_high": hi, "p": float(r["p"]), "n": int(r["n"]), "answer": answer,
             "text": text}

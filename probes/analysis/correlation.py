@@ -1,33 +1,34 @@
-"""Correlations across checkpoints that respect their dependence, and partial correlations
-(docs/science.md §6).
+"""Correlations across checkpoints that hold up when the checkpoints of a run are autocorrelated, and
+partial correlations (docs/science.md §6, issue 37).
 
-* :func:`correlate` — Pearson, Spearman or Kendall r over the pooled checkpoints, with
-
-  - a 95% interval from a **circular-block bootstrap within runs** (blocks of ``block_len``
-    consecutive checkpoints of one run, chosen from the lag-1 autocorrelation and recorded;
-    :func:`~.dependence.block_length`);
-  - a two-sided **permutation p-value from circular shifts within runs**: y's series of each run
-    is rotated against x's by an offset of its own, which keeps every run's autocorrelation and
-    breaks only the alignment of x and y (all ∏ n_r arrangements when there are at most
-    ``n_perm``, else ``n_perm`` random ones);
-  - **n_eff**, Bartlett's effective sample size, next to n.
-
+* :func:`correlate` — Pearson, Spearman or Kendall.
 * :func:`partial_correlation` — r between the residuals of x and y after least squares on the
-  covariates (with intercept; on ranks for Spearman); the same interval (rows resampled together),
-  a Freedman–Lane permutation test (y's residuals rotated within runs, then residualised again)
-  and n_eff of the residuals.
+  covariates (Pearson, or Spearman on ranks).
+
+Each gives two numbers and says which one its inference is about:
+
+- ``r``: over the checkpoints of every run pooled (as scipy computes it; partial: residuals on one
+  intercept). With several runs whose levels differ it is mostly *between-run* variation: the note
+  gives the share of x's and y's variance that lies between run means.
+- ``r_within``: the *within-run* correlation, and the 95% interval ``[ci_low, ci_high]`` and the
+  two-sided ``p`` are about it (:mod:`.inference`):
+
+  - with ≥ :data:`~.inference.MIN_RUNS` usable runs (each with ≥ k + 4 checkpoints): each run's own
+    correlation (partial: controls residualised within the run), in Fisher z; ``r_within`` =
+    tanh(mean z), interval and p from the t-statistic over the runs (Ibragimov–Müller), ``df`` =
+    runs − 1 — 'run-level t'. Runs are the independent units; no model of the autocorrelation;
+  - with one or two runs: the correlation of the run-demeaned series, Fisher z ± t_ν/√ν with ν from
+    Bartlett's AR(1) effective n — 'effective-n t (AR(1))', or 'descriptive' (no interval, no p)
+    when ν < :data:`~.inference.MIN_NU`, the persistence φ > :data:`~.inference.MAX_PHI`, or for
+    Kendall.
+
+``n_eff``: Bartlett's effective n of the within-run correlation from bias-corrected AR(1) fits
+(``phi_x``, ``phi_y``), for reading the strength of the evidence; ``p_iid`` keeps the textbook
+p-value (scipy; pairs assumed independent) for comparison only.
 
 The runs are given by ``groups`` (one label per point; None = one run); within a run the given
-order is time order. Without an honest p-value — fewer than
-:data:`~.dependence.MIN_PERMUTATIONS` shift arrangements — ``p`` is NaN and ``inference`` is
-'descriptive'; with a median run shorter than 4 checkpoints the interval is NaN too. The interval
-and the p-value are conditional on the runs observed: they describe how the checkpoints within
-those runs could have fallen, not how another run would (with a handful of runs, run-to-run
-variation cannot be estimated). ``p_iid`` keeps the textbook p-value (scipy; pairs assumed
-independent) for comparison only.
-
-Missing values: a pair with a NaN on either side (or in a covariate) is excluded from every
-statistic and counted in ``n_excluded``; values are never imputed or averaged in.
+order is time order. Missing values: a pair with a NaN on either side (or in a covariate) is
+excluded from every statistic and counted in ``n_excluded``; values are never imputed.
 """
 from __future__ import annotations
 
@@ -37,31 +38,26 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .dependence import (MIN_PERMUTATIONS, block_bootstrap_indices, block_length, circular_shifts, effective_n,
-                         run_index, shift_combinations)
+from . import inference as inf
+from .dependence import run_index
 from .inputs import AnalysisError, align_pair, as_1d, check_method, covariate_matrix, too_few
 
-__all__ = ["Correlation", "correlate", "partial_correlation", "DEPENDENT", "DESCRIPTIVE"]
+__all__ = ["Correlation", "correlate", "partial_correlation", "RUN_LEVEL", "EFFECTIVE_N", "DESCRIPTIVE"]
 
-#: ``inference`` of a correlation with a block-bootstrap interval and a circular-shift p-value.
-DEPENDENT = "block bootstrap + circular shifts"
-#: ``inference`` of a correlation without an honest p-value (too few arrangements).
-DESCRIPTIVE = "descriptive"
-MIN_RUN_FOR_INTERVAL = 4
-"""Median run length below which no block-bootstrap interval is given (fewer than 2 blocks of 2)."""
+RUN_LEVEL, EFFECTIVE_N, DESCRIPTIVE = inf.RUN_LEVEL, inf.EFFECTIVE_N, inf.DESCRIPTIVE
 
 
 @dataclass(frozen=True)
 class Correlation:
-    """A correlation coefficient with a dependence-aware p-value and 95% interval.
+    """A pooled correlation and the within-run correlation with an honest 95% interval and p.
 
-    ``n``: pairs used; ``n_excluded``: pairs dropped because of a NaN; ``n_eff``: effective sample
-    size (≤ n); ``n_runs``: runs; ``block_len``: circular-block length used (``block_rule``: what
-    the autocorrelation asked for, ``lag1``: the lag-1 autocorrelation it came from);
-    ``n_boot_failed``: bootstrap resamples with an undefined r, excluded from the interval;
-    ``n_perm``: shift arrangements compared (``p_exact``: all of them); ``p_iid``: scipy's p
-    assuming independent pairs (for comparison only); ``inference``: :data:`DEPENDENT` or
-    :data:`DESCRIPTIVE` (no honest p-value: ``p`` is NaN); ``note``: why something is descriptive, missing or capped;
+    ``r``: pooled over runs; ``r_within``: within runs (what ``ci_low``, ``ci_high`` and ``p`` are
+    about); ``n``: pairs used; ``n_excluded``: pairs dropped because of a NaN; ``n_eff``: Bartlett's
+    AR(1) effective n of the within-run correlation (≤ n); ``n_runs``: runs; ``df``: degrees of
+    freedom of the t quantile (runs − 1, or ν); ``phi_x``, ``phi_y``: bias-corrected lag-1
+    autocorrelations within runs; ``p_iid``: scipy's p assuming independent pairs (for comparison
+    only); ``inference``: :data:`~.inference.RUN_LEVEL`, :data:`~.inference.EFFECTIVE_N` or
+    :data:`~.inference.DESCRIPTIVE` (no interval, ``p`` NaN); ``note``: why descriptive, what the pooled r means, what was left out;
     ``covariates``: names of the controls for a partial correlation (empty otherwise).
     """
 
@@ -72,18 +68,15 @@ class Correlation:
     n: int
     n_excluded: int
     method: str = "pearson"
-    n_boot: int = 2000
-    n_boot_failed: int = 0
     covariates: tuple[str, ...] = ()
+    r_within: float = math.nan
     n_eff: float = math.nan
     n_runs: int = 1
-    block_len: int = 1
-    block_rule: int = 1
-    lag1: float = math.nan
-    n_perm: int = 0
-    p_exact: bool = False
+    df: float = math.nan
+    phi_x: float = math.nan
+    phi_y: float = math.nan
     p_iid: float = math.nan
-    inference: str = DEPENDENT
+    inference: str = RUN_LEVEL
     note: str = ""
 
     def to_dict(self) -> dict:
@@ -91,18 +84,16 @@ class Correlation:
 
     def __str__(self) -> str:
         ctrl = f" | {', '.join(self.covariates)}" if self.covariates else ""
-        p = f"p = {self.p:.3g}" if math.isfinite(self.p) else "p: descriptive"
-        return (f"{self.method}{ctrl}: r = {self.r:+.3f} [{self.ci_low:+.3f}, {self.ci_high:+.3f}], {p}, "
-                f"n = {self.n} (n_eff {self.n_eff:.1f}, {self.n_runs} run{'s' if self.n_runs != 1 else ''}, "
-                f"block {self.block_len})" + (f" ({self.n_excluded} excluded: NaN)" if self.n_excluded else "")
+        if self.inference == DESCRIPTIVE or not math.isfinite(self.ci_low):
+            inner = f"within runs {self.r_within:+.3f} (descriptive: no interval, no p)"
+        else:
+            inner = (f"within runs {self.r_within:+.3f} [{self.ci_low:+.3f}, {self.ci_high:+.3f}] 95%, "
+                     f"p = {self.p:.3g} "
+                     f"({self.inference}, df {self.df:.0f})")
+        return (f"{self.method}{ctrl}: r = {self.r:+.3f} pooled; {inner}; n = {self.n} (n_eff {self.n_eff:.1f}, "
+                f"{self.n_runs} run{'s' if self.n_runs != 1 else ''})"
+                + (f" ({self.n_excluded} excluded: NaN)" if self.n_excluded else "")
                 + (f"; {self.note}" if self.note else ""))
-
-
-# --------------------------------------------------------------------------- row statistics
-def _rank_rows(A: np.ndarray) -> np.ndarray:
-    from scipy.stats import rankdata
-
-    return rankdata(A, axis=-1)
 
 
 def _pearson_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
@@ -118,87 +109,6 @@ def _pearson_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
     return np.clip(r, -1.0, 1.0)
 
 
-def _stat_rows(X: np.ndarray, Y: np.ndarray, method: str) -> np.ndarray:
-    if method == "pearson":
-        return _pearson_rows(X, Y)
-    if method == "spearman":
-        return _pearson_rows(_rank_rows(X), _rank_rows(Y))
-    from scipy.stats import kendalltau
-
-    X, Y = np.broadcast_arrays(X, Y)
-    out = np.empty(X.shape[0])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for i in range(X.shape[0]):
-            out[i] = kendalltau(X[i], Y[i]).statistic
-    return out
-
-
-def _percentile_ci(boot: np.ndarray, level: float = 0.95) -> tuple[float, float, int]:
-    ok = boot[np.isfinite(boot)]
-    failed = int(boot.size - ok.size)
-    if ok.size == 0:
-        return math.nan, math.nan, failed
-    a = (1 - level) / 2
-    lo, hi = np.quantile(ok, [a, 1 - a])
-    return float(lo), float(hi), failed
-
-
-def _perm_p(r: float, null: np.ndarray, exact: bool) -> float:
-    """Two-sided p of ``r`` against the shift distribution ``null`` (exact: it holds the identity)."""
-    null = null[np.isfinite(null)]
-    hits = int(np.sum(np.abs(null) >= abs(r) - 1e-12))
-    if exact:
-        return hits / max(1, null.size)
-    return (1 + hits) / (1 + null.size)
-
-
-# --------------------------------------------------------------------------- the plan of one statistic
-@dataclass
-class _Plan:
-    """Runs, block length and the notes of one correlation (shared by plain and partial)."""
-
-    runs: list
-    order: np.ndarray
-    block_len: int
-    block_rule: int
-    lag1: float
-    n_eff: float
-    interval: bool
-    test: bool
-    notes: list
-
-
-def _plan(u: np.ndarray, v: np.ndarray, groups, block_len: int | None, n_boot: int) -> _Plan:
-    """``u``, ``v``: the two series whose dependence matters (values or residuals), [n]."""
-    runs = run_index(groups, len(u))
-    order = np.concatenate(runs)
-    rule, lag1 = block_length(u, v, runs)
-    lengths = sorted(len(r) for r in runs)
-    m_med = int(np.median(lengths))
-    notes = []
-    interval = bool(n_boot) and m_med >= MIN_RUN_FOR_INTERVAL
-    if n_boot and not interval:
-        notes.append(f"no interval: the median run has {m_med} checkpoint(s), fewer than {MIN_RUN_FOR_INTERVAL} "
-                     "(no blocks to resample)")
-    if block_len is None:
-        cap = max(1, m_med // 2)
-        used = min(rule, cap)
-        if interval and rule > cap:
-            notes.append(f"block length {rule} from the lag-1 autocorrelation {lag1:.2f} exceeds half the median run "
-                         f"({m_med}); capped at {cap}, so the interval is likely too narrow")
-    else:
-        used = int(block_len)
-        if used < 1:
-            raise AnalysisError(f"block_len must be >= 1, got {block_len}")
-    combos = shift_combinations(runs)
-    test = combos >= MIN_PERMUTATIONS
-    if not test:
-        notes.append(f"descriptive: only {combos} circular-shift arrangement(s) of {len(runs)} run(s) of "
-                     f"{'/'.join(map(str, lengths))} checkpoints, fewer than {MIN_PERMUTATIONS}; no honest p-value")
-    return _Plan(runs, order, used, rule, lag1, effective_n(u, v, runs), interval, test, notes)
-
-
 def _groups(groups, keep: np.ndarray, n_all: int):
     if groups is None:
         return None
@@ -208,26 +118,83 @@ def _groups(groups, keep: np.ndarray, n_all: int):
     return g[keep]
 
 
-def _finish(r, p_iid, plan: _Plan, lo, hi, failed, null, exact, n, n_excl, method, n_boot, names=()) -> Correlation:
-    p = _perm_p(r, null, exact) if plan.test else math.nan
-    return Correlation(r, p, lo, hi, n, n_excl, method, int(n_boot), failed, tuple(names), plan.n_eff, len(plan.runs),
-                       plan.block_len, plan.block_rule, plan.lag1, int(null.size) if plan.test else 0, bool(exact and plan.test),
-                       p_iid, DEPENDENT if plan.test else DESCRIPTIVE, "; ".join(plan.notes))
+def _within(xa, ya, Z, g, method: str, interval: bool) -> dict:
+    """The within-run half of a row: r_within, interval, p, n_eff, df, φ, inference and notes."""
+    runs = run_index(g, xa.size)
+    k = 0 if Z is None else Z.shape[1]
+    xs, ys = [xa[r] for r in runs], [ya[r] for r in runs]
+    zs = None if Z is None else [Z[r] for r in runs]
+    notes = []
+    if len(runs) > 1:
+        bx, by = inf.between_share(xs), inf.between_share(ys)
+        notes.append(f"r pools {len(runs)} runs (between run means: {100 * bx:.0f}% of x's, {100 * by:.0f}% of y's "
+                     "variance); r_within, the interval and p are within runs")
+    need = inf.min_run_length(k)
+    use = [i for i, r in enumerate(runs) if len(r) >= need and np.ptp(xa[r]) > 0 and np.ptp(ya[r]) > 0]
+    if len(use) < len(runs):
+        notes.append(f"{len(runs) - len(use)} run(s) with fewer than {need} checkpoints or a constant series give no "
+                     "correlation of their own")
+    pick = (lambda v: [v[i] for i in use])
+    zs_u = None if zs is None else pick(zs)
+    if not use:
+        return dict(r_within=math.nan, ci_low=math.nan, ci_high=math.nan, p=math.nan, n_eff=math.nan, df=math.nan,
+                    phi_x=math.nan, phi_y=math.nan, inference=DESCRIPTIVE,
+                    note="; ".join(notes + ["descriptive: no run has a correlation of its own"]))
+    lengths = [len(runs[i]) for i in use]
+    if method == "kendall":
+        rx, ry = inf.within_residuals(pick(xs), pick(ys), None, "spearman")
+        phx, phy = float(inf.ar1_persistence(rx)), float(inf.ar1_persistence(ry))
+        rr = inf.run_correlations(pick(xs), pick(ys), None, method)
+        q = int(np.isfinite(rr).sum())
+        res = {"n_eff": float(inf.effective_n_ar1(lengths, phx, phy)), "phi_x": phx, "phi_y": phy, "q": q}
+        bound = np.array([inf.rank_bound("kendall", n) for n in lengths])
+        if q >= inf.MIN_RUNS and math.isfinite(float(inf.run_level_t(np.clip(rr, -bound, bound))["p"])):
+            res.update(inf.run_level_t(np.clip(rr, -bound, bound)), status=0, df=q - 1.0)
+        else:
+            res.update(estimate=float(np.nanmean(rr)), ci_low=math.nan, ci_high=math.nan, p=math.nan, status=2,
+                       df=math.nan)
+    else:
+        res = inf.infer_within(pick(xs), pick(ys), zs_u, method)
+    q, n_eff, status = int(res["q"]), float(res["n_eff"]), int(res["status"])
+    phx, phy = float(res["phi_x"]), float(res["phi_y"])
+    out = dict(r_within=float(res["estimate"]), ci_low=float(res["ci_low"]), ci_high=float(res["ci_high"]),
+               p=float(res["p"]), n_eff=n_eff, df=float(res["df"]), phi_x=phx, phi_y=phy, inference=inf.STATUS[status])
+    if status == 0 and n_eff / q < 2:
+        notes.append(f"n_eff {n_eff:.1f}: about {n_eff / q:.1f} independent pair(s) per run; the interval rests on "
+                     f"the {q} runs")
+    if q < len(use):
+        notes.append(f"{len(use) - q} run(s) whose x or y is fully explained by the controls within the run give no "
+                     "correlation of their own")
+    if q == 0:
+        out.update(r_within=math.nan)
+    if status == 2 and q >= inf.MIN_RUNS:
+        notes.append(f"descriptive: the {q} runs' correlations are all {out['r_within']:+.3f} (e.g. two series "
+                     "monotone in every run); with no spread across runs there is no interval and no p-value")
+    elif status == 2 and q == 0:
+        notes.append("descriptive: no run has a correlation of its own; no interval, no p-value")
+    elif status == 2:
+        why = ("Kendall's tau has no effective-n interval" if method == "kendall" else
+               f"the persistence φ = {max(phx, phy):.2f} is above {inf.MAX_PHI}" if max(phx, phy) > inf.MAX_PHI else
+               f"ν = n_eff − (runs − 1) − k − 3 = {out['df']:.1f} is below {inf.MIN_NU}")
+        notes.append(f"descriptive: {q} run(s) with a correlation of their own (run-level inference needs "
+                     f"{inf.MIN_RUNS}) and {why}; no interval, no p-value")
+    if not interval:
+        out.update(ci_low=math.nan, ci_high=math.nan)
+    out["note"] = "; ".join(notes)
+    return out
 
 
-# --------------------------------------------------------------------------- correlation
 def correlate(x, y, method: str = "pearson", n_boot: int = 2000, seed: int = 0, groups=None, n_perm: int = 2000,
               block_len: int | None = None) -> Correlation:
     """Correlation between two per-checkpoint series (module docstring for the inference).
 
     ``x``, ``y``: equal-length sequences [n], or pandas Series (aligned on their index when
     ``groups`` is None). ``groups``: run label per point [n] (None: one run, i.e. one time series).
-    Pairs with a NaN on either side are excluded and counted. ``n_boot``: block-bootstrap resamples
-    (0 skips the interval); ``n_perm``: circular-shift arrangements (all of them when there are
-    fewer); ``block_len``: force a block length (default: from the autocorrelation).
-    ``numpy.random.default_rng(seed)`` draws the resamples first, then the shifts.
-    Cost: O((n_boot + n_perm) · n) (Kendall: that many scipy calls). Memory: [n_boot or n_perm, n] floats.
-    Raises :class:`AnalysisError` with fewer than 3 usable pairs or a constant series.
+    Pairs with a NaN on either side are excluded and counted. ``n_boot`` = 0 leaves the interval
+    out; otherwise ``n_boot``, ``seed``, ``n_perm`` and ``block_len`` are accepted for callers of
+    the earlier resampling inference and do not change the result (the inference is closed-form).
+    Cost: O(n) (Kendall: O(n log n) per run). Raises :class:`AnalysisError` with fewer than 3 usable
+    pairs or a constant series.
     """
     from scipy import stats
 
@@ -248,46 +215,16 @@ def correlate(x, y, method: str = "pearson", n_boot: int = 2000, seed: int = 0, 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref = {"pearson": stats.pearsonr, "spearman": stats.spearmanr, "kendall": stats.kendalltau}[method](xa, ya)
-    r, p_iid = float(ref.statistic), float(ref.pvalue)
-    ux, uy = (_rank_rows(xa), _rank_rows(ya)) if method != "pearson" else (xa, ya)
-    plan = _plan(ux, uy, g, block_len, n_boot)
-    rng = np.random.default_rng(seed)
-    lo = hi = math.nan
-    failed = 0
-    if plan.interval:
-        idx = block_bootstrap_indices(plan.runs, plan.block_len, int(n_boot), rng)
-        lo, hi, failed = _percentile_ci(_stat_rows(xa[idx], ya[idx], method))
-    null, exact = np.empty(0), False
-    if plan.test:
-        idx, exact = circular_shifts(plan.runs, int(n_perm), rng)
-        xo = xa[plan.order]
-        if method == "kendall":
-            null = _stat_rows(xo[None, :], ya[idx], method)
-        else:  # ranks of a rearranged y are the rearranged ranks
-            null = _pearson_rows(ux[plan.order][None, :], uy[idx])
-    return _finish(r, p_iid, plan, lo, hi, failed, null, exact, n, n_excl, method, n_boot)
+    w = _within(xa, ya, None, g, method, interval=bool(n_boot))
+    return Correlation(r=float(ref.statistic), n=n, n_excluded=n_excl, method=method, n_runs=len(run_index(g, n)),
+                       p_iid=float(ref.pvalue), **w)
 
 
 def _residualise(v: np.ndarray, Z: np.ndarray) -> np.ndarray:
-    """Residual of v [n] (or rows of v [b, n]) after least squares on [1, Z] (Z [n, k] or [b, n, k])."""
-    if v.ndim == 1:
-        A = np.column_stack([np.ones(v.shape[0]), Z])
-        coef, *_ = np.linalg.lstsq(A, v, rcond=None)
-        return v - A @ coef
-    # rows: centre and scale each covariate (the residual on [1, Z] does not change), then the
-    # normal equations of a well-conditioned [b, n, k+1] design (lstsq per row is ~20x slower)
-    Zc = Z - Z.mean(axis=-2, keepdims=True)
-    sd = np.sqrt((Zc * Zc).mean(axis=-2, keepdims=True))
-    Zc = Zc / np.where(sd > 0, sd, 1.0)
-    A = np.concatenate([np.ones(Z.shape[:-1] + (1,)), Zc], axis=-1)  # [b, n, k+1]
-    At = np.swapaxes(A, -1, -2)
-    G = At @ A
-    rhs = At @ v[..., None]
-    try:
-        coef = np.linalg.solve(G, rhs)
-    except np.linalg.LinAlgError:  # a resample with a constant covariate: fall back to the pseudo-inverse
-        coef = np.linalg.pinv(A) @ v[..., None]
-    return v - (A @ coef)[..., 0]
+    """Residual of v [n] after least squares on [1, Z] (Z [n, k])."""
+    A = np.column_stack([np.ones(v.shape[0]), Z])
+    coef, *_ = np.linalg.lstsq(A, v, rcond=None)
+    return v - A @ coef
 
 
 def _partial_inputs(x, y, covariates, groups):
@@ -315,14 +252,13 @@ def partial_correlation(x, y, covariates, method: str = "pearson", n_boot: int =
     """Correlation of x and y controlling for ``covariates`` (linear least squares, with intercept).
 
     ``covariates``: [n] or [n, k] array, a pandas Series/DataFrame, or ``{name: [n] values}``.
-    ``method``: 'pearson' (on the values) or 'spearman' (everything replaced by ranks first).
-    r = Pearson r of the two residual vectors. Interval: circular-block bootstrap within runs of the
-    rows (x, y, covariates together; residualised again in every resample). p: Freedman–Lane —
-    y's residuals rotated within runs, residualised on the covariates again, correlated with x's
-    residuals. Block length and n_eff from the residuals. ``p_iid``: the t-test with
-    dof = n − 2 − k (independent rows assumed). ``groups``, ``n_perm``, ``block_len``, ``seed``: as
-    in :func:`correlate`. Rows with a NaN anywhere are excluded and counted. Needs n ≥ k + 3.
-    Cost: O((n_boot + n_perm) · n · k²) for the least squares of the resamples and shifts.
+    ``method``: 'pearson' (on the values) or 'spearman' (ranks first: pooled ranks for ``r``,
+    within-run ranks for ``r_within``). ``r`` = Pearson r of the two residual vectors on [1, Z]
+    pooled; ``r_within`` and its inference residualise x and y on the covariates *within each run*
+    (own intercept and slopes), so a control shared by the runs (an LR schedule) is removed where
+    it acts. ``p_iid``: the t-test with dof = n − 2 − k (independent rows assumed). Other arguments
+    as in :func:`correlate`. Rows with a NaN anywhere are excluded and counted. Needs n ≥ k + 3.
+    Cost: O(n · k²).
     """
     from scipy import stats
 
@@ -338,37 +274,20 @@ def partial_correlation(x, y, covariates, method: str = "pearson", n_boot: int =
     xa, ya, Z = xa[keep], ya[keep], Z[keep]
     n = int(xa.size)
     too_few(n, k + 3, f"a partial correlation on {k} covariate{'s' if k != 1 else ''}")
+    xr, yr, Zr = xa, ya, Z
     if method == "spearman":
         from scipy.stats import rankdata
 
-        xa, ya = rankdata(xa), rankdata(ya)
-        Z = np.column_stack([rankdata(Z[:, j]) for j in range(k)]) if k else Z
-    rx, ry = _residualise(xa, Z), _residualise(ya, Z)
-    scale = max(np.abs(xa).max(), np.abs(ya).max(), 1.0)
+        xr, yr = rankdata(xa), rankdata(ya)
+        Zr = np.column_stack([rankdata(Z[:, j]) for j in range(k)]) if k else Z
+    rx, ry = _residualise(xr, Zr), _residualise(yr, Zr)
+    scale = max(np.abs(xr).max(), np.abs(yr).max(), 1.0)
     if np.abs(rx).max() <= 1e-12 * scale or np.abs(ry).max() <= 1e-12 * scale:
         raise AnalysisError("x or y is fully explained by the covariates; the partial correlation is undefined")
     r = float(_pearson_rows(rx[None], ry[None])[0])
     dof = n - 2 - k
     t = r * math.sqrt(dof / max(1e-300, 1 - r * r))
     p_iid = float(2 * stats.t.sf(abs(t), dof))
-    plan = _plan(rx, ry, g, block_len, n_boot)
-    rng = np.random.default_rng(seed)
-    lo = hi = math.nan
-    failed = 0
-    if plan.interval:
-        idx = block_bootstrap_indices(plan.runs, plan.block_len, int(n_boot), rng)
-        X, Y, ZZ = xa[idx], ya[idx], Z[idx]
-        if method == "spearman":
-            X, Y = _rank_rows(X), _rank_rows(Y)
-            ZZ = np.stack([_rank_rows(ZZ[..., j]) for j in range(k)], axis=-1) if k else ZZ
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            boot = _pearson_rows(_residualise(X, ZZ), _residualise(Y, ZZ))
-        lo, hi, failed = _percentile_ci(boot)
-    null, exact = np.empty(0), False
-    if plan.test:
-        idx, exact = circular_shifts(plan.runs, int(n_perm), rng)
-        Q, _ = np.linalg.qr(np.column_stack([np.ones(n), Z])[plan.order])  # [n, k+1], spans [1, Z] (full rank:
-        Ys = ry[idx]                                                          # the residuals are not all zero)
-        null = _pearson_rows(rx[plan.order][None, :], Ys - (Ys @ Q) @ Q.T)
-    return _finish(r, p_iid, plan, lo, hi, failed, null, exact, n, n_excl, method, n_boot, names)
+    w = _within(xa, ya, Z, g, method, interval=bool(n_boot))
+    return Correlation(r=r, n=n, n_excluded=n_excl, method=method, covariates=tuple(names), n_runs=len(run_index(g, n)),
+                       p_iid=p_iid, **w)

@@ -195,15 +195,13 @@ def _pairs(specs: Sequence[str]) -> list[tuple[str, str]]:
             if p.method in ("gptq", "awq", "gptqmodel") and (p.bits, p.group_size) in rtn]
 
 
-def _mean_ci(x: np.ndarray) -> tuple[float, float, float]:
-    from scipy.stats import t
+def _mean_ci(x: np.ndarray, runs: np.ndarray) -> tuple[float, float, float, str]:
+    """Mean of x over checkpoints and its 95% interval with runs as the independent units
+    (:func:`.inference.mean_interval`: run-level t with ≥ 3 runs, AR(1) effective n with fewer,
+    NaN where neither holds): a run's checkpoints are autocorrelated, never independent draws."""
+    from .inference import mean_interval
 
-    x = x[np.isfinite(x)]
-    if len(x) < 2:
-        return (float(x.mean()) if len(x) else math.nan), math.nan, math.nan
-    m, se = float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x)))
-    h = float(t.ppf(0.975, len(x) - 1)) * se
-    return m, m - h, m + h
+    return mean_interval([x[runs == r] for r in dict.fromkeys(runs)])
 
 
 def science_check(df, specs: Sequence[str] | None = None, target: str = "rel") -> dict:
@@ -216,7 +214,8 @@ def science_check(df, specs: Sequence[str] | None = None, target: str = "rel") -
     * ``quantizers`` — per (calibrated, RTN) pair at equal bits and groups, over every real
       checkpoint: mean log ratios of ‖δ‖², κ, ½δᵀHδ (= the first two: tr H is shared, so the κ
       ratio carries no trace noise) and ΔL (over the ``n_delta`` checkpoints where both ΔL share a
-      sign), with 95% t-intervals across checkpoints, and the median κ of each;
+      sign), with 95% intervals that treat runs as the independent units (``{name}_inference``:
+      run-level t, effective-n t or descriptive; ``_mean_ci``), and the median κ of each;
     * ``lawa`` — per run and spec, the shares from the final real checkpoint to the LAWA one.
 
     What cannot be computed (ΔL ≤ 0, no decay, no LAWA row) is skipped with a line in ``notes``.
@@ -261,8 +260,8 @@ def science_check(df, specs: Sequence[str] | None = None, target: str = "rel") -
                               ("log_delta_ratio", "actual_delta")):
                 ratio = (m[f"{col}_c"] / m[f"{col}_r"]).to_numpy(float)
                 logs = np.where(ratio > 0, np.log(np.where(ratio > 0, ratio, 1.0)), np.nan)
-                mean, lo, hi = _mean_ci(logs)
-                row[name], row[f"{name}_ci"] = mean, (lo, hi)
+                mean, lo, hi, how = _mean_ci(logs, m["run"].to_numpy())
+                row[name], row[f"{name}_ci"], row[f"{name}_inference"] = mean, (lo, hi), how
         row["n_delta"] = int(np.isfinite(logs).sum())  # checkpoints where both ΔL have one sign (a log ratio exists)
         quant.append(row)
     return {"decay": pd.DataFrame(decay), "quantizers": pd.DataFrame(quant), "lawa": pd.DataFrame(lawa), "notes": notes}
@@ -288,7 +287,9 @@ def format_check(check: dict) -> str:
                          f"{r['non_quadratic']:+.2f} | {r.get('fp_loss', 0.0):+.2f} | {r['driver']} |")
         lines.append("")
     q = check["quantizers"]
-    lines += ["**Calibrated quantizer vs RTN at equal bits** (mean log ratio calibrated/RTN over checkpoints, 95% CI)", "",
+    lines += ["**Calibrated quantizer vs RTN at equal bits** (mean log ratio calibrated/RTN over checkpoints; 95% CI with "
+              "runs as the independent units — run-level t with ≥ 3 runs, AR(1) effective n with fewer; no bracket: "
+              "descriptive, the data do not support an interval)", "",
               "| pair | n | κ (median) | log ‖δ‖² ratio | log κ ratio | log ½δᵀHδ ratio | log ΔL ratio |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for _, r in q.iterrows():

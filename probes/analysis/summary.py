@@ -1,9 +1,10 @@
 """Summary tables of a sweep: correlations (plain and partial) for several x/y pairs, and the
 statistics a report shows (:func:`analyse`).
 
-Checkpoints of one run are a time series: every row's interval resamples blocks within runs, its
-p-value rotates each run's series (circular shifts) and n_eff stands next to n
-(:mod:`.correlation`, docs/science.md §6)."""
+Checkpoints of one run are a time series: every row gives the pooled r, the within-run r_within
+with its 95% interval and p (run-level t over the runs, or an AR(1) effective-n t with one or two
+runs, or 'descriptive' where neither holds), n_eff next to n and the inference used
+(:mod:`.correlation`, :mod:`.inference`, docs/science.md §6)."""
 from __future__ import annotations
 
 import math
@@ -17,7 +18,7 @@ from .series import checkpoint_runs, series_frame, unconverged
 __all__ = ["summary", "analyse", "COLUMNS"]
 
 #: The columns of the correlation summary table, in order.
-COLUMNS = ["x", "y", "method", "controls", "r", "ci_low", "ci_high", "p", "n", "n_eff", "n_runs", "block_len", "n_perm",
+COLUMNS = ["x", "y", "method", "controls", "r", "r_within", "ci_low", "ci_high", "p", "n", "n_eff", "n_runs", "df",
            "inference", "n_excluded", "n_unconverged", "note"]
 
 
@@ -26,9 +27,10 @@ def summary(df, x: str | Sequence[str] | None = None, y: str | Sequence[str] | N
             n_boot: int = 2000, seed: int = 0, include_derived: bool = False, include_unconverged: bool = False,
             allow_mixed: bool = False, n_perm: int = 2000):
     """Correlation table: one row per (x, y, method, controls) with the columns ``COLUMNS``:
-    r, the block-bootstrap 95% interval [ci_low, ci_high], the circular-shift permutation p (NaN
-    when 'descriptive'), n, n_eff, runs, block length, shift arrangements compared, inference
-    ('block bootstrap + circular shifts' or 'descriptive'), n_excluded, n_unconverged and a note.
+    r (pooled over runs), r_within (within runs) with its 95% interval [ci_low, ci_high] and
+    two-sided p (NaN when 'descriptive'), n, n_eff, runs, df of the t quantile, inference
+    ('run-level t', 'effective-n t (AR(1))' or 'descriptive'), n_excluded, n_unconverged and a
+    note (what the pooled r means, why a row is descriptive).
 
     The checkpoints of every run in ``df`` are pooled; each run is one time series (ordered by step).
     Defaults: x = every curvature/weight series present (trace, lambda_max, kurtosis); y = every
@@ -37,7 +39,9 @@ def summary(df, x: str | Sequence[str] | None = None, y: str | Sequence[str] | N
     (counted in ``n_excluded`` and, separately, in ``n_unconverged``) unless ``include_unconverged``.
     Pairs that cannot be computed (too few points, constant series, rows of different settings or
     data without ``allow_mixed``) get a row with NaNs and the reason in ``note``. An unknown method
-    or a negative ``n_boot`` raises :class:`AnalysisError`. Cost per row: O((n_boot + n_perm) · n).
+    or a negative ``n_boot`` raises :class:`AnalysisError`; ``n_boot`` = 0 leaves the intervals out
+    (``n_boot``'s other values, ``seed`` and ``n_perm`` no longer change a row: the inference is
+    closed-form). Cost per row: O(n) (partial: O(n · k²)).
     """
     import pandas as pd
 
@@ -71,15 +75,15 @@ def summary(df, x: str | Sequence[str] | None = None, y: str | Sequence[str] | N
                                                     frame[list(cv)], method=m, groups=runs, **stat)
                         else:
                             c = correlate(frame[xk].to_numpy(float), frame[yk].to_numpy(float), method=m, groups=runs, **stat)
-                        row.update(r=c.r, ci_low=c.ci_low, ci_high=c.ci_high, p=c.p, n=c.n, n_eff=c.n_eff, n_runs=c.n_runs,
-                                   block_len=c.block_len, n_perm=c.n_perm, inference=c.inference, n_excluded=c.n_excluded,
-                                   n_unconverged=n_unconv, note=c.note)
+                        row.update(r=c.r, r_within=c.r_within, ci_low=c.ci_low, ci_high=c.ci_high, p=c.p, n=c.n,
+                                   n_eff=c.n_eff, n_runs=c.n_runs, df=c.df, inference=c.inference,
+                                   n_excluded=c.n_excluded, n_unconverged=n_unconv, note=c.note)
                     except AnalysisError as exc:
                         why = (f" ({n_unconv} value(s) left out because their estimator did not converge; "
                                "include_unconverged=True / --include-unconverged keeps them)") if n_unconv else ""
-                        row.update(r=math.nan, ci_low=math.nan, ci_high=math.nan, p=math.nan, n=0, n_eff=math.nan, n_runs=0,
-                                   block_len=0, n_perm=0, inference="", n_excluded=0, n_unconverged=n_unconv,
-                                   note=f"{exc}{why}")
+                        row.update(r=math.nan, r_within=math.nan, ci_low=math.nan, ci_high=math.nan, p=math.nan, n=0,
+                                   n_eff=math.nan, n_runs=0, df=math.nan, inference="", n_excluded=0,
+                                   n_unconverged=n_unconv, note=f"{exc}{why}")
                     rows.append(row)
     return pd.DataFrame(rows, columns=COLUMNS)
 
@@ -104,7 +108,8 @@ def analyse(df, n_boot: int = 2000, include_unconverged: bool = False, allow_mix
     try:
         correlations = summary(df, n_boot=n_boot, include_unconverged=include_unconverged, allow_mixed=allow_mixed)
         if len(runs) > 1:
-            notes.append(f"correlations pool the checkpoints of {len(runs)} runs; intervals and p-values resample within runs")
+            notes.append(f"correlations pool the checkpoints of {len(runs)} runs (r); r_within, its interval and p are "
+                         "within runs (runs the independent units, docs/science.md §6)")
     except AnalysisError as exc:
         notes.append(f"correlations not computed: {exc}")
     phases = {}

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 SUITE = ("hvp_throughput", "solvers", "estimators", "quantize", "surface", "sweep", "scale", "data_parallel", "sharded",
-         "difference", "gpu")
+         "difference", "gpu", "statistics")
 ALIASES = {"hvp": "hvp_throughput"}
 
 

@@ -228,7 +228,7 @@ def correlate(
         "--control", help="Covariates for a partial correlation (repeatable): lr, loss, tokens.")] = [],
     method: Annotated[List[str], typer.Option(
         "--method", help="pearson | spearman | kendall (repeatable).")] = ["pearson", "spearman", "kendall"],
-    n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the 95% interval.")] = 2000,
+    n_boot: Annotated[int, typer.Option("--n-boot", help="0 leaves the 95% intervals out (the inference is closed-form).")] = 2000,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     include_derived: Annotated[bool, typer.Option(
         "--include-derived", help="Include LAWA/derived checkpoints.")] = False,
@@ -239,7 +239,8 @@ def correlate(
         "--allow-mixed", help="Pool rows computed with different settings or data.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON records.")] = False,
 ) -> None:
-    """Correlate two per-checkpoint series of a sweep (bootstrap 95% CI, p-value, partial on controls)."""
+    """Correlate two per-checkpoint series of a sweep (pooled r; within-run r with a 95% CI and p, runs the
+    independent units; partial on controls; docs/science.md §6)."""
     from probes.analysis import AnalysisError, summary
     from probes.analysis.inputs import check_method, check_n_boot
     from probes.sweep import Store, StoreError
@@ -277,7 +278,7 @@ def correlate(
         typer.echo(tab.to_json(orient="records", indent=2))
     else:
         print_table(tab, f"correlations ({results.name})")
-    bad = tab[tab["r"].isna()]  # a note alone (descriptive, block capped) is information, not a failure
+    bad = tab[tab["r"].isna()]  # a note alone (descriptive, pooled runs) is information, not a failure
     if len(bad) == len(tab) and len(tab):
         typer.echo(f"error: {bad['note'].iloc[0]}", err=True)
         raise typer.Exit(1)

@@ -134,11 +134,11 @@ def _corr_text(correlation) -> str:
     n = c.get("n")
     ctrl = c.get("covariates") or c.get("controls")
     ctrl = ", ".join(ctrl) if isinstance(ctrl, (list, tuple)) else (ctrl or "")
-    s = f"{method}{' | ' + ctrl if ctrl else ''} r = {r:+.3f} [95% CI {lo:+.3f}, {hi:+.3f}]"
-    if p is not None and not (isinstance(p, float) and math.isnan(p)):
-        s += f", p = {float(p):.3g}"
-    elif c.get("inference") == "descriptive":
-        s += ", p: descriptive"
+    ok, rw = all(isinstance(v, float) and math.isfinite(v) for v in (lo, hi)), c.get("r_within", float("nan"))
+    s = (f"{method}{' | ' + ctrl if ctrl else ''} r = {r:+.3f}" + (f" pooled, within runs {rw:+.3f}" if c.get("n_runs", 1) != 1
+         and isinstance(rw, float) and math.isfinite(rw) else "") + (f" [95% CI {lo:+.3f}, {hi:+.3f}]" if ok else ""))
+    has_p, how = p is not None and not (isinstance(p, float) and math.isnan(p)), c.get("inference") or ""
+    s += (f", p = {float(p):.3g}" + (f" ({how})" if how else "")) if has_p else (", descriptive" if how == "descriptive" else "")
     n_eff = c.get("n_eff")
     if n is not None:
         s += f", n = {int(n)}" + (f" (effective {n_eff:.1f})" if isinstance(n_eff, float) and math.isfinite(n_eff) else "")

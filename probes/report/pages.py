@@ -116,16 +116,17 @@ def build_report(
 
     crows = [_descriptive(r) for r in _correlation_rows(correlations)]
     if crows:
-        cols = [c for c in ("pair", "x", "y", "method", "controls", "covariates", "r", "ci_low", "ci_high", "p", "n", "n_eff",
-                            "n_runs", "block_len", "n_perm", "inference", "n_excluded", "n_unconverged", "note")
+        cols = [c for c in ("pair", "x", "y", "method", "controls", "covariates", "r", "r_within", "ci_low", "ci_high", "p", "n",
+                            "n_eff", "n_runs", "df", "inference", "n_excluded", "n_unconverged", "note")
                 if any(c in r for r in crows)]
         sections.append(("correlations", "Correlations",
-                         '<p class="note">r across checkpoints (derived checkpoints excluded), pooled over runs. Checkpoints '
-                         'of one run are a time series, not independent draws: [ci_low, ci_high] is a 95% interval from a '
-                         'block bootstrap within runs (blocks of block_len checkpoints, from the autocorrelation); p is a '
-                         'permutation p-value from circular shifts of each run\'s series (n_perm arrangements); n_eff is the '
-                         'effective number of independent pairs. "descriptive": too few arrangements for an honest p-value. '
-                         'Both are conditional on the runs observed (docs/science.md §6).</p>'
+                         '<p class="note">r across checkpoints (derived checkpoints excluded), pooled over runs: with runs at '
+                         'different levels it is mostly between-run variation. r_within is the correlation within runs, and '
+                         '[ci_low, ci_high] (95%) and p are about it. Checkpoints of one run are a time series, not '
+                         'independent draws, so runs are the independent units: "run-level t" (3 or more runs: a t-interval '
+                         'over the runs\' own correlations, df = runs − 1) or "effective-n t (AR(1))" (one or two runs); '
+                         'n_eff is the effective number of independent pairs. "descriptive": no interval or p-value is '
+                         'honest here, see the note (docs/science.md §6).</p>'
                          + _table(crows, cols, left=("pair", "x", "y", "method", "controls", "covariates", "inference", "note"))))
     urows = unconverged_table(df)
     if urows:
