@@ -141,3 +141,32 @@ def test_model_level_preset_uses_gptqmodel_per_layer_on_the_first_group():
     assert (got - ref).abs().max().item() <= 2e-7 * lin.weight.abs().max().item()
     plain = dict(quantize(model, "gptq:4:g16:sym:damp=0.05", calibration=calib).model.named_modules())[name]
     assert not torch.equal(plain.weight.data, got)  # the reference variant differs (no reordering)
+
+
+def _table(chosen: list[str]):
+    import pandas as pd
+
+    from probes.sweep.store import RESULT_COLUMNS
+
+    rows = [dict(run="r", checkpoint=f"step-{k}", step=k, tokens=k, lr=0.0, derived=False, probe="quant",
+                 spec="gptq:4:g128:gptqmodel", metric="rel_loss_error", value=0.1 * k, stderr=float("nan"),
+                 ci_low=float("nan"), ci_high=float("nan"), n_hvp=0, seconds=0.0, status="ok", error=None, seed=0,
+                 data_hash="d", converged=None, threads=1, plan_hash="p", config_hash="c", chosen=c)
+            for k, c in enumerate(chosen)]
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+def test_rows_record_the_variant_and_series_refuse_to_pool_variants():
+    from probes.analysis.inputs import AnalysisError
+    from probes.analysis.series import series
+    from probes.sweep.store import chosen_settings
+
+    pre, ref = QuantSpec.parse("gptq:4:g128:gptqmodel"), QuantSpec.parse("gptq:4:g128")
+    assert pre.row_settings == {"gptq_variant": "gptqmodel"} and ref.row_settings == {"gptq_variant": "reference"}
+    assert QuantSpec.parse("rtn:4").row_settings == {}
+    a, b = chosen_settings({"settings": pre.row_settings}), chosen_settings({"settings": ref.row_settings})
+    assert "gptqmodel" in a and "reference" in b and chosen_settings({"settings": {}}) == ""
+    assert list(series(_table([a, a, a]), "gptq:4:g128:gptqmodel").round(6)) == [0.0, 0.1, 0.2]
+    with pytest.raises(AnalysisError, match="quantizer variants.*gptq_variant.*allow_mixed"):
+        series(_table([a, b, a]), "gptq:4:g128:gptqmodel")
+    assert len(series(_table([a, b, a]), "gptq:4:g128:gptqmodel", allow_mixed=True)) == 3

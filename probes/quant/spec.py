@@ -228,6 +228,12 @@ class QuantSpec:
         """True for the methods that need calibration data (GPTQ, its backend, AWQ)."""
         return self.method in _GPTQ_LIKE or self.method == "awq"
 
+    @property
+    def row_settings(self) -> dict:
+        """Settings a ΔQ row records beside the spec (sweep rows' ``extra["settings"]``, part of their
+        ``chosen`` column): ``{"gptq_variant": "reference" | "gptqmodel"}`` for native GPTQ, else {}."""
+        return {"gptq_variant": self.variant} if self.method == "gptq" else {}
+
     def to_dict(self) -> dict:
         return {"spec": str(self), "method": self.method, "bits": self.bits, "group_size": self.group_size,
                 "symmetric": self.symmetric, **self.options, "variant": self.variant}
