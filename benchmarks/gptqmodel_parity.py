@@ -10,7 +10,8 @@ gptqmodel). Per model and bit width:
 
 1. the model is saved as a Hugging Face folder (float32); calibration and evaluation blocks are
    disjoint windows of the embedded held-out corpus (``build_token_sets``; one sequence per block);
-2. the worker quantizes it with ``QuantizeConfig(bits=B, group_size=G)`` (defaults otherwise),
+2. the worker quantizes it with ``QuantizeConfig(bits=B, group_size=G)`` (defaults otherwise, but
+   ``offload_to_disk=False`` so that the packed modules stay readable),
    ``dtype=float32``, on CPU, calibration rows fed one per sample with an all-ones attention mask,
    and saves, per linear, GPTQModel's float32 result of ``GPTQ.quantize`` (the weight it writes into
    the module before packing; captured by wrapping that method), the damp it used, and the
@@ -45,8 +46,8 @@ GPTQMODEL_PIN = "gptqmodel==7.7.0"
 # ----------------------------------------------------------------------------- worker (GPTQModel venv)
 def worker(model_dir: str, calib_path: str, bits: int, group: int, out: str) -> None:
     """Quantize ``model_dir`` with GPTQModel; save per-linear weights (see the module docstring)."""
-    import torch
     import gptqmodel
+    import torch
     from gptqmodel import GPTQModel, QuantizeConfig
     from gptqmodel.quantization import gptq as gq
 
@@ -64,7 +65,9 @@ def worker(model_dir: str, calib_path: str, bits: int, group: int, out: str) -> 
     gq.GPTQ.quantize = capture
     calib = torch.load(calib_path)
     data = [{"input_ids": row.unsqueeze(0), "attention_mask": torch.ones_like(row).unsqueeze(0)} for row in calib]
-    cfg = QuantizeConfig(bits=bits, group_size=group)
+    # offload_to_disk off only keeps the packed modules' tensors in memory (readable afterwards); the
+    # algorithm does not depend on it
+    cfg = QuantizeConfig(bits=bits, group_size=group, offload_to_disk=False)
     t0 = time.perf_counter()
     model = GPTQModel.load(model_dir, cfg, device="cpu", dtype=torch.float32)
     packed, pack_error = {}, ""
@@ -78,7 +81,7 @@ def worker(model_dir: str, calib_path: str, bits: int, group: int, out: str) -> 
         if hasattr(mod, "dequantize_weight") and name in captured:
             try:
                 packed[name] = mod.dequantize_weight().T.float().cpu().clone()
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - recorded in the row; the float32 weights are the comparison
                 pack_error = pack_error or f"dequantize_weight: {type(e).__name__}: {e}"
     torch.save({"layers": captured, "packed": packed, "pack_error": pack_error, "seconds": time.perf_counter() - t0,
                 "gptqmodel": str(gptqmodel.__version__), "torch": str(torch.__version__), "config": repr(cfg)}, out)
@@ -89,13 +92,13 @@ def ensure_venv(venv: Path) -> Path:
     """The GPTQModel venv's python, built when it does not import gptqmodel yet (minutes, ~6 GB)."""
     py = venv / "bin" / "python"
     check = [str(py), "-c", "import gptqmodel, torch; print(gptqmodel.__version__, torch.__version__)"]
-    if py.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+    if py.exists() and subprocess.run(check, capture_output=True, check=False).returncode == 0:
         return py
     if not py.exists():
         subprocess.run(["python3.11", "-m", "venv", str(venv)], check=True)
     subprocess.run([str(py), "-m", "pip", "install", "-q", TORCH_PIN], check=True)
     subprocess.run([str(py), "-m", "pip", "install", "-q", GPTQMODEL_PIN], check=True)
-    res = subprocess.run(check, capture_output=True, text=True)
+    res = subprocess.run(check, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"GPTQModel does not import in {venv}: {res.stderr.strip()[-2000:]}")
     return py
@@ -211,13 +214,13 @@ def run_one(label: str, model_dir: Path, py: Path, bits: int, group: int, cal, e
     out = work / f"{label}-b{bits}-gptqmodel.pt"
     t0 = time.perf_counter()
     res = subprocess.run([str(py), __file__, "--worker", str(model_dir), str(calib_path), str(bits), str(group),
-                          str(out)], capture_output=True, text=True, timeout=timeout, env=_worker_env())
+                          str(out)], capture_output=True, text=True, timeout=timeout, env=_worker_env(), check=False)
     row = {"model": label, "bits": bits, "group": group, "n_calibration": int(cal.shape[0]),
            "n_eval": int(ev.shape[0]), "seq": int(cal.shape[1]), "gptqmodel_seconds": time.perf_counter() - t0}
     if res.returncode != 0:
         row["gptqmodel_error"] = (res.stderr or res.stdout).strip()[-3000:]
         return row
-    peer = torch.load(out)
+    peer = torch.load(out, weights_only=False)  # our own file: tensors, strings and numbers
     row.update(gptqmodel=peer["gptqmodel"], gptqmodel_torch=peer["torch"], pack_error=peer["pack_error"])
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     fp_losses = block_losses(model, ev)
@@ -234,6 +237,7 @@ def run_one(label: str, model_dir: Path, py: Path, bits: int, group: int, cal, e
     row["damp_preset"] = sorted({r.damping for r in preset.report})
     row["damp_gptqmodel"] = sorted({v["damp"] for v in peer["layers"].values()})
     if peer["packed"]:
+        # the stored model (float16 scales) against the float32 result of the algorithm
         row["packed_vs_float_max_rel"] = max(float((peer["packed"][n] - g_w[n]).abs().max() / fp_w[n].abs().max())
                                              for n in peer["packed"] if n in fp_w)
     losses = {"preset": block_losses(preset.model, ev)}

@@ -38,7 +38,7 @@ class Grid:
         self.maxq = 2 ** bits - 1
         self.sym = sym
 
-    def fit(self, x: torch.Tensor) -> "Grid":
+    def fit(self, x: torch.Tensor) -> Grid:
         nil = torch.zeros(x.shape[0], dtype=x.dtype)
         lo_raw, hi_raw = torch.aminmax(x, dim=1)
         lo, hi = torch.minimum(lo_raw, nil), torch.maximum(hi_raw, nil)

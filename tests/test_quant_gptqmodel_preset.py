@@ -148,10 +148,12 @@ def _table(chosen: list[str]):
 
     from probes.sweep.store import RESULT_COLUMNS
 
-    rows = [dict(run="r", checkpoint=f"step-{k}", step=k, tokens=k, lr=0.0, derived=False, probe="quant",
-                 spec="gptq:4:g128:gptqmodel", metric="rel_loss_error", value=0.1 * k, stderr=float("nan"),
-                 ci_low=float("nan"), ci_high=float("nan"), n_hvp=0, seconds=0.0, status="ok", error=None, seed=0,
-                 data_hash="d", converged=None, threads=1, plan_hash="p", config_hash="c", chosen=c)
+    nan = float("nan")
+    rows = [{"run": "r", "checkpoint": f"step-{k}", "step": k, "tokens": k, "lr": 0.0, "derived": False,
+             "probe": "quant", "spec": "gptq:4:g128:gptqmodel", "metric": "rel_loss_error", "value": 0.1 * k,
+             "stderr": nan, "ci_low": nan, "ci_high": nan, "n_hvp": 0, "seconds": 0.0, "status": "ok", "error": None,
+             "seed": 0, "data_hash": "d", "converged": None, "threads": 1, "plan_hash": "p", "config_hash": "c",
+             "chosen": c}
             for k, c in enumerate(chosen)]
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 

@@ -160,7 +160,7 @@ def gptqmodel_quantize(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     notes: list[str] = []
     W = W.detach().to(dtype=torch.float32, copy=True)
     H = H.detach().to(device=W.device, dtype=torch.float32, copy=True)
-    rows, cols = W.shape
+    cols = W.shape[1]
     if H.shape != (cols, cols):
         raise ValueError(f"H must be [{cols}, {cols}] for a weight of shape {tuple(W.shape)}, got {tuple(H.shape)}")
     if group_size == -1 and not desc_act:
