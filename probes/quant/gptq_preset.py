@@ -166,7 +166,8 @@ def gptqmodel_quantize(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     if group_size == -1 and not desc_act:
         raise ValueError("group-aware reordering needs group_size > 0 (or desc_act=True)")
     if not bool(torch.isfinite(H).all()):
-        raise CholeskyError(f"layer {name or '?'}: the Hessian has NaN/inf entries (calibration activations overflowed?)")
+        raise CholeskyError(f"layer {name or '?'}: the Hessian has NaN/inf entries "
+                            "(calibration activations overflowed?)")
     scale, zero = fit_grid(W, bits, sym)  # find_params(W) before the dead columns are zeroed
     dead = torch.diagonal(H) == 0
     H.diagonal().masked_fill_(dead, 1.0)
