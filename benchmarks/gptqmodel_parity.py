@@ -80,7 +80,12 @@ def worker(model_dir: str, calib_path: str, bits: int, group: int, out: str) -> 
     for name, mod in model.model.named_modules():
         if hasattr(mod, "dequantize_weight") and name in captured:
             try:
-                packed[name] = mod.dequantize_weight().T.float().cpu().clone()
+                w = mod.dequantize_weight().float()  # [in, out]
+                if hasattr(mod, "qzero_format") and mod.qzero_format() == 1:
+                    # right after packing the module holds GPTQ-v1 zero points (z − 1), which GPTQModel converts
+                    # to v2 only when a checkpoint is loaded; this dequantizer reads v2: one scale step too high
+                    w = w - mod.scales.float()[mod.g_idx.long()]
+                packed[name] = w.T.cpu().clone()
             except Exception as e:  # noqa: BLE001 - recorded in the row; the float32 weights are the comparison
                 pack_error = pack_error or f"dequantize_weight: {type(e).__name__}: {e}"
     torch.save({"layers": captured, "packed": packed, "pack_error": pack_error, "seconds": time.perf_counter() - t0,
