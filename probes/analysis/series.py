@@ -136,7 +136,8 @@ def _check_one_setting(key: str, sel) -> None:
         counts = sel["chosen"].fillna("").astype(str).value_counts()
         raise AnalysisError(
             f"series {key!r} pools rows whose estimators chose {len(counts)} different settings within their memory "
-            "budgets (" + "; ".join(f"{c or 'none recorded'}: {n} checkpoints" for c, n in counts.items())
+            "budgets or recorded different quantizer variants ("
+            + "; ".join(f"{c or 'none recorded'}: {n} checkpoints" for c, n in counts.items())
             + "), e.g. a smaller Hutch++ sketch or Lanczos basis where less memory was allowed; numbers computed "
               "differently are not comparable. Pass allow_mixed=True (CLI: --allow-mixed) to pool them anyway, or "
               "rerun with one --max-memory so every checkpoint gets the same settings.")

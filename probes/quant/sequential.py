@@ -33,6 +33,7 @@ from probes.core.modules import ModuleSelectionError, find_blocks
 
 from .errors import CalibrationError
 from .gptq import GPTQResult, gptq_quantize
+from .gptq_preset import SequenceHessian, gptqmodel_quantize
 from .rtn import rtn_quantize
 
 
@@ -163,15 +164,27 @@ def _gptq_group(linears: dict[str, nn.Linear], names: list[str], hook: "_Hessian
             on_layer(name, lin, GPTQResult(q, 0.0, float("nan"), time.perf_counter() - t0,
                                            ["never called on the calibration data; quantized with RTN instead"]))
             continue
-        res: GPTQResult = gptq_quantize(
-            lin.weight.data, H, spec.bits, spec.group_size, spec.symmetric, spec.act_order, spec.static_groups,
-            spec.damp, spec.block_size, name=name,
-        )
+        if getattr(spec, "variant", "reference") == "gptqmodel":
+            res = gptqmodel_quantize(lin.weight.data, H, spec.bits, spec.group_size, spec.symmetric, spec.act_order,
+                                     spec.damp, name=name)
+        else:
+            res = gptq_quantize(
+                lin.weight.data, H, spec.bits, spec.group_size, spec.symmetric, spec.act_order, spec.static_groups,
+                spec.damp, spec.block_size, name=name,
+            )
         on_layer(name, lin, res)
 
 
 def _hessian_dtype(weight: torch.Tensor) -> torch.dtype:
     return torch.promote_types(weight.dtype, torch.float32)
+
+
+def _hessian_hook(first: nn.Linear, spec):
+    """The H accumulator of ``spec``'s variant: per-batch ``addmm`` (reference) or GPTQModel's
+    per-sequence float32 sums (:class:`probes.quant.gptq_preset.SequenceHessian`)."""
+    if getattr(spec, "variant", "reference") == "gptqmodel":
+        return SequenceHessian(first.in_features, first.weight.device, stop_exc=_Stop)
+    return _HessianHook(first.in_features, first.weight.device, _hessian_dtype(first.weight), stop=True)
 
 
 @torch.no_grad()
@@ -225,7 +238,7 @@ def gptq_sequential(
                     groups = discover_groups(lambda: _run_block(block, inps[0]), sel)
                     for names in groups:
                         first = sel[names[0]]
-                        hook = _HessianHook(first.in_features, first.weight.device, _hessian_dtype(first.weight), stop=True)
+                        hook = _hessian_hook(first, spec)
                         h = first.register_forward_pre_hook(hook)
                         try:
                             for inp in inps:
@@ -256,7 +269,7 @@ def gptq_sequential(
             groups = discover_groups(lambda: run_all(first_only=True), outside)
             for names in groups:
                 first = outside[names[0]]
-                hook = _HessianHook(first.in_features, first.weight.device, _hessian_dtype(first.weight), stop=True)
+                hook = _hessian_hook(first, spec)
                 h = first.register_forward_pre_hook(hook)
                 try:
                     run_all()

@@ -6,6 +6,7 @@ printed form is canonical)::
     rtn:BITS[:GROUP][:sym]                      asymmetric per-group INT-b (docs/science.md §3); default g128
     int8                                        per-channel symmetric absmax INT8 (no other tokens)
     gptq:BITS[:GROUP][:sym][:act][:static][:damp=F][:block=N]
+    gptq:BITS:GROUP[:asym][:act][:damp=F]:gptqmodel  the GPTQModel preset (probes.quant.gptq_preset)
     gptqmodel:BITS[:GROUP][:sym][:act][:damp=F] GPTQ through the optional GPTQModel package
     bnb-int8[:threshold=F]                      bitsandbytes int8 weights (optional package)
     bnb-nf4[:GROUP]                             bitsandbytes NF4, GROUP = its block size (default g64)
@@ -19,7 +20,12 @@ output row). BITS is 2..8. ``sym`` selects the symmetric grid of the GPTQ refere
 (see :func:`probes.quant.rtn.fit_grid`); the default is asymmetric. ``act`` = act-order (columns by
 decreasing Hessian diagonal), ``static`` = static groups (group grids fitted once on the original
 column layout before the permutation), ``damp`` = λ in H += λ·mean(diag H)·I (default 0.01),
-``block`` = GPTQ lazy-update block size (default 128).
+``block`` = GPTQ lazy-update block size (default 128). The ``gptqmodel`` token selects the
+preset that reproduces GPTQModel's default GPTQ (:mod:`probes.quant.gptq_preset`: group-aware
+reordering, damp 0.05 + 0.01 steps, float32, its Hessian accumulation); under it ``sym`` and
+``damp=0.05`` are the defaults (``asym`` / ``damp=F`` override them), ``act`` is GPTQModel's
+``desc_act`` (which turns the group-aware order off), and static groups or another block size are
+refused. ``variant`` is ``"reference"`` otherwise.
 
 Examples: ``rtn:4:g128``, ``rtn:3:row``, ``int8``, ``gptq:3:g128:act``, ``gptq:4:g128:act:static``,
 ``gptq:4:g128:sym``, ``fp8``, ``mxfp4``, ``gguf:Q4_K``, ``had+rtn:4:g128``, ``had3+gptq:4``. ``str(QuantSpec.parse(s)) == s`` for every canonical string.
@@ -39,6 +45,8 @@ _FIXED_BITS = {"int8": 8, "bnb-int8": 8, "bnb-nf4": 4}
 _EXTRA_KEYS = {"bnb-int8": ("threshold",), "gptqmodel": (), "bnb-nf4": (), "awq": ("clip", "grid", "shrink")}
 DEFAULT_DAMP = 0.01
 DEFAULT_BLOCK = 128
+VARIANTS = ("reference", "gptqmodel")  # GPTQ variants: the IST-DASLab reference, the GPTQModel preset
+GPTQMODEL_DAMP = 0.05  # GPTQModel's default damp_percent (quantization/config.py _default_damp_percent)
 
 
 def _fmt_float(x: float) -> str:
@@ -70,11 +78,16 @@ class QuantSpec:
     extra: tuple[tuple[str, str], ...] = field(default=())
     hadamard: bool = False
     hadamard_seed: int = 0
+    variant: str = "reference"
 
     def __post_init__(self):
         m = self.method
         if m not in METHODS:
             raise SpecError(f"unknown quantization method {m!r}; choose one of {', '.join(METHODS)}")
+        if self.variant not in VARIANTS:
+            raise SpecError(f"unknown GPTQ variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
+        if self.variant != "reference" and m != "gptq":
+            raise SpecError(f"the {self.variant} preset is a variant of the native 'gptq' method, not of {m}")
         if self.hadamard and m == "gptqmodel":
             raise SpecError("had+ cannot wrap gptqmodel: that backend quantizes a saved copy without the rotation")
         if isinstance(self.hadamard_seed, bool) or not isinstance(self.hadamard_seed, int) or self.hadamard_seed < 0:
@@ -108,6 +121,12 @@ class QuantSpec:
                 raise SpecError(f"act/static/damp/block are GPTQ options; {m} takes none of them")
         if self.static_groups and self.group_size == -1:
             raise SpecError("static groups need a group size g<N> (per-row grids are already fixed)")
+        if self.variant == "gptqmodel" and (self.static_groups or self.block_size != DEFAULT_BLOCK):
+            raise SpecError("the gptqmodel preset takes bits, group, asym, act and damp only (GPTQModel's defaults "
+                            "have no static groups and a fixed block of 128)")
+        if self.variant == "gptqmodel" and self.group_size == -1 and not self.act_order:
+            raise SpecError("the gptqmodel preset's group-aware reordering needs a group size g<N> (GPTQModel refuses "
+                            "act_group_aware with group_size -1); give g<N> or 'act'")
         if m == "gptqmodel" and (self.static_groups or self.block_size != DEFAULT_BLOCK):
             raise SpecError("gptqmodel specs take bits, group, sym, act and damp only")
         if not (isinstance(self.damp, (int, float)) and self.damp >= 0 and self.damp == self.damp):
@@ -176,6 +195,8 @@ class QuantSpec:
                 kw["act_order"] = True
             elif tok in ("static", "static_groups"):
                 kw["static_groups"] = True
+            elif tok in VARIANTS:
+                kw["variant"] = tok
             elif "=" in tok:
                 k, v = tok.split("=", 1)
                 try:
@@ -194,6 +215,9 @@ class QuantSpec:
             raise SpecError(f"cannot parse spec {text!r}: give the bits, e.g. '{method}:4:g128'")
         if extra:
             kw["extra"] = tuple(extra.items())
+        if kw.get("variant") == "gptqmodel":  # the preset's own defaults
+            kw.setdefault("symmetric", True)
+            kw.setdefault("damp", GPTQMODEL_DAMP)
         try:
             return cls(**kw)
         except SpecError as e:
@@ -212,17 +236,22 @@ class QuantSpec:
             parts.append(str(self.bits))
         if m not in ("int8", "bnb-int8") and (m != "bnb-nf4" or self.group_size != _DEFAULT_GROUP[m]):
             parts.append("row" if self.group_size == -1 else f"g{self.group_size}")
-        if self.symmetric and m != "int8":
+        preset = self.variant == "gptqmodel"
+        if self.symmetric and m != "int8" and not preset:
             parts.append("sym")
+        if preset and not self.symmetric:
+            parts.append("asym")
         if self.act_order:
             parts.append("act")
         if self.static_groups:
             parts.append("static")
-        if self.damp != DEFAULT_DAMP:
+        if self.damp != (GPTQMODEL_DAMP if preset else DEFAULT_DAMP):
             parts.append(f"damp={_fmt_float(self.damp)}")
         if self.block_size != DEFAULT_BLOCK:
             parts.append(f"block={self.block_size}")
         parts += [f"{k}={v}" for k, v in self.extra]
+        if preset:
+            parts.append("gptqmodel")
         return ":".join(parts)
 
     # ------------------------------------------------------------------ conveniences
@@ -246,6 +275,12 @@ class QuantSpec:
         """True for the methods that need calibration data (GPTQ, its backend, AWQ)."""
         return self.method in _GPTQ_LIKE or self.method == "awq"
 
+    @property
+    def row_settings(self) -> dict:
+        """Settings a ΔQ row records beside the spec (sweep rows' ``extra["settings"]``, part of their
+        ``chosen`` column): ``{"gptq_variant": "reference" | "gptqmodel"}`` for native GPTQ, else {}."""
+        return {"gptq_variant": self.variant} if self.method == "gptq" else {}
+
     def to_dict(self) -> dict:
         return {"spec": str(self), "method": self.method, "bits": self.bits, "group_size": self.group_size,
-                "symmetric": self.symmetric, **self.options}
+                "symmetric": self.symmetric, **self.options, "variant": self.variant}

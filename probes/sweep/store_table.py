@@ -51,7 +51,8 @@ def tidy_results(conn: sqlite3.Connection, columns: set[str], include_failed: bo
 
 def chosen_settings(extra: str | dict | None) -> str:
     """The ``chosen`` column of a row: canonical JSON of the numerically relevant settings its
-    memory plan chose (``extra["memory"]``), "" when it has no plan or chose none."""
+    memory plan chose (``extra["memory"]``) and those it records beside its spec
+    (``extra["settings"]``, e.g. ``gptq_variant``), "" when there are none."""
     from geometry.memory.model import identity_settings
 
     if isinstance(extra, str):
@@ -61,6 +62,9 @@ def chosen_settings(extra: str | dict | None) -> str:
             return ""
     memory = extra.get("memory") if isinstance(extra, dict) else None
     chosen = identity_settings(memory) if isinstance(memory, dict) else {}
+    settings = extra.get("settings") if isinstance(extra, dict) else None
+    if isinstance(settings, dict):  # settings a probe records beside its spec (a quant row's GPTQ variant)
+        chosen = {**chosen, **settings}
     return json.dumps(chosen, sort_keys=True, default=str) if chosen else ""
 
 

@@ -17,8 +17,9 @@ def tasks(plan) -> list:
 
 
 def run(st, task) -> ProbeRow:
-    from probes.quant import quantization_error
+    from probes.quant import QuantSpec, quantization_error
 
+    settings = QuantSpec.parse(task.spec).row_settings  # the GPTQ variant: joins the row's `chosen` column
     fp = st.fp_loss()
     e = quantization_error(st.model, task.spec, st.data("eval"), calibration=st.token_sets.get("calibration"),
                            modules=st.plan.quant_modules, fp_loss=fp.loss)
@@ -27,7 +28,8 @@ def run(st, task) -> ProbeRow:
                              metric("ppl_gap", e.ppl_gap)],
                     extra={"fp_loss": e.fp_loss, "q_ppl": e.q_ppl, "fp_ppl": e.fp_ppl,
                            "layer_errors": dict(e.layer_errors),
-                           "kurtosis_quantized": e.kurtosis, "quant_seconds": e.quant_seconds, "notes": list(e.notes)})
+                           "kurtosis_quantized": e.kurtosis, "quant_seconds": e.quant_seconds, "settings": settings,
+                           "notes": [f"gptq variant: {v}" for v in settings.values()] + list(e.notes)})
 
 
 def figure(draw, df, phases, specs) -> dict:
