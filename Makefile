@@ -4,7 +4,8 @@
 #                  possible), runs the test suite
 #   make docs   -> the docs site (Sphinx, offline, strict) in docs/_build/html
 #   make check  -> the house rules (ARCHITECTURE.md): module sizes, no import circles, geometry's imports;
-#                  and every measured number / "exact" claim of README.md names its test or benchmark row
+#                  every measured number / "exact" claim of README.md names its test or benchmark row;
+#                  ruff format --check and ruff check (one line length, 120)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -55,10 +56,13 @@ gpu-check: $(VENV)/.installed-dev
 docs: $(VENV)/.installed-dev
 	$(BIN)/python -m sphinx -E -W --keep-going -n -q -b html docs docs/_build/html
 
-# The house rules of ARCHITECTURE.md (stdlib only: needs no virtual environment).
-check:
+# The house rules of ARCHITECTURE.md (stdlib only), then the formatter and the linter (ruff, line length
+# 120, pyproject.toml; from the dev environment). tests/test_house.py and tests/test_format.py run the same.
+check: $(VENV)/.installed-dev
 	$(PYTHON) scripts/check_house.py
 	$(PYTHON) scripts/check_doc_claims.py README.md
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT)

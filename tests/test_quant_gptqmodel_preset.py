@@ -161,7 +161,7 @@ def _table(chosen: list[str]):
 def test_rows_record_the_variant_and_series_refuse_to_pool_variants():
     from probes.analysis.inputs import AnalysisError
     from probes.analysis.series import series
-    from probes.sweep.store import chosen_settings
+    from probes.sweep.store_table import chosen_settings
 
     pre, ref = QuantSpec.parse("gptq:4:g128:gptqmodel"), QuantSpec.parse("gptq:4:g128")
     assert pre.row_settings == {"gptq_variant": "gptqmodel"} and ref.row_settings == {"gptq_variant": "reference"}
