@@ -27,6 +27,7 @@ from probes.core.lm_head import head_transient_bytes, lm_loss_lean
 
 from .fidelity import with_float64_fidelity
 from .second_order import SecondOrderError, ensure_second_order
+from .setup_budget import plan_lm_setup
 from .zero_embeddings import curvature_loss, exclusion_record, zero_embedding_tokens
 
 
@@ -62,7 +63,12 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     auto = isinstance(chosen, AutoBackend)
     if (auto or not chosen.exact) and batches:
         kwargs.setdefault("check_batches", [batches[0][:2, :32]])
-    if check and batches and (auto or chosen.second_order):
+    runs_check = bool(check and batches and (auto or chosen.second_order))
+    # every measuring step below is planned first, and refused before it runs when it cannot fit max_memory
+    precision = plan_lm_setup(model, batches, params, chosen, runs_check,
+                              lambda lean: curvature_loss(lm_loss_lean if lean else lm_loss, model, exclude),
+                              lean_head, kwargs)
+    if runs_check:
         probe = batches[0][:2, :16]
         parallel = kwargs.get("data_parallel")
         exact = ReverseBackend() if auto else chosen
@@ -70,7 +76,8 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
         def second_order() -> str:
             try:
                 return ensure_second_order(model, probe, backend=exact.name, params=params,
-                                           loss_fn=curvature_loss(lm_loss, model, exclude))
+                                           loss_fn=curvature_loss(lm_loss, model, exclude),
+                                           precision=precision)
             except SecondOrderError:
                 if not auto:
                     raise
