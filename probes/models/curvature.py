@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from geometry.memory.model import MemoryBudgetError
 from geometry.operators.auto import AutoBackend
 from geometry.operators.names import backend_named
 from geometry.operators.data_parallel import DataParallel
@@ -27,7 +28,7 @@ from probes.core.lm_head import head_transient_bytes, lm_loss_lean
 
 from .fidelity import with_float64_fidelity
 from .second_order import SecondOrderError, ensure_second_order
-from .setup_budget import plan_lm_setup
+from .setup_budget import UNCHECKED, plan_lm_setup
 from .zero_embeddings import curvature_loss, exclusion_record, zero_embedding_tokens
 
 
@@ -74,6 +75,8 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
         exact = ReverseBackend() if auto else chosen
 
         def second_order() -> str:
+            if precision == UNCHECKED:  # backend="auto", the check cannot fit: the exact backend is refused below
+                return exact.name
             try:
                 return ensure_second_order(model, probe, backend=exact.name, params=params,
                                            loss_fn=curvature_loss(lm_loss, model, exclude),
@@ -96,6 +99,9 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     if auto or not chosen.exact:  # a float64 model's float32 islands would swamp the float64-sized step
         loss_fn = with_float64_fidelity(loss_fn, model)
     op = HessianOperator(model, loss_fn, batches, params=params, backend=backend, **kwargs)
+    if precision == UNCHECKED and op.product_backend.second_order:
+        raise MemoryBudgetError(f"backend='auto' chose the exact pass ({op.backend_choice['why']}), but its second-order "
+                                "check does not fit max_memory; raise max_memory or pass backend='difference'")
     op.excluded = exclusion_record(ExcludingLoss(lm_loss, exclude), batches, op.parallel)
     if not op.product_backend.exact and batches and op.checked()["rel_error"] is None:
         bound = miniature_bound(model, op.check_batches or [batches[0][:2, :32]], exclude=exclude)

@@ -11,7 +11,8 @@
 3. the second-order check (:func:`probes.models.second_order.ensure_second_order`): on a float64
    copy when :data:`CHECK_FACTOR` × 8 bytes × the model's parameters fits, else on the float64
    miniature (:func:`probes.models.miniature.miniature`) when that many bytes of its parameters fit,
-   else refused.
+   else refused (``backend="auto"``: ``"unchecked"``, the check is skipped and the choice made
+   without it; :func:`~probes.models.curvature.lm_hessian` refuses if the exact backend is chosen).
 
 With ``max_memory=None`` nothing is refused and the check chooses as before (an estimator may be
 given its own budget later). An accepted run measures and computes what it did before.
@@ -24,12 +25,16 @@ import torch
 from torch import nn
 
 from geometry.base.params import ParamSpace, select_parameters
-from geometry.memory.model import format_bytes
+from geometry.memory.model import MemoryBudgetError, format_bytes
+from geometry.operators.auto import AutoBackend
 from geometry.operators.hessian import HessianOperator
 from geometry.operators.interface import estimator_dtype
 from geometry.operators.setup_plan import check_graph_floor, plan_setup, refusal
 
-__all__ = ["plan_lm_setup", "CHECK_FACTOR"]
+__all__ = ["plan_lm_setup", "CHECK_FACTOR", "UNCHECKED"]
+
+#: The check precision of a ``backend="auto"`` operator whose second-order check cannot fit.
+UNCHECKED = "unchecked"
 
 #: Peak resident memory of the second-order check (2 × 16 tokens) in multiples of the float64
 #: parameters it runs on (8 bytes each): measured 18.2 on a float64 copy of the Pythia 14M shape and
@@ -41,7 +46,8 @@ CHECK_FACTOR = 28
 def plan_lm_setup(model: nn.Module, batches: Sequence[torch.Tensor], params: Any, exact_backend: Any,
                   runs_check: bool, loss_of: Callable[[bool], Any], lean_head: bool, kwargs: dict) -> str:
     """Plan :func:`~probes.models.curvature.lm_hessian`'s set-up; returns the second-order check's
-    ``precision`` (``"auto"`` or ``"miniature"``). ``exact_backend``: the backend the check is for
+    ``precision`` (``"auto"`` or ``"miniature"``; ``"unchecked"`` with ``backend="auto"`` when the
+    check cannot fit). ``exact_backend``: the backend the check is for
     (a reverse one gets the graph bound); ``runs_check``: the check will run; ``loss_of(lean)``: the
     operator's loss (with the lean head or not), ``lean_head`` as given to ``lm_hessian``;
     ``kwargs``: the operator's keyword arguments.
@@ -61,7 +67,12 @@ def plan_lm_setup(model: nn.Module, batches: Sequence[torch.Tensor], params: Any
         check_graph_floor(probe, plan)
     if not runs_check:
         return "auto"
-    return _check_precision(model, plan.budget)
+    try:
+        return _check_precision(model, plan.budget)
+    except MemoryBudgetError:
+        if isinstance(exact_backend, AutoBackend):
+            return UNCHECKED
+        raise
 
 
 def _check_precision(model: nn.Module, budget: int) -> str:
