@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     row = {"shape": shape, "dtype": dtype, "command": command, "budget": budget, **r,
                            "within": r["peak_above_model"] <= limit}
                     rows.append(row)
-                    print(f"{shape:12s} {dtype:9s} {command:10s} {budget:>7s} peak {r['peak_above_model'] / 1e6:8.1f} MB "
+                    peak = r["peak_above_model"] / 1e6
+                    print(f"{shape:12s} {dtype:9s} {command:10s} {budget:>7s} peak {peak:8.1f} MB "
                           f"refused={r['refused']} within={row['within']}  {r['error'][:110]}", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -38,7 +38,9 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
 
     ``check``: run the cached second-order check first (cost, once per architecture: a float64
     copy of models under 50M parameters, else a float64 miniature, plus a few HVPs, gradients and
-    forwards on 2×16 tokens). ``lean_head``: with the reverse backend, take the loss through the
+    forwards on 2×16 tokens). With ``max_memory`` every measuring step of the set-up (the check,
+    the graph of a batch) is planned first and refused before it runs when it cannot fit
+    (:func:`probes.models.setup_budget.plan_lm_setup`). ``lean_head``: with the reverse backend, take the loss through the
     closed-form chunked LM head (:func:`probes.core.lm_head.lm_loss_lean`: the same loss, no
     ``[tokens, vocab]`` tensor in the double-backward graph; models whose logits are not a plain
     linear head fall back to :func:`~probes.core.lm.lm_loss` by themselves). Extra keyword
@@ -100,8 +102,9 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
         loss_fn = with_float64_fidelity(loss_fn, model)
     op = HessianOperator(model, loss_fn, batches, params=params, backend=backend, **kwargs)
     if precision == UNCHECKED and op.product_backend.second_order:
-        raise MemoryBudgetError(f"backend='auto' chose the exact pass ({op.backend_choice['why']}), but its second-order "
-                                "check does not fit max_memory; raise max_memory or pass backend='difference'")
+        why = op.backend_choice["why"]
+        raise MemoryBudgetError(f"backend='auto' chose the exact pass ({why}), but its second-order check does not "
+                                "fit max_memory; raise max_memory or pass backend='difference'")
     op.excluded = exclusion_record(ExcludingLoss(lm_loss, exclude), batches, op.parallel)
     if not op.product_backend.exact and batches and op.checked()["rel_error"] is None:
         bound = miniature_bound(model, op.check_batches or [batches[0][:2, :32]], exclude=exclude)
