@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from geometry.memory.model import MemoryBudgetError
 from geometry.operators.auto import AutoBackend
 from geometry.operators.names import backend_named
 from geometry.operators.data_parallel import DataParallel
@@ -27,6 +28,7 @@ from probes.core.lm_head import head_transient_bytes, lm_loss_lean
 
 from .fidelity import with_float64_fidelity
 from .second_order import SecondOrderError, ensure_second_order
+from .setup_budget import UNCHECKED, plan_lm_setup
 from .zero_embeddings import curvature_loss, exclusion_record, zero_embedding_tokens
 
 
@@ -36,7 +38,9 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
 
     ``check``: run the cached second-order check first (cost, once per architecture: a float64
     copy of models under 50M parameters, else a float64 miniature, plus a few HVPs, gradients and
-    forwards on 2×16 tokens). ``lean_head``: with the reverse backend, take the loss through the
+    forwards on 2×16 tokens). With ``max_memory`` every measuring step of the set-up (the check,
+    the graph of a batch) is planned first and refused before it runs when it cannot fit
+    (:func:`probes.models.setup_budget.plan_lm_setup`). ``lean_head``: with the reverse backend, take the loss through the
     closed-form chunked LM head (:func:`probes.core.lm_head.lm_loss_lean`: the same loss, no
     ``[tokens, vocab]`` tensor in the double-backward graph; models whose logits are not a plain
     linear head fall back to :func:`~probes.core.lm.lm_loss` by themselves). Extra keyword
@@ -62,15 +66,23 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     auto = isinstance(chosen, AutoBackend)
     if (auto or not chosen.exact) and batches:
         kwargs.setdefault("check_batches", [batches[0][:2, :32]])
-    if check and batches and (auto or chosen.second_order):
+    runs_check = bool(check and batches and (auto or chosen.second_order))
+    # every measuring step below is planned first, and refused before it runs when it cannot fit max_memory
+    precision = plan_lm_setup(model, batches, params, chosen, runs_check,
+                              lambda lean: curvature_loss(lm_loss_lean if lean else lm_loss, model, exclude),
+                              lean_head, kwargs)
+    if runs_check:
         probe = batches[0][:2, :16]
         parallel = kwargs.get("data_parallel")
         exact = ReverseBackend() if auto else chosen
 
         def second_order() -> str:
+            if precision == UNCHECKED:  # backend="auto", the check cannot fit: the exact backend is refused below
+                return exact.name
             try:
                 return ensure_second_order(model, probe, backend=exact.name, params=params,
-                                           loss_fn=curvature_loss(lm_loss, model, exclude))
+                                           loss_fn=curvature_loss(lm_loss, model, exclude),
+                                           precision=precision)
             except SecondOrderError:
                 if not auto:
                     raise
@@ -89,6 +101,10 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     if auto or not chosen.exact:  # a float64 model's float32 islands would swamp the float64-sized step
         loss_fn = with_float64_fidelity(loss_fn, model)
     op = HessianOperator(model, loss_fn, batches, params=params, backend=backend, **kwargs)
+    if precision == UNCHECKED and op.product_backend.second_order:
+        why = op.backend_choice["why"]
+        raise MemoryBudgetError(f"backend='auto' chose the exact pass ({why}), but its second-order check does not "
+                                "fit max_memory; raise max_memory or pass backend='difference'")
     op.excluded = exclusion_record(ExcludingLoss(lm_loss, exclude), batches, op.parallel)
     if not op.product_backend.exact and batches and op.checked()["rel_error"] is None:
         bound = miniature_bound(model, op.check_batches or [batches[0][:2, :32]], exclude=exclude)

@@ -75,16 +75,18 @@ def working_model(model: nn.Module, precision, messages: list[str]) -> tuple[nn.
     """The model :func:`probes.models.second_order.check_second_order` runs on, and what it is:
     ``precision="native"`` the model; a torch dtype: the model in it (a copy when it differs);
     ``"auto"``: a float64 copy under 50M parameters (not half precision), else a float64
-    :func:`miniature` (a float32 copy when none can be built). Notes go to ``messages``."""
+    :func:`miniature` (a float32 copy when none can be built); ``"miniature"``: the miniature
+    whatever the size (no copy: a memory budget leaves no room for one). Notes go to ``messages``."""
     n_params = sum(p.numel() for p in model.parameters())
     model_dtype = next(model.parameters()).dtype
     if precision == "native":
         return model, "model"
     if isinstance(precision, torch.dtype):
         return (model, "model") if precision == model_dtype else (copy.deepcopy(model).to(precision), f"{precision} copy")
-    if precision != "auto":
-        raise ValueError(f"precision must be 'auto', 'native' or a torch dtype, got {precision!r}")
-    if n_params < 50_000_000 and model_dtype not in (torch.float16, torch.bfloat16):
+    if precision not in ("auto", "miniature"):
+        raise ValueError(f"precision must be 'auto', 'miniature', 'native' or a torch dtype, got {precision!r}")
+    small = n_params < 50_000_000 and precision == "auto"
+    if small and model_dtype not in (torch.float16, torch.bfloat16):
         return (model, "model") if model_dtype == torch.float64 else (copy.deepcopy(model).double(), "float64 copy")
     mini = miniature(model)
     if mini is not None:

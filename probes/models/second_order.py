@@ -192,8 +192,9 @@ def check_second_order(
         precision: ``"auto"``: a float64 copy of models under 50M parameters; for larger or
             half-precision models a float64 miniature of the same architecture
             (:func:`probes.models.miniature.miniature`; AD rules do not depend on width or depth),
-            or, when none can be built, the model itself in float32 at least. Or a dtype, or
-            ``"native"`` (the model as it is).
+            or, when none can be built, the model itself in float32 at least. Or a dtype,
+            ``"native"`` (the model as it is) or ``"miniature"`` (as ``"auto"`` for a large model,
+            whatever the model's size: no copy of it).
         rtol: tolerance against the references; default 2e-3 (float64), 1e-2 (float32), 5e-2 (half);
             raised to 10× the references' own noise (their change between steps ε and ε/2) when that
             is larger (reported in ``messages``).
@@ -347,21 +348,22 @@ def architecture_key(model: nn.Module, params=None) -> str:
 
 
 def ensure_second_order(model: nn.Module, batch, backend: str = "reverse", params=None, loss_fn=None,
-                        cache: bool = True) -> str:
+                        cache: bool = True, precision: str | torch.dtype = "auto") -> str:
     """The HVP backend to use for ``model``: ``backend`` when trustworthy, else the other one with a
     :class:`SecondOrderWarning` naming the op; raises :class:`SecondOrderError` when neither is.
 
     Runs :func:`check_second_order` on ``batch`` (trim it to ~2×8 tokens: the check costs
     2 HVPs + 8 gradients per probe vector) once per architecture (:func:`architecture_key`), so a
-    sweep over a trajectory pays once. Use as::
+    sweep over a trajectory pays once. ``precision``: :func:`check_second_order`'s (``"miniature"``
+    when a memory budget leaves no room for a float64 copy: :mod:`geometry.operators.setup_plan`). Use as::
 
         backend = ensure_second_order(model, curvature_batches[0][:2, :16], backend="reverse")
         op = HessianOperator(model, lm_loss, batches, backend=backend)
     """
-    key = architecture_key(model, params) + f"|{backend}"
+    key = architecture_key(model, params) + f"|{backend}|{precision}"
     rep = _CACHE.get(key) if cache else None
     if rep is None:
-        rep = check_second_order(model, batch, loss_fn=loss_fn, params=params, preferred=backend)
+        rep = check_second_order(model, batch, loss_fn=loss_fn, params=params, preferred=backend, precision=precision)
         if cache:
             _CACHE[key] = rep
         if rep.usable and rep.recommended != backend:

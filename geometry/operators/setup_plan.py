@@ -1,0 +1,127 @@
+"""The memory of an operator's set-up, planned before it runs (issue #36: measure inside the budget).
+
+Before any estimator plans, a Hessian operator's set-up measures things by running them: the
+second-order check (:func:`probes.models.second_order.ensure_second_order`: a float64 copy of the
+model, or a miniature), the double-backward graph of one row of each batch shape
+(:func:`geometry.operators.reverse.graph_bytes`), the difference backend's error check. Each holds
+at least one gradient of every selected parameter, so a run whose budget is far below that used to
+allocate it all before its refusal (9.1× a 60 MB budget on a 56.6M model). This module plans them
+first, from what is known without running anything:
+
+- :func:`setup_floor`: the least bytes any estimator on the operator holds beyond the model — one
+  product of one vector (every backend holds at least two gradients' worth of the selected
+  parameters in their dtype: the gradient with its graph and the second backward's result; the
+  difference backend's kept θ and its gradient) plus three vectors in the vector dtype, plus the
+  loss's own temporaries. Every estimator's smallest plan is at least this, so refusing when it
+  exceeds the budget never refuses a run that would have been accepted;
+- :func:`plan_setup`: that refusal (:class:`~geometry.memory.model.MemoryBudgetError`, one line:
+  the bytes needed and available, what to change: :func:`refusal`); the second-order check is
+  planned by its caller from the same budget (:func:`probes.models.setup_budget.plan_lm_setup`);
+- :func:`check_graph_floor`: before the one-row graph of a long row is measured, the graph is
+  measured on two short prefixes of that row (:data:`PREFIX` and 2 × :data:`PREFIX` tokens: one
+  gradient and a few tokens of activations each) and extrapolated to a lower bound of the whole
+  batch's graph (saved bytes are convex in the tokens: linear parts, attention's quadratic part);
+  when the smallest reverse pass with that lower bound exceeds the budget the run is refused before
+  the full measurement.
+
+Nothing here changes what an accepted run measures or computes: the floors are lower bounds of the
+plans the estimators make anyway.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..memory.graphs import itemsize, pass_bytes, saved_graph_bytes
+from ..memory.model import MemoryBudgetError, format_bytes, resolve_budget
+
+__all__ = ["SetupPlan", "setup_floor", "plan_setup", "check_graph_floor", "refusal", "PREFIX"]
+
+#: Tokens of the shorter prefix whose graph bounds a long row's from below.
+PREFIX = 16
+#: Vectors the smallest estimator holds (as ``backend="auto"`` prices it).
+STATE_VECTORS = 3
+
+
+@dataclass(frozen=True)
+class SetupPlan:
+    """What :func:`plan_setup` found: ``budget`` (bytes, None when the caller gave none) and
+    ``floor`` (bytes of :func:`setup_floor`, which fits the budget)."""
+
+    budget: int | None
+    floor: int
+
+
+def setup_floor(dim: int, param_dtype: torch.dtype, vector_dtype: torch.dtype, transient: int = 0) -> int:
+    """Least bytes any estimator on an operator of ``dim`` selected numbers holds beyond the model:
+    two gradients in ``param_dtype``, the loss's temporaries ``transient`` and :data:`STATE_VECTORS`
+    vectors in ``vector_dtype``."""
+    return int(2 * dim * itemsize(param_dtype) + transient + STATE_VECTORS * dim * itemsize(vector_dtype))
+
+
+def refusal(what: str, need: int, budget: int, why: str) -> MemoryBudgetError:
+    """The one-line refusal of a set-up step: ``what`` needs ``need`` bytes (``why``) of ``budget``."""
+    return MemoryBudgetError(
+        f"{what} needs at least {format_bytes(need)} but max_memory is {format_bytes(budget)} ({why}); "
+        "raise max_memory, select fewer parameters (params=...) or load the model in a smaller dtype"
+    )
+
+
+def plan_setup(model: torch.nn.Module, dim: int, param_dtype: torch.dtype, vector_dtype: torch.dtype,
+               max_memory: Any, transient: int = 0) -> SetupPlan:
+    """Plan an operator's set-up on ``model`` for ``dim`` selected numbers before anything runs.
+
+    Raises :class:`~geometry.memory.model.MemoryBudgetError` when :func:`setup_floor` exceeds
+    ``max_memory`` (None: nothing is refused, the set-up is as before: estimators may still be
+    given their own budget). Returns a :class:`SetupPlan`. Cost: none (arithmetic)."""
+    floor = setup_floor(dim, param_dtype, vector_dtype, transient)
+    if max_memory is None:
+        return SetupPlan(None, floor)
+    device = next(model.parameters()).device
+    budget = resolve_budget(max_memory, device)
+    if floor > budget:
+        raise refusal("the curvature operator", floor, budget,
+                       f"one product of one vector: two gradients of {dim} parameters in "
+                       f"{str(param_dtype).replace('torch.', '')} and {STATE_VECTORS} vectors, planned before any "
+                       "measurement")
+    return SetupPlan(budget, floor)
+
+
+def check_graph_floor(op: Any, plan: SetupPlan) -> None:
+    """Refuse, before the one-row graph of a long batch is measured, when a lower bound of the
+    reverse backend's smallest pass (one vector, no cache) plus :data:`STATE_VECTORS` vectors exceeds
+    ``plan.budget``. The lower bound: the saved graph of one row measured on :data:`PREFIX` and
+    2 × :data:`PREFIX` tokens, extended linearly with the slope between them to the row's tokens,
+    times the rows. Only ``[rows, tokens]`` tensor batches longer than 2 × :data:`PREFIX` are
+    checked (others are measured whole, as before). Cost: two gradients with graph of one short row."""
+    from .reverse import ReverseBackend, converted_bytes
+
+    if plan.budget is None or not op.product_backend.keeps_graphs or not op.batches:
+        return
+    batch = max(op.batches, key=lambda b: b.numel() if isinstance(b, torch.Tensor) else 0)
+    if not isinstance(batch, torch.Tensor) or batch.ndim != 2 or batch.shape[1] <= 2 * PREFIX:
+        return
+    rows, tokens = batch.shape
+    index = next(i for i, b in enumerate(op.batches) if b is batch)
+    saved = []
+    with op.call_context(ReverseBackend()) as params:
+        for t in (PREFIX, 2 * PREFIX):
+            prefix = batch[:1, :t].clone()
+
+            def build() -> None:
+                loss = op.batch_loss(params, prefix, index)
+                torch.autograd.grad(loss, list(params.values()), create_graph=True, allow_unused=True)
+
+            saved.append(saved_graph_bytes(op.model, build))
+    slope = max(0, saved[1] - saved[0]) / PREFIX
+    row = saved[1] + slope * (tokens - 2 * PREFIX)
+    grad = op.dim * itemsize(op.param_dtype)
+    transient = op.loss_transient_bytes + converted_bytes(op, 1, 1)
+    need = pass_bytes([int(rows * row) + grad], grad, False, 1, 1, False, transient)
+    need += STATE_VECTORS * op.dim * itemsize(op.dtype)
+    if need > plan.budget:
+        raise refusal("the curvature operator's smallest pass", need, plan.budget,
+                       f"one vector on the double-backward graph of {rows} × {tokens} tokens, bounded from below on "
+                       f"one row's first {2 * PREFIX} tokens before measuring the whole row")
