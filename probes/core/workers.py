@@ -33,6 +33,7 @@ no guard. POSIX only (the socket is passed as an inherited file descriptor).
 Memory: every worker holds what its jobs load (a sweep worker: one model and its curvature
 graphs), so N workers need about N times the memory of one process.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -54,8 +55,10 @@ from geometry.memory.model import CPU_FRACTION, MEMORY_FRACTION_ENV
 
 __all__ = ["WorkerPool", "WorkerError", "Event", "emit", "short_error", "available_cores", "in_worker"]
 
-_BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[3]); "
-         "from probes.core.workers import _serve; _serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4]))")
+_BOOT = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[3]); "
+    "from probes.core.workers import _serve; _serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4]))"
+)
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _SINK: Callable[[Any], None] | None = None
 
@@ -87,8 +90,10 @@ def available_cores() -> int:
 def _cgroup_cpus(root: str = "/sys/fs/cgroup") -> int | None:
     """CPUs allowed by the cgroup's CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), rounded
     up; None when unlimited or unknown."""
-    for path, period_path in ((f"{root}/cpu.max", None),
-                              (f"{root}/cpu/cpu.cfs_quota_us", f"{root}/cpu/cpu.cfs_period_us")):
+    for path, period_path in (
+        (f"{root}/cpu.max", None),
+        (f"{root}/cpu/cpu.cfs_quota_us", f"{root}/cpu/cpu.cfs_period_us"),
+    ):
         try:
             with open(path) as f:
                 parts = f.read().split()
@@ -160,9 +165,21 @@ class _Worker:
             env[MEMORY_FRACTION_ENV] = repr(CPU_FRACTION / share)
         flags = getattr(subprocess, "_args_from_interpreter_flags", lambda: [])()
         try:
-            self.proc = subprocess.Popen([sys.executable, *flags, "-c", _BOOT, str(fd), str(threads or 0),
-                                          json.dumps(sys.path), str(os.getpid())], pass_fds=(fd,), env=env,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    *flags,
+                    "-c",
+                    _BOOT,
+                    str(fd),
+                    str(threads or 0),
+                    json.dumps(sys.path),
+                    str(os.getpid()),
+                ],
+                pass_fds=(fd,),
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
         except OSError as exc:
             parent.close()
             raise WorkerError(f"cannot start a worker process ({sys.executable}): {exc}") from exc
@@ -203,8 +220,10 @@ class WorkerPool:
 
     def __init__(self, workers: int, threads: int | None = 1):
         if os.name != "posix":
-            raise WorkerError("worker processes need a POSIX system (Linux, macOS); run with one worker "
-                              "(--workers 1) or use the ray executor")
+            raise WorkerError(
+                "worker processes need a POSIX system (Linux, macOS); run with one worker "
+                "(--workers 1) or use the ray executor"
+            )
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise WorkerError(f"workers must be an integer >= 1, got {workers!r}")
         self.threads = int(threads or 0)
@@ -332,8 +351,10 @@ class WorkerPool:
         """A worker died before it was ready: tolerated once per worker slot (a kill), then an error."""
         self._boot_failures += 1
         if self._boot_failures > len(self._workers):
-            raise WorkerError(f"worker processes die while starting (the last, PID {w.proc.pid}, "
-                              f"{_exit_status(w.proc.wait())}); see their messages above")
+            raise WorkerError(
+                f"worker processes die while starting (the last, PID {w.proc.pid}, "
+                f"{_exit_status(w.proc.wait())}); see their messages above"
+            )
 
     def _replace(self, i: int) -> None:
         old = self._workers[i]

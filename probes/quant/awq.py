@@ -66,6 +66,7 @@ Spec: ``awq:BITS[:GROUP][:sym][:grid=N][:clip=0|1][:shrink=F]`` (default ``awq:4
 Cost: per block one forward over the calibration set; per group N·(#linears) RTN passes and
 O(out·in²) error evaluations; per linear 21 clipping candidates at O(out·in·g).
 """
+
 from __future__ import annotations
 
 import time
@@ -83,10 +84,12 @@ from .results import CalibObjective, LayerReport, write_weight
 from .rtn import fit_grid, quantize_grid, rtn_quantize
 from .sequential import _call_model, _run_block, _Stop, capture_block_inputs, discover_groups, partition_by_block
 
-HELD_OUT_NOTE = ("AWQ minimises each layer group's output error on the calibration set, where it is never above "
-                 "RTN's at the same bits; ΔQ L is measured on the held-out evaluation set, where AWQ can be worse "
-                 "than RTN (the layer error is a proxy for the loss). Compare AWQ with RTN at the same bits over "
-                 "several seeds before calling either better.")
+HELD_OUT_NOTE = (
+    "AWQ minimises each layer group's output error on the calibration set, where it is never above "
+    "RTN's at the same bits; ΔQ L is measured on the held-out evaluation set, where AWQ can be worse "
+    "than RTN (the layer error is a proxy for the loss). Compare AWQ with RTN at the same bits over "
+    "several seeds before calling either better."
+)
 N_GRID = 20
 CLIP_GRID = 20
 MAX_SHRINK = 0.5
@@ -134,8 +137,9 @@ def _group_bounds(cols: int, group_size: int) -> list[tuple[int, int]]:
     return [(a, min(a + g, cols)) for a in range(0, cols, g)]
 
 
-def quantize_clipped(W: torch.Tensor, bits: int, group_size: int, sym: bool = False,
-                     ratios: torch.Tensor | None = None) -> torch.Tensor:
+def quantize_clipped(
+    W: torch.Tensor, bits: int, group_size: int, sym: bool = False, ratios: torch.Tensor | None = None
+) -> torch.Tensor:
     """RTN of ``W`` [out, in] per (row, group) after shrinking each group's range [min(w,0), max(w,0)]
     by ``ratios`` [out, n_groups] (None: no clipping, equal to :func:`rtn_quantize`). All-zero groups
     stay exact. Returns the dequantized weight in the working dtype (≥ float32)."""
@@ -161,8 +165,15 @@ def _sq_err(D: torch.Tensor, G: torch.Tensor) -> float:
     return float(((D @ G) * D).sum(dtype=torch.float64))
 
 
-def clip_search(Wp: torch.Tensor, G: torch.Tensor, n_tokens: int, bits: int, group_size: int, sym: bool = False,
-                ratios: Sequence[float] | None = None) -> torch.Tensor:
+def clip_search(
+    Wp: torch.Tensor,
+    G: torch.Tensor,
+    n_tokens: int,
+    bits: int,
+    group_size: int,
+    sym: bool = False,
+    ratios: Sequence[float] | None = None,
+) -> torch.Tensor:
     """Per (row, input group) shrink ratio of the range minimising that group's partial output error.
 
     Args:
@@ -179,12 +190,12 @@ def clip_search(Wp: torch.Tensor, G: torch.Tensor, n_tokens: int, bits: int, gro
     best = torch.empty(work.shape[0], len(bounds), dtype=work.dtype, device=work.device)
     rows = work.shape[0]
     for k, (a, b) in enumerate(bounds):
-        w = work[:, a:b]                                               # [rows, gs]
+        w = work[:, a:b]  # [rows, gs]
         zero = torch.zeros(rows, dtype=w.dtype, device=w.device)
         lo = torch.minimum(w.min(dim=1).values, zero)
         hi = torch.maximum(w.max(dim=1).values, zero)
         cand = torch.minimum(torch.maximum(w[None], (R[:, None] * lo)[..., None]), (R[:, None] * hi)[..., None])
-        flat = cand.reshape(-1, b - a)                                 # [R*rows, gs]
+        flat = cand.reshape(-1, b - a)  # [R*rows, gs]
         scale, zp = fit_grid(flat, bits, sym)
         q = quantize_grid(flat, scale, zp, bits)
         q = torch.where((flat == 0).all(dim=1, keepdim=True), flat, q).reshape(len(R), rows, b - a)
@@ -194,9 +205,18 @@ def clip_search(Wp: torch.Tensor, G: torch.Tensor, n_tokens: int, bits: int, gro
     return best
 
 
-def awq_search(G: torch.Tensor, x_abs_mean: torch.Tensor, n_tokens: int, weights: dict[str, torch.Tensor], bits: int,
-               group_size: int = 128, sym: bool = False, n_grid: int = N_GRID, clip: bool = True,
-               clip_ratios: Sequence[float] | None = None) -> AWQGroupResult:
+def awq_search(
+    G: torch.Tensor,
+    x_abs_mean: torch.Tensor,
+    n_tokens: int,
+    weights: dict[str, torch.Tensor],
+    bits: int,
+    group_size: int = 128,
+    sym: bool = False,
+    n_grid: int = N_GRID,
+    clip: bool = True,
+    clip_ratios: Sequence[float] | None = None,
+) -> AWQGroupResult:
     """AWQ scale + clipping search for one input-sharing group (see the module docstring).
 
     Args:
@@ -230,7 +250,7 @@ def awq_search(G: torch.Tensor, x_abs_mean: torch.Tensor, n_tokens: int, weights
     scaled_error, alpha, s = best
     if s is None:
         raise QuantizeError("AWQ scale search produced no finite error (NaN/Inf in calibration activations?)")
-    Gs = G / s[:, None] / s[None, :]                 # Gram of the scaled inputs X·diag(s)⁻¹
+    Gs = G / s[:, None] / s[None, :]  # Gram of the scaled inputs X·diag(s)⁻¹
     out_w, ratios_out, clipped = {}, {}, {}
     total = 0.0
     for name, W in Ws.items():
@@ -250,8 +270,17 @@ def awq_search(G: torch.Tensor, x_abs_mean: torch.Tensor, n_tokens: int, weights
         total += e
         out_w[name] = (chosen / s).to(weights[name].dtype)
     return AWQGroupResult(
-        names=list(weights), alpha=alpha, scales=s, errors=errors, rtn_error=errors[0], scaled_error=scaled_error,
-        error=total / denom, clip_ratios=ratios_out, clipped=clipped, weights=out_w, n_tokens=n_tokens,
+        names=list(weights),
+        alpha=alpha,
+        scales=s,
+        errors=errors,
+        rtn_error=errors[0],
+        scaled_error=scaled_error,
+        error=total / denom,
+        clip_ratios=ratios_out,
+        clipped=clipped,
+        weights=out_w,
+        n_tokens=n_tokens,
         seconds=time.perf_counter() - t0,
     )
 
@@ -286,8 +315,14 @@ def _options(spec) -> dict:
 
 
 @torch.no_grad()
-def awq_model(model: nn.Module, batches: Sequence[torch.Tensor], linears: dict[str, nn.Linear], spec,
-              progress: bool = False, on_group=None) -> list:
+def awq_model(
+    model: nn.Module,
+    batches: Sequence[torch.Tensor],
+    linears: dict[str, nn.Linear],
+    spec,
+    progress: bool = False,
+    on_group=None,
+) -> list:
     """AWQ-quantize ``linears`` of ``model`` in place; returns one :class:`LayerReport` per linear.
 
     ``on_group(result: AWQGroupResult)`` (optional) sees every group's search. Linears that never
@@ -306,25 +341,48 @@ def awq_model(model: nn.Module, batches: Sequence[torch.Tensor], linears: dict[s
                 new = rtn_quantize(lin.weight.data, spec.bits, spec.group_size, spec.symmetric)
                 err = rel_error(new, lin.weight.data)
                 write_weight(lin, new)
-                report.append(LayerReport(name, err, time.perf_counter() - t0, None,
-                                          ("never called on the calibration data; quantized with RTN instead",)))
+                report.append(
+                    LayerReport(
+                        name,
+                        err,
+                        time.perf_counter() - t0,
+                        None,
+                        ("never called on the calibration data; quantized with RTN instead",),
+                    )
+                )
             return
-        res = awq_search(hook.G, hook.abs / hook.n, hook.n, {n: sel[n].weight.data for n in names}, spec.bits,
-                         spec.group_size, spec.symmetric, **opts)
+        res = awq_search(
+            hook.G,
+            hook.abs / hook.n,
+            hook.n,
+            {n: sel[n].weight.data for n in names},
+            spec.bits,
+            spec.group_size,
+            spec.symmetric,
+            **opts,
+        )
         if on_group is not None:
             on_group(res)
         per = res.seconds / len(names)
-        objective = CalibObjective(rtn=res.rtn_error, scaled=res.scaled_error, final=res.error, alpha=res.alpha,
-                                   group=tuple(names), n_tokens=res.n_tokens)
+        objective = CalibObjective(
+            rtn=res.rtn_error,
+            scaled=res.scaled_error,
+            final=res.error,
+            alpha=res.alpha,
+            group=tuple(names),
+            n_tokens=res.n_tokens,
+        )
         for name in names:
             lin = sel[name]
             err = rel_error(res.weights[name], lin.weight.data)
             write_weight(lin, res.weights[name])
             clipped = res.clipped.get(name, False)
             frac = float((res.clip_ratios[name] < 1).double().mean()) if name in res.clip_ratios else 0.0
-            notes = (f"awq alpha={res.alpha:.2f} group={'+'.join(n.rsplit('.', 1)[-1] for n in names)} "
-                     f"output MSE rtn={res.rtn_error:.4g} scaled={res.scaled_error:.4g} final={res.error:.4g}",
-                     f"clipping {'kept' if clipped else 'not used'} ({frac:.0%} of groups shrunk)")
+            notes = (
+                f"awq alpha={res.alpha:.2f} group={'+'.join(n.rsplit('.', 1)[-1] for n in names)} "
+                f"output MSE rtn={res.rtn_error:.4g} scaled={res.scaled_error:.4g} final={res.error:.4g}",
+                f"clipping {'kept' if clipped else 'not used'} ({frac:.0%} of groups shrunk)",
+            )
             report.append(LayerReport(name, err, per, None, notes, objective=objective))
 
     blocks, in_block, outside = partition_by_block(model, linears)
@@ -333,12 +391,16 @@ def awq_model(model: nn.Module, batches: Sequence[torch.Tensor], linears: dict[s
     with module_modes(model, training=False):
         try:
             if outside:  # FP activations of linears outside the blocks: collected before anything changes
-                groups = discover_groups(lambda: _call_model(model, batches[0].to(device=device, dtype=torch.long)), outside)
+                groups = discover_groups(
+                    lambda: _call_model(model, batches[0].to(device=device, dtype=torch.long)), outside
+                )
                 hooks = {}
                 handles = []
                 for names in groups:
                     first = outside[names[0]]
-                    hooks[names[0]] = _StatsHook(first.in_features, first.weight.device, _work_dtype(first.weight.dtype))
+                    hooks[names[0]] = _StatsHook(
+                        first.in_features, first.weight.device, _work_dtype(first.weight.dtype)
+                    )
                     handles.append(first.register_forward_pre_hook(hooks[names[0]]))
                 try:
                     for ids in batches:
@@ -357,7 +419,9 @@ def awq_model(model: nn.Module, batches: Sequence[torch.Tensor], linears: dict[s
                     hooks, handles = {}, []
                     for names in groups:
                         first = sel[names[0]]
-                        hooks[names[0]] = _StatsHook(first.in_features, first.weight.device, _work_dtype(first.weight.dtype))
+                        hooks[names[0]] = _StatsHook(
+                            first.in_features, first.weight.device, _work_dtype(first.weight.dtype)
+                        )
                         handles.append(first.register_forward_pre_hook(hooks[names[0]]))
                     try:
                         for i, inp in enumerate(inps):  # one FP pass: statistics + next block's inputs
@@ -382,5 +446,14 @@ def awq_model(model: nn.Module, batches: Sequence[torch.Tensor], linears: dict[s
     return report
 
 
-__all__ = ["HELD_OUT_NOTE", "awq_model", "awq_search", "clip_search", "quantize_clipped", "AWQGroupResult", "N_GRID",
-           "CLIP_GRID", "MAX_SHRINK"]
+__all__ = [
+    "HELD_OUT_NOTE",
+    "awq_model",
+    "awq_search",
+    "clip_search",
+    "quantize_clipped",
+    "AWQGroupResult",
+    "N_GRID",
+    "CLIP_GRID",
+    "MAX_SHRINK",
+]
