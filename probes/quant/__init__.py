@@ -17,7 +17,8 @@ Deployment formats (specs ``fp8``, ``mxfp4``, ``mxfp8``, ``nvfp4``, ``gguf:TYPE`
 prefix): :mod:`.formats` (spec table), :mod:`.minifloat` (FP8/FP4 rounding), :mod:`.microscaling`
 (MX, NVFP4), :mod:`.ggml` + :mod:`.ggml_kquants` (llama.cpp types), :mod:`.hadamard`.
 Modules: :mod:`.spec` (QuantSpec), :mod:`.rtn` (RTN/INT8 + the INT-b grid), :mod:`.gptq` (per-layer
-GPTQ), :mod:`.sequential` (model-level GPTQ driver), :mod:`.awq` (AWQ), :mod:`.backends`,
+GPTQ), :mod:`.sequential` (model-level GPTQ driver), :mod:`.awq` (AWQ over a model), :mod:`.awq_search` (its
+search on one group of linears), :mod:`.backends`,
 :mod:`.api` (quantize), :mod:`.results` (QuantizedModel, LayerReport, CalibObjective), :mod:`.metrics`
 (quantization_error), :mod:`.plane` (the quantization plane A = Θ_K, B = Θ_{K−1}, C = Θ̂_K).
 """
