@@ -14,7 +14,8 @@ Front ends:
 * :class:`RobustnessMonitor` -- plain loops: ``monitor.step(model, step, lr=...)``.
 
 Modules: :mod:`.settings` (what is measured, fixed before training), :mod:`.state` (what is
-restored), :mod:`.memory` (the fit check), :mod:`.alarm`, :mod:`.monitor` (the measurement),
+restored), :mod:`.memory` (the fit check), :mod:`.alarm`, :mod:`.monitor` (the measurement), :mod:`.rows`
+(one task run on the live model, its precision floor, the values read back),
 :mod:`.hf`, :mod:`.lightning_callback`.
 """
 from __future__ import annotations

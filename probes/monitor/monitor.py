@@ -42,13 +42,13 @@ from torch import nn
 
 from probes.core.tokenset import TokenSet
 from probes.sweep.datasets import data_hashes
-from probes.sweep.runner import PROBE_FUNCS
 from probes.sweep.store import Store
 from probes.sweep_probes.rows import ProbeRow
 from probes.sweep_probes.state import CheckpointState
 
 from .alarm import Alarm, AlarmEvent
 from .memory import check_memory
+from .rows import run_task, stored_values
 from .settings import MonitorError, MonitorSettings
 from .state import preserved
 
@@ -321,11 +321,11 @@ class RobustnessMonitor:
             st = CheckpointState(model, self.plan, self.token_sets)
             st.label = label
             for task in pending:
-                rows.append(self._run_task(st, task, train_loss, extra))
+                rows.append(run_task(st, task, self.plan.seed, self.settings, train_loss, extra))
             del st
         for row in rows:
             self.store.write(row, data_hash=self.data_hash, plan_hash=self.plan.hash, run=self.run)
-        values = self._values(label)
+        values = stored_values(self.store, self.run, label)
         event = None
         if self.alarm is not None and "loss" in values and f"dq/{self.alarm.spec}" in values:
             rate, event = self.alarm.update(step, values["loss"], values[f"dq/{self.alarm.spec}"], lr)
@@ -341,90 +341,6 @@ class RobustnessMonitor:
         values["seconds"] = dt
         self._record_meta()
         return Measurement(step, values, rows, dt, event)
-
-    def _run_task(self, st: CheckpointState, task, train_loss, extra) -> ProbeRow:
-        t1 = time.perf_counter()
-        try:
-            if task.curvature:
-                row = PROBE_FUNCS[task.probe](st, task)
-            else:
-                with torch.no_grad():
-                    row = PROBE_FUNCS[task.probe](st, task)
-            bad = [m["metric"] for m in row.metrics if m["value"] is None or not math.isfinite(m["value"])]
-            if bad:
-                raise MonitorError(f"{task.probe} {task.spec}: non-finite value for {bad}")
-        except Exception as exc:  # a failed probe is a failed row; training goes on
-            warnings.warn(
-                f"monitor: {task.probe} {task.spec} failed at {st.label}: {type(exc).__name__}: {exc}",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            row = ProbeRow.failed(st.label, task, exc)
-        row.seconds = time.perf_counter() - t1
-        row.config_hash = task.config_hash
-        row.checkpoint = st.label
-        row.threads = torch.get_num_threads()
-        if row.seed is None:
-            row.seed = self.plan.seed
-        if row.status == "ok":
-            self._flag_floor(row)
-            if task.probe == "loss":
-                row.extra = {
-                    **row.extra,
-                    **({"train_loss": float(train_loss)} if train_loss is not None else {}),
-                    **dict(extra or {}),
-                }
-        return row
-
-    def _flag_floor(self, row: ProbeRow) -> None:
-        """Precision floor: trace CI relative half-width ≤ ``trace_ci_floor``; λ_max converged."""
-        if row.probe == "trace":
-            m = row.metrics[0]
-            half = 0.5 * (m["ci_high"] - m["ci_low"]) / abs(m["value"]) if m["value"] else math.inf
-            row.extra = {
-                **row.extra,
-                "rel_ci_half_width": half,
-                "floor": self.settings.trace_ci_floor,
-                "below_floor": bool(half > self.settings.trace_ci_floor),
-            }
-        elif row.probe == "eigen":
-            ok = all(bool(m.get("converged")) for m in row.metrics)
-            res = row.extra.get("residuals") or [math.nan]
-            lam = row.metrics[0]["value"]
-            row.extra = {
-                **row.extra,
-                "rel_residual": float(res[0]) / abs(lam) if lam else math.inf,
-                "floor": self.settings.lanczos_tol,
-                "below_floor": not ok,
-            }
-
-    def _values(self, label: str) -> dict[str, float]:
-        """Flat values of checkpoint ``label`` of this run, read back from the store."""
-        df = self.store.results(include_failed=False)
-        df = df[(df["run"] == self.run) & (df["checkpoint"] == label)]
-        raw = self.store.raw()
-        raw = raw[(raw["run"] == self.run) & (raw["checkpoint"] == label)]
-        out: dict[str, float] = {}
-        for _, r in df.iterrows():
-            if r["probe"] == "loss" and r["metric"] == "loss":
-                out["loss"] = float(r["value"])
-            elif r["probe"] == "quant" and r["metric"] == "rel_loss_error":
-                out[f"dq/{r['spec']}"] = float(r["value"])
-            elif r["probe"] == "trace":
-                out["trace"] = float(r["value"])
-            elif r["probe"] == "eigen" and r["metric"] == "lambda_1":
-                out["lambda_max"] = float(r["value"])
-        below = 0.0
-        import json
-
-        for _, r in raw.iterrows():
-            ex = json.loads(r["extra"] or "{}")
-            if r["probe"] == "trace" and "rel_ci_half_width" in ex:
-                out["trace_rel_ci"] = float(ex["rel_ci_half_width"])
-            below = max(below, float(bool(ex.get("below_floor"))))
-        if "trace" in out or "lambda_max" in out:
-            out["below_floor"] = below
-        return out
 
     def _fire(self, event: AlarmEvent) -> None:
         """Warn once, write the store marker, call the user's hook."""
