@@ -46,7 +46,6 @@ import time
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from geometry.operators.hessian import HessianOperator
@@ -54,69 +53,10 @@ from probes.core.lm import lm_loss
 from probes.core.numerics import rel_error
 from probes.core.threads import torch_threads
 
-SIZES = {"1M": dict(hidden=128, layers=4, vocab=512), "10M": dict(hidden=256, layers=6, vocab=8192)}
-BATCH, SEQ = 8, 128
+from benchmarks.hvp_models import BATCH, SEQ, SIZES, build_model
+from benchmarks.hvp_peers import _curvlinops, _pyhessian
+
 QUICK_SHAPE = (4, 64)  # --quick: smaller batches so the smoke test stays well under a minute
-
-
-def build_model(arch: str, size: str, seed: int = 0) -> nn.Module:
-    """Random HF causal LM (float32, eager attention, eval mode)."""
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM
-
-    h, L, V = SIZES[size]["hidden"], SIZES[size]["layers"], SIZES[size]["vocab"]
-    torch.manual_seed(seed)
-    if arch == "neox":
-        cfg = GPTNeoXConfig(
-            vocab_size=V,
-            hidden_size=h,
-            num_hidden_layers=L,
-            num_attention_heads=4,
-            intermediate_size=4 * h,
-            max_position_embeddings=SEQ,
-            tie_word_embeddings=False,
-            use_cache=False,
-            attn_implementation="eager",
-        )
-        model = GPTNeoXForCausalLM(cfg)
-    else:
-        cfg = LlamaConfig(
-            vocab_size=V,
-            hidden_size=h,
-            num_hidden_layers=L,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            intermediate_size=(8 * h // 3) // 8 * 8,
-            max_position_embeddings=SEQ,
-            tie_word_embeddings=False,
-            use_cache=False,
-            attn_implementation="eager",
-        )
-        model = LlamaForCausalLM(cfg)
-    return model.eval()
-
-
-class _Logits(nn.Module):
-    """``ids [b, s] -> logits [b, s, V]`` (PyHessian's ``model(inputs)``)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.m = model
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.m(input_ids=ids).logits
-
-
-class _FlatLogits(_Logits):
-    """``ids -> logits[:, :-1]`` flattened to [b (s-1), V] (curvlinops' ``model_func``)."""
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        logits = self.m(input_ids=ids).logits
-        return logits[:, :-1].reshape(-1, logits.shape[-1])
-
-
-def _shifted_ce(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """PyHessian's ``criterion(outputs, targets)``: the same loss as ``lm_loss``."""
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
 
 
 def _gradient(model: nn.Module, batches: list[torch.Tensor]) -> Callable[[], None]:
@@ -176,61 +116,6 @@ def _methods(
     if not multi and not quick:
         yield "curvlinops-matvec", 1, _curvlinops(model, batches)
     yield "curvlinops-matmat", (2 if quick else 8), _curvlinops(model, batches)
-
-
-def _pyhessian(
-    model: nn.Module, batches: list[torch.Tensor], charge_graph: bool = True
-) -> Callable[[torch.Tensor], torch.Tensor]:
-    from pyhessian import hessian
-    from pyhessian.utils import hessian_vector_product
-
-    wrapped = _Logits(model)
-    params = [p for p in model.parameters() if p.requires_grad]
-    shapes = [p.shape for p in params]
-
-    def split(v: torch.Tensor) -> list[torch.Tensor]:
-        return [t.view(s) for t, s in zip(torch.split(v, [s.numel() for s in shapes]), shapes)]
-
-    def call(V: torch.Tensor) -> torch.Tensor:
-        try:
-            if len(batches) == 1:
-                H = hessian(wrapped, _shifted_ce, data=(batches[0], batches[0]), cuda=False)
-                t0 = time.perf_counter()  # graph build not charged: only the k HVPs count
-                out = [
-                    torch.cat([h.reshape(-1) for h in hessian_vector_product(H.gradsH, H.params, split(v))]) for v in V
-                ]
-                call.charged = None if charge_graph else time.perf_counter() - t0
-            else:
-                H = hessian(wrapped, _shifted_ce, dataloader=[(b, b) for b in batches], cuda=False)
-                out = [torch.cat([h.reshape(-1) for h in H.dataloader_hv_product(split(v))[1]]) for v in V]
-                call.charged = None
-            return torch.stack(out).detach()
-        finally:
-            model.zero_grad(set_to_none=True)  # PyHessian leaves create_graph grads in .grad
-
-    call.charged = None
-    return call
-
-
-def _curvlinops(model: nn.Module, batches: list[torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
-    def call(V: torch.Tensor) -> torch.Tensor:
-        from curvlinops import HessianLinearOperator
-
-        params = [p for p in model.parameters() if p.requires_grad]
-        data = [(b, b[:, 1:].reshape(-1)) for b in batches]
-        op = HessianLinearOperator(
-            _FlatLogits(model),
-            nn.CrossEntropyLoss(),
-            params,
-            data,
-            check_deterministic=False,
-            num_data=sum(b.shape[0] for b in batches),
-        )
-        out = op @ (V[0] if V.shape[0] == 1 else V.T)
-        return (out.unsqueeze(0) if V.shape[0] == 1 else out.T).detach()
-
-    call.charged = None
-    return call
 
 
 def bench_model(
@@ -408,8 +293,9 @@ def format_table(rows: list[dict]) -> str:
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
         gs = f"{r['grad_s']:.3f}" if r["grad_s"] is not None else "-"
         err = f"{r['rel_err']:.1e}" if r["rel_err"] is not None else "-"
+        model = f"{r['arch']}-{r['size']}"
         lines.append(
-            f"{r['arch'] + '-' + r['size']:<12}{r['batches']:>8}  {r['method']:<20}{r['k']:>4}{ratio:>10}{gs:>9}{err:>10}  {r['status']}"
+            f"{model:<12}{r['batches']:>8}  {r['method']:<20}{r['k']:>4}{ratio:>10}{gs:>9}{err:>10}  {r['status']}"
         )
     return "\n".join(lines)
 
