@@ -1,5 +1,5 @@
 """AWQ's search on one input-sharing group of linears, from its calibration statistics (the Gram
-matrix XᵀX and the mean |x| per input channel): the scale search over α (:func:`awq_search`), the
+matrix XᵀX and the mean ``|x|`` per input channel): the scale search over α (:func:`awq_search`), the
 per-(row, input group) clipping search (:func:`clip_search`) and the clipped INT-b rounding
 (:func:`quantize_clipped`). The algorithm, its guarantee (E ≤ E(α*) ≤ E_RTN on the calibration
 inputs) and its differences from the reference are described in :mod:`probes.quant.awq`, which runs
