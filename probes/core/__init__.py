@@ -14,11 +14,25 @@
 - :mod:`.worker_loop` -- the worker's side of the pool: :func:`emit` (a result from inside a job),
   :func:`short_error` (an exception as one line), :class:`WorkerError`.
 """
+
 from .lm import ExcludingLoss, LossError, LossResult, check_batch, evaluate, lm_loss
 from .modules import ModuleSelectionError, find_blocks, select_linears
 from .numerics import rel_error
 from .threads import torch_threads
 from .tokenset import TokenSet, TokenSetError
 
-__all__ = ["lm_loss", "evaluate", "check_batch", "ExcludingLoss", "LossResult", "LossError", "TokenSet",
-           "TokenSetError", "find_blocks", "select_linears", "ModuleSelectionError", "rel_error", "torch_threads"]
+__all__ = [
+    "lm_loss",
+    "evaluate",
+    "check_batch",
+    "ExcludingLoss",
+    "LossResult",
+    "LossError",
+    "TokenSet",
+    "TokenSetError",
+    "find_blocks",
+    "select_linears",
+    "ModuleSelectionError",
+    "rel_error",
+    "torch_threads",
+]
