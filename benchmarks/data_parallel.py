@@ -40,7 +40,7 @@ def _batches(n: int, vocab: int, rows: int, seq: int) -> list[torch.Tensor]:
 def _measure(rank: int, world: int, port: int, out: str, size: str, n_batches: int, repeats: int, seq: int) -> None:
     """One rank (or the single process when world = 1): time matmat and Hutchinson, save to ``out``."""
     torch.set_num_threads(1)
-    from benchmarks.hvp_throughput import SIZES, build_model
+    from benchmarks.hvp_models import SIZES, build_model
     from geometry import HessianOperator, hutchinson_trace
     from geometry.operators.data_parallel import split_batches
     from probes.core.lm import lm_loss

@@ -34,6 +34,7 @@ default (``--threads``) for stable ratios on a shared machine. Garbage is collec
 timed gradient: a peer's leftover double-backward graph (PyHessian leaves one in ``.grad``) would
 otherwise be freed inside our reference gradient and inflate it (measured: 3.6 → 8 ms).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,6 @@ import time
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from geometry.operators.hessian import HessianOperator
@@ -53,52 +53,10 @@ from probes.core.lm import lm_loss
 from probes.core.numerics import rel_error
 from probes.core.threads import torch_threads
 
-SIZES = {"1M": dict(hidden=128, layers=4, vocab=512), "10M": dict(hidden=256, layers=6, vocab=8192)}
-BATCH, SEQ = 8, 128
+from benchmarks.hvp_models import BATCH, SEQ, SIZES, build_model
+from benchmarks.hvp_peers import _curvlinops, _pyhessian
+
 QUICK_SHAPE = (4, 64)  # --quick: smaller batches so the smoke test stays well under a minute
-
-
-def build_model(arch: str, size: str, seed: int = 0) -> nn.Module:
-    """Random HF causal LM (float32, eager attention, eval mode)."""
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM
-
-    h, L, V = SIZES[size]["hidden"], SIZES[size]["layers"], SIZES[size]["vocab"]
-    torch.manual_seed(seed)
-    if arch == "neox":
-        cfg = GPTNeoXConfig(vocab_size=V, hidden_size=h, num_hidden_layers=L, num_attention_heads=4,
-                            intermediate_size=4 * h, max_position_embeddings=SEQ, tie_word_embeddings=False,
-                            use_cache=False, attn_implementation="eager")
-        model = GPTNeoXForCausalLM(cfg)
-    else:
-        cfg = LlamaConfig(vocab_size=V, hidden_size=h, num_hidden_layers=L, num_attention_heads=4,
-                          num_key_value_heads=4, intermediate_size=(8 * h // 3) // 8 * 8, max_position_embeddings=SEQ,
-                          tie_word_embeddings=False, use_cache=False, attn_implementation="eager")
-        model = LlamaForCausalLM(cfg)
-    return model.eval()
-
-
-class _Logits(nn.Module):
-    """``ids [b, s] -> logits [b, s, V]`` (PyHessian's ``model(inputs)``)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.m = model
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.m(input_ids=ids).logits
-
-
-class _FlatLogits(_Logits):
-    """``ids -> logits[:, :-1]`` flattened to [b (s-1), V] (curvlinops' ``model_func``)."""
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        logits = self.m(input_ids=ids).logits
-        return logits[:, :-1].reshape(-1, logits.shape[-1])
-
-
-def _shifted_ce(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """PyHessian's ``criterion(outputs, targets)``: the same loss as ``lm_loss``."""
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
 
 
 def _gradient(model: nn.Module, batches: list[torch.Tensor]) -> Callable[[], None]:
@@ -117,8 +75,12 @@ def _timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def _methods(model: nn.Module, batches: list[torch.Tensor], quick: bool,
-             backends: tuple[str, ...] = ("reverse", "forward", "difference")):
+def _methods(
+    model: nn.Module,
+    batches: list[torch.Tensor],
+    quick: bool,
+    backends: tuple[str, ...] = ("reverse", "forward", "difference"),
+):
     """Yield ``(method, k, call)``; ``call(V [k, dim]) -> [k, dim]`` (or raises)."""
     multi = len(batches) > 1
     if multi:
@@ -134,14 +96,14 @@ def _methods(model: nn.Module, batches: list[torch.Tensor], quick: bool,
 
     def difference():
         op = HessianOperator(model, lm_loss, batches, backend="difference")
-        for k in ((4,) if quick else (8,)):
+        for k in (4,) if quick else (8,):
             yield "ours-difference", k, op.matmat_flat
 
     def forward():
         if multi:
             return
         op = HessianOperator(model, lm_loss, batches, backend="forward")
-        for k in ((2,) if quick else (1, 4, 8)):
+        for k in (2,) if quick else (1, 4, 8):
             yield "ours-forward", k, op.matmat_flat
 
     runs = {"reverse": reverse, "difference": difference, "forward": forward}
@@ -156,53 +118,15 @@ def _methods(model: nn.Module, batches: list[torch.Tensor], quick: bool,
     yield "curvlinops-matmat", (2 if quick else 8), _curvlinops(model, batches)
 
 
-def _pyhessian(model: nn.Module, batches: list[torch.Tensor], charge_graph: bool = True) -> Callable[[torch.Tensor], torch.Tensor]:
-    from pyhessian import hessian
-    from pyhessian.utils import hessian_vector_product
-
-    wrapped = _Logits(model)
-    params = [p for p in model.parameters() if p.requires_grad]
-    shapes = [p.shape for p in params]
-
-    def split(v: torch.Tensor) -> list[torch.Tensor]:
-        return [t.view(s) for t, s in zip(torch.split(v, [s.numel() for s in shapes]), shapes)]
-
-    def call(V: torch.Tensor) -> torch.Tensor:
-        try:
-            if len(batches) == 1:
-                H = hessian(wrapped, _shifted_ce, data=(batches[0], batches[0]), cuda=False)
-                t0 = time.perf_counter()  # graph build not charged: only the k HVPs count
-                out = [torch.cat([h.reshape(-1) for h in hessian_vector_product(H.gradsH, H.params, split(v))]) for v in V]
-                call.charged = None if charge_graph else time.perf_counter() - t0
-            else:
-                H = hessian(wrapped, _shifted_ce, dataloader=[(b, b) for b in batches], cuda=False)
-                out = [torch.cat([h.reshape(-1) for h in H.dataloader_hv_product(split(v))[1]]) for v in V]
-                call.charged = None
-            return torch.stack(out).detach()
-        finally:
-            model.zero_grad(set_to_none=True)  # PyHessian leaves create_graph grads in .grad
-
-    call.charged = None
-    return call
-
-
-def _curvlinops(model: nn.Module, batches: list[torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
-    def call(V: torch.Tensor) -> torch.Tensor:
-        from curvlinops import HessianLinearOperator
-
-        params = [p for p in model.parameters() if p.requires_grad]
-        data = [(b, b[:, 1:].reshape(-1)) for b in batches]
-        op = HessianLinearOperator(_FlatLogits(model), nn.CrossEntropyLoss(), params, data,
-                                   check_deterministic=False, num_data=sum(b.shape[0] for b in batches))
-        out = op @ (V[0] if V.shape[0] == 1 else V.T)
-        return (out.unsqueeze(0) if V.shape[0] == 1 else out.T).detach()
-
-    call.charged = None
-    return call
-
-
-def bench_model(arch: str, size: str, n_batches: int, repeats: int, quick: bool, seed: int = 0,
-                backends: tuple[str, ...] = ("reverse", "forward", "difference")) -> list[dict]:
+def bench_model(
+    arch: str,
+    size: str,
+    n_batches: int,
+    repeats: int,
+    quick: bool,
+    seed: int = 0,
+    backends: tuple[str, ...] = ("reverse", "forward", "difference"),
+) -> list[dict]:
     """Rows for one model and batch count (see module docstring for the columns)."""
     model = build_model(arch, size, seed)
     vocab = SIZES[size]["vocab"]
@@ -216,8 +140,20 @@ def bench_model(arch: str, size: str, n_batches: int, repeats: int, quick: bool,
     reference: dict[int, torch.Tensor] = {}
     rows = []
     for method, k, call in _methods(model, batches, quick, backends):
-        row = dict(arch=arch, size=size, params=n_params, batches=n_batches, tokens=shape[0] * shape[1] * n_batches,
-                   method=method, k=k, ratio=None, hvp_s=None, grad_s=None, rel_err=None, status="ok")
+        row = dict(
+            arch=arch,
+            size=size,
+            params=n_params,
+            batches=n_batches,
+            tokens=shape[0] * shape[1] * n_batches,
+            method=method,
+            k=k,
+            ratio=None,
+            hvp_s=None,
+            grad_s=None,
+            rel_err=None,
+            status="ok",
+        )
         try:
             ratios, hvps, grads = [], [], []
             if method.startswith("ours"):
@@ -227,7 +163,9 @@ def bench_model(arch: str, size: str, n_batches: int, repeats: int, quick: bool,
                 tg, _ = _timed(grad)
                 th, out = _timed(lambda: call(V[:k]))
                 th = getattr(call, "charged", None) or th
-                ratios.append(th / (k * tg)); hvps.append(th / k); grads.append(tg)
+                ratios.append(th / (k * tg))
+                hvps.append(th / k)
+                grads.append(tg)
             row.update(ratio=statistics.median(ratios), hvp_s=statistics.median(hvps), grad_s=statistics.median(grads))
             if method.startswith("ours-reverse") and k not in reference:
                 reference[k] = out
@@ -242,8 +180,9 @@ def bench_model(arch: str, size: str, n_batches: int, repeats: int, quick: bool,
     return rows
 
 
-def oracle_verdict(size: str = "1M", seed: int = 0, shape: tuple[int, int] = (BATCH, SEQ),
-                   threads: int | None = 1) -> dict:
+def oracle_verdict(
+    size: str = "1M", seed: int = 0, shape: tuple[int, int] = (BATCH, SEQ), threads: int | None = 1
+) -> dict:
     """Who is right where ours and curvlinops disagree? One product of each on the NeoX model in
     float64, judged by :class:`probes.models.oracles.LossOracle` (loss values only, no autograd).
 
@@ -271,8 +210,14 @@ def oracle_verdict(size: str = "1M", seed: int = 0, shape: tuple[int, int] = (BA
         orc = LossOracle(model, lm_loss, batches, step=0.05, levels=2)
         gap = theirs - ours
         scale, gnorm = float(ours.norm()), float(gap.norm())
-        row = dict(model=f"neox-{size}", dtype="float64", tokens=shape[0] * shape[1], hv_norm=scale,
-                   rel_gap=gnorm / scale, plain_rel_gap=float((plain[1] - plain[0]).norm() / plain[0].norm()))
+        row = dict(
+            model=f"neox-{size}",
+            dtype="float64",
+            tokens=shape[0] * shape[1],
+            hv_norm=scale,
+            rel_gap=gnorm / scale,
+            plain_rel_gap=float((plain[1] - plain[0]).norm() / plain[0].norm()),
+        )
         r = torch.randn(dim, generator=g, dtype=torch.float64)
         for name, u in (("gap", gap / gnorm), ("self", ours / scale), ("random", r / r.norm())):
             ref = orc.bilinear(u, v[0])
@@ -281,7 +226,7 @@ def oracle_verdict(size: str = "1M", seed: int = 0, shape: tuple[int, int] = (BA
             row[f"curvlinops_along_{name}"] = (float(u @ theirs) - ref.value) / norm
             row[f"oracle_error_{name}"] = ref.error / norm
         row["forwards"] = orc.num_losses
-        share = {n: float(gap[s_].norm() ** 2) / gnorm ** 2 for n, s_ in ours_op.space.slices.items()}
+        share = {n: float(gap[s_].norm() ** 2) / gnorm**2 for n, s_ in ours_op.space.slices.items()}
         top = sorted(share, key=share.get, reverse=True)[:3]
         row["gap_in"] = {n: round(share[n], 3) for n in top}  # share of ‖gap‖² in the largest parameters
     return row
@@ -303,13 +248,26 @@ def fingerprint_cost(sizes: tuple[str, ...] = ("1M", "10M"), threads: int | None
             grad()
             fp = min(_timed(lambda: model_fingerprint(model))[0] for _ in range(repeats))
             tg = min(_timed(grad)[0] for _ in range(3))
-            rows.append(dict(model=f"neox-{size}", params=n, fingerprint_s=fp, ms_per_million=1e3 * fp / (n / 1e6),
-                             gradient_s=tg, ratio=fp / tg))
+            rows.append(
+                dict(
+                    model=f"neox-{size}",
+                    params=n,
+                    fingerprint_s=fp,
+                    ms_per_million=1e3 * fp / (n / 1e6),
+                    gradient_s=tg,
+                    ratio=fp / tg,
+                )
+            )
     return rows
 
 
-def run(quick: bool = False, repeats: int | None = None, sizes: tuple[str, ...] | None = None,
-        threads: int | None = 1, backends: tuple[str, ...] = ("reverse", "forward", "difference")) -> list[dict]:
+def run(
+    quick: bool = False,
+    repeats: int | None = None,
+    sizes: tuple[str, ...] | None = None,
+    threads: int | None = 1,
+    backends: tuple[str, ...] = ("reverse", "forward", "difference"),
+) -> list[dict]:
     """All benchmark rows (list of dicts, columns as in :func:`format_table`).
 
     ``quick``: 1M models, batches 4×64, one repeat, a reduced method set, 2-batch rows.
@@ -335,7 +293,10 @@ def format_table(rows: list[dict]) -> str:
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
         gs = f"{r['grad_s']:.3f}" if r["grad_s"] is not None else "-"
         err = f"{r['rel_err']:.1e}" if r["rel_err"] is not None else "-"
-        lines.append(f"{r['arch'] + '-' + r['size']:<12}{r['batches']:>8}  {r['method']:<20}{r['k']:>4}{ratio:>10}{gs:>9}{err:>10}  {r['status']}")
+        model = f"{r['arch']}-{r['size']}"
+        lines.append(
+            f"{model:<12}{r['batches']:>8}  {r['method']:<20}{r['k']:>4}{ratio:>10}{gs:>9}{err:>10}  {r['status']}"
+        )
     return "\n".join(lines)
 
 
@@ -346,10 +307,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--sizes", default="1M,10M", help="comma-separated model sizes (1M, 10M)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
-    parser.add_argument("--backend", default="reverse,forward,difference",
-                        help="comma-separated backends of ours to run: reverse, forward, difference")
-    parser.add_argument("--oracle", action="store_true",
-                        help="only judge ours vs curvlinops against the loss-value oracle (NeoX, float64)")
+    parser.add_argument(
+        "--backend",
+        default="reverse,forward,difference",
+        help="comma-separated backends of ours to run: reverse, forward, difference",
+    )
+    parser.add_argument(
+        "--oracle",
+        action="store_true",
+        help="only judge ours vs curvlinops against the loss-value oracle (NeoX, float64)",
+    )
     parser.add_argument("--fingerprint", action="store_true", help="only time the graph cache's fingerprint")
     parser.add_argument("--seed", type=int, default=0, help="--oracle: seed of the model, batch and vector")
     args = parser.parse_args(argv)
@@ -362,10 +329,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
         row = oracle_verdict(args.sizes.split(",")[0], seed=args.seed, shape=shape, threads=args.threads or None)
         print(json.dumps(row, indent=1))
         return [row]
-    print(f"# torch {torch.__version__}, {platform.machine()} {platform.processor() or ''}, "
-          f"{args.threads or torch.get_num_threads()} threads")
-    rows = run(quick=args.quick, repeats=args.repeats, sizes=tuple(args.sizes.split(",")), threads=args.threads or None,
-               backends=tuple(args.backend.split(",")))
+    print(
+        f"# torch {torch.__version__}, {platform.machine()} {platform.processor() or ''}, "
+        f"{args.threads or torch.get_num_threads()} threads"
+    )
+    rows = run(
+        quick=args.quick,
+        repeats=args.repeats,
+        sizes=tuple(args.sizes.split(",")),
+        threads=args.threads or None,
+        backends=tuple(args.backend.split(",")),
+    )
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:

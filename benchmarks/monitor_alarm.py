@@ -30,7 +30,8 @@ def run_one(run, seed: int, out: Path, every: int, eval_shape, settings_kw: dict
     from probes.data import token_sets_from_stream
     from probes.demo import DEFAULT
     from probes.monitor import RobustnessMonitor
-    from probes.train.tiny import prepare_data, train_tiny
+    from probes.train.tiny import train_tiny
+    from probes.train.tiny_data import prepare_data
 
     torch.set_num_threads(1)
     from dataclasses import replace

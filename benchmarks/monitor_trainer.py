@@ -44,7 +44,7 @@ def setup(out: Path):
 
     from probes.data import token_sets_from_stream
     from probes.train.config import TrainConfig
-    from probes.train.tiny import prepare_data
+    from probes.train.tiny_data import prepare_data
 
     cfg = TrainConfig(**MODEL)
     tok, train, _ = prepare_data(cfg, out / "prep", out / "data")

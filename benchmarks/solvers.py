@@ -27,7 +27,7 @@ import torch
 
 from benchmarks import emit
 
-from benchmarks.hvp_throughput import build_model
+from benchmarks.hvp_models import build_model
 from geometry import HessianOperator, spectral_density, top_eigenvalues
 from geometry.memory.graphs import peak_new_bytes
 from probes.core.lm import lm_loss

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .core.workers import WorkerError, WorkerPool
+from .core.worker_loop import WorkerError
+from .core.workers import WorkerPool
 
 
 def _train_job(context, run):
@@ -55,7 +56,7 @@ def _in_pool(pool: WorkerPool, jobs, context, what: list[str], echo) -> list:
 
 
 def train_all(settings, out: Path, progress: bool, echo, pool) -> dict:
-    from .train.tiny import prepare_data
+    from .train.tiny_data import prepare_data
 
     what = [f"training {run.name} ({settings.steps} steps, {settings.checkpoints} checkpoints)" for run in settings.runs]
     if pool is None:

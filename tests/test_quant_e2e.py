@@ -54,7 +54,7 @@ def trained(tmp_path_factory):
         loss.backward()
         opt.step()
     model.eval()
-    from probes.train.tiny import save_checkpoint
+    from probes.train.run_files import save_checkpoint
 
     folder = tmp_path_factory.mktemp("ckpt") / "step-000080"
     save_checkpoint(folder, model, None)  # config.json + model.safetensors, as the project writes them

@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 
 from probes.cli import app
 from probes.core import workers as pool_mod
-from probes.core.workers import WorkerError, WorkerPool
+from probes.core import worker_loop
+from probes.core.worker_loop import WorkerError
+from probes.core.workers import WorkerPool
 from probes.sweep import Plan, Store, SweepError, run_sweep
 from probes.sweep import local_workers
 from probes.sweep.testing import tiny_plan_toml, tiny_trajectory
@@ -155,7 +157,7 @@ def test_pool_events_errors_lost_workers_and_reuse():
         assert pool.size == 2 and pool.pids != before
         assert [e.value for e in pool.run([(operator.mul, (3,))], context=2)] == [6]  # the replacement works
     with pytest.raises(WorkerError, match="only inside|for jobs running"):
-        pool_mod.emit("x")
+        worker_loop.emit("x")
     with pytest.raises(WorkerError, match="integer >= 1"):
         WorkerPool(0)
 

@@ -16,7 +16,8 @@ from probes.checkpoints import Trajectory
 from probes.train import schedules as S
 from probes.train.config import TrainError
 from probes.train.fork_compare import compare_forks, find_forks, fork_wins, wins_summary
-from probes.train.forks import ForkSchedule, fork_trajectory, lr_function
+from probes.train.fork_schedule import ForkSchedule, lr_function
+from probes.train.forks import fork_trajectory
 from tests.fixtures_trajectory import data_cache_dir, tiny_trajectory_dir
 
 PARENT = dict(steps=24, checkpoints=3, save_optimizer=True)  # checkpoints at steps 8, 16, 24 (with AdamW state)

@@ -8,7 +8,7 @@ import pytest
 
 from probes.train import schedules as S
 from probes.train.config import TrainConfig, TrainError, lr_at
-from probes.train.forks import ForkSchedule, lr_function
+from probes.train.fork_schedule import ForkSchedule, lr_function
 
 
 def test_base_schedules_at_known_steps():

@@ -46,7 +46,7 @@ def _pyhessian_seconds(model, batch, device, k: int) -> float:
     from pyhessian import hessian
     from pyhessian.utils import hessian_vector_product
 
-    from benchmarks.hvp_throughput import _Logits, _shifted_ce
+    from benchmarks.hvp_peers import _Logits, _shifted_ce
 
     from geometry.operators.attention import second_order_attention
 

@@ -10,14 +10,29 @@
 - :mod:`.numerics` -- :func:`rel_error` (‖a − b‖ / ‖b‖ in float64);
 - :mod:`.threads`  -- :func:`torch_threads` (torch's thread count for a block, restored after);
 - :mod:`.schedules` -- the base LR schedules as pure functions (constant, WSD, cosine, linear).
-- :mod:`.workers`  -- :class:`WorkerPool` (jobs in N fresh worker processes, results streamed back)
-  and :func:`short_error` (an exception as one line).
+- :mod:`.workers`  -- :class:`WorkerPool` (jobs in N fresh worker processes, results streamed back);
+- :mod:`.worker_loop` -- the worker's side of the pool: :func:`emit` (a result from inside a job),
+  :func:`short_error` (an exception as one line), :class:`WorkerError`.
 """
+
 from .lm import ExcludingLoss, LossError, LossResult, check_batch, evaluate, lm_loss
 from .modules import ModuleSelectionError, find_blocks, select_linears
 from .numerics import rel_error
 from .threads import torch_threads
 from .tokenset import TokenSet, TokenSetError
 
-__all__ = ["lm_loss", "evaluate", "check_batch", "ExcludingLoss", "LossResult", "LossError", "TokenSet",
-           "TokenSetError", "find_blocks", "select_linears", "ModuleSelectionError", "rel_error", "torch_threads"]
+__all__ = [
+    "lm_loss",
+    "evaluate",
+    "check_batch",
+    "ExcludingLoss",
+    "LossResult",
+    "LossError",
+    "TokenSet",
+    "TokenSetError",
+    "find_blocks",
+    "select_linears",
+    "ModuleSelectionError",
+    "rel_error",
+    "torch_threads",
+]

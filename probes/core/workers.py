@@ -6,16 +6,16 @@ MKL are told before torch is imported, so N workers × threads cores are used, n
 ``(function, args)`` pairs; the function must be importable by name (a module-level function of an
 installed module) and is called in a worker as ``function(context, *args)``, where ``context`` is
 the object given to :meth:`WorkerPool.run` (sent to each worker once per run, e.g. a plan and its
-token sets). A job streams results to the parent with :func:`emit` while it runs; its return
-value comes back when it finishes. Everything travels as plain pickles over one socket pair per
-worker.
+token sets). A job streams results to the parent with :func:`~probes.core.worker_loop.emit` while it
+runs; its return value comes back when it finishes. Everything travels as plain pickles over one
+socket pair per worker (the worker's side and the wire: :mod:`probes.core.worker_loop`).
 
 Events (:class:`Event`, in the order they arrive; ``job`` is the index into the run's jobs):
 
-- ``item``  a value the job passed to :func:`emit`;
+- ``item``  a value the job passed to :func:`~probes.core.worker_loop.emit`;
 - ``done``  the job returned (``value``: its return value);
-- ``error`` an exception escaped the job (``value``: one line, :func:`short_error`); the worker
-  goes on with the next job;
+- ``error`` an exception escaped the job (``value``: one line,
+  :func:`~probes.core.worker_loop.short_error`); the worker goes on with the next job;
 - ``lost``  the worker process died while running the job (killed, out of memory, a crash in
   native code; ``value``: what happened). A new worker takes its place for the remaining jobs.
 
@@ -33,6 +33,7 @@ no guard. POSIX only (the socket is passed as an inherited file descriptor).
 Memory: every worker holds what its jobs load (a sweep worker: one model and its curvature
 graphs), so N workers need about N times the memory of one process.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -43,25 +44,21 @@ import signal
 import socket
 import subprocess
 import sys
-import traceback
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterable, Iterator
 
-from geometry.base.errors import LosslensError
 from geometry.memory.model import CPU_FRACTION, MEMORY_FRACTION_ENV
 
-__all__ = ["WorkerPool", "WorkerError", "Event", "emit", "short_error", "available_cores", "in_worker"]
+from .worker_loop import _PROTOCOL, WorkerError, _recv, _send
 
-_BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[3]); "
-         "from probes.core.workers import _serve; _serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4]))")
-_PROTOCOL = pickle.HIGHEST_PROTOCOL
-_SINK: Callable[[Any], None] | None = None
+__all__ = ["WorkerPool", "Event", "available_cores"]
 
-
-class WorkerError(LosslensError, RuntimeError):
-    """Worker processes cannot be used here (not POSIX) or die before they can take a job."""
+_BOOT = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[3]); "
+    "from probes.core.worker_loop import _serve; _serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4]))"
+)
 
 
 @dataclass(frozen=True)
@@ -87,8 +84,10 @@ def available_cores() -> int:
 def _cgroup_cpus(root: str = "/sys/fs/cgroup") -> int | None:
     """CPUs allowed by the cgroup's CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), rounded
     up; None when unlimited or unknown."""
-    for path, period_path in ((f"{root}/cpu.max", None),
-                              (f"{root}/cpu/cpu.cfs_quota_us", f"{root}/cpu/cpu.cfs_period_us")):
+    for path, period_path in (
+        (f"{root}/cpu.max", None),
+        (f"{root}/cpu/cpu.cfs_quota_us", f"{root}/cpu/cpu.cfs_period_us"),
+    ):
         try:
             with open(path) as f:
                 parts = f.read().split()
@@ -104,35 +103,7 @@ def _cgroup_cpus(root: str = "/sys/fs/cgroup") -> int | None:
     return None
 
 
-def in_worker() -> bool:
-    """Whether this code runs inside a :class:`WorkerPool` job."""
-    return _SINK is not None
-
-
-def emit(item: Any) -> None:
-    """Send ``item`` to the parent as an ``item`` event of the running job (only inside a job)."""
-    if _SINK is None:
-        raise WorkerError("emit() is for jobs running in a WorkerPool worker")
-    _SINK(item)
-
-
-def short_error(exc: BaseException) -> str:
-    """``"Type: first line of the message (at file.py:line)"``, at most 2000 characters."""
-    tb = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {msg}{where}"[:2000]
-
-
 # --------------------------------------------------------------------------- the parent's side
-def _send(conn: Connection, obj: Any) -> None:
-    conn.send_bytes(pickle.dumps(obj, protocol=_PROTOCOL))
-
-
-def _recv(conn: Connection) -> Any:
-    return pickle.loads(conn.recv_bytes())
-
-
 def _exit_status(code: int | None) -> str:
     if code is None:
         return "is unresponsive"
@@ -160,9 +131,21 @@ class _Worker:
             env[MEMORY_FRACTION_ENV] = repr(CPU_FRACTION / share)
         flags = getattr(subprocess, "_args_from_interpreter_flags", lambda: [])()
         try:
-            self.proc = subprocess.Popen([sys.executable, *flags, "-c", _BOOT, str(fd), str(threads or 0),
-                                          json.dumps(sys.path), str(os.getpid())], pass_fds=(fd,), env=env,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    *flags,
+                    "-c",
+                    _BOOT,
+                    str(fd),
+                    str(threads or 0),
+                    json.dumps(sys.path),
+                    str(os.getpid()),
+                ],
+                pass_fds=(fd,),
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
         except OSError as exc:
             parent.close()
             raise WorkerError(f"cannot start a worker process ({sys.executable}): {exc}") from exc
@@ -203,8 +186,10 @@ class WorkerPool:
 
     def __init__(self, workers: int, threads: int | None = 1):
         if os.name != "posix":
-            raise WorkerError("worker processes need a POSIX system (Linux, macOS); run with one worker "
-                              "(--workers 1) or use the ray executor")
+            raise WorkerError(
+                "worker processes need a POSIX system (Linux, macOS); run with one worker "
+                "(--workers 1) or use the ray executor"
+            )
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise WorkerError(f"workers must be an integer >= 1, got {workers!r}")
         self.threads = int(threads or 0)
@@ -332,69 +317,12 @@ class WorkerPool:
         """A worker died before it was ready: tolerated once per worker slot (a kill), then an error."""
         self._boot_failures += 1
         if self._boot_failures > len(self._workers):
-            raise WorkerError(f"worker processes die while starting (the last, PID {w.proc.pid}, "
-                              f"{_exit_status(w.proc.wait())}); see their messages above")
+            raise WorkerError(
+                f"worker processes die while starting (the last, PID {w.proc.pid}, "
+                f"{_exit_status(w.proc.wait())}); see their messages above"
+            )
 
     def _replace(self, i: int) -> None:
         old = self._workers[i]
         old.stop(kill=True)
         self._workers[i] = _Worker(self.threads)
-
-
-# --------------------------------------------------------------------------- the worker's side
-def _die_with_parent(parent: int) -> None:
-    """Linux: SIGKILL this process when the parent dies; exit now if it already has."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:
-        os._exit(0)
-
-
-def _serve(fd: int, threads: int, parent: int) -> None:
-    """A worker's loop: receive a context or a job, run it, send its events; exit on None or EOF."""
-    global _SINK
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent(parent)
-    conn = Connection(fd)
-
-    def send(obj: Any) -> None:
-        try:
-            _send(conn, obj)
-        except OSError:  # the parent is gone: nobody wants the result
-            os._exit(0)
-
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
-    send(("ready", None, os.getpid()))
-    context: list = [None, None, False]  # run id, pickled context, unpickled context (or False: not yet)
-    while True:
-        try:
-            msg = _recv(conn)
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        if msg[0] == "context":
-            context[:] = [msg[1], msg[2], False]
-            continue
-        _, job, payload, run_id = msg
-        _SINK = lambda item, job=job: send(("item", job, item))  # noqa: E731
-        try:
-            if context[0] != run_id:
-                raise WorkerError(f"job {job} arrived without its run's context")
-            if context[2] is False:
-                context[2] = pickle.loads(context[1])  # once per run, at its first job
-            fn, args = pickle.loads(payload)
-            reply = ("done", job, fn(context[2], *args))
-        except Exception as exc:  # noqa: BLE001 - reported to the parent as the job's error
-            reply = ("error", job, short_error(exc))
-        finally:
-            _SINK = None
-        send(reply)

@@ -14,9 +14,11 @@ Front ends:
 * :class:`RobustnessMonitor` -- plain loops: ``monitor.step(model, step, lr=...)``.
 
 Modules: :mod:`.settings` (what is measured, fixed before training), :mod:`.state` (what is
-restored), :mod:`.memory` (the fit check), :mod:`.alarm`, :mod:`.monitor` (the measurement),
+restored), :mod:`.memory` (the fit check), :mod:`.alarm`, :mod:`.monitor` (the measurement), :mod:`.rows`
+(one task run on the live model, its precision floor, the values read back),
 :mod:`.hf`, :mod:`.lightning_callback`.
 """
+
 from __future__ import annotations
 
 from .alarm import Alarm, AlarmEvent, alarm_rate
@@ -24,9 +26,21 @@ from .monitor import Measurement, QuantizationAlarm, RobustnessMonitor
 from .settings import DEFAULT_SPECS, MonitorError, MonitorMemoryError, MonitorSettings
 from .state import preserved
 
-__all__ = ["RobustnessMonitor", "RobustnessCallback", "LightningRobustnessCallback", "MonitorSettings", "MonitorError",
-           "MonitorMemoryError", "QuantizationAlarm", "Measurement", "Alarm", "AlarmEvent", "alarm_rate", "preserved",
-           "DEFAULT_SPECS"]
+__all__ = [
+    "RobustnessMonitor",
+    "RobustnessCallback",
+    "LightningRobustnessCallback",
+    "MonitorSettings",
+    "MonitorError",
+    "MonitorMemoryError",
+    "QuantizationAlarm",
+    "Measurement",
+    "Alarm",
+    "AlarmEvent",
+    "alarm_rate",
+    "preserved",
+    "DEFAULT_SPECS",
+]
 
 
 def __getattr__(name: str):

@@ -26,6 +26,7 @@ step t used). A rerun or resumed run skips the steps already stored. The setting
 plan, and the time spent) are in the store's metadata under ``monitor:<run>``; the alarm's marker
 under ``monitor_alarm:<run>``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,13 +42,13 @@ from torch import nn
 
 from probes.core.tokenset import TokenSet
 from probes.sweep.datasets import data_hashes
-from probes.sweep.runner import PROBE_FUNCS
 from probes.sweep.store import Store
 from probes.sweep_probes.rows import ProbeRow
 from probes.sweep_probes.state import CheckpointState
 
 from .alarm import Alarm, AlarmEvent
 from .memory import check_memory
+from .rows import run_task, stored_values
 from .settings import MonitorError, MonitorSettings
 from .state import preserved
 
@@ -97,12 +98,16 @@ def _token_set(x, name: str) -> TokenSet:
             raise MonitorError(f"{name}: every batch must have the same [batch, seq] shape, got {sorted(shapes)}")
         t = torch.stack(list(x))
     else:
-        raise MonitorError(f"{name} must be a TokenSet, a [n_batches, batch, seq] tensor or a list of [batch, seq] "
-                           f"tensors, got {type(x).__name__}")
+        raise MonitorError(
+            f"{name} must be a TokenSet, a [n_batches, batch, seq] tensor or a list of [batch, seq] "
+            f"tensors, got {type(x).__name__}"
+        )
     if t.ndim == 2:
         t = t[None]
     if t.ndim != 3 or t.dtype not in (torch.long, torch.int32, torch.int64) or min(t.shape) == 0 or t.shape[2] < 2:
-        raise MonitorError(f"{name} must hold integer token ids [n_batches, batch, seq >= 2], got {t.dtype} {tuple(t.shape)}")
+        raise MonitorError(
+            f"{name} must hold integer token ids [n_batches, batch, seq >= 2], got {t.dtype} {tuple(t.shape)}"
+        )
     return TokenSet(t.long(), name)
 
 
@@ -122,14 +127,25 @@ class RobustnessMonitor:
         on_alarm: called once as ``on_alarm(event)`` when the alarm fires.
     """
 
-    def __init__(self, store: "str | Path | Store", eval_set, curvature_set=None, calibration_set=None,
-                 settings: MonitorSettings | None = None, run: str = "monitor", tokens_per_step: int | None = None,
-                 on_alarm: Callable[[AlarmEvent], Any] | None = None, **overrides):
+    def __init__(
+        self,
+        store: "str | Path | Store",
+        eval_set,
+        curvature_set=None,
+        calibration_set=None,
+        settings: MonitorSettings | None = None,
+        run: str = "monitor",
+        tokens_per_step: int | None = None,
+        on_alarm: Callable[[AlarmEvent], Any] | None = None,
+        **overrides,
+    ):
         if settings is not None and overrides:
             raise MonitorError(f"give either settings or keyword settings, not both ({sorted(overrides)})")
         unknown = sorted(set(overrides) - set(MonitorSettings.__dataclass_fields__))
         if unknown:
-            raise MonitorError(f"unknown monitor setting(s) {unknown}; valid: {', '.join(MonitorSettings.__dataclass_fields__)}")
+            raise MonitorError(
+                f"unknown monitor setting(s) {unknown}; valid: {', '.join(MonitorSettings.__dataclass_fields__)}"
+            )
         self.settings = settings if settings is not None else MonitorSettings(**overrides)
         ev = _token_set(eval_set, "eval_set")
         cv = _token_set(curvature_set, "curvature_set") if curvature_set is not None else ev.subset(1, "curvature")
@@ -138,13 +154,18 @@ class RobustnessMonitor:
         if calibration_set is not None:
             sets["calibration"] = _token_set(calibration_set, "calibration_set")
         elif specs_need_cal:
-            raise MonitorError(f"{specs_need_cal} need a calibration_set (token ids disjoint from eval_set); RTN and "
-                               "INT8 specs do not")
+            raise MonitorError(
+                f"{specs_need_cal} need a calibration_set (token ids disjoint from eval_set); RTN and INT8 specs do not"
+            )
         self.token_sets = sets
         cal = sets.get("calibration")
         self.run = str(run)
-        self.plan = self.settings.plan(tuple(ev.tokens.shape), tuple(cv.tokens.shape),
-                                       tuple(cal.tokens.shape) if cal is not None else None, name=self.run)
+        self.plan = self.settings.plan(
+            tuple(ev.tokens.shape),
+            tuple(cv.tokens.shape),
+            tuple(cal.tokens.shape) if cal is not None else None,
+            name=self.run,
+        )
         self.tasks = self.plan.tasks()
         self.data_hash, self.data_hashes = data_hashes(sets)
         self.store = store if isinstance(store, Store) else Store(store)
@@ -152,8 +173,11 @@ class RobustnessMonitor:
         self.tokens_per_step = tokens_per_step
         self.on_alarm = on_alarm
         s = self.settings
-        self.alarm = (Alarm(s.alarm_spec, s.alarm_threshold, s.alarm_window, s.alarm_min_improvement, s.alarm_lr_drop)
-                      if s.alarm_spec else None)
+        self.alarm = (
+            Alarm(s.alarm_spec, s.alarm_threshold, s.alarm_window, s.alarm_min_improvement, s.alarm_lr_drop)
+            if s.alarm_spec
+            else None
+        )
         self.memory: dict | None = None
         self.monitor_seconds = 0.0
         self.prepare_seconds = 0.0
@@ -183,7 +207,7 @@ class RobustnessMonitor:
             self.alarm.history.append((int(step), float(loss[step]), float(dq[step])))
             lr = lrs.get(step)
             if lr is not None and math.isfinite(lr):
-                self.alarm.annealing(float(lr))          # the peak LR seen before the resume
+                self.alarm.annealing(float(lr))  # the peak LR seen before the resume
 
     def prepare(self, model: nn.Module) -> dict:
         """Check, before training starts, that a measurement fits beside training in memory
@@ -204,10 +228,19 @@ class RobustnessMonitor:
         return self.memory
 
     def _record_meta(self) -> None:
-        self.store.set_meta({f"monitor:{self.run}": {
-            "settings": self.settings.to_dict(), "memory": self.memory, "data_hashes": self.data_hashes,
-            "measured": self.n_measured, "skipped_for_time": self.n_skipped, "monitor_seconds": round(self.monitor_seconds, 3),
-            "prepare_seconds": round(self.prepare_seconds, 3)}})
+        self.store.set_meta(
+            {
+                f"monitor:{self.run}": {
+                    "settings": self.settings.to_dict(),
+                    "memory": self.memory,
+                    "data_hashes": self.data_hashes,
+                    "measured": self.n_measured,
+                    "skipped_for_time": self.n_skipped,
+                    "monitor_seconds": round(self.monitor_seconds, 3),
+                    "prepare_seconds": round(self.prepare_seconds, 3),
+                }
+            }
+        )
 
     # ----------------------------------------------------------------- when
     def due(self) -> bool:
@@ -225,8 +258,15 @@ class RobustnessMonitor:
         spent = self.monitor_seconds - self.prepare_seconds
         return spent + self._last_cost <= self.settings.time_budget * train
 
-    def step(self, model: nn.Module, step: int, lr: float | None = None, *, loss: float | None = None,
-             tokens: int | None = None) -> Measurement | None:
+    def step(
+        self,
+        model: nn.Module,
+        step: int,
+        lr: float | None = None,
+        *,
+        loss: float | None = None,
+        tokens: int | None = None,
+    ) -> Measurement | None:
         """The plain loop's call after optimizer step ``step`` (1-based: the weights after update
         ``step``; ``lr``: the LR that update used; ``loss``: its training loss; ``tokens``: tokens
         seen, default ``step × tokens_per_step``). Measures when ``step`` is a multiple of
@@ -244,14 +284,25 @@ class RobustnessMonitor:
         """:meth:`measure` if :meth:`due`, else count the skip and return None."""
         if not self.due():
             self.n_skipped += 1
-            log.info("monitor: step %d skipped to stay within the time budget (%.0f%%)", step, 100 * self.settings.time_budget)
+            log.info(
+                "monitor: step %d skipped to stay within the time budget (%.0f%%)",
+                step,
+                100 * self.settings.time_budget,
+            )
             self._record_meta()
             return None
         return self.measure(model, step, **kw)
 
     # ----------------------------------------------------------------- what
-    def measure(self, model: nn.Module, step: int, lr: float | None = None, tokens: int | None = None,
-                train_loss: float | None = None, extra: Mapping[str, Any] | None = None) -> Measurement:
+    def measure(
+        self,
+        model: nn.Module,
+        step: int,
+        lr: float | None = None,
+        tokens: int | None = None,
+        train_loss: float | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Measurement:
         """Measure the live ``model`` at optimizer step ``step`` and write the rows (steps already
         stored with the same settings and data are read back, not recomputed). Training state is
         left exactly as it was (:func:`~probes.monitor.state.preserved`)."""
@@ -270,11 +321,11 @@ class RobustnessMonitor:
             st = CheckpointState(model, self.plan, self.token_sets)
             st.label = label
             for task in pending:
-                rows.append(self._run_task(st, task, train_loss, extra))
+                rows.append(run_task(st, task, self.plan.seed, self.settings, train_loss, extra))
             del st
         for row in rows:
             self.store.write(row, data_hash=self.data_hash, plan_hash=self.plan.hash, run=self.run)
-        values = self._values(label)
+        values = stored_values(self.store, self.run, label)
         event = None
         if self.alarm is not None and "loss" in values and f"dq/{self.alarm.spec}" in values:
             rate, event = self.alarm.update(step, values["loss"], values[f"dq/{self.alarm.spec}"], lr)
@@ -291,76 +342,6 @@ class RobustnessMonitor:
         self._record_meta()
         return Measurement(step, values, rows, dt, event)
 
-    def _run_task(self, st: CheckpointState, task, train_loss, extra) -> ProbeRow:
-        t1 = time.perf_counter()
-        try:
-            if task.curvature:
-                row = PROBE_FUNCS[task.probe](st, task)
-            else:
-                with torch.no_grad():
-                    row = PROBE_FUNCS[task.probe](st, task)
-            bad = [m["metric"] for m in row.metrics if m["value"] is None or not math.isfinite(m["value"])]
-            if bad:
-                raise MonitorError(f"{task.probe} {task.spec}: non-finite value for {bad}")
-        except Exception as exc:  # a failed probe is a failed row; training goes on
-            warnings.warn(f"monitor: {task.probe} {task.spec} failed at {st.label}: {type(exc).__name__}: {exc}",
-                          RuntimeWarning, stacklevel=3)
-            row = ProbeRow.failed(st.label, task, exc)
-        row.seconds = time.perf_counter() - t1
-        row.config_hash = task.config_hash
-        row.checkpoint = st.label
-        row.threads = torch.get_num_threads()
-        if row.seed is None:
-            row.seed = self.plan.seed
-        if row.status == "ok":
-            self._flag_floor(row)
-            if task.probe == "loss":
-                row.extra = {**row.extra, **({"train_loss": float(train_loss)} if train_loss is not None else {}),
-                             **dict(extra or {})}
-        return row
-
-    def _flag_floor(self, row: ProbeRow) -> None:
-        """Precision floor: trace CI relative half-width ≤ ``trace_ci_floor``; λ_max converged."""
-        if row.probe == "trace":
-            m = row.metrics[0]
-            half = 0.5 * (m["ci_high"] - m["ci_low"]) / abs(m["value"]) if m["value"] else math.inf
-            row.extra = {**row.extra, "rel_ci_half_width": half, "floor": self.settings.trace_ci_floor,
-                         "below_floor": bool(half > self.settings.trace_ci_floor)}
-        elif row.probe == "eigen":
-            ok = all(bool(m.get("converged")) for m in row.metrics)
-            res = row.extra.get("residuals") or [math.nan]
-            lam = row.metrics[0]["value"]
-            row.extra = {**row.extra, "rel_residual": float(res[0]) / abs(lam) if lam else math.inf,
-                         "floor": self.settings.lanczos_tol, "below_floor": not ok}
-
-    def _values(self, label: str) -> dict[str, float]:
-        """Flat values of checkpoint ``label`` of this run, read back from the store."""
-        df = self.store.results(include_failed=False)
-        df = df[(df["run"] == self.run) & (df["checkpoint"] == label)]
-        raw = self.store.raw()
-        raw = raw[(raw["run"] == self.run) & (raw["checkpoint"] == label)]
-        out: dict[str, float] = {}
-        for _, r in df.iterrows():
-            if r["probe"] == "loss" and r["metric"] == "loss":
-                out["loss"] = float(r["value"])
-            elif r["probe"] == "quant" and r["metric"] == "rel_loss_error":
-                out[f"dq/{r['spec']}"] = float(r["value"])
-            elif r["probe"] == "trace":
-                out["trace"] = float(r["value"])
-            elif r["probe"] == "eigen" and r["metric"] == "lambda_1":
-                out["lambda_max"] = float(r["value"])
-        below = 0.0
-        import json
-
-        for _, r in raw.iterrows():
-            ex = json.loads(r["extra"] or "{}")
-            if r["probe"] == "trace" and "rel_ci_half_width" in ex:
-                out["trace_rel_ci"] = float(ex["rel_ci_half_width"])
-            below = max(below, float(bool(ex.get("below_floor"))))
-        if "trace" in out or "lambda_max" in out:
-            out["below_floor"] = below
-        return out
-
     def _fire(self, event: AlarmEvent) -> None:
         """Warn once, write the store marker, call the user's hook."""
         msg = event.message()
@@ -372,9 +353,14 @@ class RobustnessMonitor:
 
     def summary(self) -> dict:
         """Time spent (prepare and measurements), measurements taken and skipped, the alarm."""
-        return {"run": self.run, "measured": self.n_measured, "skipped_for_time": self.n_skipped,
-                "monitor_seconds": self.monitor_seconds, "prepare_seconds": self.prepare_seconds,
-                "alarm": None if self.alarm is None or self.alarm.fired is None else self.alarm.fired.to_dict()}
+        return {
+            "run": self.run,
+            "measured": self.n_measured,
+            "skipped_for_time": self.n_skipped,
+            "monitor_seconds": self.monitor_seconds,
+            "prepare_seconds": self.prepare_seconds,
+            "alarm": None if self.alarm is None or self.alarm.fired is None else self.alarm.fired.to_dict(),
+        }
 
     def close(self) -> None:
         self._record_meta()

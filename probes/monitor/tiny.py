@@ -18,10 +18,10 @@ TINY_CURVATURE = (1, 4)
 
 def tiny_monitor_sets(config, out_dir: str | Path, data_dir: str | Path, seed: int = 0) -> dict:
     """``{"eval", "curvature"}`` token sets cut (disjoint) from the held-out stream cached in
-    ``data_dir`` by :func:`probes.train.tiny.prepare_data` (run first, into ``out_dir``, if needed)."""
+    ``data_dir`` by :func:`probes.train.tiny_data.prepare_data` (run first, into ``out_dir``, if needed)."""
     from safetensors.torch import load_file
 
-    from probes.train.tiny import prepare_data
+    from probes.train.tiny_data import prepare_data
 
     data_dir = Path(data_dir)
     if not (data_dir / "streams.safetensors").is_file():

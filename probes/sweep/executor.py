@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
-from probes.core.workers import WorkerError
+from probes.core.worker_loop import WorkerError
 from probes.sweep_probes.rows import ProbeRow
 from probes.sweep_probes.validation import PlanError
 

@@ -24,7 +24,8 @@ import contextlib
 import os
 from typing import Callable
 
-from probes.core.workers import WorkerError, WorkerPool, available_cores, emit
+from probes.core.worker_loop import WorkerError, emit
+from probes.core.workers import WorkerPool, available_cores
 
 from probes.sweep_probes.rows import ProbeRow
 

@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from geometry.base.errors import LosslensError
-from probes.core.workers import short_error as _short_error
+from probes.core.worker_loop import short_error as _short_error
 from probes.sweep_probes.registry import REGISTRY
 from probes.sweep_probes.rows import ProbeRow
 from probes.sweep_probes.state import CheckpointState, ProbeError

@@ -28,15 +28,15 @@ trajectory folder of its own::
 Units: steps are optimizer updates; LRs are AdamW learning rates; losses are mean next-token CE in
 nats; the quantization gap is ``ppl_gap = exp(q_loss - fp_loss) - 1`` (a fraction, 0.05 = 5%).
 """
+
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -44,152 +44,21 @@ from probes.checkpoints import CheckpointLoader, CheckpointRef, Trajectory
 from probes.core.lm import evaluate
 from probes.core.threads import torch_threads
 
-from . import schedules
-from .config import FORMAT, TrainConfig, TrainError, format_value, lr_at
-from .tiny import build_model, build_optimizer, prepare_data, run_loop, save_checkpoint, write_json
+from .config import FORMAT, TrainConfig, TrainError, format_value
+from .fork_schedule import ForkSchedule, lr_function
+from .run_files import save_checkpoint, write_json
+from .tiny import build_model, build_optimizer, run_loop
+from .tiny_data import prepare_data
 
-__all__ = ["FORK_KINDS", "ForkSchedule", "fork_trajectory", "fork_checkpoint_steps", "parent_checkpoint",
-           "lr_function"]
+__all__ = ["fork_trajectory", "fork_checkpoint_steps", "parent_checkpoint"]
 
-FORK_KINDS = ("cosine", "sgdr", "oscillate", "parent")
 FORKS_FORMAT = "losslens-forks/1"
-
-
-@dataclass(frozen=True)
-class ForkSchedule:
-    """The LR schedule of a fork, as a function of ``t`` = updates since the fork checkpoint.
-
-    ``kind``:
-      - ``cosine`` -- cosine continuation from ``start_lr`` to ``min_lr`` over ``steps``.
-      - ``sgdr`` -- warm restarts: cycles of ``period`` updates (times ``period_mult`` per cycle),
-        each a half cosine from ``restart_lr`` to ``min_lr``.
-      - ``oscillate`` -- oscillating lock-in: the cosine continuation plus ``amplitude`` (an LR,
-        added) for ``bump_steps`` updates, then ``cool_steps`` updates on the baseline, repeated.
-      - ``parent`` -- the parent's own schedule continued unchanged (``lr_at(S + t, parent)``).
-
-    ``None`` fields are filled by :meth:`resolve` from the parent: ``start_lr`` = the LR of the
-    parent's last update before the checkpoint; ``min_lr`` = the parent's final LR
-    (``peak_lr * min_lr_ratio``); ``period`` = ``steps // 3``; ``restart_lr`` = the parent's peak LR
-    (full-amplitude restarts as in seed 004); ``amplitude`` = ``start_lr`` (bumps double the LR).
-    """
-
-    kind: str = "cosine"
-    steps: int = 300
-    start_lr: float | None = None
-    min_lr: float | None = None
-    period: int | None = None
-    restart_lr: float | None = None
-    period_mult: float = 1.0
-    amplitude: float | None = None
-    bump_steps: int = 25
-    cool_steps: int = 100
-
-    def __post_init__(self):
-        if self.kind not in FORK_KINDS:
-            raise TrainError(f"unknown fork schedule {self.kind!r}; choose one of {FORK_KINDS}")
-        if self.steps < 1:
-            raise TrainError(f"a fork needs steps >= 1 (got {self.steps})")
-        for name in ("start_lr", "min_lr", "restart_lr", "amplitude"):
-            v = getattr(self, name)
-            if v is not None and (v < 0 or not math.isfinite(v)):
-                raise TrainError(f"{name} must be a finite LR >= 0, got {v}")
-        if self.period is not None and self.period < 1:
-            raise TrainError(f"period must be >= 1 update, got {self.period}")
-        if self.period_mult <= 0:
-            raise TrainError(f"period_mult must be > 0, got {self.period_mult}")
-        if self.bump_steps < 0 or self.cool_steps < 1:
-            raise TrainError(f"need bump_steps >= 0 and cool_steps >= 1 (got {self.bump_steps}, {self.cool_steps})")
-
-    def resolve(self, parent_config: TrainConfig, parent_lr: float) -> "ForkSchedule":
-        """A copy with every ``None`` filled from the parent (see the class docstring)."""
-        start = parent_lr if self.start_lr is None else self.start_lr
-        changes: dict[str, Any] = {"start_lr": start}
-        if self.min_lr is None:
-            changes["min_lr"] = parent_config.peak_lr * parent_config.min_lr_ratio
-        if self.kind == "sgdr":
-            if self.period is None:
-                changes["period"] = max(1, self.steps // 3)
-            if self.restart_lr is None:
-                changes["restart_lr"] = parent_config.peak_lr
-        if self.kind == "oscillate" and self.amplitude is None:
-            changes["amplitude"] = start
-        return replace(self, **changes)
-
-    @property
-    def resolved(self) -> bool:
-        return self.start_lr is not None and self.min_lr is not None and (
-            self.kind != "sgdr" or (self.period is not None and self.restart_lr is not None)) and (
-            self.kind != "oscillate" or self.amplitude is not None)
-
-    def lr(self, t: int, parent_lr_fn: Callable[[int], float] | None = None, fork_step: int = 0) -> float:
-        """LR of fork update ``t`` (1-based). ``parent`` needs ``parent_lr_fn`` (global step -> LR)
-        and ``fork_step``. Needs a resolved schedule."""
-        if self.kind == "parent":
-            if parent_lr_fn is None:
-                raise TrainError("the 'parent' fork schedule needs the parent's LR function")
-            return parent_lr_fn(fork_step + t)
-        if not self.resolved:
-            raise TrainError("resolve() the fork schedule against its parent before asking for LRs")
-        if self.kind == "cosine":
-            return schedules.cosine_continuation_lr(t, self.steps, self.start_lr, self.min_lr)
-        if self.kind == "sgdr":
-            return schedules.sgdr_lr(t, self.period, self.restart_lr, self.min_lr, self.period_mult)
-        return schedules.oscillate_lr(t, self.steps, self.start_lr, self.min_lr, self.amplitude, self.bump_steps,
-                                      self.cool_steps)
-
-    def phase(self, t: int) -> str | None:
-        """``"start"`` at t = 0; ``"bump"`` / ``"cool"`` for oscillate; ``None`` otherwise."""
-        if t <= 0:
-            return "start"
-        if self.kind == "oscillate":
-            return schedules.oscillate_phase(t, self.bump_steps, self.cool_steps)
-        return None
-
-    @property
-    def label(self) -> str:
-        """Readable schedule id used in fork names: ``cosine``, ``sgdr-p100-r3e-3``,
-        ``oscillate-a1e-3-b25-c100``, ``parent`` (plus ``-min<lr>`` when ``min_lr`` was given)."""
-        parts = [self.kind]
-        if self.kind == "sgdr":
-            parts += [f"p{self.period}" if self.period is not None else "pauto",
-                      *( [f"x{format_value(float(self.period_mult))}"] if self.period_mult != 1 else []),
-                      f"r{format_value(self.restart_lr)}" if self.restart_lr is not None else "rpeak"]
-        if self.kind == "oscillate":
-            parts += [f"a{format_value(self.amplitude)}" if self.amplitude is not None else "aauto",
-                      f"b{self.bump_steps}", f"c{self.cool_steps}"]
-        return "-".join(parts)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ForkSchedule":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-
-# --------------------------------------------------------------------------------------------
-# LR of any train-tiny / fork trajectory
-# --------------------------------------------------------------------------------------------
-
-def lr_function(meta: dict) -> Callable[[int], float]:
-    """Global step -> LR for a train-tiny trajectory or a fork, from its ``trajectory.json``
-    content (``Trajectory.meta``). Forks of forks under ``parent`` read their parent's folder."""
-    cfg = TrainConfig.from_dict(meta["config"])
-    fork = meta.get("fork")
-    if not fork:
-        return lambda step: lr_at(step, cfg)
-    sched = ForkSchedule.from_dict(fork["schedule"])
-    s0 = int(fork["parent_step"])
-    parent_fn = None
-    if sched.kind == "parent":
-        parent_fn = lr_function(Trajectory.from_folder(fork["parent"]).meta)
-    return lambda step: sched.lr(step - s0, parent_fn, s0) if step > s0 else float(fork["parent_lr"])
 
 
 # --------------------------------------------------------------------------------------------
 # forking
 # --------------------------------------------------------------------------------------------
+
 
 def parent_checkpoint(traj: Trajectory, at: "str | int") -> CheckpointRef:
     """The checkpoint ``at`` of ``traj``: a label (``"step-000300"``), a step number (int or digit
@@ -208,8 +77,9 @@ def parent_checkpoint(traj: Trajectory, at: "str | int") -> CheckpointRef:
         raise TrainError(f"{traj.name} has no checkpoint {at!r}; it has {traj.labels}") from None
 
 
-def fork_checkpoint_steps(fork_step: int, steps: int, checkpoints: int | None = None, every: int | None = None
-                          ) -> list[int]:
+def fork_checkpoint_steps(
+    fork_step: int, steps: int, checkpoints: int | None = None, every: int | None = None
+) -> list[int]:
     """Global steps of a fork's checkpoints after its start ``fork_step``: every ``every`` updates,
     or ``checkpoints`` evenly spaced (default ``min(10, steps)``); the last update is always one."""
     if every is not None:
@@ -225,11 +95,21 @@ def fork_checkpoint_steps(fork_step: int, steps: int, checkpoints: int | None = 
     return sorted(fork_step + r for r in rel)
 
 
-def fork_trajectory(parent: "str | Path | Trajectory", at: "str | int", schedule: ForkSchedule,
-                    out_dir: str | Path, seeds: Sequence[int] = (0,), checkpoints: int | None = None,
-                    every: int | None = None, save_optimizer: bool = False, restart_moments: bool = False,
-                    progress: bool = True, overwrite: bool = False, data_dir: str | Path | None = None,
-                    num_threads: int | None = None) -> list[Trajectory]:
+def fork_trajectory(
+    parent: "str | Path | Trajectory",
+    at: "str | int",
+    schedule: ForkSchedule,
+    out_dir: str | Path,
+    seeds: Sequence[int] = (0,),
+    checkpoints: int | None = None,
+    every: int | None = None,
+    save_optimizer: bool = False,
+    restart_moments: bool = False,
+    progress: bool = True,
+    overwrite: bool = False,
+    data_dir: str | Path | None = None,
+    num_threads: int | None = None,
+) -> list[Trajectory]:
     """Fork ``parent``'s checkpoint ``at`` (label such as ``"step-000300"``, a step number, or
     ``"last"``) under ``schedule`` once per seed; each fork goes to ``out_dir/<name>/`` (see the
     module docstring) and ``out_dir/forks.json`` indexes them. Returns one trajectory per seed.
@@ -245,8 +125,10 @@ def fork_trajectory(parent: "str | Path | Trajectory", at: "str | int", schedule
     """
     ptraj = parent if isinstance(parent, Trajectory) else Trajectory.from_folder(parent)
     if "config" not in ptraj.meta:
-        raise TrainError(f"{ptraj.meta.get('folder', ptraj.name)} is not a train-tiny trajectory (no config in "
-                         "trajectory.json); forks need the parent's training config")
+        raise TrainError(
+            f"{ptraj.meta.get('folder', ptraj.name)} is not a train-tiny trajectory (no config in "
+            "trajectory.json); forks need the parent's training config"
+        )
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise TrainError(f"seeds must be distinct and non-empty, got {seeds}")
@@ -261,8 +143,22 @@ def fork_trajectory(parent: "str | Path | Trajectory", at: "str | int", schedule
     results = []
     with torch_threads(num_threads):
         for seed in seeds:
-            results.append(_fork_one(ptraj, at, schedule, out, seed, checkpoints, every, save_optimizer,
-                                     restart_moments, progress, overwrite, Path(data_dir)))
+            results.append(
+                _fork_one(
+                    ptraj,
+                    at,
+                    schedule,
+                    out,
+                    seed,
+                    checkpoints,
+                    every,
+                    save_optimizer,
+                    restart_moments,
+                    progress,
+                    overwrite,
+                    Path(data_dir),
+                )
+            )
             _write_index(out, results)
     return results
 
@@ -274,16 +170,33 @@ def _write_index(out: Path, trajs: list[Trajectory]) -> None:
     for t in trajs:
         f = t.meta["fork"]
         name = Path(t.meta["folder"]).name
-        entries[name] = {"path": name, "condition": f["condition"], "seed": f["seed"], "parent": f["parent"],
-                         "parent_checkpoint": f["parent_checkpoint"], "schedule": f["schedule"],
-                         "final_val_loss": t[-1].meta.get("val_loss")}
+        entries[name] = {
+            "path": name,
+            "condition": f["condition"],
+            "seed": f["seed"],
+            "parent": f["parent"],
+            "parent_checkpoint": f["parent_checkpoint"],
+            "schedule": f["schedule"],
+            "final_val_loss": t[-1].meta.get("val_loss"),
+        }
     index["forks"] = sorted(entries.values(), key=lambda e: (e["condition"], e["seed"]))
     write_json(path, index)
 
 
-def _fork_one(ptraj: Trajectory, at, schedule: ForkSchedule, out: Path, seed: int, checkpoints, every,
-              save_optimizer: bool, restart_moments: bool, progress: bool, overwrite: bool, data_dir: Path
-              ) -> Trajectory:
+def _fork_one(
+    ptraj: Trajectory,
+    at,
+    schedule: ForkSchedule,
+    out: Path,
+    seed: int,
+    checkpoints,
+    every,
+    save_optimizer: bool,
+    restart_moments: bool,
+    progress: bool,
+    overwrite: bool,
+    data_dir: Path,
+) -> Trajectory:
     t_start = time.perf_counter()
     pcfg = TrainConfig.from_dict(ptraj.meta["config"])
     ref = parent_checkpoint(ptraj, at)
@@ -295,22 +208,39 @@ def _fork_one(ptraj: Trajectory, at, schedule: ForkSchedule, out: Path, seed: in
     name = f"{condition}-s{seed}"
     folder = out / name
     ckpt_steps = fork_checkpoint_steps(s0, sched.steps, checkpoints, every)
-    cfg = replace(pcfg, steps=s0 + sched.steps, checkpoints=len(ckpt_steps), data_seed=seed, name=name,
-                  save_optimizer=save_optimizer)
+    cfg = replace(
+        pcfg,
+        steps=s0 + sched.steps,
+        checkpoints=len(ckpt_steps),
+        data_seed=seed,
+        name=name,
+        save_optimizer=save_optimizer,
+    )
     state_file = Path(ref.location) / "training_state.pt"
     if state_file.is_file():
         opt_note = f"restored from the parent's {ref.label}/training_state.pt"
     elif restart_moments:
         opt_note = "restarted: the parent checkpoint has no training_state.pt, AdamW moments start from zero"
     else:
-        raise TrainError(f"parent checkpoint {ref.location} has no AdamW state (training_state.pt), so the fork "
-                         "cannot resume exactly; retrain the parent with save_optimizer=True (--save-optimizer), or "
-                         "pass restart_moments=True (--restart-moments) to restart AdamW's moments from zero")
+        raise TrainError(
+            f"parent checkpoint {ref.location} has no AdamW state (training_state.pt), so the fork "
+            "cannot resume exactly; retrain the parent with save_optimizer=True (--save-optimizer), or "
+            "pass restart_moments=True (--restart-moments) to restart AdamW's moments from zero"
+        )
     lineage = {
-        "parent": str(Path(ptraj.meta["folder"]).resolve()), "parent_name": ptraj.name, "parent_checkpoint": ref.label,
-        "parent_step": s0, "parent_lr": parent_lr, "parent_val_loss": ref.meta.get("val_loss"),
-        "schedule": sched.to_dict(), "label": sched.label, "condition": condition, "seed": seed,
-        "data_seed": seed, "optimizer_state": opt_note, "checkpoint_steps": ckpt_steps,
+        "parent": str(Path(ptraj.meta["folder"]).resolve()),
+        "parent_name": ptraj.name,
+        "parent_checkpoint": ref.label,
+        "parent_step": s0,
+        "parent_lr": parent_lr,
+        "parent_val_loss": ref.meta.get("val_loss"),
+        "schedule": sched.to_dict(),
+        "label": sched.label,
+        "condition": condition,
+        "seed": seed,
+        "data_seed": seed,
+        "optimizer_state": opt_note,
+        "checkpoint_steps": ckpt_steps,
     }
 
     # an existing fork folder: return it when finished with the same lineage, else refuse or redo
@@ -332,8 +262,10 @@ def _fork_one(ptraj: Trajectory, at, schedule: ForkSchedule, out: Path, seed: in
     tok, train, val = prepare_data(pcfg, folder, data_dir)
     pval = (ptraj.meta.get("data") or {}).get("validation_hash")
     if pval is not None and val.content_hash != pval:
-        raise TrainError(f"the rebuilt validation set differs from the parent's ({val.content_hash[:12]} vs "
-                         f"{pval[:12]}): the embedded corpus or tokenizer changed (another Python build?)")
+        raise TrainError(
+            f"the rebuilt validation set differs from the parent's ({val.content_hash[:12]} vs "
+            f"{pval[:12]}): the embedded corpus or tokenizer changed (another Python build?)"
+        )
     tok.save_pretrained(str(folder / "tokenizer"))
 
     # model + optimizer at the parent checkpoint
@@ -348,27 +280,62 @@ def _fork_one(ptraj: Trajectory, at, schedule: ForkSchedule, out: Path, seed: in
     lineage["start_loss_matches"] = None if pv is None else bool(abs(start_loss - pv) <= 1e-6 * max(1.0, abs(pv)))
 
     record = {
-        "format": FORMAT, "name": name, "config": cfg.to_dict(), "n_params": sum(p.numel() for p in model.parameters()),
-        "tokenizer": "tokenizer", "validation_set": "validation.safetensors",
-        "data": {**(ptraj.meta.get("data") or {}), "validation_hash": val.content_hash, "train_tokens": len(train),
-                 "tokens_per_step": cfg.tokens_per_step, "data_seed": seed},
-        "versions": ptraj.meta.get("versions"), "fork": lineage,
-        "notes": [f"fork of {ptraj.name} at {ref.label} (step {s0}) under {sched.label}, seed {seed}; "
-                  f"optimizer state {opt_note}"],
-        "checkpoints": [], "complete": False,
+        "format": FORMAT,
+        "name": name,
+        "config": cfg.to_dict(),
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "tokenizer": "tokenizer",
+        "validation_set": "validation.safetensors",
+        "data": {
+            **(ptraj.meta.get("data") or {}),
+            "validation_hash": val.content_hash,
+            "train_tokens": len(train),
+            "tokens_per_step": cfg.tokens_per_step,
+            "data_seed": seed,
+        },
+        "versions": ptraj.meta.get("versions"),
+        "fork": lineage,
+        "notes": [
+            f"fork of {ptraj.name} at {ref.label} (step {s0}) under {sched.label}, seed {seed}; "
+            f"optimizer state {opt_note}"
+        ],
+        "checkpoints": [],
+        "complete": False,
     }
     start_folder = folder / f"step-{s0:06d}"
     model.train()
     save_checkpoint(start_folder, model, tok, optimizer if save_optimizer else None, s0)
-    record["checkpoints"].append({"path": start_folder.name, "step": s0, "tokens": s0 * cfg.tokens_per_step,
-                                  "lr": parent_lr, "train_loss": ref.meta.get("train_loss"), "val_loss": start_loss,
-                                  "seconds": round(time.perf_counter() - t_start, 3), "phase": "start",
-                                  "fork_start": True})
+    record["checkpoints"].append(
+        {
+            "path": start_folder.name,
+            "step": s0,
+            "tokens": s0 * cfg.tokens_per_step,
+            "lr": parent_lr,
+            "train_loss": ref.meta.get("train_loss"),
+            "val_loss": start_loss,
+            "seconds": round(time.perf_counter() - t_start, 3),
+            "phase": "start",
+            "fork_start": True,
+        }
+    )
     write_json(tj_path, record)
 
-    run_loop(model, optimizer, train, val, tok, folder, record, cfg, start=s0, checkpoint_steps=ckpt_steps,
-             lr_fn=lambda step: sched.lr(step - s0, parent_fn, s0), progress=progress, t_start=t_start,
-             checkpoint_extra=lambda step: {"phase": sched.phase(step - s0)})
+    run_loop(
+        model,
+        optimizer,
+        train,
+        val,
+        tok,
+        folder,
+        record,
+        cfg,
+        start=s0,
+        checkpoint_steps=ckpt_steps,
+        lr_fn=lambda step: sched.lr(step - s0, parent_fn, s0),
+        progress=progress,
+        t_start=t_start,
+        checkpoint_extra=lambda step: {"phase": sched.phase(step - s0)},
+    )
     return Trajectory.from_folder(folder)
 
 

@@ -15,7 +15,8 @@ from typing import Any
 from probes.checkpoints import Trajectory
 
 from .config import TrainConfig, TrainError, format_value
-from .tiny import train_tiny, write_json
+from .run_files import write_json
+from .tiny import train_tiny
 
 __all__ = ["train_sweep", "plan_sweep", "parse_sweep", "normalize_grid", "sweep_run_name", "SWEEP_ALIASES",
            "SWEEP_FORMAT"]

@@ -38,13 +38,12 @@ Measured on 2 CPU cores with 1 thread: the default (0.17M params, 800 steps of 3
 about 1–1.5 min (9 s per 100 steps); the former 1.06M preset (hidden 128, 4 layers, 600 steps of
 32x128) a few minutes; ``TrainConfig.tiny()`` a few seconds.
 """
+
 from __future__ import annotations
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 import platform
 import shutil
 import time
@@ -58,86 +57,18 @@ from probes.checkpoints import CheckpointLoader, CheckpointRef, Trajectory
 from probes.core.lm import evaluate, lm_loss
 from probes.core.threads import torch_threads
 from probes.core.tokenset import TokenSet
-from probes.data import (HELDOUT_MODULUS, TextSource, embedded_documents, token_sets_from_stream, token_stream,
-                         tokenizer_fingerprint, tokenizer_name, train_bpe_tokenizer)
 
 from .config import FORMAT, TrainConfig, TrainError, lr_at
+from .run_files import save_checkpoint, write_json
+from .tiny_data import get_batch, prepare_data
 
-__all__ = ["train_tiny", "prepare_data", "build_model", "build_optimizer", "get_batch", "save_checkpoint", "run_loop"]
-
-
-# --------------------------------------------------------------------------------------------
-# data
-# --------------------------------------------------------------------------------------------
-
-def prepare_data(config: TrainConfig, out_dir: str | Path, data_dir: str | Path | None = None
-                 ) -> tuple[Any, torch.Tensor, TokenSet]:
-    """(tokenizer, train stream [n_train] int64, validation TokenSet [val_batches, batch, seq]).
-
-    Cached in ``data_dir`` (default ``out_dir/data/``; runs may share one): the trained tokenizer
-    and both token streams, reused when the Python build (whose stdlib *is* the corpus), vocab size,
-    corpus options and tokenizers version match; ``data.json`` records the corpus SHA-256. The
-    validation set is written to ``out_dir/validation.safetensors``. Cost the first time: ~3 s
-    corpus + ~2 s BPE training + ~2 s tokenization (2 cores, unloaded); cached: < 1 s.
-    """
-    import sys
-    import sysconfig
-
-    import tokenizers
-    from safetensors.torch import load_file, save_file
-    from transformers import AutoTokenizer
-
-    out = Path(out_dir)
-    cache = Path(data_dir) if data_dir is not None else out / "data"
-    key = {"format": 1, "python": sys.version, "stdlib": sysconfig.get_paths()["stdlib"],
-           "vocab_size": config.vocab_size, "docstrings": config.docstrings, "heldout_modulus": HELDOUT_MODULUS,
-           "tokenizers": tokenizers.__version__}
-    info_path = cache / "data.json"
-    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
-    if info.get("key") == key and (cache / "streams.safetensors").is_file():
-        tok = AutoTokenizer.from_pretrained(str(cache / "tokenizer"))
-        streams = load_file(str(cache / "streams.safetensors"))
-        train, heldout = streams["train"], streams["heldout"]
-    else:
-        train_docs = embedded_documents(config.docstrings, "train")
-        h = hashlib.sha256()
-        for name, text in train_docs:
-            h.update(name.encode() + b"\0" + text.encode() + b"\0")
-        train_bpe_tokenizer([t for _, t in train_docs], config.vocab_size, cache / "tokenizer",
-                            name=f"losslens-bpe-{config.vocab_size}")
-        tok = AutoTokenizer.from_pretrained(str(cache / "tokenizer"))  # exactly what checkpoints will load
-        train = token_stream(tok, TextSource.embedded("train", config.docstrings))
-        heldout = token_stream(tok, TextSource.embedded("heldout", config.docstrings))
-        save_file({"train": train.contiguous(), "heldout": heldout.contiguous()}, str(cache / "streams.safetensors"))
-        info = {"key": key, "train_corpus_sha256": h.hexdigest(), "train_tokens": len(train),
-                "heldout_tokens": len(heldout)}
-        write_json(info_path, info)
-    if len(train) < config.seq_len + 1:
-        raise TrainError(f"the training stream has {len(train)} tokens, fewer than one sequence of {config.seq_len}")
-    shapes = {"validation": (config.val_batches, config.batch_size, config.seq_len)}
-    meta = {"source": "embedded[heldout]", "split": "heldout", "tokenizer": tokenizer_name(tok),
-            "tokenizer_fingerprint": tokenizer_fingerprint(tok)}
-    val = token_sets_from_stream(heldout, shapes, _data_seed(config), meta,
-                                 source_name="the held-out stream of the embedded corpus")["validation"]
-    val.save(out / "validation.safetensors")
-    return tok, train, val
-
-
-def _data_seed(config: TrainConfig) -> int:
-    return config.seed if config.data_seed is None else config.data_seed
-
-
-def get_batch(stream: torch.Tensor, step: int, config: TrainConfig) -> torch.Tensor:
-    """Batch of update ``step``: [batch_size, seq_len] random windows of ``stream``, seeded by
-    (data_seed, step) only -- identical whether the run was resumed or not."""
-    g = torch.Generator().manual_seed(_data_seed(config) * 1_000_003 + step)
-    starts = torch.randint(0, len(stream) - config.seq_len + 1, (config.batch_size,), generator=g)
-    return stream[starts[:, None] + torch.arange(config.seq_len)[None, :]]
+__all__ = ["train_tiny", "build_model", "build_optimizer", "run_loop"]
 
 
 # --------------------------------------------------------------------------------------------
 # model and optimizer
 # --------------------------------------------------------------------------------------------
+
 
 def build_model(config: TrainConfig, tokenizer: Any = None) -> nn.Module:
     """A freshly initialised ``GPTNeoXForCausalLM`` (eager attention) for ``config``; seeded by
@@ -147,10 +78,20 @@ def build_model(config: TrainConfig, tokenizer: Any = None) -> nn.Module:
     eos = getattr(tokenizer, "eos_token_id", None)
     eos = 0 if eos is None else eos
     cfg = GPTNeoXConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads, intermediate_size=config.intermediate_size or 4 * config.hidden_size,
-        max_position_embeddings=config.seq_len, tie_word_embeddings=False, bos_token_id=eos, eos_token_id=eos,
-        attention_dropout=0.0, hidden_dropout=0.0, use_cache=False, attn_implementation="eager")
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        intermediate_size=config.intermediate_size or 4 * config.hidden_size,
+        max_position_embeddings=config.seq_len,
+        tie_word_embeddings=False,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        use_cache=False,
+        attn_implementation="eager",
+    )
     torch.manual_seed(config.seed)
     return GPTNeoXForCausalLM(cfg)
 
@@ -163,35 +104,21 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=config.peak_lr, betas=(config.beta1, config.beta2), eps=1e-8)
 
 
-def save_checkpoint(folder: Path, model: nn.Module, tokenizer: Any, optimizer: torch.optim.Optimizer | None = None,
-                    step: int | None = None) -> None:
-    """Write an HF checkpoint: config.json, model.safetensors, tokenizer files (+ training_state.pt)."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(str(folder))
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(folder))
-    if optimizer is not None:
-        torch.save({"optimizer": optimizer.state_dict(), "step": step}, folder / "training_state.pt")
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Write ``data`` to ``path`` as indented JSON, atomically (a temporary file, then a rename)."""
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------------------------
 # the loop
 # --------------------------------------------------------------------------------------------
 
-def train_tiny(config: TrainConfig, out_dir: str | Path, progress: bool = True, resume_from: str | Path | None = None,
-               overwrite: bool = False, data_dir: str | Path | None = None, num_threads: int | None = None,
-               on_step=None) -> Trajectory:
+
+def train_tiny(
+    config: TrainConfig,
+    out_dir: str | Path,
+    progress: bool = True,
+    resume_from: str | Path | None = None,
+    overwrite: bool = False,
+    data_dir: str | Path | None = None,
+    num_threads: int | None = None,
+    on_step=None,
+) -> Trajectory:
     """Train a tiny GPT-NeoX under ``config`` and write its trajectory to ``out_dir``.
 
     Returns ``Trajectory.from_folder(out_dir)``. If ``out_dir`` already holds a finished run with
@@ -216,8 +143,9 @@ def train_tiny(config: TrainConfig, out_dir: str | Path, progress: bool = True, 
         return _train(config, Path(out_dir), progress, resume_from, overwrite, data_dir, on_step)
 
 
-def _train(config: TrainConfig, out: Path, progress: bool, resume_from, overwrite: bool, data_dir,
-           on_step=None) -> Trajectory:
+def _train(
+    config: TrainConfig, out: Path, progress: bool, resume_from, overwrite: bool, data_dir, on_step=None
+) -> Trajectory:
     out.mkdir(parents=True, exist_ok=True)
     tj_path = out / "trajectory.json"
     if tj_path.is_file() and resume_from is None:
@@ -225,8 +153,10 @@ def _train(config: TrainConfig, out: Path, progress: bool, resume_from, overwrit
         if old.get("config") == config.to_dict() and old.get("complete") and not overwrite:
             return Trajectory.from_folder(out)
         if not overwrite and old.get("config") != config.to_dict():
-            raise TrainError(f"{out} already holds a run with a different config ({old.get('name')}); use another "
-                             "output folder or overwrite=True (--force)")
+            raise TrainError(
+                f"{out} already holds a run with a different config ({old.get('name')}); use another "
+                "output folder or overwrite=True (--force)"
+            )
         done = [r for r in old.get("checkpoints", []) if (out / r["path"] / "training_state.pt").is_file()]
         if not overwrite and done:  # an unfinished run that saved its optimizer: continue it
             return _train(config, out, progress, out / done[-1]["path"], overwrite, data_dir, on_step)
@@ -246,24 +176,65 @@ def _train(config: TrainConfig, out: Path, progress: bool, resume_from, overwrit
     if resume_from is not None:
         start, records, notes = _resume(Path(resume_from), model, optimizer, config, out)
     record = {
-        "format": FORMAT, "name": config.run_name, "config": config.to_dict(), "n_params": n_params,
-        "tokenizer": "tokenizer", "validation_set": "validation.safetensors",
-        "data": {"source": "embedded[train]", "validation_source": "embedded[heldout]", "train_tokens": len(train),
-                 "validation_hash": val.content_hash, "split": "document-level sha256 hash, 1 in 10 held out",
-                 "tokens_per_step": config.tokens_per_step},
-        "versions": {"torch": torch.__version__, "python": platform.python_version(),
-                     "transformers": __import__("transformers").__version__},
-        "notes": notes, "checkpoints": records, "complete": False,
+        "format": FORMAT,
+        "name": config.run_name,
+        "config": config.to_dict(),
+        "n_params": n_params,
+        "tokenizer": "tokenizer",
+        "validation_set": "validation.safetensors",
+        "data": {
+            "source": "embedded[train]",
+            "validation_source": "embedded[heldout]",
+            "train_tokens": len(train),
+            "validation_hash": val.content_hash,
+            "split": "document-level sha256 hash, 1 in 10 held out",
+            "tokens_per_step": config.tokens_per_step,
+        },
+        "versions": {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "transformers": __import__("transformers").__version__,
+        },
+        "notes": notes,
+        "checkpoints": records,
+        "complete": False,
     }
-    run_loop(model, optimizer, train, val, tok, out, record, config, start=start,
-             checkpoint_steps=config.checkpoint_steps, lr_fn=lambda step: lr_at(step, config), progress=progress,
-             t_start=t_start, on_step=on_step)
+    run_loop(
+        model,
+        optimizer,
+        train,
+        val,
+        tok,
+        out,
+        record,
+        config,
+        start=start,
+        checkpoint_steps=config.checkpoint_steps,
+        lr_fn=lambda step: lr_at(step, config),
+        progress=progress,
+        t_start=t_start,
+        on_step=on_step,
+    )
     return Trajectory.from_folder(out)
 
 
-def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, train: torch.Tensor, val: TokenSet, tok: Any,
-             out: Path, record: dict, config: TrainConfig, start: int, checkpoint_steps: list[int], lr_fn,
-             progress: bool = False, t_start: float | None = None, checkpoint_extra=None, on_step=None) -> None:
+def run_loop(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train: torch.Tensor,
+    val: TokenSet,
+    tok: Any,
+    out: Path,
+    record: dict,
+    config: TrainConfig,
+    start: int,
+    checkpoint_steps: list[int],
+    lr_fn,
+    progress: bool = False,
+    t_start: float | None = None,
+    checkpoint_extra=None,
+    on_step=None,
+) -> None:
     """The training loop shared by :func:`train_tiny` and forks (:mod:`probes.train.forks`).
 
     Runs updates ``start + 1 .. config.steps``; update ``step`` uses LR ``lr_fn(step)`` on batch
@@ -307,10 +278,18 @@ def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, train: torch.Te
             model.train()
             folder = out / f"step-{step:06d}"
             save_checkpoint(folder, model, tok, optimizer if config.save_optimizer else None, step)
-            records.append({"path": folder.name, "step": step, "tokens": step * config.tokens_per_step, "lr": lr,
-                            "train_loss": sum(losses) / len(losses), "val_loss": val_loss,
-                            "seconds": round(time.perf_counter() - t_start, 3),
-                            **(checkpoint_extra(step) if checkpoint_extra else {})})
+            records.append(
+                {
+                    "path": folder.name,
+                    "step": step,
+                    "tokens": step * config.tokens_per_step,
+                    "lr": lr,
+                    "train_loss": sum(losses) / len(losses),
+                    "val_loss": val_loss,
+                    "seconds": round(time.perf_counter() - t_start, 3),
+                    **(checkpoint_extra(step) if checkpoint_extra else {}),
+                }
+            )
             losses = []
             record["seconds"] = round(time.perf_counter() - t_start, 3)
             record["steps_per_second"] = round((step - start) / (time.perf_counter() - t_loop), 3)
@@ -319,8 +298,9 @@ def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, train: torch.Te
     bar.close()
 
 
-def _resume(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig,
-            out: Path) -> tuple[int, list, list]:
+def _resume(
+    ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig, out: Path
+) -> tuple[int, list, list]:
     """Load weights (+ AdamW state if saved) from ``ckpt``; return (start step, kept records, notes)."""
     ref = CheckpointRef.from_path(ckpt)
     if ref.step is None:
