@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: demo test install install-dev bench check clean docs
+.PHONY: demo test install install-dev bench gpu-check check clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ test: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/losslens bench all
+
+# The one-command GPU check (benchmarks/gpu): every section within an 8-minute budget on one CUDA device;
+# rows in gpu-check.json, the markdown table in gpu-check.md (for benchmarks/README.md).
+gpu-check: $(VENV)/.installed-dev
+	$(BIN)/python -m benchmarks.gpu --json gpu-check.json --markdown gpu-check.md
 
 # The docs site: offline (no intersphinx), strict (-W: every warning fails; -n: every reference must
 # resolve). tests/test_docs.py runs the same build in the test suite.

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.scale import SHAPES, build
+from benchmarks.shapes import SHAPES, build
 
 
 def prepare(folder: Path, shape: str, n: int, dtype: torch.dtype) -> Path:

@@ -116,8 +116,8 @@ def has_lm_eval() -> bool:
 
 
 _RUNS = (DemoRun("wsd", 3e-3), DemoRun("wsd", 1e-2), DemoRun("cosine", 3e-3), DemoRun("cosine", 1e-2))
-_QUANT = ("rtn:2:g32", "rtn:3:row", "rtn:4:row", "int8", "gptq:3:row", "gptq:4:row")
-_EXPLAIN = ("rtn:2:g32", "rtn:3:row", "gptq:3:row", "awq:3:row", "int8")
+_QUANT = ("rtn:2:g32", "rtn:3:row", "rtn:4:row", "int8", "gptq:3:row", "gptq:4:row", "mxfp4", "gguf:Q4_K")
+_EXPLAIN = ("rtn:2:g32", "rtn:3:row", "gptq:3:row", "awq:3:row", "int8", "mxfp4", "gguf:Q4_K")
 
 
 def _embedded_default() -> dict:
@@ -150,7 +150,7 @@ DEFAULT = DemoSettings(runs=_RUNS, **_embedded_default(), lawa_k=3, quant=_QUANT
 #: within-block parts switched on (one HVP per block and spec: off in the default demo for time).
 QUICK = replace(DEFAULT, runs=(DemoRun("wsd", 3e-3), DemoRun("cosine", 1e-2)), steps=120, checkpoints=4,
                 hidden_size=32, num_layers=2, num_heads=2, batch_size=16, vocab_size=384,
-                quant=("rtn:2:g32", "rtn:3:row", "int8", "gptq:3:row"), trace_hvps=12, eigen_iters=20,
+                quant=("rtn:2:g32", "rtn:3:row", "int8", "gptq:3:row", "mxfp4"), trace_hvps=12, eigen_iters=20,
                 eval_shape=(2, 8, 64), calibration_shape=(2, 8, 64), curvature_shape=(1, 4, 64), grid=5,
                 explain_hvps=12, explain_within=True, accuracy_limit=60, monitor_every=30, landscape_grid=5)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from geometry import HessianOperator
-from geometry.operators.parallel import split_batches
+from geometry.operators.data_parallel import split_batches
 from tests.gloo_ranks import gloo_group, record
 from tests.tiny_models import lm_loss, micro_llama, random_batches
 
@@ -97,7 +97,7 @@ def run(rank: int, world: int, port: int, out: str) -> None:
         record(out, "fsdp-zero-row", rank, fsdp_zero_row)
 
         def data_zero_row():  # lm_hessian, data-parallel: the counts summed over the ranks
-            from geometry.operators.parallel import DataParallel
+            from geometry.operators.data_parallel import DataParallel
             from probes.models.curvature import lm_hessian
 
             op = lm_hessian(zero_row_model(), split_batches(padded_batches(), rank, world), check=False,

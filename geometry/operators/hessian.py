@@ -16,7 +16,7 @@ the exact one when it fits ``max_memory``, else the measured difference one
 benchmarks/README.md, "HVP throughput") and the vectorized one on CUDA.
 
 Precision: products run in the model's dtype. Vectors in and out of :meth:`matmat_flat` and all
-accumulation over batches are in :attr:`dtype`, which is float32 for a float16/bfloat16 model
+accumulation over batches are in :attr:`HessianOperator.dtype`, which is float32 for a float16/bfloat16 model
 (the model's dtype otherwise), so estimator linear algebra never runs in half precision. To
 compute the products themselves in float32, load the model in float32.
 

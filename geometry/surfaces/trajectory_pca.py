@@ -15,7 +15,7 @@ exactly the right singular vectors and scores of a float64 SVD of X.
   says whether the point's place on the plane means anything (0: on the plane; 1: orthogonal).
 - **Further points** (a quantized Θ̂, a LAWA checkpoint) are projected with
   :meth:`TrajectoryPCA.project`: coordinates (θ − c)·e_j, and the same residual.
-- **Filter normalisation** (optional, as in :func:`~geometry.surfaces.planes.random_plane`): each
+- **Filter normalisation** (optional, as in :func:`~geometry.surfaces.random_planes.random_plane`): each
   axis is rescaled row by row to the centre's row norms after the PCA; the axes are then no longer
   orthonormal, coordinates are the least-squares coefficients on the chosen pair of axes, and the
   residuals are those of that least-squares fit (one more pass).
@@ -282,14 +282,18 @@ def trajectory_pca(
     k : number of axes (≥ 2; at most the rank of the centred checkpoints, ≤ N − 1).
     center : ``"mean"`` or the index / label of the checkpoint used as centre.
     params : globs selecting the floating-point tensors that span the space (default: all).
-    filter_normalize, ignore, one_d : rescale the axes row by row to the centre's row norms
-        (:func:`~geometry.surfaces.planes.filter_normalize`'s rules) after the PCA.
+    filter_normalize : after the PCA, rescale the axes row by row to the centre's row norms.
+    ignore, one_d : the rules of that rescaling, as in
+        :func:`~geometry.surfaces.random_planes.filter_normalize`.
     labels : the points' labels (default: each source's ``label``).
     max_memory : budget of :func:`estimate_memory`, checked before any read.
     chunk_elements : numbers per slice read from each source.
     progress : called with each tensor name when its slices are done (a progress bar's update).
 
-    Returns a :class:`TrajectoryPCA`. Cost: 2 passes over every point (3 when filter-normalised).
+    Returns
+    -------
+    TrajectoryPCA
+        Cost: 2 passes over every point (3 when filter-normalised).
     """
     if labels is not None and len(labels) != len(points):
         raise TrajectoryPCAError(f"got {len(labels)} labels for {len(points)} points")

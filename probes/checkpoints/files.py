@@ -35,8 +35,12 @@ def is_ignorable_buffer(name: str) -> bool:
 
 def local_folder(ref: CheckpointRef) -> Path:
     """The local folder holding ``ref``'s config.json (hub refs resolved through the HF cache)."""
-    if ref.kind == "hub":
-        return hub_folder(ref)
+    if ref.kind == "hub":  # a snapshot holding one .gguf file and no config.json: its dequantized folder
+        from .gguf import gguf_checkpoint_folder, gguf_in_folder
+
+        folder = hub_folder(ref)
+        found = gguf_in_folder(folder)
+        return folder if found is None else gguf_checkpoint_folder(found)
     if ref.kind == "derived":
         if not ref.sources:
             raise CheckpointError(f"derived checkpoint {ref.label!r} has no sources")

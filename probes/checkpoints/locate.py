@@ -4,7 +4,8 @@ Every command opens its argument here: :func:`open_trajectory` (``losslens sweep
 :func:`open_checkpoint` (``sharpness``, ``quantize``, ``surface``, ``explain``). An argument is
 
 - a **folder**: a trajectory folder (:meth:`Trajectory.from_folder`), a single checkpoint folder
-  or a weight file. A single checkpoint that sits in a trajectory folder is returned as that
+  or a weight file; a llama.cpp ``.gguf`` file is dequantized once into a checkpoint folder
+  (:mod:`probes.checkpoints.gguf`), and a hub revision whose snapshot is one ``.gguf`` file likewise. A single checkpoint that sits in a trajectory folder is returned as that
   trajectory's reference, so its step, tokens and LR (``trajectory.json``, ``trainer_state.json``)
   and the trajectory's tokenizer come with it;
 - a **hub name** ``hf:ORG/NAME[@REVISIONS]`` (:func:`parse_hub_name`), resolved through the local
@@ -95,7 +96,7 @@ def open_trajectory(name: "str | Path | Trajectory", cache_dir: str | Path | Non
             traj = Trajectory.from_hub(hub.repo_id, list(hub.revisions), cache_dir=cache_dir,
                                        name=f"{hub.repo_id}@{','.join(hub.revisions)}")
         else:
-            p = Path(name).expanduser()
+            p = _dequantized(Path(name).expanduser())
             if not p.exists():
                 raise NoCheckpointsError(f"no trajectory at {p}: the folder does not exist; a trajectory is {NAME_HELP}")
             traj = Trajectory.from_folder(p) if p.is_dir() else Trajectory([CheckpointRef.from_path(p)], p.stem)
@@ -110,6 +111,13 @@ def _with_schedules(traj: Trajectory, schedule, tokens_per_step, sidecars: Seque
     if schedule is not None or tokens_per_step is not None:
         traj = traj.with_schedule(schedule, tokens_per_step, override=True)
     return traj
+
+
+def _dequantized(p: Path) -> Path:
+    """A ``.gguf`` file's dequantized checkpoint folder (:mod:`probes.checkpoints.gguf`); any other path as is."""
+    from .gguf import gguf_checkpoint_folder, is_gguf
+
+    return gguf_checkpoint_folder(p) if is_gguf(p) else p
 
 
 def _same(location: str | None, path: Path) -> bool:
@@ -142,7 +150,7 @@ def open_checkpoint(path: "str | Path", label: str | None = None, cache_dir: str
     if parse_hub_name(path) is not None:
         traj = open_trajectory(path, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step)
         return traj, _pick(traj, label, str(path))
-    p = Path(path).expanduser()
+    p = _dequantized(Path(path).expanduser())
     if not p.exists():
         raise NoCheckpointsError(f"no checkpoint at {p}: the path does not exist; a checkpoint is a checkpoint "
                                  f"folder, a weight file, or {NAME_HELP}")

@@ -109,7 +109,7 @@ def apply_strict_memory(strict: bool | None, max_memory: str | None = None) -> b
     peak RSS within the plan (:data:`~geometry.memory.allocator.STRICT_MMAP_THRESHOLD`). Returns whether
     it is on. Raises ``typer.BadParameter`` when asked for explicitly off glibc, where the setting
     does not exist; when implied by ``--max-memory`` there it is skipped (the budget stays a plan).
-    A bad ``max_memory`` is refused first, before any work (:func:`check_max_memory`)."""
+    A bad ``max_memory`` is refused first, before any work (``check_max_memory``)."""
     if max_memory is not None:
         check_max_memory(max_memory)
     if strict is False or (strict is None and max_memory is None):

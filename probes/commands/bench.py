@@ -6,6 +6,7 @@ installed package; this command finds them there (editable installs, `make bench
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -58,10 +59,14 @@ def bench(
     *,
     quick: Annotated[bool, typer.Option("--quick", help="small settings (each benchmark < ~90 s)")] = False,
     json_out: Annotated[Path, typer.Option("--json", help="also write all rows to this JSON file")] = None,
+    device: Annotated[str, typer.Option("--device", help="gpu: the device to check (default cuda; cpu with "
+                                        "--quick is the smoke run)")] = None,
+    budget: Annotated[float, typer.Option("--budget", help="gpu: seconds for all its sections [480]")] = None,
 ) -> None:
     """Run benchmarks (HVP throughput, estimator accuracy, GPTQ, surface, sweep against peers; difference: the
-    gradient-difference backend against the exact products; scale: memory
-    model against measured peaks on Pythia shapes; gpu: the CUDA path, where a GPU is present)."""
+    gradient-difference backend against the exact products; scale: memory model against measured peaks on
+    Pythia shapes; gpu: every backend, kernel and probe on CUDA, checked and timed in minutes; `--device cpu
+    --quick` is its CPU smoke run)."""
     names = SUITE if name == "all" else (ALIASES.get(name, name),)
     unknown = [n for n in names if n not in SUITE]
     if unknown:
@@ -69,7 +74,11 @@ def bench(
     everything = {}
     for n in names:
         typer.echo(f"== benchmark {n}{' (quick)' if quick else ''}")
-        rows = _load(n).run(quick=quick)
+        module = _load(n)
+        extra = {k: v for k, v in (("device", device), ("budget", budget)) if v is not None}
+        if extra and not set(extra) <= set(inspect.signature(module.run).parameters):
+            raise typer.BadParameter(f"--device and --budget apply to the gpu benchmark only, not {n!r}")
+        rows = module.run(quick=quick, **extra)
         everything[n] = rows
         _print_rows(n, rows)
     if json_out:

@@ -1,5 +1,10 @@
 """A run's own landscape: principal planes through whole trajectories, quantized points on them.
 
-Modules: ``sources`` (checkpoints read a tensor slice at a time, as point sources),
-``landscape`` (:func:`~probes.landscape.landscape.trajectory_landscape`, :class:`~probes.landscape.landscape.Landscape`).
+- :mod:`.sources` -- checkpoints read a tensor slice at a time as point sources
+  (:func:`~.sources.checkpoint_source`, :class:`~.sources.CheckpointSource`);
+- :mod:`.landscape` -- :func:`~.landscape.trajectory_landscape` (PCA of the checkpoints, quantized
+  points projected with their residuals, the loss over the plane) and :class:`~.landscape.Landscape`.
+
+The figure is :func:`probes.report.landscape_figures.landscape_figure`. The room imports nothing
+at package level.
 """

@@ -77,7 +77,7 @@ def curvature_loss(loss_fn, model: nn.Module, exclude: Sequence[int] | None = No
 def exclusion_record(loss_fn, batches: Sequence[torch.Tensor], parallel: Any = None) -> dict:
     """What a result records about excluded tokens over ``batches``: the token ids, the positions
     holding them and the targets the loss does not count (0s when none); with ``parallel`` (a
-    :class:`~geometry.operators.parallel.DataParallel`, a collective) summed over every rank's batches."""
+    :class:`~geometry.operators.data_parallel.DataParallel`, a collective) summed over every rank's batches."""
     ids = tuple(getattr(loss_fn, "exclude", ()))
     positions = sum(int(torch.isin(b, torch.as_tensor(ids, dtype=b.dtype, device=b.device)).sum())
                     for b in batches) if ids else 0

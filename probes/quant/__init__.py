@@ -13,6 +13,9 @@ Methods: ``rtn`` (asymmetric per-group INT-b), ``int8`` (per-channel absmax), ``
 reference-exact, sequential), ``awq`` (activation-aware scaling + clipping; never worse than RTN on
 its calibration objective, but ΔQ L on held-out data can be: :mod:`.awq`), optional ``gptqmodel``,
 ``bnb-int8``, ``bnb-nf4`` backends.
+Deployment formats (specs ``fp8``, ``mxfp4``, ``mxfp8``, ``nvfp4``, ``gguf:TYPE``; the ``had+`` rotation
+prefix): :mod:`.formats` (spec table), :mod:`.minifloat` (FP8/FP4 rounding), :mod:`.microscaling`
+(MX, NVFP4), :mod:`.ggml` + :mod:`.ggml_kquants` (llama.cpp types), :mod:`.hadamard`.
 Modules: :mod:`.spec` (QuantSpec), :mod:`.rtn` (RTN/INT8 + the INT-b grid), :mod:`.gptq` (per-layer
 GPTQ), :mod:`.sequential` (model-level GPTQ driver), :mod:`.awq` (AWQ), :mod:`.backends`,
 :mod:`.api` (quantize), :mod:`.results` (QuantizedModel, LayerReport, CalibObjective), :mod:`.metrics`

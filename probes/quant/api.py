@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import replace
 from typing import Iterable, Sequence
 
 import torch
@@ -29,6 +30,7 @@ from probes.core.numerics import rel_error
 from probes.core.tokenset import TokenSet
 
 from .errors import CalibrationError, QuantizeError
+from .formats import FORMAT_METHODS, quantize_weight
 from .gptq import GPTQResult
 from .results import LayerReport, QuantizedModel, write_weight
 from .rtn import int8_quantize, rtn_quantize
@@ -100,7 +102,11 @@ def quantize(
     Returns:
         :class:`QuantizedModel` (``.model``, ``.spec``, ``.report``).
 
-    Cost: RTN/INT8 O(parameters); GPTQ one forward per calibration batch to capture block 0's
+    ``had+SPEC`` runs SPEC inside :func:`probes.quant.hadamard.rotated_inputs` (weights W R, online input
+    rotation) and rotates the result back; each layer's report then holds ‖Q(WR) − WR‖/‖WR‖, which equals
+    ‖Q(WR)Rᵀ − W‖/‖W‖ (R orthogonal), and a note naming the rotation.
+
+    Cost: RTN/INT8 and the formats of :mod:`probes.quant.formats` O(parameters); GPTQ one forward per calibration batch to capture block 0's
     inputs, then per block (#input groups + 2) block forwards over the calibration set and one
     Cholesky + O(out·in²) update per linear (see :mod:`probes.quant.sequential`).
 
@@ -108,8 +114,6 @@ def quantize(
         SpecError, CalibrationError, ModuleSelectionError, CholeskyError, BackendUnavailable: see
         :mod:`probes.quant.errors`.
     """
-    from tqdm.auto import tqdm
-
     t0 = time.perf_counter()
     spec = QuantSpec.parse(spec)
     select_linears(model, modules)  # validate the selection before copying anything
@@ -121,8 +125,23 @@ def quantize(
         _check_enough(batches, select_linears(model, modules))
     target = model if inplace else copy.deepcopy(model)
     linears = select_linears(target, modules)
-    report: list[LayerReport] = []
+    if spec.hadamard:
+        from .hadamard import rotated_inputs
 
+        with rotated_inputs(target, linears, spec.hadamard_seed) as notes:
+            report = _dispatch(target, spec.unrotated, linears, batches, progress)
+        report = [replace(r, notes=(notes[r.name],) + tuple(r.notes)) if r.name in notes else r for r in report]
+    else:
+        report = _dispatch(target, spec, linears, batches, progress)
+    return QuantizedModel(model=target, spec=spec, report=report, seconds=time.perf_counter() - t0)
+
+
+def _dispatch(target: nn.Module, spec: QuantSpec, linears: dict[str, nn.Linear], batches, progress: bool
+              ) -> list[LayerReport]:
+    """Quantize ``linears`` of ``target`` in place with ``spec`` (no rotation); the per-layer reports."""
+    from tqdm.auto import tqdm
+
+    report: list[LayerReport] = []
     if spec.method in ("rtn", "int8"):
         for name, lin in tqdm(linears.items(), desc=str(spec), disable=not progress, leave=False):
             t = time.perf_counter()
@@ -148,6 +167,13 @@ def quantize(
         from . import backends
 
         report = backends.quantize_with_backend(target, spec, linears, batches, progress=progress)
+    elif spec.method in FORMAT_METHODS:
+        for name, lin in tqdm(linears.items(), desc=str(spec), disable=not progress, leave=False):
+            t = time.perf_counter()
+            new, notes = quantize_weight(lin.weight.data, spec)
+            err = rel_error(new, lin.weight.data)
+            write_weight(lin, new)
+            report.append(LayerReport(name, err, time.perf_counter() - t, None, notes))
     else:  # pragma: no cover - QuantSpec validates methods
         raise QuantizeError(f"no quantizer for method {spec.method!r}")
-    return QuantizedModel(model=target, spec=spec, report=report, seconds=time.perf_counter() - t0)
+    return report

@@ -10,6 +10,9 @@ printed form is canonical)::
     bnb-int8[:threshold=F]                      bitsandbytes int8 weights (optional package)
     bnb-nf4[:GROUP]                             bitsandbytes NF4, GROUP = its block size (default g64)
     awq:BITS[:GROUP][:sym][:grid=N][:clip=0|1][:shrink=F]  AWQ scale + clip search (probes.quant.awq); default g128
+    fp8[:e5m2][:tensor] | mxfp4 | mxfp8[:e5m2] | nvfp4 | gguf:TYPE   deployment formats (probes.quant.formats)
+    had[N]+SPEC                                 SPEC in a randomized Hadamard basis of each linear's input
+                                                (seed N, default 0; probes.quant.hadamard); not for gptqmodel
 
 GROUP is ``g<N>`` (N > 0 consecutive input columns per group) or ``row`` (= ``g-1``: one group per
 output row). BITS is 2..8. ``sym`` selects the symmetric grid of the GPTQ reference quantizer
@@ -19,7 +22,7 @@ column layout before the permutation), ``damp`` = λ in H += λ·mean(diag H)·I
 ``block`` = GPTQ lazy-update block size (default 128).
 
 Examples: ``rtn:4:g128``, ``rtn:3:row``, ``int8``, ``gptq:3:g128:act``, ``gptq:4:g128:act:static``,
-``gptq:4:g128:sym``. ``str(QuantSpec.parse(s)) == s`` for every canonical string.
+``gptq:4:g128:sym``, ``fp8``, ``mxfp4``, ``gguf:Q4_K``, ``had+rtn:4:g128``, ``had3+gptq:4``. ``str(QuantSpec.parse(s)) == s`` for every canonical string.
 """
 from __future__ import annotations
 
@@ -27,8 +30,9 @@ import re
 from dataclasses import dataclass, field
 
 from .errors import SpecError
+from .formats import FORMAT_METHODS, check_format, format_str, parse_format
 
-METHODS = ("rtn", "int8", "gptq", "gptqmodel", "bnb-int8", "bnb-nf4", "awq")
+METHODS = ("rtn", "int8", "gptq", "gptqmodel", "bnb-int8", "bnb-nf4", "awq") + FORMAT_METHODS
 _GPTQ_LIKE = ("gptq", "gptqmodel")
 _DEFAULT_GROUP = {"rtn": 128, "int8": -1, "gptq": 128, "gptqmodel": 128, "bnb-int8": -1, "bnb-nf4": 64, "awq": 128}
 _FIXED_BITS = {"int8": 8, "bnb-int8": 8, "bnb-nf4": 4}
@@ -52,6 +56,7 @@ class QuantSpec:
         symmetric: reference-GPTQ symmetric grid instead of the asymmetric min/max grid.
         act_order, static_groups, damp, block_size: GPTQ options (see module docstring).
         extra: further backend options as sorted ``(key, value-string)`` pairs.
+        hadamard, hadamard_seed: quantize in a randomized Hadamard basis (``had[N]+`` prefix, seed N).
     """
 
     method: str
@@ -63,11 +68,23 @@ class QuantSpec:
     damp: float = DEFAULT_DAMP
     block_size: int = DEFAULT_BLOCK
     extra: tuple[tuple[str, str], ...] = field(default=())
+    hadamard: bool = False
+    hadamard_seed: int = 0
 
     def __post_init__(self):
         m = self.method
         if m not in METHODS:
             raise SpecError(f"unknown quantization method {m!r}; choose one of {', '.join(METHODS)}")
+        if self.hadamard and m == "gptqmodel":
+            raise SpecError("had+ cannot wrap gptqmodel: that backend quantizes a saved copy without the rotation")
+        if isinstance(self.hadamard_seed, bool) or not isinstance(self.hadamard_seed, int) or self.hadamard_seed < 0:
+            raise SpecError(f"the Hadamard seed must be an integer >= 0, got {self.hadamard_seed!r}")
+        if m in FORMAT_METHODS:
+            object.__setattr__(self, "extra", tuple(sorted((str(k), str(v).lower()) for k, v in dict(self.extra).items())))
+            check_format(self)
+            if self.act_order or self.static_groups or self.damp != DEFAULT_DAMP or self.block_size != DEFAULT_BLOCK:
+                raise SpecError(f"act/static/damp/block are GPTQ options; {m} takes none of them")
+            return
         if isinstance(self.bits, bool) or not isinstance(self.bits, int):
             raise SpecError(f"bits must be an integer, got {self.bits!r}")
         if not 2 <= self.bits <= 8:
@@ -113,11 +130,28 @@ class QuantSpec:
             return text
         if not isinstance(text, str) or not text.strip():
             raise SpecError(f"a quantizer spec must be a non-empty string like 'rtn:4:g128', got {text!r}")
+        rot = re.fullmatch(r"had(\d*)\+(.+)", text.strip().lower(), flags=re.S)
+        if rot:
+            from dataclasses import replace
+
+            inner = cls.parse(rot.group(2))
+            if inner.hadamard:
+                raise SpecError(f"cannot parse spec {text!r}: one had+ prefix at most")
+            try:
+                return replace(inner, hadamard=True, hadamard_seed=int(rot.group(1) or 0))
+            except SpecError as e:
+                raise SpecError(f"bad spec {text!r}: {e}") from None
         tokens = [t.strip() for t in text.strip().lower().split(":")]
         method, rest = tokens[0], tokens[1:]
         if method not in METHODS:
             raise SpecError(f"cannot parse spec {text!r}: unknown method {method!r}; choose one of {', '.join(METHODS)} "
                             "(e.g. 'rtn:4:g128', 'int8', 'gptq:3:g128:act')")
+        if method in FORMAT_METHODS:
+            kw = parse_format(method, rest, text)
+            try:
+                return cls(**kw)
+            except SpecError as e:
+                raise SpecError(f"bad spec {text!r}: {e}") from None
         kw: dict = {"method": method, "group_size": _DEFAULT_GROUP[method]}
         if method in _FIXED_BITS:
             kw["bits"] = _FIXED_BITS[method]
@@ -166,7 +200,13 @@ class QuantSpec:
             raise SpecError(f"bad spec {text!r}: {e}") from None
 
     def __str__(self) -> str:
+        rot = "" if not self.hadamard else f"had{self.hadamard_seed or ''}+"
+        return rot + self._plain_str()
+
+    def _plain_str(self) -> str:
         m = self.method
+        if m in FORMAT_METHODS:
+            return format_str(self)
         parts = [m]
         if m not in _FIXED_BITS:
             parts.append(str(self.bits))
@@ -193,6 +233,13 @@ class QuantSpec:
                "block_size": self.block_size}
         out.update(dict(self.extra))
         return out
+
+    @property
+    def unrotated(self) -> "QuantSpec":
+        """This spec without its ``had+`` rotation."""
+        from dataclasses import replace
+
+        return replace(self, hadamard=False, hadamard_seed=0)
 
     @property
     def needs_calibration(self) -> bool:

@@ -39,8 +39,7 @@ def execute_local(work, plan, token_sets, traj, write, progress: SweepProgress, 
     process with ``opts.num_threads`` torch threads. ``group``: this rank's data-parallel group."""
     device = auto_device(opts.device)
     if workers > 1 or opts.pool is not None:
-        execute_workers(work, plan, token_sets, traj, write, progress, device, opts.dtype, workers, opts.num_threads,
-                        opts.allow_pickle, opts.pool)
+        execute_workers(work, plan, token_sets, traj, write, progress, opts, workers, device)
         return
     loader = get_loader(traj, device=device, dtype=opts.dtype, allow_pickle=opts.allow_pickle)
     with torch_threads(opts.num_threads):

@@ -28,6 +28,8 @@ from probes.core.workers import WorkerError, WorkerPool, available_cores, emit
 
 from probes.sweep_probes.rows import ProbeRow
 
+from .options import SweepOptions
+
 ENV_WORKERS = "LOSSLENS_WORKERS"
 """Environment variable with the default number of local worker processes; when unset, the cores."""
 
@@ -101,11 +103,13 @@ def checkpoint_job(context, ref, tasks) -> None:
         emit(("row", row))
 
 
-def execute_workers(work, plan, token_sets, traj, write: Callable[[ProbeRow], None], progress, device, dtype,
-                    workers: int, threads: int | None, allow_pickle: bool = False, pool: WorkerPool | None = None) -> None:
-    """Probe ``work`` (``[(ref, pending tasks), ...]``) on ``workers`` processes (or on ``pool``,
-    left open), calling ``write(row)`` in this process for every row as it arrives."""
-    context = (plan, dict(token_sets), traj, device, dtype, allow_pickle)
+def execute_workers(work, plan, token_sets, traj, write: Callable[[ProbeRow], None], progress, opts: SweepOptions,
+                    workers: int, device=None) -> None:
+    """Probe ``work`` (``[(ref, pending tasks), ...]``) on ``workers`` processes of
+    ``opts.num_threads`` torch threads each (or on ``opts.pool``, left open), loading on ``device``
+    with ``opts.dtype``; ``write(row)`` is called in this process for every row as it arrives."""
+    pool = opts.pool
+    context = (plan, dict(token_sets), traj, device, opts.dtype, opts.allow_pickle)
     jobs = [(checkpoint_job, (ref, tasks)) for ref, tasks in work]
     received = [0] * len(work)
     by_key = [{t.key: t for t in tasks} for _, tasks in work]
@@ -132,7 +136,7 @@ def execute_workers(work, plan, token_sets, traj, write: Callable[[ProbeRow], No
         progress.checkpoint_done(label)
 
     own = pool is None
-    with (WorkerPool(workers, threads) if own else contextlib.nullcontext(pool)) as p:
+    with (WorkerPool(workers, opts.num_threads) if own else contextlib.nullcontext(pool)) as p:
         try:
             for ev in p.run(jobs, context):
                 handle(ev)

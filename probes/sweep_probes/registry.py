@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from .probe import Probe
 
-from .loss import PROBE as loss  # noqa: E402,I001  (the order of these lines is the execution order)
-from .kurtosis import PROBE as kurtosis  # noqa: E402
-from .quant import PROBE as quant  # noqa: E402
-from .directional import PROBE as directional  # noqa: E402
-from .grad_norm import PROBE as grad_norm  # noqa: E402
-from .trace import PROBE as trace  # noqa: E402
-from .eigen import PROBE as eigen  # noqa: E402
-from .block_trace import PROBE as block_trace  # noqa: E402
-from .explain import PROBE as explain  # noqa: E402
-from .accuracy import PROBE as accuracy  # noqa: E402
+# One line per probe. The order of the lines is the execution order: never sort them.
+# isort: off
+from .loss import PROBE as loss
+from .kurtosis import PROBE as kurtosis
+from .quant import PROBE as quant
+from .directional import PROBE as directional
+from .grad_norm import PROBE as grad_norm
+from .trace import PROBE as trace
+from .eigen import PROBE as eigen
+from .block_trace import PROBE as block_trace
+from .explain import PROBE as explain
+from .accuracy import PROBE as accuracy
+# isort: on
 
 REGISTRY: tuple[Probe, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Probe))
 """The probes, in the order of the lines above."""
