@@ -88,3 +88,33 @@ def test_bad_options_are_refused_in_one_line(folders, tmp_path, args, said):
     assert result.exit_code == 2, result.output
     err = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith("error:") and said in err[0], err
+
+
+def test_report_section_lists_variance_and_exactly_the_points_off_the_plane(folders, tmp_path, monkeypatch):
+    """build_report(landscape=...): the figure, the explained variance of every axis and, in the
+    off-plane table, exactly the points whose residual exceeds the threshold (here 30%, between the
+    first checkpoints' ~32-41% and the others' 10-26%), the others not."""
+    import re
+
+    from probes.landscape.landscape import residual_flags, trajectory_landscape
+    from probes.report.figures import synthetic_results
+    from probes.report import landscape_section
+    from probes.report.pages import build_report
+
+    a, b = folders
+    trajs = [Trajectory.from_folder(a), Trajectory.from_folder(b)]
+    ev = default_token_sets(trajs[0], quick=True)["eval"]
+    land = trajectory_landscape(trajs, ev, spec="rtn:2:g32", grid=3)
+    monkeypatch.setattr(landscape_section, "OFF_PLANE", 0.3)
+    out = build_report(synthetic_results(n_checkpoints=4, runs=("wsd",)), tmp_path / "r.html", landscape=land)
+    html = out.read_text()
+    section = html.split('<section id="landscape">')[1].split("</section>")[0]
+    assert 'data-figure="landscape"' in section and ">Landscape of the runs</h2>" in html
+    for j, r in enumerate(land.pca.explained_variance_ratio):
+        assert f"<td>PC{j + 1}</td>" in section.replace(' class="l"', "").replace(' class=""', "")
+        assert f"{100 * r:.4g}" in section or f"{round(100 * r, 3):.4g}" in section
+    table = section.split("Points off the plane</h3>")[1]
+    listed = set(re.findall(r'<td class="l">([^<]*(?:step|⊙)[^<]*)</td>', table))
+    flags = residual_flags(land, 0.3)
+    flagged = {lab for lab, off in flags.items() if off}
+    assert 0 < len(flagged) < len(flags) and listed == flagged
