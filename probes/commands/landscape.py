@@ -132,6 +132,8 @@ def _compute(names, source, spec, grid, k, axes, center, params, filter_normaliz
     sets = {"eval": TokenSet.load(data)} if data is not None else default_token_sets(trajs[0], quick=quick)
     if calibration is not None:
         sets["calibration"] = TokenSet.load(calibration)
+    elif needs_cal and "calibration" not in sets:
+        sets["calibration"] = default_token_sets(trajs[0], quick=quick)["calibration"]
     import torch
 
     land = trajectory_landscape(trajs, sets["eval"], spec=spec, grid=grid, k=k, axes=axes, center=center,
