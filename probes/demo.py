@@ -8,7 +8,8 @@
    remainder per layer for RTN, GPTQ, AWQ and INT8) into one resumable store ``DIR/results.sqlite``;
 4. computes correlations (sharpness vs ΔQ, plain and controlling for LR and FP loss), phases, and
    the explain analysis (``DIR/explain.md``: what drives ΔQ in the decay, GPTQ/AWQ vs RTN, LAWA);
-5. draws the quantization plane (Θ_K, Θ_{K−1}, Θ̂_K) of the last checkpoint of every run;
+5. draws the quantization plane (Θ_K, Θ_{K−1}, Θ̂_K) of the last checkpoint of every run, and all
+   runs in one principal plane with their quantized points (``DIR/landscape``);
 6. writes ``DIR/report.html`` and prints a short summary.
 
 Every stage is resumable: finished runs are not retrained, finished store rows not recomputed,
@@ -34,7 +35,7 @@ from typing import Any
 import pandas as pd
 
 from .core.workers import WorkerPool
-from .demo_jobs import draw_planes, train_all
+from .demo_jobs import draw_landscape, draw_planes, train_all
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ class DemoSettings:
     quantizer (the accuracy probe, :mod:`probes.accuracy`); 0: off."""
     monitor_run: str | None = None
     monitor_every: int = 50
+    landscape_grid: int = 0
+    """Grid points per axis of the runs' landscape (:func:`probes.demo_jobs.draw_landscape`); 0: none."""
 
     def train_config(self, run: DemoRun):
         from .train.config import TrainConfig
@@ -140,7 +143,8 @@ def _embedded_default() -> dict:
 DEFAULT = DemoSettings(runs=_RUNS, **_embedded_default(), lawa_k=3, quant=_QUANT,
                        headline_spec="rtn:2:g32", trace_hvps=60, eigen_iters=30, eval_shape=(8, 16, 64),
                        calibration_shape=(4, 16, 64), curvature_shape=(1, 16, 64), grid=15, explain=_EXPLAIN,
-                       explain_hvps=30, accuracy_limit=200, monitor_run=_RUNS[0].name, monitor_every=100)
+                       explain_hvps=30, accuracy_limit=200, monitor_run=_RUNS[0].name, monitor_every=100,
+                       landscape_grid=13)
 
 #: ``--quick``: the same study at toy size (≤ 2 min; used by the tests), with the explain probe's
 #: within-block parts switched on (one HVP per block and spec: off in the default demo for time).
@@ -148,7 +152,7 @@ QUICK = replace(DEFAULT, runs=(DemoRun("wsd", 3e-3), DemoRun("cosine", 1e-2)), s
                 hidden_size=32, num_layers=2, num_heads=2, batch_size=16, vocab_size=384,
                 quant=("rtn:2:g32", "rtn:3:row", "int8", "gptq:3:row", "mxfp4"), trace_hvps=12, eigen_iters=20,
                 eval_shape=(2, 8, 64), calibration_shape=(2, 8, 64), curvature_shape=(1, 4, 64), grid=5,
-                explain_hvps=12, explain_within=True, accuracy_limit=60, monitor_every=30)
+                explain_hvps=12, explain_within=True, accuracy_limit=60, monitor_every=30, landscape_grid=5)
 
 
 @dataclass
@@ -311,6 +315,7 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
     t0 = time.perf_counter()
     surfaces = draw_planes(settings, trajectories, sets, out, progress, echo, pool)
     seconds["surfaces"] = time.perf_counter() - t0
+    land = draw_landscape(settings, trajectories, sets, out, progress, echo, seconds)
 
     explanation, explain_text = None, ""
     if (ok["probe"] == "explain").any():
@@ -348,7 +353,8 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
     report_path = build_report(df, out / "report.html", correlations=correlations, phases=phases,
                                surfaces={f"{k} ({settings.headline_spec})": v for k, v in surfaces.items()},
                                plan=plan0, title="losslens demo: sharpness and quantization error along training",
-                               notes=notes, explanation=explanation, live=_live_curves(out, settings))
+                               notes=notes, explanation=explanation, live=_live_curves(out, settings),
+                               landscape=land)
     result = DemoResult(out=out, report=Path(report_path), store=store_path, results=df, final=final,
                         correlations=correlations, phases={k: v.to_dict() for k, v in phases.items()}, seconds=seconds,
                         explain=_driver_lines(explanation), accuracy=accuracy_text, failures=failures, problems=problems)

@@ -1,6 +1,7 @@
 """The demo's heavy work, in worker processes (a :class:`~probes.core.workers.WorkerPool`) or in this
 process: training the runs (one job per run) and drawing each run's quantization plane (one job per
-plane). A job is a module-level function so that a worker can import it."""
+plane); and, in this process, all runs in one principal plane (:func:`draw_landscape`). A job is a
+module-level function so that a worker can import it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -90,3 +91,33 @@ def draw_planes(settings, trajectories: dict, sets: dict, out: Path, progress: b
             echo(f"[demo] {msg}")
             _surface_job((settings, sets, progress), trajectories[name], str(paths[name]))
     return {run.name: Surface.load(paths[run.name]) for run in settings.runs}
+
+
+def draw_landscape(settings, trajectories: dict, sets: dict, out: Path, progress: bool, echo, seconds: dict):
+    """The runs in one principal plane (:func:`probes.landscape.landscape.trajectory_landscape`): every
+    real checkpoint of every run, each one's ``headline_spec`` point projected onto the plane, the
+    loss on a ``landscape_grid``² grid. The grid is resumable (``out/landscape/grid.npz``); the PCA,
+    the quantized points and the marked points are recomputed on a rerun (seconds at the demo's size).
+    Writes ``out/landscape/landscape.json`` (:meth:`~probes.landscape.landscape.Landscape.describe`);
+    its time goes to ``seconds["landscape"]``. Returns the Landscape (None when ``landscape_grid`` is 0)."""
+    import json
+    import time
+
+    import torch
+
+    from .landscape.landscape import trajectory_landscape
+
+    if not settings.landscape_grid:
+        return None
+    t0 = time.perf_counter()
+    folder = out / "landscape"
+    folder.mkdir(exist_ok=True)
+    runs = [trajectories[run.name] for run in settings.runs]
+    echo(f"[demo] landscape of {len(runs)} runs in one principal plane ({settings.landscape_grid}x"
+         f"{settings.landscape_grid}, {settings.headline_spec})")
+    with torch.no_grad():
+        land = trajectory_landscape(runs, sets["eval"], spec=settings.headline_spec, grid=settings.landscape_grid,
+                                    checkpoint_path=str(folder / "grid.npz"), progress=progress)
+    (folder / "landscape.json").write_text(json.dumps(land.describe(), indent=2))
+    seconds["landscape"] = time.perf_counter() - t0
+    return land

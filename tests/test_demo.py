@@ -48,6 +48,44 @@ def test_demo_writes_report_store_and_summary(demo_dir):
     assert 'data-figure="explain:factors"' in html and ">Why quantization error changes</h2>" in html
 
 
+def test_demo_draws_its_runs_in_one_landscape(demo_dir):
+    """Every run's real checkpoints in one principal plane, the headline spec's points on it; the own
+    loss of each checkpoint equals the sweep's FP loss row (another code path: the loss probe)."""
+    import json
+
+    out, output = demo_dir
+    land = json.loads((out / "landscape" / "landscape.json").read_text())
+    n = len(QUICK.runs) * QUICK.checkpoints
+    assert len(land["pca"]["checkpoints"]) == n and len(land["quantized"]) == n
+    assert land["spec"] == QUICK.headline_spec and land["surface"]["shape"] == [QUICK.landscape_grid] * 2
+    assert [r["name"] for r in land["runs"]] == [r.name for r in QUICK.runs]
+    with Store(out / "results.sqlite") as st:
+        df = st.results()
+    fp = df[(df["probe"] == "loss") & (df["metric"] == "loss")]
+    for row in land["pca"]["checkpoints"]:
+        run, label = row["label"].split("/")
+        want = fp[(fp["run"] == run) & (fp["checkpoint"] == label)]["value"]
+        assert len(want) == 1 and row["own_loss"] == pytest.approx(float(want.iloc[0]), rel=1e-6)
+    html = (out / "report.html").read_text()
+    assert ">Landscape of the runs</h2>" in html and 'data-figure="landscape"' in html
+    assert "explained variance %" in html and "landscape of 2 runs in one principal plane" in output
+    assert json.loads((out / "summary.json").read_text())["seconds"]["landscape"] > 0
+
+
+@pytest.mark.browser
+def test_demo_report_with_its_landscape_renders_in_chromium(demo_dir):
+    from tests.test_report_browser import ARTIFACTS, _check_page, chromium_driver
+
+    out, _ = demo_dir
+    with chromium_driver() as driver:
+        assert _check_page(driver, out / "report.html", ARTIFACTS / "demo-report.png") >= 5
+        drawn = driver.execute_script(
+            "const d = document.querySelector('#landscape .plotly-graph-div');"
+            "return d ? d._fullData.map(t => t.name) : null")
+    assert drawn is not None, "the report has no landscape figure"
+    assert set(r.name for r in QUICK.runs) <= set(drawn) and f"quantized ({QUICK.headline_spec})" in drawn
+
+
 def test_demo_rerun_resumes_without_recomputing(demo_dir):
     out, _ = demo_dir
     with Store(out / "results.sqlite") as st:

@@ -129,6 +129,7 @@ def trajectory_landscape(
     calibration: Sequence[torch.Tensor] | None = None,
     dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
+    allow_pickle: bool = False,
     max_memory: int | str | None = None,
     checkpoint_path: str | None = None,
     progress: bool = False,
@@ -148,6 +149,7 @@ def trajectory_landscape(
     k, axes, center, params, filter_normalize : of the PCA (axes: the pair drawn).
     calibration : batches for calibrated quantizers (GPTQ, AWQ).
     dtype, device : how models are loaded for the quantizer and the losses.
+    allow_pickle : read ``.bin``/``.pt`` checkpoints that need full pickle (only files you trust).
     max_memory : budget of the PCA plan and of the surface (each checked before its work).
     checkpoint_path : ``.npz`` file making the surface resumable.
     on_stage : called with a short description as each stage starts (a CLI's progress line).
@@ -157,11 +159,11 @@ def trajectory_landscape(
         raise TrajectoryPCAError("no checkpoints: give at least one trajectory with checkpoints")
     items = point_labels(trajs)
     stage = on_stage or (lambda s: None)
-    loader = CheckpointLoader(trajs[0], dtype=dtype, device=device)
+    loader = CheckpointLoader(trajs[0], dtype=dtype, device=device, allow_pickle=allow_pickle)
     model = loader.load(items[0][1])
     names = model_names(model)
     cache: dict = {}
-    sources = [checkpoint_source(ref, model, cache=cache) for _, ref, _ in items]
+    sources = [checkpoint_source(ref, model, allow_pickle, cache=cache) for _, ref, _ in items]
     stage(f"principal axes of {len(items)} checkpoints")
     pca = trajectory_pca(sources, k=k, center=center, params=params, filter_normalize=filter_normalize,
                          labels=[lab for lab, _, _ in items], max_memory=max_memory)

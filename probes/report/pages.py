@@ -4,7 +4,8 @@
 offline), followed by the trajectory figures of :mod:`probes.report.figures` (with a note that
 AWQ can lose to RTN on held-out data when AWQ specs are present), the correlation table, the values
 whose estimator did not converge (:mod:`probes.report.flags`), the detected phases, quantization
-planes (:mod:`probes.report.surface_figures`), failed probes, the plan and the software versions.
+planes (:mod:`probes.report.surface_figures`), the runs' landscape
+(:mod:`probes.report.landscape_section`), failed probes, the plan and the software versions.
 Figures are built from results; nothing is recomputed.
 
 ``losslens report results.sqlite --out report.html`` (``probes/commands/report.py``) reads the
@@ -64,6 +65,7 @@ def build_report(
     notes: str | None = None,
     explanation: Mapping[str, Any] | None = None,
     live: Mapping[str, Any] | None = None,
+    landscape=None,
 ) -> Path:
     """Write a self-contained HTML report; returns its path.
 
@@ -80,6 +82,9 @@ def build_report(
         holds ``explain`` rows and it is not given (section "Why quantization error changes").
     live : ``{label: results DataFrame}`` of runs measured while training (:mod:`probes.monitor`
         stores), drawn in a section "Live monitor" (loss, ΔQ, curvature against the step).
+    landscape : a :class:`probes.landscape.landscape.Landscape` with its surface (the runs in one
+        principal plane), drawn in a section "Landscape" with its explained variance and the points
+        off the plane (:func:`probes.report.landscape_section.landscape_section`).
     """
     import plotly
     from plotly.offline import get_plotlyjs
@@ -153,6 +158,10 @@ def build_report(
                          + (f'<p class="note">{s.n_nonfinite} grid point(s) had a non-finite loss (holes).</p>'
                             if s.n_nonfinite else ""))
         sections.append(("planes", "Quantization planes", "".join(parts)))
+    if landscape is not None:
+        from .landscape_section import landscape_section
+
+        sections.append(("landscape", "Landscape of the runs", landscape_section(landscape, "landscape-0")))
 
     if "status" in df:
         failed = df[df["status"] == "failed"]
