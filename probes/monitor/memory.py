@@ -67,8 +67,8 @@ def check_memory(model: nn.Module, settings: MonitorSettings, token_sets: Mappin
         from geometry.estimators.trace import estimate_memory as trace_memory
         from probes.models.curvature import lm_hessian
 
-        op = lm_hessian(model, list(token_sets["curvature"]), params=settings.curvature_params, max_memory=budget)
-        try:
+        try:  # the operator's set-up is planned first (it refuses a budget its floor exceeds)
+            op = lm_hessian(model, list(token_sets["curvature"]), params=settings.curvature_params, max_memory=budget)
             tr = trace_memory(op, "hutchinson", settings.trace_hvps, max_memory=budget)
             ei = eigen_memory(op, 1, "lanczos", settings.lanczos_steps, max_memory=budget)
         except MemoryBudgetError as exc:
