@@ -37,12 +37,11 @@ a WSD and in a cosine run) sit side by side and are compared in one table. The p
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sqlite3
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 from geometry.base.jsonable import jsonable
 
@@ -51,8 +50,10 @@ from probes.sweep_probes.tasks import Task
 
 from .plan import Plan
 from .store_errors import StoreError, _damaged, _guarded, check_plan as _check_plan
-from .store_schema import _ADDED_COLUMNS, _SCHEMA, RESULT_COLUMNS, _now, versions
-from .store_table import tidy_results
+from .store_meta import binding, immediate, recheck_binding, write_meta
+from .store_schema import _SCHEMA, _UPSERT_CHECKPOINT, _UPSERT_RESULT, _now, migrate, versions
+from .store_schema import RESULT_COLUMNS  # noqa: F401 - the name Store.results' docstring refers to
+from .store_table import export_table, tidy_results
 
 
 class Store:
@@ -77,7 +78,7 @@ class Store:
             self._conn.execute("PRAGMA synchronous=NORMAL")
             with self._conn:
                 self._conn.executescript(_SCHEMA)
-            self._columns = self._migrate()
+            self._columns = migrate(self._conn)
         except sqlite3.DatabaseError as exc:
             if self._conn is not None:
                 self._conn.close()
@@ -89,30 +90,6 @@ class Store:
                     "file written by `losslens sweep`, or a new path"
                 )
             raise err from exc
-
-    def _migrate(self) -> set[str]:
-        """Add the columns newer versions write (converged, threads) to an older store; fill
-        ``converged`` from the flags older versions kept in ``extra``. Read-only files are left as
-        they are (readers cope with the missing columns). Returns the results table's columns."""
-        cols = {r[1] for r in self._conn.execute("PRAGMA table_info(results)")}
-        missing = [(c, t) for c, t in _ADDED_COLUMNS if c not in cols]
-        if not missing:
-            return cols
-        try:
-            with self._conn:
-                for c, t in missing:
-                    self._conn.execute(f"ALTER TABLE results ADD COLUMN {c} {t}")
-                fill = []
-                for rid, extra in self._conn.execute("SELECT id, extra FROM results WHERE probe IN ('eigen', 'trace')"):
-                    flag = json.loads(extra or "{}").get("converged")
-                    if flag is not None:
-                        fill.append((int(all(flag) if isinstance(flag, list) else bool(flag)), rid))
-                self._conn.executemany("UPDATE results SET converged = ? WHERE id = ?", fill)
-        except sqlite3.OperationalError as exc:
-            if "readonly" not in str(exc):
-                raise
-            return cols
-        return cols | {c for c, _ in missing}
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:
@@ -155,10 +132,7 @@ class Store:
     @_guarded
     def _set_meta(self, items: Mapping[str, Any]) -> None:
         with self.conn:
-            self.conn.executemany(
-                "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                [(k, json.dumps(v, default=jsonable)) for k, v in items.items()],
-            )
+            write_meta(self.conn, items)
 
     @property
     def plan(self) -> Plan | None:
@@ -187,64 +161,9 @@ class Store:
         meta = self.meta
         has_rows = self.conn.execute("SELECT COUNT(*) FROM results").fetchone()[0] > 0
         _check_plan(self.path, meta, has_rows, plan.hash, plan.name, data_hash, allow_mixed)
-        hashes = list(meta.get("plan_hashes", []))
-        if plan.hash not in hashes:
-            hashes.append(plan.hash)
-        items = {
-            "plan_hash": plan.hash,
-            "plan_json": plan.to_dict(),
-            "data_hash": data_hash,
-            "plan_hashes": hashes,
-            "versions": versions(),
-            "updated": _now(),
-        }
-        if data_hashes is not None:
-            items["data_hashes"] = dict(data_hashes)
-        if "created" not in meta:
-            items["created"] = _now()
-        items["run"] = run if run is not None else plan.name
-        self._set_meta(items)
-        self._binding = {
-            "plan_hash": plan.hash,
-            "plan_name": plan.name,
-            "data_hash": data_hash,
-            "allow_mixed": allow_mixed,
-            "items": items,
-        }
-
-    @contextlib.contextmanager
-    def _immediate(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction (the write lock taken at the start): commit or roll back."""
-        conn = self.conn
-        if conn.in_transaction:
-            conn.commit()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.rollback()
-            raise
-        conn.commit()
-
-    def _first_write_check(self, conn: sqlite3.Connection) -> None:
-        """Inside the first write's transaction: the bind check against the store as it is now, and
-        this binding's metadata written again (another writer may have bound the store meanwhile)."""
-        b = self._binding
-        meta = {
-            k: json.loads(v)
-            for k, v in conn.execute(
-                "SELECT key, value FROM meta WHERE key IN ('plan_hash', 'data_hash', 'plan_json', 'plan_hashes')"
-            )
-        }
-        has_rows = conn.execute("SELECT COUNT(*) FROM results").fetchone()[0] > 0
-        _check_plan(self.path, meta, has_rows, b["plan_hash"], b["plan_name"], b["data_hash"], b["allow_mixed"])
-        items = dict(b["items"])
-        items["plan_hashes"] = list(dict.fromkeys([*meta.get("plan_hashes", []), *items["plan_hashes"]]))
-        conn.executemany(
-            "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-            [(k, json.dumps(v, default=jsonable)) for k, v in items.items()],
-        )
-        self._binding = None
+        bound = binding(meta, plan, data_hash, data_hashes, allow_mixed, run)
+        self._set_meta(bound["items"])
+        self._binding = bound
 
     # ----------------------------------------------------------------- checkpoints
     @_guarded
@@ -276,12 +195,7 @@ class Store:
                 )
             )
         with self.conn:
-            self.conn.executemany(
-                "INSERT INTO checkpoints(run, label, position, step, tokens, lr, derived, kind, location, ref_json) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(run, label) DO UPDATE SET step=excluded.step, "
-                "tokens=COALESCE(excluded.tokens, tokens), lr=COALESCE(excluded.lr, lr), derived=excluded.derived, kind=excluded.kind, location=excluded.location, ref_json=excluded.ref_json",
-                rows,
-            )
+            self.conn.executemany(_UPSERT_CHECKPOINT, rows)
 
     @_guarded
     def checkpoints(self):
@@ -326,21 +240,14 @@ class Store:
             None if conv is None else int(conv),
             None if row.threads is None else int(row.threads),
         )
-        sql = (
-            "INSERT INTO results(checkpoint, probe, spec, status, metrics, extra, n_hvp, seconds, error, seed, data_hash, "
-            "plan_hash, config_hash, run, versions, created, converged, threads) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
-            "ON CONFLICT(run, checkpoint, probe, spec) DO UPDATE SET status=excluded.status, metrics=excluded.metrics, "
-            "extra=excluded.extra, n_hvp=excluded.n_hvp, seconds=excluded.seconds, error=excluded.error, seed=excluded.seed, "
-            "data_hash=excluded.data_hash, plan_hash=excluded.plan_hash, config_hash=excluded.config_hash, "
-            "versions=excluded.versions, created=excluded.created, converged=excluded.converged, threads=excluded.threads"
-        )
         if self._binding is not None:
-            with self._immediate() as conn:
-                self._first_write_check(conn)
-                conn.execute(sql, vals)
+            with immediate(self.conn) as conn:
+                recheck_binding(conn, self.path, self._binding)
+                self._binding = None
+                conn.execute(_UPSERT_RESULT, vals)
             return
         with self.conn:
-            self.conn.execute(sql, vals)
+            self.conn.execute(_UPSERT_RESULT, vals)
 
     @_guarded
     def existing(self, run: str | None = None) -> dict[tuple[str, str, str], tuple[str, str, str]]:
@@ -415,20 +322,7 @@ class Store:
 
     def export(self, path: str | Path, include_failed: bool = True) -> Path:
         """Write :meth:`results` to ``path``: ``.csv`` or ``.parquet`` (by suffix)."""
-        path = Path(path)
-        df = self.results(include_failed=include_failed)
-        suffix = path.suffix.lower()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if suffix == ".csv":
-            df.to_csv(path, index=False)
-        elif suffix in (".parquet", ".pq"):
-            try:
-                df.to_parquet(path, index=False)
-            except ImportError as exc:
-                raise StoreError(f"writing parquet needs pyarrow (pip install pyarrow): {exc}") from exc
-        else:
-            raise StoreError(f"export path {path} must end in .csv or .parquet")
-        return path
+        return export_table(self.results(include_failed=include_failed), path)
 
     @_guarded
     def runs(self) -> list[str]:
