@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 
 from probes.analysis import series, summary, unconverged
 from probes.cli import app
-from probes.report.figures import curvature_figure, sharpness_vs_quant_figure, synthetic_results
+from probes.report.figures import curvature_figure, synthetic_results
 from probes.report.pages import build_report
+from probes.report.scatter_figures import sharpness_vs_quant_figure
 from probes.sweep import Plan, Store, run_sweep
 from probes.sweep.testing import tiny_plan_toml, tiny_trajectory
 

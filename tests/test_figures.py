@@ -15,11 +15,11 @@ from probes.report.figures import (
     curvature_figure,
     loss_figure,
     quant_error_figure,
-    sharpness_vs_quant_figure,
     synthetic_results,
     trajectory_figures,
 )
 from probes.report.pages import build_report, export_png, surface_page
+from probes.report.scatter_figures import sharpness_vs_quant_figure
 from probes.report.surface_figures import surface_figure
 
 PHASES = [{"name": "FP convergence", "step": 400, "lr": 1e-3}, {"name": "quantization divergence", "step": 500, "lr": 7e-4}]

@@ -1,8 +1,10 @@
 """Reports: Plotly figures drawn from results, and self-contained HTML pages. Nothing is recomputed here.
 
 - :mod:`.figures`         -- trajectory figures from the tidy results table (loss, one series,
-  quantization error, curvature, sharpness vs quantization error; :func:`~.figures.trajectory_figures`
-  draws the figures each sweep probe declares), and :func:`~.figures.synthetic_results`;
+  quantization error, curvature; :func:`~.figures.trajectory_figures` draws the figures each sweep
+  probe declares and the scatters), and :func:`~.figures.synthetic_results`;
+- :mod:`.scatter_figures` -- :func:`~.scatter_figures.sharpness_vs_quant_figure`, sharpness vs
+  quantization error with the correlation in its title;
 - :mod:`.figure_parts`    -- their building blocks: series out of the table, lines per run, LR, phases;
 - :mod:`.explain_figures`, :mod:`.accuracy_figures` -- the explain and accuracy probes' figures;
 - :mod:`.flags`           -- values whose estimator did not converge: open red markers, the report's table;

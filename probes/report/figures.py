@@ -12,19 +12,31 @@ the LR schedule is a dotted grey line on a secondary y axis; phases (``[{"name",
 or a :class:`probes.analysis.Phases`) are shaded from their onset to the end of the trajectory with
 a labelled vertical line. Figures display inline in Jupyter (``fig.show()`` or as the cell value).
 """
+
 from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from probes.sweep_probes.registry import REGISTRY
 
-from .figure_parts import (FigureError, _add_lr, _add_series, _base, _empty, _phase_list, _run_col, _shade_phases,
-                           _x_max, metric_rows, specs_of)
-from .flags import UNCONVERGED_MARKER, unconverged_mask
+from .figure_parts import (
+    FigureError,
+    _add_lr,
+    _add_series,
+    _base,
+    _empty,
+    _phase_list,
+    _shade_phases,
+    _x_max,
+    metric_rows,
+    specs_of,
+)
+from .scatter_figures import _pick_corr, sharpness_vs_quant_figure
+
 
 # --------------------------------------------------------------------------- figures
 def loss_figure(df, phases=None, lr: bool = True, metric: str = "loss"):
@@ -39,15 +51,34 @@ def loss_figure(df, phases=None, lr: bool = True, metric: str = "loss"):
     return fig
 
 
-def series_figure(df, probe: str, metric: str, phases=None, lr: bool = True, title: str | None = None,
-                  ytitle: str | None = None, log_y: bool = False):
+def series_figure(
+    df,
+    probe: str,
+    metric: str,
+    phases=None,
+    lr: bool = True,
+    title: str | None = None,
+    ytitle: str | None = None,
+    log_y: bool = False,
+):
     """One probe's ``metric`` vs step, one line per spec and run (stderr bars when present), the LR on a
     secondary axis: the figure a probe declares when one series tells its story (``figure`` in
     :class:`probes.sweep_probes.probe.Probe`)."""
     fig = _base(lr, title or f"{probe} {metric} vs step", ytitle or metric, log_y)
     specs = specs_of(df, probe) or [None]
-    n = sum(_add_series(fig, df, probe, metric, s if len(specs) > 1 else None, f"{metric} ({s})" if s else metric, i,
-                        secondary_y=False if lr else None) for i, s in enumerate(specs))
+    n = sum(
+        _add_series(
+            fig,
+            df,
+            probe,
+            metric,
+            s if len(specs) > 1 else None,
+            f"{metric} ({s})" if s else metric,
+            i,
+            secondary_y=False if lr else None,
+        )
+        for i, s in enumerate(specs)
+    )
     if n == 0:
         _empty(fig, f"no {probe!r} probe in the results")
     if lr:
@@ -56,8 +87,9 @@ def series_figure(df, probe: str, metric: str, phases=None, lr: bool = True, tit
     return fig
 
 
-def quant_error_figure(df, phases=None, metric: str = "rel_loss_error", lr: bool = True, specs: Sequence[str] | None = None,
-                       cols: int = 2):
+def quant_error_figure(
+    df, phases=None, metric: str = "rel_loss_error", lr: bool = True, specs: Sequence[str] | None = None, cols: int = 2
+):
     """Quantization error vs step as small multiples: one panel (log y) per spec, ``cols`` panels a
     row, one colour per run with one legend entry per run (clicking it hides the run everywhere),
     the LR on each panel's secondary axis. Non-positive values cannot be drawn on a log axis; they
@@ -68,20 +100,50 @@ def quant_error_figure(df, phases=None, metric: str = "rel_loss_error", lr: bool
     n = max(1, len(specs))
     cols = max(1, min(cols, n))
     nrows = math.ceil(n / cols)
-    fig = make_subplots(rows=nrows, cols=cols, shared_xaxes=True, subplot_titles=[str(s) for s in specs] or None,
-                        specs=[[{"secondary_y": lr}] * cols for _ in range(nrows)], vertical_spacing=min(0.12, 0.3 / nrows),
-                        horizontal_spacing=0.1)
+    fig = make_subplots(
+        rows=nrows,
+        cols=cols,
+        shared_xaxes=True,
+        subplot_titles=[str(s) for s in specs] or None,
+        specs=[[{"secondary_y": lr}] * cols for _ in range(nrows)],
+        vertical_spacing=min(0.12, 0.3 / nrows),
+        horizontal_spacing=0.1,
+    )
     drawn, dropped = 0, 0
     for i, spec in enumerate(specs):
         r, c = i // cols + 1, i % cols + 1
         rows = metric_rows(df, "quant", metric, spec)
         dropped += int((rows["value"].astype(float) <= 0).sum())
-        drawn += _add_series(fig, df, "quant", metric, spec, spec, 0, secondary_y=False if lr else None, row=r, col=c,
-                             error_bars=False, positive_only=True, by_run=True, legend=i == 0)
+        drawn += _add_series(
+            fig,
+            df,
+            "quant",
+            metric,
+            spec,
+            spec,
+            0,
+            secondary_y=False if lr else None,
+            row=r,
+            col=c,
+            error_bars=False,
+            positive_only=True,
+            by_run=True,
+            legend=i == 0,
+        )
         fig.update_yaxes(type="log", title_text=metric if c == 1 else None, row=r, col=c, secondary_y=False)
         if lr:
             _add_lr(fig, df, row=r, col=c, showlegend=i == 0)
-            fig.update_yaxes(showgrid=False, rangemode="tozero", type="linear", tickmode="auto", tickformat=".2g", nticks=4, row=r, col=c, secondary_y=True)
+            fig.update_yaxes(
+                showgrid=False,
+                rangemode="tozero",
+                type="linear",
+                tickmode="auto",
+                tickformat=".2g",
+                nticks=4,
+                row=r,
+                col=c,
+                secondary_y=True,
+            )
         _shade_phases(fig, _phase_list(phases), _x_max(df), row=r, col=c, annotate=i == 0)
     title = f"quantization error ({metric}) vs step, one panel per quantizer"
     if dropped:
@@ -97,18 +159,33 @@ def curvature_figure(df, phases=None, lr: bool = True, trace_spec: str | None = 
     """Hessian trace (top) and λ_max (bottom) vs step, with stderr bars and the LR on secondary axes."""
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        specs=[[{"secondary_y": lr}], [{"secondary_y": lr}]],
-                        subplot_titles=("Hessian trace", f"λ_max ({eigen_metric})"))
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        specs=[[{"secondary_y": lr}], [{"secondary_y": lr}]],
+        subplot_titles=("Hessian trace", f"λ_max ({eigen_metric})"),
+    )
     tspecs = [trace_spec] if trace_spec else specs_of(df, "trace")
-    n1 = sum(_add_series(fig, df, "trace", "trace", s, f"trace ({s})", i, secondary_y=False if lr else None, row=1, col=1)
-             for i, s in enumerate(tspecs))
+    n1 = sum(
+        _add_series(fig, df, "trace", "trace", s, f"trace ({s})", i, secondary_y=False if lr else None, row=1, col=1)
+        for i, s in enumerate(tspecs)
+    )
     n2 = _add_series(fig, df, "eigen", eigen_metric, None, "λ_max", 3, secondary_y=False if lr else None, row=2, col=1)
     if lr:
         _add_lr(fig, df, row=1, col=1)
         _add_lr(fig, df, row=2, col=1, showlegend=False)
-        fig.update_yaxes(title_text="learning rate", secondary_y=True, showgrid=False, rangemode="tozero", type="linear", tickmode="auto", nticks=6,
-                         tickformat=".2g")
+        fig.update_yaxes(
+            title_text="learning rate",
+            secondary_y=True,
+            showgrid=False,
+            rangemode="tozero",
+            type="linear",
+            tickmode="auto",
+            nticks=6,
+            tickformat=".2g",
+        )
     phases = _phase_list(phases)
     xm = _x_max(df)
     _shade_phases(fig, phases, xm, row=1, col=1)
@@ -116,106 +193,15 @@ def curvature_figure(df, phases=None, lr: bool = True, trace_spec: str | None = 
     fig.update_yaxes(title_text="tr H", row=1, col=1, secondary_y=False)
     fig.update_yaxes(title_text="λ_max", row=2, col=1, secondary_y=False)
     fig.update_xaxes(title_text="step", row=2, col=1)
-    fig.update_layout(title="sharpness vs step", height=620, legend=dict(orientation="h", y=-0.12),
-                      margin=dict(l=60, r=60, t=80, b=40))
+    fig.update_layout(
+        title="sharpness vs step",
+        height=620,
+        legend=dict(orientation="h", y=-0.12),
+        margin=dict(l=60, r=60, t=80, b=40),
+    )
     if n1 + n2 == 0:
         _empty(fig, "no 'trace' or 'eigen' probe in the results")
     return fig
-
-
-def _corr_text(correlation) -> str:
-    if correlation is None:
-        return ""
-    c = correlation.to_dict() if hasattr(correlation, "to_dict") else dict(correlation)
-    r = c.get("r", float("nan"))
-    lo, hi = c.get("ci_low", float("nan")), c.get("ci_high", float("nan"))
-    method = c.get("method", "r")
-    p = c.get("p")
-    n = c.get("n")
-    ctrl = c.get("covariates") or c.get("controls")
-    ctrl = ", ".join(ctrl) if isinstance(ctrl, (list, tuple)) else (ctrl or "")
-    ok, rw = all(isinstance(v, float) and math.isfinite(v) for v in (lo, hi)), c.get("r_within", float("nan"))
-    s = (f"{method}{' | ' + ctrl if ctrl else ''} r = {r:+.3f}" + (f" pooled, within runs {rw:+.3f}" if c.get("n_runs", 1) != 1
-         and isinstance(rw, float) and math.isfinite(rw) else "") + (f" [95% CI {lo:+.3f}, {hi:+.3f}]" if ok else ""))
-    has_p, how = p is not None and not (isinstance(p, float) and math.isnan(p)), c.get("inference") or ""
-    s += (f", p = {float(p):.3g}" + (f" ({how})" if how else "")) if has_p else (", descriptive" if how == "descriptive" else "")
-    n_eff = c.get("n_eff")
-    if n is not None:
-        s += f", n = {int(n)}" + (f" (effective {n_eff:.1f})" if isinstance(n_eff, float) and math.isfinite(n_eff) else "")
-    return s
-
-
-def sharpness_vs_quant_figure(df, x: tuple[str, str | None, str] = ("trace", None, "trace"),
-                              y: tuple[str, str | None, str] | str | None = None, correlation=None, log: bool = False):
-    """Scatter of a sharpness series (default Hessian trace) against a quantization error (default
-    the first quant spec's ``rel_loss_error``), one point per checkpoint coloured by step, derived
-    checkpoints as stars; ``correlation`` (a :class:`probes.analysis.Correlation` or a dict with
-    r, ci_low, ci_high[, p, n, method]) goes into the title."""
-    import plotly.graph_objects as go
-
-    if y is None:
-        specs = specs_of(df, "quant")
-        y = ("quant", specs[0] if specs else None, "rel_loss_error")
-    elif isinstance(y, str):
-        y = ("quant", y, "rel_loss_error")
-    xr = metric_rows(df, x[0], x[2], x[1])
-    yr = metric_rows(df, y[0], y[2], y[1])
-    key = ["run", "checkpoint"] if "run" in df else ["checkpoint"]
-    xr = xr.assign(run=_run_col(xr)) if "run" in xr else xr
-    yr = yr.assign(run=_run_col(yr)) if "run" in yr else yr
-    xlab, ylab = _series_label(x), _series_label(y)
-    xr, yr = xr.assign(bad=unconverged_mask(xr)), yr.assign(bad=unconverged_mask(yr))
-    merged = xr[key + ["step", "derived", "value", "bad"]].drop_duplicates(key, keep="last").merge(
-        yr[key + ["value", "bad"]].drop_duplicates(key, keep="last"), on=key, suffixes=("_x", "_y"))
-    fig = go.Figure()
-    if merged.empty:
-        _empty(fig, f"no checkpoint has both {xlab} and {ylab}")
-    else:
-        steps = merged["step"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
-        derived = merged["derived"].astype(bool).to_numpy()
-        bad = (merged["bad_x"] | merged["bad_y"]).to_numpy(bool)
-        runs = list(dict.fromkeys(merged["run"])) if "run" in merged else ["run"]
-        symbols = ("circle", "square", "diamond", "triangle-up", "cross", "x")
-        cmin, cmax = (float(np.nanmin(steps)), float(np.nanmax(steps))) if np.isfinite(steps).any() else (0.0, 1.0)
-        first = True
-        for r_i, run in enumerate(runs):
-            for is_d in (False, True):
-                m = ((merged["run"] == run).to_numpy() if "run" in merged else np.ones(len(merged), bool)) & (derived == is_d) & ~bad
-                if not m.any():
-                    continue
-                part = merged[m]
-                fig.add_trace(go.Scatter(
-                    x=part["value_x"].astype(float).tolist(), y=part["value_y"].astype(float).tolist(), mode="markers",
-                    name=f"{run}{' (derived/LAWA)' if is_d else ''}",
-                    marker=dict(size=15 if is_d else 10, symbol="star" if is_d else symbols[r_i % len(symbols)],
-                                color=np.nan_to_num(steps[m], nan=cmin).tolist(), colorscale="Viridis", cmin=cmin, cmax=cmax,
-                                showscale=first, colorbar=dict(title="step") if first else None,
-                                line=dict(width=1, color="black")),
-                    customdata=list(zip(part["checkpoint"].astype(str), steps[m].tolist())),
-                    hovertemplate="checkpoint %{customdata[0]}<br>step %{customdata[1]}<br>x %{x:.6g}<br>y %{y:.6g}<extra></extra>",
-                ))
-                first = False
-        if bad.any():
-            fig.add_trace(go.Scatter(x=merged["value_x"][bad].astype(float).tolist(), y=merged["value_y"][bad].astype(float).tolist(),
-                                     mode="markers", marker=UNCONVERGED_MARKER, name="not converged (left out of r)",
-                                     customdata=merged["checkpoint"][bad].astype(str).tolist(),
-                                     hovertemplate="checkpoint %{customdata}<br>x %{x:.6g}<br>y %{y:.6g}<br><b>NOT CONVERGED</b>"
-                                                   "<extra></extra>"))
-    ct = _corr_text(correlation)
-    fig.update_layout(title=f"{xlab} vs {ylab}" + (f"<br><sup>{ct}</sup>" if ct else ""), xaxis_title=xlab, yaxis_title=ylab,
-                      height=460, legend=dict(orientation="h", y=-0.2))
-    if log:
-        fig.update_xaxes(type="log")
-        fig.update_yaxes(type="log")
-    return fig
-
-
-def _series_label(key: tuple[str, str | None, str]) -> str:
-    probe, spec, metric = key
-    if probe == "quant":
-        return f"{metric} ({spec})" if spec else metric
-    head = metric if metric == probe or probe == "eigen" else f"{probe} {metric}"
-    return f"{head} ({spec})" if spec else head
 
 
 def trajectory_figures(df, phases=None, correlations=None, specs: Sequence[str] | None = None) -> dict[str, Any]:
@@ -233,42 +219,27 @@ def trajectory_figures(df, phases=None, correlations=None, specs: Sequence[str] 
             for key, fig in p.figure(draw, df, phases, specs).items():
                 figs.setdefault(key, fig)
     qspecs = list(specs) if specs is not None else specs_of(df, "quant")
-    sharp = ("trace", None, "trace") if "trace" in probes else (("eigen", None, "lambda_1") if "eigen" in probes else None)
+    sharp = (
+        ("trace", None, "trace") if "trace" in probes else (("eigen", None, "lambda_1") if "eigen" in probes else None)
+    )
     if sharp is not None and sharp[0] == "trace":
         tspecs = specs_of(df, "trace")
         sharp = ("trace", tspecs[0] if len(tspecs) > 1 else None, "trace")
     if sharp is not None:
         for i, spec in enumerate(qspecs):
-            figs[f"scatter:{spec}"] = sharpness_vs_quant_figure(df, x=sharp, y=spec,
-                                                                 correlation=_pick_corr(correlations, spec, i, sharp[0]))
+            figs[f"scatter:{spec}"] = sharpness_vs_quant_figure(
+                df, x=sharp, y=spec, correlation=_pick_corr(correlations, spec, i, sharp[0])
+            )
     return figs
 
 
-def _pick_corr(correlations, spec: str, index: int, xname: str):
-    if correlations is None:
-        return None
-    if hasattr(correlations, "columns") and {"x", "y", "r"} <= set(correlations.columns):
-        t = correlations
-        sel = t[(t["y"].astype(str) == spec) & (t["controls"].fillna("") == "")] if "controls" in t else t[t["y"] == spec]
-        pref = sel[(sel["x"] == xname)] if (sel["x"] == xname).any() else sel
-        pear = pref[pref["method"] == "pearson"] if "method" in pref else pref
-        row = (pear if len(pear) else pref)
-        if len(row) == 0:
-            return None
-        d = row.iloc[0].to_dict()
-        d["covariates"] = ()
-        return d
-    if isinstance(correlations, Mapping) and spec in correlations:
-        return correlations[spec]
-    if isinstance(correlations, Mapping) and "r" in correlations:
-        return correlations if index == 0 else None
-    if hasattr(correlations, "r"):
-        return correlations if index == 0 else None
-    return None
-
-
-def synthetic_results(n_checkpoints: int = 8, runs: Iterable[str] = ("wsd",), specs: Sequence[str] = ("rtn:4:g128", "int8"),
-                      lawa: bool = True, seed: int = 0):
+def synthetic_results(
+    n_checkpoints: int = 8,
+    runs: Iterable[str] = ("wsd",),
+    specs: Sequence[str] = ("rtn:4:g128", "int8"),
+    lawa: bool = True,
+    seed: int = 0,
+):
     """A small, plausible tidy results DataFrame (for tests, docs and the report demo): loss
     falling, trace rising through an LR decay, quantization error tracking the trace."""
     import pandas as pd
@@ -276,7 +247,7 @@ def synthetic_results(n_checkpoints: int = 8, runs: Iterable[str] = ("wsd",), sp
     rng = np.random.default_rng(seed)
     rows = []
     for r_i, run in enumerate(runs):
-        peak = 1e-3 * (3 ** r_i)
+        peak = 1e-3 * (3**r_i)
         steps = np.linspace(100, 100 * n_checkpoints, n_checkpoints).astype(int)
         for k, step in enumerate(steps):
             decay = max(0.0, (k - 0.6 * n_checkpoints) / (0.4 * n_checkpoints))
@@ -286,28 +257,101 @@ def synthetic_results(n_checkpoints: int = 8, runs: Iterable[str] = ("wsd",), sp
             rows += _rows(run, f"{run}-step{step}", int(step), float(lr), False, loss, trace, specs, rng)
         if lawa:
             rows += _rows(run, f"{run}-lawa", int(steps[-1]), None, True, 3.05, 500 / (1 + r_i), specs, rng)
-    return pd.DataFrame(rows, columns=["run", "checkpoint", "step", "tokens", "lr", "derived", "probe", "spec", "metric",
-                                       "value", "stderr", "ci_low", "ci_high", "n_hvp", "seconds", "status", "error",
-                                       "seed", "data_hash"])
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "run",
+            "checkpoint",
+            "step",
+            "tokens",
+            "lr",
+            "derived",
+            "probe",
+            "spec",
+            "metric",
+            "value",
+            "stderr",
+            "ci_low",
+            "ci_high",
+            "n_hvp",
+            "seconds",
+            "status",
+            "error",
+            "seed",
+            "data_hash",
+        ],
+    )
 
 
 def _rows(run, ckpt, step, lr, derived, loss, trace, specs, rng):
-    base = dict(run=run, checkpoint=ckpt, step=step, tokens=step * 4096, lr=lr, derived=derived, n_hvp=0, seconds=0.1,
-                status="ok", error=None, seed=0, data_hash="synthetic")
+    base = dict(
+        run=run,
+        checkpoint=ckpt,
+        step=step,
+        tokens=step * 4096,
+        lr=lr,
+        derived=derived,
+        n_hvp=0,
+        seconds=0.1,
+        status="ok",
+        error=None,
+        seed=0,
+        data_hash="synthetic",
+    )
     nan = float("nan")
-    out = [dict(base, probe="loss", spec="", metric="loss", value=loss, stderr=nan, ci_low=nan, ci_high=nan),
-           dict(base, probe="loss", spec="", metric="ppl", value=math.exp(loss), stderr=nan, ci_low=nan, ci_high=nan),
-           dict(base, probe="trace", spec="hutch++", metric="trace", value=trace, stderr=0.03 * trace,
-                ci_low=0.94 * trace, ci_high=1.06 * trace, n_hvp=100),
-           dict(base, probe="eigen", spec="lanczos", metric="lambda_1", value=trace / 12, stderr=nan, ci_low=nan,
-                ci_high=nan, n_hvp=60)]
+    out = [
+        dict(base, probe="loss", spec="", metric="loss", value=loss, stderr=nan, ci_low=nan, ci_high=nan),
+        dict(base, probe="loss", spec="", metric="ppl", value=math.exp(loss), stderr=nan, ci_low=nan, ci_high=nan),
+        dict(
+            base,
+            probe="trace",
+            spec="hutch++",
+            metric="trace",
+            value=trace,
+            stderr=0.03 * trace,
+            ci_low=0.94 * trace,
+            ci_high=1.06 * trace,
+            n_hvp=100,
+        ),
+        dict(
+            base,
+            probe="eigen",
+            spec="lanczos",
+            metric="lambda_1",
+            value=trace / 12,
+            stderr=nan,
+            ci_low=nan,
+            ci_high=nan,
+            n_hvp=60,
+        ),
+    ]
     for i, spec in enumerate(specs):
         err = trace * 1e-5 * (10 ** (-i)) * (1 + rng.normal(0, 0.05))
-        out.append(dict(base, probe="quant", spec=spec, metric="rel_loss_error", value=err, stderr=nan, ci_low=nan, ci_high=nan))
-        out.append(dict(base, probe="quant", spec=spec, metric="ppl_gap", value=math.expm1(err * loss), stderr=nan,
-                        ci_low=nan, ci_high=nan))
+        out.append(
+            dict(
+                base, probe="quant", spec=spec, metric="rel_loss_error", value=err, stderr=nan, ci_low=nan, ci_high=nan
+            )
+        )
+        out.append(
+            dict(
+                base,
+                probe="quant",
+                spec=spec,
+                metric="ppl_gap",
+                value=math.expm1(err * loss),
+                stderr=nan,
+                ci_low=nan,
+                ci_high=nan,
+            )
+        )
     return out
 
 
-__all__ = ["loss_figure", "series_figure", "quant_error_figure", "curvature_figure", "sharpness_vs_quant_figure", "trajectory_figures",
-           "synthetic_results"]
+__all__ = [
+    "loss_figure",
+    "series_figure",
+    "quant_error_figure",
+    "curvature_figure",
+    "trajectory_figures",
+    "synthetic_results",
+]

@@ -34,14 +34,14 @@ or ``run_sweep(..., run=...)``), so trajectories whose checkpoints share labels 
 a WSD and in a cosine run) sit side by side and are compared in one table. The plan/data check of
 :meth:`Store.bind` applies to the whole store: runs of one study share the probes and the data.
 """
+
 from __future__ import annotations
 
-import contextlib
 import json
 import sqlite3
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 from geometry.base.jsonable import jsonable
 
@@ -50,8 +50,10 @@ from probes.sweep_probes.tasks import Task
 
 from .plan import Plan
 from .store_errors import StoreError, _damaged, _guarded, check_plan as _check_plan
-from .store_schema import _ADDED_COLUMNS, _SCHEMA, RESULT_COLUMNS, _now, versions
-from .store_table import tidy_results
+from .store_meta import binding, immediate, recheck_binding, write_meta
+from .store_schema import _SCHEMA, _UPSERT_CHECKPOINT, _UPSERT_RESULT, _now, migrate, versions
+from .store_schema import RESULT_COLUMNS  # noqa: F401 - the name Store.results' docstring refers to
+from .store_table import export_table, tidy_results
 
 
 class Store:
@@ -76,40 +78,18 @@ class Store:
             self._conn.execute("PRAGMA synchronous=NORMAL")
             with self._conn:
                 self._conn.executescript(_SCHEMA)
-            self._columns = self._migrate()
+            self._columns = migrate(self._conn)
         except sqlite3.DatabaseError as exc:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
             err = _damaged(self.path, exc)
             if "file is not a database" in str(exc):
-                err = StoreError(f"{self.path} is not a losslens results store (SQLite said: {exc}); give the .sqlite "
-                                 "file written by `losslens sweep`, or a new path")
+                err = StoreError(
+                    f"{self.path} is not a losslens results store (SQLite said: {exc}); give the .sqlite "
+                    "file written by `losslens sweep`, or a new path"
+                )
             raise err from exc
-
-    def _migrate(self) -> set[str]:
-        """Add the columns newer versions write (converged, threads) to an older store; fill
-        ``converged`` from the flags older versions kept in ``extra``. Read-only files are left as
-        they are (readers cope with the missing columns). Returns the results table's columns."""
-        cols = {r[1] for r in self._conn.execute("PRAGMA table_info(results)")}
-        missing = [(c, t) for c, t in _ADDED_COLUMNS if c not in cols]
-        if not missing:
-            return cols
-        try:
-            with self._conn:
-                for c, t in missing:
-                    self._conn.execute(f"ALTER TABLE results ADD COLUMN {c} {t}")
-                fill = []
-                for rid, extra in self._conn.execute("SELECT id, extra FROM results WHERE probe IN ('eigen', 'trace')"):
-                    flag = json.loads(extra or "{}").get("converged")
-                    if flag is not None:
-                        fill.append((int(all(flag) if isinstance(flag, list) else bool(flag)), rid))
-                self._conn.executemany("UPDATE results SET converged = ? WHERE id = ?", fill)
-        except sqlite3.OperationalError as exc:
-            if "readonly" not in str(exc):
-                raise
-            return cols
-        return cols | {c for c, _ in missing}
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:
@@ -152,8 +132,7 @@ class Store:
     @_guarded
     def _set_meta(self, items: Mapping[str, Any]) -> None:
         with self.conn:
-            self.conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                                  [(k, json.dumps(v, default=jsonable)) for k, v in items.items()])
+            write_meta(self.conn, items)
 
     @property
     def plan(self) -> Plan | None:
@@ -162,8 +141,14 @@ class Store:
         return Plan.from_dict(pj) if pj else None
 
     @_guarded
-    def bind(self, plan: Plan, data_hash: str, data_hashes: Mapping[str, str] | None = None, allow_mixed: bool = False,
-             run: str | None = None) -> None:
+    def bind(
+        self,
+        plan: Plan,
+        data_hash: str,
+        data_hashes: Mapping[str, str] | None = None,
+        allow_mixed: bool = False,
+        run: str | None = None,
+    ) -> None:
         """Record ``plan`` and ``data_hash`` in the metadata, or check that they match it; make
         ``run`` (default: the plan's name) the run that later writes default to.
 
@@ -176,47 +161,9 @@ class Store:
         meta = self.meta
         has_rows = self.conn.execute("SELECT COUNT(*) FROM results").fetchone()[0] > 0
         _check_plan(self.path, meta, has_rows, plan.hash, plan.name, data_hash, allow_mixed)
-        hashes = list(meta.get("plan_hashes", []))
-        if plan.hash not in hashes:
-            hashes.append(plan.hash)
-        items = {"plan_hash": plan.hash, "plan_json": plan.to_dict(), "data_hash": data_hash, "plan_hashes": hashes,
-                 "versions": versions(), "updated": _now()}
-        if data_hashes is not None:
-            items["data_hashes"] = dict(data_hashes)
-        if "created" not in meta:
-            items["created"] = _now()
-        items["run"] = run if run is not None else plan.name
-        self._set_meta(items)
-        self._binding = {"plan_hash": plan.hash, "plan_name": plan.name, "data_hash": data_hash,
-                         "allow_mixed": allow_mixed, "items": items}
-
-    @contextlib.contextmanager
-    def _immediate(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction (the write lock taken at the start): commit or roll back."""
-        conn = self.conn
-        if conn.in_transaction:
-            conn.commit()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.rollback()
-            raise
-        conn.commit()
-
-    def _first_write_check(self, conn: sqlite3.Connection) -> None:
-        """Inside the first write's transaction: the bind check against the store as it is now, and
-        this binding's metadata written again (another writer may have bound the store meanwhile)."""
-        b = self._binding
-        meta = {k: json.loads(v) for k, v in conn.execute(
-            "SELECT key, value FROM meta WHERE key IN ('plan_hash', 'data_hash', 'plan_json', 'plan_hashes')")}
-        has_rows = conn.execute("SELECT COUNT(*) FROM results").fetchone()[0] > 0
-        _check_plan(self.path, meta, has_rows, b["plan_hash"], b["plan_name"], b["data_hash"], b["allow_mixed"])
-        items = dict(b["items"])
-        items["plan_hashes"] = list(dict.fromkeys([*meta.get("plan_hashes", []), *items["plan_hashes"]]))
-        conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                         [(k, json.dumps(v, default=jsonable)) for k, v in items.items()])
-        self._binding = None
+        bound = binding(meta, plan, data_hash, data_hashes, allow_mixed, run)
+        self._set_meta(bound["items"])
+        self._binding = bound
 
     # ----------------------------------------------------------------- checkpoints
     @_guarded
@@ -233,63 +180,96 @@ class Store:
             label = str(ref.label)
             pos = known.get(label, start + i)
             d = ref.to_dict() if hasattr(ref, "to_dict") else asdict(ref) if is_dataclass(ref) else dict(vars(ref))
-            rows.append((run, label, pos, _int(getattr(ref, "step", None)), _int(getattr(ref, "tokens", None)),
-                         _f(getattr(ref, "lr", None)), int(getattr(ref, "kind", None) == "derived"),
-                         getattr(ref, "kind", None), _str(getattr(ref, "location", None)), json.dumps(d, default=jsonable)))
+            rows.append(
+                (
+                    run,
+                    label,
+                    pos,
+                    _int(getattr(ref, "step", None)),
+                    _int(getattr(ref, "tokens", None)),
+                    _f(getattr(ref, "lr", None)),
+                    int(getattr(ref, "kind", None) == "derived"),
+                    getattr(ref, "kind", None),
+                    _str(getattr(ref, "location", None)),
+                    json.dumps(d, default=jsonable),
+                )
+            )
         with self.conn:
-            self.conn.executemany(
-                "INSERT INTO checkpoints(run, label, position, step, tokens, lr, derived, kind, location, ref_json) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(run, label) DO UPDATE SET step=excluded.step, "
-                "tokens=COALESCE(excluded.tokens, tokens), lr=COALESCE(excluded.lr, lr), derived=excluded.derived, kind=excluded.kind, location=excluded.location, ref_json=excluded.ref_json",
-                rows)
+            self.conn.executemany(_UPSERT_CHECKPOINT, rows)
 
     @_guarded
     def checkpoints(self):
         """The checkpoints table as a DataFrame ordered by position."""
         import pandas as pd
 
-        df = pd.read_sql_query("SELECT run, label, position, step, tokens, lr, derived, kind, location FROM checkpoints "
-                               "ORDER BY position", self.conn)
+        df = pd.read_sql_query(
+            "SELECT run, label, position, step, tokens, lr, derived, kind, location FROM checkpoints ORDER BY position",
+            self.conn,
+        )
         df["derived"] = df["derived"].astype(bool)
         return df
 
     # ----------------------------------------------------------------- rows
     @_guarded
-    def write(self, row: ProbeRow, data_hash: str | None = None, plan_hash: str | None = None, run: str | None = None) -> None:
+    def write(
+        self, row: ProbeRow, data_hash: str | None = None, plan_hash: str | None = None, run: str | None = None
+    ) -> None:
         """Insert or replace the row for ``(run, checkpoint, probe, spec)`` in one transaction (the
         first write after :meth:`bind` also repeats its plan/data check in that transaction)."""
         if row.status not in ("ok", "failed"):
             raise StoreError(f"row status must be 'ok' or 'failed', got {row.status!r}")
         meta = self.meta if (data_hash is None or plan_hash is None or run is None) else {}
         conv = row_converged(row)
-        vals = (row.checkpoint, row.probe, row.spec, row.status, json.dumps(row.metrics), json.dumps(row.extra, default=jsonable),
-                int(row.n_hvp or 0), _f(row.seconds), row.error, row.seed, data_hash or meta.get("data_hash"),
-                plan_hash or meta.get("plan_hash"), row.config_hash, run or meta.get("run") or "", json.dumps(versions()), _now(),
-                None if conv is None else int(conv), None if row.threads is None else int(row.threads))
-        sql = ("INSERT INTO results(checkpoint, probe, spec, status, metrics, extra, n_hvp, seconds, error, seed, data_hash, "
-               "plan_hash, config_hash, run, versions, created, converged, threads) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
-               "ON CONFLICT(run, checkpoint, probe, spec) DO UPDATE SET status=excluded.status, metrics=excluded.metrics, "
-               "extra=excluded.extra, n_hvp=excluded.n_hvp, seconds=excluded.seconds, error=excluded.error, seed=excluded.seed, "
-               "data_hash=excluded.data_hash, plan_hash=excluded.plan_hash, config_hash=excluded.config_hash, "
-               "versions=excluded.versions, created=excluded.created, converged=excluded.converged, threads=excluded.threads")
+        vals = (
+            row.checkpoint,
+            row.probe,
+            row.spec,
+            row.status,
+            json.dumps(row.metrics),
+            json.dumps(row.extra, default=jsonable),
+            int(row.n_hvp or 0),
+            _f(row.seconds),
+            row.error,
+            row.seed,
+            data_hash or meta.get("data_hash"),
+            plan_hash or meta.get("plan_hash"),
+            row.config_hash,
+            run or meta.get("run") or "",
+            json.dumps(versions()),
+            _now(),
+            None if conv is None else int(conv),
+            None if row.threads is None else int(row.threads),
+        )
         if self._binding is not None:
-            with self._immediate() as conn:
-                self._first_write_check(conn)
-                conn.execute(sql, vals)
+            with immediate(self.conn) as conn:
+                recheck_binding(conn, self.path, self._binding)
+                self._binding = None
+                conn.execute(_UPSERT_RESULT, vals)
             return
         with self.conn:
-            self.conn.execute(sql, vals)
+            self.conn.execute(_UPSERT_RESULT, vals)
 
     @_guarded
     def existing(self, run: str | None = None) -> dict[tuple[str, str, str], tuple[str, str, str]]:
         """``{(checkpoint, probe, spec): (status, config_hash, data_hash)}`` of every stored row of
         run ``run`` (default: the store's current run)."""
-        return {(c, p, s): (st, ch or "", dh or "") for c, p, s, st, ch, dh in
-                self.conn.execute("SELECT checkpoint, probe, spec, status, config_hash, data_hash FROM results WHERE run = ?",
-                                  (self._run(run),))}
+        return {
+            (c, p, s): (st, ch or "", dh or "")
+            for c, p, s, st, ch, dh in self.conn.execute(
+                "SELECT checkpoint, probe, spec, status, config_hash, data_hash FROM results WHERE run = ?",
+                (self._run(run),),
+            )
+        }
 
-    def pending(self, checkpoint: str, tasks: Iterable[Task], data_hash: str, retry_failed: bool = False,
-                existing: Mapping | None = None, run: str | None = None) -> list[Task]:
+    def pending(
+        self,
+        checkpoint: str,
+        tasks: Iterable[Task],
+        data_hash: str,
+        retry_failed: bool = False,
+        existing: Mapping | None = None,
+        run: str | None = None,
+    ) -> list[Task]:
         """Tasks of ``checkpoint`` (of run ``run``) still to run: not stored, stored with other
         settings or data, or failed when ``retry_failed``. ``ok`` rows with the same settings are skipped."""
         existing = self.existing(run) if existing is None else existing
@@ -308,8 +288,13 @@ class Store:
     @_guarded
     def failed_rows(self, run: str | None = None) -> dict[tuple[str, str, str], str]:
         """``{(checkpoint, probe, spec): error}`` of the rows of run ``run`` stored as failed."""
-        return {(c, p, s): e or "" for c, p, s, e in self.conn.execute(
-            "SELECT checkpoint, probe, spec, error FROM results WHERE run = ? AND status = 'failed'", (self._run(run),))}
+        return {
+            (c, p, s): e or ""
+            for c, p, s, e in self.conn.execute(
+                "SELECT checkpoint, probe, spec, error FROM results WHERE run = ? AND status = 'failed'",
+                (self._run(run),),
+            )
+        }
 
     @_guarded
     def count(self, status: str | None = None) -> int:
@@ -337,20 +322,7 @@ class Store:
 
     def export(self, path: str | Path, include_failed: bool = True) -> Path:
         """Write :meth:`results` to ``path``: ``.csv`` or ``.parquet`` (by suffix)."""
-        path = Path(path)
-        df = self.results(include_failed=include_failed)
-        suffix = path.suffix.lower()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if suffix == ".csv":
-            df.to_csv(path, index=False)
-        elif suffix in (".parquet", ".pq"):
-            try:
-                df.to_parquet(path, index=False)
-            except ImportError as exc:
-                raise StoreError(f"writing parquet needs pyarrow (pip install pyarrow): {exc}") from exc
-        else:
-            raise StoreError(f"export path {path} must end in .csv or .parquet")
-        return path
+        return export_table(self.results(include_failed=include_failed), path)
 
     @_guarded
     def runs(self) -> list[str]:
@@ -363,8 +335,11 @@ class Store:
     @_guarded
     def summary(self) -> dict[str, int]:
         """Row counts: ``{"ok": n, "failed": m, "checkpoints": c}``."""
-        return {"ok": self.count("ok"), "failed": self.count("failed"),
-                "checkpoints": self.conn.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0]}
+        return {
+            "ok": self.count("ok"),
+            "failed": self.count("failed"),
+            "checkpoints": self.conn.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0],
+        }
 
 
 def _int(x):

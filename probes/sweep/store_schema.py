@@ -1,14 +1,41 @@
-"""The store's SQLite tables (:data:`RESULT_COLUMNS` of the tidy table, the schema and the columns
-added since the first release) and the versions stamped on every row."""
+"""The store's SQLite tables (:data:`RESULT_COLUMNS` of the tidy table, the schema, the columns
+added since the first release and :func:`migrate`, which adds them to an older store) and the
+versions stamped on every row."""
+
 from __future__ import annotations
 
 import datetime as _dt
 import functools
+import json
+import sqlite3
 import sys
 
-RESULT_COLUMNS = ["run", "checkpoint", "step", "tokens", "lr", "derived", "probe", "spec", "metric", "value",
-                  "stderr", "ci_low", "ci_high", "n_hvp", "seconds", "status", "error", "seed", "data_hash",
-                  "converged", "threads", "plan_hash", "config_hash", "chosen"]
+RESULT_COLUMNS = [
+    "run",
+    "checkpoint",
+    "step",
+    "tokens",
+    "lr",
+    "derived",
+    "probe",
+    "spec",
+    "metric",
+    "value",
+    "stderr",
+    "ci_low",
+    "ci_high",
+    "n_hvp",
+    "seconds",
+    "status",
+    "error",
+    "seed",
+    "data_hash",
+    "converged",
+    "threads",
+    "plan_hash",
+    "config_hash",
+    "chosen",
+]
 """Columns of :meth:`Store.results`, in order (CONTRACT.md). ``converged``: the estimator's flag
 for that value (nullable bool; NA when the probe has no stopping criterion). ``chosen``: the
 settings the estimator's memory plan chose that can change its numbers (sketch size, basis, block,
@@ -33,6 +60,51 @@ CREATE TABLE IF NOT EXISTS results (
 """
 _ADDED_COLUMNS = (("converged", "INTEGER"), ("threads", "INTEGER"))
 
+_UPSERT_CHECKPOINT = (
+    "INSERT INTO checkpoints(run, label, position, step, tokens, lr, derived, kind, location, ref_json) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(run, label) DO UPDATE SET step=excluded.step, "
+    "tokens=COALESCE(excluded.tokens, tokens), lr=COALESCE(excluded.lr, lr), derived=excluded.derived, "
+    "kind=excluded.kind, location=excluded.location, ref_json=excluded.ref_json"
+)
+"""One checkpoint reference of a run, inserted or updated (an unknown tokens / LR keeps the stored value)."""
+
+_UPSERT_RESULT = (
+    "INSERT INTO results(checkpoint, probe, spec, status, metrics, extra, n_hvp, seconds, error, seed, "
+    "data_hash, plan_hash, config_hash, run, versions, created, converged, threads) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+    "ON CONFLICT(run, checkpoint, probe, spec) DO UPDATE SET status=excluded.status, metrics=excluded.metrics, "
+    "extra=excluded.extra, n_hvp=excluded.n_hvp, seconds=excluded.seconds, error=excluded.error, "
+    "seed=excluded.seed, data_hash=excluded.data_hash, plan_hash=excluded.plan_hash, "
+    "config_hash=excluded.config_hash, versions=excluded.versions, created=excluded.created, "
+    "converged=excluded.converged, threads=excluded.threads"
+)
+"""One probe row, inserted or replaced on its unique key ``(run, checkpoint, probe, spec)``."""
+
+
+def migrate(conn: sqlite3.Connection) -> set[str]:
+    """Add the columns newer versions write (converged, threads) to an older store; fill
+    ``converged`` from the flags older versions kept in ``extra``. Read-only files are left as
+    they are (readers cope with the missing columns). Returns the results table's columns."""
+    cols = {r[1] for r in conn.execute("PRAGMA table_info(results)")}
+    missing = [(c, t) for c, t in _ADDED_COLUMNS if c not in cols]
+    if not missing:
+        return cols
+    try:
+        with conn:
+            for c, t in missing:
+                conn.execute(f"ALTER TABLE results ADD COLUMN {c} {t}")
+            fill = []
+            for rid, extra in conn.execute("SELECT id, extra FROM results WHERE probe IN ('eigen', 'trace')"):
+                flag = json.loads(extra or "{}").get("converged")
+                if flag is not None:
+                    fill.append((int(all(flag) if isinstance(flag, list) else bool(flag)), rid))
+            conn.executemany("UPDATE results SET converged = ? WHERE id = ?", fill)
+    except sqlite3.OperationalError as exc:
+        if "readonly" not in str(exc):
+            raise
+        return cols
+    return cols | {c for c, _ in missing}
+
 
 @functools.lru_cache(maxsize=1)
 def _versions() -> tuple[tuple[str, str], ...]:
@@ -56,4 +128,4 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-__all__ = ["RESULT_COLUMNS", "versions"]
+__all__ = ["RESULT_COLUMNS", "versions", "migrate"]

@@ -1,13 +1,17 @@
 """The tidy results table of a store (:meth:`probes.sweep.store.Store.results`): one row per
-checkpoint × probe × spec × metric, with the ``converged`` flag and the ``chosen`` settings of each value."""
+checkpoint × probe × spec × metric, with the ``converged`` flag and the ``chosen`` settings of each value,
+and its export to CSV or parquet (:meth:`probes.sweep.store.Store.export`)."""
+
 from __future__ import annotations
 
 import json
 import math
 import sqlite3
+from pathlib import Path
 
 from probes.sweep_probes.registry import PROBES
 
+from .store_errors import StoreError
 from .store_schema import RESULT_COLUMNS
 
 
@@ -17,27 +21,95 @@ def tidy_results(conn: sqlite3.Connection, columns: set[str], include_failed: bo
     import pandas as pd
 
     opt = ", ".join(f"r.{c}" if c in columns else "NULL" for c in ("converged", "threads"))
-    q = ("SELECT r.id, r.run, r.checkpoint, c.position, c.step, c.tokens, c.lr, c.derived, r.probe, r.spec, r.metrics, "
-         f"r.n_hvp, r.seconds, r.status, r.error, r.seed, r.data_hash, r.plan_hash, r.config_hash, r.extra, {opt} "
-         "FROM results r LEFT JOIN checkpoints c ON c.label = r.checkpoint AND c.run = r.run")
+    q = (
+        "SELECT r.id, r.run, r.checkpoint, c.position, c.step, c.tokens, c.lr, c.derived, r.probe, r.spec, r.metrics, "
+        f"r.n_hvp, r.seconds, r.status, r.error, r.seed, r.data_hash, r.plan_hash, r.config_hash, r.extra, {opt} "
+        "FROM results r LEFT JOIN checkpoints c ON c.label = r.checkpoint AND c.run = r.run"
+    )
     if not include_failed:
         q += " WHERE r.status = 'ok'"
     records = []
     order = {p: i for i, p in enumerate(PROBES)}
-    for (rid, run, ckpt, pos, step, tokens, lr, derived, probe, spec, metrics, n_hvp, seconds, status, error, seed,
-         dh, ph, ch, extra, conv, threads) in conn.execute(q):
-        base = dict(run=run, checkpoint=ckpt, step=step, tokens=tokens, lr=lr, derived=bool(derived) if derived is not None else False,
-                    probe=probe, n_hvp=n_hvp, seconds=seconds, status=status, error=error, seed=seed, data_hash=dh,
-                    threads=threads, plan_hash=ph, config_hash=ch, chosen=chosen_settings(extra))
+    for (
+        rid,
+        run,
+        ckpt,
+        pos,
+        step,
+        tokens,
+        lr,
+        derived,
+        probe,
+        spec,
+        metrics,
+        n_hvp,
+        seconds,
+        status,
+        error,
+        seed,
+        dh,
+        ph,
+        ch,
+        extra,
+        conv,
+        threads,
+    ) in conn.execute(q):
+        base = dict(
+            run=run,
+            checkpoint=ckpt,
+            step=step,
+            tokens=tokens,
+            lr=lr,
+            derived=bool(derived) if derived is not None else False,
+            probe=probe,
+            n_hvp=n_hvp,
+            seconds=seconds,
+            status=status,
+            error=error,
+            seed=seed,
+            data_hash=dh,
+            threads=threads,
+            plan_hash=ph,
+            config_hash=ch,
+            chosen=chosen_settings(extra),
+        )
         key = (pos if pos is not None else 1 << 30, order.get(probe, len(order)), rid)
         ms = json.loads(metrics or "[]")
         if not ms:
-            records.append((key, 0, {**base, "spec": spec, "metric": None, "value": math.nan, "stderr": math.nan,
-                                     "ci_low": math.nan, "ci_high": math.nan, "converged": None}))
+            records.append(
+                (
+                    key,
+                    0,
+                    {
+                        **base,
+                        "spec": spec,
+                        "metric": None,
+                        "value": math.nan,
+                        "stderr": math.nan,
+                        "ci_low": math.nan,
+                        "ci_high": math.nan,
+                        "converged": None,
+                    },
+                )
+            )
         flags = _metric_flags(probe, ms, conv, extra)
         for j, m in enumerate(ms):
-            records.append((key, j, {**base, "spec": m.get("spec", spec), "metric": m["metric"], "converged": flags[j],
-                                     **{k: (math.nan if m.get(k) is None else m[k]) for k in ("value", "stderr", "ci_low", "ci_high")}}))
+            records.append(
+                (
+                    key,
+                    j,
+                    {
+                        **base,
+                        "spec": m.get("spec", spec),
+                        "metric": m["metric"],
+                        "converged": flags[j],
+                        **{
+                            k: (math.nan if m.get(k) is None else m[k])
+                            for k in ("value", "stderr", "ci_low", "ci_high")
+                        },
+                    },
+                )
+            )
     records.sort(key=lambda r: (r[0], r[1]))
     df = pd.DataFrame([r[2] for r in records], columns=RESULT_COLUMNS)
     for c in ("step", "tokens", "n_hvp", "seed", "threads"):
@@ -47,6 +119,23 @@ def tidy_results(conn: sqlite3.Connection, columns: set[str], include_failed: bo
         df[c] = df[c].astype(float)
     df["derived"] = df["derived"].astype(bool)
     return df.reset_index(drop=True)
+
+
+def export_table(df, path: str | Path) -> Path:
+    """Write the tidy table ``df`` to ``path``: ``.csv`` or ``.parquet`` (by suffix); returns the path."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".csv":
+        df.to_csv(path, index=False)
+    elif suffix in (".parquet", ".pq"):
+        try:
+            df.to_parquet(path, index=False)
+        except ImportError as exc:
+            raise StoreError(f"writing parquet needs pyarrow (pip install pyarrow): {exc}") from exc
+    else:
+        raise StoreError(f"export path {path} must end in .csv or .parquet")
+    return path
 
 
 def chosen_settings(extra: str | dict | None) -> str:
@@ -83,4 +172,4 @@ def _metric_flags(probe: str, metrics: list[dict], row_flag, extra: str | None) 
     return out
 
 
-__all__ = ["tidy_results", "chosen_settings"]
+__all__ = ["tidy_results", "export_table", "chosen_settings"]
