@@ -56,7 +56,7 @@ class SetupPlan:
 
 def setup_floor(dim: int, param_dtype: torch.dtype, vector_dtype: torch.dtype, transient: int = 0) -> int:
     """Least bytes any estimator on an operator of ``dim`` selected numbers holds beyond the model:
-    two gradients in ``param_dtype``, the loss's temporaries ``transient`` and :data:`STATE_VECTORS`
+    two gradients in ``param_dtype``, the loss's temporaries ``transient`` and ``STATE_VECTORS``
     vectors in ``vector_dtype``."""
     return int(2 * dim * itemsize(param_dtype) + transient + STATE_VECTORS * dim * itemsize(vector_dtype))
 
@@ -91,7 +91,7 @@ def plan_setup(model: torch.nn.Module, dim: int, param_dtype: torch.dtype, vecto
 
 def check_graph_floor(op: Any, plan: SetupPlan) -> None:
     """Refuse, before the one-row graph of a long batch is measured, when a lower bound of the
-    reverse backend's smallest pass (one vector, no cache) plus :data:`STATE_VECTORS` vectors exceeds
+    reverse backend's smallest pass (one vector, no cache) plus ``STATE_VECTORS`` vectors exceeds
     ``plan.budget``. The lower bound: the saved graph of one row measured on :data:`PREFIX` and
     2 × :data:`PREFIX` tokens, extended linearly with the slope between them to the row's tokens,
     times the rows. Only ``[rows, tokens]`` tensor batches longer than 2 × :data:`PREFIX` are
