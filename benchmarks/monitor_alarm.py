@@ -28,7 +28,7 @@ def run_one(run, seed: int, out: Path, every: int, eval_shape, settings_kw: dict
     from safetensors.torch import load_file
 
     from probes.data import token_sets_from_stream
-    from probes.demo import DEFAULT
+    from probes.demo_settings import DEFAULT
     from probes.monitor import RobustnessMonitor
     from probes.train.tiny import train_tiny
     from probes.train.tiny_data import prepare_data
@@ -61,7 +61,7 @@ def replay(path: Path, settings=None) -> list[dict]:
     """The alarm of :class:`~probes.monitor.MonitorSettings` (default: today's defaults) replayed
     on the stored (step, loss, ΔQ) histories of a results file (or a folder of per-run files): the same :class:`Alarm` the monitor
     updates live, fed the same measurements in order. Returns per run the step it fires at."""
-    from probes.demo import DEFAULT
+    from probes.demo_settings import DEFAULT
     from probes.monitor import Alarm, MonitorSettings
 
     s = settings or MonitorSettings()
@@ -91,7 +91,7 @@ def replay(path: Path, settings=None) -> list[dict]:
 def main(argv=None) -> None:
     from concurrent.futures import ProcessPoolExecutor
 
-    from probes.demo import DEFAULT
+    from probes.demo_settings import DEFAULT
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--replay", default=None, help="a results JSON of an earlier run: the alarm with today's settings")

@@ -14,7 +14,8 @@
 
 Every stage is resumable: finished runs are not retrained, finished store rows not recomputed,
 finished surfaces (``DIR/surfaces/*.json``) not re-evaluated. The default settings were chosen so
-that the seeds' effect is measurable at this scale (docs/science.md §8; see :data:`DEFAULT`).
+that the seeds' effect is measurable at this scale (docs/science.md §8; see :data:`~probes.demo_settings.DEFAULT`,
+and :mod:`probes.demo_settings` for every setting).
 
 All cores: with ``workers`` > 1 (default: one per core) the runs train in parallel, each sweep
 probes its checkpoints on the workers (:mod:`probes.sweep.local_workers`; only this process writes the
@@ -22,13 +23,14 @@ store) and the planes are drawn in parallel, all on one :class:`~probes.core.wor
 started once. Every worker uses ``threads`` torch threads; the numbers do not depend on the
 number of workers.
 """
+
 from __future__ import annotations
 
 import contextlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,123 +38,7 @@ import pandas as pd
 
 from .core.workers import WorkerPool
 from .demo_jobs import draw_landscape, draw_planes, train_all
-
-
-@dataclass(frozen=True)
-class DemoRun:
-    """One embedded trajectory: schedule (``"wsd"``, ``"cosine"``, ...) and peak LR."""
-
-    schedule: str
-    peak_lr: float
-
-    @property
-    def name(self) -> str:
-        return f"{self.schedule}-lr{self.peak_lr:g}"
-
-
-@dataclass(frozen=True)
-class DemoSettings:
-    """Everything the demo does, in one place (recorded in ``DIR/demo.json``)."""
-
-    runs: tuple[DemoRun, ...]
-    steps: int
-    checkpoints: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    seq_len: int
-    batch_size: int
-    vocab_size: int
-    weight_decay: float
-    lawa_k: int
-    quant: tuple[str, ...]
-    headline_spec: str
-    trace_hvps: int
-    eigen_iters: int
-    eval_shape: tuple[int, int, int]
-    calibration_shape: tuple[int, int, int]
-    curvature_shape: tuple[int, int, int]
-    grid: int
-    seed: int = 0
-    explain: tuple[str, ...] = ()
-    explain_hvps: int = 30
-    explain_within: bool = False
-    accuracy_limit: int = 0
-    """Items of the embedded task (seeded subsample) scored per checkpoint for FP and the headline
-    quantizer (the accuracy probe, :mod:`probes.accuracy`); 0: off."""
-    monitor_run: str | None = None
-    monitor_every: int = 50
-    landscape_grid: int = 0
-    """Grid points per axis of the runs' landscape (:func:`probes.demo_jobs.draw_landscape`); 0: none."""
-
-    def train_config(self, run: DemoRun):
-        from .train.config import TrainConfig
-
-        return TrainConfig(schedule=run.schedule, peak_lr=run.peak_lr, steps=self.steps, checkpoints=self.checkpoints,
-                           seed=self.seed, weight_decay=self.weight_decay, batch_size=self.batch_size,
-                           seq_len=self.seq_len, hidden_size=self.hidden_size, num_layers=self.num_layers,
-                           num_heads=self.num_heads, vocab_size=self.vocab_size, name=run.name)
-
-    def plan(self, run: DemoRun):
-        from .sweep import DataSpec, EigenProbe, ExplainProbe, Plan, TraceProbe
-
-        from .sweep import AccuracyProbe
-
-        explain = ExplainProbe(self.explain, within=self.explain_within, trace_matvecs=self.explain_hvps) if self.explain else None
-        accuracy = (AccuracyProbe(tasks=("embedded",), specs=(self.headline_spec,), limit=self.accuracy_limit, n_boot=1000,
-                                  seed=self.seed) if self.accuracy_limit and has_lm_eval() else None)
-        return Plan(loss=True, quant=self.quant, trace=TraceProbe("hutch++", self.trace_hvps), explain=explain, accuracy=accuracy,
-                    eigen=EigenProbe(k=1, method="lanczos", tol=1e-3, max_iter=self.eigen_iters),
-                    directional=(self.headline_spec,), kurtosis=True, lawa=(self.lawa_k,), seed=self.seed,
-                    data=DataSpec(eval=self.eval_shape, calibration=self.calibration_shape,
-                                  curvature=self.curvature_shape), name=run.name)
-
-
-def has_lm_eval() -> bool:
-    """Whether lm-evaluation-harness (the ``eval`` extra) is installed; without it the demo skips the accuracy probe."""
-    import importlib.util
-
-    return importlib.util.find_spec("lm_eval") is not None
-
-
-_RUNS = (DemoRun("wsd", 3e-3), DemoRun("wsd", 1e-2), DemoRun("cosine", 3e-3), DemoRun("cosine", 1e-2))
-_QUANT = ("rtn:2:g32", "rtn:3:row", "rtn:4:row", "int8", "gptq:3:row", "gptq:4:row", "mxfp4", "gguf:Q4_K")
-_EXPLAIN = ("rtn:2:g32", "rtn:3:row", "gptq:3:row", "awq:3:row", "int8", "mxfp4", "gguf:Q4_K")
-
-
-def _embedded_default() -> dict:
-    """The model/training fields of :class:`~probes.train.config.TrainConfig`'s defaults (the
-    embedded trajectory), so the demo and `losslens train-tiny` never drift apart."""
-    from .train.config import TrainConfig
-
-    t = TrainConfig()
-    return dict(steps=t.steps, checkpoints=t.checkpoints, hidden_size=t.hidden_size, num_layers=t.num_layers,
-                num_heads=t.num_heads, seq_len=t.seq_len, batch_size=t.batch_size, vocab_size=t.vocab_size,
-                weight_decay=t.weight_decay)
-
-
-#: Default demo (6.3–9 min on 2 CPU cores in one process; its stages now run on one worker per
-#: core, λ_max by Lanczos: ≤ 30 steps, converged on the true residual) on the embedded trajectory
-#: settings: weight decay 1.0
-#: brings the weight norm to equilibrium within ~1/(lr·wd) ≈ 100–330 steps, so the stable phase is
-#: reached inside the budget; INT2 in groups of 32 and per-row INT3 are grids where the error is
-#: far above checkpoint-to-checkpoint noise at hidden size 64 (per-row because "g128" is per-row
-#: at in-features ≤ 128 anyway). The explain probe (RTN-2/3, GPTQ-3, AWQ-3, INT8; tr H of the
-#: quantized matrices with 30 HVPs per checkpoint, shared by the specs) added 14–18 s per run of 9
-#: checkpoints on a loaded 2-core machine (the 60-HVP trace probe took 25–35 s there).
-DEFAULT = DemoSettings(runs=_RUNS, **_embedded_default(), lawa_k=3, quant=_QUANT,
-                       headline_spec="rtn:2:g32", trace_hvps=60, eigen_iters=30, eval_shape=(8, 16, 64),
-                       calibration_shape=(4, 16, 64), curvature_shape=(1, 16, 64), grid=15, explain=_EXPLAIN,
-                       explain_hvps=30, accuracy_limit=200, monitor_run=_RUNS[0].name, monitor_every=100,
-                       landscape_grid=13)
-
-#: ``--quick``: the same study at toy size (≤ 2 min; used by the tests), with the explain probe's
-#: within-block parts switched on (one HVP per block and spec: off in the default demo for time).
-QUICK = replace(DEFAULT, runs=(DemoRun("wsd", 3e-3), DemoRun("cosine", 1e-2)), steps=120, checkpoints=4,
-                hidden_size=32, num_layers=2, num_heads=2, batch_size=16, vocab_size=384,
-                quant=("rtn:2:g32", "rtn:3:row", "int8", "gptq:3:row", "mxfp4"), trace_hvps=12, eigen_iters=20,
-                eval_shape=(2, 8, 64), calibration_shape=(2, 8, 64), curvature_shape=(1, 4, 64), grid=5,
-                explain_hvps=12, explain_within=True, accuracy_limit=60, monitor_every=30, landscape_grid=5)
+from .demo_settings import DEFAULT, QUICK, DemoSettings, has_lm_eval
 
 
 @dataclass
@@ -183,25 +69,34 @@ class DemoResult:
         lines = ["Final checkpoint of each run (ΔQ L = L(θ̂)/L(θ) − 1, in %):", self.final.to_string(index=False), ""]
         head = self.correlations
         if len(head):
-            lines.append("Sharpness vs quantization error across all checkpoints of all runs: r pooled over runs; "
-                         "r_within (within runs) with its 95% interval and p, runs the independent units "
-                         "(docs/science.md §6):")
+            lines.append(
+                "Sharpness vs quantization error across all checkpoints of all runs: r pooled over runs; "
+                "r_within (within runs) with its 95% interval and p, runs the independent units "
+                "(docs/science.md §6):"
+            )
             for _, r in head.iterrows():
                 ctrl = f" | {r['controls']}" if r["controls"] else ""
-                ci = (f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] p={r['p']:.2g}" if math.isfinite(r["p"])
-                      else "descriptive")
-                lines.append(f"  {r['method']:>8} r({r['x']}, ΔQ {r['y']}{ctrl}) = {r['r']:+.3f}, "
-                             f"within {r['r_within']:+.3f} "
-                             f"{ci} ({r['inference']}) n={int(r['n'])} n_eff={r['n_eff']:.1f}"
-                             + (f" ({r['note']})" if r["note"] else ""))
+                ci = (
+                    f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] p={r['p']:.2g}"
+                    if math.isfinite(r["p"])
+                    else "descriptive"
+                )
+                lines.append(
+                    f"  {r['method']:>8} r({r['x']}, ΔQ {r['y']}{ctrl}) = {r['r']:+.3f}, "
+                    f"within {r['r_within']:+.3f} "
+                    f"{ci} ({r['inference']}) n={int(r['n'])} n_eff={r['n_eff']:.1f}"
+                    + (f" ({r['note']})" if r["note"] else "")
+                )
         if self.accuracy:
             lines += ["", "Loss vs task accuracy (embedded task, accuracy probe):", "  " + self.accuracy]
         if self.explain:
             lines += ["", "Why ΔQ changes (explain probe; natural-log shares, see explain.md):", self.explain]
         if self.failures:
             lines += ["", "FAILED (exit status 1):"]
-            lines += [f"  {n} probe row(s) failed in {run}; see the report's failed rows or the store's error column"
-                      for run, n in self.failures.items()]
+            lines += [
+                f"  {n} probe row(s) failed in {run}; see the report's failed rows or the store's error column"
+                for run, n in self.failures.items()
+            ]
         if self.problems:
             lines += ["", "NOT COMPUTED:"] + [f"  {p}" for p in self.problems]
         lines.append("")
@@ -236,15 +131,24 @@ def final_table(df: pd.DataFrame, settings: DemoSettings) -> pd.DataFrame:
         if len(lawa):
             ck = lawa.iloc[0]
             row["lawa_fp_loss"] = round(val(ck, "loss", "loss"), 4)
-            row[f"lawa_{settings.headline_spec}"] = round(100 * val(ck, "quant", "rel_loss_error", settings.headline_spec), 3)
+            row[f"lawa_{settings.headline_spec}"] = round(
+                100 * val(ck, "quant", "rel_loss_error", settings.headline_spec), 3
+            )
             row["lawa_trace"] = round(val(ck, "trace", "trace"), 1)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def run_demo(out: str | Path = "demo-out", quick: bool = False, settings: DemoSettings | None = None,
-             progress: bool = True, executor: str = "local", echo=print, threads: int | None = 1,
-             workers: int | None = None) -> DemoResult:
+def run_demo(
+    out: str | Path = "demo-out",
+    quick: bool = False,
+    settings: DemoSettings | None = None,
+    progress: bool = True,
+    executor: str = "local",
+    echo=print,
+    threads: int | None = 1,
+    workers: int | None = None,
+) -> DemoResult:
     """Run the whole study into ``out`` (resumable) and return what it produced.
 
     ``threads``: torch intra-op threads of this process and of every worker (this process's is
@@ -259,7 +163,7 @@ def run_demo(out: str | Path = "demo-out", quick: bool = False, settings: DemoSe
 
     settings = settings or (QUICK if quick else DEFAULT)
     n, _ = resolve_workers(workers, max(len(settings.runs), settings.checkpoints + 1), None, threads)
-    with torch_threads(threads), (WorkerPool(n, threads) if n > 1 else contextlib.nullcontext(None)) as pool:
+    with torch_threads(threads), WorkerPool(n, threads) if n > 1 else contextlib.nullcontext(None) as pool:
         return _run_demo(out, settings, progress, executor, echo, pool)
 
 
@@ -283,17 +187,31 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
     t0 = time.perf_counter()
     first = next(iter(trajectories.values()))
     plan0 = settings.plan(settings.runs[0])
-    sets = default_token_sets(first, shapes={"eval": settings.eval_shape, "calibration": settings.calibration_shape,
-                                             "curvature": settings.curvature_shape}, seed=settings.seed)
+    sets = default_token_sets(
+        first,
+        shapes={
+            "eval": settings.eval_shape,
+            "calibration": settings.calibration_shape,
+            "curvature": settings.curvature_shape,
+        },
+        seed=settings.seed,
+    )
     store_path = out / "results.sqlite"
     failures: dict[str, int] = {}
     problems: list[str] = []
     for run in settings.runs:
         echo(f"[demo] sweeping {run.name}")
         local = executor == "local"
-        report = run_sweep(trajectories[run.name], settings.plan(run), out=store_path, token_sets=sets,
-                           progress=progress, executor=executor, pool=pool if local else None,
-                           num_workers=1 if local and pool is None else None)
+        report = run_sweep(
+            trajectories[run.name],
+            settings.plan(run),
+            out=store_path,
+            token_sets=sets,
+            progress=progress,
+            executor=executor,
+            pool=pool if local else None,
+            num_workers=1 if local and pool is None else None,
+        )
         if report.n_failed_total:  # this call's failures and the ones kept from an earlier call
             failures[run.name] = report.n_failed_total
             echo(f"[demo] {report.n_failed_total} probe(s) failed in {run.name}; see the store's error column")
@@ -302,8 +220,14 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
     with Store(store_path) as store:
         df = store.results()
     ok = df[df["status"] == "ok"]
-    correlations = summary(ok, x=["trace", "lambda_max"], y=[settings.headline_spec], controls=["lr", "loss"],
-                           methods=("spearman", "pearson"), seed=settings.seed)
+    correlations = summary(
+        ok,
+        x=["trace", "lambda_max"],
+        y=[settings.headline_spec],
+        controls=["lr", "loss"],
+        methods=("spearman", "pearson"),
+        seed=settings.seed,
+    )
     phases = {}
     for run in settings.runs:
         try:
@@ -338,32 +262,70 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
             accuracy_text = f"no verdict: {exc}"
             problems.append(f"accuracy verdict not computed: {exc}")
     final = final_table(ok, settings)
-    bad_rows = [f"{row['x']} vs {row['y']} ({row['method']}{', | ' + row['controls'] if row['controls'] else ''}): "
-                f"{row['note']}" for _, row in correlations.iterrows() if not math.isfinite(row["r"])]
+    bad_rows = [
+        f"{row['x']} vs {row['y']} ({row['method']}{', | ' + row['controls'] if row['controls'] else ''}): "
+        f"{row['note']}"
+        for _, row in correlations.iterrows()
+        if not math.isfinite(row["r"])
+    ]
     problems += [f"correlation not computed: {b}" for b in bad_rows]
-    notes = ("Embedded demo: tiny GPT-NeoX trajectories trained here on the package's corpus. "
-             f"Headline quantizer {settings.headline_spec}; correlations pool every real checkpoint of every run, "
-             "each run one time series (r pooled; intervals and p-values are within runs, with runs as the independent "
-             "units).")
+    notes = (
+        "Embedded demo: tiny GPT-NeoX trajectories trained here on the package's corpus. "
+        f"Headline quantizer {settings.headline_spec}; correlations pool every real checkpoint of every run, "
+        "each run one time series (r pooled; intervals and p-values are within runs, with runs as the independent "
+        "units)."
+    )
     if failures:
-        notes += (" FAILED: " + "; ".join(f"{n} probe row(s) failed in {r}" for r, n in failures.items())
-                  + " (listed below); the demo exits with status 1.")
+        notes += (
+            " FAILED: "
+            + "; ".join(f"{n} probe row(s) failed in {r}" for r, n in failures.items())
+            + " (listed below); the demo exits with status 1."
+        )
     if problems:
         notes += " NOT COMPUTED: " + "; ".join(problems) + "."
-    report_path = build_report(df, out / "report.html", correlations=correlations, phases=phases,
-                               surfaces={f"{k} ({settings.headline_spec})": v for k, v in surfaces.items()},
-                               plan=plan0, title="losslens demo: sharpness and quantization error along training",
-                               notes=notes, explanation=explanation, live=_live_curves(out, settings),
-                               landscape=land)
-    result = DemoResult(out=out, report=Path(report_path), store=store_path, results=df, final=final,
-                        correlations=correlations, phases={k: v.to_dict() for k, v in phases.items()}, seconds=seconds,
-                        explain=_driver_lines(explanation), accuracy=accuracy_text, failures=failures, problems=problems)
-    (out / "summary.json").write_text(json.dumps({"final": final.to_dict(orient="records"),
-                                                  "correlations": correlations.to_dict(orient="records"),
-                                                  "phases": result.phases, "seconds": seconds, "accuracy": accuracy_text,
-                                                  "failures": failures, "problems": problems,
-                                                  "exit_code": result.exit_code},
-                                                 indent=2, default=str))
+    report_path = build_report(
+        df,
+        out / "report.html",
+        correlations=correlations,
+        phases=phases,
+        surfaces={f"{k} ({settings.headline_spec})": v for k, v in surfaces.items()},
+        plan=plan0,
+        title="losslens demo: sharpness and quantization error along training",
+        notes=notes,
+        explanation=explanation,
+        live=_live_curves(out, settings),
+        landscape=land,
+    )
+    result = DemoResult(
+        out=out,
+        report=Path(report_path),
+        store=store_path,
+        results=df,
+        final=final,
+        correlations=correlations,
+        phases={k: v.to_dict() for k, v in phases.items()},
+        seconds=seconds,
+        explain=_driver_lines(explanation),
+        accuracy=accuracy_text,
+        failures=failures,
+        problems=problems,
+    )
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "final": final.to_dict(orient="records"),
+                "correlations": correlations.to_dict(orient="records"),
+                "phases": result.phases,
+                "seconds": seconds,
+                "accuracy": accuracy_text,
+                "failures": failures,
+                "problems": problems,
+                "exit_code": result.exit_code,
+            },
+            indent=2,
+            default=str,
+        )
+    )
     return result
 
 
@@ -392,10 +354,15 @@ def _driver_lines(check: dict | None) -> str:
     if len(dec):
         head = dec["spec"].iloc[0]
         for _, r in dec[dec["spec"] == head].iterrows():
-            lines.append(f"  {r['run']} {head} decay {r['start']} → {r['end']}: Δlog ΔQ {r['total']:+.2f} = ‖δ‖² {r['norm2']:+.2f}"
-                         f" + tr H/n {r['trace_per_param']:+.2f} + κ {r['kappa']:+.2f} + non-quadratic {r['non_quadratic']:+.2f}"
-                         f" + 1/L {r['fp_loss']:+.2f} (driver: {r['driver']})")
+            lines.append(
+                f"  {r['run']} {head} decay {r['start']} → {r['end']}: "
+                f"Δlog ΔQ {r['total']:+.2f} = ‖δ‖² {r['norm2']:+.2f}"
+                f" + tr H/n {r['trace_per_param']:+.2f} + κ {r['kappa']:+.2f} + non-quadratic {r['non_quadratic']:+.2f}"
+                f" + 1/L {r['fp_loss']:+.2f} (driver: {r['driver']})"
+            )
     for _, r in check["quantizers"].iterrows():
-        lines.append(f"  {r['calibrated']} vs {r['rtn']}: log ‖δ‖² ratio {r['log_norm2_ratio']:+.2f}, log κ ratio "
-                     f"{r['log_kappa_ratio']:+.2f} (κ {r['kappa_calibrated']:.2f} vs {r['kappa_rtn']:.2f}, n = {r['n']})")
+        lines.append(
+            f"  {r['calibrated']} vs {r['rtn']}: log ‖δ‖² ratio {r['log_norm2_ratio']:+.2f}, log κ ratio "
+            f"{r['log_kappa_ratio']:+.2f} (κ {r['kappa_calibrated']:.2f} vs {r['kappa_rtn']:.2f}, n = {r['n']})"
+        )
     return "\n".join(lines)

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from probes.cli import app
-from probes.demo import QUICK
+from probes.demo_settings import QUICK
 from probes.sweep import Store
 
 

@@ -4,7 +4,7 @@
   seed studies' six architectures (GPT-NeoX, OLMo, OLMo2, SmolLM3, Apertus, Llama);
 - :mod:`.second_order` -- :func:`check_second_order` / :func:`ensure_second_order`: whether the
   HVP backends give the true Hessian of a model (against finite differences), and
-  :func:`curvature_safe`;
+  :func:`curvature_safe`; :mod:`.second_order_report` -- what it found (``SecondOrderReport``, ``BackendCheck``);
 - :mod:`.oracles`      -- :class:`~.oracles.LossOracle`: vᵀHv, uᵀHv and Hessian blocks from loss values only
   (Richardson second differences in float64, no autograd), and :func:`~.oracles.float64_everywhere`;
 - :mod:`.curvature`    -- :func:`lm_hessian`: the checked :class:`geometry.HessianOperator` of the LM loss;

@@ -34,13 +34,13 @@ requested)``, build the operator with that backend and run its products inside `
 curvature_safe(model):`` (a no-op for eager/sdpa models); the check is
 cached per architecture, so a trajectory pays for it once.
 """
+
 from __future__ import annotations
 
 import contextlib
 import json
 import time
 import warnings
-from dataclasses import asdict, dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -55,9 +55,16 @@ from .families import family_of
 from .fd_references import fd_hvp, fd_quadratic, probe_vectors, with_special_tokens
 from .miniature import fill_zero_embedding_rows, working_model
 from .op_diagnostics import custom_functions, format_exc, ops_in, worst_params
+from .second_order_report import BackendCheck, SecondOrderReport
 
-__all__ = ["check_second_order", "SecondOrderReport", "BackendCheck", "SecondOrderError", "SecondOrderWarning",
-           "ensure_second_order", "curvature_safe", "architecture_key"]
+__all__ = [
+    "check_second_order",
+    "SecondOrderError",
+    "SecondOrderWarning",
+    "ensure_second_order",
+    "curvature_safe",
+    "architecture_key",
+]
 
 
 class SecondOrderError(LosslensError, RuntimeError):
@@ -66,92 +73,6 @@ class SecondOrderError(LosslensError, RuntimeError):
 
 class SecondOrderWarning(UserWarning):
     """A curvature backend was replaced by the other one, or attention/activations were switched."""
-
-
-@dataclass(frozen=True)
-class BackendCheck:
-    """How one HVP backend did on the probe batch.
-
-    Attributes:
-        backend: ``"reverse"`` or ``"forward"``.
-        ok: ran and matched the finite-difference reference within tolerance.
-        error: the exception (type: message) when it raised, else None.
-        rel_error_fd: ‖Hv − FD‖ / ‖FD‖ over the probe vectors (None when it raised).
-        quadratic_error: max over probe vectors of ``|vᵀHv − q(v)|`` / ‖Hv‖, with q the second
-            difference of the loss (catches a first-order backward that is not the derivative).
-        worst_params: up to 3 ``(parameter, relative error)`` with the largest mismatch (when not ok).
-        ops: op / Function names extracted from the error message.
-    """
-
-    backend: str
-    ok: bool
-    error: str | None = None
-    rel_error_fd: float | None = None
-    quadratic_error: float | None = None
-    worst_params: tuple[tuple[str, float], ...] = ()
-    ops: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class SecondOrderReport:
-    """Result of :func:`check_second_order`.
-
-    Attributes:
-        model: model class name; family: :data:`FAMILIES` key or None.
-        dtype: dtype the check ran in; dim: number of parameters probed.
-        attention: the model's ``attn_implementation`` (None for non-HF models).
-        reverse, forward: :class:`BackendCheck` per backend.
-        backend_agreement: ‖H_rev v − H_fwd v‖ / ‖H_rev v‖ (None unless both ran).
-        fd_noise: relative difference of the FD reference at steps ε and ε/2 (its own accuracy).
-        rtol: tolerance used against the FD reference.
-        custom_functions: ``"module (Class): FunctionBackward"`` for every custom autograd Function
-            found in the loss graph (the usual culprits of missing/incorrect rules).
-        recommended: the backend to use (the preferred one when ok, else the other one when ok),
-            or None when neither is trustworthy.
-        messages: human-readable findings (each names the op when one is at fault).
-        seconds: wall time.
-        checked_on: ``"model"``, ``"float64 copy"`` or ``"float64 miniature"`` (a tiny model of
-            the same class and config pattern, :func:`probes.models.miniature.miniature`).
-    """
-
-    model: str
-    family: str | None
-    dtype: str
-    dim: int
-    attention: str | None
-    reverse: BackendCheck
-    forward: BackendCheck
-    backend_agreement: float | None
-    fd_noise: float
-    rtol: float
-    custom_functions: tuple[str, ...]
-    recommended: str | None
-    messages: tuple[str, ...]
-    seconds: float
-    checked_on: str = "model"
-
-    @property
-    def ok(self) -> bool:
-        """Both backends are trustworthy."""
-        return self.reverse.ok and self.forward.ok
-
-    @property
-    def usable(self) -> bool:
-        """At least one backend is trustworthy."""
-        return self.recommended is not None
-
-    def message(self) -> str:
-        """One paragraph summarising the findings."""
-        head = (f"second-order check of {self.model} ({self.dtype}, {self.dim} parameters, attention "
-                f"{self.attention}): reverse {'ok' if self.reverse.ok else 'FAILED'}, forward "
-                f"{'ok' if self.forward.ok else 'FAILED'}; recommended backend: {self.recommended}")
-        return head + ("" if not self.messages else "\n  - " + "\n  - ".join(self.messages))
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["ok"] = self.ok
-        d["usable"] = self.usable
-        return d
 
 
 def check_second_order(
@@ -202,8 +123,8 @@ def check_second_order(
             0.1 (half). The loss second difference uses 10ε (its noise grows like 1/ε²).
         preferred: backend to recommend when both are ok.
 
-    Returns :class:`SecondOrderReport`. Cost: 2·num_vectors HVPs, 8·num_vectors gradients and
-    4·num_vectors + 2 forwards on the batch, plus the copy or miniature.
+    Returns :class:`~probes.models.second_order_report.SecondOrderReport`. Cost: 2·num_vectors HVPs,
+    8·num_vectors gradients and 4·num_vectors + 2 forwards on the batch, plus the copy or miniature.
     """
     t0 = time.perf_counter()
     loss_fn = loss_fn or lm_loss
@@ -222,8 +143,10 @@ def check_second_order(
     base_rtol = rtol if rtol is not None else (2e-3 if wide else 1e-2 if dtype == torch.float32 else 5e-2)
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if attention not in (None, "eager", "sdpa"):
-        messages.append(f"attention implementation {attention!r} is not covered by the SDPA-MATH context of the "
-                        "HVP operators; wrap curvature in probes.models.second_order.curvature_safe(model) (switches to sdpa)")
+        messages.append(
+            f"attention implementation {attention!r} is not covered by the SDPA-MATH context of the "
+            "HVP operators; wrap curvature in probes.models.second_order.curvature_safe(model) (switches to sdpa)"
+        )
     with curvature_safe(work, quiet=True):
         customs = custom_functions(work, loss_fn, batches[0])
         op_rev = HessianOperator(work, loss_fn, batches, params=params, backend="reverse")
@@ -233,8 +156,10 @@ def check_second_order(
         fd_noise = rel_error(ref, ref_half)
         tol = max(base_rtol, 10 * fd_noise)
         if tol > base_rtol:
-            messages.append(f"the finite-difference reference is only accurate to {fd_noise:.1e} (relative) in {dtype}; "
-                            f"tolerance raised to {tol:.1e}")
+            messages.append(
+                f"the finite-difference reference is only accurate to {fd_noise:.1e} (relative) in {dtype}; "
+                f"tolerance raised to {tol:.1e}"
+            )
         checks: dict[str, BackendCheck] = {}
         products: dict[str, torch.Tensor] = {}
         for backend, op in (("reverse", op_rev), ("forward", None)):
@@ -251,8 +176,13 @@ def check_second_order(
             q_noise = float(((quad - quad_half).abs() / scale).max())
             q_err = float(((q - quad).abs() / scale).max())
             ok = err <= tol and q_err <= max(tol, 10 * q_noise)
-            checks[backend] = BackendCheck(backend, ok, rel_error_fd=err, quadratic_error=q_err,
-                                           worst_params=() if ok else worst_params(op_rev.space, HV, ref))
+            checks[backend] = BackendCheck(
+                backend,
+                ok,
+                rel_error_fd=err,
+                quadratic_error=q_err,
+                worst_params=() if ok else worst_params(op_rev.space, HV, ref),
+            )
     agreement = rel_error(products["forward"], products["reverse"]) if len(products) == 2 else None
     _explain(checks, customs, tol, messages)
     (other,) = checks.keys() - {preferred}  # the other exact backend
@@ -263,14 +193,27 @@ def check_second_order(
         messages.append(f"falling back from the {preferred} backend to the {other} backend")
     else:
         recommended = None
-        messages.append("no HVP backend is trustworthy for this model: curvature probes must not run "
-                        "(replace the op named above by a differentiable implementation, e.g. eager attention / "
-                        "a pure-PyTorch activation)")
+        messages.append(
+            "no HVP backend is trustworthy for this model: curvature probes must not run "
+            "(replace the op named above by a differentiable implementation, e.g. eager attention / "
+            "a pure-PyTorch activation)"
+        )
     return SecondOrderReport(
-        model=type(model).__name__, family=family_of(model), dtype=str(dtype).replace("torch.", ""),
-        dim=op_rev.dim, attention=attention, reverse=checks["reverse"], forward=checks["forward"],
-        backend_agreement=agreement, fd_noise=fd_noise, rtol=tol, custom_functions=customs,
-        recommended=recommended, messages=tuple(messages), seconds=time.perf_counter() - t0, checked_on=checked_on,
+        model=type(model).__name__,
+        family=family_of(model),
+        dtype=str(dtype).replace("torch.", ""),
+        dim=op_rev.dim,
+        attention=attention,
+        reverse=checks["reverse"],
+        forward=checks["forward"],
+        backend_agreement=agreement,
+        fd_noise=fd_noise,
+        rtol=tol,
+        custom_functions=customs,
+        recommended=recommended,
+        messages=tuple(messages),
+        seconds=time.perf_counter() - t0,
+        checked_on=checked_on,
     )
 
 
@@ -281,17 +224,22 @@ def _explain(checks: dict[str, BackendCheck], customs: tuple[str, ...], tol: flo
             continue
         if chk.error is not None:
             ops = f" (op: {', '.join(chk.ops)})" if chk.ops else ""
-            messages.append(f"{backend} backend raised{ops}: {chk.error}; custom autograd Functions in the graph: {suspects}")
+            messages.append(
+                f"{backend} backend raised{ops}: {chk.error}; custom autograd Functions in the graph: {suspects}"
+            )
         else:
             where = ", ".join(f"{n} ({e:.2g})" for n, e in chk.worst_params)
-            messages.append(f"{backend} backend gives a WRONG Hessian: relative error {chk.rel_error_fd:.2g} against the "
-                            f"gradient difference and {chk.quadratic_error:.2g} against the loss's second difference "
-                            f"(tolerance {tol:.1g}); worst parameters: {where}; custom autograd Functions in the graph "
-                            f"(a backward that is not the derivative of its forward, or not itself differentiable, is "
-                            f"the usual cause): {suspects}")
+            messages.append(
+                f"{backend} backend gives a WRONG Hessian: relative error {chk.rel_error_fd:.2g} against the "
+                f"gradient difference and {chk.quadratic_error:.2g} against the loss's second difference "
+                f"(tolerance {tol:.1g}); worst parameters: {where}; custom autograd Functions in the graph "
+                f"(a backward that is not the derivative of its forward, or not itself differentiable, is "
+                f"the usual cause): {suspects}"
+            )
 
 
 # --------------------------------------------------------------------------- handling
+
 
 @contextlib.contextmanager
 def curvature_safe(model: nn.Module, quiet: bool = False) -> Iterator[nn.Module]:
@@ -312,19 +260,29 @@ def curvature_safe(model: nn.Module, quiet: bool = False) -> Iterator[nn.Module]
             model.set_attn_implementation("sdpa")
             undo.append(lambda: model.set_attn_implementation(attn))
             if not quiet:
-                warnings.warn(f"attention {attn!r} has no double-backward/forward-AD rule; using sdpa (MATH backend) "
-                              "for curvature", SecondOrderWarning, stacklevel=3)
+                warnings.warn(
+                    f"attention {attn!r} has no double-backward/forward-AD rule; using sdpa (MATH backend) "
+                    "for curvature",
+                    SecondOrderWarning,
+                    stacklevel=3,
+                )
         except Exception as e:  # noqa: BLE001
-            warnings.warn(f"attention {attn!r} could not be switched to sdpa ({e}); curvature may fail", SecondOrderWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"attention {attn!r} could not be switched to sdpa ({e}); curvature may fail",
+                SecondOrderWarning,
+                stacklevel=3,
+            )
     for name, mod in model.named_modules():
         if type(mod).__name__ == "XIELUActivation" and getattr(mod, "_xielu_cuda_obj", None) is not None:
             obj = mod._xielu_cuda_obj
             mod._xielu_cuda_obj = None
             undo.append(lambda mod=mod, obj=obj: setattr(mod, "_xielu_cuda_obj", obj))
             if not quiet:
-                warnings.warn(f"{name}: the xIELU CUDA kernel has no autograd rules; using its PyTorch path for curvature",
-                              SecondOrderWarning, stacklevel=3)
+                warnings.warn(
+                    f"{name}: the xIELU CUDA kernel has no autograd rules; using its PyTorch path for curvature",
+                    SecondOrderWarning,
+                    stacklevel=3,
+                )
     try:
         yield model
     finally:
@@ -347,8 +305,15 @@ def architecture_key(model: nn.Module, params=None) -> str:
     return f"{type(model).__name__}|{p.dtype}|{p.device.type}|{params!r}|{shapes}|{hash(cfg_s)}"
 
 
-def ensure_second_order(model: nn.Module, batch, backend: str = "reverse", params=None, loss_fn=None,
-                        cache: bool = True, precision: str | torch.dtype = "auto") -> str:
+def ensure_second_order(
+    model: nn.Module,
+    batch,
+    backend: str = "reverse",
+    params=None,
+    loss_fn=None,
+    cache: bool = True,
+    precision: str | torch.dtype = "auto",
+) -> str:
     """The HVP backend to use for ``model``: ``backend`` when trustworthy, else the other one with a
     :class:`SecondOrderWarning` naming the op; raises :class:`SecondOrderError` when neither is.
 
