@@ -39,52 +39,12 @@ import time
 import torch
 
 from benchmarks import emit
+from benchmarks.shapes import SHAPES, build  # noqa: F401  (imported from here by other benchmarks too)
 
-#: name -> (hidden, layers, heads, intermediate, vocab); published configs (EleutherAI/pythia-*,
-#: allenai/OLMo-2-0425-1B, allenai/OLMo-2-1124-7B).
-SHAPES = {
-    "pythia-14m": (128, 6, 4, 512, 50304), "pythia-70m": (512, 6, 8, 2048, 50304),
-    "pythia-160m": (768, 12, 12, 3072, 50304), "pythia-410m": (1024, 24, 16, 4096, 50304),
-    "pythia-1b": (2048, 16, 8, 8192, 50304), "olmo-2-1b": (2048, 16, 16, 8192, 100352),
-    "pythia-6.9b": (4096, 32, 32, 16384, 50432), "olmo-2-7b": (4096, 32, 32, 11008, 100352),
-    # small shapes of each family for the pass factors (--factors): hidden × layers, Pythia's vocabulary
-    "pythia-128x6": (128, 6, 4, 512, 50304), "pythia-512x2": (512, 2, 8, 2048, 50304),
-    "olmo-2-128x6": (128, 6, 4, 512, 50304), "olmo-2-512x2": (512, 2, 8, 2048, 50304),
-    "llama-128x6": (128, 6, 4, 512, 50304), "llama-512x2": (512, 2, 8, 2048, 50304),
-}
 #: the --factors grid: one product of one vector per family shape and backend
 FACTOR_SHAPES = ("pythia-128x6", "pythia-512x2", "olmo-2-128x6", "olmo-2-512x2", "llama-128x6", "llama-512x2")
 PROBES = ("hutch++", "hutchinson", "lanczos", "power", "slq", "directional", "blocks", "surface")
 BATCHES, BATCH, SEQ = 2, 4, 64
-
-
-def build(shape: str, dtype: torch.dtype, layers: int | None = None, seed: int = 0) -> torch.nn.Module:
-    """Random-init model with the shape's sizes (GPT-NeoX for pythia-*, OLMo-2 for olmo-2-*)."""
-    import transformers
-
-    h, L, heads, ff, vocab = SHAPES[shape]
-    L = layers or L
-    torch.manual_seed(seed)
-    if shape.startswith("llama"):
-        cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
-                                       intermediate_size=ff, max_position_embeddings=4096, use_cache=False,
-                                       tie_word_embeddings=False)
-        cls = transformers.LlamaForCausalLM
-    elif shape.startswith("olmo"):
-        cfg = transformers.Olmo2Config(vocab_size=vocab, hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
-                                       intermediate_size=ff, max_position_embeddings=4096, use_cache=False)
-        cls = transformers.Olmo2ForCausalLM
-    else:
-        cfg = transformers.GPTNeoXConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
-                                         intermediate_size=ff, rotary_pct=0.25, max_position_embeddings=2048,
-                                         tie_word_embeddings=False, use_cache=False)
-        cls = transformers.GPTNeoXForCausalLM
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype if dtype.is_floating_point and dtype != torch.float16 else old)
-    try:                                                     # built in its dtype: no float32 copy first
-        return cls(cfg).to(dtype).eval()
-    finally:
-        torch.set_default_dtype(old)
 
 
 def _rss_file() -> int:
@@ -259,169 +219,12 @@ def _run_child(shape: str, probe: str, dtype: str, max_memory: str, threads: int
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def saved_bytes_per_sequence(shape: str, seq: int, layers: int, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Bytes autograd saves (forward + ``create_graph`` backward) for one sequence of ``seq`` tokens
-    on a ``layers``-layer slice of ``shape`` (geometry.memory.graphs.saved_graph_bytes), through the
-    loss the curvature probes use (the lean LM head, :func:`probes.core.lm_head.lm_loss_lean`)."""
-    from geometry.operators.attention import second_order_attention
-    from geometry.memory.graphs import saved_graph_bytes
-    from probes.core.lm_head import lm_loss_lean as lm_loss
-
-    model = build(shape, dtype, layers=layers)
-    ids = torch.randint(0, SHAPES[shape][4], (1, seq))
-    params = [p for p in model.parameters()]
-
-    def run():
-        with torch.enable_grad(), second_order_attention():
-            torch.autograd.grad(lm_loss(model, ids), params, create_graph=True)
-
-    out = saved_graph_bytes(model, run)
-    del model
-    import gc
-
-    gc.collect()
-    return out
-
-
-#: (label, selection, batch, seq) of the projected configurations
-CONFIGS = (("all parameters, 8×512 tokens", "all", 8, 512), ("all parameters, 1×512 tokens", "all", 1, 512),
-           ("last 2 blocks, 8×512 tokens", "last2", 8, 512))
-#: estimator -> full-dim float32 vectors it holds (k = 1; see geometry.estimators.trace / geometry.estimators.eigen)
-VECTORS = {"hutchinson (block 1)": 2, "power": 2, "lanczos (basis 8)": 9, "hutch++ (sketch 8)": 10}
-
-
-def graph_measurements(shape: str) -> dict:
-    """Saved bytes per sequence, per layer and outside the layers, at 128 and 256 tokens (bfloat16,
-    the lean LM head), from 1- and 2-layer slices of ``shape``."""
-    out = {"shape": shape}
-    for seq in (128, 256):
-        one, two = saved_bytes_per_sequence(shape, seq, 1), saved_bytes_per_sequence(shape, seq, 2)
-        out[f"per_layer_{seq}"], out[f"outside_{seq}"] = two - one, 2 * one - two
-    return out
-
-
-def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_bytes: float = 80e9, mfu: float = 0.4,
-            peak_flops: float = 989e12, hvp_ratio: float = 2.3, measured: dict | None = None) -> list[dict]:
-    """On-paper requirements of each shape in bfloat16 on one GPU of ``gpu_bytes`` for the
-    :data:`CONFIGS`: memory from the memory model (geometry.memory.graphs) with the graph measured on
-    1- and 2-layer slices (:func:`graph_measurements`; per layer a·s + c·s² per sequence, outside
-    the layers linear in s), the model resident in bf16, bf16 gradients, float32 estimator
-    vectors; the largest Hutch++ sketch that fits; time from 6·N·T FLOPs per gradient at ``mfu``
-    of ``peak_flops`` and ``hvp_ratio`` gradients per HVP (measured on CPU here)."""
-    from geometry.memory.graphs import pass_bytes
-    from geometry.operators.linear_ce import transient_bytes
-    from geometry.memory.model import temporaries_bytes
-
-    rows = []
-    for shape in shapes:
-        h, L, heads, ff, vocab = SHAPES[shape]
-        m = (measured or {}).get(shape) or graph_measurements(shape)
-        l1, l2, o1 = m["per_layer_128"], m["per_layer_256"], m["outside_128"]
-        c = (l2 - 2 * l1) / (256**2 - 2 * 128**2)
-        a = (l1 - c * 128**2) / 128
-        dim_all = _param_count(shape)
-        dim_layer = (dim_all - _param_count_outside(shape)) // L
-        rows.append({"kind": "graph", **m})
-        for label, sel, b, s in CONFIGS:
-            layer_s = a * s + c * s * s
-            n_layers, dim = (L, dim_all) if sel == "all" else (2, 2 * dim_layer)
-            saved = b * (n_layers * layer_s + o1 * s / 128)
-            grads, vec, model_b = 2 * dim, 4 * dim, 2 * dim_all
-            pass_b = pass_bytes([int(saved + grads)], grads, False, 1, 1, False,
-                                transient_bytes(b * s, vocab, torch.bfloat16))
-            need = {name: model_b + n * vec + pass_b + temporaries_bytes(dim, 5) for name, n in VECTORS.items()}
-            room = gpu_bytes - model_b - pass_b - 2 * vec
-            t_grad = 6 * dim_all * b * s / (mfu * peak_flops)
-            if sel == "all":
-                rows.append(difference_need(shape, label, b, s, dim_all, layer_s, o1, gpu_bytes, t_grad))
-            rows.append({"kind": "projection", "shape": shape, "config": label, "params": dim_all, "selected": dim,
-                         "model_GB": model_b / 1e9, "graph_GB": (saved + grads) / 1e9, "pass_GB": pass_b / 1e9,
-                         "vector_GB": vec / 1e9, **{f"{k}_GB": v / 1e9 for k, v in need.items()},
-                         **{f"{k}_fits": bool(v <= gpu_bytes) for k, v in need.items()},
-                         "max_hutchpp_sketch": int(max(0, room // vec)),
-                         "s_per_gradient": t_grad if sel == "all" else None,
-                         "s_per_hvp": hvp_ratio * t_grad if sel == "all" else None})
-    return rows
-
-
-def difference_need(shape: str, label: str, b: int, s: int, dim: int, layer_s: float, outside_128: float,
-                    gpu_bytes: float, t_grad: float) -> dict:
-    """The gradient-difference backend's projection for the whole model in bfloat16 with activation
-    checkpointing (:func:`geometry.operators.difference.pass_bytes`): the kept θ (its float32
-    master, stored exactly in bf16: 2·dim), the bf16 ``.grad`` (2·dim), the checkpointed layer inputs (b·L·s·h bf16), one layer's
-    recompute (bounded by the measured double-backward graph of one layer, ``layer_s`` per
-    sequence), what is outside the layers (the measured ``outside_128`` scaled to s: embeddings,
-    final norm, logits and the loss), one embedding matrix in float32 (the perturbation's cast);
-    the estimators' float32 vectors on top; 2 gradients per HVP, each with a recomputed forward (4/3 of a
-    gradient without checkpointing)."""
-    from geometry.memory.model import temporaries_bytes
-
-    h, L, heads, ff, vocab = SHAPES[shape]
-    vec, model_b = 4 * dim, 2 * dim
-    pass_b = 2 * dim + 2 * dim + b * L * s * h * 2 + b * layer_s + b * outside_128 * s / 128 + 4 * vocab * h
-    need = {name: model_b + n * vec + pass_b + temporaries_bytes(dim, 5) for name, n in VECTORS.items()}
-    room = gpu_bytes - model_b - pass_b - 2 * vec
-    return {"kind": "projection", "shape": shape, "config": label + ", difference + checkpointing", "params": dim,
-            "selected": dim, "model_GB": model_b / 1e9, "graph_GB": None, "pass_GB": pass_b / 1e9, "vector_GB": vec / 1e9,
-            **{f"{k}_GB": v / 1e9 for k, v in need.items()}, **{f"{k}_fits": bool(v <= gpu_bytes) for k, v in need.items()},
-            "max_hutchpp_sketch": int(max(0, room // vec)), "s_per_gradient": 4 / 3 * t_grad, "s_per_hvp": 8 / 3 * t_grad}
-
-
-def _param_count_outside(shape: str) -> int:
-    """Parameters outside the decoder layers (embeddings, head, final norm)."""
-    h, L, heads, ff, vocab = SHAPES[shape]
-    return int(2 * vocab * h + (h if shape.startswith("olmo") else 2 * h))
-
-
-def _param_count(shape: str) -> int:
-    h, L, heads, ff, vocab = SHAPES[shape]
-    if shape.startswith("olmo"):                             # q,k,v,o + SwiGLU (3 matrices) + 2 norms + qk-norm
-        per_layer = 4 * h * h + 3 * h * ff + 4 * h
-        return int(2 * vocab * h + L * per_layer + h)
-    per_layer = 4 * h * h + 4 * h + 2 * h * ff + ff + h + 4 * h  # qkv+dense (with biases), MLP, 2 LayerNorms
-    return int(2 * vocab * h + L * per_layer + 2 * h)
-
-
 def factors(dtypes: tuple[str, ...] = ("float32",), threads: int = 2) -> list[dict]:
     """The pass factors per family (``--factors``): one product on 4 × 64 tokens per shape of
     :data:`FACTOR_SHAPES` and backend, each in a fresh subprocess."""
     return [_run_child(s, f"pass-{b}", d, "64GB", threads) for s in FACTOR_SHAPES for d in dtypes
             for b in ("reverse", "forward")]
 
-
-#: OLMo-2-0325-32B's published shape: (hidden, layers, heads, intermediate, vocab)
-SHAPE_32B = (5120, 64, 40, 27648, 100352)
-
-
-def sharded_project(gpus: int = 8, gpu_bytes: float = 80e9, seq: int = 2048, vectors: dict | None = None) -> list[dict]:
-    """Per-rank bytes of sharded curvature over ``gpus`` GPUs (bfloat16 model, float32 vectors):
-
-    θ shard (2 B / param / N) + master shard in the parameters' dtype (2 B / N; a bfloat16 number
-    converts to float32 exactly) + one float32 cast of the largest local tensor (the embedding's
-    shard, ``vocab · h · 4 B / N``) + ``.grad`` shard (2 B / N) + the estimator's float32 vectors
-    (4 B / N each) + two all-gathered decoder blocks (current and
-    prefetched, 2 B / block param each) + the reduce-scatter of one block's gradient (2 B / block
-    param) + activations of one sequence with checkpointing (the blocks' inputs, ``L · s · h · 2 B``,
-    plus one block's recompute, ≈ ``s · (14 h + 2 ff) · 2 B``) + the loss's float32 logits
-    (``s · vocab · 4 B`` twice: logits and their gradient). Parameter counts as ``benchmarks.scale``.
-    """
-    vectors = vectors or {"hutchinson (block 1)": 2, "lanczos (basis 8)": 9, "hutch++ (sketch 8)": 10}
-    rows = []
-    for name, (h, L, heads, ff, vocab) in (("olmo-2-7b", SHAPES["olmo-2-7b"]), ("olmo-2-32b", SHAPE_32B)):
-        per_layer = 4 * h * h + 3 * h * ff + 4 * h
-        dim = _param_count("olmo-2-7b") if name == "olmo-2-7b" else int(2 * vocab * h + L * per_layer + h)
-        shard = dim / gpus
-        fixed = shard * (2 + 2 + 2) + vocab * h * 4 / gpus + 2 * 2 * per_layer + 2 * per_layer
-        acts = L * seq * h * 2 + seq * (14 * h + 2 * ff) * 2 + 2 * seq * vocab * 4
-        row = {"kind": "sharded projection", "shape": name, "params": dim, "gpus": gpus, "tokens": f"1x{seq}",
-               "checkpointing": True, "fixed_GB": fixed / 1e9, "activations_GB": acts / 1e9,
-               "vector_shard_GB": 4 * shard / 1e9}
-        for est, n in vectors.items():
-            need = fixed + acts + n * 4 * shard
-            row[f"{est}_GB"] = need / 1e9
-            row[f"{est}_fits"] = bool(need <= gpu_bytes)
-        rows.append(row)
-    return rows
 
 def run(quick: bool = False, shapes: tuple[str, ...] | None = None, dtypes: tuple[str, ...] = ("float32",),
         probes: tuple[str, ...] | None = None, max_memory: str = "8GB", threads: int = 2,
@@ -431,6 +234,7 @@ def run(quick: bool = False, shapes: tuple[str, ...] | None = None, dtypes: tupl
     probes = probes or (("timing", "hutch++", "lanczos") if quick else ("timing",) + PROBES)
     rows = [_run_child(s, p, d, max_memory, threads) for s in shapes for d in dtypes for p in probes]
     if with_projection and not quick:
+        from benchmarks.projection import project, sharded_project
         from probes.core.threads import torch_threads
 
         with torch_threads(threads):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.scale import sharded_project as project  # the per-rank projection lives with scale's
+from benchmarks.projection import sharded_project as project  # the per-rank projection lives with scale's
 
 ROWS, SEQ, BATCHES = 2, 64, 2
 

@@ -150,7 +150,8 @@ class ReverseBackend(ProductBackend):
         batch, 2 per vector (the measured shape), + 0.01 per vmapped chunk (larger ones run faster)."""
         chunks = _chunks(k) if op.vectorize and op.chunk_size is None else [None]
         return [_option(op, k, chunk, cache, 1.5 * (1 if cache else calls) + 2.0 * hvps, hvps)
-                for chunk in chunks for cache in ((False, True) if calls > 1 else (False,))]
+                for chunk in chunks for cache in ((False, True) if calls > 1 and getattr(op, "can_keep_graphs", True)
+                                                  else (False,))]
 
 
 def graph_bytes(op: Any, index: int) -> int:

@@ -41,6 +41,12 @@ def backend_option():
                         "(reverse when its pass fits --max-memory, else difference)")
 
 
+def compute_dtype_option():
+    return typer.Option(None, "--compute-dtype", help="dtype the Hessian products run in: float32 | bfloat16 | float16 | "
+                        "float64 (default: float32 for bfloat16/float16 weights, the weights' dtype otherwise; half "
+                        "arithmetic is off by percents: its measured error is shown)")
+
+
 def strict_memory_option():
     return typer.Option(None, "--strict-memory/--no-strict-memory", help="On a CPU, make the memory budget a cap "
                         "on resident memory: freed tensor memory goes back to the OS at once (glibc: allocations "

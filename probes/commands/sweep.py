@@ -8,7 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from ._shared import (CHECKPOINT_HELP, TRAJECTORY_HELP, apply_strict_memory, backend_option, cache_dir_option, label_option,
+from ._shared import (CHECKPOINT_HELP, TRAJECTORY_HELP, apply_strict_memory, backend_option, cache_dir_option, compute_dtype_option,
+                      label_option,
                       schedule_option, strict_memory_option, tokens_option)
 
 
@@ -156,6 +157,7 @@ def register(app: typer.Typer) -> None:
         strict_memory: Optional[bool] = strict_memory_option(),
         backend: Optional[str] = typer.Option(None, "--backend", help="HVP backend of the curvature probes (overrides the "
                                               "plan's backend): reverse | forward | difference | auto"),
+        compute_dtype: Optional[str] = compute_dtype_option(),
         wait: bool = typer.Option(False, "--wait", help="If another sweep is writing to --out, wait for it instead of stopping."),
         allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin/.pt checkpoints that need full pickle "
                                           "(can run arbitrary code: only for files you trust)."),
@@ -201,6 +203,8 @@ def register(app: typer.Typer) -> None:
                 p = p.replace(max_memory=max_memory)
             if backend is not None:
                 p = p.replace(backend=backend)
+            if compute_dtype is not None:
+                p = p.replace(compute_dtype=compute_dtype)
             report = run_sweep(traj, p, out=out, executor=executor, address=address, retry_failed=retry_failed,
                                allow_mixed=allow_mixed, progress=not quiet, device=device, num_workers=num_workers,
                                num_threads=threads, wait=wait, on_wait=_waiting, allow_pickle=allow_pickle,
@@ -249,6 +253,12 @@ def register(app: typer.Typer) -> None:
         tol: float = typer.Option(1e-3, "--tol", help="Eigen solver tolerance: converged means ‖Hv − λv‖ ≤ tol·|λ|."),
         eigen_method: str = typer.Option("lanczos", "--eigen-method", help="lanczos (default) | power; converged means ‖Hv − λv‖ ≤ tol·|λ| for both"),
         backend: str = backend_option(),
+        compute_dtype: Optional[str] = compute_dtype_option(),
+        error_tolerance: float = typer.Option(1e-2, "--error-tolerance", help="Relative error of the HVP products (as "
+                                              "measured against an exact reference) above which a warning is printed "
+                                              "and the result flagged (error_warning)."),
+        strict: bool = typer.Option(False, "--strict", help="Exit with status 1 when the result is flagged "
+                                    "(measured product error over --error-tolerance); default: warn and exit 0."),
         allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load a .bin/.pt checkpoint that needs full pickle "
                                           "(can run arbitrary code: only for files you trust)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -269,15 +279,25 @@ def register(app: typer.Typer) -> None:
                              quick=quick, device=device, data=data, num_threads=threads, max_memory=max_memory,
                              dtype=dtype, max_iter=max_iter, tol=tol, eigen_method=eigen_method, allow_pickle=allow_pickle,
                              cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step, parallel=parallel,
-                             backend=backend)
+                             backend=backend, compute_dtype=compute_dtype, error_tolerance=error_tolerance)
         except SharpnessError as exc:
             typer.echo(f"error: {exc}", err=True)  # every rank: a one-line error each
             raise typer.Exit(2)
         if not is_main_rank():
             return
+        choice = res["backend_choice"] or {}
+        if "requested" in choice:  # a backend replaced by another: said out loud, recorded in the result
+            typer.echo(f"note: --backend {choice['requested']} -> {choice['chosen']}: {choice['why']}", err=True)
+        if res["error_warning"]:
+            typer.echo(f"warning: {res['error_warning']['message']}", err=True)
         if as_json:
             typer.echo(json.dumps(res, indent=2))
-            return
+        else:
+            _print_sharpness(res)
+        if strict and res["error_warning"]:
+            raise typer.Exit(1)
+
+    def _print_sharpness(res: dict) -> None:
         tr = res["trace"]
         con = _console()
         con.print(f"{res['checkpoint']}: tr H = {tr['value']:.4g} ± {tr['stderr']:.2g} "
@@ -286,7 +306,9 @@ def register(app: typer.Typer) -> None:
         con.print(f"λ_max = {ev['values'][0]:.4g} (residual {ev['residuals'][0]:.2g}, {ev['num_matvecs']} HVPs, {ev['seconds']:.1f} s); "
                   f"{res['dim']} parameters, curvature set {res['data']['shape']}")
         if res["hvp_check"] is not None:  # a backend with a measured error (difference)
-            con.print(f"HVP backend {res['backend']}: {res['hvp_check'] or res['backend_choice']}")
+            err = res["hvp_check"].get("rel_error")
+            con.print(f"HVP backend {res['backend']} in {res['compute_dtype']}: measured relative error "
+                      f"{'not measured' if err is None else f'{err:.2g}'} ({res['hvp_check'].get('reference')})")
         if not all(ev["converged"]):
             con.print("[red]λ_max did not converge[/red] within the iteration limit: treat it as a lower bound on |λ_max|")
 

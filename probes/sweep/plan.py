@@ -137,6 +137,8 @@ class Plan:
     (:class:`ExplainProbe`, or a list of specs: attribution of ΔL by factor and block), ``max_memory``
     (bytes or ``"8GB"`` each curvature estimator may allocate beyond the model; None: geometry.memory.model's
     default), ``backend`` (the HVP backend of every curvature probe: reverse, forward, difference, auto),
+    ``compute_dtype`` (the dtype products run in: float32, bfloat16, float16, float64; None: float32
+    for half-precision weights, their dtype otherwise: :mod:`geometry.operators.precision`),
     ``accuracy`` (:class:`AccuracyProbe`: lm-eval task accuracy, FP and quantized, Δacc).
     """
 
@@ -158,6 +160,7 @@ class Plan:
     max_memory: int | str | None = None
     backend: str = "reverse"
     accuracy: AccuracyProbe | None = None
+    compute_dtype: str | None = None
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -226,6 +229,10 @@ class Plan:
 
         if self.backend not in BACKENDS:
             raise PlanError(f"backend {self.backend!r} is unknown; valid: {', '.join(BACKENDS)}")
+        from geometry.operators.precision import COMPUTE_DTYPES
+
+        if self.compute_dtype is not None and self.compute_dtype not in COMPUTE_DTYPES:
+            raise PlanError(f"compute_dtype {self.compute_dtype!r} is unknown; valid: {', '.join(COMPUTE_DTYPES)}")
         if not self.tasks():
             raise PlanError("the plan has no probe; enable at least one of: " + ", ".join(PROBES))
 
@@ -360,6 +367,8 @@ class Plan:
 
         if is_default_backend(d["backend"]):  # absent by default, so earlier plans keep their hash
             d.pop("backend")
+        if d["compute_dtype"] is None:       # absent by default, so earlier plans keep their hash
+            d.pop("compute_dtype")
         return d
 
     @property
@@ -380,7 +389,8 @@ class Plan:
 
         curv = {"curvature_params": list(self.curvature_params) if self.curvature_params else None, "data": list(self.data.curvature),
                 **({"max_memory": self.max_memory} if self.max_memory is not None else {}),
-                **({} if is_default_backend(self.backend) else {"backend": self.backend})}
+                **({} if is_default_backend(self.backend) else {"backend": self.backend}),
+                **({"compute_dtype": self.compute_dtype} if self.compute_dtype is not None else {})}
         qdata = {"quant_modules": list(self.quant_modules) if self.quant_modules else None,
                  "eval": list(self.data.eval), "calibration": list(self.data.calibration)}
         out: list[Task] = []

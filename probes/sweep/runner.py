@@ -102,7 +102,8 @@ class CheckpointState:
                 batches = split_batches(batches, self.parallel.rank, self.parallel.world_size)
                 extra = {"data_parallel": self.parallel}
             self._op = lm_hessian(self.model, batches, params=self.plan.curvature_params,
-                                  max_memory=self.plan.max_memory, backend=self.plan.backend, **extra)
+                                  max_memory=self.plan.max_memory, backend=self.plan.backend,
+                                  compute_dtype=self.plan.compute_dtype, **extra)
         return self._op
 
     def direction(self, spec: str):
