@@ -15,7 +15,8 @@ from typing import List, Optional
 
 import typer
 
-from ._shared import (CHECKPOINT_HELP, apply_strict_memory, backend_option, cache_dir_option, label_option, schedule_option,
+from ._shared import (CHECKPOINT_HELP, apply_strict_memory, backend_option, cache_dir_option, compute_dtype_option, label_option,
+                      schedule_option,
                       strict_memory_option, tokens_option)
 
 DEFAULT_SPECS = ["rtn:4:g128", "gptq:4:g128"]
@@ -87,6 +88,7 @@ def register(app: typer.Typer) -> None:
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="bytes or e.g. 8GB each curvature step may allocate"),
         strict_memory: Optional[bool] = strict_memory_option(),
         backend: str = backend_option(),
+        compute_dtype: Optional[str] = compute_dtype_option(),
         cache_dir: Optional[Path] = cache_dir_option(),
         schedule: Optional[str] = schedule_option(),
         tokens_per_step: Optional[int] = tokens_option(),
@@ -107,7 +109,8 @@ def register(app: typer.Typer) -> None:
                                         trace_method=trace_method, seed=seed, quick=quick, device=device,
                                         curvature_set=curvature_set, calibration_set=calib_set, modules=modules,
                                         num_threads=threads, max_memory=max_memory, cache_dir=cache_dir,
-                                        schedule=schedule, tokens_per_step=tokens_per_step, backend=backend)
+                                        schedule=schedule, tokens_per_step=tokens_per_step, backend=backend,
+                                        compute_dtype=compute_dtype)
         except (ExplainError, BlockError, QuantizeError, EstimatorError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)

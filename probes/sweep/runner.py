@@ -118,7 +118,7 @@ class CheckpointState:
             self._directions[spec] = measure_direction(self.model, spec, list(self.data("curvature")),
                                                        self.token_sets.get("calibration"), self.plan.quant_modules, within,
                                                        max_memory=self.plan.max_memory, plan_trace=trace,
-                                                       backend=self.plan.backend)
+                                                       backend=self.plan.backend, compute_dtype=self.plan.compute_dtype)
         return self._directions[spec]
 
 
