@@ -3,7 +3,7 @@
 ``python -m benchmarks.difference_reach [--shape pythia-410m] [--seq 2048] [--max-memory 11GB]
 [--probes 2] [--steps 2] [--threads 2] [--json PATH]``
 
-A random-init model of the shape (:func:`benchmarks.scale.build`) in bfloat16 with HF activation
+A random-init model of the shape (:func:`benchmarks.shapes.build`) in bfloat16 with HF activation
 checkpointing on (``gradient_checkpointing_enable()``), one batch of 1 × ``seq`` tokens, every
 parameter. Steps, each recorded:
 
@@ -28,7 +28,8 @@ import time
 
 import torch
 
-from benchmarks.scale import SHAPES, _reset_peak, _rss, build
+from benchmarks.scale import _reset_peak, _rss
+from benchmarks.shapes import SHAPES, build
 
 
 def _exact_plan(model, batch, budget: str, probes: int) -> dict:

@@ -7,7 +7,7 @@
 Each row: HVPs until the true residual ‖Hv − λv‖ ≤ tol·|λ| (the convergence rule of
 :func:`geometry.estimators.eigen.top_eigenvalues`), or ``max_iter`` unconverged; the value, the
 relative residual, the basis the memory plan chose, restarts and seconds. Shapes are the
-random-init GPT-NeoX models of :mod:`benchmarks.scale` (Pythia's published sizes) on its curvature
+random-init GPT-NeoX models of :mod:`benchmarks.shapes` (Pythia's published sizes) on its curvature
 data (2 batches of 4 × 64 random tokens, the ``--quick`` set of ``losslens sharpness``).
 ``--trained`` adds a micro GPT-NeoX (tests/tiny_models.py shape) trained here for 300 Adam steps on
 a repeating token pattern, so its Hessian is that of a trained model. ``--bases 6`` adds Lanczos rows
@@ -69,7 +69,7 @@ def _trained_micro(steps: int = 300, seed: int = 0):
 def run(shapes=("pythia-14m", "pythia-70m"), max_memory: str | None = "7GB", methods=("lanczos", "power"),
         max_iter: int = 150, tol: float = 1e-3, trained: bool = True, threads: int | None = 2,
         bases: tuple[int, ...] = (6,)) -> list[dict]:
-    from benchmarks.scale import BATCH, BATCHES, SEQ, SHAPES, build
+    from benchmarks.shapes import BATCH, BATCHES, SEQ, SHAPES, build
     from probes.models.curvature import lm_hessian
 
     old = torch.get_num_threads()

@@ -23,7 +23,7 @@ import torch
 
 from benchmarks import emit
 
-from benchmarks.scale import SHAPES, build
+from benchmarks.shapes import SHAPES, build
 
 
 def _sync():

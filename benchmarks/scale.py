@@ -24,7 +24,7 @@ and Lanczos need on one 80 GB GPU (memory from the memory model; time from FLOP 
 assumed fraction of the GPU's bf16 peak, with the HVP/gradient ratio measured here), for the
 exact reverse backend and, for the whole model, for the gradient-difference backend with
 activation checkpointing (``backend="difference"``: the kept θ, one first-order
-gradient pass, 2 gradients per HVP; :func:`difference_need`). Threads are
+gradient pass, 2 gradients per HVP; :func:`benchmarks.scale_projection.difference_need`). Threads are
 pinned for the whole run (``--threads``, default 2) and restored afterwards.
 """
 from __future__ import annotations
@@ -39,12 +39,12 @@ import time
 import torch
 
 from benchmarks import emit
-from benchmarks.shapes import SHAPES, build  # noqa: F401  (imported from here by other benchmarks too)
+from benchmarks.shapes import BATCH, BATCHES, SEQ, SHAPES, build
 
 #: the --factors grid: one product of one vector per family shape and backend
 FACTOR_SHAPES = ("pythia-128x6", "pythia-512x2", "olmo-2-128x6", "olmo-2-512x2", "llama-128x6", "llama-512x2")
 PROBES = ("hutch++", "hutchinson", "lanczos", "power", "slq", "directional", "blocks", "surface")
-BATCHES, BATCH, SEQ = 2, 4, 64
+
 
 
 def _rss_file() -> int:
@@ -234,7 +234,7 @@ def run(quick: bool = False, shapes: tuple[str, ...] | None = None, dtypes: tupl
     probes = probes or (("timing", "hutch++", "lanczos") if quick else ("timing",) + PROBES)
     rows = [_run_child(s, p, d, max_memory, threads) for s in shapes for d in dtypes for p in probes]
     if with_projection and not quick:
-        from benchmarks.projection import project, sharded_project
+        from benchmarks.scale_projection import project, sharded_project
         from probes.core.threads import torch_threads
 
         with torch_threads(threads):

@@ -1,9 +1,8 @@
-"""Model shapes of the scale benchmarks and a random-init model of each (GPT-NeoX, OLMo-2, Llama)."""
+"""The model shapes of the scale benchmarks: Pythia's, OLMo-2's and Llama's published sizes, built
+random-init (:func:`build`), and the curvature data every probe of ``benchmarks.scale`` uses."""
 from __future__ import annotations
 
 import torch
-
-__all__ = ["SHAPES", "build"]
 
 #: name -> (hidden, layers, heads, intermediate, vocab); published configs (EleutherAI/pythia-*,
 #: allenai/OLMo-2-0425-1B, allenai/OLMo-2-1124-7B).
@@ -17,6 +16,8 @@ SHAPES = {
     "olmo-2-128x6": (128, 6, 4, 512, 50304), "olmo-2-512x2": (512, 2, 8, 2048, 50304),
     "llama-128x6": (128, 6, 4, 512, 50304), "llama-512x2": (512, 2, 8, 2048, 50304),
 }
+#: curvature data of every probe: BATCHES batches of BATCH × SEQ random tokens
+BATCHES, BATCH, SEQ = 2, 4, 64
 
 
 def build(shape: str, dtype: torch.dtype, layers: int | None = None, seed: int = 0) -> torch.nn.Module:

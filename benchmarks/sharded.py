@@ -3,7 +3,7 @@
 ``python -m benchmarks.sharded [--shape pythia-410m] [--ranks 2] [--probes 4] [--steps 6] [--json PATH]``
 (also ``losslens bench sharded``; ``--project`` adds the 8 × 80 GB projection rows).
 
-Model: a random-init GPT-NeoX of the shape (``benchmarks.scale.SHAPES``), float32, every decoder
+Model: a random-init GPT-NeoX of the shape (``benchmarks.shapes.SHAPES``), float32, every decoder
 block and the root ``fully_shard``-ed on a 1-D CPU mesh (:func:`probes.models.sharding.shard_model`);
 curvature data: 2 batches of 2 × 64 random tokens, split over the ranks. Each process runs one
 torch thread. For 1 rank and for N ranks (``torch.multiprocessing`` spawn, gloo), each rank runs
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.projection import sharded_project as project  # the per-rank projection lives with scale's
+from benchmarks.scale_projection import sharded_project as project  # the per-rank projection
 
 ROWS, SEQ, BATCHES = 2, 64, 2
 
@@ -45,7 +45,7 @@ def _rank(rank: int, world: int, port: int, out: str, shape: str, probes: int, s
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=1800))
     try:
-        from benchmarks.scale import SHAPES, build
+        from benchmarks.shapes import SHAPES, build
         from geometry import hutchinson_trace, top_eigenvalues
         from geometry.memory.graphs import peak_new_bytes
         from geometry.operators.data_parallel import split_batches

@@ -73,7 +73,7 @@ def solver_rows(n_batches: int, steps: int, quick: bool) -> list[dict]:
 
 
 def lean_head_rows(shapes=("vocab50k-small", "pythia-160m"), quick: bool = False) -> list[dict]:
-    from benchmarks.scale import build
+    from benchmarks.shapes import build
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     rows = []

@@ -2,7 +2,8 @@
 
 Rooms (what each may import, and where to add things: ARCHITECTURE.md): :mod:`probes.core`,
 :mod:`probes.checkpoints`, :mod:`probes.data`, :mod:`probes.models`, :mod:`probes.quant`,
-:mod:`probes.train`, :mod:`probes.sweep`, :mod:`probes.analysis`, :mod:`probes.report`, and the
+:mod:`probes.train`, :mod:`probes.curvature`, :mod:`probes.sweep_probes`, :mod:`probes.sweep`,
+:mod:`probes.analysis`, :mod:`probes.report`, and the
 CLI (:mod:`probes.cli`, :mod:`probes.commands`, :mod:`probes.demo`).
 
 Importing it checks that ``geometry`` and ``probes`` are losslens's own (:mod:`probes._namespace`:

@@ -31,11 +31,11 @@ _DEBUG = "losslens.debug"
 
 _USER_ERRORS = (
     ("probes.checkpoints.errors", "CheckpointError"), ("probes.checkpoints.errors", "TrajectoryNameError"),
-    ("probes.checkpoints.errors", "ScheduleError"), ("probes.sweep.plan", "PlanError"),
-    ("probes.sweep.store_errors", "StoreError"), ("probes.sweep.executor", "SweepError"),
-    ("probes.sweep.sharpness", "SharpnessError"), ("probes.sweep.runner", "ProbeError"),
+    ("probes.checkpoints.errors", "ScheduleError"), ("probes.sweep_probes.validation", "PlanError"),
+    ("probes.sweep.store_errors", "StoreError"), ("probes.sweep.outcome", "SweepError"),
+    ("probes.curvature.sharpness", "SharpnessError"), ("probes.sweep_probes.state", "ProbeError"),
     ("probes.analysis.inputs", "AnalysisError"), ("probes.report.pages", "ReportError"),
-    ("probes.report.figures", "FigureError"), ("probes.train.config", "TrainError"), ("probes.data.corpus", "DataError"),
+    ("probes.report.figure_parts", "FigureError"), ("probes.train.config", "TrainError"), ("probes.data.corpus", "DataError"),
     ("probes.quant.errors", "QuantizeError"), ("probes.core.tokenset", "TokenSetError"),
     ("probes.core.modules", "ModuleSelectionError"), ("probes.core.lm", "LossError"),
     ("probes.models.weights", "WeightStatsError"), ("probes.models.second_order", "SecondOrderError"),
@@ -141,7 +141,9 @@ def version() -> None:
 
 
 for _info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-    importlib.import_module(f"{commands.__name__}.{_info.name}").register(app)
+    _module = importlib.import_module(f"{commands.__name__}.{_info.name}")
+    if hasattr(_module, "register"):  # a command module; _options, _shared, _console and sharpness (sweep's) have none
+        _module.register(app)
 
 
 def main() -> None:  # pragma: no cover - console entry

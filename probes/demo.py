@@ -16,13 +16,14 @@ finished surfaces (``DIR/surfaces/*.json``) not re-evaluated. The default settin
 that the seeds' effect is measurable at this scale (docs/science.md §8; see :data:`DEFAULT`).
 
 All cores: with ``workers`` > 1 (default: one per core) the runs train in parallel, each sweep
-probes its checkpoints on the workers (:mod:`probes.sweep.parallel`; only this process writes the
+probes its checkpoints on the workers (:mod:`probes.sweep.local_workers`; only this process writes the
 store) and the planes are drawn in parallel, all on one :class:`~probes.core.workers.WorkerPool`
 started once. Every worker uses ``threads`` torch threads; the numbers do not depend on the
 number of workers.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -32,7 +33,8 @@ from typing import Any
 
 import pandas as pd
 
-from .core.workers import WorkerError, WorkerPool
+from .core.workers import WorkerPool
+from .demo_jobs import draw_planes, train_all
 
 
 @dataclass(frozen=True)
@@ -246,81 +248,12 @@ def run_demo(out: str | Path = "demo-out", quick: bool = False, settings: DemoSe
     process). Each worker holds one tiny model (a few MB).
     """
     from .core.threads import torch_threads
-    from .sweep.parallel import resolve_workers
+    from .sweep.local_workers import resolve_workers
 
     settings = settings or (QUICK if quick else DEFAULT)
     n, _ = resolve_workers(workers, max(len(settings.runs), settings.checkpoints + 1), None, threads)
-    with torch_threads(threads), (WorkerPool(n, threads) if n > 1 else _no_pool()) as pool:
+    with torch_threads(threads), (WorkerPool(n, threads) if n > 1 else contextlib.nullcontext(None)) as pool:
         return _run_demo(out, settings, progress, executor, echo, pool)
-
-
-def _no_pool():
-    import contextlib
-
-    return contextlib.nullcontext(None)
-
-
-def _train_job(context, run: DemoRun):
-    """Train one run (its data cached in ``out/data``); a worker's job, or called in this process."""
-    from .train.tiny import train_tiny
-
-    settings, out, progress = context
-    cfg, folder, mon = settings.train_config(run), out / "runs" / run.name, None
-    if run.name == settings.monitor_run:  # watched live (probes.monitor); the training is bit-identical
-        from .monitor.tiny import tiny_monitor
-
-        mon = tiny_monitor(cfg, out / "monitor.sqlite", folder, out / "data", every=settings.monitor_every)
-    try:
-        return train_tiny(cfg, folder, progress=progress, data_dir=out / "data", on_step=None if mon is None else mon.step)
-    finally:
-        if mon is not None:
-            mon.close()
-
-
-def _surface_job(context, traj, path: str) -> str:
-    """The quantization plane of a run's last checkpoint, saved to ``path``; a worker's job, or
-    called in this process."""
-    import torch
-
-    from .checkpoints import CheckpointLoader
-    from .quant.plane import quantization_surface
-
-    settings, sets, progress = context
-    real = traj.real
-    with torch.no_grad():
-        surf = quantization_surface(CheckpointLoader(traj), real[-1], real[-2], settings.headline_spec, sets,
-                                    grid=settings.grid, progress=progress)
-    surf.save(path)
-    return path
-
-
-def _in_pool(pool: WorkerPool, jobs, context, what: list[str], echo) -> list:
-    """Run ``jobs`` on ``pool``; the return values in job order (an error in any job is raised here)."""
-    values: list = [None] * len(jobs)
-    for ev in pool.run(jobs, context):
-        if ev.kind in ("error", "lost"):
-            raise WorkerError(f"{what[ev.job]} failed in a worker process: {ev.value}")
-        if ev.kind == "done":
-            values[ev.job] = ev.value
-            echo(f"[demo] done: {what[ev.job]}")
-    return values
-
-
-def _train_all(settings: DemoSettings, out: Path, progress: bool, echo, pool) -> dict:
-    from .train.tiny import prepare_data
-
-    what = [f"training {run.name} ({settings.steps} steps, {settings.checkpoints} checkpoints)" for run in settings.runs]
-    if pool is None:
-        trajectories = {}
-        for run, msg in zip(settings.runs, what):
-            echo(f"[demo] {msg}")
-            trajectories[run.name] = _train_job((settings, out, progress), run)
-        return trajectories
-    first = settings.runs[0]
-    prepare_data(settings.train_config(first), out / "runs" / first.name, out / "data")  # the shared cache, once
-    echo(f"[demo] {'; '.join(what)}: on {pool.size} workers")
-    trajs = _in_pool(pool, [(_train_job, (run,)) for run in settings.runs], (settings, out, False), what, echo)
-    return {run.name: t for run, t in zip(settings.runs, trajs)}
 
 
 def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
@@ -337,7 +270,7 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
     seconds: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    trajectories = _train_all(settings, out, progress, echo, pool)
+    trajectories = train_all(settings, out, progress, echo, pool)
     seconds["train"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -373,21 +306,7 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
             echo(f"[demo] {problems[-1]}")
 
     t0 = time.perf_counter()
-    from geometry.surfaces.surface import Surface
-
-    (out / "surfaces").mkdir(exist_ok=True)
-    paths = {run.name: out / "surfaces" / f"{run.name}.json" for run in settings.runs}
-    todo = [run.name for run in settings.runs if not paths[run.name].is_file()]
-    what = [f"quantization plane of {name} ({settings.grid}x{settings.grid}, {settings.headline_spec})" for name in todo]
-    if pool is not None and todo:
-        echo(f"[demo] {'; '.join(what)}: on {pool.size} workers")
-        _in_pool(pool, [(_surface_job, (trajectories[name], str(paths[name]))) for name in todo], (settings, sets, False),
-                 what, echo)
-    elif todo:
-        for name, msg in zip(todo, what):
-            echo(f"[demo] {msg}")
-            _surface_job((settings, sets, progress), trajectories[name], str(paths[name]))
-    surfaces = {run.name: Surface.load(paths[run.name]) for run in settings.runs}
+    surfaces = draw_planes(settings, trajectories, sets, out, progress, echo, pool)
     seconds["surfaces"] = time.perf_counter() - t0
 
     explanation, explain_text = None, ""

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from probes.core.tokenset import TokenSet
-from probes.sweep.sharpness import SharpnessError, sharpness
+from probes.curvature.sharpness import SharpnessError, sharpness
 from probes.sweep.testing import SEQ, VOCAB, tiny_trajectory
 
 ARGS = dict(num_matvecs=6, method="hutchinson", eigen_method="lanczos", max_iter=40, tol=1e-6, dtype="float64",

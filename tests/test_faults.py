@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from probes.cli import app
 from probes.sweep import Plan, Store, StoreError, run_sweep
 from probes.sweep.lock import StoreLock, StoreLockedError, lock_path
-from probes.sweep.store import ProbeRow, metric
+from probes.sweep_probes.rows import ProbeRow, metric
 from probes.sweep.testing import tiny_plan_toml, tiny_token_sets, tiny_trajectory
 
 CHEAP = 'loss = true\nquant = ["rtn:4"]\n'
@@ -354,7 +354,7 @@ def test_sharpness_bad_options_are_one_line_errors(pristine, args, message):
 
 def test_debug_shows_the_traceback_and_internal_errors_say_so(pristine, monkeypatch):
     from geometry.base.params import ParameterSelectionError
-    from probes.sweep import sharpness as sharp_mod
+    from probes.curvature import sharpness as sharp_mod
 
     args = ["sharpness", pristine, "--params", "nomatch.*", "--num-matvecs", "3", "--data",
             pristine / "data" / "curvature.safetensors"]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from probes import analysis, sweep
+from probes.sweep_probes.rows import ProbeRow
 from probes.report.figures import (
     curvature_figure,
     loss_figure,
@@ -247,8 +248,8 @@ def test_report_command_on_a_store(df, tmp_path):
         for (ck, probe, spec), g in wsd.groupby(["checkpoint", "probe", "spec"], sort=False):
             metrics = [{"metric": m.metric, "value": m.value, "stderr": None if math.isnan(m.stderr) else m.stderr,
                         "ci_low": None, "ci_high": None} for m in g.itertuples()]
-            st.write(sweep.ProbeRow(ck, probe, spec, metrics=metrics), data_hash="h", run="wsd")
-        st.write(sweep.ProbeRow("wsd-step100", "kurtosis", "", status="failed", error="ValueError: boom"), run="wsd")
+            st.write(ProbeRow(ck, probe, spec, metrics=metrics), data_hash="h", run="wsd")
+        st.write(ProbeRow("wsd-step100", "kurtosis", "", status="failed", error="ValueError: boom"), run="wsd")
     surf = tmp_path / "plane.json"
     _tiny_surface().save(surf)
     out = tmp_path / "report.html"

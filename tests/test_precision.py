@@ -118,7 +118,7 @@ def test_trace_and_lambda_max_of_a_bfloat16_model_within_1e3(family):
 
 
 def test_half_compute_is_an_explicit_choice_and_its_error_is_flagged():
-    from probes.sweep.sharpness import error_warning
+    from probes.curvature.sharpness import error_warning
 
     model = _model("qwen2", 5)
     batches = _batches(model, 5)

@@ -47,7 +47,9 @@ def test_sweep_command_bad_plan(traj, tmp_path, runner):
     bad.write_text('[probes]\nloss = true\nsharpness = true\n')
     r = runner.invoke(app, ["sweep", str(traj), "--out", str(tmp_path / "x.sqlite"), "--plan", str(bad), "--quiet"])
     assert r.exit_code == 2
-    assert "unknown probe(s) ['sharpness']; valid probes: loss, quant, trace, eigen, block_trace, directional, kurtosis" in r.output
+    from probes.sweep_probes.registry import PROBES
+
+    assert f"unknown probe(s) ['sharpness']; valid probes: {', '.join(PROBES)}\n" in r.output
     bad.write_text('[probes]\nquant = ["rtn:9"]\n')
     r = runner.invoke(app, ["sweep", str(traj), "--out", str(tmp_path / "x.sqlite"), "--plan", str(bad), "--quiet"])
     assert r.exit_code == 2 and "invalid quantizer spec 'rtn:9'" in r.output
@@ -113,7 +115,7 @@ def test_sharpness_command_json(traj, runner):
     assert out["trace"]["ci_low"] <= out["trace"]["value"] <= out["trace"]["ci_high"]
     assert len(out["eigen"]["values"]) == 1 and out["dim"] > 0 and out["trace"]["seconds"] > 0
     assert out["eigen"]["method"] == "lanczos" and len(out["eigen"]["residuals"]) == 1   # the default (#23)
-    from probes.sweep.settings import EigenProbe
+    from probes.sweep_probes.eigen import EigenProbe
 
     assert EigenProbe().method == "lanczos"
     r = runner.invoke(app, ["sharpness", str(traj), "--label", "step-000999", "--data", str(data)])

@@ -2,19 +2,24 @@
 from __future__ import annotations
 
 import math
+import re
 import sqlite3
 from dataclasses import dataclass
 
 import pandas as pd
 import pytest
 
-from probes.sweep import DataSpec, Plan, PlanError, ProbeRow, Store, StoreError, TraceProbe
-from probes.sweep.store import RESULT_COLUMNS, metric
+from probes.sweep import DataSpec, Plan, PlanError, Store, StoreError, TraceProbe
+from probes.sweep import RESULT_COLUMNS
+from probes.sweep_probes.rows import ProbeRow, metric
 
 
 # --------------------------------------------------------------------------- plan
 def test_plan_validation_messages(tmp_path):
-    with pytest.raises(PlanError, match="unknown probe.*valid probes: loss, quant, trace, eigen, block_trace, directional, kurtosis"):
+    from probes.sweep_probes.registry import PROBES
+
+    assert {"loss", "quant", "trace", "eigen", "block_trace", "directional", "kurtosis", "explain", "accuracy"} <= set(PROBES)
+    with pytest.raises(PlanError, match=r"unknown probe.*valid probes: " + re.escape(", ".join(PROBES)) + "$"):
         Plan.from_dict({"probes": {"loss": True, "hessian_trace": {}}})
     with pytest.raises(PlanError, match="invalid quantizer spec 'zz:4'|unknown quantizer"):
         Plan(quant=("zz:4",))

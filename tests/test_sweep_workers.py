@@ -15,7 +15,7 @@ from probes.cli import app
 from probes.core import workers as pool_mod
 from probes.core.workers import WorkerError, WorkerPool
 from probes.sweep import Plan, Store, SweepError, run_sweep
-from probes.sweep import parallel
+from probes.sweep import local_workers
 from probes.sweep.testing import tiny_plan_toml, tiny_trajectory
 
 N_CKPT = 4
@@ -54,7 +54,7 @@ def test_two_workers_write_the_rows_of_one_process_bit_for_bit(traj, tmp_path, m
     def not_here(*_a, **_k):
         raise AssertionError("with workers no checkpoint is loaded in the parent process")
 
-    monkeypatch.setattr("probes.sweep.executor.get_loader", not_here)  # the workers load their own models
+    monkeypatch.setattr("probes.sweep.executors.get_loader", not_here)  # the workers load their own models
     r2 = run_sweep(traj, plan, out=two, progress=False, num_threads=1, num_workers=2)
     assert (r1.workers, r2.workers) == (1, 2) and "2 workers" in str(r2)
     assert r1.n_failed == r2.n_failed == len(plan.tasks())  # the damaged checkpoint, as failed rows
@@ -96,23 +96,23 @@ def test_a_killed_worker_fails_the_rest_of_its_checkpoint_and_a_retry_completes(
 
 
 def test_the_default_worker_count(monkeypatch):
-    monkeypatch.setattr(parallel, "available_cores", lambda: 4)
-    monkeypatch.delenv(parallel.ENV_WORKERS, raising=False)
-    assert parallel.resolve_workers(None, 20) == (4, 1)            # one per core, one thread each
-    assert parallel.resolve_workers(None, 3) == (3, 1)             # never more than the checkpoints
-    assert parallel.resolve_workers(None, 1) == (1, None)          # one checkpoint: this process, torch's threads
-    assert parallel.resolve_workers(None, 20, "cuda") == (1, None)  # one GPU
-    assert parallel.resolve_workers(None, 20, "cuda:0", 2) == (1, 2)
-    assert parallel.resolve_workers(None, 20, None, 2) == (2, 2)   # threads given: the cores shared out
-    assert parallel.resolve_workers(2, 20) == (2, 2)
-    monkeypatch.setenv(parallel.ENV_WORKERS, "3")
-    assert parallel.resolve_workers(None, 20) == (3, 1)
+    monkeypatch.setattr(local_workers, "available_cores", lambda: 4)
+    monkeypatch.delenv(local_workers.ENV_WORKERS, raising=False)
+    assert local_workers.resolve_workers(None, 20) == (4, 1)            # one per core, one thread each
+    assert local_workers.resolve_workers(None, 3) == (3, 1)             # never more than the checkpoints
+    assert local_workers.resolve_workers(None, 1) == (1, None)          # one checkpoint: this process, torch's threads
+    assert local_workers.resolve_workers(None, 20, "cuda") == (1, None)  # one GPU
+    assert local_workers.resolve_workers(None, 20, "cuda:0", 2) == (1, 2)
+    assert local_workers.resolve_workers(None, 20, None, 2) == (2, 2)   # threads given: the cores shared out
+    assert local_workers.resolve_workers(2, 20) == (2, 2)
+    monkeypatch.setenv(local_workers.ENV_WORKERS, "3")
+    assert local_workers.resolve_workers(None, 20) == (3, 1)
     for bad in ("0", "two"):
-        monkeypatch.setenv(parallel.ENV_WORKERS, bad)
+        monkeypatch.setenv(local_workers.ENV_WORKERS, bad)
         with pytest.raises(WorkerError, match="LOSSLENS_WORKERS must be a positive integer"):
-            parallel.resolve_workers(None, 20)
+            local_workers.resolve_workers(None, 20)
     with pytest.raises(WorkerError, match="integer >= 1"):
-        parallel.resolve_workers(0, 20)
+        local_workers.resolve_workers(0, 20)
 
 
 def test_workers_whose_models_exceed_the_memory_are_refused_or_lowered(traj, tmp_path, monkeypatch):
@@ -135,8 +135,8 @@ def test_workers_whose_models_exceed_the_memory_are_refused_or_lowered(traj, tmp
         assert r.exit_code == 2 and message in r.output, r.output
     assert "use --workers 2 (num_workers=2) or fewer" in sweep("--workers", "3").output
     assert not out.exists()  # refused before the store and the data
-    monkeypatch.setattr(parallel, "available_cores", lambda: 4)
-    monkeypatch.delenv(parallel.ENV_WORKERS)
+    monkeypatch.setattr(local_workers, "available_cores", lambda: 4)
+    monkeypatch.delenv(local_workers.ENV_WORKERS)
     r = sweep("--threads", "1")  # the default (4 cores) is lowered to what fits, not refused
     assert r.exit_code == 1, r.output  # 1: the damaged checkpoint's row failed
     assert "(local, 2 workers)" in r.output and "running 2 worker(s)" in r.output

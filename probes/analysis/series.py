@@ -15,19 +15,19 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from probes.sweep_probes.registry import REGISTRY
+
 from .inputs import AnalysisError
 
 __all__ = ["series", "series_frame", "unconverged", "checkpoint_runs", "CHECKPOINT_COLUMNS"]
 
 CHECKPOINT_COLUMNS = ("step", "tokens", "lr")
-_DEFAULT_METRIC = {"loss": "loss", "quant": "rel_loss_error", "trace": "trace", "eigen": "lambda_1",
-                   "block_trace": "trace", "directional": "dHd", "kurtosis": "pooled", "explain": "kappa",
-                   "accuracy": "acc"}
-_ACCURACY_KEYS = ("delta_acc", "rel_drop", "acc", "acc_norm")
-"""``delta_acc:SPEC`` = accuracy/SPEC/delta_acc (the mean over tasks; ``SPEC@TASK`` for one task)."""
-_ALIASES = {"lambda_max": ("eigen", None, "lambda_1"), "ppl": ("loss", None, "ppl"), "fp_loss": ("loss", None, "loss"),
-            "kurtosis": ("kurtosis", None, "pooled"), "loss": ("loss", None, "loss"), "trace": ("trace", None, "trace"),
-            "eigen": ("eigen", None, "lambda_1")}
+# The series keys each probe declares (probes.sweep_probes.probe.Probe): its default metric, aliases,
+# metric names that take a spec ("delta_acc:rtn:4" = accuracy/rtn:4/delta_acc) and bare-spec keys.
+_DEFAULT_METRIC = {p.name: p.metric for p in REGISTRY}
+_ALIASES = {key: (p.name, None, m) for p in REGISTRY for key, m in p.aliases.items()}
+_SPEC_KEYS = {head: p.name for p in REGISTRY for head in p.spec_keys}
+_BARE_SPEC = tuple(p.name for p in REGISTRY if p.bare_spec)
 
 
 def _canonical_quant(key: str) -> str | None:
@@ -44,8 +44,8 @@ def _resolve(df, key: str) -> tuple[str | None, str | None, str]:
     if key in CHECKPOINT_COLUMNS:
         return None, None, key
     head, sep, rest = key.partition(":")
-    if sep and head in _ACCURACY_KEYS and "/" not in key:
-        return "accuracy", rest, head
+    if sep and head in _SPEC_KEYS and "/" not in key:
+        return _SPEC_KEYS[head], rest, head
     if "/" in key:
         parts = key.split("/")
         if len(parts) == 3:
@@ -64,11 +64,14 @@ def _resolve(df, key: str) -> tuple[str | None, str | None, str]:
         raise AnalysisError(f"metric {key!r} is measured by several probes ({sorted(hit['probe'])}); use 'probe/spec/metric'")
     if key in probes:
         return key, None, _DEFAULT_METRIC.get(key, "")
-    qspecs = set(df.loc[df["probe"] == "quant", "spec"].unique())
+    qspecs: set = set()
     canon = _canonical_quant(key)
-    for cand in (key, canon):
-        if cand is not None and cand in qspecs:
-            return "quant", cand, "rel_loss_error"
+    for name in _BARE_SPEC:
+        specs = set(df.loc[df["probe"] == name, "spec"].unique())
+        for cand in (key, canon):
+            if cand is not None and cand in specs:
+                return name, cand, _DEFAULT_METRIC[name]
+        qspecs |= specs
     valid = sorted(CHECKPOINT_COLUMNS) + sorted(set(_ALIASES) | probes | set(metrics["metric"])) + sorted(qspecs)
     raise AnalysisError(f"unknown series {key!r}; valid keys include: {', '.join(valid)} (or 'probe/spec/metric')")
 

@@ -10,10 +10,13 @@ Modules (each imports only the ones above it):
 - :mod:`.refs`       -- :class:`CheckpointRef` (where one checkpoint is; no weights), :func:`parse_step`;
 - :mod:`.schedule`   -- :class:`Schedule`: LR and tokens per checkpoint from a published schedule (spec
   strings, presets such as ``pythia-160m``, ``trajectory.json`` sidecars);
-- :mod:`.hub`        -- hub ``repo@revision`` resolved through the local HF cache (offline-capable);
+- :mod:`.hub`        -- hub ``repo@revision`` resolved through the local HF cache (offline-capable), revision
+  patterns (globs, ``re:``) matched against the repo's refs;
 - :mod:`.files`      -- config / weight files, safe weight reading (safetensors; torch files only
   with ``weights_only=True``; pickles refused unless ``allow_pickle=True``);
 - :mod:`.derived`    -- :func:`lawa`: LAWA / soup checkpoints, averaged when loaded;
+- :mod:`.records`    -- what a trajectory folder records per checkpoint (``trajectory.json``, HF Trainer's
+  ``trainer_state.json``), applied to the refs;
 - :mod:`.trajectory` -- :class:`Trajectory` (from a folder, the hub or a list), :func:`tokenizer_folder`;
 - :mod:`.configs`    -- a checkpoint's config against its weights (function config, meta-device check);
 - :mod:`.loader`     -- :class:`CheckpointLoader` (one reused model per config) and :func:`load_model`;

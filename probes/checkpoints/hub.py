@@ -6,10 +6,13 @@ cached files ``from_pretrained(repo_id, revision=...)`` uses -- and work offline
 """
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 from pathlib import Path
+from typing import Sequence
 
-from .errors import CheckpointError, RevisionNotCachedError
+from .errors import CheckpointError, NoCheckpointsError, RevisionNotCachedError
 from .refs import CheckpointRef
 
 
@@ -78,3 +81,55 @@ def cached_revisions(repo_id: str, cache_dir: str | Path | None) -> list[str]:
     if not folder.is_dir():
         return []
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def is_pattern(item: str) -> bool:
+    """A revision item that is a pattern: ``re:...`` or a glob (git ref names cannot hold ``*?[`` or ``:``)."""
+    return item.startswith("re:") or any(c in item for c in "*?[")
+
+
+def match_revisions(pattern: str, available: Sequence[str]) -> list[str]:
+    """The names in ``available`` that ``pattern`` (``re:REGEX``, full match, or a glob) matches, in their order."""
+    if pattern.startswith("re:"):
+        try:
+            rx = re.compile(pattern[3:])
+        except re.error as exc:
+            raise NoCheckpointsError(f"revision pattern {pattern!r} is not a valid regular expression: {exc}") from exc
+        return [r for r in available if rx.fullmatch(r)]
+    return [r for r in available if fnmatch.fnmatchcase(r, pattern)]
+
+
+def hub_revisions(repo_id: str, items: Sequence[str], cache_dir: str | Path | None = None,
+                  local_files_only: bool | None = None, available: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+    """The revision names ``items`` of ``repo_id`` stand for, in order, and the items that were patterns.
+
+    An item is a revision name (taken as given), a glob (``"step*"``) or ``"re:<regex>"`` (full
+    match); patterns are matched against ``available`` or, when that is not given, the repo's
+    branches and tags (``huggingface_hub.list_repo_refs``; offline, or when the hub cannot be
+    reached: the refs in the local cache). Raises :class:`NoCheckpointsError` when a pattern
+    matches no revision."""
+    patterns = [x for x in items if is_pattern(x)]
+    revs = list(dict.fromkeys(x for x in items if not is_pattern(x)))
+    if patterns:
+        offline = hub_offline() if local_files_only is None else bool(local_files_only)
+        if available is None and not offline:
+            try:
+                from huggingface_hub import list_repo_refs
+
+                refs_ = list_repo_refs(repo_id)
+                available = sorted({b.name for b in refs_.branches} | {t.name for t in refs_.tags})
+            except Exception:  # no network / private repo: fall back to the local cache
+                available = None
+        where = "" if available is not None else f" in the local Hugging Face cache ({hub_cache_dir(cache_dir)})"
+        if available is None:
+            available = cached_revisions(repo_id, cache_dir)
+        for pattern in patterns:
+            hits = match_revisions(pattern, available)
+            if not hits:
+                raise NoCheckpointsError(
+                    f"no revision of {repo_id} matches {pattern!r} among {len(available)} known revisions{where} "
+                    f"({', '.join(list(available)[:5])}{', ...' if len(available) > 5 else ''}); download them "
+                    f"first (`{download_command(repo_id, 'REV', cache_dir)}`), or name revisions explicitly "
+                    "(hf:org/name@step1000,step2000 / a list)")
+            revs.extend(h for h in hits if h not in revs)
+    return revs, patterns

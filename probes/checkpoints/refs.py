@@ -14,7 +14,7 @@ from typing import Any
 
 from geometry.base.jsonable import jsonable
 
-__all__ = ["CheckpointRef", "parse_step"]
+__all__ = ["CheckpointRef", "name_tokens", "parse_step"]
 
 
 @dataclass(frozen=True)
@@ -125,3 +125,10 @@ def _parse_tokens(name: str) -> int | None:
         return None
     mult = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}[m.group(2).upper()]
     return int(round(float(m.group(1)) * mult))
+
+
+def name_tokens(refs: list[CheckpointRef]) -> list[CheckpointRef]:
+    """Tokens read from checkpoint names (``stage1-step1000-tokens4B``) where nothing better is known;
+    marked ``meta["tokens_source"] = "name"`` (rounded; a schedule's tokens per step replace them)."""
+    return [r if r.tokens is not None or "tokens_from_name" not in r.meta
+            else r.replace(tokens=r.meta["tokens_from_name"], meta={**r.meta, "tokens_source": "name"}) for r in refs]

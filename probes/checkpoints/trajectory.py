@@ -18,7 +18,6 @@ A :class:`Trajectory` is an ordered list of :class:`~probes.checkpoints.refs.Che
 """
 from __future__ import annotations
 
-import fnmatch
 import json
 import re
 from dataclasses import dataclass
@@ -34,8 +33,9 @@ from .errors import (ArchitectureMismatchError, CheckpointError, CorruptCheckpoi
                      NoCheckpointsError, RevisionNotCachedError, UnsafeCheckpointError)
 from .files import (TRAINER_FILES, WEIGHT_SUFFIXES, file_shapes, has_tokenizer_files, local_folder, read_config,
                     ref_weight_files)
-from .hub import cached_revisions, download_command, hub_cache_dir, hub_offline
-from .refs import CheckpointRef, parse_step
+from .hub import hub_revisions
+from .records import apply_trainer_state, apply_trajectory_json, trainer_states
+from .refs import CheckpointRef, name_tokens, parse_step
 from .schedule import Schedule, apply_schedule, as_schedule, check_tokens_per_step, read_sidecar
 
 __all__ = ["Trajectory", "CheckpointProblem", "tokenizer_folder"]
@@ -158,22 +158,22 @@ class Trajectory:
                 "or a trajectory.json")
         refs.sort(key=_sort_key)
         if tj_data is not None:
-            refs = _apply_trajectory_json(refs, tj_data, root)
+            refs = apply_trajectory_json(refs, tj_data, root)
             meta.update({k: v for k, v in tj_data.items() if k != "checkpoints"})
             if tj_data.get("validation_set"):
                 meta["validation_set"] = str(root / tj_data["validation_set"])
             if tj_data.get("tokenizer"):
                 meta["tokenizer_dir"] = str(root / tj_data["tokenizer"])
             name = name or tj_data.get("name")
-        states = _trainer_states(root, refs)
+        states = trainer_states(root, refs)
         if states:
-            refs = _apply_trainer_state(refs, states)
+            refs = apply_trainer_state(refs, states)
             meta["trainer_state"] = True
         if tj.is_file():  # "schedule" / "tokens_per_step": fill what trajectory.json and trainer_state.json lack
             sched, tps = read_sidecar(tj)
             refs = apply_schedule(refs, sched, tps, override=False)
             meta.update({k: v for k, v in (("schedule", sched and sched.spec), ("tokens_per_step", tps)) if v})
-        return cls(_name_tokens(refs), name or root.name, meta)
+        return cls(name_tokens(refs), name or root.name, meta)
 
     @classmethod
     def from_hub(cls, repo_id: str, revisions: "Sequence[str] | str", cache_dir: str | Path | None = None,
@@ -195,31 +195,8 @@ class Trajectory:
         items = [revisions] if isinstance(revisions, str) else list(revisions)
         if not items:
             raise NoCheckpointsError(f"no revisions given for {repo_id}")
-        patterns = [x for x in items if _is_pattern(x)]
-        revs = list(dict.fromkeys(x for x in items if not _is_pattern(x)))
-        if patterns:
-            offline = hub_offline() if local_files_only is None else bool(local_files_only)
-            if available is None and not offline:
-                try:
-                    from huggingface_hub import list_repo_refs
-
-                    refs_ = list_repo_refs(repo_id)
-                    available = sorted({b.name for b in refs_.branches} | {t.name for t in refs_.tags})
-                except Exception:  # no network / private repo: fall back to the local cache
-                    available = None
-            where = "" if available is not None else f" in the local Hugging Face cache ({hub_cache_dir(cache_dir)})"
-            if available is None:
-                available = cached_revisions(repo_id, cache_dir)
-            for pattern in patterns:
-                hits = _match(pattern, available)
-                if not hits:
-                    raise NoCheckpointsError(
-                        f"no revision of {repo_id} matches {pattern!r} among {len(available)} known revisions{where} "
-                        f"({', '.join(list(available)[:5])}{', ...' if len(available) > 5 else ''}); download them "
-                        f"first (`{download_command(repo_id, 'REV', cache_dir)}`), or name revisions explicitly "
-                        "(hf:org/name@step1000,step2000 / a list)")
-                revs.extend(h for h in hits if h not in revs)
-        refs = _name_tokens([CheckpointRef.from_hub(repo_id, r, cache_dir, local_files_only) for r in revs])
+        revs, patterns = hub_revisions(repo_id, items, cache_dir, local_files_only, available)
+        refs = name_tokens([CheckpointRef.from_hub(repo_id, r, cache_dir, local_files_only) for r in revs])
         if patterns:
             refs.sort(key=_sort_key)
         return cls(refs, name or repo_id, {"repo_id": repo_id, "cache_dir": str(cache_dir) if cache_dir else None})
@@ -355,100 +332,3 @@ def tokenizer_folder(obj: "CheckpointRef | Trajectory | str | Path") -> Path | N
         return tokenizer_folder(Trajectory.from_folder(p))
     except CheckpointError:
         return p if p.is_dir() and has_tokenizer_files(p) else None
-
-
-def _apply_trajectory_json(refs: list[CheckpointRef], data: dict, root: Path) -> list[CheckpointRef]:
-    by_path = {Path(e["path"]).name: e for e in data.get("checkpoints", []) if e.get("path")}
-    by_step = {e["step"]: e for e in data.get("checkpoints", []) if e.get("step") is not None}
-    out = []
-    for r in refs:
-        e = by_path.get(Path(r.location or "").name) or by_step.get(r.step)
-        if e is None:
-            out.append(r)
-            continue
-        extra = {k: v for k, v in e.items() if k not in ("path", "step", "tokens", "lr")}
-        out.append(r.replace(step=e.get("step", r.step), tokens=e.get("tokens", r.tokens), lr=e.get("lr", r.lr),
-                             meta={**r.meta, **extra, "source": "trajectory.json"}))
-    return out
-
-
-def _trainer_states(root: Path, refs: list[CheckpointRef]) -> list[dict]:
-    files = [root / "trainer_state.json"] + [Path(r.location) / "trainer_state.json" for r in refs
-                                              if r.kind == "hf_dir" and r.location]
-    states = []
-    for f in files:
-        if f.is_file():
-            try:
-                states.append(json.loads(f.read_text()))
-            except (ValueError, UnicodeDecodeError) as exc:  # its LR and tokens would silently go missing
-                raise CorruptCheckpointError(
-                    f"{f} is not valid JSON ({exc}); the learning rates and tokens of this trajectory come from it. "
-                    "Repair it (the HF Trainer writes it next to each checkpoint), or delete it and give the schedule "
-                    "with --schedule / a trajectory.json") from exc
-    return states
-
-
-def _apply_trainer_state(refs: list[CheckpointRef], states: list[dict]) -> list[CheckpointRef]:
-    """LR / tokens / losses from HF Trainer ``log_history``: the entry logged at the checkpoint's
-    step, else the latest entry logged before it (Trainer logs every ``logging_steps``)."""
-    seen, log = set(), []
-    for st in states:
-        for e in st.get("log_history", []):
-            key = json.dumps(e, sort_keys=True)
-            if "step" in e and key not in seen:
-                seen.add(key)
-                log.append(e)
-    log.sort(key=lambda e: e["step"])
-
-    def lookup(field_: str, step: int, exact: bool = False) -> tuple[Any, int] | None:
-        best = None
-        for e in log:
-            if field_ in e and e["step"] <= step:
-                best = (e[field_], e["step"])
-        if best is not None and exact and best[1] != step:
-            return None
-        return best
-
-    out = []
-    for r in refs:
-        if r.step is None:
-            out.append(r)
-            continue
-        meta = dict(r.meta)
-        lr, tokens = r.lr, r.tokens
-        hit = lookup("learning_rate", r.step)
-        if lr is None and hit is not None:
-            lr = float(hit[0])
-            meta["lr_logged_at"] = hit[1]
-        hit = lookup("num_input_tokens_seen", r.step)
-        if tokens is None and hit is not None:
-            tokens = int(hit[0])
-            meta["tokens_logged_at"] = hit[1]
-        for src, dst in (("loss", "train_loss"), ("eval_loss", "val_loss")):
-            hit = lookup(src, r.step, exact=True)
-            if hit is not None and dst not in meta:
-                meta[dst] = float(hit[0])
-        out.append(r.replace(lr=lr, tokens=tokens, meta=meta))
-    return out
-
-
-def _is_pattern(item: str) -> bool:
-    """A revision item that is a pattern: ``re:...`` or a glob (git ref names cannot hold ``*?[`` or ``:``)."""
-    return item.startswith("re:") or any(c in item for c in "*?[")
-
-
-def _match(pattern: str, available: Sequence[str]) -> list[str]:
-    if pattern.startswith("re:"):
-        try:
-            rx = re.compile(pattern[3:])
-        except re.error as exc:
-            raise NoCheckpointsError(f"revision pattern {pattern!r} is not a valid regular expression: {exc}") from exc
-        return [r for r in available if rx.fullmatch(r)]
-    return [r for r in available if fnmatch.fnmatchcase(r, pattern)]
-
-
-def _name_tokens(refs: list[CheckpointRef]) -> list[CheckpointRef]:
-    """Tokens read from checkpoint names (``stage1-step1000-tokens4B``) where nothing better is known;
-    marked ``meta["tokens_source"] = "name"`` (rounded; a schedule's tokens per step replace them)."""
-    return [r if r.tokens is not None or "tokens_from_name" not in r.meta
-            else r.replace(tokens=r.meta["tokens_from_name"], meta={**r.meta, "tokens_source": "name"}) for r in refs]

@@ -1,9 +1,17 @@
-"""Options that several commands share: how a trajectory or checkpoint is named, the hub cache,
-and the schedule that gives hub revisions their LR and tokens (one text, one parser:
-:mod:`probes.checkpoints.locate` and :mod:`probes.checkpoints.schedule`)."""
+"""Option groups several commands share, each declared once (:mod:`probes.commands._options`): how a
+trajectory or checkpoint is named and dated (:mod:`probes.checkpoints.locate`,
+:mod:`probes.checkpoints.schedule`), how its weights are loaded, the memory budget, and the HVP
+backend and parallelism. A command takes a group as one parameter (``memory: MemoryOptions =
+MemoryOptions()``); ``--help`` lists the group's fields as its options."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+from ._options import option
 
 TRAJECTORY_HELP = ("Trajectory: a folder of checkpoints, or a hub trajectory hf:ORG/NAME@REVISIONS where REVISIONS "
                    "is a glob (hf:EleutherAI/pythia-160m@step*), re:REGEX, or a list (@step1000,step2000). "
@@ -13,47 +21,91 @@ CHECKPOINT_HELP = ("Checkpoint: a checkpoint folder or weight file, a trajectory
                    "trajectory hf:ORG/NAME@step* with --label.")
 
 
-def cache_dir_option():
-    return typer.Option(None, "--cache-dir", help="Hugging Face hub cache holding hf: revisions (default: $HF_HUB_CACHE, "
-                                                  "$HF_HOME/hub or ~/.cache/huggingface/hub).")
+@dataclass(frozen=True)
+class TrajectoryOptions:
+    """Where hub revisions are read from, and the LR and tokens each checkpoint is given
+    (:func:`probes.checkpoints.open_trajectory`)."""
+
+    cache_dir: Optional[Path] = option(
+        None, "--cache-dir",
+        help="Hugging Face hub cache holding hf: revisions (default: $HF_HUB_CACHE, $HF_HOME/hub or "
+             "~/.cache/huggingface/hub).")
+    schedule: Optional[str] = option(
+        None, "--schedule",
+        help="LR schedule giving every checkpoint its LR (and tokens) from its step, replacing recorded values: a "
+             "preset (pythia-160m, pythia-70m, ...; pythia-<size>-deduped) or FAMILY:key=value,... with FAMILY "
+             "cosine, wsd, linear or constant and keys peak, warmup, total, final, decay, floor, lag, tokens, e.g. "
+             "cosine:peak=6e-4,warmup=1430,total=143000,final=0.1.")
+    tokens_per_step: Optional[int] = option(
+        None, "--tokens-per-step", min=1,
+        help="Tokens per optimizer step (tokens = step × this; Pythia: 2097152 = 1024 × 2048).")
 
 
-def schedule_option():
-    return typer.Option(None, "--schedule", help="LR schedule giving every checkpoint its LR (and tokens) from its step, "
-                                                 "replacing recorded values: a preset (pythia-160m, pythia-70m, ...; "
-                                                 "pythia-<size>-deduped) or FAMILY:key=value,... with FAMILY cosine, wsd, "
-                                                 "linear or constant and keys peak, warmup, total, final, decay, floor, "
-                                                 "lag, tokens, e.g. cosine:peak=6e-4,warmup=1430,total=143000,final=0.1.")
+@dataclass(frozen=True)
+class CheckpointOptions(TrajectoryOptions):
+    """:class:`TrajectoryOptions` and the label that picks one checkpoint of a trajectory
+    (:func:`probes.checkpoints.open_checkpoint`)."""
+
+    label: Optional[str] = option(
+        None, "--label", help="Checkpoint label inside a trajectory folder or hub trajectory (default: last).")
 
 
-def tokens_option():
-    return typer.Option(None, "--tokens-per-step", min=1, help="Tokens per optimizer step (tokens = step × this; "
-                                                               "Pythia: 2097152 = 1024 × 2048).")
+@dataclass(frozen=True)
+class LoadOptions:
+    """How checkpoint weights are loaded (:class:`probes.checkpoints.CheckpointLoader`)."""
+
+    device: Optional[str] = option(None, "--device")
+    dtype: Optional[str] = option(
+        None, "--dtype", help="Load the weights as float32 (default), bfloat16, float16 or float64.")
+    allow_pickle: bool = option(
+        False, "--allow-pickle",
+        help="Load a .bin/.pt checkpoint that needs full pickle (can run arbitrary code: only for files you trust).")
 
 
-def label_option():
-    return typer.Option(None, "--label", help="Checkpoint label inside a trajectory folder or hub trajectory (default: last).")
+@dataclass(frozen=True)
+class MemoryOptions:
+    """The memory each curvature estimator may use beyond the model (:mod:`geometry.memory.model`),
+    and whether it is a cap on resident memory (:func:`apply_strict_memory`)."""
+
+    max_memory: Optional[str] = option(
+        None, "--max-memory",
+        help="Memory each estimator may use beyond the model, e.g. 8GB (default: a third of the total RAM / 80% of "
+             "the GPU memory not held by the model; what each estimator chose is in the output).")
+    strict_memory: Optional[bool] = option(
+        None, "--strict-memory/--no-strict-memory",
+        help="On a CPU, make the memory budget a cap on resident memory: freed tensor memory goes back to the OS at "
+             "once (glibc: allocations of 64 kB and more are mapped on their own), so peak RSS above the model stays "
+             "within the plan; costs about 1.6-1.7x the time. Default: on when --max-memory is given, off with the "
+             "default budget (a third of the RAM), where glibc's kept heap memory fits in the rest "
+             "(benchmarks/README.md, \"Scale\"). Applies to this process and the local sweep workers it starts (not "
+             "to Ray's).")
+
+    def apply(self) -> bool:
+        """:func:`apply_strict_memory` with these options; call it first thing in a command."""
+        return apply_strict_memory(self.strict_memory, self.max_memory)
 
 
-def backend_option():
-    return typer.Option("reverse", "--backend", help="HVP backend: reverse (exact, default) | forward (exact) | "
-                        "difference (gradient differences, first order only; error measured and recorded) | auto "
-                        "(reverse when its pass fits --max-memory, else difference)")
+@dataclass(frozen=True)
+class ComputeOptions:
+    """How the Hessian-vector products run: the backend (:class:`geometry.HessianOperator`), the
+    compute dtype (:mod:`geometry.operators.precision`), the ranks under torchrun (:mod:`probes.core.distributed`) and torch's threads."""
 
-
-def compute_dtype_option():
-    return typer.Option(None, "--compute-dtype", help="dtype the Hessian products run in: float32 | bfloat16 | float16 | "
-                        "float64 (default: float32 for bfloat16/float16 weights, the weights' dtype otherwise; half "
-                        "arithmetic is off by percents: its measured error is shown)")
-
-
-def strict_memory_option():
-    return typer.Option(None, "--strict-memory/--no-strict-memory", help="On a CPU, make the memory budget a cap "
-                        "on resident memory: freed tensor memory goes back to the OS at once (glibc: allocations "
-                        "of 64 kB and more are mapped on their own), so peak RSS above the model stays within the "
-                        "plan; costs about 1.6-1.7x the time. Default: on when --max-memory is given, off with the "
-                        "default budget (a third of the RAM), where glibc's kept heap memory fits in the rest "
-                        "(benchmarks/README.md, \"Scale\"). Applies to this process and the local sweep workers it starts (not to Ray's).")
+    backend: Optional[str] = option(
+        "reverse", "--backend",
+        help="HVP backend: reverse (exact, default) | forward (exact) | difference (gradient differences, first "
+             "order only; error measured and recorded) | auto (reverse when its pass fits --max-memory, else "
+             "difference)")
+    compute_dtype: Optional[str] = option(
+        None, "--compute-dtype",
+        help="dtype the Hessian products run in: float32 | bfloat16 | float16 | float64 (default: float32 for "
+             "bfloat16/float16 weights, the weights' dtype otherwise; half arithmetic is off by percents: its "
+             "measured error is shown)")
+    threads: Optional[int] = option(None, "--threads", help="torch threads (default: torch's).")
+    parallel: str = option(
+        "none", "--parallel",
+        help="none | data | fsdp, under torchrun: data splits the curvature batches over the ranks; fsdp also "
+             "shards the model, every vector and the estimators' state (FSDP2, gradient differences). Only rank 0 "
+             "prints.")
 
 
 def apply_strict_memory(strict: bool | None, max_memory: str | None = None) -> bool:
@@ -74,5 +126,5 @@ def apply_strict_memory(strict: bool | None, max_memory: str | None = None) -> b
     return False
 
 
-def register(app: typer.Typer) -> None:  # no commands here; probes.cli registers every module of this package
-    return None
+__all__ = ["CHECKPOINT_HELP", "TRAJECTORY_HELP", "CheckpointOptions", "ComputeOptions", "LoadOptions", "MemoryOptions",
+           "TrajectoryOptions", "apply_strict_memory"]

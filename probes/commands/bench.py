@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from typing import Annotated
+
 import typer
 
 SUITE = ("hvp_throughput", "solvers", "estimators", "quantize", "surface", "sweep", "scale", "data_parallel", "sharded",
@@ -51,26 +53,30 @@ def _print_rows(name: str, rows: list[dict]) -> None:
     Console().print(table)
 
 
+def bench(
+    name: Annotated[str, typer.Argument(help=f"one of {', '.join(SUITE)} (or 'hvp'), or 'all'")] = "all",
+    *,
+    quick: Annotated[bool, typer.Option("--quick", help="small settings (each benchmark < ~90 s)")] = False,
+    json_out: Annotated[Path, typer.Option("--json", help="also write all rows to this JSON file")] = None,
+) -> None:
+    """Run benchmarks (HVP throughput, estimator accuracy, GPTQ, surface, sweep against peers; difference: the
+    gradient-difference backend against the exact products; scale: memory
+    model against measured peaks on Pythia shapes; gpu: the CUDA path, where a GPU is present)."""
+    names = SUITE if name == "all" else (ALIASES.get(name, name),)
+    unknown = [n for n in names if n not in SUITE]
+    if unknown:
+        raise typer.BadParameter(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(SUITE)}, hvp or all")
+    everything = {}
+    for n in names:
+        typer.echo(f"== benchmark {n}{' (quick)' if quick else ''}")
+        rows = _load(n).run(quick=quick)
+        everything[n] = rows
+        _print_rows(n, rows)
+    if json_out:
+        json_out.write_text(json.dumps(everything, indent=2, default=str))
+        typer.echo(f"wrote {json_out}")
+
+
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def bench(
-        name: str = typer.Argument("all", help=f"one of {', '.join(SUITE)} (or 'hvp'), or 'all'"),
-        quick: bool = typer.Option(False, "--quick", help="small settings (each benchmark < ~90 s)"),
-        json_out: Path = typer.Option(None, "--json", help="also write all rows to this JSON file"),
-    ) -> None:
-        """Run benchmarks (HVP throughput, estimator accuracy, GPTQ, surface, sweep against peers; difference: the
-        gradient-difference backend against the exact products; scale: memory
-        model against measured peaks on Pythia shapes; gpu: the CUDA path, where a GPU is present)."""
-        names = SUITE if name == "all" else (ALIASES.get(name, name),)
-        unknown = [n for n in names if n not in SUITE]
-        if unknown:
-            raise typer.BadParameter(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(SUITE)}, hvp or all")
-        everything = {}
-        for n in names:
-            typer.echo(f"== benchmark {n}{' (quick)' if quick else ''}")
-            rows = _load(n).run(quick=quick)
-            everything[n] = rows
-            _print_rows(n, rows)
-        if json_out:
-            json_out.write_text(json.dumps(everything, indent=2, default=str))
-            typer.echo(f"wrote {json_out}")
+    """Add this module's commands to the `losslens` app."""
+    app.command()(bench)

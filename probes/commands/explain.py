@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
-from ._shared import (CHECKPOINT_HELP, apply_strict_memory, backend_option, cache_dir_option, compute_dtype_option, label_option,
-                      schedule_option,
-                      strict_memory_option, tokens_option)
+from ._options import cli, option_of
+from ._shared import CHECKPOINT_HELP, CheckpointOptions, ComputeOptions, MemoryOptions
 
 DEFAULT_SPECS = ["rtn:4:g128", "gptq:4:g128"]
 
@@ -65,62 +64,74 @@ def _print(result: dict) -> None:
             con.print(f"cross-block terms add {e.attribution.cross:+.4g} to δᵀHδ = {e.factors.dHd:+.4g}")
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def explain(
-        checkpoint: str = typer.Argument(..., help=CHECKPOINT_HELP),
-        spec: Optional[List[str]] = typer.Option(None, "--spec", "-s",
-                                                 help=f"quantizer spec, repeatable (default: {' '.join(DEFAULT_SPECS)})"),
-        blocks: str = typer.Option("layer", "--blocks", help="block partition: layer, kind, layer_kind, module, parameter"),
-        within: bool = typer.Option(False, "--within", help="also δ_bᵀH_bbδ_b per block (one HVP per block and spec)"),
-        trace_hvps: int = typer.Option(30, "--trace-hvps", min=3, help="HVPs of the tr H estimate (shared by the specs)"),
-        trace_method: str = typer.Option("hutch++", "--trace-method", help="hutch++ or hutchinson"),
-        label: Optional[str] = label_option(),
-        out: Path = typer.Option(Path("explain.json"), "--out", "-o", help="JSON file to write"),
-        json_out: bool = typer.Option(False, "--json", help="print the JSON instead of the tables"),
-        quick: bool = typer.Option(False, "--quick", help="small default token sets (smoke runs)"),
-        curvature_set: Optional[Path] = typer.Option(None, "--curvature-set", help="curvature TokenSet file (TokenSet.save)"),
-        calib_set: Optional[Path] = typer.Option(None, "--calib-set", help="calibration TokenSet file (GPTQ / AWQ)"),
-        modules: Optional[List[str]] = typer.Option(None, "--modules", "-m", help="glob(s) of linear layers to quantize"),
-        seed: int = typer.Option(0, "--seed", help="seed of the trace estimate and the default token sets"),
-        device: Optional[str] = typer.Option(None, "--device", help="torch device (default: cuda when available)"),
-        threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch threads"),
-        max_memory: Optional[str] = typer.Option(None, "--max-memory", help="bytes or e.g. 8GB each curvature step may allocate"),
-        strict_memory: Optional[bool] = strict_memory_option(),
-        backend: str = backend_option(),
-        compute_dtype: Optional[str] = compute_dtype_option(),
-        cache_dir: Optional[Path] = cache_dir_option(),
-        schedule: Optional[str] = schedule_option(),
-        tokens_per_step: Optional[int] = tokens_option(),
-    ) -> None:
-        """Explain CHECKPOINT's quantization error by factor (‖δ‖², tr H/n, κ), by block and by quantizer."""
-        from geometry.base.results import EstimatorError
-        from probes.explain import BlockError, ExplainError, explain_checkpoint
-        from probes.quant import QuantizeError, QuantSpec
+EXPLAIN_HELP = {"max_memory": "bytes or e.g. 8GB each curvature step may allocate"}
+"""Help texts of ``losslens explain`` for fields of the shared option groups."""
 
-        apply_strict_memory(strict_memory, max_memory)
-        specs = spec or DEFAULT_SPECS
-        try:
-            specs = [str(QuantSpec.parse(s)) for s in specs]
-        except QuantizeError as e:
-            raise typer.BadParameter(str(e), param_hint="--spec") from None
-        try:
-            result = explain_checkpoint(checkpoint, specs, label=label, blocks=blocks, within=within, trace_matvecs=trace_hvps,
-                                        trace_method=trace_method, seed=seed, quick=quick, device=device,
-                                        curvature_set=curvature_set, calibration_set=calib_set, modules=modules,
-                                        num_threads=threads, max_memory=max_memory, cache_dir=cache_dir,
-                                        schedule=schedule, tokens_per_step=tokens_per_step, backend=backend,
-                                        compute_dtype=compute_dtype)
-        except (ExplainError, BlockError, QuantizeError, EstimatorError) as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2)
-        payload = {k: v for k, v in result.items() if k != "explanations"}
-        payload["explanations"] = [e.to_dict() for e in result["explanations"]]
-        text = json.dumps(payload, indent=1, default=str)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-        if json_out:
-            typer.echo(text)
-        else:
-            _print(result)
-            typer.echo(f"wrote {out}")
+
+def explain(
+    checkpoint: Annotated[str, typer.Argument(help=CHECKPOINT_HELP)],
+    *,
+    spec: Annotated[Optional[List[str]], typer.Option(
+        "--spec", "-s", help=f"quantizer spec, repeatable (default: {' '.join(DEFAULT_SPECS)})")] = None,
+    blocks: Annotated[str, typer.Option(
+        "--blocks", help="block partition: layer, kind, layer_kind, module, parameter")] = "layer",
+    within: Annotated[bool, typer.Option(
+        "--within", help="also δ_bᵀH_bbδ_b per block (one HVP per block and spec)")] = False,
+    trace_hvps: Annotated[int, typer.Option(
+        "--trace-hvps", min=3, help="HVPs of the tr H estimate (shared by the specs)")] = 30,
+    trace_method: Annotated[str, typer.Option("--trace-method", help="hutch++ or hutchinson")] = "hutch++",
+    source: CheckpointOptions = CheckpointOptions(),
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSON file to write")] = Path("explain.json"),
+    json_out: Annotated[bool, typer.Option("--json", help="print the JSON instead of the tables")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="small default token sets (smoke runs)")] = False,
+    curvature_set: Annotated[Optional[Path], typer.Option(
+        "--curvature-set", help="curvature TokenSet file (TokenSet.save)")] = None,
+    calib_set: Annotated[Optional[Path], typer.Option(
+        "--calib-set", help="calibration TokenSet file (GPTQ / AWQ)")] = None,
+    modules: Annotated[Optional[List[str]], typer.Option(
+        "--modules", "-m", help="glob(s) of linear layers to quantize")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the trace estimate and the default token sets")] = 0,
+    device: Annotated[Optional[str], typer.Option(
+        "--device", help="torch device (default: cuda when available)")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="torch threads")] = None,
+    memory: MemoryOptions = MemoryOptions(),
+    backend: Annotated[str, option_of(ComputeOptions, "backend")] = "reverse",
+    compute_dtype: Annotated[Optional[str], option_of(ComputeOptions, "compute_dtype")] = None,
+) -> None:
+    """Explain CHECKPOINT's quantization error by factor (‖δ‖², tr H/n, κ), by block and by quantizer."""
+    from geometry.base.results import EstimatorError
+    from probes.explain import BlockError, ExplainError, explain_checkpoint
+    from probes.quant import QuantizeError, QuantSpec
+
+    memory.apply()
+    specs = spec or DEFAULT_SPECS
+    try:
+        specs = [str(QuantSpec.parse(s)) for s in specs]
+    except QuantizeError as e:
+        raise typer.BadParameter(str(e), param_hint="--spec") from None
+    try:
+        result = explain_checkpoint(checkpoint, specs, label=source.label, blocks=blocks, within=within, trace_matvecs=trace_hvps,
+                                    trace_method=trace_method, seed=seed, quick=quick, device=device,
+                                    curvature_set=curvature_set, calibration_set=calib_set, modules=modules,
+                                    num_threads=threads, max_memory=memory.max_memory,
+                                    cache_dir=source.cache_dir, schedule=source.schedule,
+                                    tokens_per_step=source.tokens_per_step, backend=backend,
+                                    compute_dtype=compute_dtype)
+    except (ExplainError, BlockError, QuantizeError, EstimatorError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    payload = {k: v for k, v in result.items() if k != "explanations"}
+    payload["explanations"] = [e.to_dict() for e in result["explanations"]]
+    text = json.dumps(payload, indent=1, default=str)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    if json_out:
+        typer.echo(text)
+    else:
+        _print(result)
+        typer.echo(f"wrote {out}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the `losslens` app."""
+    app.command()(cli(explain, help=EXPLAIN_HELP))

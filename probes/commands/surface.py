@@ -3,11 +3,12 @@ interactive page."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
-from ._shared import CHECKPOINT_HELP, cache_dir_option, label_option
+from ._options import option_of
+from ._shared import CHECKPOINT_HELP, CheckpointOptions
 
 
 def _echo_err(msg: str) -> None:
@@ -146,54 +147,66 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errs)
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def surface(
-        checkpoint: str = typer.Argument(..., help="Θ_K, the plane's origin A. " + CHECKPOINT_HELP),
-        previous: Optional[str] = typer.Option(None, "--previous", "-p",
-                                               help="Previous checkpoint Θ_{K−1} (B): a folder, weight file or hf:ORG/NAME@REV. "
-                                                    "Default: the checkpoint before CHECKPOINT in its trajectory."),
-        label: Optional[str] = label_option(),
-        cache_dir: Optional[Path] = cache_dir_option(),
-        spec: str = typer.Option("rtn:4:g128", "--spec", "-s", help="Quantizer spec giving C = Θ̂_K (e.g. rtn:4:g128, int8, gptq:3:g128)."),
-        grid: int = typer.Option(31, "--grid", "-g", help="Grid points per axis (>= 2)."),
-        margin: float = typer.Option(0.25, "--margin", help="Margin around A, B, C as a fraction of their extent."),
-        out: Path = typer.Option(Path("surface.html"), "--out", "-o", help="Self-contained HTML page to write."),
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the Surface as JSON (input of `losslens report --surface`)."),
-        png: Optional[Path] = typer.Option(None, "--png", help="Also write a static PNG (needs kaleido + Chromium; skipped otherwise)."),
-        log: bool = typer.Option(False, "--log", help="Colour/height by log10(loss)."),
-        quick: bool = typer.Option(False, "--quick", help="Small evaluation set (4 batches of 4×64)."),
-        data: Optional[Path] = typer.Option(None, "--data", help="Evaluation TokenSet file (default: the checkpoint tokenizer's default eval set)."),
-        calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration TokenSet file (GPTQ)."),
-        random: bool = typer.Option(False, "--random-plane", help="Li et al. random filter-normalised plane around CHECKPOINT instead."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the random plane."),
-        resume: Optional[Path] = typer.Option(None, "--resume", help=".npz file of finished grid rows (written as it goes; rerun resumes)."),
-        device: Optional[str] = typer.Option(None, "--device", help="Device (default cpu; e.g. cuda)."),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-        allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin/.pt checkpoints that need full pickle "
-                                          "(can run arbitrary code: only for files you trust)."),
-    ) -> None:
-        """Draw the quantization plane through a checkpoint, its predecessor and its quantized self."""
-        from probes.report.pages import export_png, surface_page
-        from probes.report.surface_figures import surface_figure
+def surface(
+    checkpoint: Annotated[str, typer.Argument(help="Θ_K, the plane's origin A. " + CHECKPOINT_HELP)],
+    *,
+    previous: Annotated[Optional[str], typer.Option(
+        "--previous", "-p", help="Previous checkpoint Θ_{K−1} (B): a folder, weight file or hf:ORG/NAME@REV. Default: "
+        "the checkpoint before CHECKPOINT in its trajectory.")] = None,
+    label: Annotated[Optional[str], option_of(CheckpointOptions, "label")] = None,
+    cache_dir: Annotated[Optional[Path], option_of(CheckpointOptions, "cache_dir")] = None,
+    spec: Annotated[str, typer.Option(
+        "--spec", "-s", help="Quantizer spec giving C = Θ̂_K (e.g. rtn:4:g128, int8, gptq:3:g128).")] = "rtn:4:g128",
+    grid: Annotated[int, typer.Option("--grid", "-g", help="Grid points per axis (>= 2).")] = 31,
+    margin: Annotated[float, typer.Option(
+        "--margin", help="Margin around A, B, C as a fraction of their extent.")] = 0.25,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Self-contained HTML page to write.")] = Path("surface.html"),
+    json_out: Annotated[Optional[Path], typer.Option(
+        "--json", help="Also write the Surface as JSON (input of `losslens report --surface`).")] = None,
+    png: Annotated[Optional[Path], typer.Option(
+        "--png", help="Also write a static PNG (needs kaleido + Chromium; skipped otherwise).")] = None,
+    log: Annotated[bool, typer.Option("--log", help="Colour/height by log10(loss).")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Small evaluation set (4 batches of 4×64).")] = False,
+    data: Annotated[Optional[Path], typer.Option(
+        "--data", help="Evaluation TokenSet file (default: the checkpoint tokenizer's default eval set).")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(
+        "--calibration", help="Calibration TokenSet file (GPTQ).")] = None,
+    random: Annotated[bool, typer.Option(
+        "--random-plane", help="Li et al. random filter-normalised plane around CHECKPOINT instead.")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random plane.")] = 0,
+    resume: Annotated[Optional[Path], typer.Option(
+        "--resume", help=".npz file of finished grid rows (written as it goes; rerun resumes).")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="Device (default cpu; e.g. cuda).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Load .bin/.pt checkpoints that need full pickle "
+                                          "(can run arbitrary code: only for files you trust).")] = False,
+) -> None:
+    """Draw the quantization plane through a checkpoint, its predecessor and its quantized self."""
+    from probes.report.pages import export_png, surface_page
+    from probes.report.surface_figures import surface_figure
 
-        try:
-            surf, info = checkpoint_surface(checkpoint, previous, spec, grid=grid, margin=margin, quick=quick,
-                                            device=device, resume=resume, progress=not quiet, seed=seed,
-                                            random_plane=random, data=data, calibration=calibration,
-                                            allow_pickle=allow_pickle, label=label, cache_dir=cache_dir)
-        except _user_errors() as exc:
-            _echo_err(f"{type(exc).__name__}: {exc}")
-            raise typer.Exit(2)
-        title = f"loss on the {'random' if random else 'quantization'} plane of {label or Path(checkpoint).name}"
-        surface_page(surf, out, title=title, log=log, extra=info)
-        if json_out:
-            surf.save(json_out)
-        for label, (x, y, loss) in surf.points.items():
-            typer.echo(f"{label}: (x={x:.5g}, y={y:.5g}) loss {loss:.6f}")
-        typer.echo(f"{len(surf.x)}×{len(surf.y)} grid in {surf.seconds:.1f} s "
-                   f"({surf.meta['points_per_second']:.2f} points/s); {surf.n_nonfinite} non-finite point(s)")
-        if png:
-            ok = export_png(surface_figure(surf, log=log, title=title), png, width=1300, height=560)
-            typer.echo(f"PNG {'written to ' + str(png) if ok else 'skipped (kaleido/Chromium unavailable)'}")
-        typer.echo(f"wrote {out}")
+    try:
+        surf, info = checkpoint_surface(checkpoint, previous, spec, grid=grid, margin=margin, quick=quick,
+                                        device=device, resume=resume, progress=not quiet, seed=seed,
+                                        random_plane=random, data=data, calibration=calibration,
+                                        allow_pickle=allow_pickle, label=label, cache_dir=cache_dir)
+    except _user_errors() as exc:
+        _echo_err(f"{type(exc).__name__}: {exc}")
+        raise typer.Exit(2)
+    title = f"loss on the {'random' if random else 'quantization'} plane of {label or Path(checkpoint).name}"
+    surface_page(surf, out, title=title, log=log, extra=info)
+    if json_out:
+        surf.save(json_out)
+    for label, (x, y, loss) in surf.points.items():
+        typer.echo(f"{label}: (x={x:.5g}, y={y:.5g}) loss {loss:.6f}")
+    typer.echo(f"{len(surf.x)}×{len(surf.y)} grid in {surf.seconds:.1f} s "
+               f"({surf.meta['points_per_second']:.2f} points/s); {surf.n_nonfinite} non-finite point(s)")
+    if png:
+        ok = export_png(surface_figure(surf, log=log, title=title), png, width=1300, height=560)
+        typer.echo(f"PNG {'written to ' + str(png) if ok else 'skipped (kaleido/Chromium unavailable)'}")
+    typer.echo(f"wrote {out}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the `losslens` app."""
+    app.command()(surface)

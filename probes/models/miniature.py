@@ -6,7 +6,8 @@ model on a float64 miniature of the same class: its config with the sizes shrunk
 hidden 32, MLP 64, at most 4 layers; vocabulary, special tokens, attention implementation, rotary
 settings and per-layer patterns kept), random-initialised on the model's device. A 7B model is
 then checked in milliseconds and a few MB, in float64, where finite differences are exact enough
-(in bfloat16 a useful step is below half an ulp of most weights).
+(in bfloat16 a useful step is below half an ulp of most weights). :func:`working_model` picks the
+model the check runs on (the model, a float64 copy or a miniature).
 """
 from __future__ import annotations
 
@@ -70,4 +71,47 @@ def miniature(model: nn.Module, dtype: torch.dtype = torch.float64) -> nn.Module
         return None
 
 
-__all__ = ["miniature"]
+def working_model(model: nn.Module, precision, messages: list[str]) -> tuple[nn.Module, str]:
+    """The model :func:`probes.models.second_order.check_second_order` runs on, and what it is:
+    ``precision="native"`` the model; a torch dtype: the model in it (a copy when it differs);
+    ``"auto"``: a float64 copy under 50M parameters (not half precision), else a float64
+    :func:`miniature` (a float32 copy when none can be built). Notes go to ``messages``."""
+    n_params = sum(p.numel() for p in model.parameters())
+    model_dtype = next(model.parameters()).dtype
+    if precision == "native":
+        return model, "model"
+    if isinstance(precision, torch.dtype):
+        return (model, "model") if precision == model_dtype else (copy.deepcopy(model).to(precision), f"{precision} copy")
+    if precision != "auto":
+        raise ValueError(f"precision must be 'auto', 'native' or a torch dtype, got {precision!r}")
+    if n_params < 50_000_000 and model_dtype not in (torch.float16, torch.bfloat16):
+        return (model, "model") if model_dtype == torch.float64 else (copy.deepcopy(model).double(), "float64 copy")
+    mini = miniature(model)
+    if mini is not None:
+        messages.append(f"checked on a float64 miniature of {type(model).__name__} ({sum(p.numel() for p in mini.parameters())} "
+                        f"parameters): AD rules do not depend on width or depth, and the model has {n_params} parameters "
+                        f"in {str(model_dtype).replace('torch.', '')}")
+        return mini, "float64 miniature"
+    if model_dtype in (torch.float16, torch.bfloat16):
+        messages.append("no miniature of this architecture could be built; checked a float32 copy of the model")
+        return copy.deepcopy(model).float(), "float32 copy"
+    return model, "model"
+
+
+def fill_zero_embedding_rows(work: nn.Module) -> None:
+    """In the check's own copy: give all-zero input-embedding rows (padding rows are zero from
+    initialisation) random values of the other rows' scale. At a zero row a normalisation layer is
+    singular and no finite difference converges; AD rules do not depend on the row's values."""
+    emb = getattr(work, "get_input_embeddings", None)
+    weight = getattr(emb(), "weight", None) if callable(emb) else None
+    if weight is None or weight.ndim != 2:
+        return
+    with torch.no_grad():
+        zero = weight.abs().sum(1) == 0
+        if zero.any() and not zero.all():
+            g = torch.Generator().manual_seed(0)
+            fill = torch.randn(int(zero.sum()), weight.shape[1], generator=g, dtype=torch.float64)
+            weight[zero] = (fill * weight[~zero].double().std()).to(device=weight.device, dtype=weight.dtype)
+
+
+__all__ = ["fill_zero_embedding_rows", "miniature", "working_model"]

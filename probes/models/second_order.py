@@ -37,7 +37,6 @@ cached per architecture, so a trajectory pays for it once.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import time
 import warnings
@@ -53,7 +52,7 @@ from probes.core.numerics import rel_error
 
 from .families import family_of
 from .fd_references import fd_hvp, fd_quadratic, probe_vectors, with_special_tokens
-from .miniature import miniature
+from .miniature import fill_zero_embedding_rows, working_model
 from .op_diagnostics import custom_functions, format_exc, ops_in, worst_params
 
 __all__ = ["check_second_order", "SecondOrderReport", "BackendCheck", "SecondOrderError", "SecondOrderWarning",
@@ -208,11 +207,11 @@ def check_second_order(
     loss_fn = loss_fn or lm_loss
     batches = [batch] if isinstance(batch, torch.Tensor) else list(batch)
     messages: list[str] = []
-    work, checked_on = _working_model(model, precision, messages)
+    work, checked_on = working_model(model, precision, messages)
     if checked_on == "float64 miniature":
         params = None
     if work is not model:
-        _fill_zero_embedding_rows(work)
+        fill_zero_embedding_rows(work)
     batches = [with_special_tokens(work, b) for b in batches]
     dtype = next(work.parameters()).dtype
     wide = dtype == torch.float64
@@ -271,46 +270,6 @@ def check_second_order(
         backend_agreement=agreement, fd_noise=fd_noise, rtol=tol, custom_functions=customs,
         recommended=recommended, messages=tuple(messages), seconds=time.perf_counter() - t0, checked_on=checked_on,
     )
-
-
-def _working_model(model: nn.Module, precision, messages: list[str]) -> tuple[nn.Module, str]:
-    """The model the check runs on, and what it is (see ``precision`` in :func:`check_second_order`)."""
-    n_params = sum(p.numel() for p in model.parameters())
-    model_dtype = next(model.parameters()).dtype
-    if precision == "native":
-        return model, "model"
-    if isinstance(precision, torch.dtype):
-        return (model, "model") if precision == model_dtype else (copy.deepcopy(model).to(precision), f"{precision} copy")
-    if precision != "auto":
-        raise ValueError(f"precision must be 'auto', 'native' or a torch dtype, got {precision!r}")
-    if n_params < 50_000_000 and model_dtype not in (torch.float16, torch.bfloat16):
-        return (model, "model") if model_dtype == torch.float64 else (copy.deepcopy(model).double(), "float64 copy")
-    mini = miniature(model)
-    if mini is not None:
-        messages.append(f"checked on a float64 miniature of {type(model).__name__} ({sum(p.numel() for p in mini.parameters())} "
-                        f"parameters): AD rules do not depend on width or depth, and the model has {n_params} parameters "
-                        f"in {str(model_dtype).replace('torch.', '')}")
-        return mini, "float64 miniature"
-    if model_dtype in (torch.float16, torch.bfloat16):
-        messages.append("no miniature of this architecture could be built; checked a float32 copy of the model")
-        return copy.deepcopy(model).float(), "float32 copy"
-    return model, "model"
-
-
-def _fill_zero_embedding_rows(work: nn.Module) -> None:
-    """In the check's own copy: give all-zero input-embedding rows (padding rows are zero from
-    initialisation) random values of the other rows' scale. At a zero row a normalisation layer is
-    singular and no finite difference converges; AD rules do not depend on the row's values."""
-    emb = getattr(work, "get_input_embeddings", None)
-    weight = getattr(emb(), "weight", None) if callable(emb) else None
-    if weight is None or weight.ndim != 2:
-        return
-    with torch.no_grad():
-        zero = weight.abs().sum(1) == 0
-        if zero.any() and not zero.all():
-            g = torch.Generator().manual_seed(0)
-            fill = torch.randn(int(zero.sum()), weight.shape[1], generator=g, dtype=torch.float64)
-            weight[zero] = (fill * weight[~zero].double().std()).to(device=weight.device, dtype=weight.dtype)
 
 
 def _explain(checks: dict[str, BackendCheck], customs: tuple[str, ...], tol: float, messages: list[str]) -> None:

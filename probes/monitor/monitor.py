@@ -41,9 +41,10 @@ from torch import nn
 
 from probes.core.tokenset import TokenSet
 from probes.sweep.datasets import data_hashes
-from probes.sweep.rows import ProbeRow
-from probes.sweep.runner import PROBE_FUNCS, CheckpointState
+from probes.sweep.runner import PROBE_FUNCS
 from probes.sweep.store import Store
+from probes.sweep_probes.rows import ProbeRow
+from probes.sweep_probes.state import CheckpointState
 
 from .alarm import Alarm, AlarmEvent
 from .memory import check_memory

@@ -1,10 +1,14 @@
 """Reports: Plotly figures drawn from results, and self-contained HTML pages. Nothing is recomputed here.
 
-- :mod:`.figures`         -- trajectory figures from the tidy results table (loss, quantization
-  error, curvature, sharpness vs quantization error), and :func:`~.figures.synthetic_results`;
+- :mod:`.figures`         -- trajectory figures from the tidy results table (loss, one series,
+  quantization error, curvature, sharpness vs quantization error; :func:`~.figures.trajectory_figures`
+  draws the figures each sweep probe declares), and :func:`~.figures.synthetic_results`;
+- :mod:`.figure_parts`    -- their building blocks: series out of the table, lines per run, LR, phases;
+- :mod:`.explain_figures`, :mod:`.accuracy_figures` -- the explain and accuracy probes' figures;
 - :mod:`.flags`           -- values whose estimator did not converge: open red markers, the report's table;
 - :mod:`.surface_figures` -- :func:`~.surface_figures.surface_figure` and the profiles of a
   :class:`geometry.surfaces.surface.Surface` / :class:`~geometry.surfaces.surface.Profile`;
 - :mod:`.pages`           -- :func:`~.pages.build_report` (one offline HTML file per sweep),
-  :func:`~.pages.surface_page`, :func:`~.pages.export_png`, :func:`~.pages.load_store`.
+  :func:`~.pages.surface_page`, :func:`~.pages.export_png`, :func:`~.pages.load_store`;
+- :mod:`.page_sections`   -- the parts of a page: CSS, tables, figure divs, the sections built from results.
 """

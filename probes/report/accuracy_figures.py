@@ -13,7 +13,7 @@ import html
 
 import numpy as np
 
-from .figures import RUN_COLOURS, _runs, metric_rows, specs_of
+from .figure_parts import RUN_COLOURS, _runs, metric_rows, specs_of
 
 __all__ = ["accuracy_pairs", "loss_vs_accuracy_figure", "accuracy_trajectory_figure", "accuracy_figures", "accuracy_note"]
 

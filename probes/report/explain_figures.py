@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .figures import _add_lr, _add_series, _empty, _phase_list, _run_col, _shade_phases, _x, _x_max, metric_rows, specs_of
+from .figure_parts import _add_lr, _add_series, _empty, _phase_list, _run_col, _shade_phases, _x, _x_max, metric_rows, specs_of
 
 _PANELS = (("rel_delta", "ΔQ = ΔL/L (curvature set)", True), ("norm2", "‖δ‖²", True),
            ("trace_per_param", "tr H / n (95% CI)", True), ("kappa", "κ (95% CI)", True),

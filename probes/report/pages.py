@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
-import json
-import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from geometry.surfaces.surface import Surface
 from probes.sweep.store import Store
@@ -29,19 +27,12 @@ from probes.quant.awq import HELD_OUT_NOTE
 
 from .accuracy_figures import accuracy_figures, accuracy_note
 from .explain_figures import explain_figures
-from .figures import specs_of, trajectory_figures
+from .figure_parts import specs_of
+from .figures import trajectory_figures
 from .flags import unconverged_table
+from .page_sections import (_CSS, _accuracy_line, _correlation_rows, _descriptive, _explain_section, _flagged,
+                            _phase_rows, _phases_for_figures, _plan_json, _surfaces, _table, figure_html)
 from .surface_figures import surface_figure, surface_profile_figure
-
-_CSS = """
-body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1200px;padding:16px 24px;color:#222}
-h1{font-size:1.6em;margin-bottom:0}h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:32px}
-.sub{color:#666;margin-top:4px}.figure{margin:12px 0 24px 0;border:1px solid #eee;border-radius:4px}
-table{border-collapse:collapse;font-size:.9em;margin:8px 0}th,td{border:1px solid #ddd;padding:3px 8px;text-align:right}
-th{background:#f5f5f5}td.l,th.l{text-align:left}pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:.85em}
-nav a{margin-right:12px}.note{color:#666;font-size:.9em}.failed{color:#b00020;font-weight:bold}
-"""
-
 
 class ReportError(ValueError):
     """The report cannot be built (empty results, unwritable path)."""
@@ -58,164 +49,6 @@ def versions() -> dict[str, str]:
         except PackageNotFoundError:
             pass
     return out
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "–"
-        return f"{v:.4g}"
-    return html.escape(str(v))
-
-
-def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, left: Sequence[str] = ()) -> str:
-    if not rows:
-        return '<p class="note">none</p>'
-    columns = list(columns or rows[0].keys())
-    head = "".join(f'<th class="{"l" if c in left else ""}">{html.escape(str(c))}</th>' for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f'<td class="{"l" if c in left else ""}">{_fmt(r.get(c))}</td>' for c in columns) + "</tr>"
-        for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _correlation_rows(correlations) -> list[dict]:
-    if correlations is None:
-        return []
-    if hasattr(correlations, "to_dict") and hasattr(correlations, "columns"):
-        return correlations.to_dict("records")
-    if isinstance(correlations, Mapping):
-        rows = []
-        for name, c in correlations.items():
-            d = c.to_dict() if hasattr(c, "to_dict") else dict(c)
-            cov = d.get("covariates")
-            if isinstance(cov, (list, tuple)):
-                d["covariates"] = ", ".join(cov)
-            rows.append({"pair": name, **d})
-        return rows
-    return [c.to_dict() if hasattr(c, "to_dict") else dict(c) for c in correlations]
-
-
-def _flagged(notes: str) -> bool:
-    """Notes that say something failed or was not computed are shown in red (class "failed")."""
-    return any(w in notes.lower() for w in ("failed", "not computed"))
-
-
-def _descriptive(row: dict) -> dict:
-    """A row whose p-value is NaN because no honest one exists shows 'descriptive' in its place."""
-    p = row.get("p")
-    if row.get("inference") == "descriptive" and isinstance(p, float) and math.isnan(p):
-        return {**row, "p": "descriptive"}
-    return row
-
-
-def _phase_rows(phases) -> list[dict]:
-    if phases is None:
-        return []
-    items = phases.items() if isinstance(phases, Mapping) and not {"name", "step"} <= set(phases) else [("", phases)]
-    rows = []
-    for run, ph in items:
-        if hasattr(ph, "convergence"):
-            for o in (ph.convergence, ph.divergence):
-                rows.append({"run": run, "phase": o.kind, "found": o.found, "step": o.step, "lr": o.lr, "n": o.n})
-        elif isinstance(ph, Mapping) and ("convergence" in ph or "divergence" in ph):
-            for key in ("convergence", "divergence"):
-                o = ph.get(key) or {}
-                rows.append({"run": run, "phase": o.get("kind", key), "found": o.get("found"), "step": o.get("step"),
-                             "lr": o.get("lr"), "n": o.get("n")})
-        else:
-            for p in (ph if isinstance(ph, (list, tuple)) else [ph]):
-                rows.append({"run": run, "phase": p.get("name"), "found": p.get("found", True), "step": p.get("step"),
-                             "lr": p.get("lr"), "n": p.get("n")})
-    return rows
-
-
-def _phases_for_figures(phases):
-    """Phases in the form probes.report.figures takes (a list of dicts, or a Phases object)."""
-    if phases is None:
-        return None
-    if isinstance(phases, Mapping) and not ({"name", "step"} <= set(phases)) and not (
-            "convergence" in phases or "divergence" in phases):
-        out = []  # {run: Phases} -> one list with the run in the name
-        for run, ph in phases.items():
-            for row in _phase_rows({run: ph}):
-                if row.get("found") and row.get("step") is not None:
-                    out.append({"name": f"{row['phase']} ({run})" if run else row["phase"], "step": row["step"], "lr": row["lr"]})
-        return out
-    return phases
-
-
-def _plan_json(plan) -> str | None:
-    if plan is None:
-        return None
-    if hasattr(plan, "to_dict"):
-        plan = plan.to_dict()
-    try:
-        return json.dumps(plan, indent=2, sort_keys=True, default=str)
-    except TypeError:
-        return str(plan)
-
-
-def _surfaces(surfaces) -> list[tuple[str, Any]]:
-    if surfaces is None:
-        return []
-    if isinstance(surfaces, Mapping):
-        return list(surfaces.items())
-    if isinstance(surfaces, Surface):
-        return [("surface", surfaces)]
-    return [(f"surface {i + 1}", s) for i, s in enumerate(surfaces)]
-
-
-def _explain_section(df, check, phases) -> str:
-    """Figures and tables of the explain probe ('' when the results hold none)."""
-    if not (df["probe"] == "explain").any():
-        return ""
-    note = ""
-    if check is None:
-        from probes.analysis import AnalysisError
-        from probes.analysis.explain import science_check
-
-        try:
-            check = science_check(df)
-        except AnalysisError as exc:
-            note = f'<p class="note">decomposition unavailable: {html.escape(str(exc))}</p>'
-    figs = explain_figures(df, check, phases=phases)
-    parts = [f'<p class="note">On the curvature set: ΔL = L(θ̂) − L(θ) = gᵀδ + ½δᵀHδ + remainder, and '
-             '½δᵀHδ = ½·‖δ‖²·(tr H/n)·κ over the quantized matrices (n = their size; κ = 1 is a random '
-             'direction\'s curvature). Shares are natural-log changes that sum to the change of log ΔQ; '
-             'intervals carry the trace estimate\'s 95% interval.</p>', note]
-    parts += [f'<div class="figure" data-figure="{html.escape(k)}">{figure_html(f, f"ex-{i}")}</div>'
-              for i, (k, f) in enumerate(figs.items())]
-    for key, head in (("decay", "Over the LR decay"), ("quantizers", "Calibrated quantizers vs RTN at equal bits"),
-                      ("lawa", "Final checkpoint → LAWA")):
-        t = (check or {}).get(key)
-        if t is not None and len(t):
-            rows = [{k: (f"[{v[0]:+.3f}, {v[1]:+.3f}]" if isinstance(v, tuple) else v) for k, v in r.items()}
-                    for r in t.to_dict("records")]
-            parts.append(f"<h3>{html.escape(head)}</h3>" + _table(rows, left=("run", "spec", "start", "end", "driver",
-                                                                                  "calibrated", "rtn")))
-    if check and check.get("notes"):
-        parts.append(f'<p class="note">not computed: {html.escape("; ".join(check["notes"]))}</p>')
-    return "".join(parts)
-
-
-def _accuracy_line(df) -> str:
-    """The accuracy verdict sentence (:func:`probes.analysis.accuracy.accuracy_verdict`), or ''."""
-    from probes.analysis import AnalysisError
-    from probes.analysis.accuracy import accuracy_verdict
-
-    try:
-        return accuracy_verdict(df[df["status"] == "ok"] if "status" in df else df)["text"]
-    except AnalysisError as exc:
-        return f"no verdict: {exc}"
-
-
-def figure_html(fig, div_id: str) -> str:
-    """A figure as a ``<div>`` + script, without plotly.js (embedded once by the page)."""
-    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
-                       config={"displaylogo": False, "responsive": True})
 
 
 def build_report(

@@ -47,14 +47,16 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from .settings import (EIGEN_METHODS, TRACE_METHODS, AccuracyProbe, BlockTraceProbe, EigenProbe, ExplainProbe, PlanError,
-                       TraceProbe, positive_int as _positive_int)
-
-PROBES = ("loss", "quant", "trace", "eigen", "block_trace", "directional", "kurtosis", "explain", "accuracy")
-"""Probe names, in execution order."""
+from probes.sweep_probes.accuracy import AccuracyProbe
+from probes.sweep_probes.block_trace import BlockTraceProbe
+from probes.sweep_probes.eigen import EigenProbe
+from probes.sweep_probes.explain import ExplainProbe
+from probes.sweep_probes.registry import PROBES, REGISTRY
+from probes.sweep_probes.tasks import Task
+from probes.sweep_probes.trace import TraceProbe
+from probes.sweep_probes.validation import PlanError, canonical_spec, settings_from_table as _build
 
 DATA_SETS = ("eval", "calibration", "curvature")
-_FALLBACK_QUANT_METHODS = ("rtn", "int8", "gptq")
 
 
 @dataclass(frozen=True)
@@ -94,61 +96,38 @@ class DataSpec:
         return {n: getattr(self, n) for n in DATA_SETS}
 
 
-# --------------------------------------------------------------------------- tasks
-@dataclass(frozen=True)
-class Task:
-    """One stored row key of a checkpoint: ``probe`` and ``spec`` plus the settings that produce it.
-
-    ``spec`` is the quantizer spec for quant/directional, the trace method for trace, ``"top{k}"``
-    for eigen, the groups' name for block_trace (the tidy results expand it into one row per group)
-    and ``""`` for loss and kurtosis.
-    """
-
-    probe: str
-    spec: str
-    options: tuple[tuple[str, Any], ...] = ()
-    config_hash: str = ""
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.probe, self.spec)
-
-    @property
-    def opts(self) -> dict:
-        return dict(self.options)
-
-    @property
-    def curvature(self) -> bool:
-        return self.probe in ("trace", "eigen", "block_trace", "directional", "explain")
-
-
 # --------------------------------------------------------------------------- the plan
-@dataclass(frozen=True)
+def _with_probe_fields(cls):
+    """Add one field per registered probe (its settings, default off) to the shared fields, then make
+    ``cls`` a frozen dataclass: a new probe needs no edit here."""
+    annotations = cls.__dict__.get("__annotations__", {})
+    for p in REGISTRY:
+        annotations[p.name] = p.annotation
+        setattr(cls, p.name, p.default)
+    cls.__annotations__ = annotations
+    return dataclass(frozen=True)(cls)
+
+
+@_with_probe_fields
 class Plan:
     """What a sweep measures. See the module docstring for the file format.
 
-    Fields: ``loss`` (FP loss/PPL on the eval set), ``quant`` (quantizer specs; quantization error
-    on the eval set, GPTQ calibrated on the calibration set), ``trace``, ``eigen``, ``block_trace``
-    (curvature on the curvature set w.r.t. ``curvature_params``), ``directional`` (quantizer specs;
-    gᵀδ, δᵀHδ along δ = θ̂ − θ), ``kurtosis`` (pooled weight excess kurtosis), ``quant_modules``
-    (module globs to quantize; default every Linear in the decoder blocks), ``lawa`` (k values:
-    one derived LAWA checkpoint of the last k checkpoints each), ``checkpoints`` (labels to keep;
-    default all), ``seed`` (estimator seed), ``data`` (:class:`DataSpec`), ``explain``
-    (:class:`ExplainProbe`, or a list of specs: attribution of ΔL by factor and block), ``max_memory``
-    (bytes or ``"8GB"`` each curvature estimator may allocate beyond the model; None: geometry.memory.model's
-    default), ``backend`` (the HVP backend of every curvature probe: reverse, forward, difference, auto),
-    ``compute_dtype`` (the dtype products run in: float32, bfloat16, float16, float64; None: float32
-    for half-precision weights, their dtype otherwise: :mod:`geometry.operators.precision`),
-    ``accuracy`` (:class:`AccuracyProbe`: lm-eval task accuracy, FP and quantized, Δacc).
+    Shared fields: ``data`` (:class:`DataSpec`), ``curvature_params`` (parameter globs of every
+    curvature probe; default all), ``quant_modules`` (module globs to quantize; default every Linear
+    in the decoder blocks), ``lawa`` (k values: one derived LAWA checkpoint of the last k
+    checkpoints each), ``checkpoints`` (labels to keep; default all), ``seed`` (estimator seed),
+    ``name``, ``max_memory`` (bytes or ``"8GB"`` each curvature estimator may allocate beyond the
+    model; None: geometry.memory.model's default), ``backend`` (the HVP backend of every curvature
+    probe: reverse, forward, difference, auto), ``compute_dtype`` (the dtype their products run in:
+    float32, bfloat16, float16, float64; None: float32 for half-precision weights, their dtype
+    otherwise: :mod:`geometry.operators.precision`).
+
+    Then one field per probe of :data:`probes.sweep_probes.registry.REGISTRY`, holding its settings
+    (each probe's module says what they are): ``loss`` (on by default), ``kurtosis``, ``quant`` and
+    ``directional`` (quantizer specs), ``trace``, ``eigen``, ``block_trace``, ``explain``,
+    ``accuracy`` (a settings class or None).
     """
 
-    loss: bool = True
-    quant: tuple[str, ...] = ()
-    trace: TraceProbe | None = None
-    eigen: EigenProbe | None = None
-    block_trace: BlockTraceProbe | None = None
-    directional: tuple[str, ...] = ()
-    kurtosis: bool = False
     data: DataSpec = field(default_factory=DataSpec)
     curvature_params: tuple[str, ...] | None = None
     quant_modules: tuple[str, ...] | None = None
@@ -156,46 +135,14 @@ class Plan:
     checkpoints: tuple[str, ...] | None = None
     seed: int = 0
     name: str = "sweep"
-    explain: ExplainProbe | None = None
     max_memory: int | str | None = None
     backend: str = "reverse"
-    accuracy: AccuracyProbe | None = None
     compute_dtype: str | None = None
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
-        if isinstance(self.quant, str):
-            set_("quant", (self.quant,))
-        if isinstance(self.directional, str):
-            set_("directional", (self.directional,))
-        set_("quant", tuple(canonical_spec(s, "quant") for s in self.quant))
-        set_("directional", tuple(canonical_spec(s, "directional") for s in self.directional))
-        for name in ("quant", "directional"):
-            seen = getattr(self, name)
-            dup = sorted({s for s in seen if seen.count(s) > 1})
-            if dup:
-                raise PlanError(f"{name} lists {dup} more than once")
-        for name, cls in (("trace", TraceProbe), ("eigen", EigenProbe), ("block_trace", BlockTraceProbe),
-                          ("accuracy", AccuracyProbe)):
-            v = getattr(self, name)
-            if v is None or isinstance(v, cls):
-                continue
-            if v is True:
-                set_(name, cls())
-            elif v is False:
-                set_(name, None)
-            elif isinstance(v, Mapping):
-                set_(name, _build(cls, v, name))
-            else:
-                raise PlanError(f"{name} must be a {cls.__name__}, a table of its options, true/false; got {v!r}")
-        e = self.explain
-        if isinstance(e, (str, list, tuple)) or isinstance(e, Mapping):
-            e = ExplainProbe(specs=e) if not isinstance(e, Mapping) else _build(ExplainProbe, e, "explain")
-        if e is not None and not isinstance(e, ExplainProbe):
-            raise PlanError(f"explain must be an ExplainProbe, a list of quantizer specs or a table, got {e!r}")
-        set_("explain", e if e is None else replace(e, specs=tuple(canonical_spec(s, "explain") for s in e.specs)))
-        if self.accuracy is not None:
-            set_("accuracy", replace(self.accuracy, specs=tuple(canonical_spec(s, "accuracy") for s in self.accuracy.specs)))
+        for p in REGISTRY:
+            set_(p.name, p.settings(getattr(self, p.name)))
         if isinstance(self.data, Mapping):
             set_("data", _build(DataSpec, self.data, "data"))
         elif not isinstance(self.data, DataSpec):
@@ -213,9 +160,6 @@ class Plan:
             if not isinstance(k, int) or isinstance(k, bool) or k < 2:
                 raise PlanError(f"lawa entries are k >= 2 (average of the last k checkpoints), got {k!r}")
         set_("lawa", lawa)
-        for name in ("loss", "kurtosis"):
-            if not isinstance(getattr(self, name), bool):
-                raise PlanError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise PlanError(f"seed must be an integer, got {self.seed!r}")
         if self.max_memory is not None:
@@ -343,23 +287,16 @@ class Plan:
 
     # ----------------------------------------------------------------- identity
     def to_dict(self) -> dict:
-        """Canonical plain-data form (JSON-serialisable; ``from_dict(to_dict())`` round-trips)."""
-        d = asdict(self)
-        if self.block_trace is not None:
-            d["block_trace"]["groups"] = _jsonable_groups(self.block_trace.groups)
-        d["data"]["files"] = dict(self.data.files)
-        for k in ("quant", "directional", "lawa"):
-            d[k] = list(d[k])
-        if d["accuracy"] is not None:
-            d["accuracy"].update(tasks=list(self.accuracy.tasks), specs=list(self.accuracy.specs))
-        if d["explain"] is not None:
-            d["explain"].update(specs=list(self.explain.specs), blocks=list(self.explain.blocks))
-        for k in ("eval", "calibration", "curvature"):
-            d["data"][k] = list(d["data"][k])
+        """Canonical plain-data form (JSON-serialisable; ``from_dict(to_dict())`` round-trips): the
+        shared fields, and under ``probes`` each probe's settings that are on."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in PROBES}
+        d["data"] = {**asdict(self.data), "files": dict(self.data.files),
+                     **{k: list(getattr(self.data, k)) for k in DATA_SETS}}
+        d["lawa"] = list(self.lawa)
         for k in ("curvature_params", "quant_modules", "checkpoints"):
             if d[k] is not None:
                 d[k] = list(d[k])
-        probes = {k: d.pop(k) for k in PROBES}
+        probes = {p.name: p.to_dict(getattr(self, p.name)) for p in REGISTRY}
         d["probes"] = {k: v for k, v in probes.items() if v not in (None, False, [], ())}
         if d["max_memory"] is None:          # absent, so plans of the first release keep their hash
             d.pop("max_memory")
@@ -383,47 +320,9 @@ class Plan:
 
     # ----------------------------------------------------------------- expansion
     def tasks(self) -> list[Task]:
-        """Row keys per checkpoint, in execution order: loss, kurtosis, quant…, directional…,
-        trace, eigen, block_trace, explain…."""
-        from geometry.operators.names import is_default_backend
-
-        curv = {"curvature_params": list(self.curvature_params) if self.curvature_params else None, "data": list(self.data.curvature),
-                **({"max_memory": self.max_memory} if self.max_memory is not None else {}),
-                **({} if is_default_backend(self.backend) else {"backend": self.backend}),
-                **({"compute_dtype": self.compute_dtype} if self.compute_dtype is not None else {})}
-        qdata = {"quant_modules": list(self.quant_modules) if self.quant_modules else None,
-                 "eval": list(self.data.eval), "calibration": list(self.data.calibration)}
-        out: list[Task] = []
-        if self.loss:
-            out.append(_task("loss", "", {"eval": list(self.data.eval)}))
-        if self.kurtosis:
-            out.append(_task("kurtosis", "", {"quant_modules": qdata["quant_modules"]}))
-        for s in self.quant:
-            out.append(_task("quant", s, qdata))
-        for s in self.directional:
-            out.append(_task("directional", s, {**qdata, **curv}))
-        if self.trace is not None:
-            out.append(_task("trace", self.trace.method, {**asdict(self.trace), **curv, "seed": self.seed}))
-        if self.eigen is not None:
-            out.append(_task("eigen", f"top{self.eigen.k}", {**asdict(self.eigen), **curv, "seed": self.seed}))
-        if self.block_trace is not None:
-            g = self.block_trace.groups
-            gname = g if isinstance(g, str) else "custom"
-            out.append(_task("block_trace", gname, {"groups": _jsonable_groups(g), "num_matvecs": self.block_trace.num_matvecs,
-                                                    **curv, "seed": self.seed}))
-        e = self.explain
-        for s in e.specs if e is not None else ():
-            out.append(_task("explain", s, {**qdata, **curv, **asdict(e), "specs": None, "seed": self.seed}))
-        a = self.accuracy
-        if a is not None:
-            names = a.task_names()
-            opts = {"tasks": list(a.tasks), "names": list(names), "limit": a.limit, "num_fewshot": a.num_fewshot,
-                    "seed": a.seed, "n_boot": a.n_boot}
-            for v in ("fp", *a.specs):
-                vo = {**opts, **({"quant_modules": qdata["quant_modules"], "calibration": qdata["calibration"]} if v != "fp" else {})}
-                out.append(_task("accuracy", v, vo))
-                out.extend(_task("accuracy", f"{v}@{n}", vo) for n in names)
-        return out
+        """Row keys per checkpoint, in execution order: each registered probe's tasks in turn (loss,
+        kurtosis, quant…, directional…, trace, eigen, block_trace, explain…, accuracy…)."""
+        return [t for p in REGISTRY for t in p.tasks(self)]
 
     @property
     def needs_curvature(self) -> bool:
@@ -431,56 +330,6 @@ class Plan:
 
 
 # --------------------------------------------------------------------------- helpers
-def canonical_spec(spec: str, where: str = "quant") -> str:
-    """Validate a quantizer spec and return its canonical string (``str(QuantSpec.parse(spec))``
-    when :mod:`probes.quant` is installed; a basic grammar check otherwise)."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise PlanError(f"{where}: a quantizer spec must be a non-empty string like 'rtn:4:g128', got {spec!r}")
-    spec = spec.strip()
-    try:
-        from probes.quant import QuantSpec  # type: ignore
-    except ImportError:
-        QuantSpec = None
-    if QuantSpec is not None:
-        try:
-            return str(QuantSpec.parse(spec))
-        except Exception as exc:
-            raise PlanError(f"{where}: invalid quantizer spec {spec!r}: {exc}") from exc
-    method = spec.split(":", 1)[0]
-    if method not in _FALLBACK_QUANT_METHODS:
-        raise PlanError(f"{where}: unknown quantizer {method!r} in spec {spec!r}; valid quantizers: {', '.join(_FALLBACK_QUANT_METHODS)}")
-    return spec
-
-
-def _task(probe: str, spec: str, options: dict) -> Task:
-    blob = json.dumps({"probe": probe, "spec": spec, **options}, sort_keys=True, separators=(",", ":"), default=str)
-    return Task(probe, spec, tuple(sorted((k, _freeze(v)) for k, v in options.items())), hashlib.sha256(blob.encode()).hexdigest()[:16])
-
-
-def _freeze(v):
-    if isinstance(v, list):
-        return tuple(_freeze(x) for x in v)
-    if isinstance(v, dict):
-        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
-    return v
-
-
-def _jsonable_groups(g):
-    return g if isinstance(g, str) else {k: list(v) for k, v in g}
-
-
-def _build(cls, d: Mapping, where: str):
-    valid = [f.name for f in fields(cls)]
-    unknown = [k for k in d if k not in valid]
-    if unknown:
-        raise PlanError(f"{where}: unknown option(s) {unknown}; valid options: {', '.join(valid)}")
-    kw = dict(d)
-    for k, v in kw.items():
-        if isinstance(v, list) and k != "groups":
-            kw[k] = tuple(v)
-    return cls(**kw)
-
-
 def load_plan(plan: "Plan | str | Path | Mapping | None", quick: bool = False) -> Plan:
     """A :class:`Plan` from a Plan, a file path, a mapping, or None (the default plan)."""
     if plan is None:

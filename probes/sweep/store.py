@@ -37,70 +37,21 @@ a WSD and in a cosine run) sit side by side and are compared in one table. The p
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
-import functools
 import json
-import math
 import sqlite3
-import sys
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from geometry.base.jsonable import jsonable
 
-from .plan import PROBES, Plan, Task
-from .rows import ProbeRow, _f, metric, row_converged
+from probes.sweep_probes.rows import ProbeRow, _f, row_converged
+from probes.sweep_probes.tasks import Task
+
+from .plan import Plan
 from .store_errors import StoreError, _damaged, _guarded, check_plan as _check_plan
-
-RESULT_COLUMNS = ["run", "checkpoint", "step", "tokens", "lr", "derived", "probe", "spec", "metric", "value",
-                  "stderr", "ci_low", "ci_high", "n_hvp", "seconds", "status", "error", "seed", "data_hash",
-                  "converged", "threads", "plan_hash", "config_hash", "chosen"]
-"""Columns of :meth:`Store.results`, in order (CONTRACT.md). ``converged``: the estimator's flag
-for that value (nullable bool; NA when the probe has no stopping criterion). ``chosen``: the
-settings the estimator's memory plan chose that can change its numbers (sketch size, basis, block,
-...; :func:`geometry.memory.model.identity_settings` of ``extra["memory"]``) as canonical JSON, ""
-when it chose none: with ``config_hash`` it identifies how a value was computed, and analysis
-refuses to pool values whose ``chosen`` differ unless ``allow_mixed``."""
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS checkpoints (
-    run TEXT NOT NULL DEFAULT '', label TEXT NOT NULL, position INTEGER NOT NULL, step INTEGER, tokens INTEGER, lr REAL,
-    derived INTEGER NOT NULL DEFAULT 0, kind TEXT, location TEXT, ref_json TEXT, PRIMARY KEY (run, label));
-CREATE TABLE IF NOT EXISTS results (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    checkpoint TEXT NOT NULL, probe TEXT NOT NULL, spec TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('ok', 'failed')),
-    metrics TEXT NOT NULL DEFAULT '[]', extra TEXT NOT NULL DEFAULT '{}',
-    n_hvp INTEGER NOT NULL DEFAULT 0, seconds REAL, error TEXT, seed INTEGER,
-    data_hash TEXT, plan_hash TEXT, config_hash TEXT, run TEXT NOT NULL DEFAULT '', versions TEXT, created TEXT,
-    converged INTEGER, threads INTEGER,
-    UNIQUE (run, checkpoint, probe, spec));
-"""
-_ADDED_COLUMNS = (("converged", "INTEGER"), ("threads", "INTEGER"))
-
-
-@functools.lru_cache(maxsize=1)
-def _versions() -> tuple[tuple[str, str], ...]:
-    out = {"python": sys.version.split()[0]}
-    from importlib.metadata import PackageNotFoundError, version
-
-    for pkg in ("losslens", "torch", "transformers"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return tuple(out.items())
-
-
-def versions() -> dict[str, str]:
-    """Versions of python, losslens, torch, transformers (those installed)."""
-    return dict(_versions())
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+from .store_schema import _ADDED_COLUMNS, _SCHEMA, RESULT_COLUMNS, _now, versions
+from .store_table import tidy_results
 
 
 class Store:
@@ -382,39 +333,7 @@ class Store:
         error message. Rows are ordered by checkpoint position, probe (execution order) and
         insertion. ``step``/``tokens``/``n_hvp``/``seed`` are nullable integers, ``derived`` bool.
         """
-        import pandas as pd
-
-        opt = ", ".join(f"r.{c}" if c in self._columns else "NULL" for c in ("converged", "threads"))
-        q = ("SELECT r.id, r.run, r.checkpoint, c.position, c.step, c.tokens, c.lr, c.derived, r.probe, r.spec, r.metrics, "
-             f"r.n_hvp, r.seconds, r.status, r.error, r.seed, r.data_hash, r.plan_hash, r.config_hash, r.extra, {opt} "
-             "FROM results r LEFT JOIN checkpoints c ON c.label = r.checkpoint AND c.run = r.run")
-        if not include_failed:
-            q += " WHERE r.status = 'ok'"
-        records = []
-        order = {p: i for i, p in enumerate(PROBES)}
-        for (rid, run, ckpt, pos, step, tokens, lr, derived, probe, spec, metrics, n_hvp, seconds, status, error, seed,
-             dh, ph, ch, extra, conv, threads) in self.conn.execute(q):
-            base = dict(run=run, checkpoint=ckpt, step=step, tokens=tokens, lr=lr, derived=bool(derived) if derived is not None else False,
-                        probe=probe, n_hvp=n_hvp, seconds=seconds, status=status, error=error, seed=seed, data_hash=dh,
-                        threads=threads, plan_hash=ph, config_hash=ch, chosen=chosen_settings(extra))
-            key = (pos if pos is not None else 1 << 30, order.get(probe, len(order)), rid)
-            ms = json.loads(metrics or "[]")
-            if not ms:
-                records.append((key, 0, {**base, "spec": spec, "metric": None, "value": math.nan, "stderr": math.nan,
-                                         "ci_low": math.nan, "ci_high": math.nan, "converged": None}))
-            flags = _metric_flags(probe, ms, conv, extra)
-            for j, m in enumerate(ms):
-                records.append((key, j, {**base, "spec": m.get("spec", spec), "metric": m["metric"], "converged": flags[j],
-                                         **{k: (math.nan if m.get(k) is None else m[k]) for k in ("value", "stderr", "ci_low", "ci_high")}}))
-        records.sort(key=lambda r: (r[0], r[1]))
-        df = pd.DataFrame([r[2] for r in records], columns=RESULT_COLUMNS)
-        for c in ("step", "tokens", "n_hvp", "seed", "threads"):
-            df[c] = df[c].astype("Int64")
-        df["converged"] = df["converged"].astype("boolean")
-        for c in ("lr", "value", "stderr", "ci_low", "ci_high", "seconds"):
-            df[c] = df[c].astype(float)
-        df["derived"] = df["derived"].astype(bool)
-        return df.reset_index(drop=True)
+        return tidy_results(self.conn, self._columns, include_failed)
 
     def export(self, path: str | Path, include_failed: bool = True) -> Path:
         """Write :meth:`results` to ``path``: ``.csv`` or ``.parquet`` (by suffix)."""
@@ -448,42 +367,12 @@ class Store:
                 "checkpoints": self.conn.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0]}
 
 
-def chosen_settings(extra: str | dict | None) -> str:
-    """The ``chosen`` column of a row: canonical JSON of the numerically relevant settings its
-    memory plan chose (``extra["memory"]``), "" when it has no plan or chose none."""
-    from geometry.memory.model import identity_settings
-
-    if isinstance(extra, str):
-        try:
-            extra = json.loads(extra or "{}")
-        except ValueError:
-            return ""
-    memory = extra.get("memory") if isinstance(extra, dict) else None
-    chosen = identity_settings(memory) if isinstance(memory, dict) else {}
-    return json.dumps(chosen, sort_keys=True, default=str) if chosen else ""
-
-
 def _int(x):
     return None if x is None else int(x)
-
-
-def _metric_flags(probe: str, metrics: list[dict], row_flag, extra: str | None) -> list:
-    """Per metric entry: its own ``converged`` flag; else (rows written before per-value flags) the
-    eigen/trace flags kept in ``extra``; else the row's flag; None where there is none."""
-    old = json.loads(extra or "{}").get("converged") if probe in ("eigen", "trace") else None
-    out = []
-    for j, m in enumerate(metrics):
-        flag = m.get("converged")
-        if flag is None and old is not None:
-            flag = (bool(old[j]) if j < len(old) else None) if isinstance(old, list) else bool(old)
-        if flag is None and row_flag is not None:
-            flag = bool(row_flag)
-        out.append(flag)
-    return out
 
 
 def _str(x):
     return None if x is None else str(x)
 
 
-__all__ = ["Store", "StoreError", "ProbeRow", "metric", "RESULT_COLUMNS", "versions"]  # ProbeRow, metric: from .rows
+__all__ = ["Store"]

@@ -6,7 +6,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from .plan import Task
+from .tasks import Task
 
 __all__ = ["ProbeRow", "metric", "error_type", "row_converged"]
 
@@ -38,7 +38,8 @@ class ProbeRow:
     threads: int | None = None
 
     @classmethod
-    def failed(cls, checkpoint: str, task: Task, error: BaseException | str, seconds: float = 0.0, seed=None) -> "ProbeRow":
+    def failed(cls, checkpoint: str, task: Task, error: BaseException | str, seconds: float = 0.0,
+               seed=None) -> "ProbeRow":
         msg = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         return cls(checkpoint, task.probe, task.spec, "failed", [], {}, 0, seconds, msg, seed, task.config_hash)
 

@@ -1,17 +1,14 @@
-"""On-paper memory of curvature at 1B-32B shapes (``bench scale --project``, ``bench sharded --project``).
-
-:func:`project`: one GPU of 80 GB, OLMo-2 / Pythia 1B and 7B shapes, the exact reverse backend on
-three configurations and the difference backend with activation checkpointing; the double-backward
-graph measured on 1- and 2-layer slices in bfloat16 (:func:`graph_measurements`).
-:func:`sharded_project`: FSDP2 over 8 GPUs of 80 GB, OLMo-2-7B and a 32B shape.
+"""On-paper requirements of curvature at 1B-32B (``python -m benchmarks.scale --project``): the bytes
+autograd saves per token measured on 1- and 2-layer slices (:func:`graph_measurements`), projected
+through the memory model to one 80 GB GPU for the reverse and gradient-difference backends
+(:func:`project`, :func:`difference_need`), and per rank of a sharded run (:func:`sharded_project`).
 
 Compute precision (issue #35, :mod:`geometry.operators.precision`): each configuration is projected
 for the default **float32 compute** of a bfloat16 checkpoint and for explicit bfloat16 compute
 (``compute`` column). Float32 compute holds, beyond the resident bfloat16 model (2 B / param), its
 float32 copy (4 B / param; on the sharded path the shards themselves are float32), float32
-gradients, master copy and reduce-scatter buffers, and activations twice the bfloat16 ones
-(the graph is measured in bfloat16 and scaled by 2: an estimate, not a measurement).
-"""
+gradients, master copy and reduce-scatter buffers, and activations twice the bfloat16 ones (the
+graph is measured in bfloat16 and scaled by 2: an estimate, not a measurement)."""
 from __future__ import annotations
 
 import torch

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .plan import EIGEN_METHODS, TRACE_METHODS
+from .methods import EIGEN_METHODS, TRACE_METHODS
 
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "float64": "float64"}

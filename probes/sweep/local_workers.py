@@ -26,7 +26,7 @@ from typing import Callable
 
 from probes.core.workers import WorkerError, WorkerPool, available_cores, emit
 
-from .rows import ProbeRow
+from probes.sweep_probes.rows import ProbeRow
 
 ENV_WORKERS = "LOSSLENS_WORKERS"
 """Environment variable with the default number of local worker processes; when unset, the cores."""
