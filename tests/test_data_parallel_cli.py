@@ -50,6 +50,23 @@ def test_torchrun_two_ranks_equal_one_process(setup):
     assert two["dim"] == one["dim"] and one["parallel"]["world_size"] == 1
 
 
+def test_torchrun_data_parallel_bfloat16_runs_in_float32_like_one_process(setup):
+    """bfloat16 weights, 2 data-parallel ranks: the default float32 compute on every rank, the same
+    numbers as one process's float32-compute run (summation order only)."""
+    ckpt, data = setup
+    one = sharpness(ckpt, data=data, **{**ARGS, "dtype": "bfloat16"})
+    args = [a if a != "float64" else "bfloat16" for a in _cli_args(ckpt, data)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "-m", "probes.cli", "sharpness", *args, "--parallel", "data"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = json.loads(r.stdout[r.stdout.index("{"):])
+    assert one["compute_dtype"] == two["compute_dtype"] == "float32" and two["dtype"] == "bfloat16"
+    assert two["trace"]["value"] == pytest.approx(one["trace"]["value"], rel=1e-5)
+    assert two["eigen"]["values"][0] == pytest.approx(one["eigen"]["values"][0], rel=1e-5)
+
+
 def test_parallel_data_outside_torchrun_is_one_clear_error(setup, monkeypatch):
     ckpt, data = setup
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
