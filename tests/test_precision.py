@@ -118,7 +118,7 @@ def test_trace_and_lambda_max_of_a_bfloat16_model_within_1e3(family):
 
 
 def test_half_compute_is_an_explicit_choice_and_its_error_is_flagged():
-    from probes.curvature.sharpness import error_warning
+    from probes.models.curvature import error_warning
 
     model = _model("qwen2", 5)
     batches = _batches(model, 5)
@@ -130,6 +130,10 @@ def test_half_compute_is_an_explicit_choice_and_its_error_is_flagged():
     assert "half-precision compute (bfloat16)" in warning["message"] and "--compute-dtype float32" in warning["fix"]
     default = HessianOperator(model, lm_loss, batches, backend="difference")
     assert default.checked()["rel_error"] <= 1e-3 and error_warning(default.checked(), default.param_dtype) is None
+    from probes.sweep_probes.rows import hvp_error_flag
+
+    assert hvp_error_flag(half)["error_warning"]["rel_error"] == check["rel_error"]  # a sweep row's flag
+    assert hvp_error_flag(default) == {} and hvp_error_flag(HessianOperator(model, lm_loss, batches)) == {}
 
 
 def test_the_memory_plan_counts_the_float32_copy():

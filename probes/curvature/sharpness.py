@@ -133,7 +133,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     from geometry.estimators.trace import estimate_memory as trace_memory
     from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
     from probes.core.threads import torch_threads
-    from probes.models.curvature import lm_hessian
+    from probes.models.curvature import error_warning, lm_hessian
 
     try:
         if parallel == "fsdp":  # every rank holds 1/N of θ, of every vector and of the estimators' state
@@ -171,26 +171,6 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
         "backend": op.backend, "hvp_check": op.checked(), "backend_choice": op.backend_choice,
         "error_warning": error_warning(op.checked(), op.param_dtype, error_tolerance),
     }
-
-
-def error_warning(check: dict | None, compute_dtype, tolerance: float = 1e-2) -> dict | None:
-    """The warning a result carries when its products' measured relative error exceeds ``tolerance``:
-    ``{"rel_error", "tolerance", "cause", "fix", "message"}`` (one line); None when the error is within
-    it, or not measured (``check["reference"]`` then says why) or the backend is exact (``check`` None)."""
-    import torch
-
-    err = None if check is None else check.get("rel_error")
-    if err is None or err <= tolerance:
-        return None
-    half = compute_dtype in (torch.bfloat16, torch.float16)
-    name = str(compute_dtype).replace("torch.", "")
-    cause = (f"half-precision compute ({name})" if half else
-             f"the gradient-difference step in {name} (possibly a token whose input-embedding row is zero in the batches)")
-    fix = ("--compute-dtype float32 (the default for half-precision weights)" if half else
-           "--backend reverse where its pass fits, or curvature data without zero-embedding tokens")
-    return {"rel_error": err, "tolerance": tolerance, "cause": cause, "fix": fix,
-            "message": f"the Hessian products' measured relative error is {err:.2g} (> {tolerance:g}): cause: {cause}; "
-                       f"fix: {fix}"}
 
 
 def _check_options(method: str, eigen_method: str, num_matvecs, k, max_iter, tol) -> None:

@@ -87,6 +87,24 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     return op
 
 
+def error_warning(check: dict | None, compute_dtype, tolerance: float = 1e-2) -> dict | None:
+    """The warning a result carries when its products' measured relative error exceeds ``tolerance``:
+    ``{"rel_error", "tolerance", "cause", "fix", "message"}`` (one line); None when the error is within
+    it, or not measured (``check["reference"]`` then says why) or the backend is exact (``check`` None)."""
+    err = None if check is None else check.get("rel_error")
+    if err is None or err <= tolerance:
+        return None
+    half = compute_dtype in (torch.bfloat16, torch.float16)
+    name = str(compute_dtype).replace("torch.", "")
+    cause = (f"half-precision compute ({name})" if half else
+             f"the gradient-difference step in {name} (possibly a token whose input-embedding row is zero in the batches)")
+    fix = ("--compute-dtype float32 (the default for half-precision weights)" if half else
+           "--backend reverse where its pass fits, or curvature data without zero-embedding tokens")
+    return {"rel_error": err, "tolerance": tolerance, "cause": cause, "fix": fix,
+            "message": f"the Hessian products' measured relative error is {err:.2g} (> {tolerance:g}): cause: {cause}; "
+                       f"fix: {fix}"}
+
+
 def miniature_bound(model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0) -> dict:
     """The difference backend's error where no exact product can run on the model itself: on a
     miniature of the architecture (:func:`~probes.models.miniature.miniature`, same class and config
