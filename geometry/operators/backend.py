@@ -154,7 +154,7 @@ class ProductBackend(abc.ABC):
     def products(self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor],
                  outs: list[torch.Tensor]) -> None:
         """``outs[j] += Σ_b w_b (H_b V)_j`` over the operator's batches, V given per parameter as
-        ``vs[j]`` [k, *shape_j] in the vector dtype; ``params``: the selected live parameters."""
+        ``vs[j]`` ``[k, *shape_j]`` in the vector dtype; ``params``: the selected live parameters."""
 
     @abc.abstractmethod
     def pass_bytes(self, op: Any, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
@@ -162,7 +162,7 @@ class ProductBackend(abc.ABC):
 
     def pass_options(self, op: Any, k: int, calls: int, hvps: int) -> list[tuple[dict[str, Any], int, float]]:
         """``(settings, pass bytes, cost in gradient-equivalents)`` of the ways to run ``calls``
-        products of at most ``k`` vectors (``hvps`` in all): :func:`geometry.memory.model.pass_options`."""
+        products of at most ``k`` vectors (``hvps`` in all): ``geometry.memory.model.pass_options``."""
         return [({"cache_graphs": False}, op.pass_bytes(k, cached=False), 2.0 * hvps)]
 
     def check(self, op: Any) -> dict | None:

@@ -34,7 +34,7 @@ class _LossModule(nn.Module):
 def forward_over_reverse(model: nn.Module, loss_fn, params: dict[str, torch.Tensor], batch: Any,
                          vs: list[torch.Tensor], outs: list[torch.Tensor], weight: float, chunk: int,
                          param_dtype: torch.dtype, check_loss: Callable[[torch.Tensor], None], index: int) -> None:
-    """``outs[j] += weight · (H_batch V)_j`` for V given per parameter as ``vs[j]`` [k, *shape_j]."""
+    """``outs[j] += weight · (H_batch V)_j`` for V given per parameter as ``vs[j]`` ``[k, *shape_j]``."""
     from torch.func import functional_call, grad, jvp, vmap
 
     wrapper = _LossModule(model, loss_fn)

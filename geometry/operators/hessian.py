@@ -15,13 +15,13 @@ the exact one when it fits ``max_memory``, else the measured difference one
 ``vectorize="auto"`` picks the sequential second backwards on CPU (measured faster there, see
 benchmarks/README.md, "HVP throughput") and the vectorized one on CUDA.
 
-Precision: products run in :attr:`compute_dtype`, float32 by default for a float16/bfloat16 model
+Precision: products run in ``compute_dtype``, float32 by default for a float16/bfloat16 model
 (weights upcast for each call, the stored half weights untouched: :mod:`geometry.operators.precision`),
 the model's dtype otherwise; ``compute_dtype="bfloat16"`` keeps half arithmetic as an explicit
 choice. Vectors in and out of :meth:`matmat_flat` and all accumulation over batches are in
 :attr:`dtype` (float32 at least), so estimator linear algebra never runs in half precision.
 
-Memory: :meth:`pass_bytes` predicts the peak of one product of k vectors beyond the vectors
+Memory: :meth:`HessianOperator.pass_bytes` predicts the peak of one product of k vectors beyond the vectors
 themselves, from the double-backward graph of the largest batch measured once (saved-tensor
 hooks on one row of each batch shape): see :mod:`geometry.memory.model` and benchmarks/README.md
 ("Scale") for the check against measured peaks.
@@ -223,7 +223,7 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
 
     @property
     def param_dtype(self) -> torch.dtype:
-        """dtype the products are computed in (:attr:`compute_dtype`)."""
+        """dtype the products are computed in (``compute_dtype``)."""
         return self.compute_dtype
 
     @property
@@ -365,7 +365,7 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
 
     def _accumulate(self, vs: list[torch.Tensor], outs: list[torch.Tensor],
                     reduce: list[torch.Tensor] | None = None) -> None:
-        """``outs[j] += Σ_b w_b (H_b V)_j`` for V given per parameter as ``vs[j]`` [k, *shape_j].
+        """``outs[j] += Σ_b w_b (H_b V)_j`` for V given per parameter as ``vs[j]`` ``[k, *shape_j]``.
         Data-parallel: over this rank's batches, then the contiguous tensors ``reduce`` (holding
         ``outs``) are all-reduced, after every rank reported success."""
         def local() -> None:

@@ -43,7 +43,7 @@ def gradient_graph(loss: torch.Tensor, tensors: list[torch.Tensor]) -> GradientG
 def reverse_products(graph: GradientGraph, tensors: list[torch.Tensor], vs: list[torch.Tensor],
                      outs: list[torch.Tensor], weight: float, chunk: int, vectorize: bool,
                      param_dtype: torch.dtype) -> None:
-    """``outs[j] += weight · (H_b V)_j`` for V given per parameter as ``vs[j]`` [k, *shape_j]
+    """``outs[j] += weight · (H_b V)_j`` for V given per parameter as ``vs[j]`` ``[k, *shape_j]``
     (in the estimator dtype; converted to ``param_dtype`` a chunk at a time)."""
     if not graph.live:
         return
@@ -101,7 +101,7 @@ class GraphCache:
 class ReverseBackend(ProductBackend):
     """Reverse-over-reverse products: per batch one ``create_graph`` gradient, then one second backward
     per vector (``op.vectorize=False``) or per chunk (vmapped). Memory: the graph of the largest batch
-    (of every batch when graphs are kept) plus the second backward's transient (:func:`pass_bytes`)."""
+    (of every batch when graphs are kept) plus the second backward's transient (:func:`geometry.memory.graphs.pass_bytes`)."""
 
     name = "reverse"
     keeps_graphs = True
