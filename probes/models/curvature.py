@@ -83,7 +83,8 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
         loss_fn = with_float64_fidelity(loss_fn, model)
     op = HessianOperator(model, loss_fn, batches, params=params, backend=backend, **kwargs)
     if not op.product_backend.exact and batches and op.checked()["rel_error"] is None:
-        op.hvp_check = {**op.hvp_check, **miniature_bound(model, op.check_batches or [batches[0][:2, :32]])}
+        op.hvp_check = {**op.hvp_check, **miniature_bound(model, op.check_batches or [batches[0][:2, :32]],
+                                                          compute_dtype=kwargs.get("compute_dtype"))}
     return op
 
 
@@ -105,11 +106,12 @@ def error_warning(check: dict | None, compute_dtype, tolerance: float = 1e-2) ->
                        f"fix: {fix}"}
 
 
-def miniature_bound(model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0) -> dict:
+def miniature_bound(model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0, compute_dtype=None) -> dict:
     """The difference backend's error where no exact product can run on the model itself: on a
     miniature of the architecture (:func:`~probes.models.miniature.miniature`, same class and config
-    pattern) in the model's dtype, against the exact reverse products of its float64 copy (HF's
-    float32 islands in float64, :func:`~probes.models.fidelity.float64_fidelity`), on ``batches``.
+    pattern) in the model's dtype, its products in ``compute_dtype`` (None: the default policy),
+    against the exact reverse products of its float64 copy (HF's float32 islands in float64,
+    :func:`~probes.models.fidelity.float64_fidelity`), on ``batches``.
     Returns ``{"rel_error", "reference"}`` (rel_error None when no miniature can be built). Cost: a
     miniature (~10⁴–10⁶ parameters) and 2 products of each backend on the check batches."""
     import copy
@@ -126,8 +128,13 @@ def miniature_bound(model: nn.Module, batches: Sequence[torch.Tensor], seed: int
     exact = copy.deepcopy(mini).double()
     with float64_fidelity():
         ref = HessianOperator(exact, lm_loss, list(batches))
-        error = product_error(HessianOperator(mini, lm_loss, list(batches), backend="difference"), ref, 2, seed)
+        error = product_error(HessianOperator(mini, lm_loss, list(batches), backend="difference",
+                                              compute_dtype=compute_dtype), ref, 2, seed)
     name = str(dtype).replace("torch.", "")
+    from geometry.operators.precision import compute_dtype_for
+
+    computed = str(compute_dtype_for(dtype, compute_dtype)).replace("torch.", "")
+    name = name if computed == name else f"{name} (computed in {computed})"
     return {"rel_error": error, "reference": f"bound on a {name} miniature of {type(model).__name__} "
             f"({sum(p.numel() for p in mini.parameters())} parameters) against its float64 reverse products "
             "(no exact product can run on the model)"}
