@@ -68,7 +68,8 @@ def row(family: str, seed: int) -> dict:
 
     return {"family": family, "seed": seed, "reverse_f32": err(), "difference_f32": err(backend="difference"),
             "richardson_f32": err(backend="difference", richardson=True),
-            "reverse_bf16": err(compute_dtype="bfloat16"), "difference_bf16": err(backend="difference", compute_dtype="bfloat16")}
+            "reverse_bf16": err(compute_dtype="bfloat16"),
+            "difference_bf16": err(backend="difference", compute_dtype="bfloat16")}
 
 
 def main() -> None:

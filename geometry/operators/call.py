@@ -1,4 +1,5 @@
-"""The conventions, side effects and guarantees of every Hessian product call (:class:`~geometry.operators.hessian.HessianOperator`).
+"""The conventions, side effects and guarantees of every product call of a
+:class:`~geometry.operators.hessian.HessianOperator`.
 
 :func:`product_call` is the context every product, gradient and memory measurement runs in:
 
@@ -44,7 +45,8 @@ def current_parameters(model: nn.Module, space: ParamSpace) -> dict[str, torch.T
     for name, shape in zip(space.names, space.shapes):
         p = named.get(name)
         if p is None or p.shape != shape or p.dtype != space.dtype or p.device != space.device:
-            raise OperatorError(f"parameter {name!r} vanished or changed shape/dtype/device since the operator was built")
+            raise OperatorError(f"parameter {name!r} vanished or changed shape/dtype/device since the operator was "
+                                "built")
         out[name] = p
     return out
 

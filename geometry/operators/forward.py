@@ -1,6 +1,7 @@
 """The forward-over-reverse Hessian-vector product: ``torch.func.jvp`` of ``torch.func.grad``.
 
-:class:`ForwardBackend` (``backend="forward"`` of :class:`geometry.operators.hessian.HessianOperator`): the loss is written
+:class:`ForwardBackend` (``backend="forward"`` of :class:`geometry.operators.hessian.HessianOperator`):
+the loss is written
 as a function of the selected parameters with :func:`torch.func.functional_call` (the other
 parameters and buffers enter as constants), and the jvp of its gradient is vmapped over the k
 tangents, a chunk at a time.

@@ -280,7 +280,8 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         """Predicted peak bytes of one :meth:`matmat_flat` of ``k`` vectors beyond its input and
         output ``[k, dim]`` tensors (:func:`geometry.memory.graphs.pass_bytes`), with graphs kept
         between calls when ``cached`` (default: ``cache_graphs``)."""
-        need = self.product_backend.pass_bytes(self, k, cached, chunk) + compute_copy_bytes(self.model, self.compute_dtype)
+        need = self.product_backend.pass_bytes(self, k, cached, chunk)
+        need += compute_copy_bytes(self.model, self.compute_dtype)  # the compute-dtype copy of the weights
         return need if self.parallel is None else self.parallel.planned_pass_bytes(need, k, self.dim, self.dtype, self.device)
 
     @contextlib.contextmanager

@@ -118,10 +118,10 @@ class ShardedHessianOperator(CurvatureOperator):
         self._device = self.locals[0].device
         wanted = compute_dtype_for(self._param_dtype, compute_dtype)
         if wanted != self._param_dtype:
-            raise OperatorError(f"the model was sharded in {str(self._param_dtype).replace('torch.', '')} but the products "
-                                f"should run in {str(wanted).replace('torch.', '')}: shard a copy cast to it first "
-                                "(probes.models.sharding.shard_model(model, compute_dtype=...)), or pass "
-                                f"compute_dtype={str(self._param_dtype).replace('torch.', '')!r} to keep that arithmetic")
+            stored, wanted = (str(d).replace("torch.", "") for d in (self._param_dtype, wanted))
+            raise OperatorError(f"the model was sharded in {stored} but the products should run in {wanted}: shard a "
+                                "copy cast to it first (probes.models.sharding.shard_model(model, compute_dtype=...)), "
+                                f"or pass compute_dtype={stored!r} to keep that arithmetic")
         self.local_dim = sum(t.numel() for t in self.locals)
         self.global_dim = sum(p.numel() for p in self.params.values())
         self.parallel.check_same({"names": list(self.names), "dtype": str(self._param_dtype),

@@ -142,7 +142,8 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
             op = fsdp_lm_hessian(model, batches, dev, backend, compute_dtype, max_memory)
         else:
             op = lm_hessian(model, batches, params=list(params) if params else None, max_memory=max_memory,
-                            backend=backend, compute_dtype=compute_dtype, **({"data_parallel": pg} if pg is not None else {}))
+                            backend=backend, compute_dtype=compute_dtype,
+                            **({"data_parallel": pg} if pg is not None else {}))
         # both plans are checked before any product: a plan that cannot fit fails here, in one line
         trace_memory(op, method, num_matvecs)
         eigen_memory(op, k, eigen_method, max_iter)

@@ -98,7 +98,8 @@ def error_warning(check: dict | None, compute_dtype, tolerance: float = 1e-2) ->
     half = compute_dtype in (torch.bfloat16, torch.float16)
     name = str(compute_dtype).replace("torch.", "")
     cause = (f"half-precision compute ({name})" if half else
-             f"the gradient-difference step in {name} (possibly a token whose input-embedding row is zero in the batches)")
+             f"the gradient-difference step in {name} (possibly a token whose input-embedding row is zero in the "
+             "batches)")
     fix = ("--compute-dtype float32 (the default for half-precision weights)" if half else
            "--backend reverse where its pass fits, or curvature data without zero-embedding tokens")
     return {"rel_error": err, "tolerance": tolerance, "cause": cause, "fix": fix,

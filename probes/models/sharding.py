@@ -92,9 +92,10 @@ def fsdp_lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], device: A
     op.hvp_check = {**op.checked(), **mini}
     requested = backend_named(backend)
     if isinstance(requested, AutoBackend) or requested.exact:
-        op.backend_choice = {"chosen": op.backend, "requested": backend, "why": "FSDP2 runs first-order gradients only "
-                             "(no double backward on sharded parameters): the difference backend, its error measured on "
-                             "a miniature of the architecture"}
+        op.backend_choice = {"chosen": op.backend, "requested": backend,
+                             "why": "FSDP2 runs first-order gradients only (no double backward on sharded "
+                                    "parameters): the difference backend, its error measured on a miniature of the "
+                                    "architecture"}
     return op
 
 
