@@ -1,12 +1,22 @@
 """On-paper requirements of curvature at 1B-32B (``python -m benchmarks.scale --project``): the bytes
 autograd saves per token measured on 1- and 2-layer slices (:func:`graph_measurements`), projected
 through the memory model to one 80 GB GPU for the reverse and gradient-difference backends
-(:func:`project`, :func:`difference_need`), and per rank of a sharded run (:func:`sharded_project`)."""
+(:func:`project`, :func:`difference_need`), and per rank of a sharded run (:func:`sharded_project`).
+
+Compute precision (issue #35, :mod:`geometry.operators.precision`): each configuration is projected
+for the default **float32 compute** of a bfloat16 checkpoint and for explicit bfloat16 compute
+(``compute`` column). Float32 compute holds, beyond the resident bfloat16 model (2 B / param), its
+float32 copy (4 B / param; on the sharded path the shards themselves are float32), float32
+gradients, master copy and reduce-scatter buffers, and activations twice the bfloat16 ones (the
+graph is measured in bfloat16 and scaled by 2: an estimate, not a measurement)."""
 from __future__ import annotations
 
 import torch
 
 from benchmarks.shapes import SHAPES, build
+
+#: bytes per number of each compute dtype
+COMPUTE = {"float32": 4, "bfloat16": 2}
 
 
 def saved_bytes_per_sequence(shape: str, seq: int, layers: int, dtype: torch.dtype = torch.bfloat16) -> int:
@@ -51,13 +61,16 @@ def graph_measurements(shape: str) -> dict:
 
 
 def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_bytes: float = 80e9, mfu: float = 0.4,
-            peak_flops: float = 989e12, hvp_ratio: float = 2.3, measured: dict | None = None) -> list[dict]:
-    """On-paper requirements of each shape in bfloat16 on one GPU of ``gpu_bytes`` for the
-    :data:`CONFIGS`: memory from the memory model (geometry.memory.graphs) with the graph measured on
-    1- and 2-layer slices (:func:`graph_measurements`; per layer a·s + c·s² per sequence, outside
-    the layers linear in s), the model resident in bf16, bf16 gradients, float32 estimator
-    vectors; the largest Hutch++ sketch that fits; time from 6·N·T FLOPs per gradient at ``mfu``
-    of ``peak_flops`` and ``hvp_ratio`` gradients per HVP (measured on CPU here)."""
+            peak_flops: float = 989e12, hvp_ratio: float = 2.3, measured: dict | None = None,
+            computes: tuple[str, ...] = ("float32", "bfloat16")) -> list[dict]:
+    """On-paper requirements of each shape (a bfloat16 checkpoint) on one GPU of ``gpu_bytes`` for
+    the :data:`CONFIGS` and each compute dtype of ``computes``: memory from the memory model
+    (geometry.memory.graphs) with the graph measured on 1- and 2-layer slices in bfloat16
+    (:func:`graph_measurements`; per layer a·s + c·s² per sequence, outside the layers linear in s;
+    × 2 for float32 compute), the model resident in bf16 plus, for float32 compute, its float32
+    copy, gradients in the compute dtype, float32 estimator vectors; the largest Hutch++ sketch that
+    fits; time from 6·N·T FLOPs per gradient at ``mfu`` of ``peak_flops`` and ``hvp_ratio``
+    gradients per HVP (measured on CPU here)."""
     from geometry.memory.graphs import pass_bytes
     from geometry.operators.linear_ce import transient_bytes
     from geometry.memory.model import temporaries_bytes
@@ -72,19 +85,21 @@ def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_b
         dim_all = _param_count(shape)
         dim_layer = (dim_all - _param_count_outside(shape)) // L
         rows.append({"kind": "graph", **m})
-        for label, sel, b, s in CONFIGS:
-            layer_s = a * s + c * s * s
+        for (label, sel, b, s), compute in ((cfg, cd) for cfg in CONFIGS for cd in computes):
+            w = COMPUTE[compute]
+            layer_s = (a * s + c * s * s) * w / 2
             n_layers, dim = (L, dim_all) if sel == "all" else (2, 2 * dim_layer)
-            saved = b * (n_layers * layer_s + o1 * s / 128)
-            grads, vec, model_b = 2 * dim, 4 * dim, 2 * dim_all
+            saved = b * (n_layers * layer_s + o1 * w / 2 * s / 128)
+            grads, vec, model_b = w * dim, 4 * dim, 2 * dim_all + (4 * dim_all if w == 4 else 0)
             pass_b = pass_bytes([int(saved + grads)], grads, False, 1, 1, False,
-                                transient_bytes(b * s, vocab, torch.bfloat16))
+                                transient_bytes(b * s, vocab, torch.float32 if w == 4 else torch.bfloat16))
             need = {name: model_b + n * vec + pass_b + temporaries_bytes(dim, 5) for name, n in VECTORS.items()}
             room = gpu_bytes - model_b - pass_b - 2 * vec
             t_grad = 6 * dim_all * b * s / (mfu * peak_flops)
             if sel == "all":
-                rows.append(difference_need(shape, label, b, s, dim_all, layer_s, o1, gpu_bytes, t_grad))
-            rows.append({"kind": "projection", "shape": shape, "config": label, "params": dim_all, "selected": dim,
+                rows.append(difference_need(shape, label, b, s, dim_all, layer_s, o1 * w / 2, gpu_bytes, t_grad, compute))
+            rows.append({"kind": "projection", "shape": shape, "config": label, "compute": compute, "gpus": 1,
+                         "params": dim_all, "selected": dim,
                          "model_GB": model_b / 1e9, "graph_GB": (saved + grads) / 1e9, "pass_GB": pass_b / 1e9,
                          "vector_GB": vec / 1e9, **{f"{k}_GB": v / 1e9 for k, v in need.items()},
                          **{f"{k}_fits": bool(v <= gpu_bytes) for k, v in need.items()},
@@ -95,10 +110,11 @@ def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_b
 
 
 def difference_need(shape: str, label: str, b: int, s: int, dim: int, layer_s: float, outside_128: float,
-                    gpu_bytes: float, t_grad: float) -> dict:
-    """The gradient-difference backend's projection for the whole model in bfloat16 with activation
-    checkpointing (:func:`geometry.operators.difference.pass_bytes`): the kept θ (its float32
-    master, stored exactly in bf16: 2·dim), the bf16 ``.grad`` (2·dim), the checkpointed layer inputs (b·L·s·h bf16), one layer's
+                    gpu_bytes: float, t_grad: float, compute: str = "float32") -> dict:
+    """The gradient-difference backend's projection for the whole model (a bfloat16 checkpoint)
+    with activation checkpointing (:func:`geometry.operators.difference.pass_bytes`), numbers in the
+    ``compute`` dtype (w bytes): the model resident in bf16 (2·dim) plus, for float32 compute, its
+    float32 copy (4·dim), the kept θ (w·dim), the ``.grad`` (w·dim), the checkpointed layer inputs (b·L·s·h·w), one layer's
     recompute (bounded by the measured double-backward graph of one layer, ``layer_s`` per
     sequence), what is outside the layers (the measured ``outside_128`` scaled to s: embeddings,
     final norm, logits and the loss), one embedding matrix in float32 (the perturbation's cast);
@@ -107,11 +123,13 @@ def difference_need(shape: str, label: str, b: int, s: int, dim: int, layer_s: f
     from geometry.memory.model import temporaries_bytes
 
     h, L, heads, ff, vocab = SHAPES[shape]
-    vec, model_b = 4 * dim, 2 * dim
-    pass_b = 2 * dim + 2 * dim + b * L * s * h * 2 + b * layer_s + b * outside_128 * s / 128 + 4 * vocab * h
+    w = COMPUTE[compute]
+    vec, model_b = 4 * dim, 2 * dim + (4 * dim if w == 4 else 0)
+    pass_b = w * dim + w * dim + b * L * s * h * w + b * layer_s + b * outside_128 * s / 128 + 4 * vocab * h
     need = {name: model_b + n * vec + pass_b + temporaries_bytes(dim, 5) for name, n in VECTORS.items()}
     room = gpu_bytes - model_b - pass_b - 2 * vec
-    return {"kind": "projection", "shape": shape, "config": label + ", difference + checkpointing", "params": dim,
+    return {"kind": "projection", "shape": shape, "config": label + ", difference + checkpointing", "compute": compute,
+            "gpus": 1, "params": dim,
             "selected": dim, "model_GB": model_b / 1e9, "graph_GB": None, "pass_GB": pass_b / 1e9, "vector_GB": vec / 1e9,
             **{f"{k}_GB": v / 1e9 for k, v in need.items()}, **{f"{k}_fits": bool(v <= gpu_bytes) for k, v in need.items()},
             "max_hutchpp_sketch": int(max(0, room // vec)), "s_per_gradient": 4 / 3 * t_grad, "s_per_hvp": 8 / 3 * t_grad}
@@ -136,27 +154,31 @@ def _param_count(shape: str) -> int:
 SHAPE_32B = (5120, 64, 40, 27648, 100352)
 
 
-def sharded_project(gpus: int = 8, gpu_bytes: float = 80e9, seq: int = 2048, vectors: dict | None = None) -> list[dict]:
-    """Per-rank bytes of sharded curvature over ``gpus`` GPUs (bfloat16 model, float32 vectors):
+def sharded_project(gpus: int = 8, gpu_bytes: float = 80e9, seq: int = 2048, vectors: dict | None = None,
+                    computes: tuple[str, ...] = ("float32", "bfloat16")) -> list[dict]:
+    """Per-rank bytes of sharded curvature over ``gpus`` GPUs (a bfloat16 checkpoint, float32 vectors),
+    per compute dtype (w bytes: float32 compute shards a float32 cast of the model):
 
-    θ shard (2 B / param / N) + master shard in the parameters' dtype (2 B / N; a bfloat16 number
-    converts to float32 exactly) + one float32 cast of the largest local tensor (the embedding's
-    shard, ``vocab · h · 4 B / N``) + ``.grad`` shard (2 B / N) + the estimator's float32 vectors
-    (4 B / N each) + two all-gathered decoder blocks (current and
-    prefetched, 2 B / block param each) + the reduce-scatter of one block's gradient (2 B / block
-    param) + activations of one sequence with checkpointing (the blocks' inputs, ``L · s · h · 2 B``,
-    plus one block's recompute, ≈ ``s · (14 h + 2 ff) · 2 B``) + the loss's float32 logits
+    θ shard (w B / param / N) + master shard (w B / N) + one float32 cast of the largest local
+    tensor (the embedding's shard, ``vocab · h · 4 B / N``) + ``.grad`` shard (w B / N) + the
+    estimator's float32 vectors (4 B / N each) + two all-gathered decoder blocks (current and
+    prefetched, w B / block param each) + the reduce-scatter of one block's gradient (w B / block
+    param) + activations of one sequence with checkpointing (the blocks' inputs, ``L · s · h · w``,
+    plus one block's recompute, ≈ ``s · (14 h + 2 ff) · w``) + the loss's float32 logits
     (``s · vocab · 4 B`` twice: logits and their gradient). Parameter counts as ``benchmarks.scale``.
     """
     vectors = vectors or {"hutchinson (block 1)": 2, "lanczos (basis 8)": 9, "hutch++ (sketch 8)": 10}
     rows = []
-    for name, (h, L, heads, ff, vocab) in (("olmo-2-7b", SHAPES["olmo-2-7b"]), ("olmo-2-32b", SHAPE_32B)):
+    shapes = (("olmo-2-7b", SHAPES["olmo-2-7b"]), ("olmo-2-32b", SHAPE_32B))
+    for (name, (h, L, heads, ff, vocab)), compute in ((sh, cd) for sh in shapes for cd in computes):
+        w = COMPUTE[compute]
         per_layer = 4 * h * h + 3 * h * ff + 4 * h
         dim = _param_count("olmo-2-7b") if name == "olmo-2-7b" else int(2 * vocab * h + L * per_layer + h)
         shard = dim / gpus
-        fixed = shard * (2 + 2 + 2) + vocab * h * 4 / gpus + 2 * 2 * per_layer + 2 * per_layer
-        acts = L * seq * h * 2 + seq * (14 * h + 2 * ff) * 2 + 2 * seq * vocab * 4
-        row = {"kind": "sharded projection", "shape": name, "params": dim, "gpus": gpus, "tokens": f"1x{seq}",
+        fixed = shard * (w + w + w) + vocab * h * 4 / gpus + 2 * w * per_layer + w * per_layer
+        acts = L * seq * h * w + seq * (14 * h + 2 * ff) * w + 2 * seq * vocab * 4
+        row = {"kind": "sharded projection", "shape": name, "compute": compute, "params": dim, "gpus": gpus,
+               "tokens": f"1x{seq}",
                "checkpointing": True, "fixed_GB": fixed / 1e9, "activations_GB": acts / 1e9,
                "vector_shard_GB": 4 * shard / 1e9}
         for est, n in vectors.items():

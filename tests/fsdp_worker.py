@@ -44,6 +44,10 @@ def run(rank: int, world: int, port: int, out: str) -> None:
                 return res
 
             record(out, f"same-{family}", rank, run_family)
+        half = shard_model(micro_llama(seed=1).bfloat16(), compute_dtype=torch.bfloat16)  # kept in bfloat16
+        record(out, "refuses-half-shards", rank, lambda: ShardedHessianOperator(half, lm_loss, mine))
+        record(out, "half-shards-on-request", rank,
+               lambda: {"dtype": str(ShardedHessianOperator(half, lm_loss, mine, compute_dtype="bfloat16").param_dtype)})
         model = shard_model(micro_gptneox(seed=1))
         record(out, "refuses-slq", rank, lambda: spectral_density(ShardedHessianOperator(model, lm_loss, mine),
                                                                   num_runs=1, num_steps=4))

@@ -61,7 +61,7 @@ def test_basis_on_the_host_gives_the_same_eigenvalues():
 def test_bf16_model_on_cuda_uses_float32_estimator_algebra():
     batches = _batches(3)
     f32 = HessianOperator(tiny_model("olmo2", seed=3, dtype=torch.float32).cuda(), lm_loss, batches)
-    b16 = HessianOperator(tiny_model("olmo2", seed=3, dtype=torch.bfloat16).cuda(), lm_loss, batches)
+    b16 = HessianOperator(tiny_model("olmo2", seed=3, dtype=torch.bfloat16).cuda(), lm_loss, batches, compute_dtype="bfloat16")
     assert b16.dtype == torch.float32 and b16.param_dtype == torch.bfloat16
     a = top_eigenvalues(f32, k=1, max_iter=40, seed=6).values[0]
     b = top_eigenvalues(b16, k=1, max_iter=40, seed=6).values[0]

@@ -163,7 +163,8 @@ def test_a_loss_linear_in_a_parameter_keeps_its_zero_rows():
 def test_half_precision_model_gets_float32_estimator_vectors():
     model = tiny_model("gpt_neox", seed=0, dtype=torch.bfloat16)
     batches = batches_with_pad(model, 0)
-    op = HessianOperator(model, lm_loss, batches)
+    assert HessianOperator(model, lm_loss, batches).param_dtype == torch.float32   # the default: float32 compute
+    op = HessianOperator(model, lm_loss, batches, compute_dtype="bfloat16")
     assert op.dtype == torch.float32 and op.param_dtype == torch.bfloat16
     out = op.matmat(torch.ones(2, op.dim))
     loss, g = op.gradient()
@@ -181,7 +182,7 @@ def test_bf16_model_trace_and_lambda_max_within_half_a_percent_of_float32(tiny_t
 
     ref = tiny_trajectory[-1]
     curv = list(default_token_sets(tiny_trajectory, quick=True)["curvature"])
-    ops = {dt: HessianOperator(CheckpointLoader(tiny_trajectory, dtype=dt).load(ref), lm_loss, curv)
+    ops = {dt: HessianOperator(CheckpointLoader(tiny_trajectory, dtype=dt).load(ref), lm_loss, curv, compute_dtype=dt)
            for dt in (torch.float32, torch.bfloat16)}
     runs = {
         "hutch++": lambda op: hutchpp_trace(op, num_matvecs=30, seed=1).value,

@@ -161,7 +161,7 @@ def test_half_precision_perturbs_a_float32_master():
         seen.append({n: p.detach().clone() for n, p in m.named_parameters()})
         return mlp_loss(m, b)
 
-    op = HessianOperator(model, loss, batches, backend="difference", difference_step=0.05)
+    op = HessianOperator(model, loss, batches, backend="difference", difference_step=0.05, compute_dtype="bfloat16")
     v = torch.randn(op.dim, generator=torch.Generator().manual_seed(0))
     op.matvec_flat(v)
     theta_norm = float(torch.cat([t.reshape(-1) for t in theta.values()]).double().norm())

@@ -39,3 +39,13 @@ def test_unsupported_estimators_refuse_sharded_operators(ranks):
     for res in ranks["refuses-slq"]:
         assert res.get("error") == "EstimatorError", res
         assert "spectral_density does not run on sharded operators yet" in res["message"]
+
+
+def test_half_precision_shards_are_refused_unless_half_compute_is_asked_for(ranks):
+    """FSDP2 shards cannot be upcast in place: a model sharded in bfloat16 is refused by default
+    (float32 compute), in one line naming the fix, and accepted with compute_dtype="bfloat16"."""
+    for res in ranks["refuses-half-shards"]:
+        assert res.get("error") == "OperatorError", res
+        assert "sharded in bfloat16" in res["message"] and "shard_model(model, compute_dtype=" in res["message"]
+    for res in ranks["half-shards-on-request"]:
+        assert res.get("ok") == {"dtype": "torch.bfloat16"}, res

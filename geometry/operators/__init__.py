@@ -5,7 +5,8 @@
 - ``hessian``: :class:`HessianOperator`, batched HVPs of a loss over batches; ``call``: the
   conventions of every product call (modes, attention, frozen parameters, restored state);
 - ``backend``: the product-backend interface (:class:`ProductBackend`) and the vector spaces of the
-  difference loop; ``names``: the name → backend map (the one place a backend's name is read); the backends: ``reverse`` (reverse-over-reverse, the
+  difference loop; ``names``: the name → backend map (the one place a backend's name is read); the
+  backends: ``reverse`` (reverse-over-reverse, the
   default), ``forward`` (forward-over-reverse, torch.func), ``difference`` (gradient differences:
   first order only, θ restored bit-exactly, its error measured); ``auto``: the choice between them;
 - ``data_parallel``: products over ranks that each hold the whole model (``DataParallel``);

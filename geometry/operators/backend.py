@@ -36,7 +36,8 @@ The backends, in detail (each computes the Hessian of the operator's weighted me
     ``(∇L(θ+εv) − ∇L(θ−εv))/2ε`` from ``loss.backward()`` and ``.grad`` with θ perturbed in place
     and restored bit-exactly: first order only (fused attention, activation checkpointing, fused losses);
     2 gradients per product (4 with ``richardson=True``); its error against the exact products is
-    measured on a check slice (:meth:`~geometry.operators.hessian.HessianOperator.checked`) and recorded in every estimator plan.
+    measured on a check slice (:meth:`~geometry.operators.hessian.HessianOperator.checked`) and recorded
+    in every estimator plan.
 ``"auto"``
     ``"reverse"`` when its pass fits ``max_memory``, else ``"difference"`` when its pass fits and its
     error is ≤ ``difference_tolerance`` (else :class:`OperatorError`); why: ``backend_choice``.

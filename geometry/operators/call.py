@@ -1,4 +1,5 @@
-"""The conventions, side effects and guarantees of every Hessian product call (:class:`~geometry.operators.hessian.HessianOperator`).
+"""The conventions, side effects and guarantees of every product call of a
+:class:`~geometry.operators.hessian.HessianOperator`.
 
 :func:`product_call` is the context every product, gradient and memory measurement runs in:
 
@@ -13,6 +14,9 @@
   of the last blocks needs the graph of those blocks only); ``requires_grad`` flags and parameter
   values are restored;
 - grad mode is switched on internally, so calls work inside ``torch.no_grad()``;
+- every floating parameter and buffer runs in the operator's compute dtype (float32 for a
+  half-precision model by default: :mod:`geometry.operators.precision`), the stored tensors
+  untouched and put back after;
 - the selected parameters are looked up in the model at each call (weights may have been
   replaced); one that vanished or changed shape, dtype or device raises
   :class:`~geometry.operators.interface.OperatorError`.
@@ -29,6 +33,7 @@ from ..base.modes import module_modes
 from ..base.params import ParamSpace
 from .derivatives import true_derivatives
 from .interface import OperatorError
+from .precision import computed_in
 
 __all__ = ["product_call", "current_parameters"]
 
@@ -40,17 +45,21 @@ def current_parameters(model: nn.Module, space: ParamSpace) -> dict[str, torch.T
     for name, shape in zip(space.names, space.shapes):
         p = named.get(name)
         if p is None or p.shape != shape or p.dtype != space.dtype or p.device != space.device:
-            raise OperatorError(f"parameter {name!r} vanished or changed shape/dtype/device since the operator was built")
+            raise OperatorError(f"parameter {name!r} vanished or changed shape/dtype/device since the operator was "
+                                "built")
         out[name] = p
     return out
 
 
 @contextlib.contextmanager
-def product_call(model: nn.Module, space: ParamSpace, attention: ContextManager) -> Iterator[dict[str, torch.Tensor]]:
+def product_call(model: nn.Module, space: ParamSpace, attention: ContextManager,
+                 compute_dtype: torch.dtype | None = None) -> Iterator[dict[str, torch.Tensor]]:
     """Yields the selected parameters. Eval mode, ``attention``, true embedding derivatives, grad
     enabled, parameters outside the selection frozen (``requires_grad=False``: autograd then keeps
     no graph for the layers that lead to no selected parameter, and the Hessian is w.r.t. the
-    selection with the rest constant, as defined); restores modes, ``requires_grad`` and ``.grad``."""
+    selection with the rest constant, as defined), every floating tensor in ``compute_dtype``
+    (:func:`~geometry.operators.precision.computed_in`); restores modes,
+    ``requires_grad``, ``.grad`` and the stored tensors."""
     grads = [(p, p.grad) for p in model.parameters()]
     params = current_parameters(model, space)
     chosen = {id(t) for t in params.values()}
@@ -58,7 +67,8 @@ def product_call(model: nn.Module, space: ParamSpace, attention: ContextManager)
     try:
         for p in frozen:
             p.requires_grad_(False)
-        with module_modes(model, training=False), torch.enable_grad(), attention, true_derivatives(model):
+        compute = computed_in(model, compute_dtype or space.dtype)
+        with module_modes(model, training=False), torch.enable_grad(), compute, attention, true_derivatives(model):
             yield params
     finally:
         for p in frozen:

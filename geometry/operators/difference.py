@@ -14,8 +14,10 @@ run with ``training=True`` on the layer itself so that HF checkpoints them; thei
 dropout included, stay in eval mode), a model's own fused losses, and hooks that act on ``.grad``
 (data-parallel all-reduce, FSDP2 reduce-scatter).
 
-Precision. The perturbed point is built from a kept **master copy** of θ, taken in float32 for
-float16/bfloat16 parameters: ``θ_master + s·ε·v`` is computed in float32 and cast once to the
+Precision. By default a float16/bfloat16 model's products run in float32 (its weights upcast for
+the call: :mod:`geometry.operators.precision`), so θ, the step and the gradients are float32 and
+what follows applies to an explicit ``compute_dtype="bfloat16"`` (or float16). The perturbed point
+is built from a kept **master copy** of θ, taken in float32 for float16/bfloat16 parameters: ``θ_master + s·ε·v`` is computed in float32 and cast once to the
 parameters' dtype. (A half-precision number converts to float32 exactly, so the master is stored
 as a copy in the parameters' dtype and converted one tensor at a time: the float32 master at half
 the memory.) Gradients are read in the parameters'

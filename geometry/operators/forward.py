@@ -1,6 +1,7 @@
 """The forward-over-reverse Hessian-vector product: ``torch.func.jvp`` of ``torch.func.grad``.
 
-:class:`ForwardBackend` (``backend="forward"`` of :class:`geometry.operators.hessian.HessianOperator`): the loss is written
+:class:`ForwardBackend` (``backend="forward"`` of :class:`geometry.operators.hessian.HessianOperator`):
+the loss is written
 as a function of the selected parameters with :func:`torch.func.functional_call` (the other
 parameters and buffers enter as constants), and the jvp of its gradient is vmapped over the k
 tangents, a chunk at a time.
@@ -15,6 +16,7 @@ from torch import nn
 from ..memory.graphs import forward_pass_bytes, itemsize
 from .backend import ProductBackend
 from .interface import OperatorError
+from .precision import cast_inputs
 from .reverse import _chunks, _option, check_loss, converted_bytes
 
 
@@ -78,7 +80,8 @@ class ForwardBackend(ProductBackend):
                  outs: list[torch.Tensor]) -> None:
         k = vs[0].shape[0]
         for i, (w, batch) in op.batch_items("hvp"):
-            forward_over_reverse(op.model, op.loss_fn, params, batch, vs, outs, w, op.chunk_for(k, True),
+            forward_over_reverse(op.model, op.loss_fn, params, cast_inputs(batch, op.compute_dtype), vs, outs, w,
+                                 op.chunk_for(k, True),
                                  op.param_dtype, lambda loss: check_loss(loss, i, finite=False), i)
 
     def pass_bytes(self, op: Any, k: int, cached: bool | None = None, chunk: int | None = None) -> int:

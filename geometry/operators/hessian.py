@@ -15,10 +15,11 @@ the exact one when it fits ``max_memory``, else the measured difference one
 ``vectorize="auto"`` picks the sequential second backwards on CPU (measured faster there, see
 benchmarks/README.md, "HVP throughput") and the vectorized one on CUDA.
 
-Precision: products run in the model's dtype. Vectors in and out of :meth:`matmat_flat` and all
-accumulation over batches are in :attr:`HessianOperator.dtype`, which is float32 for a float16/bfloat16 model
-(the model's dtype otherwise), so estimator linear algebra never runs in half precision. To
-compute the products themselves in float32, load the model in float32.
+Precision: products run in ``compute_dtype``, float32 by default for a float16/bfloat16 model
+(weights upcast for each call, the stored half weights untouched: :mod:`geometry.operators.precision`),
+the model's dtype otherwise; ``compute_dtype="bfloat16"`` keeps half arithmetic as an explicit
+choice. Vectors in and out of :meth:`matmat_flat` and all accumulation over batches are in
+:attr:`HessianOperator.dtype` (float32 at least), so estimator linear algebra never runs in half precision.
 
 Memory: :meth:`HessianOperator.pass_bytes` predicts the peak of one product of k vectors beyond the vectors
 themselves, from the double-backward graph of the largest batch measured once (saved-tensor
@@ -36,7 +37,7 @@ together (:mod:`geometry.operators.data_parallel`).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Literal, Sequence
 
 import torch
 from torch import nn
@@ -46,6 +47,8 @@ from ..base.params import ParamGlobs, ParamSpace, select_parameters
 from .auto import AutoBackend
 from .backend import ProductBackend
 from .names import backend_named
+from .precision import cast_inputs, compute_copy_bytes, compute_dtype_for
+from .param_dicts import ParamDictProducts
 from .data_parallel import DataParallel, join_data_parallel
 from .call import product_call
 from .difference import DEFAULT_TOLERANCE
@@ -60,7 +63,7 @@ Backend = Literal["reverse", "forward", "difference", "auto"]
 DEFAULT_CHUNK = 16
 
 
-class HessianOperator(CurvatureOperator):
+class HessianOperator(ParamDictProducts, CurvatureOperator):
     """Hessian of ``Σ_b w_b loss_fn(model, batch_b)`` w.r.t. selected parameters, as an operator.
 
     Args:
@@ -89,6 +92,10 @@ class HessianOperator(CurvatureOperator):
             step h, 4-gradient Richardson stencil, error-check batches (default: a one-row copy of
             the first batch) and the error above which ``"auto"`` refuses it (:mod:`.difference`); read
             when ``backend`` is a name.
+        compute_dtype: the dtype the products run in (:mod:`geometry.operators.precision`): None
+            (default) float32 for float16/bfloat16 weights, the weights' dtype otherwise; a dtype
+            or ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"``. The weights stay stored
+            in their dtype; a different compute dtype runs on copies made for each call.
         max_memory: default memory budget of the estimators run on this operator (bytes or
             ``"8GB"``; None: :func:`geometry.memory.model.default_budget` at each estimator call).
         loss_transient_bytes: bytes ``loss_fn`` allocates for a moment beyond what autograd saves,
@@ -133,6 +140,7 @@ class HessianOperator(CurvatureOperator):
         richardson: bool = False,
         check_batches: Sequence[Any] | None = None,
         difference_tolerance: float = DEFAULT_TOLERANCE,
+        compute_dtype: torch.dtype | str | None = None,
     ):
         if not isinstance(model, nn.Module):
             raise OperatorError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -152,6 +160,7 @@ class HessianOperator(CurvatureOperator):
 
         selected = select_parameters(model, params)
         self.space = ParamSpace.from_params(selected)
+        self.compute_dtype = compute_dtype_for(self.space.dtype, compute_dtype)
         self.model = model
         self.loss_fn = loss_fn
         self.batches = batches
@@ -160,7 +169,7 @@ class HessianOperator(CurvatureOperator):
         self.chunk_size = chunk_size
         self.progress = progress
         self.vectorize = (self.space.device.type != "cpu" or AUTO_VECTORIZE_CPU) if vectorize == "auto" else bool(vectorize)
-        self.cache_graphs = bool(cache_graphs)
+        self.cache_graphs = bool(cache_graphs) and self.can_keep_graphs
         self.max_memory = max_memory
         self.loss_transient_bytes = int(loss_transient_bytes)
         self.num_matvecs = 0
@@ -196,18 +205,30 @@ class HessianOperator(CurvatureOperator):
         return getattr(self.product_backend, "check_batches", None)
 
     @property
+    def can_keep_graphs(self) -> bool:
+        """Whether gradient graphs can be kept between calls: the backend keeps graphs and the products
+        run in the stored dtype (a compute copy gets new gradient accumulators each call:
+        :mod:`geometry.operators.precision`)."""
+        return self.product_backend.keeps_graphs and self.compute_dtype == self.space.dtype
+
+    @property
     def kept_graphs(self) -> int:
         """Number of gradient graphs kept between calls now."""
         return len(self.graph_cache.graphs)
 
     @property
     def dtype(self) -> torch.dtype:
-        """dtype of vectors in and out: the model's, promoted to at least float32."""
-        return estimator_dtype(self.space.dtype)
+        """dtype of vectors in and out: the compute dtype, promoted to at least float32."""
+        return estimator_dtype(self.compute_dtype)
 
     @property
     def param_dtype(self) -> torch.dtype:
-        """dtype the products are computed in (the selected parameters')."""
+        """dtype the products are computed in (``compute_dtype``)."""
+        return self.compute_dtype
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        """dtype the selected parameters are stored in (the model's)."""
         return self.space.dtype
 
     @property
@@ -221,33 +242,6 @@ class HessianOperator(CurvatureOperator):
                 f"cache_graphs={self.cache_graphs})")
 
     # ------------------------------------------------------------------ public API
-    def matvec(self, v: Mapping[str, torch.Tensor] | torch.Tensor) -> dict[str, torch.Tensor] | torch.Tensor:
-        """``H v`` for one vector: a dict ``{name: Tensor[shape]}`` or a flat ``Tensor[dim]``;
-        returns the same kind. Cost: one Hessian-vector product (see the class docstring)."""
-        if isinstance(v, Mapping):
-            self.space.check_dict(v)
-            out = self.matmat({n: t.unsqueeze(0) for n, t in v.items()})
-            return {n: t[0] for n, t in out.items()}
-        if isinstance(v, torch.Tensor):
-            return self.matvec_flat(v)
-        raise OperatorError(f"matvec takes a dict of tensors or a flat tensor, got {type(v).__name__}")
-
-    def matmat(self, V: Mapping[str, torch.Tensor] | torch.Tensor) -> dict[str, torch.Tensor] | torch.Tensor:
-        """``H v_i`` for k vectors: a dict ``{name: Tensor[k, *shape]}`` or a flat ``Tensor[k, dim]``
-        (vectors as rows); returns the same kind (in :attr:`dtype`). Cost: k Hessian-vector products."""
-        if isinstance(V, Mapping):
-            k = self.space.check_dict(V, batched=True)
-            if k == 0:
-                raise OperatorError("k = 0: pass at least one vector")
-            vs = [V[n].to(device=self.device, dtype=self.dtype) for n in self.space.names]
-            outs = [torch.zeros_like(t) for t in vs]
-            self._accumulate(vs, outs, reduce=outs)
-            self.num_matvecs += k
-            return dict(zip(self.space.names, outs))
-        if isinstance(V, torch.Tensor):
-            return self.matmat_flat(V)
-        raise OperatorError(f"matmat takes a dict of tensors or a flat [k, dim] tensor, got {type(V).__name__}")
-
     def gradient(self) -> tuple[float, torch.Tensor]:
         """``(L, ∇L)``: the weighted mean loss (float, the loss_fn's units) and its gradient, flat
         ``Tensor[dim]`` in :attr:`space` order and :attr:`dtype`. Cost: one gradient per batch
@@ -287,6 +281,7 @@ class HessianOperator(CurvatureOperator):
         output ``[k, dim]`` tensors (:func:`geometry.memory.graphs.pass_bytes`), with graphs kept
         between calls when ``cached`` (default: ``cache_graphs``)."""
         need = self.product_backend.pass_bytes(self, k, cached, chunk)
+        need += compute_copy_bytes(self.model, self.compute_dtype)  # the compute-dtype copy of the weights
         return need if self.parallel is None else self.parallel.planned_pass_bytes(need, k, self.dim, self.dtype, self.device)
 
     @contextlib.contextmanager
@@ -297,7 +292,7 @@ class HessianOperator(CurvatureOperator):
         if chunk_size is not None:
             self.chunk_size = chunk_size
         if cache_graphs is not None:
-            self.cache_graphs = bool(cache_graphs) and self.product_backend.keeps_graphs
+            self.cache_graphs = bool(cache_graphs) and self.can_keep_graphs
         try:
             yield self
         finally:
@@ -315,7 +310,8 @@ class HessianOperator(CurvatureOperator):
     def sibling(self, batches: Sequence[Any], backend: Any) -> "HessianOperator":
         """An operator of the same model, loss and parameter selection on other ``batches`` with
         ``backend`` (a name or object): the error checks' operators (default budget, no transients)."""
-        return HessianOperator(self.model, self.loss_fn, batches, params=list(self.space.names), backend=backend)
+        return HessianOperator(self.model, self.loss_fn, batches, params=list(self.space.names), backend=backend,
+                               compute_dtype=self.compute_dtype)
 
     def release_graphs(self) -> None:
         """Free the gradient graphs kept between calls."""
@@ -348,11 +344,12 @@ class HessianOperator(CurvatureOperator):
     def call_context(self, backend: ProductBackend | None = None) -> ContextManager[dict[str, torch.Tensor]]:
         """:func:`~geometry.operators.call.product_call` of this operator (yields the selected
         parameters) with ``backend``'s attention (default: this operator's backend)."""
-        return product_call(self.model, self.space, (backend or self.product_backend).attention(self.model))
+        return product_call(self.model, self.space, (backend or self.product_backend).attention(self.model),
+                            self.compute_dtype)
 
     def batch_loss(self, params: dict[str, torch.Tensor], batch: Any, index: int) -> torch.Tensor:
         """``loss_fn(model, batch)`` of batch ``index``, checked: a finite scalar with a graph."""
-        loss = self.loss_fn(self.model, batch)
+        loss = self.loss_fn(self.model, cast_inputs(batch, self.compute_dtype))
         check_loss(loss, index)
         if not loss.requires_grad:
             raise OperatorError(

@@ -15,8 +15,11 @@ references.
 
 Memory: the compute copy of every floating tensor stored in another dtype
 (:func:`compute_copy_bytes`: 4 bytes per parameter for a half model in float32, on top of the
-2 bytes it already holds), alive during each product call (between calls too while gradient
-graphs are kept), and counted in every pass of the memory plan.
+2 bytes it already holds), alive during each product call and counted in every pass of the
+memory plan. Gradient graphs are not kept between calls then (``cache_graphs`` is off): swapping
+a parameter's ``.data`` to another dtype gives it a new gradient accumulator, so a graph built in
+one call would not reach the parameters in the next (measured: products of zero); each call
+rebuilds its graphs.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from torch import nn
 
 from .interface import OperatorError
 
-__all__ = ["COMPUTE_DTYPES", "HALF_DTYPES", "compute_dtype_for", "compute_copy_bytes", "computed_in"]
+__all__ = ["COMPUTE_DTYPES", "HALF_DTYPES", "compute_dtype_for", "compute_copy_bytes", "computed_in", "cast_inputs"]
 
 #: The compute dtypes by name (the CLI's ``--compute-dtype`` choices).
 COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -62,6 +65,20 @@ def _tensors(model: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor, bool]
     return out
 
 
+def cast_inputs(batch: Any, dtype: torch.dtype) -> Any:
+    """``batch`` with its half-precision floating tensors (a tensor, or a tuple/list of them) cast to
+    ``dtype`` when that is wider, so float32 compute of a half model also takes half inputs (token ids
+    and other tensors pass unchanged; anything else is returned as it is)."""
+    def cast(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.dtype in HALF_DTYPES and t.dtype != dtype and dtype not in HALF_DTYPES:
+            return t.to(dtype)
+        return t
+
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(cast(t) for t in batch)
+    return cast(batch)
+
+
 def compute_copy_bytes(model: nn.Module, dtype: torch.dtype) -> int:
     """Bytes of the ``dtype`` copies :func:`computed_in` makes: every floating parameter and buffer of
     ``model`` stored in another dtype (0 when all are already ``dtype``)."""
@@ -70,26 +87,17 @@ def compute_copy_bytes(model: nn.Module, dtype: torch.dtype) -> int:
 
 
 @contextlib.contextmanager
-def computed_in(model: nn.Module, dtype: torch.dtype, keep: dict | None = None) -> Iterator[None]:
+def computed_in(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
     """Within the block every floating parameter and buffer of ``model`` stored in another dtype holds
     a ``dtype`` copy (``.data`` swapped; the Parameter objects stay the same); the stored tensors are
-    put back afterwards, never written. ``keep``: a dict that keeps the copies between blocks,
-    reused while the stored tensor is unchanged (same storage and version), so gradient graphs built
-    on them stay valid; None: the copies are freed at the end."""
+    put back afterwards, never written; the copies are freed."""
     swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
-    cache = {} if keep is None else keep
     try:
-        for module, name, t, is_param in _tensors(model):
+        for _module, _name, t, _is_param in _tensors(model):
             if t.dtype == dtype:
                 continue
             stored = t.data
-            key = (id(t), stored.untyped_storage().data_ptr(), stored._version)
-            copy = cache.get(key)
-            if copy is None:
-                for old in [k for k in cache if k[0] == id(t)]:
-                    del cache[old]
-                copy = cache[key] = stored.to(dtype)
-            t.data = copy
+            t.data = stored.to(dtype)
             swapped.append((t, stored))
         yield
     finally:

@@ -101,7 +101,8 @@ class GraphCache:
 class ReverseBackend(ProductBackend):
     """Reverse-over-reverse products: per batch one ``create_graph`` gradient, then one second backward
     per vector (``op.vectorize=False``) or per chunk (vmapped). Memory: the graph of the largest batch
-    (of every batch when graphs are kept) plus the second backward's transient (:func:`geometry.memory.graphs.pass_bytes`)."""
+    (of every batch when graphs are kept) plus the second backward's transient
+    (:func:`geometry.memory.graphs.pass_bytes`)."""
 
     name = "reverse"
     keeps_graphs = True
@@ -143,14 +144,16 @@ class ReverseBackend(ProductBackend):
         graphs = [op.graph_bytes(i) for i in range(len(op.batches))]
         chunk = chunk or op.chunk_for(k, True)
         return pass_bytes(graphs, op.dim * itemsize(op.param_dtype), op.vectorize, k, chunk,
-                          op.cache_graphs if cached is None else cached, op.loss_transient_bytes + converted_bytes(op, k, chunk))
+                          op.cache_graphs if cached is None else cached,
+                          op.loss_transient_bytes + converted_bytes(op, k, chunk))
 
     def pass_options(self, op: Any, k: int, calls: int, hvps: int) -> list[tuple[dict[str, Any], int, float]]:
         """Graphs rebuilt per call or kept; vmapped chunk sizes. Cost: 1.5 per graph build of every
         batch, 2 per vector (the measured shape), + 0.01 per vmapped chunk (larger ones run faster)."""
         chunks = _chunks(k) if op.vectorize and op.chunk_size is None else [None]
         return [_option(op, k, chunk, cache, 1.5 * (1 if cache else calls) + 2.0 * hvps, hvps)
-                for chunk in chunks for cache in ((False, True) if calls > 1 else (False,))]
+                for chunk in chunks for cache in ((False, True) if calls > 1 and getattr(op, "can_keep_graphs", True)
+                                                  else (False,))]
 
 
 def graph_bytes(op: Any, index: int) -> int:
@@ -184,7 +187,8 @@ def _chunks(k: int) -> list[int]:
     return sorted({min(k, c) for c in (16, 8, 4, 2, 1)}, reverse=True)
 
 
-def _option(op: Any, k: int, chunk: int | None, cache: bool, cost: float, hvps: int) -> tuple[dict[str, Any], int, float]:
+def _option(op: Any, k: int, chunk: int | None, cache: bool, cost: float,
+            hvps: int) -> tuple[dict[str, Any], int, float]:
     """One ``(settings, pass bytes, cost)`` of an exact backend's plan (``backend_choice`` recorded
     when ``backend="auto"`` chose it)."""
     settings: dict[str, Any] = {"cache_graphs": cache}

@@ -52,6 +52,7 @@ from .backend import ReducedVectors
 from .derivatives import true_derivatives
 from .difference import DifferenceBackend, checkpointing_layers, difference_products
 from .interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
+from .precision import compute_dtype_for
 from .data_parallel import DataParallel, global_batch_weights
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -90,6 +91,11 @@ class ShardedHessianOperator(CurvatureOperator):
         difference_step: the relative step h (default :func:`~geometry.operators.difference.relative_step`
             of the parameters' dtype); ``richardson``: 4 gradients per product, O(ε⁴).
         progress: unused (kept for symmetry with HessianOperator); only rank 0 would print.
+        compute_dtype: the dtype the products run in; it must be the dtype the model was sharded in
+            (FSDP2's shards cannot be upcast in place): None accepts float32/float64 shards and
+            refuses half-precision ones (shard a float32 copy:
+            ``probes.models.sharding.shard_model(model, compute_dtype=torch.float32)``, or pass
+            ``compute_dtype="bfloat16"`` to keep half arithmetic, its error measured elsewhere).
 
     Attributes: ``dim`` (padded local length, the same on every rank), ``local_dim`` (this rank's
     elements), ``global_dim``, ``layout``, ``parallel`` (the mesh's group), ``rounds``.
@@ -97,7 +103,7 @@ class ShardedHessianOperator(CurvatureOperator):
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, batches: Sequence[Any], weights: Sequence[float] | None = None,
                  max_memory: int | str | None = None, difference_step: float | None = None, richardson: bool = False,
-                 progress: bool = False):
+                 progress: bool = False, compute_dtype: Any = None):
         if not isinstance(model, nn.Module):
             raise OperatorError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not callable(loss_fn):
@@ -112,6 +118,12 @@ class ShardedHessianOperator(CurvatureOperator):
         if any(t.dtype != self._param_dtype for t in self.locals):
             raise OperatorError("the sharded parameters have mixed dtypes; load the model in one dtype")
         self._device = self.locals[0].device
+        wanted = compute_dtype_for(self._param_dtype, compute_dtype)
+        if wanted != self._param_dtype:
+            stored, wanted = (str(d).replace("torch.", "") for d in (self._param_dtype, wanted))
+            raise OperatorError(f"the model was sharded in {stored} but the products should run in {wanted}: shard a "
+                                "copy cast to it first (probes.models.sharding.shard_model(model, compute_dtype=...)), "
+                                f"or pass compute_dtype={stored!r} to keep that arithmetic")
         self.local_dim = sum(t.numel() for t in self.locals)
         self.global_dim = sum(p.numel() for p in self.params.values())
         self.parallel.check_same({"names": list(self.names), "dtype": str(self._param_dtype),

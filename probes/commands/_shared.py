@@ -88,13 +88,18 @@ class MemoryOptions:
 @dataclass(frozen=True)
 class ComputeOptions:
     """How the Hessian-vector products run: the backend (:class:`geometry.HessianOperator`), the
-    ranks under torchrun (:mod:`probes.core.distributed`) and torch's threads."""
+    compute dtype (:mod:`geometry.operators.precision`), the ranks under torchrun (:mod:`probes.core.distributed`) and torch's threads."""
 
     backend: Optional[str] = option(
         "reverse", "--backend",
         help="HVP backend: reverse (exact, default) | forward (exact) | difference (gradient differences, first "
              "order only; error measured and recorded) | auto (reverse when its pass fits --max-memory, else "
              "difference)")
+    compute_dtype: Optional[str] = option(
+        None, "--compute-dtype",
+        help="dtype the Hessian products run in: float32 | bfloat16 | float16 | float64 (default: float32 for "
+             "bfloat16/float16 weights, the weights' dtype otherwise; half arithmetic is off by percents: its "
+             "measured error is shown)")
     threads: Optional[int] = option(None, "--threads", help="torch threads (default: torch's).")
     parallel: str = option(
         "none", "--parallel",

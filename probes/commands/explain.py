@@ -96,6 +96,7 @@ def explain(
     threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="torch threads")] = None,
     memory: MemoryOptions = MemoryOptions(),
     backend: Annotated[str, option_of(ComputeOptions, "backend")] = "reverse",
+    compute_dtype: Annotated[Optional[str], option_of(ComputeOptions, "compute_dtype")] = None,
 ) -> None:
     """Explain CHECKPOINT's quantization error by factor (‖δ‖², tr H/n, κ), by block and by quantizer."""
     from geometry.base.results import EstimatorError
@@ -114,7 +115,8 @@ def explain(
                                     curvature_set=curvature_set, calibration_set=calib_set, modules=modules,
                                     num_threads=threads, max_memory=memory.max_memory,
                                     cache_dir=source.cache_dir, schedule=source.schedule,
-                                    tokens_per_step=source.tokens_per_step, backend=backend)
+                                    tokens_per_step=source.tokens_per_step, backend=backend,
+                                    compute_dtype=compute_dtype)
     except (ExplainError, BlockError, QuantizeError, EstimatorError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

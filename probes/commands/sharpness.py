@@ -39,6 +39,12 @@ def sharpness(
     memory: MemoryOptions = MemoryOptions(),
     compute: ComputeOptions = ComputeOptions(),
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    error_tolerance: Annotated[float, typer.Option(
+        "--error-tolerance", help="Relative error of the HVP products (measured against an exact reference) above "
+        "which a warning is printed and the result flagged (error_warning).")] = 1e-2,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="Exit with status 1 when the result is flagged (measured product error over "
+        "--error-tolerance); default: warn and exit 0.")] = False,
 ) -> None:
     """Sharpness of one checkpoint: Hessian trace (95% CI), top eigenvalue(s), HVPs, timing, memory plan."""
     from probes.core.distributed import is_main_rank
@@ -51,15 +57,28 @@ def sharpness(
             quick=quick, device=load.device, data=data, num_threads=compute.threads, max_memory=memory.max_memory,
             dtype=load.dtype, max_iter=max_iter, tol=tol, eigen_method=eigen_method, allow_pickle=load.allow_pickle,
             cache_dir=source.cache_dir, schedule=source.schedule, tokens_per_step=source.tokens_per_step,
-            parallel=compute.parallel, backend=compute.backend)
+            parallel=compute.parallel, backend=compute.backend, compute_dtype=compute.compute_dtype,
+            error_tolerance=error_tolerance)
     except one_checkpoint.SharpnessError as exc:
         typer.echo(f"error: {exc}", err=True)  # every rank: a one-line error each
         raise typer.Exit(2)
     if not is_main_rank():
         return
+    choice = res["backend_choice"] or {}
+    if "requested" in choice:  # a backend replaced by another: said out loud, recorded in the result
+        typer.echo(f"note: --backend {choice['requested']} -> {choice['chosen']}: {choice['why']}", err=True)
+    if res["error_warning"]:
+        typer.echo(f"warning: {res['error_warning']['message']}", err=True)
     if as_json:
         typer.echo(json.dumps(res, indent=2))
-        return
+    else:
+        _print(res)
+    if strict and res["error_warning"]:
+        raise typer.Exit(1)
+
+
+def _print(res: dict) -> None:
+    """The two lines of a sharpness result (and the measured product error of an inexact backend)."""
     tr = res["trace"]
     con = wide_console()
     con.print(f"{res['checkpoint']}: tr H = {tr['value']:.4g} ± {tr['stderr']:.2g} "
@@ -69,7 +88,9 @@ def sharpness(
     con.print(f"λ_max = {ev['values'][0]:.4g} (residual {ev['residuals'][0]:.2g}, {ev['num_matvecs']} HVPs, "
               f"{ev['seconds']:.1f} s); {res['dim']} parameters, curvature set {res['data']['shape']}")
     if res["hvp_check"] is not None:  # a backend with a measured error (difference)
-        con.print(f"HVP backend {res['backend']}: {res['hvp_check'] or res['backend_choice']}")
+        err = res["hvp_check"].get("rel_error")
+        con.print(f"HVP backend {res['backend']} in {res['compute_dtype']}: measured relative error "
+                  f"{'not measured' if err is None else f'{err:.2g}'} ({res['hvp_check'].get('reference')})")
     if not all(ev["converged"]):
         con.print("[red]λ_max did not converge[/red] within the iteration limit: treat it as a lower bound on "
                   "|λ_max|")

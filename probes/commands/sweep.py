@@ -113,6 +113,8 @@ SWEEP_HELP = {  # the sweep's own wording: what overrides the plan, what is per 
                   "max_memory).",
     "backend": "HVP backend of the curvature probes (overrides the plan's backend): reverse | forward | difference | "
                "auto",
+    "compute_dtype": "dtype the curvature probes' products run in (overrides the plan's compute_dtype): float32 | "
+                     "bfloat16 | float16 | float64 (default: float32 for bfloat16/float16 weights)",
     "threads": "torch threads per process/task (default: the cores shared out between workers; torch's with one "
                "process; 1 is best for tiny models).",
     "parallel": "none | data: under torchrun, split each checkpoint's curvature batches over the ranks (rank 0 writes "
@@ -190,6 +192,8 @@ def sweep(
             p = p.replace(max_memory=memory.max_memory)
         if compute.backend is not None:
             p = p.replace(backend=compute.backend)
+        if compute.compute_dtype is not None:
+            p = p.replace(compute_dtype=compute.compute_dtype)
         report = run_sweep(traj, p, out, run)
     except (PlanError, StoreError, SweepError) as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -29,7 +29,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
               data: str | Path | None = None, num_threads: int | None = None, allow_pickle: bool = False,
               max_memory=None, dtype: str | None = None, cache_dir: str | Path | None = None,
               schedule: str | None = None, tokens_per_step: int | None = None, parallel: str = "none",
-              backend: str = "reverse") -> dict:
+              backend: str = "reverse", compute_dtype: str | None = None, error_tolerance: float = 1e-2) -> dict:
     """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint as a dict.
 
     ``checkpoint``: a checkpoint folder or weight file (its step / tokens / LR are read from the
@@ -53,9 +53,18 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     same estimators; products are all-reduced (:mod:`geometry.operators.data_parallel`), so the numbers
     are one process's over all batches; every rank returns the same dict. ``parallel="fsdp"``:
     every rank holds 1/N of θ and of every vector (:mod:`geometry.operators.sharded`, gradient
-    differences whatever ``backend`` says: the result records ``backend="difference"``). Tokens
-    whose input-embedding row is zero (padding) are left out of the loss; ``excluded`` records which
-    and how many positions and targets (:mod:`probes.models.zero_embeddings`).
+    differences: an exact ``backend`` is replaced by the difference backend out loud, the reason in
+    ``backend_choice``; its error is measured on a miniature of the architecture in the compute
+    dtype against float64, :func:`probes.models.curvature.miniature_bound`). Tokens whose
+    input-embedding row is zero (padding) are left out of the loss; ``excluded`` records which and
+    how many positions and targets (:mod:`probes.models.zero_embeddings`).
+
+    ``compute_dtype``: the dtype the products run in (None: float32 for bfloat16/float16 weights,
+    the weights' dtype otherwise; :mod:`geometry.operators.precision`); recorded as ``compute_dtype``,
+    ``dtype`` is the weights'. ``error_tolerance``: the products' measured relative error above which
+    the result carries ``error_warning`` (the error, its likely cause and the fix; the CLI prints it
+    and exits non-zero with ``--strict``); an error that could not be measured says why in
+    ``hvp_check["reference"]``.
     """
     from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
     from probes.checkpoints.locate import checkpoint_trajectory
@@ -72,6 +81,10 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     if parallel != "none" and isinstance(backend_named(backend), AutoBackend):
         raise SharpnessError(f"--backend auto is not available with --parallel {parallel}: pass --backend reverse "
                              "or difference")
+    from geometry.operators.precision import COMPUTE_DTYPES
+
+    if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
+        raise SharpnessError(f"--compute-dtype {compute_dtype!r} is unknown; valid: {', '.join(COMPUTE_DTYPES)}")
     if dtype is not None and dtype not in _DTYPES:
         raise SharpnessError(f"--dtype {dtype!r} is unknown; valid: {', '.join(_DTYPES)}")
     if max_memory is not None:
@@ -125,16 +138,17 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     from geometry.estimators.trace import estimate_memory as trace_memory
     from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
     from probes.core.threads import torch_threads
-    from probes.models.curvature import lm_hessian
+    from probes.models.curvature import error_warning, lm_hessian
 
     try:
         if parallel == "fsdp":  # every rank holds 1/N of θ, of every vector and of the estimators' state
-            from probes.models.sharding import shard_model, sharded_lm_hessian
+            from probes.models.sharding import fsdp_lm_hessian
 
-            op = sharded_lm_hessian(shard_model(model, dev), batches, max_memory=max_memory)
+            op = fsdp_lm_hessian(model, batches, dev, backend, compute_dtype, max_memory)
         else:
             op = lm_hessian(model, batches, params=list(params) if params else None, max_memory=max_memory,
-                            backend=backend, **({"data_parallel": pg} if pg is not None else {}))
+                            backend=backend, compute_dtype=compute_dtype,
+                            **({"data_parallel": pg} if pg is not None else {}))
         # both plans are checked before any product: a plan that cannot fit fails here, in one line
         trace_memory(op, method, num_matvecs)
         eigen_memory(op, k, eigen_method, max_iter)
@@ -147,7 +161,8 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
         "checkpoint": ref.label, "step": ref.step, "tokens": ref.tokens, "lr": ref.lr, "location": ref.location,
         "dim": getattr(op, "global_dim", op.dim), "params": list(params) if params else None,
         "data": {"shape": list(curv.tokens.shape), "content_hash": curv.content_hash},
-        "dtype": str(op.param_dtype).replace("torch.", ""),
+        "dtype": dtype or str(getattr(op, "storage_dtype", op.param_dtype)).replace("torch.", ""),
+        "compute_dtype": str(op.param_dtype).replace("torch.", ""),
         "trace": {"value": est.value, "stderr": est.stderr, "ci_low": est.ci_low, "ci_high": est.ci_high,
                   "method": est.method, "num_matvecs": est.num_matvecs, "seconds": est.seconds, "seed": seed,
                   "memory": est.memory},
@@ -161,6 +176,7 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
                      **({"elements_per_rank": pg.gather_objects(op.local_dim)} if parallel == "fsdp" else {})},
         "backend": op.backend, "hvp_check": op.checked(), "backend_choice": op.backend_choice,
         "excluded": getattr(op, "excluded", None),  # zero-embedding tokens left out (probes.models.zero_embeddings)
+        "error_warning": error_warning(op.checked(), op.param_dtype, error_tolerance),
     }
 
 

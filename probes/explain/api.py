@@ -115,7 +115,7 @@ def _check(partition: str, trace_method: str) -> None:
 def explain_specs(model: nn.Module, specs: Sequence, curvature, calibration=None, modules=None, blocks: str = "layer",
                   within: bool = False, trace: TraceEstimate | float | None = None, trace_matvecs: int = 30,
                   trace_method: str = "hutch++", seed: int = 0, max_memory=None,
-                  backend: str = "reverse") -> list[Explanation]:
+                  backend: str = "reverse", compute_dtype: str | None = None) -> list[Explanation]:
     """Explain every quantizer in ``specs`` on ``model`` (one shared tr H estimate).
 
     Args:
@@ -127,7 +127,8 @@ def explain_specs(model: nn.Module, specs: Sequence, curvature, calibration=None
         within: also δ_bᵀH_bbδ_b per block (one HVP per block and spec).
         trace: tr H of the quantized matrices to reuse (a TraceEstimate or an exact float); None
             estimates it once with ``trace_method`` and ``trace_matvecs`` HVPs, ``seed``.
-        backend: HVP backend of every product (reverse, forward, difference, auto).
+        backend: HVP backend of every product (reverse, forward, difference, auto); ``compute_dtype``:
+            the dtype the products run in (None: float32 for half-precision weights).
 
     Cost: per spec the quantizer, one gradient, 1 HVP (+ blocks with ``within``) and one forward
     pass over the curvature set; once, ``trace_matvecs`` HVPs for tr H.
@@ -138,13 +139,15 @@ def explain_specs(model: nn.Module, specs: Sequence, curvature, calibration=None
         raise ExplainError("no quantizer spec given; pass e.g. ['rtn:4:g128']")
     plan_trace = (trace_method, trace_matvecs) if trace is None else None   # planned before any quantizer runs
     measures = [measure_direction(model, s, curvature, calibration, modules, within=(blocks,) if within else (),
-                                  max_memory=max_memory, plan_trace=plan_trace, backend=backend) for s in specs]
+                                  max_memory=max_memory, plan_trace=plan_trace, backend=backend,
+                                  compute_dtype=compute_dtype) for s in specs]
     names = {m.names for m in measures}
     if len(names) != 1:
         raise ExplainError("the quantizers moved different sets of matrices; explain them separately")
     source = "given"
     if trace is None:
-        trace = direction_trace(model, measures[0].names, curvature, trace_matvecs, trace_method, seed, max_memory, backend)
+        trace = direction_trace(model, measures[0].names, curvature, trace_matvecs, trace_method, seed, max_memory, backend,
+                                compute_dtype)
         source = "estimated" if len(specs) == 1 else "shared"
     return [build_explanation(model, m, trace, blocks, source) for m in measures]
 

@@ -21,7 +21,8 @@ def explain_checkpoint(checkpoint: str | Path, specs: Sequence[str], label: str 
                        calibration_set: str | Path | None = None, modules: Sequence[str] | None = None,
                        num_threads: int | None = None, max_memory: int | str | None = None,
                        cache_dir: str | Path | None = None, schedule: str | None = None,
-                       tokens_per_step: int | None = None, backend: str = "reverse") -> dict:
+                       tokens_per_step: int | None = None, backend: str = "reverse",
+                       compute_dtype: str | None = None) -> dict:
     """Explanations of ``specs`` on one checkpoint, as ``{"checkpoint", "step", "lr", "data", "explanations"
     (list of :class:`~probes.explain.api.Explanation`), "seconds", "device"}``.
 
@@ -30,7 +31,8 @@ def explain_checkpoint(checkpoint: str | Path, specs: Sequence[str], label: str 
     :func:`probes.checkpoints.open_checkpoint` with ``cache_dir``, ``schedule`` and ``tokens_per_step``
     (the step / LR / tokens reported). Other arguments as :func:`~probes.explain.api.explain_specs`; ``quick``
     uses the small default token sets; ``num_threads`` sets torch's threads for the call;
-    ``max_memory`` (bytes or ``"8GB"``) bounds each curvature estimator; ``backend`` picks the HVP backend.
+    ``max_memory`` (bytes or ``"8GB"``) bounds each curvature estimator; ``backend`` picks the HVP backend and
+    ``compute_dtype`` the dtype its products run in (None: float32 for half-precision weights).
     """
     from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
     from probes.checkpoints.locate import checkpoint_trajectory
@@ -41,6 +43,10 @@ def explain_checkpoint(checkpoint: str | Path, specs: Sequence[str], label: str 
 
     if backend not in BACKENDS:
         raise ExplainError(f"backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")
+    from geometry.operators.precision import COMPUTE_DTYPES
+
+    if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
+        raise ExplainError(f"compute dtype {compute_dtype!r} is unknown; valid: {', '.join(COMPUTE_DTYPES)}")
     try:
         traj, ref = open_checkpoint(checkpoint, label, cache_dir=cache_dir, schedule=schedule,
                                     tokens_per_step=tokens_per_step)
@@ -71,7 +77,7 @@ def explain_checkpoint(checkpoint: str | Path, specs: Sequence[str], label: str 
     with torch_threads(num_threads):
         exps = explain_specs(model, specs, curv, calibration=calib, modules=list(modules) if modules else None,
                              blocks=blocks, within=within, trace_matvecs=trace_matvecs, trace_method=trace_method,
-                             seed=seed, max_memory=max_memory, backend=backend)
+                             seed=seed, max_memory=max_memory, backend=backend, compute_dtype=compute_dtype)
     return {"checkpoint": ref.label, "step": ref.step, "lr": ref.lr, "tokens": ref.tokens, "location": ref.location,
             "data": {"curvature": {"shape": list(curv.tokens.shape), "content_hash": curv.content_hash},
                      "calibration": None if calib is None else {"shape": list(calib.tokens.shape),

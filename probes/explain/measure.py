@@ -124,7 +124,8 @@ def quantized_direction(model: nn.Module, spec, calibration=None, modules=None):
 
 
 def plan_curvature(model: nn.Module, curvature, modules=None, within: Sequence[str] = (), max_memory=None,
-                   trace: tuple[str, int] | None = None, backend: str = "reverse") -> dict[str, dict]:
+                   trace: tuple[str, int] | None = None, backend: str = "reverse",
+                   compute_dtype: str | None = None) -> dict[str, dict]:
     """Check, before any quantizer runs, that the curvature steps of an explanation fit ``max_memory``.
 
     The space of δ is known before quantizing: the weights of the linears ``modules`` selects
@@ -138,7 +139,8 @@ def plan_curvature(model: nn.Module, curvature, modules=None, within: Sequence[s
     names = [f"{n}.weight" for n in select_linears(model, modules)]
     plans: dict[str, dict] = {}
     with _grad_enabled(model):
-        op = direction_operator(model, names, curvature, max_memory=max_memory, backend=backend)
+        op = direction_operator(model, names, curvature, max_memory=max_memory, backend=backend,
+                                compute_dtype=compute_dtype)
         plans["direction"] = direction_memory(op, max_memory).to_dict()
         for partition in dict.fromkeys(within):
             groups = glob_groups(block_members(model, names, partition))
@@ -154,7 +156,7 @@ def plan_curvature(model: nn.Module, curvature, modules=None, within: Sequence[s
 
 def measure_direction(model: nn.Module, spec, curvature, calibration=None, modules=None,
                       within: Sequence[str] = (), max_memory=None, plan_trace: tuple[str, int] | None = None,
-                      backend: str = "reverse") -> DirectionMeasure:
+                      backend: str = "reverse", compute_dtype: str | None = None) -> DirectionMeasure:
     """Quantize, then δᵀg, δᵀHδ, ‖δ‖² per quantized matrix and L(θ̂) − L(θ) on ``curvature``.
 
     Args:
@@ -167,7 +169,8 @@ def measure_direction(model: nn.Module, spec, curvature, calibration=None, modul
         max_memory: estimator memory budget (bytes or ``"8GB"``).
         plan_trace: ``(method, num_matvecs)`` of a tr H estimate that will follow on the same space,
             planned with the rest (:func:`plan_curvature`) before the quantizer runs.
-        backend: HVP backend (:func:`probes.models.curvature.lm_hessian`).
+        backend: HVP backend (:func:`probes.models.curvature.lm_hessian`); ``compute_dtype``: the dtype
+            its products run in (None: float32 for half-precision weights).
 
     Every curvature step's memory is planned (:func:`plan_curvature`) before quantizing: a budget
     that cannot hold them raises :class:`~geometry.memory.model.MemoryBudgetError` before GPTQ runs.
@@ -176,14 +179,15 @@ def measure_direction(model: nn.Module, spec, curvature, calibration=None, modul
     one quantized copy of the model.
     """
     t0 = time.perf_counter()
-    plan_curvature(model, curvature, modules, within, max_memory, plan_trace, backend)
+    plan_curvature(model, curvature, modules, within, max_memory, plan_trace, backend, compute_dtype)
     with _grad_enabled(model):
         delta, qm = quantized_direction(model, spec, calibration, modules)
         # on the loss the curvature operator takes (zero-embedding tokens of θ left out, probes.models.zero_embeddings)
         q_loss = evaluate(qm.model, list(curvature), loss_fn=curvature_loss(lm_loss, model)).loss
         canonical, errors, quant_seconds = str(qm.spec), {k: float(v) for k, v in qm.layer_errors.items()}, float(qm.seconds)
         del qm  # the quantized copy goes before the curvature's memory plan
-        op = direction_operator(model, list(delta), curvature, max_memory=max_memory, backend=backend)
+        op = direction_operator(model, list(delta), curvature, max_memory=max_memory, backend=backend,
+                                compute_dtype=compute_dtype)
         parts = direction_parts(op, delta, max_memory=max_memory)
         if parts.total_norm2 == 0:
             raise ExplainError(f"{canonical} left every quantized weight unchanged (δ = 0): there is nothing to explain")
@@ -198,7 +202,8 @@ def measure_direction(model: nn.Module, spec, curvature, calibration=None, modul
 
 
 def direction_trace(model: nn.Module, names: Sequence[str], curvature, num_matvecs: int = 30, method: str = "hutch++",
-                    seed: int = 0, max_memory=None, backend: str = "reverse") -> TraceEstimate:
+                    seed: int = 0, max_memory=None, backend: str = "reverse",
+                    compute_dtype: str | None = None) -> TraceEstimate:
     """tr H of the LM loss on ``curvature`` w.r.t. the parameters ``names`` (the space of δ):
     Hutch++ or Hutchinson with ``num_matvecs`` HVPs (exact when the budget reaches the dimension)."""
     from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
@@ -206,7 +211,8 @@ def direction_trace(model: nn.Module, names: Sequence[str], curvature, num_matve
     if method not in TRACE_METHODS:
         raise ExplainError(f"trace method {method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
     with _grad_enabled(model):
-        op = direction_operator(model, names, curvature, max_memory=max_memory, backend=backend)
+        op = direction_operator(model, names, curvature, max_memory=max_memory, backend=backend,
+                                compute_dtype=compute_dtype)
         fn = hutchpp_trace if method == "hutch++" else hutchinson_trace
         return fn(op, num_matvecs=num_matvecs, seed=seed, max_memory=max_memory)
 

@@ -107,18 +107,39 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
                                 "fit max_memory; raise max_memory or pass backend='difference'")
     op.excluded = exclusion_record(ExcludingLoss(lm_loss, exclude), batches, op.parallel)
     if not op.product_backend.exact and batches and op.checked()["rel_error"] is None:
-        bound = miniature_bound(model, op.check_batches or [batches[0][:2, :32]], exclude=exclude)
+        bound = miniature_bound(model, op.check_batches or [batches[0][:2, :32]], exclude=exclude,
+                                compute_dtype=kwargs.get("compute_dtype"))
         op.hvp_check = {**op.hvp_check, **bound}
     return op
 
 
+def error_warning(check: dict | None, compute_dtype, tolerance: float = 1e-2) -> dict | None:
+    """The warning a result carries when its products' measured relative error exceeds ``tolerance``:
+    ``{"rel_error", "tolerance", "cause", "fix", "message"}`` (one line); None when the error is within
+    it, or not measured (``check["reference"]`` then says why) or the backend is exact (``check`` None)."""
+    err = None if check is None else check.get("rel_error")
+    if err is None or err <= tolerance:
+        return None
+    half = compute_dtype in (torch.bfloat16, torch.float16)
+    name = str(compute_dtype).replace("torch.", "")
+    cause = (f"half-precision compute ({name})" if half else
+             f"the gradient-difference step in {name} (possibly a token whose input-embedding row is zero in the "
+             "batches)")
+    fix = ("--compute-dtype float32 (the default for half-precision weights)" if half else
+           "--backend reverse where its pass fits, or curvature data without zero-embedding tokens")
+    return {"rel_error": err, "tolerance": tolerance, "cause": cause, "fix": fix,
+            "message": f"the Hessian products' measured relative error is {err:.2g} (> {tolerance:g}): cause: {cause}; "
+                       f"fix: {fix}"}
+
+
 def miniature_bound(model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0,
-                    exclude: Sequence[int] = ()) -> dict:
+                    exclude: Sequence[int] = (), compute_dtype=None) -> dict:
     """The difference backend's error where no exact product can run on the model itself: on a
     miniature of the architecture (:func:`~probes.models.miniature.miniature`, same class and config
-    pattern) in the model's dtype, against the exact reverse products of its float64 copy (HF's
-    float32 islands in float64, :func:`~probes.models.fidelity.float64_fidelity`), on ``batches``,
-    with the tokens ``exclude`` and the miniature's own zero-embedding tokens left out of the loss.
+    pattern) in the model's dtype, its products in ``compute_dtype`` (None: the default policy),
+    against the exact reverse products of its float64 copy (HF's float32 islands in float64,
+    :func:`~probes.models.fidelity.float64_fidelity`), on ``batches``, with the tokens ``exclude``
+    and the miniature's own zero-embedding tokens left out of the loss.
     Returns ``{"rel_error", "reference"}`` (rel_error None when no miniature can be built). Cost: a
     miniature (~10⁴–10⁶ parameters) and 2 products of each backend on the check batches."""
     import copy
@@ -136,8 +157,13 @@ def miniature_bound(model: nn.Module, batches: Sequence[torch.Tensor], seed: int
     loss_fn = curvature_loss(lm_loss, mini, sorted(set(exclude) | set(zero_embedding_tokens(mini))))
     with float64_fidelity():
         ref = HessianOperator(exact, loss_fn, list(batches))
-        error = product_error(HessianOperator(mini, loss_fn, list(batches), backend="difference"), ref, 2, seed)
+        error = product_error(HessianOperator(mini, loss_fn, list(batches), backend="difference",
+                                              compute_dtype=compute_dtype), ref, 2, seed)
     name = str(dtype).replace("torch.", "")
+    from geometry.operators.precision import compute_dtype_for
+
+    computed = str(compute_dtype_for(dtype, compute_dtype)).replace("torch.", "")
+    name = name if computed == name else f"{name} (computed in {computed})"
     return {"rel_error": error, "reference": f"bound on a {name} miniature of {type(model).__name__} "
             f"({sum(p.numel() for p in mini.parameters())} parameters) against its float64 reverse products "
             "(no exact product can run on the model)"}

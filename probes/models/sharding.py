@@ -24,17 +24,20 @@ from geometry.operators.sharded import ShardedHessianOperator
 from probes.core.lm import lm_loss
 from probes.core.modules import find_blocks
 from .fidelity import with_float64_fidelity
-from .zero_embeddings import curvature_loss, exclusion_record
+from .zero_embeddings import curvature_loss, exclusion_record, zero_embedding_tokens
 
 
 class ShardingError(LosslensError, ValueError):
     """The model or the process group cannot be sharded as asked."""
 
 
-def shard_model(model: nn.Module, device: str | torch.device | None = None) -> nn.Module:
+def shard_model(model: nn.Module, device: str | torch.device | None = None, compute_dtype: Any = None) -> nn.Module:
     """``fully_shard`` every decoder block of ``model`` and then the model itself, in place, on a 1-D
     mesh over the default process group (``device``'s type: ``cpu`` with gloo, ``cuda`` with NCCL).
-    Returns the model (now an ``FSDPModule``; parameters are ``DTensor`` shards)."""
+    ``compute_dtype`` (:func:`geometry.operators.precision.compute_dtype_for`; None: float32 for
+    half-precision weights): the model is cast to it first, so the shards hold the weights in the
+    dtype the products run in (half weights convert to float32 exactly; the checkpoint stays the
+    half source). Returns the model (now an ``FSDPModule``; parameters are ``DTensor`` shards)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -42,7 +45,10 @@ def shard_model(model: nn.Module, device: str | torch.device | None = None) -> n
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    from geometry.operators.precision import compute_dtype_for
+
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    model.to(compute_dtype_for(next(model.parameters()).dtype, compute_dtype))
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     try:
         _, blocks = find_blocks(model)
@@ -69,4 +75,33 @@ def sharded_lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], max_me
     return op
 
 
-__all__ = ["shard_model", "sharded_lm_hessian", "ShardingError"]
+def fsdp_lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], device: Any, backend: str = "difference",
+                    compute_dtype: Any = None, max_memory: Any = None) -> ShardedHessianOperator:
+    """``sharpness --parallel fsdp``: the sharded Hessian of ``model`` (loaded whole on this rank, then
+    sharded in ``compute_dtype`` by :func:`shard_model`) with its error measured first on a miniature
+    of the architecture in the compute dtype against its float64 exact products
+    (:func:`probes.models.curvature.miniature_bound`, the same on every rank). FSDP2 runs first-order
+    gradients only: an exact ``backend`` (reverse, forward, auto) is replaced by the difference backend
+    out loud (``op.backend_choice`` says why; the CLI prints it)."""
+    from geometry.operators.auto import AutoBackend
+    from geometry.operators.names import backend_named
+    from geometry.operators.precision import compute_dtype_for
+    from .curvature import miniature_bound
+
+    dtype = compute_dtype_for(next(model.parameters()).dtype, compute_dtype)
+    mini = {"rel_error": None, "reference": "unavailable: no batch to measure on"}
+    if batches:
+        mini = miniature_bound(model.to(dtype), [batches[0][:2, :32]], exclude=zero_embedding_tokens(model))
+    op = sharded_lm_hessian(shard_model(model, device, dtype), batches, max_memory=max_memory,
+                            compute_dtype=dtype)
+    op.hvp_check = {**op.checked(), **mini}
+    requested = backend_named(backend)
+    if isinstance(requested, AutoBackend) or requested.exact:
+        op.backend_choice = {"chosen": op.backend, "requested": backend,
+                             "why": "FSDP2 runs first-order gradients only (no double backward on sharded "
+                                    "parameters): the difference backend, its error measured on a miniature of the "
+                                    "architecture"}
+    return op
+
+
+__all__ = ["shard_model", "sharded_lm_hessian", "fsdp_lm_hessian", "ShardingError"]

@@ -118,7 +118,9 @@ class Plan:
     checkpoints each), ``checkpoints`` (labels to keep; default all), ``seed`` (estimator seed),
     ``name``, ``max_memory`` (bytes or ``"8GB"`` each curvature estimator may allocate beyond the
     model; None: geometry.memory.model's default), ``backend`` (the HVP backend of every curvature
-    probe: reverse, forward, difference, auto).
+    probe: reverse, forward, difference, auto), ``compute_dtype`` (the dtype their products run in:
+    float32, bfloat16, float16, float64; None: float32 for half-precision weights, their dtype
+    otherwise: :mod:`geometry.operators.precision`).
 
     Then one field per probe of :data:`probes.sweep_probes.registry.REGISTRY`, holding its settings
     (each probe's module says what they are): ``loss`` (on by default), ``kurtosis``, ``quant`` and
@@ -135,6 +137,7 @@ class Plan:
     name: str = "sweep"
     max_memory: int | str | None = None
     backend: str = "reverse"
+    compute_dtype: str | None = None
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -170,6 +173,10 @@ class Plan:
 
         if self.backend not in BACKENDS:
             raise PlanError(f"backend {self.backend!r} is unknown; valid: {', '.join(BACKENDS)}")
+        from geometry.operators.precision import COMPUTE_DTYPES
+
+        if self.compute_dtype is not None and self.compute_dtype not in COMPUTE_DTYPES:
+            raise PlanError(f"compute_dtype {self.compute_dtype!r} is unknown; valid: {', '.join(COMPUTE_DTYPES)}")
         if not self.tasks():
             raise PlanError("the plan has no probe; enable at least one of: " + ", ".join(PROBES))
 
@@ -297,6 +304,8 @@ class Plan:
 
         if is_default_backend(d["backend"]):  # absent by default, so earlier plans keep their hash
             d.pop("backend")
+        if d["compute_dtype"] is None:       # absent by default, so earlier plans keep their hash
+            d.pop("compute_dtype")
         return d
 
     @property

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from probes.curvature.methods import EIGEN_METHODS
 
 from .probe import Probe
-from .rows import ProbeRow, metric
+from .rows import ProbeRow, hvp_error_flag, metric
 from .tasks import curvature_options, make_task
 from .validation import PlanError, optional_settings, positive_int
 
@@ -50,15 +50,15 @@ def run(st, task) -> ProbeRow:
     from probes.models.zero_embeddings import row_extra as excluded
 
     o = task.opts
-    res = top_eigenvalues(st.hessian(), k=o["k"], method=o["method"], tol=o["tol"], max_iter=o["max_iter"],
-                          seed=o["seed"])
+    op = st.hessian()
+    res = top_eigenvalues(op, k=o["k"], method=o["method"], tol=o["tol"], max_iter=o["max_iter"], seed=o["seed"])
     return ProbeRow(st.label, "eigen", task.spec,
                     metrics=[metric(f"lambda_{i + 1}", v, converged=c)
                              for i, (v, c) in enumerate(zip(res.values, res.converged))],
                     extra={"residuals": [float(x) for x in res.residuals],
                            "converged": [bool(c) for c in res.converged],
                            "iterations": int(res.iterations), "method": res.method, "memory": res.memory,
-                           **excluded(st.hessian())},
+                           **excluded(op), **hvp_error_flag(op)},
                     n_hvp=int(res.num_matvecs), seed=o["seed"])
 
 

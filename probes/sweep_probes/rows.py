@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from .tasks import Task
 
-__all__ = ["ProbeRow", "metric", "error_type", "row_converged"]
+__all__ = ["ProbeRow", "metric", "error_type", "row_converged", "hvp_error_flag"]
 
 
 @dataclass
@@ -53,6 +53,16 @@ def metric(name: str, value, stderr=None, ci_low=None, ci_high=None, spec: str |
     if converged is not None:
         d["converged"] = bool(converged)
     return d
+
+
+def hvp_error_flag(op) -> dict:
+    """``{"error_warning": ...}`` for a row's ``extra`` when the operator's measured product error is
+    over the default tolerance (:func:`probes.models.curvature.error_warning`: the error, its cause
+    and the fix), else ``{}`` (rows of exact backends stay as they were)."""
+    from probes.models.curvature import error_warning
+
+    warning = error_warning(op.checked() if hasattr(op, "checked") else None, op.param_dtype)
+    return {"error_warning": warning} if warning else {}
 
 
 def row_converged(row: ProbeRow) -> bool | None:

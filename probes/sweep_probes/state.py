@@ -69,7 +69,8 @@ class CheckpointState:
                 batches = split_batches(batches, self.parallel.rank, self.parallel.world_size)
                 extra = {"data_parallel": self.parallel}
             self._op = lm_hessian(self.model, batches, params=self.plan.curvature_params,
-                                  max_memory=self.plan.max_memory, backend=self.plan.backend, **extra)
+                                  max_memory=self.plan.max_memory, backend=self.plan.backend,
+                                  compute_dtype=self.plan.compute_dtype, **extra)
         return self._op
 
     def has_direction(self, spec: str) -> bool:
@@ -88,7 +89,7 @@ class CheckpointState:
             self._directions[spec] = measure_direction(
                 self.model, spec, list(self.data("curvature")), self.token_sets.get("calibration"),
                 self.plan.quant_modules, within, max_memory=self.plan.max_memory, plan_trace=trace,
-                backend=self.plan.backend)
+                backend=self.plan.backend, compute_dtype=self.plan.compute_dtype)
         return self._directions[spec]
 
 

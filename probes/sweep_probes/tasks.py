@@ -45,13 +45,15 @@ def make_task(probe: str, spec: str, options: dict, curvature: bool = False) -> 
 
 
 def curvature_options(plan) -> dict:
-    """The plan's settings every curvature probe depends on (parameters, curvature set, memory, backend)."""
+    """The plan's settings every curvature probe depends on (parameters, curvature set, memory, backend,
+    compute dtype)."""
     from geometry.operators.names import is_default_backend   # lazily: plans are read without torch
 
     return {"curvature_params": list(plan.curvature_params) if plan.curvature_params else None,
             "data": list(plan.data.curvature),
             **({"max_memory": plan.max_memory} if plan.max_memory is not None else {}),
-            **({} if is_default_backend(plan.backend) else {"backend": plan.backend})}
+            **({} if is_default_backend(plan.backend) else {"backend": plan.backend}),
+            **({"compute_dtype": plan.compute_dtype} if plan.compute_dtype is not None else {})}
 
 
 def quant_options(plan) -> dict:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from probes.curvature.methods import TRACE_METHODS
 
 from .probe import Probe
-from .rows import ProbeRow, metric
+from .rows import ProbeRow, hvp_error_flag, metric
 from .tasks import curvature_options, make_task
 from .validation import PlanError, optional_settings, positive_int
 
@@ -52,7 +52,8 @@ def run(st, task) -> ProbeRow:
     return ProbeRow(st.label, "trace", task.spec,
                     metrics=[metric("trace", est.value, est.stderr, est.ci_low, est.ci_high, converged=est.converged)],
                     extra={"method": est.method, "dim": op.dim, "rel_stderr": est.rel_stderr,
-                           "converged": bool(est.converged), "memory": est.memory, **excluded(op)},
+                           "converged": bool(est.converged), "memory": est.memory, **excluded(op),
+                           **hvp_error_flag(op)},
                     n_hvp=int(est.num_matvecs), seed=o["seed"])
 
 
