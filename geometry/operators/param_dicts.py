@@ -33,7 +33,7 @@ class ParamDictProducts:
 
     def matmat(self, V: Mapping[str, torch.Tensor] | torch.Tensor) -> dict[str, torch.Tensor] | torch.Tensor:
         """``H v_i`` for k vectors: a dict ``{name: Tensor[k, *shape]}`` or a flat ``Tensor[k, dim]``
-        (vectors as rows); returns the same kind (in :attr:`dtype`). Cost: k Hessian-vector products."""
+        (vectors as rows); returns the same kind (in ``dtype``). Cost: k Hessian-vector products."""
         if isinstance(V, Mapping):
             k = self.space.check_dict(V, batched=True)
             if k == 0:
