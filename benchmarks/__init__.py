@@ -1,4 +1,5 @@
 """The benchmark suite (``losslens bench``); each module prints its rows and can write them as JSON."""
+
 from __future__ import annotations
 
 import json

@@ -17,6 +17,7 @@ The check of issue #28: a trained model scores above chance and its accuracy cli
 training (``climbs``: Spearman ρ of acc against step; ``above_chance``: acc − 1.96·stderr > 0.25 at
 the last checkpoint). Threads pinned (``--threads``, default 1) and restored afterwards.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,7 @@ def run(quick: bool = False, threads: int = 1, cache: str | None = None, limit: 
     import torch
     from scipy.stats import spearmanr
 
-    from probes.accuracy import TASK_NAME, embedded_items, length_baselines, prepare_tasks, select_tasks, task_accuracy
+    from probes.accuracy import TASK_NAME, embedded_items, length_baselines, prepare_tasks, select_tasks
     from probes.accuracy.api import evaluate_variants
     from probes.checkpoints import CheckpointLoader
     from probes.core.threads import torch_threads
@@ -70,22 +71,43 @@ def run(quick: bool = False, threads: int = 1, cache: str | None = None, limit: 
             fp = evaluate_variants(model, tok, sel, (), limit=limit, seed=0, prepared=prepared, n_boot=0)
             fp_s = time.perf_counter() - t1
             t2 = time.perf_counter()
-            rep = evaluate_variants(model, tok, sel, (SPEC,), limit=limit, seed=0, prepared=prepared,
-                                    fp_scores=fp.scores["fp"], n_boot=2000)
+            rep = evaluate_variants(
+                model, tok, sel, (SPEC,), limit=limit, seed=0, prepared=prepared, fp_scores=fp.scores["fp"], n_boot=2000
+            )
             q_s = time.perf_counter() - t2
             s = rep.scores["fp"][TASK_NAME]
             d = rep.deltas[SPEC][TASK_NAME]
-            rows.append({"row": str(ref.label), "step": ref.step, "val_loss": (ref.meta or {}).get("val_loss"), "n": s.n, "acc": s.acc, "acc_stderr": s.acc_stderr,
-                         "acc_norm": s.acc_norm, f"acc[{SPEC}]": rep.scores[SPEC][TASK_NAME].acc, "delta_acc": d.delta,
-                         "delta_ci": [d.ci_low, d.ci_high], "p_mcnemar": d.p,
-                         "s_per_100_items_fp": 100 * fp_s / s.n, "s_per_100_items_quant": 100 * q_s / s.n,
-                         "prepare_s": prep_s, "threads": torch.get_num_threads()})
+            rows.append(
+                {
+                    "row": str(ref.label),
+                    "step": ref.step,
+                    "val_loss": (ref.meta or {}).get("val_loss"),
+                    "n": s.n,
+                    "acc": s.acc,
+                    "acc_stderr": s.acc_stderr,
+                    "acc_norm": s.acc_norm,
+                    f"acc[{SPEC}]": rep.scores[SPEC][TASK_NAME].acc,
+                    "delta_acc": d.delta,
+                    "delta_ci": [d.ci_low, d.ci_high],
+                    "p_mcnemar": d.p,
+                    "s_per_100_items_fp": 100 * fp_s / s.n,
+                    "s_per_100_items_quant": 100 * q_s / s.n,
+                    "prepare_s": prep_s,
+                    "threads": torch.get_num_threads(),
+                }
+            )
     ck = [r for r in rows if "step" in r]
     rho = float(spearmanr([r["step"] for r in ck], [r["acc"] for r in ck])[0]) if len(ck) > 2 else float("nan")
     last = ck[-1]
-    rows.append({"row": "verdict", "climbs_spearman": rho, "above_chance": bool(last["acc"] - 1.96 * last["acc_stderr"] > 0.25),
-                 "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-                 "torch": torch.__version__})
+    rows.append(
+        {
+            "row": "verdict",
+            "climbs_spearman": rho,
+            "above_chance": bool(last["acc"] - 1.96 * last["acc_stderr"] > 0.25),
+            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            "torch": torch.__version__,
+        }
+    )
     return rows
 
 

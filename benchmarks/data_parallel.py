@@ -16,6 +16,7 @@ Rows, for 1 process and for N ranks (``torch.multiprocessing`` spawn, gloo, one 
   one-process result (products: ‖ΔHV‖/‖HV‖; trace: |Δ|/|tr|), float32 summation order only.
 The run must have the machine to itself (other jobs on the cores distort the ratio).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,10 @@ def _measure(rank: int, world: int, port: int, out: str, size: str, n_batches: i
         tr = hutchinson_trace(op, num_matvecs=16, seed=0)
         t_tr = time.perf_counter() - t0
         if rank == 0:
-            torch.save({"matmat_s": statistics.median(times), "hv": hv, "trace_s": t_tr, "trace": tr.value,
-                        "dim": op.dim}, Path(out) / f"world{world}.pt")
+            torch.save(
+                {"matmat_s": statistics.median(times), "hv": hv, "trace_s": t_tr, "trace": tr.value, "dim": op.dim},
+                Path(out) / f"world{world}.pt",
+            )
     finally:
         if parallel:
             dist.destroy_process_group()
@@ -84,8 +87,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(quick: bool = False, ranks: int = 2, size: str = "1M", n_batches: int | None = None,
-        repeats: int | None = None) -> list[dict]:
+def run(
+    quick: bool = False, ranks: int = 2, size: str = "1M", n_batches: int | None = None, repeats: int | None = None
+) -> list[dict]:
     """Rows for 1 process and ``ranks`` ranks (see the module docstring)."""
     import torch.multiprocessing as mp
 
@@ -96,17 +100,34 @@ def run(quick: bool = False, ranks: int = 2, size: str = "1M", n_batches: int | 
         raise ValueError(f"--batches ({n_batches}) must be at least --ranks ({ranks})")
     with tempfile.TemporaryDirectory() as tmp:
         _measure(0, 1, 0, tmp, size, n_batches, repeats, seq)
-        mp.start_processes(_measure, args=(ranks, _free_port(), tmp, size, n_batches, repeats, seq), nprocs=ranks,
-                           join=True, start_method="spawn")
+        mp.start_processes(
+            _measure,
+            args=(ranks, _free_port(), tmp, size, n_batches, repeats, seq),
+            nprocs=ranks,
+            join=True,
+            start_method="spawn",
+        )
         one = torch.load(Path(tmp) / "world1.pt")
         many = torch.load(Path(tmp) / f"world{ranks}.pt")
     common = {"model": f"neox-{size}", "dim": one["dim"], "batches": f"{n_batches}x4x{seq}", "threads_per_process": 1}
     hv_diff = float((many["hv"] - one["hv"]).norm() / one["hv"].norm())
     return [
-        {**common, "measure": f"matmat k={K}", "s_1_process": one["matmat_s"], f"s_{ranks}_ranks": many["matmat_s"],
-         "speedup": one["matmat_s"] / many["matmat_s"], "rel_diff": hv_diff},
-        {**common, "measure": "hutchinson 16 HVPs", "s_1_process": one["trace_s"], f"s_{ranks}_ranks": many["trace_s"],
-         "speedup": one["trace_s"] / many["trace_s"], "rel_diff": abs(many["trace"] - one["trace"]) / abs(one["trace"])},
+        {
+            **common,
+            "measure": f"matmat k={K}",
+            "s_1_process": one["matmat_s"],
+            f"s_{ranks}_ranks": many["matmat_s"],
+            "speedup": one["matmat_s"] / many["matmat_s"],
+            "rel_diff": hv_diff,
+        },
+        {
+            **common,
+            "measure": "hutchinson 16 HVPs",
+            "s_1_process": one["trace_s"],
+            f"s_{ranks}_ranks": many["trace_s"],
+            "speedup": one["trace_s"] / many["trace_s"],
+            "rel_diff": abs(many["trace"] - one["trace"]) / abs(one["trace"]),
+        },
     ]
 
 

@@ -24,6 +24,7 @@ float64 (central) runs the difference backend on the float64 copy under float64_
 bfloat16-rounded weights*), with the float32 master (:mod:`geometry.operators.difference`).
 The default step rule is used throughout. Max and median over the seeds are printed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,14 +42,18 @@ from probes.core.threads import torch_threads
 from probes.models.families import FAMILIES, tiny_model
 from probes.models.fidelity import float64_fidelity
 
-VARIANTS = (("float64", torch.float64, False), ("float32", torch.float32, False), ("float32", torch.float32, True),
-            ("bfloat16", torch.bfloat16, False))
+VARIANTS = (
+    ("float64", torch.float64, False),
+    ("float32", torch.float32, False),
+    ("float32", torch.float32, True),
+    ("bfloat16", torch.bfloat16, False),
+)
 SEQ, BATCH, N_BATCHES, VOCAB = 16, 2, 2, 96
 
 
 def _markov_corpus(seed: int, n: int = 64, seq: int = 32) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 + seed)
-    nxt = torch.randint(0, VOCAB, (VOCAB, 3), generator=g)         # each token has 3 likely successors
+    nxt = torch.randint(0, VOCAB, (VOCAB, 3), generator=g)  # each token has 3 likely successors
     out = torch.empty(n, seq, dtype=torch.long)
     out[:, 0] = torch.randint(0, VOCAB, (n,), generator=g)
     for t in range(1, seq):
@@ -118,17 +123,32 @@ def bench_family(family: str, seed: int) -> list[dict]:
             ref_model = model64 if dtype == torch.float64 else copy.deepcopy(model).double()
             with float64_fidelity():
                 refs[dtype] = _measure(ref_model, batches, "reverse", False, V)
-            refs[dtype]["exact_in_dtype"] = (0.0 if dtype == torch.float64 else
-                                             _rel(HessianOperator(model, lm_loss, batches).matmat_flat(V.to(estimator(dtype))).double(),
-                                                  refs[dtype]["HV"]))
+            refs[dtype]["exact_in_dtype"] = (
+                0.0
+                if dtype == torch.float64
+                else _rel(
+                    HessianOperator(model, lm_loss, batches).matmat_flat(V.to(estimator(dtype))).double(),
+                    refs[dtype]["HV"],
+                )
+            )
         ref = refs[dtype]
         ctx = float64_fidelity() if dtype == torch.float64 else _nullcontext()
         with ctx:
             got = _measure(model, batches, "difference", rich, V)
-        rows.append(dict(family=family, seed=seed, dtype=name, stencil="richardson" if rich else "central", dim=dim,
-                         product=_rel(got["HV"], ref["HV"]), trace=_rel(got["trace"], ref["trace"]),
-                         lambda_max=_rel(got["lambda"], ref["lambda"]), exact_in_dtype=ref["exact_in_dtype"],
-                         seconds=time.perf_counter() - t0))
+        rows.append(
+            dict(
+                family=family,
+                seed=seed,
+                dtype=name,
+                stencil="richardson" if rich else "central",
+                dim=dim,
+                product=_rel(got["HV"], ref["HV"]),
+                trace=_rel(got["trace"], ref["trace"]),
+                lambda_max=_rel(got["lambda"], ref["lambda"]),
+                exact_in_dtype=ref["exact_in_dtype"],
+                seconds=time.perf_counter() - t0,
+            )
+        )
     return rows
 
 
@@ -159,24 +179,32 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 
 def format_table(summary: list[dict]) -> str:
-    head = (f"| {'family':<17}| {'dtype':<9}| {'stencil':<11}| product max (median) | trace max | λ_max max "
-            f"| exact backend in dtype |")
+    head = (
+        f"| {'family':<17}| {'dtype':<9}| {'stencil':<11}| product max (median) | trace max | λ_max max "
+        f"| exact backend in dtype |"
+    )
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for e in summary:
-        lines.append(f"| {e['family']:<17}| {e['dtype']:<9}| {e['stencil']:<11}| "
-                     f"{e['product_max']:.1e} ({e['product_median']:.1e}) | {e['trace_max']:.1e} | "
-                     f"{e['lambda_max_max']:.1e} | {e['exact_in_dtype_max']:.1e} |")
+        lines.append(
+            f"| {e['family']:<17}| {e['dtype']:<9}| {e['stencil']:<11}| "
+            f"{e['product_max']:.1e} ({e['product_median']:.1e}) | {e['trace_max']:.1e} | "
+            f"{e['lambda_max_max']:.1e} | {e['exact_in_dtype_max']:.1e} |"
+        )
     return "\n".join(lines)
 
 
-def run(quick: bool = False, seeds: tuple[int, ...] = (0, 1, 2, 3, 4), families: tuple[str, ...] | None = None,
-        threads: int = 1) -> list[dict]:
+def run(
+    quick: bool = False,
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4),
+    families: tuple[str, ...] | None = None,
+    threads: int = 1,
+) -> list[dict]:
     """The summary rows (``losslens bench difference``); ``quick``: gpt_neox and llama, seed 0."""
     families = families or (("gpt_neox", "llama") if quick else tuple(FAMILIES) + ("gpt_neox-trained",))
     rows = []
     with torch_threads(threads):
         for fam in families:
-            for seed in (seeds[:1] if quick else seeds):
+            for seed in seeds[:1] if quick else seeds:
                 rows += bench_family(fam, seed)
     return summarise(rows)
 

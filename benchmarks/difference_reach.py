@@ -19,6 +19,7 @@ parameter. Steps, each recorded:
 
 Threads pinned to ``--threads`` for the run (``torch.set_num_threads`` here, not in library code).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,16 +45,19 @@ def _exact_plan(model, batch, budget: str, probes: int) -> dict:
     short = {}
     for n in (s // 8, s // 4):
         op = HessianOperator(model, lm_loss, [batch[:, :n]])
-        short[n] = op.graph_bytes(0) - op.dim * 2                # saved bytes (the gradient is added back below)
+        short[n] = op.graph_bytes(0) - op.dim * 2  # saved bytes (the gradient is added back below)
     s1, s2 = s // 8, s // 4
-    c = (short[s2] - 2 * short[s1]) / (s2 ** 2 - 2 * s1 ** 2)
-    a = (short[s1] - c * s1 ** 2) / s1
+    c = (short[s2] - 2 * short[s1]) / (s2**2 - 2 * s1**2)
+    a = (short[s1] - c * s1**2) / s1
     saved = a * s + c * s * s
     op = HessianOperator(model, lm_loss, [batch], max_memory=budget)
     _, _, key = one_row(batch)
-    op.measured_passes[key] = int(saved)                            # the extrapolated one-row graph (rows = 1)
-    row = {"graph_GB_extrapolated": saved / 1e9, "graph_GB_measured": {n: v / 1e9 for n, v in short.items()},
-           "pass_GB": op.pass_bytes(1, cached=False) / 1e9}
+    op.measured_passes[key] = int(saved)  # the extrapolated one-row graph (rows = 1)
+    row = {
+        "graph_GB_extrapolated": saved / 1e9,
+        "graph_GB_measured": {n: v / 1e9 for n, v in short.items()},
+        "pass_GB": op.pass_bytes(1, cached=False) / 1e9,
+    }
     try:
         plan = estimate_memory(op, "hutchinson", probes, max_memory=budget)
         row.update(fits=True, predicted_GB=plan.total / 1e9)
@@ -71,19 +75,28 @@ def run(shape: str, seq: int, budget: str, probes: int, steps: int) -> dict:
     model.requires_grad_(True)
     vocab = SHAPES[shape][4]
     batch = torch.randint(0, vocab, (1, seq), generator=torch.Generator().manual_seed(0))
-    out = {"shape": shape, "dtype": "bfloat16", "tokens": f"1×{seq}", "max_memory": budget,
-           "threads": torch.get_num_threads(), "checkpointing": True}
+    out = {
+        "shape": shape,
+        "dtype": "bfloat16",
+        "tokens": f"1×{seq}",
+        "max_memory": budget,
+        "threads": torch.get_num_threads(),
+        "checkpointing": True,
+    }
     out["exact"] = _exact_plan(model, batch, budget, probes)
     model.gradient_checkpointing_enable()
-    op = HessianOperator(model, lm_loss, [batch], backend="difference", max_memory=budget,
-                         check_batches=[batch[:, :64]])
+    op = HessianOperator(
+        model, lm_loss, [batch], backend="difference", max_memory=budget, check_batches=[batch[:, :64]]
+    )
     out["dim"] = op.dim
     t0 = time.perf_counter()
     out["hvp_check"] = op.checked()
     out["check_seconds"] = time.perf_counter() - t0
     out["difference_pass_GB"] = op.pass_bytes(1) / 1e9
-    for name, call in (("hutchinson", lambda: hutchinson_trace(op, num_matvecs=probes, seed=0)),
-                       ("lanczos", lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=steps, tol=1e-3, seed=0))):
+    for name, call in (
+        ("hutchinson", lambda: hutchinson_trace(op, num_matvecs=probes, seed=0)),
+        ("lanczos", lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=steps, tol=1e-3, seed=0)),
+    ):
         gc.collect()
         base, _ = _rss()
         _reset_peak()
@@ -93,12 +106,23 @@ def run(shape: str, seq: int, budget: str, probes: int, steps: int) -> dict:
         seconds = time.perf_counter() - t0
         _, peak = _rss()
         value = res.value if name == "hutchinson" else res.values[0]
-        out[name] = {"value": value, "num_matvecs": res.num_matvecs, "gradients": op.num_gradients - grads0,
-                     "seconds": seconds, "s_per_gradient": seconds / max(1, op.num_gradients - grads0),
-                     "predicted_GB": res.memory["predicted_bytes"] / 1e9, "measured_GB": (peak - base) / 1e9,
-                     "measured/predicted": (peak - base) / res.memory["predicted_bytes"], "base_GB": base / 1e9,
-                     "peak_GB": peak / 1e9, **({"stderr": res.stderr} if name == "hutchinson" else
-                                               {"converged": res.converged[0], "residual": res.residuals[0]})}
+        out[name] = {
+            "value": value,
+            "num_matvecs": res.num_matvecs,
+            "gradients": op.num_gradients - grads0,
+            "seconds": seconds,
+            "s_per_gradient": seconds / max(1, op.num_gradients - grads0),
+            "predicted_GB": res.memory["predicted_bytes"] / 1e9,
+            "measured_GB": (peak - base) / 1e9,
+            "measured/predicted": (peak - base) / res.memory["predicted_bytes"],
+            "base_GB": base / 1e9,
+            "peak_GB": peak / 1e9,
+            **(
+                {"stderr": res.stderr}
+                if name == "hutchinson"
+                else {"converged": res.converged[0], "residual": res.residuals[0]}
+            ),
+        }
         print(json.dumps({name: out[name]}), flush=True)
     out["seconds"] = time.perf_counter() - t_start
     return out

@@ -14,6 +14,7 @@ a repeating token pattern, so its Hessian is that of a trained model. ``--bases 
 with the basis capped at those sizes (``max_basis``), beside the one the planner chose. Threads are pinned for the
 run (``--threads``) and restored afterwards.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,14 +29,32 @@ def _row(name: str, op, method: str, tol: float, max_iter: int, max_memory, max_
     from geometry.estimators.eigen import top_eigenvalues
 
     t0 = time.perf_counter()
-    res = top_eigenvalues(op, k=1, method=method, tol=tol, max_iter=max_iter, max_memory=max_memory,
-                          max_basis=max_basis if method == "lanczos" else None)
+    res = top_eigenvalues(
+        op,
+        k=1,
+        method=method,
+        tol=tol,
+        max_iter=max_iter,
+        max_memory=max_memory,
+        max_basis=max_basis if method == "lanczos" else None,
+    )
     st = res.memory.get("settings", {})
-    return {"model": name, "dim": op.dim, "method": method, "max_memory": max_memory, "tol": tol,
-            "lambda_max": res.values[0], "converged": res.converged[0], "num_matvecs": res.num_matvecs,
-            "relative_residual": res.residuals[0] / abs(res.values[0]), "basis_size": st.get("basis_size"),
-            "cache_graphs": st.get("cache_graphs"), "restarts": res.memory.get("restarts"),
-            "predicted_GB": res.memory["predicted_bytes"] / 1e9, "seconds": time.perf_counter() - t0}
+    return {
+        "model": name,
+        "dim": op.dim,
+        "method": method,
+        "max_memory": max_memory,
+        "tol": tol,
+        "lambda_max": res.values[0],
+        "converged": res.converged[0],
+        "num_matvecs": res.num_matvecs,
+        "relative_residual": res.residuals[0] / abs(res.values[0]),
+        "basis_size": st.get("basis_size"),
+        "cache_graphs": st.get("cache_graphs"),
+        "restarts": res.memory.get("restarts"),
+        "predicted_GB": res.memory["predicted_bytes"] / 1e9,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def _variants(methods, bases) -> list[tuple[str, int | None]]:
@@ -66,9 +85,16 @@ def _trained_micro(steps: int = 300, seed: int = 0):
     return model, [batch() for _ in range(2)], float(loss.detach())
 
 
-def run(shapes=("pythia-14m", "pythia-70m"), max_memory: str | None = "7GB", methods=("lanczos", "power"),
-        max_iter: int = 150, tol: float = 1e-3, trained: bool = True, threads: int | None = 2,
-        bases: tuple[int, ...] = (6,)) -> list[dict]:
+def run(
+    shapes=("pythia-14m", "pythia-70m"),
+    max_memory: str | None = "7GB",
+    methods=("lanczos", "power"),
+    max_iter: int = 150,
+    tol: float = 1e-3,
+    trained: bool = True,
+    threads: int | None = 2,
+    bases: tuple[int, ...] = (6,),
+) -> list[dict]:
     from benchmarks.shapes import BATCH, BATCHES, SEQ, SHAPES, build
     from probes.models.curvature import lm_hessian
 
@@ -84,8 +110,9 @@ def run(shapes=("pythia-14m", "pythia-70m"), max_memory: str | None = "7GB", met
             model, batches, loss = _trained_micro()
             for method, basis in _variants(methods, bases):
                 op = HessianOperator(model, lm_loss, batches)
-                rows.append({**_row("micro-gptneox trained", op, method, tol, max_iter, max_memory, basis),
-                             "train_loss": loss})
+                rows.append(
+                    {**_row("micro-gptneox trained", op, method, tol, max_iter, max_memory, basis), "train_loss": loss}
+                )
                 emit(rows[-1:])
         for shape in shapes:
             model = build(shape, torch.float32)
@@ -114,8 +141,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     shapes = tuple(s for s in a.shapes.split(",") if s)
-    rows = run(shapes, a.max_memory, tuple(a.methods.split(",")), a.max_iter, a.tol, a.trained, a.threads,
-               tuple(int(b) for b in a.bases.split(",") if b))
+    rows = run(
+        shapes,
+        a.max_memory,
+        tuple(a.methods.split(",")),
+        a.max_iter,
+        a.tol,
+        a.trained,
+        a.threads,
+        tuple(int(b) for b in a.bases.split(",") if b),
+    )
     if a.json:
         import json
 

@@ -26,6 +26,7 @@ more accurate at equal cost). For the NeoX model the Hutchinson estimates at the
 are the prefixes of one 300-probe run per seed — identical numbers to separate calls, since the
 probe stream of a seed does not depend on the budget — which saves HVPs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,11 +88,22 @@ def _rows(problem: str, dim: int, ref: float, ref_rel_se: float, budgets, errs_h
     rows = []
     for m in budgets:
         eh, ep = float(np.mean(errs_h[m])), float(np.mean(errs_pp[m]))
-        rows.append(dict(
-            problem=problem, dim=dim, budget=m, seeds=len(errs_h[m]), reference=ref, ref_rel_se=ref_rel_se,
-            hutchinson_rel_err=eh, hutchpp_rel_err=ep, ratio=eh / ep if ep > 0 else math.inf,
-            seconds=secs, machine=platform.machine(), threads=torch.get_num_threads(),
-        ))
+        rows.append(
+            dict(
+                problem=problem,
+                dim=dim,
+                budget=m,
+                seeds=len(errs_h[m]),
+                reference=ref,
+                ref_rel_se=ref_rel_se,
+                hutchinson_rel_err=eh,
+                hutchpp_rel_err=ep,
+                ratio=eh / ep if ep > 0 else math.inf,
+                seconds=secs,
+                machine=platform.machine(),
+                threads=torch.get_num_threads(),
+            )
+        )
     return rows
 
 
@@ -128,8 +140,10 @@ def bench_neox(seeds: int, micro: bool = False, device: str = "cpu") -> list[dic
         for m in budgets:
             errs_h[m].append(rel_error(float(samples[:m].mean()), ref))
             errs_pp[m].append(rel_error(hutchpp_trace(op, m, seed=s).value, ref))
-        _log(f"seed {s} ({time.perf_counter() - t0:.0f} s): " + ", ".join(
-            f"m={m} hutchinson {errs_h[m][-1]:.4f} hutch++ {errs_pp[m][-1]:.4f}" for m in budgets))
+        _log(
+            f"seed {s} ({time.perf_counter() - t0:.0f} s): "
+            + ", ".join(f"m={m} hutchinson {errs_h[m][-1]:.4f} hutch++ {errs_pp[m][-1]:.4f}" for m in budgets)
+        )
     name = "neox-micro" if micro else "neox-1M"
     return _rows(name, dim, ref, ref_est.rel_stderr, budgets, errs_h, errs_pp, time.perf_counter() - t0)
 
@@ -153,17 +167,25 @@ def format_table(rows: list[dict]) -> str:
     head = f"{'problem':<12}{'dim':>9}{'budget':>8}{'seeds':>6}{'hutchinson':>12}{'hutch++':>10}{'ratio':>8}{'ref_rel_se':>12}"
     lines = ["relative trace error (mean over seeds); ratio = Hutchinson error / Hutch++ error", head]
     for r in rows:
-        lines.append(f"{r['problem']:<12}{r['dim']:>9}{r['budget']:>8}{r['seeds']:>6}{r['hutchinson_rel_err']:>12.4f}"
-                     f"{r['hutchpp_rel_err']:>10.4f}{r['ratio']:>8.2f}{r['ref_rel_se']:>12.4f}")
+        lines.append(
+            f"{r['problem']:<12}{r['dim']:>9}{r['budget']:>8}{r['seeds']:>6}{r['hutchinson_rel_err']:>12.4f}"
+            f"{r['hutchpp_rel_err']:>10.4f}{r['ratio']:>8.2f}{r['ref_rel_se']:>12.4f}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small settings (< 60 s)")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds per budget (default 10 MLP / 3 NeoX; quick 5 / 2)")
-    parser.add_argument("--neox", choices=["1M", "micro", "none"], default=None,
-                        help="the LM part: 1M (default), micro, or none (default with --quick)")
+    parser.add_argument(
+        "--seeds", type=int, default=None, help="seeds per budget (default 10 MLP / 3 NeoX; quick 5 / 2)"
+    )
+    parser.add_argument(
+        "--neox",
+        choices=["1M", "micro", "none"],
+        default=None,
+        help="the LM part: 1M (default), micro, or none (default with --quick)",
+    )
     parser.add_argument("--device", default="cpu", help="device of the NeoX model (cpu, cuda)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)

@@ -9,6 +9,7 @@ checkpoint and at LAWA(3), the explain factors there (‖δ‖², tr H/n, κ, no
 shares of the change of log ΔQ over the LR decay (WSD runs) and final → LAWA, and the rank
 correlation of each spec's ΔQ with the trace over all real checkpoints. Writes OUT/formats.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,22 @@ from dataclasses import replace
 from pathlib import Path
 
 BASELINES = ("rtn:2:g32", "rtn:3:row", "gptq:3:row", "int8")
-NEW = ("fp8", "fp8:tensor", "fp8:e5m2", "mxfp4", "mxfp8", "nvfp4", "gguf:Q4_0", "gguf:Q4_1", "gguf:Q5_0",
-       "gguf:Q5_1", "gguf:Q8_0", "gguf:Q4_K", "had+rtn:3:row", "had+mxfp4")
+NEW = (
+    "fp8",
+    "fp8:tensor",
+    "fp8:e5m2",
+    "mxfp4",
+    "mxfp8",
+    "nvfp4",
+    "gguf:Q4_0",
+    "gguf:Q4_1",
+    "gguf:Q5_0",
+    "gguf:Q5_1",
+    "gguf:Q8_0",
+    "gguf:Q4_K",
+    "had+rtn:3:row",
+    "had+mxfp4",
+)
 
 
 def _value(ok, run, ckpt, probe, metric, spec=None):
@@ -54,13 +69,19 @@ def measure(out: Path, quick: bool) -> dict:
         final = real[-1]
         trace = _value(ok, run.name, final, "trace", "trace")
         for spec in specs:
-            row = {"run": run.name, "spec": spec, "final": final, "trace": trace,
-                   "dq_final_pct": 100 * _value(ok, run.name, final, "quant", "rel_loss_error", spec),
-                   "dq_lawa_pct": 100 * _value(ok, run.name, lawa[0], "quant", "rel_loss_error", spec) if lawa else None}
+            row = {
+                "run": run.name,
+                "spec": spec,
+                "final": final,
+                "trace": trace,
+                "dq_final_pct": 100 * _value(ok, run.name, final, "quant", "rel_loss_error", spec),
+                "dq_lawa_pct": 100 * _value(ok, run.name, lawa[0], "quant", "rel_loss_error", spec) if lawa else None,
+            }
             for f in ("norm2", "trace_per_param", "kappa"):
                 row[f] = _value(ok, run.name, final, "explain", f, spec)
-            row["non_quadratic"] = (_value(ok, run.name, final, "explain", "actual_delta", spec)
-                                    / _value(ok, run.name, final, "explain", "quadratic", spec))
+            row["non_quadratic"] = _value(ok, run.name, final, "explain", "actual_delta", spec) / _value(
+                ok, run.name, final, "explain", "quadratic", spec
+            )
             xs = [_value(ok, run.name, c, "trace", "trace") for c in real]
             ys = [_value(ok, run.name, c, "quant", "rel_loss_error", spec) for c in real]
             row["spearman_trace_dq"] = float(spearmanr(xs, ys).statistic) if len(real) > 2 else None
@@ -75,9 +96,17 @@ def measure(out: Path, quick: bool) -> dict:
                 for what, a, b in windows:
                     dec = decompose_change(table, a, b, run=run.name)
                     tr = dec[dec["term"] == "trace_per_param"].iloc[0]
-                    shares.append({"run": run.name, "spec": spec, "change": what, "from": a, "to": b,
-                                   **{t: round(float(v), 3) for t, v in zip(dec["term"], dec["log_change"])},
-                                   "trace_ci": [round(float(tr["ci_low"]), 3), round(float(tr["ci_high"]), 3)]})
+                    shares.append(
+                        {
+                            "run": run.name,
+                            "spec": spec,
+                            "change": what,
+                            "from": a,
+                            "to": b,
+                            **{t: round(float(v), 3) for t, v in zip(dec["term"], dec["log_change"])},
+                            "trace_ci": [round(float(tr["ci_low"]), 3), round(float(tr["ci_high"]), 3)],
+                        }
+                    )
             except Exception as exc:  # ΔL ≤ 0 (within noise) or missing rows: say so
                 shares.append({"run": run.name, "spec": spec, "change": "n/a", "error": str(exc)[:160]})
     report = {"settings": "QUICK" if quick else "DEFAULT", "seconds": seconds, "rows": rows, "shares": shares}
@@ -98,9 +127,11 @@ def main() -> None:
     print(f"settings {rep['settings']}, {rep['seconds']:.0f} s")
     print("| run | spec | ΔQ final % | ΔQ LAWA % | ‖δ‖² | tr H/n | κ | non-quad | r_s(trace, ΔQ) |")
     for r in rep["rows"]:
-        print(f"| {r['run']} | {r['spec']} | {_fmt(r['dq_final_pct'])} | {_fmt(r['dq_lawa_pct'])} | {_fmt(r['norm2'], 4)} | "
-              f"{_fmt(r['trace_per_param'], 4)} | {_fmt(r['kappa'], 2)} | {_fmt(r['non_quadratic'], 2)} | "
-              f"{_fmt(r['spearman_trace_dq'], 2)} |")
+        print(
+            f"| {r['run']} | {r['spec']} | {_fmt(r['dq_final_pct'])} | {_fmt(r['dq_lawa_pct'])} | {_fmt(r['norm2'], 4)} | "
+            f"{_fmt(r['trace_per_param'], 4)} | {_fmt(r['kappa'], 2)} | {_fmt(r['non_quadratic'], 2)} | "
+            f"{_fmt(r['spearman_trace_dq'], 2)} |"
+        )
     for s in rep["shares"]:
         print(json.dumps(s, default=str))
 

@@ -28,6 +28,7 @@ Pythia-70m shape (hidden 512, 6 layers, 8 heads, MLP 2048, vocab 50304), random 
 Prints one JSON line per (model, bits) and writes them to ``--json``. Wall times are not
 comparable across machines or under contention.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,11 @@ def worker(model_dir: str, calib_path: str, bits: int, group: int, out: str) -> 
         res = original(self, *a, **k)
         named = getattr(self, "_named_module", None)
         key = getattr(named, "full_name", None) or self.name
-        captured[key] = {"weight": res[0].detach().float().cpu().clone(), "damp": float(res[6]),
-                         "nsamples": int(res[7])}
+        captured[key] = {
+            "weight": res[0].detach().float().cpu().clone(),
+            "damp": float(res[6]),
+            "nsamples": int(res[7]),
+        }
         return res
 
     gq.GPTQ.quantize = capture
@@ -88,8 +92,18 @@ def worker(model_dir: str, calib_path: str, bits: int, group: int, out: str) -> 
                 packed[name] = w.T.cpu().clone()
             except Exception as e:  # noqa: BLE001 - recorded in the row; the float32 weights are the comparison
                 pack_error = pack_error or f"dequantize_weight: {type(e).__name__}: {e}"
-    torch.save({"layers": captured, "packed": packed, "pack_error": pack_error, "seconds": time.perf_counter() - t0,
-                "gptqmodel": str(gptqmodel.__version__), "torch": str(torch.__version__), "config": repr(cfg)}, out)
+    torch.save(
+        {
+            "layers": captured,
+            "packed": packed,
+            "pack_error": pack_error,
+            "seconds": time.perf_counter() - t0,
+            "gptqmodel": str(gptqmodel.__version__),
+            "torch": str(torch.__version__),
+            "config": repr(cfg),
+        },
+        out,
+    )
 
 
 # ----------------------------------------------------------------------------- the venv
@@ -114,8 +128,22 @@ def tiny_dir(work: Path, given: str | None) -> Path:
     """The last checkpoint of a tiny trained GPT-NeoX (trained into ``work`` when none is given)."""
     root = Path(given) if given else work / "tiny"
     if not given and not any(root.glob("step-*")):
-        cmd = [sys.executable, "-m", "probes.sweep", "train-tiny", "--tiny", "--hidden", "128", "--steps", "150",
-               "--seq-len", "128", "--out", str(root), "-q"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "probes.sweep",
+            "train-tiny",
+            "--tiny",
+            "--hidden",
+            "128",
+            "--steps",
+            "150",
+            "--seq-len",
+            "128",
+            "--out",
+            str(root),
+            "-q",
+        ]
         subprocess.run(cmd, check=True)
     steps = sorted(root.glob("step-*"))
     return steps[-1] if steps else root
@@ -130,9 +158,18 @@ def pythia70m_dir(work: Path, tokenizer_from: Path) -> Path:
 
     out = work / "pythia70m-random"
     if not (out / "config.json").exists():
-        cfg = GPTNeoXConfig(vocab_size=50304, hidden_size=512, num_hidden_layers=6, num_attention_heads=8,
-                            intermediate_size=2048, rotary_pct=0.25, max_position_embeddings=2048,
-                            use_parallel_residual=True, tie_word_embeddings=False, use_cache=False)
+        cfg = GPTNeoXConfig(
+            vocab_size=50304,
+            hidden_size=512,
+            num_hidden_layers=6,
+            num_attention_heads=8,
+            intermediate_size=2048,
+            rotary_pct=0.25,
+            max_position_embeddings=2048,
+            use_parallel_residual=True,
+            tie_word_embeddings=False,
+            use_cache=False,
+        )
         torch.manual_seed(0)
         GPTNeoXForCausalLM(cfg).save_pretrained(out)
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -146,8 +183,12 @@ def blocks(tokenizer_dir: Path, n_cal: int, n_eval: int, seq: int):
     from probes.data.corpus import TextSource
     from probes.data.token_sets import build_token_sets
 
-    sets = build_token_sets(tokenizer_dir, TextSource.embedded(split="heldout"),
-                            {"calibration": (n_cal, 1, seq), "eval": (n_eval, 1, seq)}, seed=0)
+    sets = build_token_sets(
+        tokenizer_dir,
+        TextSource.embedded(split="heldout"),
+        {"calibration": (n_cal, 1, seq), "eval": (n_eval, 1, seq)},
+        seed=0,
+    )
     return sets["calibration"].tokens.reshape(n_cal, seq), sets["eval"].tokens.reshape(n_eval, seq)
 
 
@@ -184,9 +225,14 @@ def compare_layers(preset: dict, peer: dict, fp: dict) -> list[dict]:
         w = fp[name]
         scale = float(w.abs().max())
         d = (p - g).abs()
-        rows.append({"layer": name, "max_abs_diff_rel": float(d.max()) / scale,
-                     "differing_share": float((d > 1e-6 * scale).float().mean()),
-                     "diff_over_quant_error": float((p - g).norm() / (g - w).norm().clamp_min(1e-30))})
+        rows.append(
+            {
+                "layer": name,
+                "max_abs_diff_rel": float(d.max()) / scale,
+                "differing_share": float((d > 1e-6 * scale).float().mean()),
+                "diff_over_quant_error": float((p - g).norm() / (g - w).norm().clamp_min(1e-30)),
+            }
+        )
     return rows
 
 
@@ -207,8 +253,7 @@ def _worker_env() -> dict:
     return env
 
 
-def run_one(label: str, model_dir: Path, py: Path, bits: int, group: int, cal, ev, work: Path,
-            timeout: int) -> dict:
+def run_one(label: str, model_dir: Path, py: Path, bits: int, group: int, cal, ev, work: Path, timeout: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -218,10 +263,23 @@ def run_one(label: str, model_dir: Path, py: Path, bits: int, group: int, cal, e
     torch.save(cal, calib_path)
     out = work / f"{label}-b{bits}-gptqmodel.pt"
     t0 = time.perf_counter()
-    res = subprocess.run([str(py), __file__, "--worker", str(model_dir), str(calib_path), str(bits), str(group),
-                          str(out)], capture_output=True, text=True, timeout=timeout, env=_worker_env(), check=False)
-    row = {"model": label, "bits": bits, "group": group, "n_calibration": int(cal.shape[0]),
-           "n_eval": int(ev.shape[0]), "seq": int(cal.shape[1]), "gptqmodel_seconds": time.perf_counter() - t0}
+    res = subprocess.run(
+        [str(py), __file__, "--worker", str(model_dir), str(calib_path), str(bits), str(group), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_worker_env(),
+        check=False,
+    )
+    row = {
+        "model": label,
+        "bits": bits,
+        "group": group,
+        "n_calibration": int(cal.shape[0]),
+        "n_eval": int(ev.shape[0]),
+        "seq": int(cal.shape[1]),
+        "gptqmodel_seconds": time.perf_counter() - t0,
+    }
     if res.returncode != 0:
         row["gptqmodel_error"] = (res.stderr or res.stdout).strip()[-3000:]
         return row
@@ -243,8 +301,9 @@ def run_one(label: str, model_dir: Path, py: Path, bits: int, group: int, cal, e
     row["damp_gptqmodel"] = sorted({v["damp"] for v in peer["layers"].values()})
     if peer["packed"]:
         # the stored model (float16 scales) against the float32 result of the algorithm
-        row["packed_vs_float_max_rel"] = max(float((peer["packed"][n] - g_w[n]).abs().max() / fp_w[n].abs().max())
-                                             for n in peer["packed"] if n in fp_w)
+        row["packed_vs_float_max_rel"] = max(
+            float((peer["packed"][n] - g_w[n]).abs().max() / fp_w[n].abs().max()) for n in peer["packed"] if n in fp_w
+        )
     losses = {"preset": block_losses(preset.model, ev)}
     write_weights(model, g_w)
     losses["gptqmodel"] = block_losses(model, ev)
@@ -254,8 +313,9 @@ def run_one(label: str, model_dir: Path, py: Path, bits: int, group: int, cal, e
     for k, v in losses.items():
         row[f"dq_{k}"] = sum(v) / len(v) / fp_mean - 1.0
     row["dq_preset_minus_gptqmodel"], row["dq_paired_se"] = paired(losses["preset"], losses["gptqmodel"], fp_mean)
-    row["dq_reference_minus_gptqmodel"], row["dq_reference_se"] = paired(losses["reference"], losses["gptqmodel"],
-                                                                        fp_mean)
+    row["dq_reference_minus_gptqmodel"], row["dq_reference_se"] = paired(
+        losses["reference"], losses["gptqmodel"], fp_mean
+    )
     row["max_abs_diff_rel"] = max(r.get("max_abs_diff_rel", float("inf")) for r in row["layers"])
     row["max_differing_share"] = max(r.get("differing_share", 1.0) for r in row["layers"])
     return row

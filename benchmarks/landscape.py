@@ -13,6 +13,7 @@ resident memory above the baseline (``VmHWM``) divided by the plan
 (:func:`geometry.surfaces.trajectory_pca.estimate_memory`), and the seconds. Threads: 2 (``torch.set_num_threads``
 in the child; the parent only writes files).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,21 +71,50 @@ def child(folder: str, max_memory: str, k: int) -> dict:
     res = trajectory_pca(sources, k=k, max_memory=max_memory)
     seconds = time.perf_counter() - t0
     _, peak = _rss()
-    return {"n": len(sources), "dim": sum(t.numel() for t in res.center.values()), "k": k,
-            "dtype": str(dtypes[next(iter(dtypes))]).split(".")[-1], "plan_bytes": plan.total,
-            "peak_above_model_bytes": peak - base, "measured_over_plan": (peak - base) / plan.total,
-            "seconds": seconds, "explained": [float(v) for v in res.explained_variance_ratio],
-            "parts": plan.parts, "budget": plan.budget}
+    return {
+        "n": len(sources),
+        "dim": sum(t.numel() for t in res.center.values()),
+        "k": k,
+        "dtype": str(dtypes[next(iter(dtypes))]).split(".")[-1],
+        "plan_bytes": plan.total,
+        "peak_above_model_bytes": peak - base,
+        "measured_over_plan": (peak - base) / plan.total,
+        "seconds": seconds,
+        "explained": [float(v) for v in res.explained_variance_ratio],
+        "parts": plan.parts,
+        "budget": plan.budget,
+    }
 
 
-def run(shape: str = "pythia-70m", n: int = 20, dtype: str = "float32", max_memory: str = "2GB", k: int = 2,
-        folder: str | None = None) -> dict:
+def run(
+    shape: str = "pythia-70m",
+    n: int = 20,
+    dtype: str = "float32",
+    max_memory: str = "2GB",
+    k: int = 2,
+    folder: str | None = None,
+) -> dict:
     """Prepare the checkpoints and measure one row in a child process."""
     folder = Path(folder or Path(tempfile.gettempdir()) / f"losslens-landscape-{shape}-{dtype}")
     prepare(folder, shape, n, getattr(torch, dtype))
     env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
-    out = subprocess.run([sys.executable, "-m", "benchmarks.landscape", "--child", str(folder), "--max-memory",
-                          max_memory, "--k", str(k)], capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.landscape",
+            "--child",
+            str(folder),
+            "--max-memory",
+            max_memory,
+            "--k",
+            str(k),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     row = json.loads(out.stdout.strip().splitlines()[-1])
     row["shape"] = shape
     return row

@@ -8,6 +8,7 @@ which the alarm fires and the LR phase of that step. Threads: 1 per process (set
 
     flock /tmp/losslens-heavy.lock python -m benchmarks.monitor_alarm --seeds 1,2 --out /tmp/alarm
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,18 +43,35 @@ def run_one(run, seed: int, out: Path, every: int, eval_shape, settings_kw: dict
     held = load_file(str(data / "streams.safetensors"))["heldout"]
     sets = token_sets_from_stream(held, {"eval": eval_shape, "curvature": (1, 4, 64)}, seed=0)
     store = out / f"{cfg.name}.sqlite"
-    mon = RobustnessMonitor(store, sets["eval"], sets["curvature"], run=cfg.name, every=every, curvature=False,
-                            time_budget=1e9, tokens_per_step=cfg.tokens_per_step, **settings_kw)
+    mon = RobustnessMonitor(
+        store,
+        sets["eval"],
+        sets["curvature"],
+        run=cfg.name,
+        every=every,
+        curvature=False,
+        time_budget=1e9,
+        tokens_per_step=cfg.tokens_per_step,
+        **settings_kw,
+    )
     t0 = time.perf_counter()
     train_tiny(cfg, out / "runs" / cfg.name, progress=False, data_dir=data, on_step=mon.step, overwrite=True)
     wall = time.perf_counter() - t0
     fired = mon.alarm.fired
-    res = {"run": cfg.name, "schedule": cfg.schedule, "peak_lr": cfg.peak_lr, "seed": seed, "wall_s": round(wall, 1),
-           "monitor_s": round(mon.monitor_seconds, 1), "history": mon.alarm.history,
-           "alarm_step": None if fired is None else fired.step, "alarm_phase": None if fired is None else phase(fired.step, cfg),
-           "decay_starts_after": cfg.steps - round(cfg.decay * cfg.steps) if cfg.schedule == "wsd" else None}
+    res = {
+        "run": cfg.name,
+        "schedule": cfg.schedule,
+        "peak_lr": cfg.peak_lr,
+        "seed": seed,
+        "wall_s": round(wall, 1),
+        "monitor_s": round(mon.monitor_seconds, 1),
+        "history": mon.alarm.history,
+        "alarm_step": None if fired is None else fired.step,
+        "alarm_phase": None if fired is None else phase(fired.step, cfg),
+        "decay_starts_after": cfg.steps - round(cfg.decay * cfg.steps) if cfg.schedule == "wsd" else None,
+    }
     mon.close()
-    (out / f"{cfg.name}.json").write_text(json.dumps(res, indent=1))   # each run as soon as it is done
+    (out / f"{cfg.name}.json").write_text(json.dumps(res, indent=1))  # each run as soon as it is done
     return res
 
 
@@ -67,8 +85,11 @@ def replay(path: Path, settings=None) -> list[dict]:
     s = settings or MonitorSettings()
     out = []
     path = Path(path)
-    runs = ([json.loads(f.read_text()) for f in sorted(path.glob("*-s[0-9]*.json"))] if path.is_dir()
-            else json.loads(path.read_text()))
+    runs = (
+        [json.loads(f.read_text()) for f in sorted(path.glob("*-s[0-9]*.json"))]
+        if path.is_dir()
+        else json.loads(path.read_text())
+    )
     for r in runs:
         alarm = Alarm(s.alarm_spec, s.alarm_threshold, s.alarm_window, s.alarm_min_improvement, s.alarm_lr_drop)
         rates = []
@@ -82,9 +103,18 @@ def replay(path: Path, settings=None) -> list[dict]:
             rate, _ = alarm.update(step, loss, dq, lr_at(step, cfg))
             rates.append((step, rate))
         step = alarm.fired.step if alarm.fired else None
-        out.append({"run": r["run"], "seed": r["seed"], "alarm_step": step, "phase": None if step is None else phase(step, cfg),
-                    "rate": None if alarm.fired is None else round(alarm.fired.rate, 4),
-                    "max_stable_rate": max((x for st, x in rates if x is not None and phase(st, cfg) == "stable"), default=None)})
+        out.append(
+            {
+                "run": r["run"],
+                "seed": r["seed"],
+                "alarm_step": step,
+                "phase": None if step is None else phase(step, cfg),
+                "rate": None if alarm.fired is None else round(alarm.fired.rate, 4),
+                "max_stable_rate": max(
+                    (x for st, x in rates if x is not None and phase(st, cfg) == "stable"), default=None
+                ),
+            }
+        )
     return out
 
 
@@ -114,7 +144,9 @@ def main(argv=None) -> None:
         futs = [ex.submit(run_one, r, s, out, a.every, (4, 16, 64), {}) for r, s in jobs]
         results = [f.result() for f in futs]
     for r in results:
-        print(f"{r['run']}: alarm at step {r['alarm_step']} ({r['alarm_phase']}); wall {r['wall_s']} s, monitor {r['monitor_s']} s")
+        print(
+            f"{r['run']}: alarm at step {r['alarm_step']} ({r['alarm_phase']}); wall {r['wall_s']} s, monitor {r['monitor_s']} s"
+        )
     (out / f"alarm-seeds{a.seeds.replace(',', '')}.json").write_text(json.dumps(results, indent=1))
 
 

@@ -11,6 +11,7 @@ last monitored run to ``OUT/monitor.sqlite`` (``losslens report OUT/monitor.sqli
 
     flock /tmp/losslens-heavy.lock python -m benchmarks.monitor_trainer --out /tmp/monitor-trainer
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,16 @@ import time
 from pathlib import Path
 
 #: the §8 model of docs/science.md (1.06M parameters) at sequence length 128
-MODEL = dict(hidden_size=128, num_layers=4, num_heads=4, seq_len=128, batch_size=32, vocab_size=1024, peak_lr=3e-3,
-             weight_decay=0.1)
+MODEL = dict(
+    hidden_size=128,
+    num_layers=4,
+    num_heads=4,
+    seq_len=128,
+    batch_size=32,
+    vocab_size=1024,
+    peak_lr=3e-3,
+    weight_decay=0.1,
+)
 
 
 class _Windows:
@@ -57,17 +66,32 @@ def setup(out: Path):
 
 
 def one_run(cfg, tok, train_ds, val_ds, out: Path, steps: int, eval_every: int, callback=None):
-    import torch
     from transformers import Trainer, TrainingArguments
 
     from probes.train.tiny import build_model
 
-    args = TrainingArguments(output_dir=str(out), max_steps=steps, per_device_train_batch_size=cfg.batch_size,
-                             per_device_eval_batch_size=32, eval_strategy="steps", eval_steps=eval_every,
-                             logging_steps=eval_every, report_to=[], save_strategy="no", use_cpu=True, seed=0,
-                             learning_rate=cfg.peak_lr, lr_scheduler_type="cosine", warmup_steps=steps // 20,
-                             weight_decay=cfg.weight_decay, adam_beta2=0.95, max_grad_norm=1.0, disable_tqdm=True,
-                             dataloader_num_workers=0, include_num_input_tokens_seen="all")
+    args = TrainingArguments(
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=32,
+        eval_strategy="steps",
+        eval_steps=eval_every,
+        logging_steps=eval_every,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        learning_rate=cfg.peak_lr,
+        lr_scheduler_type="cosine",
+        warmup_steps=steps // 20,
+        weight_decay=cfg.weight_decay,
+        adam_beta2=0.95,
+        max_grad_norm=1.0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        include_num_input_tokens_seen="all",
+    )
     model = build_model(cfg, tok)
     trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=val_ds)
     if callback is not None:
@@ -76,8 +100,11 @@ def one_run(cfg, tok, train_ds, val_ds, out: Path, steps: int, eval_every: int, 
     trainer.train()
     wall = time.perf_counter() - t0
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    logs = [(h["step"], h.get("loss"), h.get("eval_loss")) for h in trainer.state.log_history
-            if "loss" in h or "eval_loss" in h]
+    logs = [
+        (h["step"], h.get("loss"), h.get("eval_loss"))
+        for h in trainer.state.log_history
+        if "loss" in h or "eval_loss" in h
+    ]
     return wall, weights, logs
 
 
@@ -104,8 +131,9 @@ def main(argv=None) -> None:
         store = out / "monitor.sqlite"
         for p in (store, Path(str(store) + "-wal"), Path(str(store) + "-shm")):
             p.unlink(missing_ok=True)
-        cb = RobustnessCallback(store, sets["eval"], sets["curvature"], run="trainer",
-                                tokens_per_step=cfg.batch_size * cfg.seq_len)
+        cb = RobustnessCallback(
+            store, sets["eval"], sets["curvature"], run="trainer", tokens_per_step=cfg.batch_size * cfg.seq_len
+        )
         mon_wall, mon_w, mon_logs = one_run(cfg, tok, train_ds, val_ds, out / "mon", a.steps, a.eval_every, cb)
         same = base_w.keys() == mon_w.keys() and all(torch.equal(base_w[k], mon_w[k]) for k in base_w)
         with Store(store) as st:
@@ -120,21 +148,34 @@ def main(argv=None) -> None:
                 floor.append(("lambda", r["checkpoint"], round(ex["rel_residual"], 4), not ex["below_floor"]))
         steps = sorted(int(s) for s in df["step"].dropna().unique())
         s = cb.monitor.summary()
-        row = {"rep": rep, "base_s": round(base_wall, 1), "monitor_s": round(mon_wall, 1),
-               "extra_pct": round(100 * (mon_wall / base_wall - 1), 1), "monitor_own_s": round(s["monitor_seconds"], 2),
-               "prepare_s": round(s["prepare_seconds"], 2), "skipped": s["skipped_for_time"],
-               "weights_identical": same, "losses_identical": base_logs == mon_logs, "rows_at_evals": steps == evals,
-               "steps": steps, "n_rows": int(len(raw)), "floor_met": all(f[3] for f in floor), "floor": floor,
-               "per_measurement_s": [round(m.seconds, 2) for m in cb.measurements]}
+        row = {
+            "rep": rep,
+            "base_s": round(base_wall, 1),
+            "monitor_s": round(mon_wall, 1),
+            "extra_pct": round(100 * (mon_wall / base_wall - 1), 1),
+            "monitor_own_s": round(s["monitor_seconds"], 2),
+            "prepare_s": round(s["prepare_seconds"], 2),
+            "skipped": s["skipped_for_time"],
+            "weights_identical": same,
+            "losses_identical": base_logs == mon_logs,
+            "rows_at_evals": steps == evals,
+            "steps": steps,
+            "n_rows": int(len(raw)),
+            "floor_met": all(f[3] for f in floor),
+            "floor": floor,
+            "per_measurement_s": [round(m.seconds, 2) for m in cb.measurements],
+        }
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "floor"}))
         print("  floor:", floor)
     (out / "monitor_trainer.json").write_text(json.dumps(rows, indent=1))
     shutil.rmtree(out / "base", ignore_errors=True)
     shutil.rmtree(out / "mon", ignore_errors=True)
-    print("extra wall time, median over reps: "
-          f"{sorted(r['extra_pct'] for r in rows)[len(rows) // 2]:.1f}%; "
-          f"monitor's own time / baseline: {100 * sum(r['monitor_own_s'] for r in rows) / sum(r['base_s'] for r in rows):.1f}%")
+    print(
+        "extra wall time, median over reps: "
+        f"{sorted(r['extra_pct'] for r in rows)[len(rows) // 2]:.1f}%; "
+        f"monitor's own time / baseline: {100 * sum(r['monitor_own_s'] for r in rows) / sum(r['base_s'] for r in rows):.1f}%"
+    )
     assert math.isfinite(rows[0]["extra_pct"])
 
 

@@ -9,6 +9,7 @@ the default operators (float32 compute: reverse, difference, difference with Ric
 explicit bfloat16 compute (reverse, difference), against the float64 reverse products of the same
 bfloat16 weights (HF's float32 islands in float64). One thread; errors only (no timings).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,17 @@ def bf16_model(family: str, seed: int) -> torch.nn.Module:
     import transformers
 
     cfg_name, cls_name, extra = OTHERS[family]
-    config = getattr(transformers, cfg_name)(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                             intermediate_size=64, max_position_embeddings=64, use_cache=False,
-                                             attn_implementation="sdpa", **extra)
+    config = getattr(transformers, cfg_name)(
+        vocab_size=96,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        use_cache=False,
+        attn_implementation="sdpa",
+        **extra,
+    )
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.manual_seed(seed)
@@ -66,10 +75,15 @@ def row(family: str, seed: int) -> dict:
         got = HessianOperator(model, lm_loss, batches, **kw).matmat_flat(V.float()).double()
         return float((got - ref).norm() / ref.norm())
 
-    return {"family": family, "seed": seed, "reverse_f32": err(), "difference_f32": err(backend="difference"),
-            "richardson_f32": err(backend="difference", richardson=True),
-            "reverse_bf16": err(compute_dtype="bfloat16"),
-            "difference_bf16": err(backend="difference", compute_dtype="bfloat16")}
+    return {
+        "family": family,
+        "seed": seed,
+        "reverse_f32": err(),
+        "difference_f32": err(backend="difference"),
+        "richardson_f32": err(backend="difference", richardson=True),
+        "reverse_bf16": err(compute_dtype="bfloat16"),
+        "difference_bf16": err(backend="difference", compute_dtype="bfloat16"),
+    }
 
 
 def main() -> None:

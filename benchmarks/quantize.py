@@ -20,6 +20,7 @@ Rows (``run(quick) -> list[dict]``):
 Timings depend on the machine and on the torch intra-op threads (reported; ``--threads``; quick
 mode uses 1).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,16 @@ from probes.core.threads import torch_threads
 def _neox(hidden, layers, inter, vocab, ctx, seed=0):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    cfg = GPTNeoXConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
-                        intermediate_size=inter, max_position_embeddings=ctx, use_cache=False, tie_word_embeddings=False)
+    cfg = GPTNeoXConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=inter,
+        max_position_embeddings=ctx,
+        use_cache=False,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     return GPTNeoXForCausalLM(cfg).eval()
 
@@ -79,7 +88,7 @@ class _PeakRSS:
 
     @property
     def increase_mb(self):
-        return None if self.base is None else (self.peak - self.base) / 2 ** 20
+        return None if self.base is None else (self.peak - self.base) / 2**20
 
 
 def _tiny_rows() -> list[dict]:
@@ -92,16 +101,34 @@ def _tiny_rows() -> list[dict]:
     t0 = time.perf_counter()
     qm = quantize(model, "gptq:4:g32", calibration=calib)
     native = time.perf_counter() - t0
-    rows = [{"case": "tiny", "impl": "native", "spec": "gptq:4:g32", "seconds": native, "layers": len(qm.report),
-             "calib_tokens": calib.numel(), "status": "ok"}]
+    rows = [
+        {
+            "case": "tiny",
+            "impl": "native",
+            "spec": "gptq:4:g32",
+            "seconds": native,
+            "layers": len(qm.report),
+            "calib_tokens": calib.numel(),
+            "status": "ok",
+        }
+    ]
     if available()["gptqmodel"]:
         try:
             t0 = time.perf_counter()
             quantize(model, "gptqmodel:4:g32", calibration=calib)
             peer = time.perf_counter() - t0
-            rows.append({"case": "tiny", "impl": "gptqmodel", "spec": "gptqmodel:4:g32", "seconds": peer,
-                         "layers": len(qm.report), "calib_tokens": calib.numel(), "status": "ok",
-                         "ratio": peer / native})
+            rows.append(
+                {
+                    "case": "tiny",
+                    "impl": "gptqmodel",
+                    "spec": "gptqmodel:4:g32",
+                    "seconds": peer,
+                    "layers": len(qm.report),
+                    "calib_tokens": calib.numel(),
+                    "status": "ok",
+                    "ratio": peer / native,
+                }
+            )
         except Exception as e:  # pragma: no cover - optional peer
             rows.append({"case": "tiny", "impl": "gptqmodel", "status": f"failed: {type(e).__name__}: {e}"[:200]})
     else:
@@ -116,8 +143,8 @@ def _neox10m_rows(quick: bool) -> list[dict]:
     n_params = sum(p.numel() for p in model.parameters())
     nb = 4 if quick else 16
     calib = torch.randint(0, 8192, (nb, 8, 128), generator=torch.Generator().manual_seed(2))
-    act_mb = nb * 8 * 128 * 256 * 4 / 2 ** 20
-    model_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2 ** 20
+    act_mb = nb * 8 * 128 * 256 * 4 / 2**20
+    model_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     rows = []
     for spec in ("gptq:4:g128", "rtn:4:g128"):
         target = _neox(256, 8, 1024, 8192, 128)  # fresh copy, quantized in place (no deep copy in the peak)
@@ -126,12 +153,23 @@ def _neox10m_rows(quick: bool) -> list[dict]:
             qm = quantize(target, spec, calibration=calib, inplace=True)
             wall = time.perf_counter() - t0
         algo = sum(r.seconds for r in qm.report)
-        rows.append({
-            "case": "neox-10M", "impl": "native", "spec": spec, "params": n_params, "layers": len(qm.report),
-            "calib_tokens": calib.numel(), "seconds": wall, "s_per_layer": wall / len(qm.report),
-            "algo_s_per_layer": algo / len(qm.report), "peak_rss_increase_mb": mem.increase_mb,
-            "model_mb": model_mb, "block_activations_mb": act_mb, "status": "ok",
-        })
+        rows.append(
+            {
+                "case": "neox-10M",
+                "impl": "native",
+                "spec": spec,
+                "params": n_params,
+                "layers": len(qm.report),
+                "calib_tokens": calib.numel(),
+                "seconds": wall,
+                "s_per_layer": wall / len(qm.report),
+                "algo_s_per_layer": algo / len(qm.report),
+                "peak_rss_increase_mb": mem.increase_mb,
+                "model_mb": model_mb,
+                "block_activations_mb": act_mb,
+                "status": "ok",
+            }
+        )
         del target, qm
     return rows
 
@@ -154,8 +192,19 @@ def run(quick: bool = False, threads: int | None = None) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    cols = ["case", "impl", "spec", "seconds", "s_per_layer", "algo_s_per_layer", "ratio", "peak_rss_increase_mb",
-            "model_mb", "block_activations_mb", "status"]
+    cols = [
+        "case",
+        "impl",
+        "spec",
+        "seconds",
+        "s_per_layer",
+        "algo_s_per_layer",
+        "ratio",
+        "peak_rss_increase_mb",
+        "model_mb",
+        "block_activations_mb",
+        "status",
+    ]
     lines = [" | ".join(cols)]
     for r in rows:
         lines.append(" | ".join(f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols))
@@ -166,7 +215,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small settings (< 60 s)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's; 1 with --quick)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's; 1 with --quick)"
+    )
     args = parser.parse_args(argv)
     rows = run(quick=args.quick, threads=args.threads)
     print(format_table(rows))

@@ -17,6 +17,7 @@ model was built, in MB, and whether it stayed within the budget + 64 MB (the iss
 - ``surface``: :func:`geometry.surfaces.surface.evaluate_surface` on a random plane around the
   model (the plane built before the reset: it is an input, like the model), a 5 × 5 grid.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,8 +75,13 @@ print(json.dumps({"peak_above_model": status("VmHWM") - base, "refused": error i
 def measure(shape: str, dtype: str, command: str, budget: str) -> dict:
     """One case in a fresh subprocess (one thread, glibc's defaults)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", CHILD, shape, dtype, command, budget], capture_output=True, text=True,
-                         env=env, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, shape, dtype, command, budget],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"{shape} {dtype} {command}: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -98,12 +104,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 for command in args.commands.split(","):
                     r = measure(shape, dtype, command, budget)
                     limit = parse_size(budget) + SLACK
-                    row = {"shape": shape, "dtype": dtype, "command": command, "budget": budget, **r,
-                           "within": r["peak_above_model"] <= limit}
+                    row = {
+                        "shape": shape,
+                        "dtype": dtype,
+                        "command": command,
+                        "budget": budget,
+                        **r,
+                        "within": r["peak_above_model"] <= limit,
+                    }
                     rows.append(row)
                     peak = r["peak_above_model"] / 1e6
-                    print(f"{shape:12s} {dtype:9s} {command:10s} {budget:>7s} peak {peak:8.1f} MB "
-                          f"refused={r['refused']} within={row['within']}  {r['error'][:110]}", flush=True)
+                    print(
+                        f"{shape:12s} {dtype:9s} {command:10s} {budget:>7s} peak {peak:8.1f} MB "
+                        f"refused={r['refused']} within={row['within']}  {r['error'][:110]}",
+                        flush=True,
+                    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

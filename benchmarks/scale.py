@@ -27,6 +27,7 @@ activation checkpointing (``backend="difference"``: the kept θ, one first-order
 gradient pass, 2 gradients per HVP; :func:`benchmarks.scale_projection.difference_need`). Threads are
 pinned for the whole run (``--threads``, default 2) and restored afterwards.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,6 @@ from benchmarks.shapes import BATCH, BATCHES, SEQ, SHAPES, build
 #: the --factors grid: one product of one vector per family shape and backend
 FACTOR_SHAPES = ("pythia-128x6", "pythia-512x2", "olmo-2-128x6", "olmo-2-512x2", "llama-128x6", "llama-512x2")
 PROBES = ("hutch++", "hutchinson", "lanczos", "power", "slq", "directional", "blocks", "surface")
-
 
 
 def _rss_file() -> int:
@@ -70,8 +70,15 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     """One probe in this (fresh) process; returns the measured row."""
     import gc
 
-    from geometry import (directional_curvature, evaluate_surface, hutchinson_trace, hutchpp_trace,
-                          random_plane, spectral_density, top_eigenvalues)
+    from geometry import (
+        directional_curvature,
+        evaluate_surface,
+        hutchinson_trace,
+        hutchpp_trace,
+        random_plane,
+        spectral_density,
+        top_eigenvalues,
+    )
     from geometry.surfaces.grid import GridSpec
     from geometry.surfaces.moving import estimate_memory as surface_memory
     from geometry.surfaces.moving import planned_forward_bytes
@@ -81,7 +88,7 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     from probes.core.lm import lm_loss
     from probes.models.curvature import lm_hessian
 
-    track = probe.endswith("+tracked") or os.environ.get("LOSSLENS_BENCH_TRACK") == "1"   # also track allocations
+    track = probe.endswith("+tracked") or os.environ.get("LOSSLENS_BENCH_TRACK") == "1"  # also track allocations
     probe = probe.removesuffix("+tracked")
     dt = getattr(torch, dtype)
     model = build(shape, dt)
@@ -89,24 +96,29 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, vocab, (BATCH, SEQ), generator=g) for _ in range(BATCHES)]
     backend = probe.split("-", 1)[1] if probe.startswith("pass-") else "reverse"
-    op = lm_hessian(model, batches[:1] if probe.startswith("pass-") else batches, backend=backend,  # as sharpness does
-                    max_memory=int(max_memory) if max_memory.isdigit() else max_memory)  # digits: bytes, uncapped
+    op = lm_hessian(
+        model,
+        batches[:1] if probe.startswith("pass-") else batches,
+        backend=backend,  # as sharpness does
+        max_memory=int(max_memory) if max_memory.isdigit() else max_memory,
+    )  # digits: bytes, uncapped
     row = {"shape": shape, "dtype": dtype, "probe": probe, "dim": op.dim, "max_memory": max_memory}
     if probe == "timing":
         return {**row, **_timing(op)}
     if probe.startswith("pass-"):
         return {**row, **_one_pass(op)}
-    graphs = [op.graph_bytes(i) for i in range(len(batches))]        # measured once, before the baseline
+    graphs = [op.graph_bytes(i) for i in range(len(batches))]  # measured once, before the baseline
     extra_setup = 0
     if probe == "surface":
         center = {n: p.detach() for n, p in model.named_parameters()}
         plane = random_plane(center, seed=0, max_memory=max_memory)
         extra_setup = 2 * sum(t.numel() * t.element_size() for t in center.values())  # e1, e2 (origin: a copy)
     gc.collect()
-    trim()                        # free heap kept from building the model would hide the run's growth
+    trim()  # free heap kept from building the model would hide the run's growth
     base, _ = _rss()
     file_base = _rss_file()
     _reset_peak()
+
     def work():
         plan = None
         if probe == "hutch++":
@@ -130,9 +142,17 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
             res = block_traces(op, "module", num_matvecs=4)
             out = {"value": res.total.value}
         elif probe == "surface":
-            plan = surface_memory(model, plane, max_memory=max_memory, forward=planned_forward_bytes(model, lm_loss, batches[:1]))
-            surf = evaluate_surface(model, lm_loss, batches[:1], plane, GridSpec(resolution=2, x_range=(-1.0, 1.0), y_range=(-1.0, 1.0)),
-                                    max_memory=max_memory)
+            plan = surface_memory(
+                model, plane, max_memory=max_memory, forward=planned_forward_bytes(model, lm_loss, batches[:1])
+            )
+            surf = evaluate_surface(
+                model,
+                lm_loss,
+                batches[:1],
+                plane,
+                GridSpec(resolution=2, x_range=(-1.0, 1.0), y_range=(-1.0, 1.0)),
+                max_memory=max_memory,
+            )
             res = None
             out = {"loss_center": float(surf.loss[0, 0])}
         else:
@@ -149,12 +169,22 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
         memory = res.memory if res is not None and hasattr(res, "memory") else plan.to_dict()
     predicted = memory["predicted_bytes"]
     measured = peak - base
-    return {**row, **out, "graph_bytes_per_batch": graphs[0], "predicted_GB": predicted / 1e9,
-            "measured_GB": measured / 1e9, "measured/predicted": measured / max(predicted, 1),
-            "base_GB": base / 1e9, "peak_GB": peak / 1e9, "plane_GB": extra_setup / 1e9, "seconds": seconds,
-            "num_matvecs": getattr(res, "num_matvecs", 0), "settings": memory.get("settings", {}),
-            "file_pages_GB": (_rss_file() - file_base) / 1e9,
-            **({"tracked_GB": tracked / 1e9, "tracked/predicted": tracked / max(predicted, 1)} if track else {})}
+    return {
+        **row,
+        **out,
+        "graph_bytes_per_batch": graphs[0],
+        "predicted_GB": predicted / 1e9,
+        "measured_GB": measured / 1e9,
+        "measured/predicted": measured / max(predicted, 1),
+        "base_GB": base / 1e9,
+        "peak_GB": peak / 1e9,
+        "plane_GB": extra_setup / 1e9,
+        "seconds": seconds,
+        "num_matvecs": getattr(res, "num_matvecs", 0),
+        "settings": memory.get("settings", {}),
+        "file_pages_GB": (_rss_file() - file_base) / 1e9,
+        **({"tracked_GB": tracked / 1e9, "tracked/predicted": tracked / max(predicted, 1)} if track else {}),
+    }
 
 
 def _one_pass(op) -> dict:
@@ -172,16 +202,22 @@ def _one_pass(op) -> dict:
     base, _ = _rss()
     _reset_peak()
     op.matmat_flat(V)
-    measured = _rss()[1] - base - out_bytes                      # the product's output is not the pass
+    measured = _rss()[1] - base - out_bytes  # the product's output is not the pass
     saved = G - grad
     conv = grad if op.dtype != op.param_dtype else 0
     from geometry.operators.forward import ForwardBackend
 
     forward = isinstance(op.product_backend, ForwardBackend)
     rest = measured - (3 * grad if forward else G + grad + conv) - op.loss_transient_bytes
-    return {"saved_GB": saved / 1e9, "gradient_GB": grad / 1e9, "head_transient_GB": op.loss_transient_bytes / 1e9,
-            "predicted_GB": plan / 1e9, "measured_GB": measured / 1e9, "measured/predicted": measured / plan,
-            "implied_factor": rest / saved}
+    return {
+        "saved_GB": saved / 1e9,
+        "gradient_GB": grad / 1e9,
+        "head_transient_GB": op.loss_transient_bytes / 1e9,
+        "predicted_GB": plan / 1e9,
+        "measured_GB": measured / 1e9,
+        "measured/predicted": measured / plan,
+        "implied_factor": rest / saved,
+    }
 
 
 def _timing(op) -> dict:
@@ -203,16 +239,26 @@ def _timing(op) -> dict:
         t_4 = timed(lambda: op.matmat_flat(V), n=2)
     t_hvp = t_4 / 4
     t_build = t_build_and_4 - t_4
-    return {"s_per_gradient": t_grad, "s_per_graph_build": t_build, "s_per_hvp": t_hvp,
-            "hvp/gradient": t_hvp / t_grad, "build/gradient": t_build / t_grad}
+    return {
+        "s_per_gradient": t_grad,
+        "s_per_graph_build": t_build,
+        "s_per_hvp": t_hvp,
+        "hvp/gradient": t_hvp / t_grad,
+        "build/gradient": t_build / t_grad,
+    }
 
 
 def _run_child(shape: str, probe: str, dtype: str, max_memory: str, threads: int) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "LOSSLENS_BENCH_THREADS": str(threads)}
     cmd = [sys.executable, "-m", "benchmarks.scale", "--child", shape, probe, dtype, max_memory]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run(cmd, cwd=root, env={**env, "PYTHONPATH": root + os.pathsep + env.get("PYTHONPATH", "")},
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        cmd,
+        cwd=root,
+        env={**env, "PYTHONPATH": root + os.pathsep + env.get("PYTHONPATH", "")},
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
         return {"shape": shape, "dtype": dtype, "probe": probe, "status": "failed", "error": tail[0][:300]}
@@ -222,13 +268,23 @@ def _run_child(shape: str, probe: str, dtype: str, max_memory: str, threads: int
 def factors(dtypes: tuple[str, ...] = ("float32",), threads: int = 2) -> list[dict]:
     """The pass factors per family (``--factors``): one product on 4 × 64 tokens per shape of
     :data:`FACTOR_SHAPES` and backend, each in a fresh subprocess."""
-    return [_run_child(s, f"pass-{b}", d, str(64 * 10**9), threads) for s in FACTOR_SHAPES for d in dtypes
-            for b in ("reverse", "forward")]
+    return [
+        _run_child(s, f"pass-{b}", d, str(64 * 10**9), threads)
+        for s in FACTOR_SHAPES
+        for d in dtypes
+        for b in ("reverse", "forward")
+    ]
 
 
-def run(quick: bool = False, shapes: tuple[str, ...] | None = None, dtypes: tuple[str, ...] = ("float32",),
-        probes: tuple[str, ...] | None = None, max_memory: str = "8GB", threads: int = 2,
-        with_projection: bool = False) -> list[dict]:
+def run(
+    quick: bool = False,
+    shapes: tuple[str, ...] | None = None,
+    dtypes: tuple[str, ...] = ("float32",),
+    probes: tuple[str, ...] | None = None,
+    max_memory: str = "8GB",
+    threads: int = 2,
+    with_projection: bool = False,
+) -> list[dict]:
     """Rows of the scale table (``--quick``: the 14m shape, three probes, no projection)."""
     shapes = shapes or (("pythia-14m",) if quick else ("pythia-14m", "pythia-70m", "pythia-160m"))
     probes = probes or (("timing", "hutch++", "lanczos") if quick else ("timing",) + PROBES)
@@ -247,29 +303,41 @@ def main(argv: list[str] | None = None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         torch.set_num_threads(int(os.environ.get("LOSSLENS_BENCH_THREADS", "1")))
-        alloc = os.environ.get("LOSSLENS_BENCH_ALLOCATOR", "glibc")    # "glibc" (as losslens runs), "cli", "cli:BYTES"
-        if alloc.startswith("cli"):                                     # return_freed_memory's settings
+        alloc = os.environ.get("LOSSLENS_BENCH_ALLOCATOR", "glibc")  # "glibc" (as losslens runs), "cli", "cli:BYTES"
+        if alloc.startswith("cli"):  # return_freed_memory's settings
             from geometry.memory.allocator import MMAP_THRESHOLD, return_freed_memory
 
             return_freed_memory(int(alloc[4:]) if alloc.startswith("cli:") else MMAP_THRESHOLD)
         print(json.dumps(child(*argv[1:5]), default=str))
         return []
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=None, help="comma list (default: pythia-14m,pythia-70m,pythia-160m; --quick: pythia-14m)")
+    parser.add_argument(
+        "--shapes", default=None, help="comma list (default: pythia-14m,pythia-70m,pythia-160m; --quick: pythia-14m)"
+    )
     parser.add_argument("--dtype", default="float32", help="comma list: float32, bfloat16")
     parser.add_argument("--probes", default=None, help=f"comma list of timing, {', '.join(PROBES)}")
     parser.add_argument("--max-memory", default="8GB")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--project", action="store_true", help="also the 1B/7B projection (slow: builds 1-2 layer slices)")
+    parser.add_argument(
+        "--project", action="store_true", help="also the 1B/7B projection (slow: builds 1-2 layer slices)"
+    )
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--factors", action="store_true", help="only the pass factors per family (GPT-NeoX, Llama, OLMo-2)")
+    parser.add_argument(
+        "--factors", action="store_true", help="only the pass factors per family (GPT-NeoX, Llama, OLMo-2)"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.factors:
         return emit(factors(tuple(args.dtype.split(",")), args.threads), args.json)
-    rows = run(quick=args.quick, shapes=tuple(args.shapes.split(",")) if args.shapes else None, dtypes=tuple(args.dtype.split(",")),
-               probes=tuple(args.probes.split(",")) if args.probes else None, max_memory=args.max_memory,
-               threads=args.threads, with_projection=args.project)
+    rows = run(
+        quick=args.quick,
+        shapes=tuple(args.shapes.split(",")) if args.shapes else None,
+        dtypes=tuple(args.dtype.split(",")),
+        probes=tuple(args.probes.split(",")) if args.probes else None,
+        max_memory=args.max_memory,
+        threads=args.threads,
+        with_projection=args.project,
+    )
     return emit(rows, args.json)
 
 

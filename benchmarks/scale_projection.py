@@ -9,6 +9,7 @@ for the default **float32 compute** of a bfloat16 checkpoint and for explicit bf
 float32 copy (4 B / param; on the sharded path the shards themselves are float32), float32
 gradients, master copy and reduce-scatter buffers, and activations twice the bfloat16 ones (the
 graph is measured in bfloat16 and scaled by 2: an estimate, not a measurement)."""
+
 from __future__ import annotations
 
 import torch
@@ -44,8 +45,11 @@ def saved_bytes_per_sequence(shape: str, seq: int, layers: int, dtype: torch.dty
 
 
 #: (label, selection, batch, seq) of the projected configurations
-CONFIGS = (("all parameters, 8×512 tokens", "all", 8, 512), ("all parameters, 1×512 tokens", "all", 1, 512),
-           ("last 2 blocks, 8×512 tokens", "last2", 8, 512))
+CONFIGS = (
+    ("all parameters, 8×512 tokens", "all", 8, 512),
+    ("all parameters, 1×512 tokens", "all", 1, 512),
+    ("last 2 blocks, 8×512 tokens", "last2", 8, 512),
+)
 #: estimator -> full-dim float32 vectors it holds (k = 1; see geometry.estimators.trace / geometry.estimators.eigen)
 VECTORS = {"hutchinson (block 1)": 2, "power": 2, "lanczos (basis 8)": 9, "hutch++ (sketch 8)": 10}
 
@@ -60,9 +64,15 @@ def graph_measurements(shape: str) -> dict:
     return out
 
 
-def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_bytes: float = 80e9, mfu: float = 0.4,
-            peak_flops: float = 989e12, hvp_ratio: float = 2.3, measured: dict | None = None,
-            computes: tuple[str, ...] = ("float32", "bfloat16")) -> list[dict]:
+def project(
+    shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"),
+    gpu_bytes: float = 80e9,
+    mfu: float = 0.4,
+    peak_flops: float = 989e12,
+    hvp_ratio: float = 2.3,
+    measured: dict | None = None,
+    computes: tuple[str, ...] = ("float32", "bfloat16"),
+) -> list[dict]:
     """On-paper requirements of each shape (a bfloat16 checkpoint) on one GPU of ``gpu_bytes`` for
     the :data:`CONFIGS` and each compute dtype of ``computes``: memory from the memory model
     (geometry.memory.graphs) with the graph measured on 1- and 2-layer slices in bfloat16
@@ -91,26 +101,57 @@ def project(shapes=("olmo-2-1b", "olmo-2-7b", "pythia-1b", "pythia-6.9b"), gpu_b
             n_layers, dim = (L, dim_all) if sel == "all" else (2, 2 * dim_layer)
             saved = b * (n_layers * layer_s + o1 * w / 2 * s / 128)
             grads, vec, model_b = w * dim, 4 * dim, 2 * dim_all + (4 * dim_all if w == 4 else 0)
-            pass_b = pass_bytes([int(saved + grads)], grads, False, 1, 1, False,
-                                transient_bytes(b * s, vocab, torch.float32 if w == 4 else torch.bfloat16))
+            pass_b = pass_bytes(
+                [int(saved + grads)],
+                grads,
+                False,
+                1,
+                1,
+                False,
+                transient_bytes(b * s, vocab, torch.float32 if w == 4 else torch.bfloat16),
+            )
             need = {name: model_b + n * vec + pass_b + temporaries_bytes(dim, 5) for name, n in VECTORS.items()}
             room = gpu_bytes - model_b - pass_b - 2 * vec
             t_grad = 6 * dim_all * b * s / (mfu * peak_flops)
             if sel == "all":
-                rows.append(difference_need(shape, label, b, s, dim_all, layer_s, o1 * w / 2, gpu_bytes, t_grad, compute))
-            rows.append({"kind": "projection", "shape": shape, "config": label, "compute": compute, "gpus": 1,
-                         "params": dim_all, "selected": dim,
-                         "model_GB": model_b / 1e9, "graph_GB": (saved + grads) / 1e9, "pass_GB": pass_b / 1e9,
-                         "vector_GB": vec / 1e9, **{f"{k}_GB": v / 1e9 for k, v in need.items()},
-                         **{f"{k}_fits": bool(v <= gpu_bytes) for k, v in need.items()},
-                         "max_hutchpp_sketch": int(max(0, room // vec)),
-                         "s_per_gradient": t_grad if sel == "all" else None,
-                         "s_per_hvp": hvp_ratio * t_grad if sel == "all" else None})
+                rows.append(
+                    difference_need(shape, label, b, s, dim_all, layer_s, o1 * w / 2, gpu_bytes, t_grad, compute)
+                )
+            rows.append(
+                {
+                    "kind": "projection",
+                    "shape": shape,
+                    "config": label,
+                    "compute": compute,
+                    "gpus": 1,
+                    "params": dim_all,
+                    "selected": dim,
+                    "model_GB": model_b / 1e9,
+                    "graph_GB": (saved + grads) / 1e9,
+                    "pass_GB": pass_b / 1e9,
+                    "vector_GB": vec / 1e9,
+                    **{f"{k}_GB": v / 1e9 for k, v in need.items()},
+                    **{f"{k}_fits": bool(v <= gpu_bytes) for k, v in need.items()},
+                    "max_hutchpp_sketch": int(max(0, room // vec)),
+                    "s_per_gradient": t_grad if sel == "all" else None,
+                    "s_per_hvp": hvp_ratio * t_grad if sel == "all" else None,
+                }
+            )
     return rows
 
 
-def difference_need(shape: str, label: str, b: int, s: int, dim: int, layer_s: float, outside_128: float,
-                    gpu_bytes: float, t_grad: float, compute: str = "float32") -> dict:
+def difference_need(
+    shape: str,
+    label: str,
+    b: int,
+    s: int,
+    dim: int,
+    layer_s: float,
+    outside_128: float,
+    gpu_bytes: float,
+    t_grad: float,
+    compute: str = "float32",
+) -> dict:
     """The gradient-difference backend's projection for the whole model (a bfloat16 checkpoint)
     with activation checkpointing (:func:`geometry.operators.difference.pass_bytes`), numbers in the
     ``compute`` dtype (w bytes): the model resident in bf16 (2·dim) plus, for float32 compute, its
@@ -128,11 +169,24 @@ def difference_need(shape: str, label: str, b: int, s: int, dim: int, layer_s: f
     pass_b = w * dim + w * dim + b * L * s * h * w + b * layer_s + b * outside_128 * s / 128 + 4 * vocab * h
     need = {name: model_b + n * vec + pass_b + temporaries_bytes(dim, 5) for name, n in VECTORS.items()}
     room = gpu_bytes - model_b - pass_b - 2 * vec
-    return {"kind": "projection", "shape": shape, "config": label + ", difference + checkpointing", "compute": compute,
-            "gpus": 1, "params": dim,
-            "selected": dim, "model_GB": model_b / 1e9, "graph_GB": None, "pass_GB": pass_b / 1e9, "vector_GB": vec / 1e9,
-            **{f"{k}_GB": v / 1e9 for k, v in need.items()}, **{f"{k}_fits": bool(v <= gpu_bytes) for k, v in need.items()},
-            "max_hutchpp_sketch": int(max(0, room // vec)), "s_per_gradient": 4 / 3 * t_grad, "s_per_hvp": 8 / 3 * t_grad}
+    return {
+        "kind": "projection",
+        "shape": shape,
+        "config": label + ", difference + checkpointing",
+        "compute": compute,
+        "gpus": 1,
+        "params": dim,
+        "selected": dim,
+        "model_GB": model_b / 1e9,
+        "graph_GB": None,
+        "pass_GB": pass_b / 1e9,
+        "vector_GB": vec / 1e9,
+        **{f"{k}_GB": v / 1e9 for k, v in need.items()},
+        **{f"{k}_fits": bool(v <= gpu_bytes) for k, v in need.items()},
+        "max_hutchpp_sketch": int(max(0, room // vec)),
+        "s_per_gradient": 4 / 3 * t_grad,
+        "s_per_hvp": 8 / 3 * t_grad,
+    }
 
 
 def _param_count_outside(shape: str) -> int:
@@ -143,7 +197,7 @@ def _param_count_outside(shape: str) -> int:
 
 def _param_count(shape: str) -> int:
     h, L, heads, ff, vocab = SHAPES[shape]
-    if shape.startswith("olmo"):                             # q,k,v,o + SwiGLU (3 matrices) + 2 norms + qk-norm
+    if shape.startswith("olmo"):  # q,k,v,o + SwiGLU (3 matrices) + 2 norms + qk-norm
         per_layer = 4 * h * h + 3 * h * ff + 4 * h
         return int(2 * vocab * h + L * per_layer + h)
     per_layer = 4 * h * h + 4 * h + 2 * h * ff + ff + h + 4 * h  # qkv+dense (with biases), MLP, 2 LayerNorms
@@ -154,8 +208,13 @@ def _param_count(shape: str) -> int:
 SHAPE_32B = (5120, 64, 40, 27648, 100352)
 
 
-def sharded_project(gpus: int = 8, gpu_bytes: float = 80e9, seq: int = 2048, vectors: dict | None = None,
-                    computes: tuple[str, ...] = ("float32", "bfloat16")) -> list[dict]:
+def sharded_project(
+    gpus: int = 8,
+    gpu_bytes: float = 80e9,
+    seq: int = 2048,
+    vectors: dict | None = None,
+    computes: tuple[str, ...] = ("float32", "bfloat16"),
+) -> list[dict]:
     """Per-rank bytes of sharded curvature over ``gpus`` GPUs (a bfloat16 checkpoint, float32 vectors),
     per compute dtype (w bytes: float32 compute shards a float32 cast of the model):
 
@@ -177,10 +236,18 @@ def sharded_project(gpus: int = 8, gpu_bytes: float = 80e9, seq: int = 2048, vec
         shard = dim / gpus
         fixed = shard * (w + w + w) + vocab * h * 4 / gpus + 2 * w * per_layer + w * per_layer
         acts = L * seq * h * w + seq * (14 * h + 2 * ff) * w + 2 * seq * vocab * 4
-        row = {"kind": "sharded projection", "shape": name, "compute": compute, "params": dim, "gpus": gpus,
-               "tokens": f"1x{seq}",
-               "checkpointing": True, "fixed_GB": fixed / 1e9, "activations_GB": acts / 1e9,
-               "vector_shard_GB": 4 * shard / 1e9}
+        row = {
+            "kind": "sharded projection",
+            "shape": name,
+            "compute": compute,
+            "params": dim,
+            "gpus": gpus,
+            "tokens": f"1x{seq}",
+            "checkpointing": True,
+            "fixed_GB": fixed / 1e9,
+            "activations_GB": acts / 1e9,
+            "vector_shard_GB": 4 * shard / 1e9,
+        }
         for est, n in vectors.items():
             need = fixed + acts + n * 4 * shard
             row[f"{est}_GB"] = need / 1e9

@@ -21,6 +21,7 @@ Hutchinson (``--probes`` probes) and Lanczos (``--steps`` steps) on a
 80 GB, bfloat16 weights and master copy, float32 vectors, one sequence of 2048 tokens with
 activation checkpointing (see :func:`project`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,16 +58,26 @@ def _rank(rank: int, world: int, port: int, out: str, shape: str, probes: int, s
         op = sharded_lm_hessian(model, split_batches(batches, rank, world), max_memory=64 * 10**9)
         op.pass_bytes(1)  # measured once, outside the tracked calls
         rows = {}
-        for name, call in (("hutchinson", lambda: hutchinson_trace(op, num_matvecs=probes, seed=0, block_size=1)),
-                           ("lanczos", lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=steps, seed=0))):
+        for name, call in (
+            ("hutchinson", lambda: hutchinson_trace(op, num_matvecs=probes, seed=0, block_size=1)),
+            ("lanczos", lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=steps, seed=0)),
+        ):
             t0 = time.perf_counter()
             res, peak = peak_new_bytes(call)
             value = res.value if name == "hutchinson" else res.values[0]
             mem = res.memory
             state = sum(v for k, v in mem["parts"].items() if "dim" in k)
             peaks = op.parallel.gather_objects(int(peak))
-            rows[name] = {"value": value, "peak_tracked": max(peaks), "plan": mem["predicted_bytes"], "state": state, "parts": mem["parts"],
-                          "seconds": time.perf_counter() - t0, "elements": op.local_dim, "dim": op.global_dim}
+            rows[name] = {
+                "value": value,
+                "peak_tracked": max(peaks),
+                "plan": mem["predicted_bytes"],
+                "state": state,
+                "parts": mem["parts"],
+                "seconds": time.perf_counter() - t0,
+                "elements": op.local_dim,
+                "dim": op.global_dim,
+            }
         if rank == 0:
             torch.save(rows, Path(out) / f"world{world}.pt")
     finally:
@@ -86,23 +97,43 @@ def measure(shape: str = "pythia-410m", ranks: int = 2, probes: int = 4, steps: 
     out_rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for world in (1, ranks):
-            mp.start_processes(_rank, args=(world, _free_port(), tmp, shape, probes, steps), nprocs=world, join=True,
-                               start_method="spawn")
+            mp.start_processes(
+                _rank,
+                args=(world, _free_port(), tmp, shape, probes, steps),
+                nprocs=world,
+                join=True,
+                start_method="spawn",
+            )
         one, many = (torch.load(Path(tmp) / f"world{w}.pt") for w in (1, ranks))
     for name in ("hutchinson", "lanczos"):
         for world, res in ((1, one[name]), (ranks, many[name])):
-            out_rows.append({"shape": shape, "estimator": name, "ranks": world, "value": res["value"],
-                             "rel_diff_vs_1": abs(res["value"] - one[name]["value"]) / abs(one[name]["value"]),
-                             "elements_per_rank": res["elements"], "state_GB": res["state"] / 1e9,
-                             "peak_tracked_GB": res["peak_tracked"] / 1e9, "plan_GB": res["plan"] / 1e9,
-                             "measured_over_plan": res["peak_tracked"] / res["plan"], "seconds": res["seconds"],
-                             "threads_per_process": 1})
+            out_rows.append(
+                {
+                    "shape": shape,
+                    "estimator": name,
+                    "ranks": world,
+                    "value": res["value"],
+                    "rel_diff_vs_1": abs(res["value"] - one[name]["value"]) / abs(one[name]["value"]),
+                    "elements_per_rank": res["elements"],
+                    "state_GB": res["state"] / 1e9,
+                    "peak_tracked_GB": res["peak_tracked"] / 1e9,
+                    "plan_GB": res["plan"] / 1e9,
+                    "measured_over_plan": res["peak_tracked"] / res["plan"],
+                    "seconds": res["seconds"],
+                    "threads_per_process": 1,
+                }
+            )
     return out_rows
 
 
-
-def run(quick: bool = False, shape: str | None = None, ranks: int = 2, probes: int | None = None,
-        steps: int | None = None, with_projection: bool = True) -> list[dict]:
+def run(
+    quick: bool = False,
+    shape: str | None = None,
+    ranks: int = 2,
+    probes: int | None = None,
+    steps: int | None = None,
+    with_projection: bool = True,
+) -> list[dict]:
     shape = shape or ("pythia-14m" if quick else "pythia-410m")
     rows = measure(shape, ranks, probes or (2 if quick else 4), steps or (3 if quick else 6))
     return rows + (project() if with_projection else [])

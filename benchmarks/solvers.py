@@ -15,6 +15,7 @@
 
 Threads are pinned for the run (``--threads``, default 1) and restored afterwards.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,8 +67,16 @@ def solver_rows(n_batches: int, steps: int, quick: bool) -> list[dict]:
             n0 = op.num_matvecs
             t = _timed(run, n=2)
             hvps = (op.num_matvecs - n0) / 2
-            rows.append({"kind": "solver", "solver": name, "batches": n_batches, "graphs_kept": cache,
-                         "s_per_hvp": t / hvps, "gradients_per_hvp": t / hvps / t_grad})
+            rows.append(
+                {
+                    "kind": "solver",
+                    "solver": name,
+                    "batches": n_batches,
+                    "graphs_kept": cache,
+                    "s_per_hvp": t / hvps,
+                    "gradients_per_hvp": t / hvps / t_grad,
+                }
+            )
         op.release_graphs()
     return rows
 
@@ -80,9 +89,18 @@ def lean_head_rows(shapes=("vocab50k-small", "pythia-160m"), quick: bool = False
     for shape in shapes[:1] if quick else shapes:
         if shape == "vocab50k-small":
             torch.manual_seed(0)
-            model = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=50304, hidden_size=128, num_hidden_layers=2,
-                                                     num_attention_heads=4, intermediate_size=512, rotary_pct=0.25,
-                                                     tie_word_embeddings=False, use_cache=False)).eval()
+            model = GPTNeoXForCausalLM(
+                GPTNeoXConfig(
+                    vocab_size=50304,
+                    hidden_size=128,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    intermediate_size=512,
+                    rotary_pct=0.25,
+                    tie_word_embeddings=False,
+                    use_cache=False,
+                )
+            ).eval()
         else:
             model = build(shape, torch.float32)
         g = torch.Generator().manual_seed(0)
@@ -97,12 +115,23 @@ def lean_head_rows(shapes=("vocab50k-small", "pythia-160m"), quick: bool = False
             out[name] = (graph, t, op.matmat_flat(V[:1]), peak)
             op.release_graphs()
         diff = float((out["lean"][2] - out["autograd"][2]).norm() / out["autograd"][2].norm())
-        rows.append({"kind": "lean_head", "model": shape, "vocab": 50304, "tokens": 256,
-                     "saved_graph_MB_autograd": out["autograd"][0] / 1e6, "saved_graph_MB_lean": out["lean"][0] / 1e6,
-                     "s_per_hvp_autograd": out["autograd"][1], "s_per_hvp_lean": out["lean"][1],
-                     "hvp_peak_MB_autograd": out["autograd"][3] / 1e6, "hvp_peak_MB_lean": out["lean"][3] / 1e6,
-                     "memory_ratio": out["autograd"][0] / out["lean"][0], "speed_ratio": out["autograd"][1] / out["lean"][1],
-                     "rel_diff": diff})
+        rows.append(
+            {
+                "kind": "lean_head",
+                "model": shape,
+                "vocab": 50304,
+                "tokens": 256,
+                "saved_graph_MB_autograd": out["autograd"][0] / 1e6,
+                "saved_graph_MB_lean": out["lean"][0] / 1e6,
+                "s_per_hvp_autograd": out["autograd"][1],
+                "s_per_hvp_lean": out["lean"][1],
+                "hvp_peak_MB_autograd": out["autograd"][3] / 1e6,
+                "hvp_peak_MB_lean": out["lean"][3] / 1e6,
+                "memory_ratio": out["autograd"][0] / out["lean"][0],
+                "speed_ratio": out["autograd"][1] / out["lean"][1],
+                "rel_diff": diff,
+            }
+        )
     return rows
 
 
@@ -115,8 +144,12 @@ def compile_rows(quick: bool = False) -> list[dict]:
     rev = HessianOperator(model, lm_loss, batches)
     fwd = HessianOperator(model, lm_loss, batches, backend="forward")
     t_grad = _timed(rev.gradient)
-    row = {"kind": "compile", "k": 8, "reverse_gradients_per_hvp": _timed(lambda: rev.matmat_flat(V), 2) / 8 / t_grad,
-           "forward_gradients_per_hvp": _timed(lambda: fwd.matmat_flat(V), 2) / 8 / t_grad}
+    row = {
+        "kind": "compile",
+        "k": 8,
+        "reverse_gradients_per_hvp": _timed(lambda: rev.matmat_flat(V), 2) / 8 / t_grad,
+        "forward_gradients_per_hvp": _timed(lambda: fwd.matmat_flat(V), 2) / 8 / t_grad,
+    }
     try:
         import geometry.operators.forward as fw
 
@@ -124,7 +157,7 @@ def compile_rows(quick: bool = False) -> list[dict]:
         compiled = torch.compile(eager, dynamic=False)
         fw.forward_over_reverse = compiled
         t0 = time.perf_counter()
-        fwd.matmat_flat(V)                                          # compile
+        fwd.matmat_flat(V)  # compile
         row["compile_seconds"] = time.perf_counter() - t0
         row["compiled_gradients_per_hvp"] = _timed(lambda: fwd.matmat_flat(V), 2) / 8 / t_grad
         row["compiled_status"] = "ok"

@@ -23,6 +23,7 @@ intervals and p-values are compared with the vectorised ones (they must agree to
 Cost: the default grid (φ 0.5/0.8/0.9/0.95 × runs 2/4/8 × m 10/30/100/150 × 3 variants × ρ 0/0.5,
 2,000 replicates) runs in a few minutes on one core; memory ≈ reps · R · m · 8 bytes × a few.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,13 +74,20 @@ def cell(rng, reps: int, runs: int, m: int, phi: float, rho: float, variant: str
     cover = (res["ci_low"] <= rho) & (rho <= res["ci_high"])
     reject = res["p"] < 0.05
     width = res["ci_high"] - res["ci_low"]
-    return {"phi": phi, "runs": runs, "m": m, "variant": variant, "rho": rho, "reps": reps,
-            "method": "/".join(sorted({inf.STATUS[s] for s in np.unique(res["status"])})),
-            "descriptive": 1 - n_ok / reps,
-            "coverage": float(cover[ok].mean()) if n_ok else math.nan,
-            "reject": float(reject[ok].mean()) if n_ok else math.nan,
-            "width": float(np.median(width[ok])) if n_ok else math.nan,
-            "n_eff": float(np.nanmedian(res["n_eff"]))}
+    return {
+        "phi": phi,
+        "runs": runs,
+        "m": m,
+        "variant": variant,
+        "rho": rho,
+        "reps": reps,
+        "method": "/".join(sorted({inf.STATUS[s] for s in np.unique(res["status"])})),
+        "descriptive": 1 - n_ok / reps,
+        "coverage": float(cover[ok].mean()) if n_ok else math.nan,
+        "reject": float(reject[ok].mean()) if n_ok else math.nan,
+        "width": float(np.median(width[ok])) if n_ok else math.nan,
+        "n_eff": float(np.nanmedian(res["n_eff"])),
+    }
 
 
 def check_through_summary(reps: int, seed: int = 1) -> dict:
@@ -99,19 +107,36 @@ def check_through_summary(reps: int, seed: int = 1) -> dict:
         rows = []
         for j in range(runs):
             for t in range(m):
-                base = {"run": f"r{j}", "checkpoint": f"step-{t:04d}", "step": t, "tokens": t, "lr": lr[t],
-                        "status": "ok",
-                        "derived": False, "spec": None, "settings": "s", "data": "d", "converged": True}
-                rows += [{**base, "probe": "trace", "metric": "trace", "value": x[i, j, t]},
-                         {**base, "probe": "quant", "metric": "rel_loss_error", "spec": "rtn:4", "value": y[i, j, t]}]
+                base = {
+                    "run": f"r{j}",
+                    "checkpoint": f"step-{t:04d}",
+                    "step": t,
+                    "tokens": t,
+                    "lr": lr[t],
+                    "status": "ok",
+                    "derived": False,
+                    "spec": None,
+                    "settings": "s",
+                    "data": "d",
+                    "converged": True,
+                }
+                rows += [
+                    {**base, "probe": "trace", "metric": "trace", "value": x[i, j, t]},
+                    {**base, "probe": "quant", "metric": "rel_loss_error", "spec": "rtn:4", "value": y[i, j, t]},
+                ]
         tab = summary(pd.DataFrame(rows), x="trace", y="rtn:4", controls=["lr"], methods=("pearson",))
         row = tab[tab["controls"] == "lr"].iloc[0]
         for key in ("ci_low", "ci_high", "p"):
             diff = max(diff, abs(float(row[key]) - float(vec[key][i])))
         cover += row["ci_low"] <= 0 <= row["ci_high"]
         reject += row["p"] < 0.05
-    return {"reps": reps, "max_abs_diff": diff, "coverage": cover / reps, "reject": reject / reps,
-            "method": str(row["inference"])}
+    return {
+        "reps": reps,
+        "max_abs_diff": diff,
+        "coverage": cover / reps,
+        "reject": reject / reps,
+        "method": str(row["inference"]),
+    }
 
 
 def main(argv=None) -> list[dict]:
@@ -119,8 +144,12 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--reps", type=int, default=2000)
     ap.add_argument("--quick", action="store_true", help="only the issue's cells: 4 runs × 30 and 8 runs × 100")
     ap.add_argument("--check-reps", type=int, default=200, help="replicates of the check cell through summary()")
-    ap.add_argument("--confirm", type=int, default=0,
-                    help="replicates for a second pass over the issue's cells (4 runs × 30, φ 0.8/0.9/0.95, ρ = 0)")
+    ap.add_argument(
+        "--confirm",
+        type=int,
+        default=0,
+        help="replicates for a second pass over the issue's cells (4 runs × 30, φ 0.8/0.9/0.95, ρ = 0)",
+    )
     ap.add_argument("--seed", type=int, default=37)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -136,10 +165,12 @@ def main(argv=None) -> list[dict]:
                 for rho in (0.0, 0.5):
                     c = cell(rng, args.reps, runs, m, phi, rho, variant)
                     rows.append(c)
-                    print(f"| {phi} | {runs} × {m} | {variant} | {rho} | {c['method']} | "
-                          f"{100 * c['descriptive']:.0f}% | {100 * c['coverage']:.1f}% | {100 * c['reject']:.1f}% | "
-                          f"{c['width']:.2f} | {c['n_eff']:.1f} |",
-                          flush=True)
+                    print(
+                        f"| {phi} | {runs} × {m} | {variant} | {rho} | {c['method']} | "
+                        f"{100 * c['descriptive']:.0f}% | {100 * c['coverage']:.1f}% | {100 * c['reject']:.1f}% | "
+                        f"{c['width']:.2f} | {c['n_eff']:.1f} |",
+                        flush=True,
+                    )
     seconds, n_grid = time.perf_counter() - t0, len(rows)
     if args.confirm:
         crng = np.random.default_rng(args.seed + 1)
@@ -147,16 +178,21 @@ def main(argv=None) -> list[dict]:
             for variant in VARIANTS:
                 c = cell(crng, args.confirm, 4, 30, phi, 0.0, variant)
                 rows.append({**c, "confirm": True})
-                print(f"confirm {args.confirm} replicates: φ {phi} 4 × 30 {variant}: "
-                      f"coverage {100 * c['coverage']:.2f}%, "
-                      f"size {100 * c['reject']:.2f}%", flush=True)
+                print(
+                    f"confirm {args.confirm} replicates: φ {phi} 4 × 30 {variant}: "
+                    f"coverage {100 * c['coverage']:.2f}%, "
+                    f"size {100 * c['reject']:.2f}%",
+                    flush=True,
+                )
     check = check_through_summary(args.check_reps) if args.check_reps else None
     if check:
         print(f"check cell through summary(): {check}")
         assert check["max_abs_diff"] < 1e-9, check
-    print(f"{n_grid} cells × {args.reps} replicates in {seconds:.0f} s on "
-          f"{platform.processor() or platform.machine()}, "
-          f"Python {platform.python_version()}, numpy {np.__version__}")
+    print(
+        f"{n_grid} cells × {args.reps} replicates in {seconds:.0f} s on "
+        f"{platform.processor() or platform.machine()}, "
+        f"Python {platform.python_version()}, numpy {np.__version__}"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cells": rows, "check": check, "seconds": seconds, "reps": args.reps}, f, indent=1)

@@ -21,6 +21,7 @@ Rows (one "point" = the loss over all 4 batches at one set of weights):
 points/s ÷ loss-landscapes points/s (goal ≥ 10). Timings on a shared machine are noisy: each
 contender is measured ``repeats`` times, interleaved, and the best is reported.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,16 @@ N_BATCHES, BATCH, SEQ = 4, 4, 64
 def _model(seed: int = 0):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    cfg = GPTNeoXConfig(vocab_size=1024, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-                        intermediate_size=512, max_position_embeddings=256, tie_word_embeddings=False, use_cache=False)
+    cfg = GPTNeoXConfig(
+        vocab_size=1024,
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=512,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        use_cache=False,
+    )
     torch.manual_seed(seed)
     return GPTNeoXForCausalLM(cfg).eval()
 
@@ -112,7 +121,11 @@ def run(quick: bool = False, repeats: int | None = None) -> list[dict]:
         loss_landscapes.planar_interpolation(model, mB, mC, LMLoss(), steps=steps, deepcopy_model=True)
         return steps * steps / (time.perf_counter() - t0)
 
-    contenders = {"forward": t_forward, "losslens": lambda: t_losslens(False), "losslens-merged": lambda: t_losslens(True)}
+    contenders = {
+        "forward": t_forward,
+        "losslens": lambda: t_losslens(False),
+        "losslens-merged": lambda: t_losslens(True),
+    }
     if loss_landscapes is not None:
         contenders["loss-landscapes"] = t_ll
     best: dict[str, float] = {k: 0.0 for k in contenders}
@@ -122,9 +135,16 @@ def run(quick: bool = False, repeats: int | None = None) -> list[dict]:
             best[name] = max(best[name], fn())
     rows = []
     for name, pps in best.items():
-        row = {"benchmark": "surface", "contender": name, "points_per_s": pps,
-               "ratio_vs_forward": pps / best["forward"], "grid": f"{steps}x{steps}",
-               "data": f"{N_BATCHES}x[{BATCH},{SEQ}]", "params": n_params, "threads": torch.get_num_threads()}
+        row = {
+            "benchmark": "surface",
+            "contender": name,
+            "points_per_s": pps,
+            "ratio_vs_forward": pps / best["forward"],
+            "grid": f"{steps}x{steps}",
+            "data": f"{N_BATCHES}x[{BATCH},{SEQ}]",
+            "params": n_params,
+            "threads": torch.get_num_threads(),
+        }
         if "loss-landscapes" in best:
             row["ratio_vs_loss_landscapes"] = pps / best["loss-landscapes"]
         if name == "loss-landscapes":
@@ -132,9 +152,20 @@ def run(quick: bool = False, repeats: int | None = None) -> list[dict]:
         rows.append(row)
     if not quick:
         s = evaluate_surface(model, lm_loss, batches, plane, GridSpec(resolution=31), merge_batches=True)
-        rows.append({"benchmark": "surface", "contender": "grid31", "points_per_s": s.meta["points_evaluated"] / s.seconds,
-                     "seconds": s.seconds, "goal_seconds": 120.0, "met": s.seconds <= 120.0, "grid": "31x31",
-                     "data": f"{N_BATCHES}x[{BATCH},{SEQ}]", "params": n_params, "threads": torch.get_num_threads()})
+        rows.append(
+            {
+                "benchmark": "surface",
+                "contender": "grid31",
+                "points_per_s": s.meta["points_evaluated"] / s.seconds,
+                "seconds": s.seconds,
+                "goal_seconds": 120.0,
+                "met": s.seconds <= 120.0,
+                "grid": "31x31",
+                "data": f"{N_BATCHES}x[{BATCH},{SEQ}]",
+                "params": n_params,
+                "threads": torch.get_num_threads(),
+            }
+        )
     # the model was restored exactly by every losslens call
     assert all(torch.equal(p, A[n]) for n, p in model.named_parameters())
     return rows
@@ -142,9 +173,13 @@ def run(quick: bool = False, repeats: int | None = None) -> list[dict]:
 
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="3×3 grids, 2 repeats, no 31×31 grid (< 60 s on an idle 2-core machine)")
+    ap.add_argument(
+        "--quick", action="store_true", help="3×3 grids, 2 repeats, no 31×31 grid (< 60 s on an idle 2-core machine)"
+    )
     ap.add_argument("--json", help="write the rows to this JSON file")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default); 1 gives the most stable ratios")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (0: torch's default); 1 gives the most stable ratios"
+    )
     args = ap.parse_args(argv)
     with torch_threads(args.threads):
         rows = run(quick=args.quick)

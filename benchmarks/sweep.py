@@ -27,6 +27,7 @@ thread count) and each Ray worker 1 thread (Ray sets OMP_NUM_THREADS=1), so 2 wo
 cores. On a machine shared with other jobs multi-threaded torch can be an order of magnitude
 slower than single-threaded (oversubscription); ``load_avg_1m`` is reported with every total.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,19 @@ def embedded_trajectory(quick: bool, checkpoints: int, cache: str | None = None)
 
     # full mode: the 1.06M-parameter model of the recorded benchmark (benchmarks/README.md), pinned
     # here so that a change of train-tiny's defaults does not silently change what is measured
-    cfg = TrainConfig.tiny(checkpoints=checkpoints) if quick else TrainConfig(
-        checkpoints=checkpoints, steps=600, weight_decay=0.1, seq_len=128, hidden_size=128, num_layers=4, vocab_size=1024)
+    cfg = (
+        TrainConfig.tiny(checkpoints=checkpoints)
+        if quick
+        else TrainConfig(
+            checkpoints=checkpoints,
+            steps=600,
+            weight_decay=0.1,
+            seq_len=128,
+            hidden_size=128,
+            num_layers=4,
+            vocab_size=1024,
+        )
+    )
     out = _cache_dir(cache) / f"bench-sweep-{cfg.run_name}-{'tiny' if quick else 'default'}-c{checkpoints}"
     t = time.perf_counter()
     traj = train_tiny(cfg, out, progress=False)
@@ -66,12 +78,20 @@ def bench_plan(quick: bool):
 
     # the curvature set is one batch of 16 x 128 (the same 2,048 tokens as the earlier (2, 8, 128)),
     # λ_max by Lanczos, as Plan.default does since issue #14
-    data = (DataSpec(eval=(4, 4, 32), calibration=(4, 4, 32), curvature=(1, 4, 32)) if quick
-            else DataSpec(eval=(8, 8, 128), calibration=(8, 8, 128), curvature=(1, 16, 128)))
-    return Plan(loss=True, quant=("rtn:3:g128", "rtn:4:g128", "gptq:3:g128", "gptq:4:g128"),
-                trace=TraceProbe("hutch++", 30 if quick else 100),
-                eigen=EigenProbe(k=1, method="lanczos", tol=1e-3, max_iter=20 if quick else 100),
-                kurtosis=True, data=data, name="bench-quick" if quick else "bench")
+    data = (
+        DataSpec(eval=(4, 4, 32), calibration=(4, 4, 32), curvature=(1, 4, 32))
+        if quick
+        else DataSpec(eval=(8, 8, 128), calibration=(8, 8, 128), curvature=(1, 16, 128))
+    )
+    return Plan(
+        loss=True,
+        quant=("rtn:3:g128", "rtn:4:g128", "gptq:3:g128", "gptq:4:g128"),
+        trace=TraceProbe("hutch++", 30 if quick else 100),
+        eigen=EigenProbe(k=1, method="lanczos", tol=1e-3, max_iter=20 if quick else 100),
+        kurtosis=True,
+        data=data,
+        name="bench-quick" if quick else "bench",
+    )
 
 
 def _breakdown(report) -> list[dict]:
@@ -84,8 +104,14 @@ def _breakdown(report) -> list[dict]:
     return rows
 
 
-def run(quick: bool = False, checkpoints: int | None = None, ray_compare: bool = True, cache: str | None = None,
-        local_threads: tuple[int, ...] = (1,), workers: tuple[int, ...] = (1, 2)) -> list[dict]:
+def run(
+    quick: bool = False,
+    checkpoints: int | None = None,
+    ray_compare: bool = True,
+    cache: str | None = None,
+    local_threads: tuple[int, ...] = (1,),
+    workers: tuple[int, ...] = (1, 2),
+) -> list[dict]:
     """Rows: ``total`` per local variant (threads × worker processes), ``ray_vs_local`` per local
     variant, the mean per-probe breakdown and one ``per_checkpoint`` row per checkpoint.
     ``local_threads``: torch thread counts per process (0 = torch's default); ``workers``: local
@@ -114,7 +140,10 @@ def run(quick: bool = False, checkpoints: int | None = None, ray_compare: bool =
         local, local_s, local_store = local_runs[variants[0]]
         per = _breakdown(local)
         keys = sorted({k for r in per for k in r if k.endswith("_s") and k != "total_s"})
-        mean = {"section": "mean_per_checkpoint", "checkpoint": f"mean of {len(per)} (local, threads={variants[0][0] or 'default'}, 1 worker)"}
+        mean = {
+            "section": "mean_per_checkpoint",
+            "checkpoint": f"mean of {len(per)} (local, threads={variants[0][0] or 'default'}, 1 worker)",
+        }
         for k in keys:
             vals = [r.get(k, 0.0) for r in per]
             mean[k] = round(sum(vals) / len(vals), 3)
@@ -128,7 +157,7 @@ def run(quick: bool = False, checkpoints: int | None = None, ray_compare: bool =
         except Exception:
             pass
         same = {}
-        if len(local_runs) > 1:                              # workers must not change a single value
+        if len(local_runs) > 1:  # workers must not change a single value
             from probes.sweep import Store as _Store
 
             cols = ["checkpoint", "probe", "spec", "metric"]
@@ -137,14 +166,30 @@ def run(quick: bool = False, checkpoints: int | None = None, ray_compare: bool =
                 other = _Store(st_path).results().sort_values(cols)["value"].fillna(-1.0).to_numpy()
                 same[key] = bool(len(other) == len(base) and (other == base).all())
         for (threads, w), (rep, secs, _) in local_runs.items():
-            rows.append({"section": "total", "executor": "local", "workers": w,
-                         "identical_to_1_worker": same.get((threads, w)),
-                         "speedup_vs_1_worker": round(local_runs[(threads, 1)][1] / secs, 3) if (threads, 1) in local_runs else None,
-                         "torch_threads": threads or torch.get_num_threads(),
-                         "checkpoints": len(traj), "rows_ok": rep.n_ok, "rows_failed": rep.n_failed, "wall_s": round(secs, 2),
-                         "goal_s": 600.0, "meets_goal": bool(secs <= 600.0), "train_s": round(train_s, 1),
-                         "data_s": round(data_s, 2), "params": n_params, "cpus": os.cpu_count(), "quick": quick,
-                         "load_avg_1m": round(os.getloadavg()[0], 2)})
+            rows.append(
+                {
+                    "section": "total",
+                    "executor": "local",
+                    "workers": w,
+                    "identical_to_1_worker": same.get((threads, w)),
+                    "speedup_vs_1_worker": round(local_runs[(threads, 1)][1] / secs, 3)
+                    if (threads, 1) in local_runs
+                    else None,
+                    "torch_threads": threads or torch.get_num_threads(),
+                    "checkpoints": len(traj),
+                    "rows_ok": rep.n_ok,
+                    "rows_failed": rep.n_failed,
+                    "wall_s": round(secs, 2),
+                    "goal_s": 600.0,
+                    "meets_goal": bool(secs <= 600.0),
+                    "train_s": round(train_s, 1),
+                    "data_s": round(data_s, 2),
+                    "params": n_params,
+                    "cpus": os.cpu_count(),
+                    "quick": quick,
+                    "load_avg_1m": round(os.getloadavg()[0], 2),
+                }
+            )
         rows.append(mean)
         rows.extend(per)
         if ray_compare:
@@ -180,11 +225,24 @@ def run(quick: bool = False, checkpoints: int | None = None, ray_compare: bool =
             for (threads, w), (rep, secs, _) in local_runs.items():
                 if w != 1:
                     continue
-                rows.append({"section": "ray_vs_local", "ray_concurrency": round(busy / ray_s, 2), "workers": 2, "local_threads": threads or torch.get_num_threads(),
-                             "local_s": round(secs, 2), "ray_s": round(ray_s, 2), "speedup": round(secs / ray_s, 3),
-                             "goal": 1.7, "meets_goal": bool(secs / ray_s >= 1.7), "ray_init_s": round(init_s, 2),
-                             "rows_ok": remote.n_ok, "rows_failed": remote.n_failed, "max_rel_diff": float(rel),
-                             "load_avg_1m": round(os.getloadavg()[0], 2)})
+                rows.append(
+                    {
+                        "section": "ray_vs_local",
+                        "ray_concurrency": round(busy / ray_s, 2),
+                        "workers": 2,
+                        "local_threads": threads or torch.get_num_threads(),
+                        "local_s": round(secs, 2),
+                        "ray_s": round(ray_s, 2),
+                        "speedup": round(secs / ray_s, 3),
+                        "goal": 1.7,
+                        "meets_goal": bool(secs / ray_s >= 1.7),
+                        "ray_init_s": round(init_s, 2),
+                        "rows_ok": remote.n_ok,
+                        "rows_failed": remote.n_failed,
+                        "max_rel_diff": float(rel),
+                        "load_avg_1m": round(os.getloadavg()[0], 2),
+                    }
+                )
     return rows
 
 
@@ -212,16 +270,25 @@ def format_table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny preset trajectory, 30 HVPs (< 90 s on an idle 2-core machine)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny preset trajectory, 30 HVPs (< 90 s on an idle 2-core machine)"
+    )
     parser.add_argument("--checkpoints", type=int, default=None, help="checkpoints of the trajectory (default 20)")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray comparison")
-    parser.add_argument("--local-threads", default="1", help="comma-separated torch thread counts of the local runs (0 = torch default)")
+    parser.add_argument(
+        "--local-threads", default="1", help="comma-separated torch thread counts of the local runs (0 = torch default)"
+    )
     parser.add_argument("--cache", default=None, help="folder for the trained trajectory (default ~/.cache/losslens)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     threads = tuple(int(x) for x in args.local_threads.split(",") if x.strip())
-    rows = run(quick=args.quick, checkpoints=args.checkpoints, ray_compare=not args.no_ray, cache=args.cache,
-               local_threads=threads or (1,))
+    rows = run(
+        quick=args.quick,
+        checkpoints=args.checkpoints,
+        ray_compare=not args.no_ray,
+        cache=args.cache,
+        local_threads=threads or (1,),
+    )
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:

@@ -26,6 +26,7 @@ Rows, per family and seed (max over 3 seeded Gaussian vectors of ‖Hv − H_ref
 
 All difference products run under :func:`probes.models.fidelity.float64_fidelity`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,8 +75,9 @@ def pooled_products(model, batches, V: torch.Tensor) -> torch.Tensor:
         losses = []
         for b in batches:
             logits = model(input_ids=b).logits
-            losses.append(F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), b[:, 1:].reshape(-1),
-                                          reduction="none"))
+            losses.append(
+                F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), b[:, 1:].reshape(-1), reduction="none")
+            )
         g = torch.cat([x.reshape(-1) for x in torch.autograd.grad(torch.cat(losses).mean(), params, create_graph=True)])
         rows = [torch.cat([x.reshape(-1) for x in torch.autograd.grad(g @ v, params, retain_graph=True)]) for v in V]
     return torch.stack(rows).detach()
@@ -84,11 +86,23 @@ def pooled_products(model, batches, V: torch.Tensor) -> torch.Tensor:
 def measure(family: str, seed: int) -> dict:
     model, pad, clean, padded = setting(family, seed)
     with float64_fidelity():
-        row = {"family": family, "seed": seed, "pad": pad,
-               "clean": product_error(HessianOperator(model, lm_loss, clean, backend="difference"),
-                                      HessianOperator(model, lm_loss, clean), 3, seed),
-               "zero_row_plain": product_error(HessianOperator(model, lm_loss, padded, backend="difference"),
-                                               HessianOperator(model, lm_loss, padded), 3, seed)}
+        row = {
+            "family": family,
+            "seed": seed,
+            "pad": pad,
+            "clean": product_error(
+                HessianOperator(model, lm_loss, clean, backend="difference"),
+                HessianOperator(model, lm_loss, clean),
+                3,
+                seed,
+            ),
+            "zero_row_plain": product_error(
+                HessianOperator(model, lm_loss, padded, backend="difference"),
+                HessianOperator(model, lm_loss, padded),
+                3,
+                seed,
+            ),
+        }
         rev = HessianOperator(model, lm_loss, padded)
         V = torch.randn(3, rev.dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         HV = rev.matmat_flat(V)
@@ -100,10 +114,14 @@ def measure(family: str, seed: int) -> dict:
         row["zero_row_fixed"] = product_error(fixed, exact, 3, seed)
     row["excluded"] = fixed.excluded
     with float64_fidelity():  # what the exact Hessian's top eigenvalue is with and without the padding token
-        for key, loss, batches in (("clean", lm_loss, clean), ("plain", lm_loss, padded),
-                                   ("fixed", ExcludingLoss(lm_loss, (pad,)), padded)):
-            row[f"lambda_{key}"] = top_eigenvalues(HessianOperator(model, loss, batches), k=1, method="lanczos",
-                                                   max_iter=60, tol=1e-8, seed=seed).values[0]
+        for key, loss, batches in (
+            ("clean", lm_loss, clean),
+            ("plain", lm_loss, padded),
+            ("fixed", ExcludingLoss(lm_loss, (pad,)), padded),
+        ):
+            row[f"lambda_{key}"] = top_eigenvalues(
+                HessianOperator(model, loss, batches), k=1, method="lanczos", max_iter=60, tol=1e-8, seed=seed
+            ).values[0]
     return row
 
 
@@ -115,14 +133,18 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = [measure(f, int(s)) for s in args.seeds.split(",") for f in FAMILIES]
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, float64")
-    print("| family | seed | clean | zero row, plain | zero row, fixed | exact vs pooled "
-          "| excluded positions / targets | λ_max clean | λ_max plain | λ_max fixed |")
+    print(
+        "| family | seed | clean | zero row, plain | zero row, fixed | exact vs pooled "
+        "| excluded positions / targets | λ_max clean | λ_max plain | λ_max fixed |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         e = r["excluded"]
-        print(f"| {r['family']} | {r['seed']} | {r['clean']:.1e} | {r['zero_row_plain']:.1e} "
-              f"| {r['zero_row_fixed']:.1e} | {r['exact_vs_pooled']:.1e} | {e['positions']} / {e['targets']} "
-              f"| {r['lambda_clean']:.4g} | {r['lambda_plain']:.4g} | {r['lambda_fixed']:.4g} |")
+        print(
+            f"| {r['family']} | {r['seed']} | {r['clean']:.1e} | {r['zero_row_plain']:.1e} "
+            f"| {r['zero_row_fixed']:.1e} | {r['exact_vs_pooled']:.1e} | {e['positions']} / {e['targets']} "
+            f"| {r['lambda_clean']:.4g} | {r['lambda_plain']:.4g} | {r['lambda_fixed']:.4g} |"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

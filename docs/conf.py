@@ -4,6 +4,7 @@ Offline by construction: no intersphinx (references to torch, numpy, ... are lis
 ``nitpick_ignore_regex`` instead of fetched), no theme or extension from outside Sphinx and
 myst-parser. The reference documents the checkout this file lives in, not an installed losslens.
 """
+
 from __future__ import annotations
 
 import sys
@@ -47,22 +48,70 @@ myst_heading_anchors = 3
 # Strict: every reference must resolve (make docs passes -W -n). What lives outside the project
 # has no target without intersphinx, which would fetch inventories from the network.
 nitpicky = True
-_EXTERNAL = ["torch", "numpy", "np", "pandas", "pd", "scipy", "nn", "typer", "click", "transformers", "tokenizers",
-             "safetensors", "plotly", "go", "ray", "huggingface_hub", "datasets", "lm_eval", "sqlite3", "pathlib",
-             "collections", "typing", "os", "subprocess", "concurrent", "multiprocessing", "enum", "dataclasses",
-             "contextlib", "functools", "json", "importlib", "warnings", "types", "abc", "io", "threading", "pydoc_data",
-             "fnmatch", "ast", "hashlib", "sysconfig", "accelerate", "lightning", "curvlinops", "pyhessian", "bitsandbytes", "gptqmodel"]
+_EXTERNAL = [
+    "torch",
+    "numpy",
+    "np",
+    "pandas",
+    "pd",
+    "scipy",
+    "nn",
+    "typer",
+    "click",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "plotly",
+    "go",
+    "ray",
+    "huggingface_hub",
+    "datasets",
+    "lm_eval",
+    "sqlite3",
+    "pathlib",
+    "collections",
+    "typing",
+    "os",
+    "subprocess",
+    "concurrent",
+    "multiprocessing",
+    "enum",
+    "dataclasses",
+    "contextlib",
+    "functools",
+    "json",
+    "importlib",
+    "warnings",
+    "types",
+    "abc",
+    "io",
+    "threading",
+    "pydoc_data",
+    "fnmatch",
+    "ast",
+    "hashlib",
+    "sysconfig",
+    "accelerate",
+    "lightning",
+    "curvlinops",
+    "pyhessian",
+    "bitsandbytes",
+    "gptqmodel",
+]
 nitpick_ignore_regex = [
     # a numpy-style type field that holds prose ("dict name -> Tensor (the origin's shapes)") is split
     # into words; only a dotted identifier can name a class, anything else stays plain text
     (r"py:(class|obj|data)", r".*[^\w.].*"),
     (r"py:.*", rf"({'|'.join(_EXTERNAL)})(\..*)?"),
     # builtins and typing names that appear in signatures and docstrings
-    (r"py:.*", r"(int|float|str|bool|bytes|dict|list|tuple|set|frozenset|object|type|callable|Callable|Any|None|"
-               r"Iterable|Iterator|Sequence|Mapping|Path|Tensor|Generator|Literal|Optional|Union|Self|"
-               r"TypeVar|ModuleType|Exception|BaseException|ValueError|TypeError|KeyError|RuntimeError|OSError|"
-               r"MemoryError|UserWarning|RuntimeWarning|NotImplementedError|FileNotFoundError|LookupError|"
-               r"AttributeError|IndexError|ImportError|ModuleNotFoundError|KeyboardInterrupt|"
-               r"datetime|timedelta|Counter|OrderedDict|defaultdict|deque|partial|"
-               r"default|optional|array-like|array_like|scalar|sequence|mapping|iterable|callable)"),
+    (
+        r"py:.*",
+        r"(int|float|str|bool|bytes|dict|list|tuple|set|frozenset|object|type|callable|Callable|Any|None|"
+        r"Iterable|Iterator|Sequence|Mapping|Path|Tensor|Generator|Literal|Optional|Union|Self|"
+        r"TypeVar|ModuleType|Exception|BaseException|ValueError|TypeError|KeyError|RuntimeError|OSError|"
+        r"MemoryError|UserWarning|RuntimeWarning|NotImplementedError|FileNotFoundError|LookupError|"
+        r"AttributeError|IndexError|ImportError|ModuleNotFoundError|KeyboardInterrupt|"
+        r"datetime|timedelta|Counter|OrderedDict|defaultdict|deque|partial|"
+        r"default|optional|array-like|array_like|scalar|sequence|mapping|iterable|callable)",
+    ),
 ]

@@ -12,6 +12,7 @@ both names are taken on the package index too) and warns when another distributi
 :class:`~geometry.base.errors.LosslensError` is the base class of every error a user
 can cause, in both packages; it is loaded on first use, so ``import probes`` stays light.
 """
+
 from ._namespace import warn_on_clash as _warn_on_clash
 
 _warn_on_clash()

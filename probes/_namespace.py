@@ -20,6 +20,7 @@ what to do); the ``losslens`` command imports ``probes``, so it warns too. Cost:
 ``packages_distributions()`` scan of the installed distributions' metadata (about 0.16 s with 200
 distributions installed).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -31,8 +32,10 @@ DISTRIBUTION = "losslens"
 """The distribution that owns the top-level packages below."""
 TOP_LEVEL = ("geometry", "probes")
 """The top-level packages the losslens distribution installs."""
-FIX = ("install losslens in a virtual environment of its own (python -m venv .venv), or pip uninstall the "
-       "other distribution")
+FIX = (
+    "install losslens in a virtual environment of its own (python -m venv .venv), or pip uninstall the "
+    "other distribution"
+)
 """What to do about a clash (the end of every message)."""
 
 
@@ -58,14 +61,18 @@ def namespace_clashes(owners: dict[str, list[str]] | None = None) -> list[str]:
     for name in TOP_LEVEL:
         others = sorted({d for d in owners.get(name, []) if _canonical(d) != DISTRIBUTION})
         if others:
-            lines.append(f"the top-level package '{name}' is installed by losslens and by {', '.join(others)}: "
-                         f"their files overwrite each other's; {FIX}")
+            lines.append(
+                f"the top-level package '{name}' is installed by losslens and by {', '.join(others)}: "
+                f"their files overwrite each other's; {FIX}"
+            )
     here = Path(__file__).resolve().parent.parent
     spec = importlib.util.find_spec("geometry")
     origin = getattr(spec, "origin", None) if spec is not None else None
     if origin is not None and Path(origin).resolve().parent.parent != here:
-        lines.append(f"'import geometry' finds {Path(origin).resolve().parent}, not losslens's {here / 'geometry'} "
-                     f"(another project's 'geometry' comes first on sys.path); {FIX}")
+        lines.append(
+            f"'import geometry' finds {Path(origin).resolve().parent}, not losslens's {here / 'geometry'} "
+            f"(another project's 'geometry' comes first on sys.path); {FIX}"
+        )
     return lines
 
 

@@ -6,6 +6,7 @@ wrong"): 2 for anything the user can cause (a typed losslens error, a missing fi
 (some rows failed) and 3 (all rows failed). ``--debug`` (anywhere on the command line, or
 ``LOSSLENS_DEBUG=1``) shows the full traceback instead.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -53,7 +54,12 @@ def one_line(exc: BaseException | str) -> str:
 
 
 def _debug(ctx: typer.Context) -> bool:
-    return bool(ctx.meta.get(_DEBUG)) or os.environ.get("LOSSLENS_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+    return bool(ctx.meta.get(_DEBUG)) or os.environ.get("LOSSLENS_DEBUG", "").strip().lower() in (
+        "1",
+        "true",
+        "yes",
+        "on",
+    )
 
 
 class LosslensGroup(TyperGroup):
@@ -81,7 +87,9 @@ class LosslensGroup(TyperGroup):
         except KeyboardInterrupt:
             if _debug(ctx):
                 raise
-            typer.echo("error: interrupted (a sweep keeps every finished row: rerun the same command to resume)", err=True)
+            typer.echo(
+                "error: interrupted (a sweep keeps every finished row: rerun the same command to resume)", err=True
+            )
             ctx.exit(EXIT_INTERRUPTED)
         except Exception as exc:  # noqa: BLE001 - the CLI boundary
             if _debug(ctx):
@@ -90,8 +98,11 @@ class LosslensGroup(TyperGroup):
                 mine = type(exc).__module__.split(".")[0] in ("probes", "geometry")
                 typer.echo(f"error: {one_line(exc) if mine else f'{type(exc).__name__}: {one_line(exc)}'}", err=True)
                 ctx.exit(EXIT_USAGE)
-            typer.echo(f"error: internal error {type(exc).__name__}: {one_line(exc)} -- this is a bug; rerun with "
-                       "--debug for the traceback and report it", err=True)
+            typer.echo(
+                f"error: internal error {type(exc).__name__}: {one_line(exc)} -- this is a bug; rerun with "
+                "--debug for the traceback and report it",
+                err=True,
+            )
             ctx.exit(EXIT_INTERNAL)
 
 
@@ -113,11 +124,22 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _main(ctx: typer.Context, debug: bool = typer.Option(
-        False, "--debug", help="Show the full traceback of a failure instead of one `error: …` line "
-                               "(also accepted after the command name; or set LOSSLENS_DEBUG=1)."),
-          _version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
-                                        help="Print the installed losslens version and exit.")) -> None:
+def _main(
+    ctx: typer.Context,
+    debug: bool = typer.Option(
+        False,
+        "--debug",
+        help="Show the full traceback of a failure instead of one `error: …` line "
+        "(also accepted after the command name; or set LOSSLENS_DEBUG=1).",
+    ),
+    _version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=_print_version,
+        help="Print the installed losslens version and exit.",
+    ),
+) -> None:
     if debug:
         ctx.meta[_DEBUG] = True
 

@@ -2,6 +2,7 @@
 process: training the runs (one job per run) and drawing each run's quantization plane (one job per
 plane); and, in this process, all runs in one principal plane (:func:`draw_landscape`). A job is a
 module-level function so that a worker can import it."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,7 +22,9 @@ def _train_job(context, run):
 
         mon = tiny_monitor(cfg, out / "monitor.sqlite", folder, out / "data", every=settings.monitor_every)
     try:
-        return train_tiny(cfg, folder, progress=progress, data_dir=out / "data", on_step=None if mon is None else mon.step)
+        return train_tiny(
+            cfg, folder, progress=progress, data_dir=out / "data", on_step=None if mon is None else mon.step
+        )
     finally:
         if mon is not None:
             mon.close()
@@ -38,8 +41,15 @@ def _surface_job(context, traj, path: str) -> str:
     settings, sets, progress = context
     real = traj.real
     with torch.no_grad():
-        surf = quantization_surface(CheckpointLoader(traj), real[-1], real[-2], settings.headline_spec, sets,
-                                    grid=settings.grid, progress=progress)
+        surf = quantization_surface(
+            CheckpointLoader(traj),
+            real[-1],
+            real[-2],
+            settings.headline_spec,
+            sets,
+            grid=settings.grid,
+            progress=progress,
+        )
     surf.save(path)
     return path
 
@@ -59,7 +69,9 @@ def _in_pool(pool: WorkerPool, jobs, context, what: list[str], echo) -> list:
 def train_all(settings, out: Path, progress: bool, echo, pool) -> dict:
     from .train.tiny_data import prepare_data
 
-    what = [f"training {run.name} ({settings.steps} steps, {settings.checkpoints} checkpoints)" for run in settings.runs]
+    what = [
+        f"training {run.name} ({settings.steps} steps, {settings.checkpoints} checkpoints)" for run in settings.runs
+    ]
     if pool is None:
         trajectories = {}
         for run, msg in zip(settings.runs, what):
@@ -81,11 +93,18 @@ def draw_planes(settings, trajectories: dict, sets: dict, out: Path, progress: b
     (out / "surfaces").mkdir(exist_ok=True)
     paths = {run.name: out / "surfaces" / f"{run.name}.json" for run in settings.runs}
     todo = [run.name for run in settings.runs if not paths[run.name].is_file()]
-    what = [f"quantization plane of {name} ({settings.grid}x{settings.grid}, {settings.headline_spec})" for name in todo]
+    what = [
+        f"quantization plane of {name} ({settings.grid}x{settings.grid}, {settings.headline_spec})" for name in todo
+    ]
     if pool is not None and todo:
         echo(f"[demo] {'; '.join(what)}: on {pool.size} workers")
-        _in_pool(pool, [(_surface_job, (trajectories[name], str(paths[name]))) for name in todo], (settings, sets, False),
-                 what, echo)
+        _in_pool(
+            pool,
+            [(_surface_job, (trajectories[name], str(paths[name]))) for name in todo],
+            (settings, sets, False),
+            what,
+            echo,
+        )
     elif todo:
         for name, msg in zip(todo, what):
             echo(f"[demo] {msg}")
@@ -113,11 +132,19 @@ def draw_landscape(settings, trajectories: dict, sets: dict, out: Path, progress
     folder = out / "landscape"
     folder.mkdir(exist_ok=True)
     runs = [trajectories[run.name] for run in settings.runs]
-    echo(f"[demo] landscape of {len(runs)} runs in one principal plane ({settings.landscape_grid}x"
-         f"{settings.landscape_grid}, {settings.headline_spec})")
+    echo(
+        f"[demo] landscape of {len(runs)} runs in one principal plane ({settings.landscape_grid}x"
+        f"{settings.landscape_grid}, {settings.headline_spec})"
+    )
     with torch.no_grad():
-        land = trajectory_landscape(runs, sets["eval"], spec=settings.headline_spec, grid=settings.landscape_grid,
-                                    checkpoint_path=str(folder / "grid.npz"), progress=progress)
+        land = trajectory_landscape(
+            runs,
+            sets["eval"],
+            spec=settings.headline_spec,
+            grid=settings.landscape_grid,
+            checkpoint_path=str(folder / "grid.npz"),
+            progress=progress,
+        )
     (folder / "landscape.json").write_text(json.dumps(land.describe(), indent=2))
     seconds["landscape"] = time.perf_counter() - t0
     return land

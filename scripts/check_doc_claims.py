@@ -32,6 +32,7 @@ Usage: ``python scripts/check_doc_claims.py [FILE ...]`` (default: README.md of 
 Lists every claim with its backing, then every problem; exits 1 when there is a problem, else 0.
 The same check is :func:`check` for tests.
 """
+
 from __future__ import annotations
 
 import ast
@@ -43,8 +44,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 _NUM = r"\d[\d,]*(?:\.\d+)?"
-_UNIT = (r"(?:%|×|ms\b|s\b|sec\b|seconds?\b|min\b|minutes?\b|h\b|hours?\b|[KMGT]i?B\b|bytes\b|"
-         r"pts?\b|points? of %)")
+_UNIT = (
+    r"(?:%|×|ms\b|s\b|sec\b|seconds?\b|min\b|minutes?\b|h\b|hours?\b|[KMGT]i?B\b|bytes\b|"
+    r"pts?\b|points? of %)"
+)
 CLAIM_PATTERNS = (
     re.compile(rf"(?<![\w.\-/]){_NUM}(?:\s*(?:–|-|to)\s*{_NUM})?\s?{_UNIT}"),
     re.compile(r"(?:\bto|\bwithin|\bat|\bbelow|≤|<)\s*\d(?:\.\d+)?e[-−]\d+\b"),
@@ -150,7 +153,7 @@ def _test_exists(root: Path, ref: str) -> str | None:
 def _benchmark_exists(root: Path, ref: str) -> str | None:
     m = re.fullmatch(r'([^#\s]+)#([\w\-]+)(?:\s+"(.+)")?', ref)
     if not m:
-        return f"{ref}: write benchmarks/README.md#anchor [\"row text\"]"
+        return f'{ref}: write benchmarks/README.md#anchor ["row text"]'
     path, anchor, row = m.groups()
     file = root / path
     if not file.is_file():
@@ -171,8 +174,7 @@ def verify(root: Path, ref: str) -> str | None:
         return _test_exists(root, ref)
     if ref.startswith("benchmarks/") and "#" in ref:
         return _benchmark_exists(root, ref)
-    return (f"{ref!r} is not a reference: use tests/FILE.py::TEST, benchmarks/README.md#ANCHOR or "
-            f"'{SETTING}'")
+    return f"{ref!r} is not a reference: use tests/FILE.py::TEST, benchmarks/README.md#ANCHOR or '{SETTING}'"
 
 
 def check(path: Path, root: Path = ROOT) -> tuple[list[Claim], list[str]]:
@@ -183,8 +185,10 @@ def check(path: Path, root: Path = ROOT) -> tuple[list[Claim], list[str]]:
     seen: set[str] = set()
     for c in found:
         if not c.backing:
-            problems.append(f"{path.name}:{c.line}: {c.text!r} has no backing; add <!-- backed: tests/...::test_... --> "
-                            "or <!-- backed: benchmarks/README.md#... --> to its paragraph, list item or table row")
+            problems.append(
+                f"{path.name}:{c.line}: {c.text!r} has no backing; add <!-- backed: tests/...::test_... --> "
+                "or <!-- backed: benchmarks/README.md#... --> to its paragraph, list item or table row"
+            )
         for ref in c.backing:
             if ref in seen:
                 continue

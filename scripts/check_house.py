@@ -16,6 +16,7 @@ Usage: ``python scripts/check_house.py [ROOT]`` (default: the repository holding
 Prints every violation and exits 1 when there is one, 0 otherwise. The same checks are available
 as :func:`check` for tests.
 """
+
 from __future__ import annotations
 
 import ast
@@ -27,13 +28,15 @@ PACKAGES = ("geometry", "probes", "benchmarks")
 MAX_LINES = 500
 FORBIDDEN = {"geometry": ("probes", "transformers", "plotly")}
 # package -> room -> the other rooms it may import (rule 4)
-ROOMS = {"geometry": {
-    "base": (),
-    "memory": ("base",),
-    "operators": ("base", "memory"),
-    "estimators": ("base", "memory", "operators"),
-    "surfaces": ("base", "memory"),
-}}
+ROOMS = {
+    "geometry": {
+        "base": (),
+        "memory": ("base",),
+        "operators": ("base", "memory"),
+        "estimators": ("base", "memory", "operators"),
+        "surfaces": ("base", "memory"),
+    }
+}
 
 
 @dataclass
@@ -79,7 +82,7 @@ def _imports(text: str, mod: Module, path: Path) -> list[tuple[str, int]]:
                 parts = package.split(".")
                 if node.level - 1 > len(parts) - 1:
                     raise ValueError(f"{path}:{node.lineno}: relative import beyond the top-level package")
-                base = ".".join(parts[:len(parts) - (node.level - 1)])
+                base = ".".join(parts[: len(parts) - (node.level - 1)])
                 base = f"{base}.{node.module}" if node.module else base
             else:
                 base = node.module or ""
@@ -154,19 +157,28 @@ def _cycle_path(comp: list[str], edges: dict[str, dict[str, int]]) -> list[str]:
         nxt = sorted(w for w in edges[path[-1]] if w in members)
         back = [w for w in nxt if w in seen]
         if back:
-            return path[path.index(back[0]):] + [back[0]]
+            return path[path.index(back[0]) :] + [back[0]]
         step = next(w for w in nxt if w not in seen)
         path.append(step)
         seen.add(step)
 
 
-def check(root: str | Path, packages: tuple[str, ...] = PACKAGES, max_lines: int = MAX_LINES,
-          forbidden: dict[str, tuple[str, ...]] | None = None,
-          rooms: dict[str, dict[str, tuple[str, ...]]] | None = None) -> list[str]:
+def check(
+    root: str | Path,
+    packages: tuple[str, ...] = PACKAGES,
+    max_lines: int = MAX_LINES,
+    forbidden: dict[str, tuple[str, ...]] | None = None,
+    rooms: dict[str, dict[str, tuple[str, ...]]] | None = None,
+) -> list[str]:
     """All violations of the four rules under ``root`` (empty list: the house is in order)."""
     root = Path(root)
-    return _problems(root, discover(root, packages), max_lines, FORBIDDEN if forbidden is None else forbidden,
-                     ROOMS if rooms is None else rooms)
+    return _problems(
+        root,
+        discover(root, packages),
+        max_lines,
+        FORBIDDEN if forbidden is None else forbidden,
+        ROOMS if rooms is None else rooms,
+    )
 
 
 def room_problems(root: Path, modules: dict[str, Module], rooms: dict[str, dict[str, tuple[str, ...]]]) -> list[str]:
@@ -182,8 +194,10 @@ def room_problems(root: Path, modules: dict[str, Module], rooms: dict[str, dict[
             continue  # not a roomed package, or its __init__ (the public names)
         room = parts[1]
         if room not in order:
-            problems.append(f"outside the rooms: {mod.path.relative_to(root)} (put it in one of "
-                            f"{', '.join(f'{parts[0]}/{r}/' for r in order)})")
+            problems.append(
+                f"outside the rooms: {mod.path.relative_to(root)} (put it in one of "
+                f"{', '.join(f'{parts[0]}/{r}/' for r in order)})"
+            )
             continue
         for target, line in mod.imports:
             tparts = target.split(".")
@@ -191,13 +205,20 @@ def room_problems(root: Path, modules: dict[str, Module], rooms: dict[str, dict[
                 continue
             if tparts[1] not in order[room]:
                 allowed = ", ".join(order[room]) or "no other room"
-                problems.append(f"room order: {mod.path.relative_to(root)}:{line} imports {parts[0]}.{tparts[1]} "
-                                f"({parts[0]}/{room}/ may import {allowed})")
+                problems.append(
+                    f"room order: {mod.path.relative_to(root)}:{line} imports {parts[0]}.{tparts[1]} "
+                    f"({parts[0]}/{room}/ may import {allowed})"
+                )
     return problems
 
 
-def _problems(root: Path, modules: dict[str, Module], max_lines: int, forbidden: dict[str, tuple[str, ...]],
-              rooms: dict[str, dict[str, tuple[str, ...]]]) -> list[str]:
+def _problems(
+    root: Path,
+    modules: dict[str, Module],
+    max_lines: int,
+    forbidden: dict[str, tuple[str, ...]],
+    rooms: dict[str, dict[str, tuple[str, ...]]],
+) -> list[str]:
     problems: list[str] = []
     for mod in modules.values():
         if mod.lines > max_lines:
@@ -212,8 +233,10 @@ def _problems(root: Path, modules: dict[str, Module], max_lines: int, forbidden:
         for target, line in mod.imports:
             bad = target.split(".")[0]
             if bad in forbidden.get(top, ()):
-                problems.append(f"forbidden import: {mod.path.relative_to(root)}:{line} imports {bad} "
-                                f"({top}/ may not import {', '.join(forbidden[top])})")
+                problems.append(
+                    f"forbidden import: {mod.path.relative_to(root)}:{line} imports {bad} "
+                    f"({top}/ may not import {', '.join(forbidden[top])})"
+                )
     problems.extend(room_problems(root, modules, rooms))
     return sorted(set(problems))
 
@@ -226,7 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     for p in problems:
         print(p)
     n = len(modules)
-    print(f"check_house: {n} modules, {len(problems)} problem(s)" if problems else f"check_house: {n} modules, all rules hold")
+    print(
+        f"check_house: {n} modules, {len(problems)} problem(s)"
+        if problems
+        else f"check_house: {n} modules, all rules hold"
+    )
     return 1 if problems else 0
 
 

@@ -1,4 +1,5 @@
 """Shared pytest configuration: GPU tests skip without CUDA; torch runs deterministic and small."""
+
 from __future__ import annotations
 
 import os

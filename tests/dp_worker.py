@@ -3,6 +3,7 @@
 Each scenario writes what the rank computed (or the error it raised) to ``out/<scenario>-<rank>.pt``;
 the test compares the ranks with a single process over all the batches.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,15 @@ def estimates(op: HessianOperator) -> dict:
     loss, grad = op.gradient()
     tr = hutchinson_trace(op, num_matvecs=12, seed=3)
     ev = top_eigenvalues(op, k=1, method="lanczos", tol=1e-10, max_iter=60, seed=4)
-    return {"hv": op.matmat_flat(V), "loss": loss, "grad": grad, "trace": tr.value, "lambda": ev.values[0],
-            "weights": op.weights, "num_batches": len(op.batches)}
+    return {
+        "hv": op.matmat_flat(V),
+        "loss": loss,
+        "grad": grad,
+        "trace": tr.value,
+        "lambda": ev.values[0],
+        "weights": op.weights,
+        "num_batches": len(op.batches),
+    }
 
 
 def run(rank: int, world: int, port: int, out: str) -> None:
@@ -41,11 +49,25 @@ def run(rank: int, world: int, port: int, out: str) -> None:
                 raise RuntimeError("this rank's loss broke")
             return lm_loss(m, batch)
 
-        record(out, "rank_fails", rank,
-               lambda: HessianOperator(model, failing_loss, mine, data_parallel=True).matvec_flat(torch.ones(
-                   sum(p.numel() for p in model.parameters()), dtype=torch.float64)))
-        record(out, "empty_rank", rank,
-               lambda: HessianOperator(model, lm_loss, mine if rank == 0 else [], data_parallel=True))
-        record(out, "mismatch", rank,
-               lambda: HessianOperator(model, lm_loss, mine, params="*layers.0.*" if rank == 0 else None,
-                                       data_parallel=True))
+        record(
+            out,
+            "rank_fails",
+            rank,
+            lambda: HessianOperator(model, failing_loss, mine, data_parallel=True).matvec_flat(
+                torch.ones(sum(p.numel() for p in model.parameters()), dtype=torch.float64)
+            ),
+        )
+        record(
+            out,
+            "empty_rank",
+            rank,
+            lambda: HessianOperator(model, lm_loss, mine if rank == 0 else [], data_parallel=True),
+        )
+        record(
+            out,
+            "mismatch",
+            rank,
+            lambda: HessianOperator(
+                model, lm_loss, mine, params="*layers.0.*" if rank == 0 else None, data_parallel=True
+            ),
+        )

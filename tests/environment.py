@@ -5,6 +5,7 @@ extras and the system Chromium (``scripts/install-browser.sh``), so a test that 
 run and fail loudly when they are missing or broken, never skip.
 ``CHROMIUM`` / ``CHROMEDRIVER``: paths of the system browser and its WebDriver, or None.
 """
+
 from __future__ import annotations
 
 import os

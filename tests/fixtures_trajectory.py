@@ -12,6 +12,7 @@ or call :func:`tiny_trajectory_dir` directly. The run is ``TrainConfig.tiny()`` 
 60) and costs ~5-10 s once per process (mostly the one-off corpus / tokenizer preparation).
 Tests must treat the folder as read-only.
 """
+
 from __future__ import annotations
 
 import tempfile

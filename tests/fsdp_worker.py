@@ -2,6 +2,7 @@
 shards a tiny model with FSDP2 ``fully_shard`` and runs the estimators on a
 :class:`~geometry.operators.sharded.ShardedHessianOperator`; each scenario saves what the rank
 computed, or the error it raised, to ``out/<scenario>-<rank>.pt``."""
+
 from __future__ import annotations
 
 import torch
@@ -39,15 +40,27 @@ def run(rank: int, world: int, port: int, out: str) -> None:
             def run_family():
                 op = ShardedHessianOperator(model, lm_loss, mine)
                 res = estimates(op)
-                res.update(local_dim=op.local_dim, dim=op.dim, global_dim=op.global_dim,
-                           unchanged=all(torch.equal(before[n], p.to_local()) for n, p in model.named_parameters()))
+                res.update(
+                    local_dim=op.local_dim,
+                    dim=op.dim,
+                    global_dim=op.global_dim,
+                    unchanged=all(torch.equal(before[n], p.to_local()) for n, p in model.named_parameters()),
+                )
                 return res
 
             record(out, f"same-{family}", rank, run_family)
         half = shard_model(micro_llama(seed=1).bfloat16(), compute_dtype=torch.bfloat16)  # kept in bfloat16
         record(out, "refuses-half-shards", rank, lambda: ShardedHessianOperator(half, lm_loss, mine))
-        record(out, "half-shards-on-request", rank,
-               lambda: {"dtype": str(ShardedHessianOperator(half, lm_loss, mine, compute_dtype="bfloat16").param_dtype)})
+        record(
+            out,
+            "half-shards-on-request",
+            rank,
+            lambda: {"dtype": str(ShardedHessianOperator(half, lm_loss, mine, compute_dtype="bfloat16").param_dtype)},
+        )
         model = shard_model(micro_gptneox(seed=1))
-        record(out, "refuses-slq", rank, lambda: spectral_density(ShardedHessianOperator(model, lm_loss, mine),
-                                                                  num_runs=1, num_steps=4))
+        record(
+            out,
+            "refuses-slq",
+            rank,
+            lambda: spectral_density(ShardedHessianOperator(model, lm_loss, mine), num_runs=1, num_steps=4),
+        )

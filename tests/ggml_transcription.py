@@ -5,6 +5,7 @@ Independent of :mod:`probes.quant.ggml_kquants` on purpose: element-by-element l
 ``numpy.float32`` scalars (every operation rounds to float32 as the C code does), no torch, no
 vectorisation; the packed blocks are then decoded by the ``gguf`` package's own dequantizer.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -75,18 +76,18 @@ def quantize_row_q4_k(row: np.ndarray) -> bytes:
     """Q4_K blocks of a float32 row (length a multiple of 256), as bytes."""
     out = bytearray()
     for s in range(0, len(row), QK_K):
-        x = [F(v) for v in row[s:s + QK_K]]
+        x = [F(v) for v in row[s : s + QK_K]]
         L = [0] * QK_K
         scales, mins = [F(0)] * 8, [F(0)] * 8
         max_scale = max_min = F(0)
         for j in range(8):
-            sub = x[32 * j:32 * j + 32]
+            sub = x[32 * j : 32 * j + 32]
             sum_x2 = F(0)
             for v in sub:
                 sum_x2 = F(sum_x2 + F(v * v))
             av_x = F(np.sqrt(F(sum_x2 / F(32))))
             w = [F(av_x + F(abs(v))) for v in sub]
-            scales[j], mins[j], L[32 * j:32 * j + 32] = make_qkx2_quants(sub, w, 15, -1.0, 0.1, 20)
+            scales[j], mins[j], L[32 * j : 32 * j + 32] = make_qkx2_quants(sub, w, 15, -1.0, 0.1, 20)
             if scales[j] > max_scale:
                 max_scale = scales[j]
             if mins[j] > max_min:

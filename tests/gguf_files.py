@@ -7,6 +7,7 @@ tokenizer (tokens, types, merges). Tensors use llama.cpp's names and its q/k row
 (convert_hf_to_gguf's ``permute``); the block linears are stored as Q8_0 (or another type), the
 rest as F32.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,15 +25,26 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def gguf_names() -> dict[str, str]:
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     for i in range(LAYERS):
         p, b = f"model.layers.{i}.", f"blk.{i}."
-        names.update({p + "input_layernorm.weight": b + "attn_norm.weight",
-                      p + "self_attn.q_proj.weight": b + "attn_q.weight", p + "self_attn.k_proj.weight": b + "attn_k.weight",
-                      p + "self_attn.v_proj.weight": b + "attn_v.weight", p + "self_attn.o_proj.weight": b + "attn_output.weight",
-                      p + "post_attention_layernorm.weight": b + "ffn_norm.weight", p + "mlp.gate_proj.weight": b + "ffn_gate.weight",
-                      p + "mlp.up_proj.weight": b + "ffn_up.weight", p + "mlp.down_proj.weight": b + "ffn_down.weight"})
+        names.update(
+            {
+                p + "input_layernorm.weight": b + "attn_norm.weight",
+                p + "self_attn.q_proj.weight": b + "attn_q.weight",
+                p + "self_attn.k_proj.weight": b + "attn_k.weight",
+                p + "self_attn.v_proj.weight": b + "attn_v.weight",
+                p + "self_attn.o_proj.weight": b + "attn_output.weight",
+                p + "post_attention_layernorm.weight": b + "ffn_norm.weight",
+                p + "mlp.gate_proj.weight": b + "ffn_gate.weight",
+                p + "mlp.up_proj.weight": b + "ffn_up.weight",
+                p + "mlp.down_proj.weight": b + "ffn_down.weight",
+            }
+        )
     return names
 
 
@@ -46,10 +58,20 @@ def train_tiny_llama(steps: int = 20):
 
     text = embedded_corpus()[:200_000]
     tok = train_bpe_tokenizer(text, vocab_size=320)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
-                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=128,
-                      rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
     ids = torch.tensor(tok.encode(text[:40_000])[: 16 * 64]).reshape(16, 64)
@@ -84,7 +106,9 @@ def write_gguf(path: Path, model, tok, linear_type: str = "Q8_0") -> Path:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.CONTROL if t in tok.all_special_tokens else gguf.TokenType.NORMAL for t in tokens])
+    w.add_token_types(
+        [gguf.TokenType.CONTROL if t in tok.all_special_tokens else gguf.TokenType.NORMAL for t in tokens]
+    )
     w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in merges])
     w.add_bos_token_id(tok.bos_token_id)
     w.add_eos_token_id(tok.eos_token_id)

@@ -4,6 +4,7 @@ A worker ``run(rank, world, port, out)`` joins the group with :func:`gloo_group`
 per process) and saves each scenario's result, or the error it raised, with :func:`record`;
 :func:`run_ranks` spawns the ranks and returns ``{scenario: [result of rank 0, rank 1, …]}``.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -28,6 +28,7 @@ xmin = min(min x, 0), xmax = max(max x, 0); symmetric: xmax = max(|xmin|, xmax),
 xmin < 0; a row with xmin = xmax = 0 gets [−1, 1]; scale = (xmax − xmin)/maxq; zero = (maxq+1)/2
 (symmetric) or round(−xmin/scale); q = scale·(clamp(round(x/scale) + zero, 0, maxq) − zero).
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,7 +38,7 @@ class RowQuantizer:
     """Per-row INT-b min/max quantizer of the reference (``perchannel=True``, no MSE search)."""
 
     def __init__(self, bits: int, sym: bool):
-        self.maxq = 2 ** bits - 1
+        self.maxq = 2**bits - 1
         self.sym = sym
         self.scale: torch.Tensor | None = None
         self.zero: torch.Tensor | None = None
@@ -92,9 +93,17 @@ class HessianAccumulator:
         self.H += X @ X.T
 
 
-def transcribed_gptq(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: int = -1, sym: bool = False,
-                     act_order: bool = False, static_groups: bool = False, percdamp: float = 0.01,
-                     blocksize: int = 128) -> torch.Tensor:
+def transcribed_gptq(
+    W: torch.Tensor,
+    H: torch.Tensor,
+    bits: int,
+    group_size: int = -1,
+    sym: bool = False,
+    act_order: bool = False,
+    static_groups: bool = False,
+    percdamp: float = 0.01,
+    blocksize: int = 128,
+) -> torch.Tensor:
     """The dequantized GPTQ weight [rows, cols] of ``W`` given ``H`` (both copied, float64 kept)."""
     W = W.clone()
     H = H.clone()
@@ -108,7 +117,7 @@ def transcribed_gptq(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: in
     groups: list[RowQuantizer] = []
     if static_groups:
         for a in range(0, cols, group_size):
-            groups.append(RowQuantizer(bits, sym).fit(W[:, a:a + group_size]))
+            groups.append(RowQuantizer(bits, sym).fit(W[:, a : a + group_size]))
 
     perm = None
     if act_order:
@@ -132,7 +141,7 @@ def transcribed_gptq(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: in
                     original = int(perm[col]) if perm is not None else col
                     quant = groups[original // group_size]
                 elif col % group_size == 0:
-                    quant = RowQuantizer(bits, sym).fit(W[:, col:col + group_size])
+                    quant = RowQuantizer(bits, sym).fit(W[:, col : col + group_size])
             w = block[:, c]
             q = quant(w)
             Q[:, col] = q

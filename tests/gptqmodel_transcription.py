@@ -24,6 +24,7 @@ Tie rule: inside a group this oracle sorts with Python's stable ``sorted``; GPTQ
 preset) use ``torch.sort(descending=True)``, whose order among *equal* diagonal entries is not
 specified. Tests use tie-free diagonals for the within-group order.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,7 +36,7 @@ class Grid:
     """GPTQModel ``Quantizer`` (perchannel, mse = 0) on float32 rows."""
 
     def __init__(self, bits: int, sym: bool):
-        self.maxq = 2 ** bits - 1
+        self.maxq = 2**bits - 1
         self.sym = sym
 
     def fit(self, x: torch.Tensor) -> Grid:
@@ -114,8 +115,17 @@ def hessian(sequences: list[torch.Tensor]) -> torch.Tensor:
     return total.mul_(2.0 / float(n))
 
 
-def gptqmodel_gptq(W: torch.Tensor, H: torch.Tensor, bits: int, g: int, sym: bool = True, desc_act: bool = False,
-                   damp: float = 0.05, step: float = 0.01, block: int = 128) -> tuple[torch.Tensor, float]:
+def gptqmodel_gptq(
+    W: torch.Tensor,
+    H: torch.Tensor,
+    bits: int,
+    g: int,
+    sym: bool = True,
+    desc_act: bool = False,
+    damp: float = 0.05,
+    step: float = 0.01,
+    block: int = 128,
+) -> tuple[torch.Tensor, float]:
     """(dequantized weight in W's dtype, λ used)."""
     out_dtype = W.dtype
     W = W.to(torch.float32).clone()
@@ -141,7 +151,7 @@ def gptqmodel_gptq(W: torch.Tensor, H: torch.Tensor, bits: int, g: int, sym: boo
         for k in range(stop - start):
             col = start + k
             if g != -1 and col % g == 0:
-                grid = Grid(bits, sym).fit(W[:, col:col + g])
+                grid = Grid(bits, sym).fit(W[:, col : col + g])
             w = Wb[:, k]
             q = grid(w.reshape(-1, 1)).reshape(-1)
             Q[:, col] = q

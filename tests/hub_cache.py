@@ -5,6 +5,7 @@ relative symlinks into ``blobs/<sha256>``. :func:`add_revision` copies a saved c
 (config, weights, tokenizer) in as one revision; :func:`add_ref_only` writes a ref whose snapshot
 was never downloaded (what an interrupted download leaves behind).
 """
+
 from __future__ import annotations
 
 import hashlib

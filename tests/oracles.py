@@ -17,13 +17,15 @@ and J = ∂z₂/∂θ [C, P]:
     ∂²z₂_k/∂W₁[j, m]∂W₁[j, m'] = W₂[k, j] σ''_j x_m x_m'   (b₁: x → 1, same hidden unit j only)
     ∂²z₂_k/∂W₂[k, j]∂W₁[j, m]  = σ'_j x_m                   (b₁: x_m → 1)
 """
+
 from __future__ import annotations
 
 import torch
 
 
-def mlp_hessian(W1: torch.Tensor, b1: torch.Tensor, W2: torch.Tensor, b2: torch.Tensor,
-                X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def mlp_hessian(
+    W1: torch.Tensor, b1: torch.Tensor, W2: torch.Tensor, b2: torch.Tensor, X: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
     """The Hessian [P, P] (float64) of the mean cross-entropy of the tanh MLP above on (X [N, d], y [N])."""
     W1, b1, W2, b2, X = (t.detach().to(torch.float64) for t in (W1, b1, W2, b2, X))
     h, d = W1.shape
@@ -74,4 +76,3 @@ def mlp_hessian(W1: torch.Tensor, b1: torch.Tensor, W2: torch.Tensor, b2: torch.
 def mlp_parameters(model: torch.nn.Sequential) -> tuple[torch.Tensor, ...]:
     """(W1, b1, W2, b2) of ``nn.Sequential(nn.Linear(d, h), nn.Tanh(), nn.Linear(h, C))``."""
     return model[0].weight, model[0].bias, model[2].weight, model[2].bias
-

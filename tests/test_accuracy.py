@@ -6,6 +6,7 @@ a mean over all next-token targets of a sequence, so the continuation's log-like
 ``-( (|ctx+cont|-1)·lm_loss(ctx+cont) − (|ctx|-1)·lm_loss(ctx) )`` (causal: the context's targets
 are scored identically in both), a code path that shares nothing with lm-eval's.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,22 @@ import torch
 
 pytest.importorskip("lm_eval")
 
-from probes.accuracy import (TASK_NAME, AccuracyError, TaskUnavailable, build_items, embedded_items, export_task,
-                             length_baselines, mcnemar_p, paired_delta, prepare_tasks, score_model, select_tasks,
-                             subsample, task_accuracy)
+from probes.accuracy import (
+    TASK_NAME,
+    AccuracyError,
+    TaskUnavailable,
+    build_items,
+    embedded_items,
+    export_task,
+    length_baselines,
+    mcnemar_p,
+    paired_delta,
+    prepare_tasks,
+    score_model,
+    select_tasks,
+    subsample,
+    task_accuracy,
+)
 from probes.accuracy.embedded import CONTEXT_TOKENS, reference_tokenizer
 from probes.core.lm import lm_loss
 from probes.data import embedded_documents, is_heldout, train_bpe_tokenizer
@@ -43,14 +57,14 @@ def _model(seed=0, dtype=torch.float32, family="gpt_neox"):
 def test_embedded_task_is_well_formed(items, tok):
     assert len(items) > 1000
     prompts = [it["prompt"] for it in items]
-    assert len(set(prompts)) == len(prompts)                          # no duplicate item
+    assert len(set(prompts)) == len(prompts)  # no duplicate item
     assert len({(it["prompt"], tuple(it["choices"])) for it in items}) == len(items)
     corpus = json.loads(items[0]["corpus"])
     assert corpus["python"] and corpus["split"] == "heldout" and len(corpus["sha256"]) == 64
     for it in items:
         assert len(it["choices"]) == 4 and len(set(it["choices"])) == 4  # 4 distinct options
-        assert isinstance(it["gold"], int) and 0 <= it["gold"] < 4       # exactly one gold
-        assert is_heldout(it["doc"])                                     # held-out documents only
+        assert isinstance(it["gold"], int) and 0 <= it["gold"] < 4  # exactly one gold
+        assert is_heldout(it["doc"])  # held-out documents only
         assert not it["prompt"].endswith(" ") and all(c.startswith(" ") for c in it["choices"])
         # within the context: prompt + longest choice, encoded together as lm-eval does
         assert max(len(tok.encode(it["prompt"] + c)) for c in it["choices"]) <= CONTEXT_TOKENS
@@ -59,10 +73,10 @@ def test_embedded_task_is_well_formed(items, tok):
 
 
 def test_embedded_task_is_deterministic_and_fits_larger_vocabularies(items, tok):
-    fresh = build_items(tokenizer=tok)                # rebuilt from the corpus, not the disk cache
+    fresh = build_items(tokenizer=tok)  # rebuilt from the corpus, not the disk cache
     assert fresh == items
     train = [t for _, t in embedded_documents(True, "train")]
-    bpe512 = train_bpe_tokenizer(train, 512)          # the demo's vocabulary: never more tokens
+    bpe512 = train_bpe_tokenizer(train, 512)  # the demo's vocabulary: never more tokens
     for it in items[::7]:
         for c in it["choices"]:
             assert len(bpe512.encode(it["prompt"] + c)) <= len(tok.encode(it["prompt"] + c))
@@ -79,15 +93,22 @@ def _lm_loss_loglik(model, tok, context: str, continuation: str) -> float:
     """log p(continuation | context) from the project's lm_loss, on lm-eval's token split."""
     ctx = tok.encode(context)
     whole = tok.encode(context + continuation)
-    seq = ctx + whole[len(ctx):]
+    seq = ctx + whole[len(ctx) :]
     with torch.no_grad():
         full = float(lm_loss(model, torch.tensor([seq]))) * (len(seq) - 1)
         head = float(lm_loss(model, torch.tensor([ctx]))) * (len(ctx) - 1) if len(ctx) > 1 else 0.0
     return -(full - head)
 
 
-@pytest.mark.parametrize("dtype,family,spec", [(torch.float64, "gpt_neox", None), (torch.float64, "gpt_neox", "rtn:2:g32"),
-                                               (torch.float32, "llama", None), (torch.float32, "gpt_neox", "rtn:3:row")])
+@pytest.mark.parametrize(
+    "dtype,family,spec",
+    [
+        (torch.float64, "gpt_neox", None),
+        (torch.float64, "gpt_neox", "rtn:2:g32"),
+        (torch.float32, "llama", None),
+        (torch.float32, "gpt_neox", "rtn:3:row"),
+    ],
+)
 def test_lm_eval_logliks_equal_lm_loss(tok, dtype, family, spec):
     from probes.quant import quantize
 
@@ -127,17 +148,17 @@ def test_paired_delta_matches_direct_computation():
     # paired: only the 40 discordant items vary, so the interval is far narrower than an unpaired one
     unpaired_se = (fp.var(ddof=1) / 300 + q.var(ddof=1) / 300) ** 0.5
     assert d.stderr < 0.6 * unpaired_se
-    assert d.stderr == pytest.approx((40 / 300) ** 0.5 / 300 ** 0.5, rel=0.15)   # √(discordant share / n)
+    assert d.stderr == pytest.approx((40 / 300) ** 0.5 / 300**0.5, rel=0.15)  # √(discordant share / n)
     same = paired_delta(fp, fp, n_boot=200)
     assert same.delta == 0 and same.ci_low == 0 and same.ci_high == 0 and same.p == 1.0
 
 
 def test_mcnemar_exact_values():
     fp = np.array([1] * 10 + [0] * 2 + [1] * 5, bool)
-    q = np.array([0] * 10 + [1] * 2 + [1] * 5, bool)     # b = 10, c = 2
+    q = np.array([0] * 10 + [1] * 2 + [1] * 5, bool)  # b = 10, c = 2
     from math import comb
 
-    p = 2 * sum(comb(12, k) for k in range(3)) / 2 ** 12
+    p = 2 * sum(comb(12, k) for k in range(3)) / 2**12
     assert mcnemar_p(fp, q) == pytest.approx(p, rel=1e-12)
 
 
@@ -146,7 +167,7 @@ def test_paired_delta_of_a_mean_over_tasks():
     fps = [rng.random(n) < 0.5 for n in (50, 400)]
     qs = [f ^ (rng.random(f.size) < 0.1) for f in fps]
     d = paired_delta(fps, qs, n_boot=500, seed=0)
-    want = np.mean([q.mean() - f.mean() for f, q in zip(fps, qs)])    # each task weighs the same
+    want = np.mean([q.mean() - f.mean() for f, q in zip(fps, qs)])  # each task weighs the same
     assert d.delta == pytest.approx(want, abs=1e-12) and d.p is None and d.n == 450
     with pytest.raises(ValueError):
         paired_delta(fps[0], qs[1])
@@ -187,18 +208,20 @@ def test_uncached_task_fails_with_a_one_line_hint(tmp_path, monkeypatch, tok):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "empty-cache"))
     y = tmp_path / "remote.yaml"
-    y.write_text("task: remote_never_cached\ndataset_path: losslens-test/never-cached-xyz\ntest_split: test\n"
-                 "output_type: multiple_choice\ndoc_to_text: q\ndoc_to_choice: ['a', 'b']\ndoc_to_target: 0\n")
+    y.write_text(
+        "task: remote_never_cached\ndataset_path: losslens-test/never-cached-xyz\ntest_split: test\n"
+        "output_type: multiple_choice\ndoc_to_text: q\ndoc_to_choice: ['a', 'b']\ndoc_to_target: 0\n"
+    )
     rep = task_accuracy(_model(), tok, [str(y), "embedded"], limit=5, n_boot=0)
     err = rep.scores["fp"]["remote_never_cached"]
     assert isinstance(err, TaskUnavailable)
     msg = str(err)
     assert "\n" not in msg and "HF_DATASETS_OFFLINE=1" in msg and "cache it once while online" in msg
-    assert rep.scores["fp"][TASK_NAME].n == 5                   # the other task still ran
+    assert rep.scores["fp"][TASK_NAME].n == 5  # the other task still ran
 
 
 def test_items_beyond_the_context_are_counted(tok):
-    model = tiny_model("gpt_neox", vocab_size=384, max_position_embeddings=24)   # far below the task's 64 tokens
+    model = tiny_model("gpt_neox", vocab_size=384, max_position_embeddings=24)  # far below the task's 64 tokens
     score = score_model(model, tok, prepare_tasks(select_tasks("embedded"), limit=10), limit=10)[TASK_NAME]
     assert score.n_truncated == 10
 

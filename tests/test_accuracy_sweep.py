@@ -1,4 +1,5 @@
 """The accuracy probe in sweeps: rows per variant and task, paired with FP, resumable, failures per task (#28)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,15 +23,20 @@ def traj():
 
 
 def _plan(tasks=("embedded",), **kw):
-    return Plan(loss=True, quant=(SPEC,), lawa=(2,), accuracy=AccuracyProbe(tasks=tasks, specs=(SPEC,), limit=20, n_boot=100, **kw),
-                data=DataSpec(eval=(1, 4, 64), calibration=(1, 4, 64), curvature=(1, 2, 64)))
+    return Plan(
+        loss=True,
+        quant=(SPEC,),
+        lawa=(2,),
+        accuracy=AccuracyProbe(tasks=tasks, specs=(SPEC,), limit=20, n_boot=100, **kw),
+        data=DataSpec(eval=(1, 4, 64), calibration=(1, 4, 64), curvature=(1, 2, 64)),
+    )
 
 
 def test_accuracy_rows_match_the_function_and_resume(traj, tmp_path):
     out = tmp_path / "r.sqlite"
     plan = _plan()
     keys = [t.spec for t in plan.tasks() if t.probe == "accuracy"]
-    q = plan.accuracy.specs[0]                                          # the canonical spec string
+    q = plan.accuracy.specs[0]  # the canonical spec string
     assert keys == ["fp", f"fp@{TASK_NAME}", q, f"{q}@{TASK_NAME}"]
     rep = run_sweep(traj, plan, out=out, progress=False)
     assert rep.n_failed == 0 and rep.n_ok == (len(traj) + 1) * 6
@@ -39,18 +45,19 @@ def test_accuracy_rows_match_the_function_and_resume(traj, tmp_path):
     acc = df[df["probe"] == "accuracy"]
     last = str(traj[-1].label)
     spec = q
-    direct = task_accuracy(CheckpointLoader(traj).load(traj[-1]), load_tokenizer(traj[-1]), "embedded", specs=[SPEC],
-                           limit=20, n_boot=100)
+    direct = task_accuracy(
+        CheckpointLoader(traj).load(traj[-1]), load_tokenizer(traj[-1]), "embedded", specs=[SPEC], limit=20, n_boot=100
+    )
     fp = direct.scores["fp"][TASK_NAME]
 
     def val(s, m):
         return float(acc[(acc["checkpoint"] == last) & (acc["spec"] == s) & (acc["metric"] == m)]["value"].iloc[0])
 
     assert val(f"fp@{TASK_NAME}", "acc") == pytest.approx(fp.acc)
-    assert val("fp", "acc") == pytest.approx(fp.acc)                  # one task: the mean is the task
+    assert val("fp", "acc") == pytest.approx(fp.acc)  # one task: the mean is the task
     assert val(spec, "delta_acc") == pytest.approx(direct.deltas[SPEC][TASK_NAME].delta)
     assert val(f"{spec}@{TASK_NAME}", "rel_drop") == pytest.approx(direct.deltas[SPEC][TASK_NAME].rel_drop, nan_ok=True)
-    s = series(df, f"accuracy/{SPEC}/delta_acc")                      # correlate's series key for Δacc
+    s = series(df, f"accuracy/{SPEC}/delta_acc")  # correlate's series key for Δacc
     assert len(s) == len(traj) and np.isfinite(s.to_numpy()).all()
     assert np.allclose(series(df, f"delta_acc:{SPEC}").to_numpy(), s.to_numpy())
     from probes.analysis.accuracy import accuracy_verdict
@@ -58,13 +65,17 @@ def test_accuracy_rows_match_the_function_and_resume(traj, tmp_path):
     from probes.report.pages import build_report
 
     pairs = accuracy_pairs(df)
-    assert len(pairs) == len(traj) + 1 and set(pairs["spec"]) == {q}     # + the LAWA checkpoint (its tokenizer: the run's)
+    assert len(pairs) == len(traj) + 1 and set(pairs["spec"]) == {q}  # + the LAWA checkpoint (its tokenizer: the run's)
     v = accuracy_verdict(df, q, n_boot=200)
     assert v["answer"] in ("yes", "no", "not resolved") and "Spearman" in v["text"]
     assert v["n"] == len(traj) or "constant" in v["text"]
     page = build_report(df, tmp_path / "report.html").read_text()
-    assert "Loss vs task accuracy" in page and 'data-figure="loss_vs_accuracy"' in page and "Does task accuracy fall" in page
-    again = run_sweep(traj, plan, out=out, progress=False)              # resumable: nothing recomputed
+    assert (
+        "Loss vs task accuracy" in page
+        and 'data-figure="loss_vs_accuracy"' in page
+        and "Does task accuracy fall" in page
+    )
+    again = run_sweep(traj, plan, out=out, progress=False)  # resumable: nothing recomputed
     assert again.n_run == 0 and again.n_skipped == (len(traj) + 1) * 6
 
 
@@ -72,10 +83,16 @@ def test_an_uncached_task_fails_its_rows_only(traj, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "empty"))
     y = tmp_path / "remote.yaml"
-    y.write_text("task: remote_never_cached\ndataset_path: losslens-test/never-cached-xyz\ntest_split: test\n"
-                 "output_type: multiple_choice\ndoc_to_text: q\ndoc_to_choice: ['a', 'b']\ndoc_to_target: 0\n")
-    plan = Plan(loss=False, accuracy=AccuracyProbe(tasks=("embedded", str(y)), limit=10, n_boot=0),
-                data=DataSpec(eval=(1, 4, 64), calibration=(1, 4, 64), curvature=(1, 2, 64)), checkpoints=(str(traj[0].label),))
+    y.write_text(
+        "task: remote_never_cached\ndataset_path: losslens-test/never-cached-xyz\ntest_split: test\n"
+        "output_type: multiple_choice\ndoc_to_text: q\ndoc_to_choice: ['a', 'b']\ndoc_to_target: 0\n"
+    )
+    plan = Plan(
+        loss=False,
+        accuracy=AccuracyProbe(tasks=("embedded", str(y)), limit=10, n_boot=0),
+        data=DataSpec(eval=(1, 4, 64), calibration=(1, 4, 64), curvature=(1, 2, 64)),
+        checkpoints=(str(traj[0].label),),
+    )
     rep = run_sweep(traj, plan, out=tmp_path / "r.sqlite", progress=False)
     failed = {(p, s): e for _, p, s, e in rep.failures}
     assert set(failed) == {("accuracy", "fp@remote_never_cached"), ("accuracy", "fp")}
@@ -101,8 +118,9 @@ def test_cli_accuracy_json(traj):
     from probes.cli import app
 
     ck = traj[-1].location
-    res = CliRunner().invoke(app, ["accuracy", str(ck), "--tasks", "embedded", "--spec", SPEC, "--limit", "12",
-                                   "--n-boot", "50", "--json"])
+    res = CliRunner().invoke(
+        app, ["accuracy", str(ck), "--tasks", "embedded", "--spec", SPEC, "--limit", "12", "--n-boot", "50", "--json"]
+    )
     assert res.exit_code == 0, res.output
     recs = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     by = {(r["variant"], r["task"]): r for r in recs}

@@ -1,4 +1,5 @@
 """probes.analysis: correlations vs scipy, bootstrap intervals, partial correlation, phases, series."""
+
 from __future__ import annotations
 
 import math
@@ -8,8 +9,16 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from probes.analysis import (AnalysisError, convergence_onset, correlate, detect_phases, divergence_onset,
-                             partial_correlation, series, summary)
+from probes.analysis import (
+    AnalysisError,
+    convergence_onset,
+    correlate,
+    detect_phases,
+    divergence_onset,
+    partial_correlation,
+    series,
+    summary,
+)
 
 
 @pytest.fixture
@@ -20,7 +29,9 @@ def xy():
     return x, y
 
 
-@pytest.mark.parametrize("method,ref", [("pearson", stats.pearsonr), ("spearman", stats.spearmanr), ("kendall", stats.kendalltau)])
+@pytest.mark.parametrize(
+    "method,ref", [("pearson", stats.pearsonr), ("spearman", stats.spearmanr), ("kendall", stats.kendalltau)]
+)
 def test_correlate_matches_scipy(xy, method, ref):
     x, y = xy
     c = correlate(x, y, method=method, n_boot=500, seed=3)
@@ -184,8 +195,23 @@ def _tidy(n=12):
     rows = []
     rng = np.random.default_rng(0)
     for i in range(n):
-        base = dict(run="t", checkpoint=f"step{i * 100}", step=i * 100, tokens=i * 1000, lr=1e-3 * (1 - i / n), derived=False,
-                    n_hvp=0, seconds=0.1, status="ok", error=None, seed=0, data_hash="h", stderr=np.nan, ci_low=np.nan, ci_high=np.nan)
+        base = dict(
+            run="t",
+            checkpoint=f"step{i * 100}",
+            step=i * 100,
+            tokens=i * 1000,
+            lr=1e-3 * (1 - i / n),
+            derived=False,
+            n_hvp=0,
+            seconds=0.1,
+            status="ok",
+            error=None,
+            seed=0,
+            data_hash="h",
+            stderr=np.nan,
+            ci_low=np.nan,
+            ci_high=np.nan,
+        )
         loss = 4.0 - min(i, 7) * 0.3
         rows.append({**base, "probe": "loss", "spec": "", "metric": "loss", "value": loss})
         rows.append({**base, "probe": "loss", "spec": "", "metric": "ppl", "value": math.exp(loss)})
@@ -193,7 +219,11 @@ def _tidy(n=12):
         rows.append({**base, "probe": "trace", "spec": "hutch++", "metric": "trace", "value": tr, "stderr": 1.0})
         gap = 0.001 * math.exp(0.05 * i + (0.5 * (i - 8) if i > 8 else 0))
         for spec, scale in (("rtn:4:g128", 1.0), ("gptq:3:g128", 3.0)):
-            for m, v in (("q_loss", loss * (1 + gap * scale)), ("rel_loss_error", gap * scale), ("ppl_gap", gap * scale)):
+            for m, v in (
+                ("q_loss", loss * (1 + gap * scale)),
+                ("rel_loss_error", gap * scale),
+                ("ppl_gap", gap * scale),
+            ):
                 rows.append({**base, "probe": "quant", "spec": spec, "metric": m, "value": v})
     rows.append({**rows[0], "checkpoint": "lawa4", "derived": True, "step": None, "value": 9.0})
     df = pd.DataFrame(rows)

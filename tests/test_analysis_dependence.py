@@ -2,6 +2,7 @@
 run-level t over the runs, an AR(1) effective-n t with one or two runs, effective n, and
 'descriptive' where neither holds. The Monte-Carlo checks are seeded; their tolerances are 3
 binomial standard errors of the rate over the replicates."""
+
 from __future__ import annotations
 
 import math
@@ -9,7 +10,6 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats
 
 from probes.analysis import correlate, partial_correlation, summary
 from probes.analysis.correlation import DESCRIPTIVE, EFFECTIVE_N
@@ -50,8 +50,10 @@ def test_unrelated_trending_runs_interval_and_p_at_nominal_rate():
         reject += c.p < 0.05
         iid_reject += c.p_iid < 0.05
     tol = 3 * _se(0.05, reps)
-    print(f"effective-n coverage {cover / reps:.3f}, rejection {reject / reps:.3f}; scipy rejection "
-          f"{iid_reject / reps:.3f}; tolerance {tol:.3f}")
+    print(
+        f"effective-n coverage {cover / reps:.3f}, rejection {reject / reps:.3f}; scipy rejection "
+        f"{iid_reject / reps:.3f}; tolerance {tol:.3f}"
+    )
     assert cover / reps >= 0.95 - tol, cover / reps
     assert reject / reps <= 0.05 + tol, reject / reps
     assert iid_reject / reps > 0.05 + tol, iid_reject
@@ -73,8 +75,10 @@ def test_partial_correlation_gets_the_same_treatment():
         reject += c.p < 0.05
         t_reject += c.p_iid < 0.05
     tol = 3 * _se(0.05, reps)
-    print(f"partial: coverage {cover / reps:.3f}, shift-test rejection {reject / reps:.3f}, t-test rejection "
-          f"{t_reject / reps:.3f}; tolerance {tol:.3f}")
+    print(
+        f"partial: coverage {cover / reps:.3f}, shift-test rejection {reject / reps:.3f}, t-test rejection "
+        f"{t_reject / reps:.3f}; tolerance {tol:.3f}"
+    )
     assert cover / reps >= 0.95 - tol and reject / reps <= 0.05 + tol, (cover, reject)
     assert t_reject / reps > 0.05 + tol, t_reject
 
@@ -128,8 +132,13 @@ def test_summary_orders_each_run_by_step_and_reports_dependence():
     b.loc[b.probe == "trace", "value"] += 5.0
     df = pd.concat([a, b], ignore_index=True)
     tab = summary(df, x="trace", y=["gptq:3:g128"], methods=("pearson", "spearman", "kendall"), n_boot=200)
-    shuffled = summary(df.sample(frac=1.0, random_state=1), x="trace", y=["gptq:3:g128"],
-                       methods=("pearson", "spearman", "kendall"), n_boot=200)
+    shuffled = summary(
+        df.sample(frac=1.0, random_state=1),
+        x="trace",
+        y=["gptq:3:g128"],
+        methods=("pearson", "spearman", "kendall"),
+        n_boot=200,
+    )
     pd.testing.assert_frame_equal(tab, shuffled)
     assert (tab["n"] == 22).all() and (tab["n_runs"] == 2).all()
     assert (tab["n_eff"] < tab["n"]).all()

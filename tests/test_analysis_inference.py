@@ -3,6 +3,7 @@ effective-n fallback and its 'descriptive' gate, each against a hand computation
 calibration at the issue's cell (4 runs × 30 checkpoints, φ = 0.9, a shared cyclic LR controlled),
 asserting the nominal rates within 3 binomial standard errors (benchmarks/statistics.py is the full
 grid)."""
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,10 @@ def test_effective_n_fallback_gate():
     assert ok["ok"] and ok["nu"] == 55
     half = stats.t.ppf(0.975, 55) / math.sqrt(55)
     assert ok["ci_low"] == pytest.approx(math.tanh(math.atanh(0.3) - half))
-    for bad in (inf.within_effective_n_t(0.3, 13.9, 1, 1, 0.5, 0.2),
-                inf.within_effective_n_t(0.3, 200.0, 2, 0, 0.95, 0.1)):
+    for bad in (
+        inf.within_effective_n_t(0.3, 13.9, 1, 1, 0.5, 0.2),
+        inf.within_effective_n_t(0.3, 200.0, 2, 0, 0.95, 0.1),
+    ):
         assert not bad["ok"] and math.isnan(bad["p"]) and math.isnan(bad["ci_high"])
 
 

@@ -1,4 +1,5 @@
 """geometry.estimators.attribution: the factorisation ½dᵀHd = ½‖d‖²(tr H/n)κ and per-block parts, against exact Hessians."""
+
 from __future__ import annotations
 
 import json
@@ -156,8 +157,11 @@ def test_group_parts_refuse_groups_that_do_not_partition():
 
 def test_within_blocks_of_a_dense_operator_with_a_space():
     model = nn.Sequential(nn.Linear(3, 2), nn.Tanh(), nn.Linear(2, 2)).double()
-    H, space = exact_hessian(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]),
-                             [(torch.randn(8, 3, dtype=torch.float64), torch.randint(0, 2, (8,)))])
+    H, space = exact_hessian(
+        model,
+        lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+        [(torch.randn(8, 3, dtype=torch.float64), torch.randint(0, 2, (8,)))],
+    )
     d = torch.linspace(-1, 1, space.dim, dtype=torch.float64)
     within, spent = within_block_curvature(DenseOperator(H, space), d, "parameter", max_memory="1GB")
     assert spent == len(space.names)

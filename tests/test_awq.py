@@ -1,5 +1,6 @@
 """AWQ (probes.quant.awq) against a direct, loop-by-loop implementation of its search, its output
 error against RTN's on the calibration inputs, the spec, and the fake-quantization identity."""
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,10 @@ def _inputs(model, calib, names) -> dict[str, torch.Tensor]:
     """Every named linear's input rows [n_tokens, in] over the calibration set, from the FP model."""
     mods = dict(model.named_modules())
     rows: dict[str, list] = {n: [] for n in names}
-    hs = [mods[n].register_forward_pre_hook(lambda m, a, n=n: rows[n].append(a[0].detach().reshape(-1, a[0].shape[-1])))
-          for n in names]
+    hs = [
+        mods[n].register_forward_pre_hook(lambda m, a, n=n: rows[n].append(a[0].detach().reshape(-1, a[0].shape[-1])))
+        for n in names
+    ]
     with torch.no_grad():
         for ids in calib:
             model(input_ids=ids)
@@ -48,7 +51,7 @@ def _inputs(model, calib, names) -> dict[str, torch.Tensor]:
 # ------------------------------------------------------------------ the direct implementation
 def rtn_vec(w: torch.Tensor, bits: int) -> torch.Tensor:
     """docs/science.md §3 for one (row, group): lo = min(w,0), hi = max(w,0), s, z, q, ŵ."""
-    maxq = 2 ** bits - 1
+    maxq = 2**bits - 1
     lo, hi = min(float(w.min()), 0.0), max(float(w.max()), 0.0)
     s = (hi - lo) / maxq
     if s == 0:
@@ -62,7 +65,7 @@ def rtn_direct(W: torch.Tensor, bits: int, g: int) -> torch.Tensor:
     out = torch.empty_like(W)
     for r in range(W.shape[0]):
         for a in range(0, W.shape[1], g):
-            out[r, a:a + g] = rtn_vec(W[r, a:a + g], bits)
+            out[r, a : a + g] = rtn_vec(W[r, a : a + g], bits)
     return out
 
 
@@ -70,8 +73,9 @@ def out_sq(X, Wq, W) -> float:
     return float(((X @ Wq.T - X @ W.T) ** 2).sum().detach())
 
 
-def awq_direct(X: torch.Tensor, Ws: list[torch.Tensor], bits: int, g: int, n_grid: int = 20, n_clip: int = 20,
-               shrink: float = 0.5):
+def awq_direct(
+    X: torch.Tensor, Ws: list[torch.Tensor], bits: int, g: int, n_grid: int = 20, n_clip: int = 20, shrink: float = 0.5
+):
     """Scale search over α ∈ {0, 1/n_grid, ...}, then per-(row, group) clipping over 21 ratios, then the
     keep-clipping-only-if-it-helps guard; everything with explicit loops and direct matmuls."""
     n = X.shape[0]
@@ -81,7 +85,7 @@ def awq_direct(X: torch.Tensor, Ws: list[torch.Tensor], bits: int, g: int, n_gri
     errors = []
     for i in range(n_grid):
         alpha = i / n_grid
-        s = torch.clamp(xmean ** alpha, min=1e-4)
+        s = torch.clamp(xmean**alpha, min=1e-4)
         s = s / torch.sqrt(s.max() * s.min())
         err = sum(out_sq(X, rtn_direct(W * s, bits, g) / s, W) for W in Ws) / count
         errors.append(err)
@@ -96,7 +100,7 @@ def awq_direct(X: torch.Tensor, Ws: list[torch.Tensor], bits: int, g: int, n_gri
         R = torch.ones(W.shape[0], math.ceil(W.shape[1] / g), dtype=W.dtype)
         for r in range(W.shape[0]):
             for k, a in enumerate(range(0, W.shape[1], g)):
-                w, x = Wp[r, a:a + g], Xs[:, a:a + g]
+                w, x = Wp[r, a : a + g], Xs[:, a : a + g]
                 lo, hi = min(float(w.min()), 0.0), max(float(w.max()), 0.0)
                 bestc = None
                 for i in range(n_clip + 1):
@@ -106,18 +110,30 @@ def awq_direct(X: torch.Tensor, Ws: list[torch.Tensor], bits: int, g: int, n_gri
                     if bestc is None or e < bestc[0]:
                         bestc = (e, ratio, q)
                 R[r, k] = bestc[1]
-                C[r, a:a + g] = bestc[2]
+                C[r, a : a + g] = bestc[2]
         plain = rtn_direct(Wp, bits, g)
         keep = out_sq(Xs, C, Wp) <= out_sq(Xs, plain, Wp)
         final.append((C if keep else plain) / s)
         ratios.append(R)
     final_err = sum(out_sq(X, Wq, W) for Wq, W in zip(final, Ws)) / count
-    return {"alpha": alpha, "scales": s, "errors": errors, "scaled_error": scaled_err, "ratios": ratios,
-            "weights": final, "error": final_err, "rtn_error": errors[0]}
+    return {
+        "alpha": alpha,
+        "scales": s,
+        "errors": errors,
+        "scaled_error": scaled_err,
+        "ratios": ratios,
+        "weights": final,
+        "error": final_err,
+        "rtn_error": errors[0],
+    }
 
 
-LLAMA_GROUPS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
-                ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",))
+LLAMA_GROUPS = (
+    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    ("self_attn.o_proj",),
+    ("mlp.gate_proj", "mlp.up_proj"),
+    ("mlp.down_proj",),
+)
 
 
 def test_awq_matches_direct_search():
@@ -130,8 +146,9 @@ def test_awq_matches_direct_search():
 
     target = __import__("copy").deepcopy(model)
     awq_model(target, list(calib), select_linears(target), QuantSpec.parse(f"awq:{BITS}:g{G}"), on_group=results.append)
-    assert [tuple(r.names) for r in results] == [tuple(f"model.layers.{l}.{n}" for n in grp)
-                                                 for l in range(2) for grp in LLAMA_GROUPS]  # generic grouping
+    assert [tuple(r.names) for r in results] == [
+        tuple(f"model.layers.{l}.{n}" for n in grp) for l in range(2) for grp in LLAMA_GROUPS
+    ]  # generic grouping
     qm = quantize(model, f"awq:{BITS}:g{G}", calibration=calib)
     qmods = dict(qm.model.named_modules())
     mods = dict(model.named_modules())

@@ -2,6 +2,7 @@
 batches of unequal length the curvature is of the pooled token-mean loss that ``evaluate()``
 reports, in one process, data-parallel and FSDP2-sharded (2 gloo ranks). The oracle is a plain
 double backward of the mean over the concatenated per-token losses, never through an operator."""
+
 from __future__ import annotations
 
 import contextlib
@@ -123,7 +124,8 @@ def test_distributed_lm_hessians_leave_zero_embedding_tokens_out(ranks, scenario
     # as each runs: sharded_lm_hessian (gradient differences) under float64 fidelity, lm_hessian's reverse without
     with float64_fidelity() if scenario.startswith("fsdp") else contextlib.nullcontext():
         want = HessianOperator(model, ExcludingLoss(probe_loss, (tokens_worker.PAD,)), batches).matmat_flat(
-            tokens_worker.probes(sum(p.numel() for p in model.parameters())))
+            tokens_worker.probes(sum(p.numel() for p in model.parameters()))
+        )
     got = sum(r["hv"] for r in results) if scenario.startswith("fsdp") else results[0]["hv"]
     assert _rel(got, want) < 1e-8
     if scenario.startswith("data"):

@@ -1,4 +1,5 @@
 """Checkpoint discovery, safe loading, hub-cache loading, architecture checks and LAWA."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,15 @@ VOCAB, CTX = 48, 16
 def _neox(seed: int = 0, hidden: int = 8):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    cfg = GPTNeoXConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=16, max_position_embeddings=CTX, tie_word_embeddings=False)
+    cfg = GPTNeoXConfig(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=CTX,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     return GPTNeoXForCausalLM(cfg).eval()
 
@@ -59,21 +67,36 @@ def _same_weights(model, ref_model) -> bool:
 # discovery
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,step", [
-    ("step-1000", 1000), ("step1000", 1000), ("step_1000", 1000), ("checkpoint-1000", 1000),
-    ("iter_0001000", 1000), ("global_step1000", 1000), ("stage1-step1000-tokens4B", 1000), ("step-000100", 100),
-    ("final", None), ("steps", None), ("model-7b", None),
-])
+
+@pytest.mark.parametrize(
+    "name,step",
+    [
+        ("step-1000", 1000),
+        ("step1000", 1000),
+        ("step_1000", 1000),
+        ("checkpoint-1000", 1000),
+        ("iter_0001000", 1000),
+        ("global_step1000", 1000),
+        ("stage1-step1000-tokens4B", 1000),
+        ("step-000100", 100),
+        ("final", None),
+        ("steps", None),
+        ("model-7b", None),
+    ],
+)
 def test_parse_step(name, step):
     assert parse_step(name) == step
 
 
-@pytest.mark.parametrize("names", [
-    ["step-100", "step-20", "step-3000"],
-    ["step100", "step20", "step3000"],
-    ["step_100", "step_20", "step_3000"],
-    ["checkpoint-100", "checkpoint-20", "checkpoint-3000"],
-])
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["step-100", "step-20", "step-3000"],
+        ["step100", "step20", "step3000"],
+        ["step_100", "step_20", "step_3000"],
+        ["checkpoint-100", "checkpoint-20", "checkpoint-3000"],
+    ],
+)
 def test_from_folder_naming_schemes(tmp_path, names):
     model = _neox()
     for n in names:
@@ -122,9 +145,12 @@ def test_trainer_state_json(tmp_path):
         {"step": 10, "eval_loss": 2.7},
         {"step": 15, "learning_rate": 3e-4, "loss": 2.2, "num_input_tokens_seen": 1920},
     ]
-    (tmp_path / "checkpoint-20" / "trainer_state.json").write_text(json.dumps(
-        {"global_step": 20, "log_history": log + [{"step": 20, "learning_rate": 1e-5, "loss": 2.0}]}))
-    (tmp_path / "checkpoint-10" / "trainer_state.json").write_text(json.dumps({"global_step": 10, "log_history": log[:3]}))
+    (tmp_path / "checkpoint-20" / "trainer_state.json").write_text(
+        json.dumps({"global_step": 20, "log_history": log + [{"step": 20, "learning_rate": 1e-5, "loss": 2.0}]})
+    )
+    (tmp_path / "checkpoint-10" / "trainer_state.json").write_text(
+        json.dumps({"global_step": 10, "log_history": log[:3]})
+    )
     # HF Trainer folders also hold pickled training_args.bin / optimizer.pt: they must be ignored
     torch.save({"not": "weights"}, tmp_path / "checkpoint-10" / "optimizer.pt")
     traj = Trajectory.from_folder(tmp_path)
@@ -142,8 +168,16 @@ def test_trajectory_json_and_tokens_from_name(tmp_path):
     _save(model, tmp_path / "stage1-step200-tokens2B")
     traj = Trajectory.from_folder(tmp_path)
     assert traj.steps == [100, 200] and traj[1].tokens == 2_000_000_000
-    (tmp_path / "trajectory.json").write_text(json.dumps({"name": "mine", "checkpoints": [
-        {"path": "stage1-step100-tokens1B", "step": 100, "tokens": 123, "lr": 0.5, "val_loss": 1.5}]}))
+    (tmp_path / "trajectory.json").write_text(
+        json.dumps(
+            {
+                "name": "mine",
+                "checkpoints": [
+                    {"path": "stage1-step100-tokens1B", "step": 100, "tokens": 123, "lr": 0.5, "val_loss": 1.5}
+                ],
+            }
+        )
+    )
     traj = Trajectory.from_folder(tmp_path)
     assert traj.name == "mine" and traj[0].tokens == 123 and traj[0].lr == 0.5 and traj[0].meta["val_loss"] == 1.5
     assert traj[1].lr is None
@@ -162,6 +196,7 @@ def test_from_list(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # loading
 # ------------------------------------------------------------------------------------------------
+
 
 def test_loader_reuses_one_model(tmp_path):
     models = [_neox(s) for s in range(3)]
@@ -292,6 +327,7 @@ def test_mixed_architectures(tmp_path):
 # derived checkpoints
 # ------------------------------------------------------------------------------------------------
 
+
 def test_lawa_equals_hand_mean(tmp_path):
     models = [_neox(s) for s in range(4)]
     for i, m in enumerate(models):
@@ -310,8 +346,9 @@ def test_lawa_equals_hand_mean(tmp_path):
     soup = lawa([traj[0], traj[3]], weights=[3, 1], label="soup")
     sd = loader.state_dict(soup)
     k = "lm_head.weight"
-    assert torch.allclose(sd[k].double(), 0.75 * models[0].state_dict()[k].double() + 0.25 * models[3].state_dict()[k].double(),
-                          atol=1e-7)
+    assert torch.allclose(
+        sd[k].double(), 0.75 * models[0].state_dict()[k].double() + 0.25 * models[3].state_dict()[k].double(), atol=1e-7
+    )
     early = traj.with_lawa(k=2, at="step-20")[-1]
     assert early.derived_from == ("step-10", "step-20") and early.step == 20
     # derived refs survive serialisation
@@ -325,6 +362,7 @@ def test_lawa_equals_hand_mean(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # hub (offline, from a local cache laid out like huggingface_hub's)
 # ------------------------------------------------------------------------------------------------
+
 
 def _fake_hub_cache(cache: Path, repo_id: str, revisions: dict[str, torch.nn.Module]) -> None:
     """``<cache>/models--org--name/{refs/<rev> -> commit, snapshots/<commit>/files, blobs/}``."""
@@ -348,13 +386,16 @@ def test_hub_offline_from_local_cache(tmp_path, monkeypatch):
     pat = Trajectory.from_hub("org/tiny", "step*", cache_dir=tmp_path)
     assert pat.labels == ["step1000", "step2000", "step143000"] and pat.steps == [1000, 2000, 143000]
     assert Trajectory.from_hub("org/tiny", "re:step\\d{4}", cache_dir=tmp_path).labels == ["step1000", "step2000"]
-    assert Trajectory.from_hub("org/tiny", "step1*", available=["step1000", "step3000"], cache_dir=tmp_path).labels == ["step1000"]
+    assert Trajectory.from_hub("org/tiny", "step1*", available=["step1000", "step3000"], cache_dir=tmp_path).labels == [
+        "step1000"
+    ]
     assert pat.validate() == []
     # the same cache works with transformers' own from_pretrained(revision=...)
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained("org/tiny", revision="step143000", cache_dir=str(tmp_path),
-                                              local_files_only=True)
+    hf = AutoModelForCausalLM.from_pretrained(
+        "org/tiny", revision="step143000", cache_dir=str(tmp_path), local_files_only=True
+    )
     assert _same_weights(loader.load(pat[2]), hf)
 
 
@@ -377,8 +418,9 @@ def test_gptneox_saved_by_transformers_loads_with_legacy_head_key(tmp_path):
     from safetensors import safe_open
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    model = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=32, hidden_size=16, num_hidden_layers=2,
-                                             num_attention_heads=2, intermediate_size=32))
+    model = GPTNeoXForCausalLM(
+        GPTNeoXConfig(vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+    )
     model.save_pretrained(tmp_path / "step-1")
     with safe_open(str(tmp_path / "step-1" / "model.safetensors"), "pt") as f:
         assert "embed_out.weight" in list(f.keys())

@@ -3,6 +3,7 @@ through transformers' GGUF support, with its tokenizer, through quantize, sharpn
 
 Skipped only when the ``gguf`` package is absent.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,16 +61,43 @@ def test_cli_quantize_sharpness_accuracy(written):
 
     _, _, path = written
     run = CliRunner()
-    q = run.invoke(app, ["quantize", str(path), "--spec", "gguf:Q4_K", "--spec", "mxfp4", "--spec", "had+rtn:4:g32",
-                         "--quick", "--json"])
+    q = run.invoke(
+        app,
+        [
+            "quantize",
+            str(path),
+            "--spec",
+            "gguf:Q4_K",
+            "--spec",
+            "mxfp4",
+            "--spec",
+            "had+rtn:4:g32",
+            "--quick",
+            "--json",
+        ],
+    )
     assert q.exit_code == 0, q.output
     rows = [json.loads(line) for line in q.stdout.splitlines() if line.startswith("{")]
     assert [r["spec"] for r in rows] == ["gguf:Q4_K", "mxfp4", "had+rtn:4:g32"]
     assert all(r["fp_loss"] > 0 and r["q_loss"] > 0 for r in rows)
     s = run.invoke(app, ["sharpness", str(path), "--quick", "--num-matvecs", "4", "--max-iter", "5", "--json"])
     assert s.exit_code == 0, s.output
-    a = run.invoke(app, ["accuracy", str(path), "--tasks", "embedded", "--spec", "gguf:Q4_0", "--limit", "6",
-                         "--n-boot", "20", "--json"])
+    a = run.invoke(
+        app,
+        [
+            "accuracy",
+            str(path),
+            "--tasks",
+            "embedded",
+            "--spec",
+            "gguf:Q4_0",
+            "--limit",
+            "6",
+            "--n-boot",
+            "20",
+            "--json",
+        ],
+    )
     if a.exit_code != 0 and "lm_eval" in a.output:
         pytest.skip("the accuracy command needs lm-eval")
     assert a.exit_code == 0, a.output

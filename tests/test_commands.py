@@ -1,5 +1,6 @@
 """Commands are plain functions: called from Python (no CLI runner) they do what the CLI does, and
 the option groups shared by `sweep`, `sharpness` and `explain` are declared once."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,7 +28,7 @@ def traj(tmp_path_factory):
 
 
 def _json(text: str) -> dict:
-    return json.loads(text[text.index("{"):])
+    return json.loads(text[text.index("{") :])
 
 
 def test_sharpness_called_as_a_function_equals_the_cli(traj, capsys):
@@ -35,14 +36,39 @@ def test_sharpness_called_as_a_function_equals_the_cli(traj, capsys):
     with the option groups: the same trace, eigenvalue, memory plan and settings."""
     data = str(traj / "data" / "curvature.safetensors")
     ckpt = str(traj)
-    r = CliRunner().invoke(app, ["sharpness", ckpt, "--label", "step-000100", "--num-matvecs", "3", "--data", data,
-                                 "--threads", "1", "--max-iter", "5", "--max-memory", "64MB", "--no-strict-memory",
-                                 "--json"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "sharpness",
+            ckpt,
+            "--label",
+            "step-000100",
+            "--num-matvecs",
+            "3",
+            "--data",
+            data,
+            "--threads",
+            "1",
+            "--max-iter",
+            "5",
+            "--max-memory",
+            "64MB",
+            "--no-strict-memory",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     by_cli = _json(r.output)
-    sharpness(ckpt, source=CheckpointOptions(label="step-000100"), num_matvecs=3, data=data, max_iter=5,
-              memory=MemoryOptions(max_memory="64MB", strict_memory=False), compute=ComputeOptions(threads=1),
-              as_json=True)
+    sharpness(
+        ckpt,
+        source=CheckpointOptions(label="step-000100"),
+        num_matvecs=3,
+        data=data,
+        max_iter=5,
+        memory=MemoryOptions(max_memory="64MB", strict_memory=False),
+        compute=ComputeOptions(threads=1),
+        as_json=True,
+    )
     by_call = _json(capsys.readouterr().out)
     assert by_call["checkpoint"] == by_cli["checkpoint"] == "step-000100"
     for part in ("trace", "eigen"):
@@ -59,11 +85,18 @@ def test_sharpness_called_as_a_function_equals_the_cli(traj, capsys):
 def test_sweep_called_as_a_function_writes_the_store(traj, tmp_path, capsys):
     """`sweep` from Python: the plan's backend unless ComputeOptions names one (its default instance
     says backend=None), one row per checkpoint and probe, the summary printed."""
-    plan = tiny_plan_toml(tmp_path / "plan.toml", traj, probes='loss = true\ntrace = { method = "hutchinson", '
-                                                              'num_matvecs = 2 }\n')
+    plan = tiny_plan_toml(
+        tmp_path / "plan.toml", traj, probes='loss = true\ntrace = { method = "hutchinson", num_matvecs = 2 }\n'
+    )
     out = tmp_path / "r.sqlite"
-    sweep(str(traj), out=out, plan=plan, quiet=True, compute=ComputeOptions(backend=None, threads=1),
-          load=LoadOptions(device="cpu"))
+    sweep(
+        str(traj),
+        out=out,
+        plan=plan,
+        quiet=True,
+        compute=ComputeOptions(backend=None, threads=1),
+        load=LoadOptions(device="cpu"),
+    )
     assert "2 checkpoints, 4 rows: 4 ok, 0 failed" in capsys.readouterr().out
     with Store(out) as st:
         df = st.results()
@@ -85,8 +118,10 @@ def test_shared_options_come_from_one_declaration():
         assert (a.default, a.param_decls, a.min) == (b.default, b.param_decls, b.min)
     assert sw["backend"].default is None and sh["backend"].default == "reverse"  # ComputeOptions(backend=None)
     assert sw["max_memory"].annotation.__metadata__[0].help == SWEEP_HELP["max_memory"]
-    assert sh["max_memory"].annotation.__metadata__[0].help == dataclasses.fields(MemoryOptions)[0].metadata[
-        "losslens.cli_option"].help
+    assert (
+        sh["max_memory"].annotation.__metadata__[0].help
+        == dataclasses.fields(MemoryOptions)[0].metadata["losslens.cli_option"].help
+    )
     ex = inspect.signature(cli(explain, help={"max_memory": "x"})).parameters
     assert ex["backend"].annotation.__metadata__[0].param_decls == sh["backend"].annotation.__metadata__[0].param_decls
     assert option_of(CheckpointOptions, "label", help="h").help == "h"

@@ -1,5 +1,6 @@
 """Unconverged eigenvalues (issue #12, item 3): convergence is a first-class column of the store,
 flagged in figures and the report, and left out of correlations unless asked (and counted)."""
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,14 @@ def swept(tmp_path_factory):
     trace (no tolerance: converged by definition) and the FP loss (no criterion)."""
     tmp = tmp_path_factory.mktemp("conv")
     traj = tiny_trajectory(tmp / "tiny", n=N_CKPT, seed=4)
-    plan = tiny_plan_toml(tmp / "plan.toml", traj, probes=(
-        'loss = true\nquant = ["rtn:4"]\ntrace = { method = "hutchinson", num_matvecs = 2 }\n'
-        'eigen = { k = 2, method = "power", max_iter = 1 }\n'))
+    plan = tiny_plan_toml(
+        tmp / "plan.toml",
+        traj,
+        probes=(
+            'loss = true\nquant = ["rtn:4"]\ntrace = { method = "hutchinson", num_matvecs = 2 }\n'
+            'eigen = { k = 2, method = "power", max_iter = 1 }\n'
+        ),
+    )
     out = tmp / "r.sqlite"
     run_sweep(traj, Plan.from_file(plan), out=out, progress=False, num_threads=1)
     return out
@@ -38,8 +44,12 @@ def test_the_store_has_a_converged_column(swept):
     with Store(swept) as st:
         raw = st.raw()
         df = st.results()
-    by_probe = raw.groupby("probe")["converged"].apply(lambda s: set(s.dropna().astype(int)) if s.notna().any() else None)
-    assert by_probe["eigen"] == {0} and by_probe["trace"] == {1} and by_probe["loss"] is None and by_probe["quant"] is None
+    by_probe = raw.groupby("probe")["converged"].apply(
+        lambda s: set(s.dropna().astype(int)) if s.notna().any() else None
+    )
+    assert (
+        by_probe["eigen"] == {0} and by_probe["trace"] == {1} and by_probe["loss"] is None and by_probe["quant"] is None
+    )
     assert str(df["converged"].dtype) == "boolean"
     eig = df[df.probe == "eigen"]
     assert set(eig.metric) == {"lambda_1", "lambda_2"} and (eig.converged == False).all()  # noqa: E712
@@ -62,9 +72,14 @@ def test_a_store_written_before_the_column_gains_it(tmp_path):
             n_hvp INTEGER NOT NULL DEFAULT 0, seconds REAL, error TEXT, seed INTEGER, data_hash TEXT, plan_hash TEXT,
             config_hash TEXT, run TEXT NOT NULL DEFAULT '', versions TEXT, created TEXT, UNIQUE (run, checkpoint, probe, spec));
     """)
-    lam = [{"metric": f"lambda_{i}", "value": v, "stderr": None, "ci_low": None, "ci_high": None} for i, v in ((1, 5.0), (2, 3.0))]
-    con.execute("INSERT INTO results(checkpoint, probe, spec, status, metrics, extra) VALUES ('s1', 'eigen', 'top2', 'ok', ?, ?)",
-                (json.dumps(lam), json.dumps({"converged": [True, False]})))
+    lam = [
+        {"metric": f"lambda_{i}", "value": v, "stderr": None, "ci_low": None, "ci_high": None}
+        for i, v in ((1, 5.0), (2, 3.0))
+    ]
+    con.execute(
+        "INSERT INTO results(checkpoint, probe, spec, status, metrics, extra) VALUES ('s1', 'eigen', 'top2', 'ok', ?, ?)",
+        (json.dumps(lam), json.dumps({"converged": [True, False]})),
+    )
     con.commit()
     con.close()
     with Store(path) as st:
@@ -102,10 +117,23 @@ def test_correlate_command_says_how_many_were_left_out(swept):
     assert r.exit_code == 1, r.output  # nothing computable: every lambda_max is unconverged
     assert "4 value(s) left out because their estimator did not converge" in r.output
     assert "--include-unconverged" in r.output
-    r = CliRunner().invoke(app, ["correlate", str(swept), "--x", "lambda_max", "--y", "rtn:4", "--n-boot", "50",
-                                 "--include-unconverged", "--json"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "correlate",
+            str(swept),
+            "--x",
+            "lambda_max",
+            "--y",
+            "rtn:4",
+            "--n-boot",
+            "50",
+            "--include-unconverged",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
-    rows = json.loads(r.output[r.output.index("["):])
+    rows = json.loads(r.output[r.output.index("[") :])
     assert rows[0]["n"] == N_CKPT and rows[0]["n_unconverged"] == 0
 
 

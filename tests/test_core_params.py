@@ -1,4 +1,5 @@
 """Parameter spaces, the LM loss, token sets and the block finder (the shared core)."""
+
 import math
 
 import pytest
@@ -114,8 +115,19 @@ def test_token_set_hash_save_load(tmp_path):
 def test_find_blocks_generic_rule():
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    neox = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32))
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32))
+    neox = GPTNeoXForCausalLM(
+        GPTNeoXConfig(vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+    )
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=32,
+        )
+    )
     assert find_blocks(neox)[0] == "gpt_neox.layers"
     assert find_blocks(llama)[0] == "model.layers" and len(find_blocks(llama)[1]) == 3
     names = list(select_linears(llama))

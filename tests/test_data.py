@@ -1,4 +1,5 @@
 """Text sources, tokenizers and token sets: determinism, hashing, disjointness, bad input."""
+
 from __future__ import annotations
 
 import subprocess
@@ -25,8 +26,9 @@ from probes.data import (
 )
 from probes.core.tokenset import TokenSet
 
-TEXT = "\n\n".join(f"Paragraph {i}: the quick brown fox number {i * 7 % 13} jumps over the lazy dog. " * 3
-                   for i in range(60))
+TEXT = "\n\n".join(
+    f"Paragraph {i}: the quick brown fox number {i * 7 % 13} jumps over the lazy dog. " * 3 for i in range(60)
+)
 
 
 def _windows(ts: TokenSet) -> set[int]:
@@ -88,7 +90,7 @@ def test_token_sets_disjoint_shapes_meta():
     stream = token_stream(ByteTokenizer(), TextSource.from_text(TEXT))
     ev = sets["eval"]
     for i, start in enumerate(ev.meta["window_starts"]):
-        assert torch.equal(ev.sequences()[i], stream[start:start + 16])
+        assert torch.equal(ev.sequences()[i], stream[start : start + 16])
     m = ev.meta
     assert m["tokenizer"] == "bytes" and m["shapes"]["curvature"] == [2, 3, 16] and m["seed"] == 3
     assert m["source"].startswith("text:") and m["stream_tokens"] == len(stream)
@@ -97,8 +99,9 @@ def test_token_sets_disjoint_shapes_meta():
 def test_plan_windows_property():
     rng = np.random.default_rng(0)
     for trial in range(20):
-        shapes = {f"s{i}": (int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.choice([4, 8, 16])))
-                  for i in range(3)}
+        shapes = {
+            f"s{i}": (int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.choice([4, 8, 16]))) for i in range(3)
+        }
         n = int(rng.integers(400, 1000))
         try:
             plan = plan_windows(n, shapes, seed=trial)
@@ -110,7 +113,7 @@ def test_plan_windows_property():
             assert len(starts) == shapes[name][0] * shapes[name][1]
             for a in starts:
                 assert a + s <= n
-                used[a:a + s] += 1
+                used[a : a + s] += 1
         assert used.max() <= 1
 
 
@@ -118,10 +121,17 @@ def test_hash_stable_across_runs_and_sensitive_to_data(tmp_path):
     shapes = {"eval": (2, 2, 16)}
     h1 = build_token_sets("bytes", TEXT, shapes, seed=0)["eval"].content_hash
     assert build_token_sets("bytes", TEXT, shapes, seed=0)["eval"].content_hash == h1
-    code = ("from tests.test_data import TEXT; from probes.data import build_token_sets; "
-            "print(build_token_sets('bytes', TEXT, {'eval': (2, 2, 16)}, seed=0)['eval'].content_hash)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=str(
-        __import__("pathlib").Path(__file__).resolve().parents[1]))
+    code = (
+        "from tests.test_data import TEXT; from probes.data import build_token_sets; "
+        "print(build_token_sets('bytes', TEXT, {'eval': (2, 2, 16)}, seed=0)['eval'].content_hash)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]),
+    )
     assert out.stdout.strip() == h1  # another process (new hash seeds, fresh caches) agrees
     assert build_token_sets("bytes", TEXT, shapes, seed=1)["eval"].content_hash != h1
     assert build_token_sets("bytes", TEXT.replace("fox", "cat"), shapes, seed=0)["eval"].content_hash != h1
@@ -143,7 +153,7 @@ def test_too_short_stream_errors():
 def test_text_file_and_folder_sources(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "b.txt").write_text(TEXT[: len(TEXT) // 2])
-    (tmp_path / "docs" / "a.md").write_text(TEXT[len(TEXT) // 2:])
+    (tmp_path / "docs" / "a.md").write_text(TEXT[len(TEXT) // 2 :])
     (tmp_path / "docs" / "skip.bin").write_bytes(b"\x00\x01")
     folder = TextSource.from_path(tmp_path / "docs")
     names = [n for n, _ in folder.documents()]

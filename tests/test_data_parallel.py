@@ -2,6 +2,7 @@
 one thread each, give the same products, gradient, trace and λ_max as one process over all the
 batches (float64, to 1e-10), with an uneven split (3 batches of 3, 5 and 2 rows over 2 ranks);
 failures are one error on every rank, never a hang."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from geometry import HessianOperator
 from geometry.operators.data_parallel import split_batches
 from tests import dp_worker
-from tests.gloo_ranks import WORLD, run_ranks
+from tests.gloo_ranks import run_ranks
 from tests.tiny_models import lm_loss, micro_gptneox
 
 

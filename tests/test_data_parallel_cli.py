@@ -1,6 +1,7 @@
 """`torchrun --nproc_per_node 2 -m probes.cli sharpness … --parallel data` (issue #26): the same
 trace and λ_max as one process over all the curvature batches (float64 weights, 3 batches over 2
 ranks), one JSON object printed (rank 0 only), and one-line errors outside torchrun."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,16 @@ from probes.core.tokenset import TokenSet
 from probes.curvature.sharpness import SharpnessError, sharpness
 from probes.sweep.testing import SEQ, VOCAB, tiny_trajectory
 
-ARGS = dict(num_matvecs=6, method="hutchinson", eigen_method="lanczos", max_iter=40, tol=1e-6, dtype="float64",
-            num_threads=1, seed=2)
+ARGS = dict(
+    num_matvecs=6,
+    method="hutchinson",
+    eigen_method="lanczos",
+    max_iter=40,
+    tol=1e-6,
+    dtype="float64",
+    num_threads=1,
+    seed=2,
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,20 +39,57 @@ def setup(tmp_path_factory):
 
 
 def _cli_args(ckpt, data) -> list[str]:
-    return [str(ckpt), "--data", str(data), "--num-matvecs", "6", "--method", "hutchinson", "--eigen-method",
-            "lanczos", "--max-iter", "40", "--tol", "1e-6", "--dtype", "float64", "--threads", "1", "--seed", "2", "--json"]
+    return [
+        str(ckpt),
+        "--data",
+        str(data),
+        "--num-matvecs",
+        "6",
+        "--method",
+        "hutchinson",
+        "--eigen-method",
+        "lanczos",
+        "--max-iter",
+        "40",
+        "--tol",
+        "1e-6",
+        "--dtype",
+        "float64",
+        "--threads",
+        "1",
+        "--seed",
+        "2",
+        "--json",
+    ]
 
 
 def test_torchrun_two_ranks_equal_one_process(setup):
     ckpt, data = setup
     one = sharpness(ckpt, data=data, **ARGS)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        "-m", "probes.cli", "sharpness", *_cli_args(ckpt, data), "--parallel", "data"],
-                       capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "probes.cli",
+            "sharpness",
+            *_cli_args(ckpt, data),
+            "--parallel",
+            "data",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count('"checkpoint"') == 1, r.stdout  # rank 0 alone prints
-    two = json.loads(r.stdout[r.stdout.index("{"):])
+    two = json.loads(r.stdout[r.stdout.index("{") :])
     assert two["parallel"] == {"mode": "data", "world_size": 2, "backend": "gloo", "batches_per_rank": [2, 1]}
     assert two["trace"]["value"] == pytest.approx(one["trace"]["value"], rel=1e-9)
     assert two["eigen"]["values"][0] == pytest.approx(one["eigen"]["values"][0], rel=1e-9)
@@ -57,11 +103,28 @@ def test_torchrun_data_parallel_bfloat16_runs_in_float32_like_one_process(setup)
     one = sharpness(ckpt, data=data, **{**ARGS, "dtype": "bfloat16"})
     args = [a if a != "float64" else "bfloat16" for a in _cli_args(ckpt, data)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        "-m", "probes.cli", "sharpness", *args, "--parallel", "data"],
-                       capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "probes.cli",
+            "sharpness",
+            *args,
+            "--parallel",
+            "data",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    two = json.loads(r.stdout[r.stdout.index("{"):])
+    two = json.loads(r.stdout[r.stdout.index("{") :])
     assert one["compute_dtype"] == two["compute_dtype"] == "float32" and two["dtype"] == "bfloat16"
     assert two["trace"]["value"] == pytest.approx(one["trace"]["value"], rel=1e-5)
     assert two["eigen"]["values"][0] == pytest.approx(one["eigen"]["values"][0], rel=1e-5)
@@ -95,8 +158,9 @@ def test_the_error_outside_torchrun_names_the_mode_and_command_given(setup, monk
     other = {"data": "fsdp", "fsdp": "data"}[mode]
     assert f"--parallel {mode} runs under torchrun" in line and "probes.cli sharpness … --parallel " + mode in line
     assert f"--parallel {other}" not in line
-    r = CliRunner().invoke(app, ["sweep", str(ckpt.parent), "--out", str(ckpt.parent / "r.sqlite"), "--quick",
-                                 "--parallel", "data"])
+    r = CliRunner().invoke(
+        app, ["sweep", str(ckpt.parent), "--out", str(ckpt.parent / "r.sqlite"), "--quick", "--parallel", "data"]
+    )
     assert r.exit_code == 2 and "probes.cli sweep … --parallel data" in r.output, r.output
 
 
@@ -110,15 +174,37 @@ def test_torchrun_sweep_writes_once_and_resumes(setup, tmp_path):
     traj = ckpt.parent
     body = 'loss = true\ntrace = { method = "hutchinson", num_matvecs = 4 }\n'
     plan = tiny_plan_toml(tmp_path / "p.toml", traj, probes=body)
-    text = plan.read_text().replace(f'curvature = "{traj.resolve()}/data/curvature.safetensors"', f'curvature = "{data}"')
+    text = plan.read_text().replace(
+        f'curvature = "{traj.resolve()}/data/curvature.safetensors"', f'curvature = "{data}"'
+    )
     text = text.replace("curvature = [1, 2,", "curvature = [3, 2,")
     plan.write_text(text)
     one = run_sweep(traj, plan, out=tmp_path / "one.sqlite", progress=False, dtype=torch.float64, num_workers=1)
     assert one.n_failed == 0, one.failures
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "probes.cli",
-           "sweep", str(traj), "--plan", str(plan), "--out", str(tmp_path / "two.sqlite"), "--dtype", "float64",
-           "--threads", "1", "--quiet", "--parallel", "data"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "probes.cli",
+        "sweep",
+        str(traj),
+        "--plan",
+        str(plan),
+        "--out",
+        str(tmp_path / "two.sqlite"),
+        "--dtype",
+        "float64",
+        "--threads",
+        "1",
+        "--quiet",
+        "--parallel",
+        "data",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     with Store(tmp_path / "one.sqlite") as a, Store(tmp_path / "two.sqlite") as b:
@@ -141,12 +227,29 @@ def test_torchrun_fsdp_sharpness_matches_one_process(setup):
     ckpt, data = setup
     one = sharpness(ckpt, data=data, backend="difference", **ARGS)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        "-m", "probes.cli", "sharpness", *_cli_args(ckpt, data), "--parallel", "fsdp"],
-                       capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "probes.cli",
+            "sharpness",
+            *_cli_args(ckpt, data),
+            "--parallel",
+            "fsdp",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count('"checkpoint"') == 1, r.stdout
-    two = json.loads(r.stdout[r.stdout.index("{"):])
+    two = json.loads(r.stdout[r.stdout.index("{") :])
     par = two["parallel"]
     assert par["mode"] == "fsdp" and par["batches_per_rank"] == [2, 1]
     assert sum(par["elements_per_rank"]) == two["dim"] == one["dim"]
@@ -172,11 +275,30 @@ def test_torchrun_fsdp_bfloat16_within_1e3_of_float32_exact_with_its_error_shown
     ckpt, data = setup
     args = [a if a != "float64" else "bfloat16" for a in _cli_args(ckpt, data)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        "-m", "probes.cli", "sharpness", *args, "--parallel", "fsdp", "--backend", "difference"],
-                       capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "probes.cli",
+            "sharpness",
+            *args,
+            "--parallel",
+            "fsdp",
+            "--backend",
+            "difference",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    two = json.loads(r.stdout[r.stdout.index("{"):])
+    two = json.loads(r.stdout[r.stdout.index("{") :])
     exact = sharpness(ckpt, data=data, **{**ARGS, "dtype": "bfloat16"})
     assert exact["compute_dtype"] == two["compute_dtype"] == "float32" and two["dtype"] == "bfloat16"
     assert two["trace"]["value"] == pytest.approx(exact["trace"]["value"], rel=1e-3)

@@ -1,4 +1,5 @@
 """`losslens demo --quick` end to end: report written, store complete, summary printed, resumable."""
+
 from __future__ import annotations
 
 import re
@@ -81,7 +82,8 @@ def test_demo_report_with_its_landscape_renders_in_chromium(demo_dir):
         assert _check_page(driver, out / "report.html", ARTIFACTS / "demo-report.png") >= 5
         drawn = driver.execute_script(
             "const d = document.querySelector('#landscape .plotly-graph-div');"
-            "return d ? d._fullData.map(t => t.name) : null")
+            "return d ? d._fullData.map(t => t.name) : null"
+        )
     assert drawn is not None, "the report has no landscape figure"
     assert set(r.name for r in QUICK.runs) <= set(drawn) and f"quantized ({QUICK.headline_spec})" in drawn
 
@@ -134,8 +136,11 @@ def test_demo_exits_1_and_flags_failed_probes(demo_dir):
     out, _ = demo_dir
     run = QUICK.runs[0].name
     with sqlite3.connect(out / "results.sqlite") as con:
-        n = con.execute("UPDATE results SET status = 'failed', error = 'RuntimeError: planted failure' "
-                        "WHERE id = (SELECT MIN(id) FROM results WHERE run = ? AND probe = 'kurtosis')", (run,)).rowcount
+        n = con.execute(
+            "UPDATE results SET status = 'failed', error = 'RuntimeError: planted failure' "
+            "WHERE id = (SELECT MIN(id) FROM results WHERE run = ? AND probe = 'kurtosis')",
+            (run,),
+        ).rowcount
     assert n == 1
     result = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out), "--quiet"])
     assert result.exit_code == 1, result.output

@@ -1,5 +1,6 @@
 """scripts/check_doc_claims.py: every measured number and exactness claim of README.md names an
 existing test or benchmark row next to it (issue #24)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,7 +22,9 @@ def _checker():
 
 def _repo(tmp_path: Path, readme: str) -> Path:
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_x.py").write_text("def test_fast():\n    pass\n\nclass TestK:\n    def test_m(self):\n        pass\n")
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "def test_fast():\n    pass\n\nclass TestK:\n    def test_m(self):\n        pass\n"
+    )
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "README.md").write_text("# B\n\n## Lean LM head\n\n| shape | time |\n| a | 3 s |\n")
     (tmp_path / "README.md").write_text(readme)
@@ -36,20 +39,25 @@ def test_the_readme_passes():
 
 def test_claims_are_found_outside_code_and_need_a_marker(tmp_path):
     chk = _checker()
-    readme = _repo(tmp_path, "\n".join([
-        "The demo takes 6.3 min and 24 GB.",  # 2 claims, no marker
-        "",
-        "- bf16 agrees within 0.1%, exactly <!-- backed: tests/test_x.py::test_fast -->",
-        "- the head equals autograd to 4e-16",  # tolerance claim, unbacked
-        "",
-        "| a | rows equal bit for bit<!-- backed: benchmarks/README.md#lean-lm-head \"3 s\" --> |",
-        "| b | 5× faster<!-- backed: tests/test_x.py::TestK::test_m --> |",
-        "",
-        "```bash",
-        "losslens sweep --max-memory 40GB   # code: not a claim",
-        "```",
-        "Use `--max-memory 8GB` (inline code) with peak LR 3e-3 for 800 steps.",
-    ]))
+    readme = _repo(
+        tmp_path,
+        "\n".join(
+            [
+                "The demo takes 6.3 min and 24 GB.",  # 2 claims, no marker
+                "",
+                "- bf16 agrees within 0.1%, exactly <!-- backed: tests/test_x.py::test_fast -->",
+                "- the head equals autograd to 4e-16",  # tolerance claim, unbacked
+                "",
+                '| a | rows equal bit for bit<!-- backed: benchmarks/README.md#lean-lm-head "3 s" --> |',
+                "| b | 5× faster<!-- backed: tests/test_x.py::TestK::test_m --> |",
+                "",
+                "```bash",
+                "losslens sweep --max-memory 40GB   # code: not a claim",
+                "```",
+                "Use `--max-memory 8GB` (inline code) with peak LR 3e-3 for 800 steps.",
+            ]
+        ),
+    )
     found, problems = chk.check(readme, tmp_path)
     texts = [c.text for c in found]
     assert texts == ["6.3 min", "24 GB", "0.1%", "exactly", "to 4e-16", "bit for bit", "5×"]
@@ -60,15 +68,20 @@ def test_claims_are_found_outside_code_and_need_a_marker(tmp_path):
 
 def test_named_tests_and_benchmark_rows_must_exist(tmp_path):
     chk = _checker()
-    readme = _repo(tmp_path, "\n\n".join([
-        "A 20 s run <!-- backed: tests/test_x.py::test_gone -->",
-        "A 30 s run <!-- backed: tests/test_nofile.py::test_fast -->",
-        "A 40 s run <!-- backed: benchmarks/README.md#no-such-section -->",
-        "A 50 s run <!-- backed: benchmarks/README.md#lean-lm-head \"99 s\" -->",
-        "A 60 s run <!-- backed: see the code -->",
-        "A 70 s run <!-- backed: tests/test_x.py::test_fast[param]; benchmarks/README.md#lean-lm-head -->",
-        "A 80 s run <!-- backed: setting -->",
-    ]))
+    readme = _repo(
+        tmp_path,
+        "\n\n".join(
+            [
+                "A 20 s run <!-- backed: tests/test_x.py::test_gone -->",
+                "A 30 s run <!-- backed: tests/test_nofile.py::test_fast -->",
+                "A 40 s run <!-- backed: benchmarks/README.md#no-such-section -->",
+                'A 50 s run <!-- backed: benchmarks/README.md#lean-lm-head "99 s" -->',
+                "A 60 s run <!-- backed: see the code -->",
+                "A 70 s run <!-- backed: tests/test_x.py::test_fast[param]; benchmarks/README.md#lean-lm-head -->",
+                "A 80 s run <!-- backed: setting -->",
+            ]
+        ),
+    )
     _found, problems = chk.check(readme, tmp_path)
     assert len(problems) == 5, problems
     assert "has no test test_gone" in problems[0]

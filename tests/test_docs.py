@@ -5,6 +5,7 @@ The build is the one ``make docs`` runs: ``sphinx -E -W -n`` (every warning fail
 resolve), in a subprocess whose proxy variables point at a closed port, so a build that tried to fetch
 anything (an intersphinx inventory, a remote image) would fail. About 20-30 s on 2 cores.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -34,8 +35,14 @@ def site(tmp_path_factory) -> Path:
     closed = "http://127.0.0.1:9"  # nothing listens there: any download fails the build
     env.update(http_proxy=closed, https_proxy=closed, HTTP_PROXY=closed, HTTPS_PROXY=closed, no_proxy="", NO_PROXY="")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-m", "sphinx", "-E", "-W", "--keep-going", "-n", "-q", "-b", "html",
-                           str(DOCS), str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-E", "-W", "--keep-going", "-n", "-q", "-b", "html", str(DOCS), str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, f"strict docs build failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
     return out
 

@@ -1,6 +1,7 @@
 """The docs' reference extension (docs/_ext/rooms.py): a docstring's short names resolve as Python would,
 prose in numpy type fields stays prose, and a reference to something that does not exist still fails
 the strict build (the resolver must not hide broken references)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -22,11 +23,18 @@ def test_type_like():
 
 
 def test_prose_type_fields_go_back_to_the_description():
-    lines = [":param model: names are written consistently).", ":type model: the model whose tensors move (tied",
-             ":param k: number of vectors", ":type k: int"]
+    lines = [
+        ":param model: names are written consistently).",
+        ":type model: the model whose tensors move (tied",
+        ":param k: number of vectors",
+        ":type k: int",
+    ]
     rooms._prose_types(None, "function", "f", None, {}, lines)
-    assert lines == [":param model: the model whose tensors move (tied names are written consistently).",
-                     ":param k: number of vectors", ":type k: int"]
+    assert lines == [
+        ":param model: the model whose tensors move (tied names are written consistently).",
+        ":param k: number of vectors",
+        ":type k: int",
+    ]
     attr = [".. attribute:: coords", "", "   ", "", "   :type: label -> (x, y) of the marked points."]
     rooms._prose_types(None, "class", "C", None, {}, attr)
     assert "   label -> (x, y) of the marked points." in attr and not any(":type:" in a for a in attr)
@@ -51,17 +59,27 @@ def _build(tmp: Path, body: str) -> subprocess.CompletedProcess:
         "extensions = ['sphinx.ext.autodoc', 'sphinx.ext.napoleon', 'rooms']\n"
         "nitpicky = True\nautodoc_inherit_docstrings = False\n"
         "nitpick_ignore_regex = [(r'py:.*', r'(torch|dict|str|float|tuple|int|Any|Tensor|np|numpy|Sequence)(\\..*)?'),"
-        " (r'py:(class|obj|data)', r'.*[^\\w.].*')]\n")
-    (src / "index.rst").write_text("T\n=\n\n.. autoclass:: geometry.Plane\n   :no-members:\n\n"
-                                   ".. autoclass:: geometry.Line\n   :no-members:\n\n" + body + "\n")
-    return subprocess.run([sys.executable, "-m", "sphinx", "-E", "-n", "-q", "-b", "html", str(src),
-                           str(tmp / "out")], capture_output=True, text=True, timeout=300)
+        " (r'py:(class|obj|data)', r'.*[^\\w.].*')]\n"
+    )
+    (src / "index.rst").write_text(
+        "T\n=\n\n.. autoclass:: geometry.Plane\n   :no-members:\n\n"
+        ".. autoclass:: geometry.Line\n   :no-members:\n\n" + body + "\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "sphinx", "-E", "-n", "-q", "-b", "html", str(src), str(tmp / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_existing_references_resolve_and_broken_ones_fail(tmp_path):
     """One nitpicky build, three references: two that exist resolve (no warning), the missing member warns."""
-    out = _build(tmp_path, ":attr:`geometry.Plane.coords` (a field without a docstring), "
-                           ":class:`geometry.surfaces.planes.Plane` (where it is defined), "
-                           ":attr:`geometry.Plane.no_such_member`.")
+    out = _build(
+        tmp_path,
+        ":attr:`geometry.Plane.coords` (a field without a docstring), "
+        ":class:`geometry.surfaces.planes.Plane` (where it is defined), "
+        ":attr:`geometry.Plane.no_such_member`.",
+    )
     warnings = [ln for ln in out.stderr.splitlines() if "WARNING" in ln or "ERROR" in ln]
     assert len(warnings) == 1 and "no_such_member" in warnings[0], out.stderr[-3000:]

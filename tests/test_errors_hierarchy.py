@@ -1,6 +1,7 @@
 """One base class for the errors a user can cause (issue #36): every exception class of geometry/ and
 probes/ derives from :class:`geometry.base.errors.LosslensError`, and the CLI prints any of them as
 one ``error: …`` line with exit status 2 — no list of names to forget one in."""
+
 from __future__ import annotations
 
 import importlib
@@ -61,10 +62,16 @@ def _name(cls: type) -> str:
 
 def test_the_walk_finds_the_error_classes_of_every_room():
     names = {_name(c) for c in ERRORS}
-    for expected in ("probes.models.sharding.ShardingError", "probes.explain.measure.ExplainError",
-                     "probes.explain.blocks.BlockError", "probes.core.distributed.DistributedError",
-                     "geometry.memory.model.MemoryBudgetError", "geometry.surfaces.planes.PlaneError",
-                     "probes.sweep.lock.StoreLockedError", "probes.checkpoints.errors.MissingWeightsError"):
+    for expected in (
+        "probes.models.sharding.ShardingError",
+        "probes.explain.measure.ExplainError",
+        "probes.explain.blocks.BlockError",
+        "probes.core.distributed.DistributedError",
+        "geometry.memory.model.MemoryBudgetError",
+        "geometry.surfaces.planes.PlaneError",
+        "probes.sweep.lock.StoreLockedError",
+        "probes.checkpoints.errors.MissingWeightsError",
+    ):
         assert expected in names
     assert len(ERRORS) >= 40, len(ERRORS)
     assert NOT_USER_ERRORS <= {_name(c) for c in CLASSES}, "an allow-listed class no longer exists: drop it"

@@ -1,4 +1,5 @@
 """Smoke test of benchmarks/estimators.py in --quick mode (MLP with an exact Hessian only)."""
+
 from __future__ import annotations
 
 import json

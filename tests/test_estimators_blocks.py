@@ -1,4 +1,5 @@
 """block_traces and directional_curvature; estimators run through HessianOperator vs exact dense."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,10 @@ def tiny_problem(seed=0):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
     g = torch.Generator().manual_seed(seed)
-    batches = [(torch.randn(16, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (16,), generator=g))
-               for _ in range(2)]
+    batches = [
+        (torch.randn(16, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (16,), generator=g))
+        for _ in range(2)
+    ]
     H, space = exact_hessian(model, loss_fn, batches)
     return model, batches, H, space
 
@@ -105,7 +108,9 @@ def test_directional_curvature_is_exact_for_a_quadratic():
 
 
 def test_directional_curvature_dict_direction_and_errors():
-    space = ParamSpace.from_params({"w": torch.zeros(2, 3, dtype=torch.float64), "b": torch.zeros(2, dtype=torch.float64)})
+    space = ParamSpace.from_params(
+        {"w": torch.zeros(2, 3, dtype=torch.float64), "b": torch.zeros(2, dtype=torch.float64)}
+    )
     A = torch.eye(8, dtype=torch.float64) * 3
     op = Quadratic(A, torch.zeros(8, dtype=torch.float64), torch.zeros(8, dtype=torch.float64), space=space)
     d = {"w": torch.ones(2, 3, dtype=torch.float64), "b": 2 * torch.ones(2, dtype=torch.float64)}
@@ -133,9 +138,11 @@ def hessian_pair():
 def test_estimators_through_hessian_operator_match_dense(hessian_pair):
     model, batches, H, space, op = hessian_pair
     dense = DenseOperator(H, space=space)
-    for f in (lambda o: hutchinson_trace(o, num_matvecs=20, seed=1).value,
-              lambda o: hutchpp_trace(o, num_matvecs=21, seed=1).value,
-              lambda o: block_traces(o, "module", num_matvecs=10, seed=2).values["2"]):
+    for f in (
+        lambda o: hutchinson_trace(o, num_matvecs=20, seed=1).value,
+        lambda o: hutchpp_trace(o, num_matvecs=21, seed=1).value,
+        lambda o: block_traces(o, "module", num_matvecs=10, seed=2).values["2"],
+    ):
         assert f(op) == pytest.approx(f(dense), rel=1e-9)
     n0 = op.num_matvecs
     a, b = top_eigenvalues(op, k=2, tol=1e-8), top_eigenvalues(dense, k=2, tol=1e-8)

@@ -1,4 +1,5 @@
 """Stochastic Lanczos quadrature: exact per-run moments, moment expectations, nodes/weights, density."""
+
 from __future__ import annotations
 
 import json
@@ -110,8 +111,12 @@ def test_density_seeded_and_serialisable():
 
 def test_density_bad_input():
     op = DenseOperator(torch.eye(5, dtype=torch.float64))
-    for kw, name in [({"num_runs": 0}, "num_runs"), ({"num_steps": 0}, "num_steps"),
-                     ({"grid_size": 1}, "grid_size"), ({"sigma": -1.0}, "sigma")]:
+    for kw, name in [
+        ({"num_runs": 0}, "num_runs"),
+        ({"num_steps": 0}, "num_steps"),
+        ({"grid_size": 1}, "grid_size"),
+        ({"sigma": -1.0}, "sigma"),
+    ]:
         with pytest.raises(EstimatorError, match=name):
             spectral_density(op, **kw)
 
@@ -139,6 +144,6 @@ def test_lock_step_runs_that_stop_early_leave_the_others_unchanged(reorth):
     together = lanczos(DenseOperator(H), starts.clone(), 10, reorth=reorth)
     assert [r.steps for r in together] == [2, 4, 8] and all(r.breakdown for r in together)
     for row, run in enumerate(together):
-        alone = lanczos(DenseOperator(H), starts[row:row + 1].clone(), 10, reorth=reorth)[0]
+        alone = lanczos(DenseOperator(H), starts[row : row + 1].clone(), 10, reorth=reorth)[0]
         np.testing.assert_allclose(run.alphas, alone.alphas, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(run.betas, alone.betas, rtol=1e-12, atol=1e-14)

@@ -1,4 +1,5 @@
 """top_eigenvalues (Lanczos, power) against numpy/torch eigh on dense matrices and a tiny MLP."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Trace estimators (Hutchinson, Hutch++) against exact traces of dense matrices and a tiny MLP."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """probes.explain: blocks of an LM, the explanation of a quantizer against the exact Hessian, the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,15 @@ from typer.testing import CliRunner
 from geometry.operators.dense import exact_hessian
 from geometry.base.params import literal_glob
 from probes.core.lm import evaluate, lm_loss
-from probes.explain import (BlockError, ExplainError, block_members, explain, explain_specs, explanations_frame,
-                            module_kind)
+from probes.explain import (
+    BlockError,
+    ExplainError,
+    block_members,
+    explain,
+    explain_specs,
+    explanations_frame,
+    module_kind,
+)
 from probes.explain.measure import quantized_direction
 from tests.tiny_models import micro_gptneox, micro_llama, random_batches
 
@@ -72,7 +80,9 @@ def test_explanation_equals_the_exact_hessian_of_the_quantized_matrices(neox):
     frame = e.frame().set_index("block")
     assert list(frame.index) == ["layer0", "layer1"]
     for b in frame.index:
-        idx = torch.cat([torch.arange(space.slices[n].start, space.slices[n].stop) for n in names if f"layers.{b[5:]}." in n])
+        idx = torch.cat(
+            [torch.arange(space.slices[n].start, space.slices[n].stop) for n in names if f"layers.{b[5:]}." in n]
+        )
         assert frame.loc[b, "dHd"] == pytest.approx(float(d[idx] @ (H @ d)[idx]), rel=1e-5)
         assert frame.loc[b, "within"] == pytest.approx(float(d[idx] @ H[idx][:, idx] @ d[idx]), rel=1e-5)
     assert math.fsum(frame["dHd"]) == pytest.approx(f.dHd, rel=1e-13)
@@ -94,9 +104,13 @@ def test_specs_share_one_trace_and_the_frame_compares_them(neox):
     df = explanations_frame(exps)
     assert list(df["spec"]) == ["rtn:3:row", "rtn:2:row", "int8"] and df.loc[0, "log_kappa_ratio"] == 0
     ok = df["quadratic"] > 0
-    assert (df.loc[ok, "log_quadratic_ratio"] - df.loc[ok, "log_norm2_ratio"] - df.loc[ok, "log_kappa_ratio"]).abs().max() < 1e-12
+    assert (
+        df.loc[ok, "log_quadratic_ratio"] - df.loc[ok, "log_norm2_ratio"] - df.loc[ok, "log_kappa_ratio"]
+    ).abs().max() < 1e-12
     again = explain_specs(model, ["rtn:2:row"], batches, blocks="kind", trace=exps[0].attribution.trace)
-    assert again[0].trace_source == "given" and again[0].factors.kappa == pytest.approx(exps[1].factors.kappa, rel=1e-12)
+    assert again[0].trace_source == "given" and again[0].factors.kappa == pytest.approx(
+        exps[1].factors.kappa, rel=1e-12
+    )
 
 
 def test_refusals(neox, monkeypatch):
@@ -130,9 +144,25 @@ def test_explain_command_prints_tables_and_writes_json(tmp_path):
     ckpt = traj / "step-000100"
     data = traj / "data"
     out = tmp_path / "e.json"
-    args = ["explain", str(ckpt), "--spec", "rtn:3:row", "--spec", "gptq:3:row", "--blocks", "kind", "--within",
-            "--trace-hvps", "6", "--curvature-set", str(data / "curvature.safetensors"),
-            "--calib-set", str(data / "calibration.safetensors"), "--out", str(out)]
+    args = [
+        "explain",
+        str(ckpt),
+        "--spec",
+        "rtn:3:row",
+        "--spec",
+        "gptq:3:row",
+        "--blocks",
+        "kind",
+        "--within",
+        "--trace-hvps",
+        "6",
+        "--curvature-set",
+        str(data / "curvature.safetensors"),
+        "--calib-set",
+        str(data / "calibration.safetensors"),
+        "--out",
+        str(out),
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "κ [95% CI]" in res.output and "gptq:3:row vs rtn:3:row" in res.output and "cross-block terms" in res.output
@@ -141,16 +171,44 @@ def test_explain_command_prints_tables_and_writes_json(tmp_path):
     e = got["explanations"][0]
     assert {"kappa", "kappa_ci_low", "kappa_ci_high", "remainder", "norm2", "trace_per_param", "blocks"} <= set(e)
     assert {b["block"] for b in e["blocks"]} == {"attention", "mlp"} and "within" in e["blocks"][0]
-    res = CliRunner().invoke(app, args[:4] + ["--json", "--out", str(tmp_path / "j.json"), "--curvature-set",
-                                               str(data / "curvature.safetensors"), "--trace-hvps", "6"])
+    res = CliRunner().invoke(
+        app,
+        args[:4]
+        + [
+            "--json",
+            "--out",
+            str(tmp_path / "j.json"),
+            "--curvature-set",
+            str(data / "curvature.safetensors"),
+            "--trace-hvps",
+            "6",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["explanations"][0]["spec"] == "rtn:3:row"
-    bad = CliRunner().invoke(app, ["explain", str(ckpt), "--spec", "gptq:3:row", "--curvature-set", str(data / "curvature.safetensors")])
+    bad = CliRunner().invoke(
+        app, ["explain", str(ckpt), "--spec", "gptq:3:row", "--curvature-set", str(data / "curvature.safetensors")]
+    )
     assert bad.exit_code == 2 and "cannot build or read the token sets" in bad.output  # no tokenizer, no --calib-set
-    bad = CliRunner().invoke(app, args[:4] + ["--max-memory", "1MB", "--curvature-set", str(data / "curvature.safetensors")])
+    bad = CliRunner().invoke(
+        app, args[:4] + ["--max-memory", "1MB", "--curvature-set", str(data / "curvature.safetensors")]
+    )
     assert bad.exit_code == 2 and "max_memory" in bad.output  # refused before any work, with what it needs
     bad = CliRunner().invoke(app, ["explain", str(ckpt), "--spec", "rtn:9"])
     assert bad.exit_code != 0 and "bits" in bad.output
-    bad = CliRunner().invoke(app, ["explain", str(ckpt), "--blocks", "rows", "--trace-hvps", "6", "--curvature-set",
-                                   str(data / "curvature.safetensors"), "--calib-set", str(data / "calibration.safetensors")])
+    bad = CliRunner().invoke(
+        app,
+        [
+            "explain",
+            str(ckpt),
+            "--blocks",
+            "rows",
+            "--trace-hvps",
+            "6",
+            "--curvature-set",
+            str(data / "curvature.safetensors"),
+            "--calib-set",
+            str(data / "calibration.safetensors"),
+        ],
+    )
     assert bad.exit_code == 2 and "unknown block partition" in bad.output

@@ -1,5 +1,6 @@
 """The explain probe in sweeps (plan, runner, store), its analysis (shares that sum to the change of
 log ΔQ) and its report section."""
+
 from __future__ import annotations
 
 import math
@@ -27,12 +28,19 @@ def test_plan_explain_settings_tasks_and_hash():
     q = Plan(loss=False, explain=["rtn:4"])
     more = Plan(loss=False, explain=["rtn:4", "int8"])
     assert q.tasks()[0].config_hash == more.tasks()[0].config_hash
-    assert Plan(loss=False, explain=ExplainProbe(["rtn:4"], within=True)).tasks()[0].config_hash != q.tasks()[0].config_hash
+    assert (
+        Plan(loss=False, explain=ExplainProbe(["rtn:4"], within=True)).tasks()[0].config_hash
+        != q.tasks()[0].config_hash
+    )
     # a plan without explain is unchanged (its hash does not see the new field)
     assert "explain" not in Plan.default().to_dict()["probes"]
-    for bad, msg in (({"specs": []}, "non-empty"), ({"specs": ["rtn:4"], "blocks": ["rows"]}, "unknown"),
-                     ({"specs": ["rtn:4"], "trace_method": "exact"}, "trace_method"), ({"specs": ["rtn:99"]}, "invalid"),
-                     ({"specs": ["rtn:4"], "colour": 1}, "unknown option")):
+    for bad, msg in (
+        ({"specs": []}, "non-empty"),
+        ({"specs": ["rtn:4"], "blocks": ["rows"]}, "unknown"),
+        ({"specs": ["rtn:4"], "trace_method": "exact"}, "trace_method"),
+        ({"specs": ["rtn:99"]}, "invalid"),
+        ({"specs": ["rtn:4"], "colour": 1}, "unknown option"),
+    ):
         with pytest.raises(PlanError, match=msg):
             Plan.from_dict({"probes": {"explain": bad}})
 
@@ -42,9 +50,19 @@ def swept(tmp_path_factory):
     root = tmp_path_factory.mktemp("explain")
     traj = tiny_trajectory(root / "t", n=3, seed=3)
     quantized = "model.layers.*_proj.weight"  # the quantized matrices of the tiny Llama: the trace probe's space = δ's
-    plan = Plan.from_dict({"name": "ex", "data": DATA, "lawa": [2], "curvature_params": [quantized], "probes": {
-        "directional": ["rtn:3:row"], "trace": {"method": "hutch++", "num_matvecs": 6},
-        "explain": {"specs": ["rtn:3:row", "gptq:3:row", "int8"], "within": True, "trace_matvecs": 6}}})
+    plan = Plan.from_dict(
+        {
+            "name": "ex",
+            "data": DATA,
+            "lawa": [2],
+            "curvature_params": [quantized],
+            "probes": {
+                "directional": ["rtn:3:row"],
+                "trace": {"method": "hutch++", "num_matvecs": 6},
+                "explain": {"specs": ["rtn:3:row", "gptq:3:row", "int8"], "within": True, "trace_matvecs": 6},
+            },
+        }
+    )
     out = root / "r.sqlite"
     rep = run_sweep(traj, plan, out=out, token_sets=tiny_token_sets(traj), progress=False, num_threads=1)
     assert rep.n_failed == 0, rep.failures
@@ -62,7 +80,9 @@ def test_sweep_rows_share_the_direction_and_the_trace(swept):
     tr = c[c.probe == "trace"].iloc[0]
     assert ex.loc["trace", "value"] == tr["value"] and ex.loc["trace", "stderr"] == tr["stderr"]  # reused, same space
     rows = raw[(raw.checkpoint == "step-000300") & (raw.probe == "explain")].set_index("spec")
-    assert rows.loc["rtn:3:row", "n_hvp"] == 4  # within parts only: HVP shared with directional, trace with the trace probe
+    assert (
+        rows.loc["rtn:3:row", "n_hvp"] == 4
+    )  # within parts only: HVP shared with directional, trace with the trace probe
     assert rows.loc["gptq:3:row", "n_hvp"] == 1 + 4
     f = ex["value"]
     assert f["pred_delta"] == pytest.approx(f["gTd"] + f["quadratic"], rel=1e-12)
@@ -75,7 +95,12 @@ def test_sweep_rows_share_the_direction_and_the_trace(swept):
             assert len(parts) == 2 and math.fsum(parts) == pytest.approx(total, rel=1e-12, abs=1e-15)
     assert {m for m in f.index if m.startswith("within[layer:")} == {"within[layer:layer0]", "within[layer:layer1]"}
     # LAWA rows too; the default series of the probe is κ
-    assert set(df[df.probe == "explain"].checkpoint) == {"step-000100", "step-000200", "step-000300", "lawa2@step-000300"}
+    assert set(df[df.probe == "explain"].checkpoint) == {
+        "step-000100",
+        "step-000200",
+        "step-000300",
+        "lawa2@step-000300",
+    }
     s = series(df, "explain/gptq:3:row")
     assert s.name == "explain/gptq:3:row" and len(s) == 3 and s.notna().all()
 
@@ -133,8 +158,11 @@ def test_decomposition_shares_sum_to_the_change_of_log_dq(synth):
     with pytest.raises(AnalysisError, match="need both > 0"):
         decompose_change(bad, a, b, run="wsd")
     with pytest.raises(AnalysisError, match="several runs"):
-        decompose_change(factor_table(synth.assign(checkpoint=synth.checkpoint.str.replace("cosine", "wsd"))),
-                         "wsd-step100", "wsd-step200")
+        decompose_change(
+            factor_table(synth.assign(checkpoint=synth.checkpoint.str.replace("cosine", "wsd"))),
+            "wsd-step100",
+            "wsd-step200",
+        )
 
 
 def test_science_check_and_report_section(synth, tmp_path):

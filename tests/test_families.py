@@ -1,6 +1,7 @@
 """Every seed family end to end (tiny random-init models, CPU): loss, HVP backends, Hutch++, the
 second-order check, RTN / INT8 / GPTQ / AWQ (+ bitsandbytes when installed) through the generic
 block/linear discovery, the quantization plane and a 3-checkpoint sweep."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,15 +33,19 @@ def _sets():
     from probes.core.tokenset import TokenSet
 
     g = torch.Generator().manual_seed(123)
-    return {"eval": TokenSet(torch.randint(0, VOCAB, (2, 2, 16), generator=g), "eval"),
-            "calibration": TokenSet(torch.randint(0, VOCAB, (2, 4, 16), generator=g), "calibration"),
-            "curvature": TokenSet(torch.randint(0, VOCAB, (1, 2, 8), generator=g), "curvature")}
+    return {
+        "eval": TokenSet(torch.randint(0, VOCAB, (2, 2, 16), generator=g), "eval"),
+        "calibration": TokenSet(torch.randint(0, VOCAB, (2, 4, 16), generator=g), "calibration"),
+        "curvature": TokenSet(torch.randint(0, VOCAB, (1, 2, 8), generator=g), "curvature"),
+    }
 
 
 def _execution_order(model: nn.Module, batch: torch.Tensor, names: list[str]) -> list[str]:
     order: list[str] = []
     mods = dict(model.named_modules())
-    hs = [mods[n].register_forward_pre_hook(lambda m, a, n=n: order.append(n) if n not in order else None) for n in names]
+    hs = [
+        mods[n].register_forward_pre_hook(lambda m, a, n=n: order.append(n) if n not in order else None) for n in names
+    ]
     with torch.no_grad():
         model(input_ids=batch)
     for h in hs:

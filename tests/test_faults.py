@@ -6,6 +6,7 @@ mid-sweep is tests/test_sweep_resume.py).
 Exit statuses (README, "When things go wrong"): 0 ok; 1 some rows failed; 2 bad input; 3 every row
 failed; 70 internal error; 130 interrupted.
 """
+
 from __future__ import annotations
 
 import json
@@ -137,7 +138,9 @@ def test_config_that_allocates_more_than_the_weights_is_refused_before_allocatin
     assert set(err) == {"step-000200", "step-000400"}
     assert "describes a GPTNeoXForCausalLM of 20.6B parameters (82.2 GB in float32)" in err["step-000200"]
     assert "weight files hold 26.8k parameters" in err["step-000200"] and "leaves out hidden_size" in err["step-000200"]
-    assert "LlamaForCausalLM of 53.6k parameters" in err["step-000400"] and "Nothing was allocated" in err["step-000400"]
+    assert (
+        "LlamaForCausalLM of 53.6k parameters" in err["step-000400"] and "Nothing was allocated" in err["step-000400"]
+    )
     assert "error: 4 of 8 rows failed (some" in r.output and "ArchitectureMismatchError x4" in r.output
     got = _values(out)
     assert {k: v for k, v in reference.items() if k[0] in ("step-000100", "step-000300")} == got
@@ -202,8 +205,9 @@ def test_checkpoints_that_already_failed_cleanly_stay_failed_rows(traj, plan_fil
 
 
 def test_same_seed_gives_bit_identical_rows(pristine, tmp_path):
-    plan = Plan.from_file(tiny_plan_toml(tmp_path / "p.toml", pristine,
-                                         probes='trace = { method = "hutchinson", num_matvecs = 3 }\n'))
+    plan = Plan.from_file(
+        tiny_plan_toml(tmp_path / "p.toml", pristine, probes='trace = { method = "hutchinson", num_matvecs = 3 }\n')
+    )
     a, b = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
     for out in (a, b):
         run_sweep(pristine, plan, out=out, progress=False, num_threads=1)
@@ -226,6 +230,7 @@ def test_interrupted_sweep_keeps_every_finished_row(traj, plan_file, reference, 
             if calls["n"] == moment:
                 raise KeyboardInterrupt
             return fn(st, task)
+
         return probe
 
     monkeypatch.setitem(runner.PROBE_FUNCS, "loss", counting(real[0]))
@@ -267,7 +272,9 @@ def test_wait_queues_behind_the_holder(traj, plan_file, reference, tmp_path):
     t0 = time.perf_counter()
     r = _sweep(traj, out, plan_file, "--wait")
     assert r.exit_code == 0, r.output
-    assert time.perf_counter() - t0 >= 0.9 and f"waiting for the sweep writing this store (PID {os.getpid()})" in r.output
+    assert (
+        time.perf_counter() - t0 >= 0.9 and f"waiting for the sweep writing this store (PID {os.getpid()})" in r.output
+    )
     assert _values(out) == reference
 
 
@@ -320,9 +327,24 @@ def test_analysis_refuses_a_series_computed_with_different_settings():
 
     from probes.analysis import AnalysisError, series
 
-    rows = [dict(run="r", checkpoint=f"s{i}", step=i, tokens=None, lr=1e-3, derived=False, probe="trace", spec="hutch++",
-                 metric="trace", value=float(i), status="ok", data_hash="d", config_hash="a" if i < 3 else "b")
-            for i in range(6)]
+    rows = [
+        dict(
+            run="r",
+            checkpoint=f"s{i}",
+            step=i,
+            tokens=None,
+            lr=1e-3,
+            derived=False,
+            probe="trace",
+            spec="hutch++",
+            metric="trace",
+            value=float(i),
+            status="ok",
+            data_hash="d",
+            config_hash="a" if i < 3 else "b",
+        )
+        for i in range(6)
+    ]
     df = pd.DataFrame(rows)
     with pytest.raises(AnalysisError, match="2 different settings.*allow_mixed=True"):
         series(df, "trace")
@@ -332,20 +354,25 @@ def test_analysis_refuses_a_series_computed_with_different_settings():
 # ------------------------------------------------------------------------------------------------
 # one-line errors, exit 2; tracebacks only with --debug
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("args, message", [
-    (["--num-matvecs", "0"], "num_matvecs (--num-matvecs) must be an integer >= 3 for hutch++"),
-    (["--num-matvecs", "2"], "num_matvecs (--num-matvecs) must be an integer >= 3 for hutch++"),
-    (["--k", "0"], "k (--k) must be an integer >= 1, got 0"),
-    (["--k", "100000"], "k must be <= the operator dimension"),
-    (["--params", "nomatch.*"], "parameter glob 'nomatch.*' matches no trainable parameter"),
-    (["--label", "step-000999"], "step-000999"),
-    (["--max-memory", "lots"], "--max-memory: cannot read the size 'lots'"),   # tests/test_sizes.py: the full table
-    (["--max-memory", "1MB"], "needs at least"),           # a plan that cannot fit: refused before any product
-    (["--dtype", "int8"], "dtype 'int8' is unknown"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--num-matvecs", "0"], "num_matvecs (--num-matvecs) must be an integer >= 3 for hutch++"),
+        (["--num-matvecs", "2"], "num_matvecs (--num-matvecs) must be an integer >= 3 for hutch++"),
+        (["--k", "0"], "k (--k) must be an integer >= 1, got 0"),
+        (["--k", "100000"], "k must be <= the operator dimension"),
+        (["--params", "nomatch.*"], "parameter glob 'nomatch.*' matches no trainable parameter"),
+        (["--label", "step-000999"], "step-000999"),
+        (["--max-memory", "lots"], "--max-memory: cannot read the size 'lots'"),  # tests/test_sizes.py: the full table
+        (["--max-memory", "1MB"], "needs at least"),  # a plan that cannot fit: refused before any product
+        (["--dtype", "int8"], "dtype 'int8' is unknown"),
+    ],
+)
 def test_sharpness_bad_options_are_one_line_errors(pristine, args, message):
     budget = [] if "--num-matvecs" in args else ["--num-matvecs", "3"]
-    r = _cli("sharpness", pristine, *args, *budget, "--data", pristine / "data" / "curvature.safetensors", "--threads", "1")
+    r = _cli(
+        "sharpness", pristine, *args, *budget, "--data", pristine / "data" / "curvature.safetensors", "--threads", "1"
+    )
     assert r.exit_code == 2, r.output
     assert "Traceback" not in r.output
     (line,) = _error_lines(r.output)
@@ -356,8 +383,16 @@ def test_debug_shows_the_traceback_and_internal_errors_say_so(pristine, monkeypa
     from geometry.base.params import ParameterSelectionError
     from probes.curvature import sharpness as sharp_mod
 
-    args = ["sharpness", pristine, "--params", "nomatch.*", "--num-matvecs", "3", "--data",
-            pristine / "data" / "curvature.safetensors"]
+    args = [
+        "sharpness",
+        pristine,
+        "--params",
+        "nomatch.*",
+        "--num-matvecs",
+        "3",
+        "--data",
+        pristine / "data" / "curvature.safetensors",
+    ]
     r = _cli("--debug", *args)
     assert isinstance(r.exception, ParameterSelectionError)  # raised through: the traceback is shown
     r = _cli(*args, "--debug")  # also after the command name
@@ -381,7 +416,7 @@ def _damage(good: Path, tmp: Path) -> dict[str, Path]:
     d = bytearray(data)
     rng = np.random.default_rng(1)
     for off in range(4096 + 100, len(d), 4096):
-        d[off:off + 200] = rng.bytes(200)
+        d[off : off + 200] = rng.bytes(200)
     out["pages"].write_bytes(bytes(d))
     return out
 
@@ -393,8 +428,11 @@ def test_damaged_stores_are_one_line_errors(pristine, plan_file, tmp_path):
     con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     con.close()
     for kind, path in _damage(good, tmp_path).items():
-        for args in (["report", path, "--out", tmp_path / "r.html"], ["correlate", path],
-                     ["sweep", pristine, "--out", path, "--plan", plan_file, "--quiet"]):
+        for args in (
+            ["report", path, "--out", tmp_path / "r.html"],
+            ["correlate", path],
+            ["sweep", pristine, "--out", path, "--plan", plan_file, "--quiet"],
+        ):
             r = _cli(*args)
             assert r.exit_code == 2, (kind, args[0], r.output)
             assert "Traceback" not in r.output
@@ -435,28 +473,59 @@ def test_nan_surface_is_an_error(pristine, traj, tmp_path):
     save_file(sd, str(p), metadata={"format": "pt"})
     page = tmp_path / "s.html"
     for extra in ([], ["--random-plane"]):
-        r = _cli("surface", traj / "step-000400", "--spec", "rtn:4", "--grid", "3", "--data", pristine / "data" / "eval.safetensors",
-                 "--out", page, "-q", *extra)
+        r = _cli(
+            "surface",
+            traj / "step-000400",
+            "--spec",
+            "rtn:4",
+            "--grid",
+            "3",
+            "--data",
+            pristine / "data" / "eval.safetensors",
+            "--out",
+            page,
+            "-q",
+            *extra,
+        )
         assert r.exit_code == 2, r.output
         (line,) = _error_lines(r.output)
         assert "non-finite (NaN/inf) weights" in line and "lm_head.weight" in line
     # B (the previous checkpoint) NaN: the surface is refused after evaluation, no page
     with pytest.warns(RuntimeWarning, match="non-finite"):
-        r = _cli("surface", traj / "step-000300", "--previous", traj / "step-000400", "--grid", "3", "--data",
-                 pristine / "data" / "eval.safetensors", "--out", page, "-q")
+        r = _cli(
+            "surface",
+            traj / "step-000300",
+            "--previous",
+            traj / "step-000400",
+            "--grid",
+            "3",
+            "--data",
+            pristine / "data" / "eval.safetensors",
+            "--out",
+            page,
+            "-q",
+        )
     assert r.exit_code == 2 and "is not finite" in r.output
     assert not page.exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--method", "bogus"], "unknown correlation method 'bogus'; valid: pearson, spearman, kendall"),
-    (["--n-boot", "0"], "n_boot must be >= 40, got 0"),
-    (["--n-boot", "-5"], "n_boot must be >= 40, got -5"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--method", "bogus"], "unknown correlation method 'bogus'; valid: pearson, spearman, kendall"),
+        (["--n-boot", "0"], "n_boot must be >= 40, got 0"),
+        (["--n-boot", "-5"], "n_boot must be >= 40, got -5"),
+    ],
+)
 def test_correlate_bad_method_and_n_boot(pristine, plan_file, tmp_path, args, message):
     out = tmp_path / "r.sqlite"
-    run_sweep(pristine, Plan.from_file(tiny_plan_toml(tmp_path / "p.toml", pristine, probes=CHEAP + 'kurtosis = true\n')),
-              out=out, progress=False, num_threads=1)
+    run_sweep(
+        pristine,
+        Plan.from_file(tiny_plan_toml(tmp_path / "p.toml", pristine, probes=CHEAP + "kurtosis = true\n")),
+        out=out,
+        progress=False,
+        num_threads=1,
+    )
     r = _cli("correlate", out, "--x", "kurtosis", "--y", "rtn:4", *args)
     assert r.exit_code == 2, r.output
     (line,) = _error_lines(r.output)
@@ -474,12 +543,23 @@ def test_quick_with_a_plan_is_an_error(pristine, plan_file, tmp_path):
 
 
 def test_sharpness_of_a_checkpoint_folder_reads_lr_and_tokens(pristine):
-    r = _cli("sharpness", pristine / "step-000200", "--num-matvecs", "3", "--data",
-             pristine / "data" / "curvature.safetensors", "--threads", "1", "--json")
+    r = _cli(
+        "sharpness",
+        pristine / "step-000200",
+        "--num-matvecs",
+        "3",
+        "--data",
+        pristine / "data" / "curvature.safetensors",
+        "--threads",
+        "1",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output[r.output.index("{"):])
+    out = json.loads(r.output[r.output.index("{") :])
     entry = next(e for e in json.loads((pristine / "trajectory.json").read_text())["checkpoints"] if e["step"] == 200)
-    assert out["lr"] == pytest.approx(entry["lr"]) and out["tokens"] == entry["tokens"] == 200 * 64 and out["step"] == 200
+    assert (
+        out["lr"] == pytest.approx(entry["lr"]) and out["tokens"] == entry["tokens"] == 200 * 64 and out["step"] == 200
+    )
 
 
 def test_threads_are_recorded_with_each_row(pristine, plan_file, tmp_path):
@@ -492,9 +572,19 @@ def test_threads_are_recorded_with_each_row(pristine, plan_file, tmp_path):
 
 def test_bad_device_and_executor_stop_before_any_work(pristine, plan_file, tmp_path):
     out = tmp_path / "r.sqlite"
-    for args in (["sweep", pristine, "--out", out, "--plan", plan_file, "--device", "bogus", "--quiet"],
-                 ["sharpness", pristine, "--device", "bogus", "--num-matvecs", "3", "--data",
-                  pristine / "data" / "curvature.safetensors"]):
+    for args in (
+        ["sweep", pristine, "--out", out, "--plan", plan_file, "--device", "bogus", "--quiet"],
+        [
+            "sharpness",
+            pristine,
+            "--device",
+            "bogus",
+            "--num-matvecs",
+            "3",
+            "--data",
+            pristine / "data" / "curvature.safetensors",
+        ],
+    ):
         r = _cli(*args)
         assert r.exit_code == 2, r.output
         (line,) = _error_lines(r.output)

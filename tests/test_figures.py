@@ -1,4 +1,5 @@
 """probes.report.figures and probes.report.pages: traces and markers from results, the HTML report, `losslens report`."""
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,10 @@ from probes.report.pages import build_report, export_png, surface_page
 from probes.report.scatter_figures import sharpness_vs_quant_figure
 from probes.report.surface_figures import surface_figure
 
-PHASES = [{"name": "FP convergence", "step": 400, "lr": 1e-3}, {"name": "quantization divergence", "step": 500, "lr": 7e-4}]
+PHASES = [
+    {"name": "FP convergence", "step": 400, "lr": 1e-3},
+    {"name": "quantization divergence", "step": 500, "lr": 7e-4},
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +41,14 @@ def _names(fig):
 def test_loss_figure_runs_derived_lr_and_phases(df):
     fig = loss_figure(df, phases=PHASES)
     names = _names(fig)
-    assert names == ["FP loss · wsd", "FP loss · wsd (derived/LAWA)", "FP loss · cosine", "FP loss · cosine (derived/LAWA)",
-                     "LR · wsd", "LR · cosine"]
+    assert names == [
+        "FP loss · wsd",
+        "FP loss · wsd (derived/LAWA)",
+        "FP loss · cosine",
+        "FP loss · cosine (derived/LAWA)",
+        "LR · wsd",
+        "LR · cosine",
+    ]
     line, lawa = fig.data[0], fig.data[1]
     assert line.mode == "lines+markers" and lawa.mode == "markers" and lawa.marker.symbol == "star"
     assert len(line.x) == 6 and len(lawa.x) == 1
@@ -63,7 +73,13 @@ def test_quant_figure_is_small_multiples_per_spec_and_counts_non_positive(df):
     assert [a.text for a in fig.layout.annotations[:2]] == ["rtn:4:g128", "int8"]
     # one legend entry per run (and its LR), not one per spec and run
     assert [t.name for t in fig.data if t.showlegend is not False] == [
-        "wsd", "wsd (derived/LAWA)", "cosine", "cosine (derived/LAWA)", "LR · wsd", "LR · cosine"]
+        "wsd",
+        "wsd (derived/LAWA)",
+        "cosine",
+        "cosine (derived/LAWA)",
+        "LR · wsd",
+        "LR · cosine",
+    ]
     bad = df.copy()
     idx = bad.index[(bad.probe == "quant") & (bad.metric == "rel_loss_error")][:2]
     bad.loc[idx, "value"] = [-1e-4, 0.0]
@@ -120,15 +136,28 @@ def _tiny_surface():
     from geometry.surfaces.surface import Surface
 
     x, y = np.linspace(-1, 2, 5), np.linspace(-1, 2, 4)
-    loss = 3 + np.add.outer(y ** 2, x ** 2)
-    return Surface(x, y, loss, {"A": (0, 0, 3.0), "B": (1, 0, 4.0), "C": (0.1, 1, 4.1)}, {"kind": "points", "norms": {"|B-A|": 1.0}})
+    loss = 3 + np.add.outer(y**2, x**2)
+    return Surface(
+        x,
+        y,
+        loss,
+        {"A": (0, 0, 3.0), "B": (1, 0, 4.0), "C": (0.1, 1, 4.1)},
+        {"kind": "points", "norms": {"|B-A|": 1.0}},
+    )
 
 
 def test_build_report_is_one_self_contained_file(df, tmp_path):
-    out = build_report(df, tmp_path / "sub" / "r.html", phases=PHASES, surfaces=[_tiny_surface()],
-                       plan={"quant": ["rtn:4:g128"]}, versions={"torch": "x.y"}, title="T")
+    out = build_report(
+        df,
+        tmp_path / "sub" / "r.html",
+        phases=PHASES,
+        surfaces=[_tiny_surface()],
+        plan={"quant": ["rtn:4:g128"]},
+        versions={"torch": "x.y"},
+        title="T",
+    )
     text = out.read_text()
-    assert text.count("<script type=\"text/javascript\">/* plotly.js") == 1  # plotly.js embedded once
+    assert text.count('<script type="text/javascript">/* plotly.js') == 1  # plotly.js embedded once
     assert not re.search(r"<script[^>]+src=", text)
     assert len(re.findall(r'class="plotly-graph-div"', text)) == 6  # 5 trajectory figures + 1 surface
     for section in ("Trajectory", "Phases", "Quantization planes", "Plan and versions"):
@@ -168,8 +197,8 @@ def _png_pixels(path) -> np.ndarray:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG file"
     pos, idat, header = 8, b"", None
     while pos < len(data):
-        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + n]
+        n, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + n]
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
         elif kind == b"IDAT":
@@ -241,13 +270,31 @@ def test_report_command_on_a_store(df, tmp_path):
     wsd = df[df.run == "wsd"]
     with sweep.Store(path) as st:
         cks = wsd.drop_duplicates("checkpoint")
-        st.add_checkpoints((SimpleNamespace(label=r.checkpoint, step=int(r.step), tokens=int(r.tokens),
-                                           lr=None if r.lr is None or (isinstance(r.lr, float) and math.isnan(r.lr)) else r.lr,
-                                           kind="derived" if r.derived else "hf_dir", location=None)
-                           for r in cks.itertuples()), run="wsd")
+        st.add_checkpoints(
+            (
+                SimpleNamespace(
+                    label=r.checkpoint,
+                    step=int(r.step),
+                    tokens=int(r.tokens),
+                    lr=None if r.lr is None or (isinstance(r.lr, float) and math.isnan(r.lr)) else r.lr,
+                    kind="derived" if r.derived else "hf_dir",
+                    location=None,
+                )
+                for r in cks.itertuples()
+            ),
+            run="wsd",
+        )
         for (ck, probe, spec), g in wsd.groupby(["checkpoint", "probe", "spec"], sort=False):
-            metrics = [{"metric": m.metric, "value": m.value, "stderr": None if math.isnan(m.stderr) else m.stderr,
-                        "ci_low": None, "ci_high": None} for m in g.itertuples()]
+            metrics = [
+                {
+                    "metric": m.metric,
+                    "value": m.value,
+                    "stderr": None if math.isnan(m.stderr) else m.stderr,
+                    "ci_low": None,
+                    "ci_high": None,
+                }
+                for m in g.itertuples()
+            ]
             st.write(ProbeRow(ck, probe, spec, metrics=metrics), data_hash="h", run="wsd")
         st.write(ProbeRow("wsd-step100", "kurtosis", "", status="failed", error="ValueError: boom"), run="wsd")
     surf = tmp_path / "plane.json"

@@ -7,6 +7,7 @@ must equal it to 1e-12 (max abs difference relative to max |W|) in float64 over 
 group sizes, act-order, static groups, symmetric grids, block sizes and in-features that are not a
 multiple of the block size.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -24,7 +25,7 @@ TOL = 1e-12
 def layer(rows: int, cols: int, n: int, seed: int, dead=(), extreme_dead: bool = False):
     """A weight [rows, cols] and H = 2/n XᵀX of correlated inputs with uneven scales (float64)."""
     g = torch.Generator().manual_seed(seed)
-    mix = torch.randn(cols, cols, generator=g, dtype=torch.float64) / cols ** 0.5
+    mix = torch.randn(cols, cols, generator=g, dtype=torch.float64) / cols**0.5
     X = torch.randn(n, cols, generator=g, dtype=torch.float64) @ (torch.eye(cols, dtype=torch.float64) + mix)
     X = X * (0.2 + 3 * torch.rand(cols, generator=g, dtype=torch.float64))
     X[:, list(dead)] = 0
@@ -42,7 +43,8 @@ GROUPS = (-1, 32, 48, 128)
 CASES = [  # (bits, group, act, static, sym, cols, block)
     (b, g, act, static, sym, cols, block)
     for b, g, act, static, sym, cols, block in itertools.product(
-        (2, 3, 4, 8), GROUPS, (False, True), (False, True), (False, True), (300, 256), (128, 100))
+        (2, 3, 4, 8), GROUPS, (False, True), (False, True), (False, True), (300, 256), (128, 100)
+    )
     if not (static and g == -1)
 ]
 

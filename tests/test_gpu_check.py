@@ -1,5 +1,6 @@
 """The one-command GPU check (benchmarks/gpu) in its CPU smoke mode: every section runs at toy size
 on the CPU and agrees, so the script cannot rot between GPU runs (no timing is asserted)."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,7 +20,7 @@ def test_every_section_runs_on_the_cpu_and_agrees(rows):
     checks = [r for r in rows if "tolerance" in r]
     assert len(checks) >= 6 * 8 + 4 and all(r["status"] == "ok" for r in checks)
     kinds = {r["section"]: r for r in rows if r["section"] == "attention" and "kernels" in r}
-    assert kinds["attention"]["kernels"]        # which SDPA kernel ran is recorded
+    assert kinds["attention"]["kernels"]  # which SDPA kernel ran is recorded
 
 
 def test_markdown_table_has_one_line_per_row(rows):

@@ -3,6 +3,7 @@
 Marked ``gpu``: skipped without CUDA (tests/conftest.py). ``losslens bench gpu`` runs the larger
 validation and records timings.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -35,8 +36,9 @@ def test_cuda_estimators_match_cpu_and_stay_within_their_plan():
     batches = _batches(1)
     cpu = HessianOperator(tiny_model("llama", seed=1, dtype=torch.float64), lm_loss, batches)
     gpu = HessianOperator(tiny_model("llama", seed=1, dtype=torch.float64).cuda(), lm_loss, batches)
-    assert hutchpp_trace(gpu, num_matvecs=30, seed=2).value == pytest.approx(hutchpp_trace(cpu, num_matvecs=30, seed=2).value,
-                                                                               rel=1e-6)
+    assert hutchpp_trace(gpu, num_matvecs=30, seed=2).value == pytest.approx(
+        hutchpp_trace(cpu, num_matvecs=30, seed=2).value, rel=1e-6
+    )
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -61,7 +63,9 @@ def test_basis_on_the_host_gives_the_same_eigenvalues():
 def test_bf16_model_on_cuda_uses_float32_estimator_algebra():
     batches = _batches(3)
     f32 = HessianOperator(tiny_model("olmo2", seed=3, dtype=torch.float32).cuda(), lm_loss, batches)
-    b16 = HessianOperator(tiny_model("olmo2", seed=3, dtype=torch.bfloat16).cuda(), lm_loss, batches, compute_dtype="bfloat16")
+    b16 = HessianOperator(
+        tiny_model("olmo2", seed=3, dtype=torch.bfloat16).cuda(), lm_loss, batches, compute_dtype="bfloat16"
+    )
     assert b16.dtype == torch.float32 and b16.param_dtype == torch.bfloat16
     a = top_eigenvalues(f32, k=1, max_iter=40, seed=6).values[0]
     b = top_eigenvalues(b16, k=1, max_iter=40, seed=6).values[0]

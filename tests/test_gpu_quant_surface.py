@@ -5,6 +5,7 @@ differ only by the order of floating-point sums (~1e-16 relative), never by prec
 weights may then differ only where a value sits on a rounding tie, which these checks allow for a
 tiny fraction of weights and nothing else.
 """
+
 from __future__ import annotations
 
 import copy

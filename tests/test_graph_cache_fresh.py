@@ -6,6 +6,7 @@ Before the fix the cache keyed on autograd's version counter only, which ``.data
 quantizers' way of writing weights) do not move: a product after in-place quantization was
 31–76% off.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -77,8 +78,16 @@ def _buffer_data(model):
     buf.data.mul_(3.0)
 
 
-WRITES = [_data_copy, _data_mul, _data_assign, _no_grad_inplace, _load_state_dict, _load_state_dict_assign,
-          _vector_to_parameters, _buffer_data]
+WRITES = [
+    _data_copy,
+    _data_mul,
+    _data_assign,
+    _no_grad_inplace,
+    _load_state_dict,
+    _load_state_dict_assign,
+    _vector_to_parameters,
+    _buffer_data,
+]
 
 
 @pytest.mark.parametrize("write", WRITES, ids=[w.__name__.strip("_") for w in WRITES])

@@ -6,6 +6,7 @@
 - a gradient without an autograd graph was taken as a zero Hessian row even when an op's backward
   was not differentiable.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -29,7 +30,7 @@ def batches_with_pad(model, seed, n=2, shape=(2, 12)):
     vocab = model.config.vocab_size
     out = [torch.randint(0, vocab, shape, generator=g) for _ in range(n)]
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 1
-    out[-1][0, 3] = pad                                    # the padding row is used by the forward
+    out[-1][0, 3] = pad  # the padding row is used by the forward
     return out
 
 
@@ -46,7 +47,7 @@ def test_forward_and_reverse_backends_agree_with_the_pad_token_present(family, s
     assert rel(b, a) < 1e-6
     # symmetric, as a Hessian is: uᵀ(Hv) = vᵀ(Hu)
     assert abs(float(V[0] @ a[1] - V[1] @ a[0])) < 1e-6 * float(a.norm() * V.norm())
-    assert _pads(model) == pads_before                     # padding_idx is restored after every call
+    assert _pads(model) == pads_before  # padding_idx is restored after every call
 
 
 def _pads(model):
@@ -59,9 +60,12 @@ def test_llama_tied_and_untied_with_a_padding_row(tie, dtype):
     model = tiny_model("llama", seed=3, dtype=dtype, attn="eager", tie_word_embeddings=tie, pad_token_id=1)
     assert padding_modules(model)
     batches = batches_with_pad(model, 3)
-    a = HessianOperator(model, lm_loss, batches).matmat(torch.ones(1, sum(p.numel() for p in model.parameters()), dtype=dtype))
+    a = HessianOperator(model, lm_loss, batches).matmat(
+        torch.ones(1, sum(p.numel() for p in model.parameters()), dtype=dtype)
+    )
     b = HessianOperator(model, lm_loss, batches, backend="forward").matmat(
-        torch.ones(1, sum(p.numel() for p in model.parameters()), dtype=dtype))
+        torch.ones(1, sum(p.numel() for p in model.parameters()), dtype=dtype)
+    )
     assert rel(b, a) < (1e-6 if dtype == torch.float64 else 2e-3)
 
 
@@ -88,13 +92,18 @@ def _ce(model, ids):
 def _plain_hessian(model, ids):
     """Independent oracle: the same function written with plain indexing (no padding rule),
     Hessian row by row with double backward."""
-    W, A, c = (model.emb.weight.detach().clone().requires_grad_(), model.out.weight.detach().clone().requires_grad_(),
-               model.out.bias.detach().clone().requires_grad_())
+    W, A, c = (
+        model.emb.weight.detach().clone().requires_grad_(),
+        model.out.weight.detach().clone().requires_grad_(),
+        model.out.bias.detach().clone().requires_grad_(),
+    )
     x = torch.tanh(W[ids[:, :-1]])
     loss = nn.functional.cross_entropy((x @ A.T + c).reshape(-1, 7), ids[:, 1:].reshape(-1))
     ps = [W, A, c]
     g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, ps, create_graph=True)])
-    rows = [torch.cat([r.reshape(-1) for r in torch.autograd.grad(g[i], ps, retain_graph=True)]) for i in range(g.numel())]
+    rows = [
+        torch.cat([r.reshape(-1) for r in torch.autograd.grad(g[i], ps, retain_graph=True)]) for i in range(g.numel())
+    ]
     return torch.stack(rows)
 
 
@@ -109,8 +118,8 @@ def test_padding_row_curvature_is_the_true_hessian():
         got = HessianOperator(model, _ce, [ids], backend=backend).matmat(E)
         assert torch.allclose(got, H, atol=1e-10), backend
     _, grad = op.gradient()
-    assert float(grad[2 * 3:3 * 3].norm()) > 0             # the pad row's true gradient, not zero
-    assert model.emb.padding_idx == 2                       # restored after the calls
+    assert float(grad[2 * 3 : 3 * 3].norm()) > 0  # the pad row's true gradient, not zero
+    assert model.emb.padding_idx == 2  # restored after the calls
 
 
 class _SquareNoDoubleGrad(torch.autograd.Function):
@@ -136,7 +145,7 @@ class _Net(nn.Module):
         self.broken = broken
 
     def forward(self, x):
-        sq = _SquareNoDoubleGrad.apply(self.a(x)) if self.broken else self.a(x)   # broken: loss quadratic in a
+        sq = _SquareNoDoubleGrad.apply(self.a(x)) if self.broken else self.a(x)  # broken: loss quadratic in a
         return sq.sum() + torch.tanh(self.b(x)).sum()
 
 
@@ -153,7 +162,7 @@ def test_a_gradient_without_graph_from_a_non_differentiable_backward_raises():
 
 def test_a_loss_linear_in_a_parameter_keeps_its_zero_rows():
     x = torch.randn(5, 4, dtype=torch.float64)
-    model = _Net(broken=False)                              # linear in a: a genuine zero Hessian block
+    model = _Net(broken=False)  # linear in a: a genuine zero Hessian block
     op = HessianOperator(model, _sum_loss, [x])
     hv = op.matvec(torch.ones(op.dim, dtype=torch.float64))
     n_a = sum(p.numel() for p in model.a.parameters())
@@ -163,13 +172,15 @@ def test_a_loss_linear_in_a_parameter_keeps_its_zero_rows():
 def test_half_precision_model_gets_float32_estimator_vectors():
     model = tiny_model("gpt_neox", seed=0, dtype=torch.bfloat16)
     batches = batches_with_pad(model, 0)
-    assert HessianOperator(model, lm_loss, batches).param_dtype == torch.float32   # the default: float32 compute
+    assert HessianOperator(model, lm_loss, batches).param_dtype == torch.float32  # the default: float32 compute
     op = HessianOperator(model, lm_loss, batches, compute_dtype="bfloat16")
     assert op.dtype == torch.float32 and op.param_dtype == torch.bfloat16
     out = op.matmat(torch.ones(2, op.dim))
     loss, g = op.gradient()
     assert out.dtype == torch.float32 and g.dtype == torch.float32
-    ref = HessianOperator(tiny_model("gpt_neox", seed=0, dtype=torch.float32), lm_loss, batches).matmat(torch.ones(2, op.dim))
+    ref = HessianOperator(tiny_model("gpt_neox", seed=0, dtype=torch.float32), lm_loss, batches).matmat(
+        torch.ones(2, op.dim)
+    )
     assert rel(out, ref) < 0.1
 
 
@@ -182,8 +193,10 @@ def test_bf16_model_trace_and_lambda_max_within_half_a_percent_of_float32(tiny_t
 
     ref = tiny_trajectory[-1]
     curv = list(default_token_sets(tiny_trajectory, quick=True)["curvature"])
-    ops = {dt: HessianOperator(CheckpointLoader(tiny_trajectory, dtype=dt).load(ref), lm_loss, curv, compute_dtype=dt)
-           for dt in (torch.float32, torch.bfloat16)}
+    ops = {
+        dt: HessianOperator(CheckpointLoader(tiny_trajectory, dtype=dt).load(ref), lm_loss, curv, compute_dtype=dt)
+        for dt in (torch.float32, torch.bfloat16)
+    }
     runs = {
         "hutch++": lambda op: hutchpp_trace(op, num_matvecs=30, seed=1).value,
         "hutchinson": lambda op: hutchinson_trace(op, num_matvecs=30, seed=1).value,

@@ -1,6 +1,7 @@
 """The gradient-difference HVP backend (geometry.operators.difference) against the exact reverse
 products: accuracy in float64 and float32 on every family, θ and .grad restored bit-exactly,
 checkpointing, fused attention kernels, fused first-order losses, the plan and backend="auto"."""
+
 from __future__ import annotations
 
 import copy
@@ -66,7 +67,7 @@ def test_float64_central_and_richardson_micro_models(make, seed):
     central = HessianOperator(model, lm_loss, batches, backend="difference")
     rich = HessianOperator(model, lm_loss, batches, backend="difference", richardson=True)
     assert _rel(central.matmat_flat(V), ref) <= 1e-6
-    assert _rel(rich.matmat_flat(V), ref) <= 1e-8            # O(ε⁴)
+    assert _rel(rich.matmat_flat(V), ref) <= 1e-8  # O(ε⁴)
     assert (central.num_gradients, rich.num_gradients) == (3 * 2 * 2, 3 * 4 * 2)  # k · stencil · batches
 
 
@@ -96,16 +97,16 @@ def test_step_rule_and_stencils():
     h = relative_step(torch.float32)
     assert h == pytest.approx(0.05 * torch.finfo(torch.float32).eps ** (1 / 3))
     assert relative_step(torch.float32, richardson=True) == pytest.approx(0.05 * torch.finfo(torch.float32).eps ** 0.2)
-    rad = torch.ones(100)                                  # Rademacher-like: spread over all n = 100 coordinates
+    rad = torch.ones(100)  # Rademacher-like: spread over all n = 100 coordinates
     assert step_size(1e-3, 50.0, 10.0, float(rad.pow(4).sum().sqrt()), 100) == pytest.approx(1e-3 * 50 / 10)
-    assert step_size(1e-3, 0.1, 10.0, 10.0, 100) == pytest.approx(1e-3 / 10)       # ‖θ‖ < 1: absolute step
+    assert step_size(1e-3, 0.1, 10.0, 10.0, 100) == pytest.approx(1e-3 / 10)  # ‖θ‖ < 1: absolute step
     one = torch.zeros(100)
-    one[3] = 1.0                                           # concentrated on 1 of 100 coordinates: each moved
-    eps = step_size(1e-3, 50.0, 1.0, 1.0, 100)             # weight moves by h·‖θ‖/√n, not by h·‖θ‖
+    one[3] = 1.0  # concentrated on 1 of 100 coordinates: each moved
+    eps = step_size(1e-3, 50.0, 1.0, 1.0, 100)  # weight moves by h·‖θ‖/√n, not by h·‖θ‖
     assert float((eps * one).abs().max()) == pytest.approx(1e-3 * 50 / 10)
     # the stencils are exact on a cubic's derivative g(t) = t³ + t at 0 (g'(0) = 1): central has
     # the ε² term, Richardson cancels it
-    g = lambda t: t ** 3 + t  # noqa: E731
+    g = lambda t: t**3 + t  # noqa: E731
     assert sum(c * g(s) for s, c in stencil(0.1)) == pytest.approx(1 + 0.01)
     assert sum(c * g(s) for s, c in stencil(0.1, richardson=True)) == pytest.approx(1.0)
 
@@ -118,15 +119,15 @@ def test_theta_bit_identical_after_1000_products_and_grad_restored(dtype):
     marker = {n: torch.full_like(p, 7.0) for n, p in model.named_parameters()}
     for n, p in model.named_parameters():
         p.grad = marker[n]
-    model[0].weight.requires_grad_(False)            # a frozen tensor the caller chose stays frozen
+    model[0].weight.requires_grad_(False)  # a frozen tensor the caller chose stays frozen
     model.train()
     op = HessianOperator(model, mlp_loss, batches, backend="difference")
     V = torch.randn(1000, op.dim, generator=torch.Generator().manual_seed(0))
     for start in range(0, 1000, 100):
-        op.matmat_flat(V[start:start + 100])
+        op.matmat_flat(V[start : start + 100])
     assert op.num_matvecs == 1000 and op.num_gradients == 2000
     for n, p in model.named_parameters():
-        assert torch.equal(p.detach(), before[n]), n     # bit-identical, not close
+        assert torch.equal(p.detach(), before[n]), n  # bit-identical, not close
         assert p.grad is marker[n], n
     assert model[0].weight.requires_grad is False and model[3].weight.requires_grad is True
     assert all(m.training for m in model.modules())
@@ -166,7 +167,7 @@ def test_half_precision_perturbs_a_float32_master():
     op.matvec_flat(v)
     theta_norm = float(torch.cat([t.reshape(-1) for t in theta.values()]).double().norm())
     v64 = v.double()
-    eps = 0.05 * max(1.0, theta_norm) * float(v64.norm()) / (op.dim ** 0.5 * float(v64.pow(4).sum().sqrt()))
+    eps = 0.05 * max(1.0, theta_norm) * float(v64.norm()) / (op.dim**0.5 * float(v64.pow(4).sum().sqrt()))
     for sign, point in zip((1, -1), seen):
         for (n, t), s in zip(theta.items(), op.space.slices.values()):
             vv = v[s].view_as(t)
@@ -191,7 +192,7 @@ def test_gradient_checkpointing_is_used_and_gives_the_same_products():
     ckpt = op.matmat_flat(V)
     # 2 vectors · 2 gradients · 2 batches = 8 gradients; checkpointing recomputes each layer in backward
     assert op.num_gradients == 8 and calls["n"] == 16
-    assert not any(m.training for m in model.modules())          # modes restored
+    assert not any(m.training for m in model.modules())  # modes restored
     assert _rel(ckpt, plain) <= 1e-6
 
 
@@ -208,7 +209,7 @@ def test_runs_with_a_fused_sdpa_kernel_the_exact_backends_cannot_differentiate()
     dif = HessianOperator(model, flash_loss, FAMILY_BATCHES, backend="difference")
     V = _vectors(dif.dim, k=2).float()
     got = dif.matmat_flat(V)
-    assert kernels and all(kernels)                     # MATH-only context not entered by the backend
+    assert kernels and all(kernels)  # MATH-only context not entered by the backend
     with pytest.raises(RuntimeError):
         HessianOperator(model, flash_loss, FAMILY_BATCHES, backend="reverse").matmat_flat(V)
     ref = HessianOperator(copy.deepcopy(model).double(), lm_loss, FAMILY_BATCHES).matmat_flat(V.double())
@@ -256,15 +257,15 @@ def test_plan_counts_master_gradient_and_activations_and_matches_the_peak():
     batches = [torch.randint(0, 96, (4, 64), generator=torch.Generator().manual_seed(0))]
     op = HessianOperator(model, lm_loss, batches, backend="difference")
     planned = op.pass_bytes(1)
-    assert planned >= 2 * op.dim * 4                      # master copy + .grad at least
+    assert planned >= 2 * op.dim * 4  # master copy + .grad at least
     V = torch.randn(1, op.dim)
     op.matmat_flat(V)  # warm
     _, peak = peak_new_bytes(lambda: op.matmat_flat(V))
-    out_bytes = op.dim * 4                                # the output row is the caller's, not the pass's
+    out_bytes = op.dim * 4  # the output row is the caller's, not the pass's
     assert 0.7 * planned <= peak - out_bytes <= 1.3 * planned, (planned, peak)
     model.gradient_checkpointing_enable()
     ckpt = HessianOperator(model, lm_loss, batches, backend="difference")
-    assert ckpt.pass_bytes(1) < planned                   # checkpointing shrinks the activations
+    assert ckpt.pass_bytes(1) < planned  # checkpointing shrinks the activations
 
 
 def test_estimators_record_the_measured_error_and_auto_chooses():
@@ -356,10 +357,27 @@ def test_sharpness_backend_option_records_backend_and_error(trajectory):
     data = trajectory / "data" / "curvature.safetensors"
     runs = {}
     for backend in ("reverse", "difference"):
-        r = _cli("sharpness", trajectory, "--num-matvecs", "3", "--method", "hutchinson", "--data", data, "--threads", "1",
-                 "--eigen-method", "lanczos", "--max-iter", "4", "--backend", backend, "--json")
+        r = _cli(
+            "sharpness",
+            trajectory,
+            "--num-matvecs",
+            "3",
+            "--method",
+            "hutchinson",
+            "--data",
+            data,
+            "--threads",
+            "1",
+            "--eigen-method",
+            "lanczos",
+            "--max-iter",
+            "4",
+            "--backend",
+            backend,
+            "--json",
+        )
         assert r.exit_code == 0, r.output
-        runs[backend] = json.loads(r.output[r.output.index("{"):])
+        runs[backend] = json.loads(r.output[r.output.index("{") :])
     dif = runs["difference"]
     assert dif["backend"] == "difference" and dif["hvp_check"]["rel_error"] <= 1e-3
     assert dif["trace"]["memory"]["settings"]["hvp_check"]["rel_error"] == dif["hvp_check"]["rel_error"]
@@ -373,7 +391,7 @@ def test_plan_backend_is_validated_and_keeps_old_hashes():
     from probes.sweep import Plan, PlanError
 
     plain = Plan.default(quick=True)
-    assert "backend" not in plain.to_dict()                      # reverse: hash of earlier plans unchanged
+    assert "backend" not in plain.to_dict()  # reverse: hash of earlier plans unchanged
     dif = plain.replace(backend="difference")
     assert dif.to_dict()["backend"] == "difference" and dif.hash != plain.hash
     assert any(dict(t.options).get("backend") == "difference" for t in dif.tasks() if t.probe in ("trace", "eigen"))
@@ -403,8 +421,9 @@ def test_float32_lanczos_lambda_max_matches_the_exact_one(richardson):
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, 96, (2, 16), generator=g) for _ in range(2)]
     with float64_fidelity():
-        ref = top_eigenvalues(HessianOperator(model64, lm_loss, batches), k=1, method="lanczos", max_iter=80,
-                              tol=1e-7, seed=0).values[0]
+        ref = top_eigenvalues(
+            HessianOperator(model64, lm_loss, batches), k=1, method="lanczos", max_iter=80, tol=1e-7, seed=0
+        ).values[0]
     op = HessianOperator(copy.deepcopy(model64).float(), lm_loss, batches, backend="difference", richardson=richardson)
     got = top_eigenvalues(op, k=1, method="lanczos", max_iter=80, tol=1e-7, seed=0).values[0]
     assert abs(got - ref) <= 1e-3 * abs(ref)
@@ -427,8 +446,15 @@ def test_where_no_exact_product_runs_the_error_is_bounded_on_a_miniature(monkeyp
 
     model = tiny_model("olmo2", seed=0, dtype=torch.float32)
     batches = _family_batches(0, model)
-    monkeypatch.setattr(DifferenceBackend, "check", lambda self, op: {
-        "backend": "difference", "rel_error": None, "reference": "unavailable on the model: RuntimeError: no double backward"})
+    monkeypatch.setattr(
+        DifferenceBackend,
+        "check",
+        lambda self, op: {
+            "backend": "difference",
+            "rel_error": None,
+            "reference": "unavailable on the model: RuntimeError: no double backward",
+        },
+    )
     op = lm_hessian(model, batches, backend="difference")
     check = op.checked()
     assert check["reference"].startswith("bound on a float32 miniature of Olmo2ForCausalLM")

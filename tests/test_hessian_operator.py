@@ -1,5 +1,6 @@
 """HessianOperator against oracles: exact row-by-row Hessians (geometry.operators.dense.exact_hessian) and
 PyHessian, on a tiny MLP, a micro GPT-NeoX (LayerNorm) and a micro Llama (RMSNorm/SiLU), float64."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,13 +10,23 @@ from geometry.operators.attention import second_order_attention
 from geometry.operators.dense import DenseOperator, exact_hessian
 from geometry.operators.hessian import HessianOperator
 from tests.tiny_models import (
-    lm_loss, micro_gptneox, micro_llama, mlp_batches, mlp_loss, random_batches, tiny_mlp,
+    lm_loss,
+    micro_gptneox,
+    micro_llama,
+    mlp_batches,
+    mlp_loss,
+    random_batches,
+    tiny_mlp,
 )
 
 EXACT = 1e-8  # relative tolerance against the exact Hessian (float64)
-CONFIGS = [dict(backend="reverse", vectorize=True), dict(backend="reverse", vectorize=False),
-           dict(backend="forward"), dict(backend="reverse", vectorize=True, chunk_size=2),
-           dict(backend="forward", chunk_size=2)]
+CONFIGS = [
+    dict(backend="reverse", vectorize=True),
+    dict(backend="reverse", vectorize=False),
+    dict(backend="forward"),
+    dict(backend="reverse", vectorize=True, chunk_size=2),
+    dict(backend="forward", chunk_size=2),
+]
 CFG_IDS = ["rev-vec", "rev-seq", "fwd", "rev-vec-chunk2", "fwd-chunk2"]
 
 
@@ -89,7 +100,11 @@ def test_explicit_weights_and_single_batch(problem: Problem):
 
 
 def test_param_glob_subset_is_principal_submatrix(problem: Problem):
-    glob = {"mlp": ["1.*", "5.weight"], "neox": ["*layers.0.attention.*", "*final_layer_norm*"], "llama": ["*norm*", "*mlp.down_proj*"]}[problem.name]
+    glob = {
+        "mlp": ["1.*", "5.weight"],
+        "neox": ["*layers.0.attention.*", "*final_layer_norm*"],
+        "llama": ["*norm*", "*mlp.down_proj*"],
+    }[problem.name]
     for backend in ("reverse", "forward"):
         op = HessianOperator(problem.model, problem.loss, problem.batches, params=glob, backend=backend)
         assert 0 < op.dim < problem.space.dim
@@ -159,9 +174,26 @@ def test_pyhessian_identical_hvps(factory):
     try:
         with second_order_attention():
             H1 = hessian(wrapped, _shifted_ce, data=(batches[0], batches[0]), cuda=False)
-            one = torch.stack([torch.cat([h.reshape(-1) for h in hessian_vector_product(H1.gradsH, H1.params, list(op.space.unflatten(v).values()))]) for v in V])
+            one = torch.stack(
+                [
+                    torch.cat(
+                        [
+                            h.reshape(-1)
+                            for h in hessian_vector_product(H1.gradsH, H1.params, list(op.space.unflatten(v).values()))
+                        ]
+                    )
+                    for v in V
+                ]
+            )
             Hd = hessian(wrapped, _shifted_ce, dataloader=[(b, b) for b in batches], cuda=False)
-            many = torch.stack([torch.cat([h.reshape(-1) for h in Hd.dataloader_hv_product(list(op.space.unflatten(v).values()))[1]]) for v in V])
+            many = torch.stack(
+                [
+                    torch.cat(
+                        [h.reshape(-1) for h in Hd.dataloader_hv_product(list(op.space.unflatten(v).values()))[1]]
+                    )
+                    for v in V
+                ]
+            )
     finally:
         model.zero_grad(set_to_none=True)
     assert rel(ours_one, one.detach()) < 1e-10
@@ -173,10 +205,12 @@ def test_pyhessian_mlp():
     from pyhessian.utils import hessian_vector_product
 
     model = tiny_mlp(2)
-    (x, y), = mlp_batches(1, 16, seed=3)
+    ((x, y),) = mlp_batches(1, 16, seed=3)
     op = HessianOperator(model, mlp_loss, [(x, y)])
     v = random_block(op.space, 1, seed=9)[0]
     H = hessian(model, torch.nn.functional.cross_entropy, data=(x, y), cuda=False)
-    ref = torch.cat([h.reshape(-1) for h in hessian_vector_product(H.gradsH, H.params, list(op.space.unflatten(v).values()))])
+    ref = torch.cat(
+        [h.reshape(-1) for h in hessian_vector_product(H.gradsH, H.params, list(op.space.unflatten(v).values()))]
+    )
     model.zero_grad(set_to_none=True)
     assert rel(op.matvec(v), ref.detach()) < 1e-10

@@ -1,4 +1,5 @@
 """HessianOperator: state restored after calls, attention handled, bad input rejected, determinism."""
+
 from __future__ import annotations
 
 

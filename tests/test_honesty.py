@@ -5,6 +5,7 @@
 - No file refers to ``SCIENCE.md``: the definitions live in ``docs/science.md``.
 - Every relative link of the Markdown docs points at a file of the repository.
 """
+
 from __future__ import annotations
 
 import ast
@@ -21,9 +22,16 @@ SCIENCE_PENDING: set[str] = set()
 def _repo_files():
     for path in sorted(ROOT.rglob("*")):
         rel = path.relative_to(ROOT)
-        if path.is_file() and path.suffix in TEXT_SUFFIXES and not any(
-                part.startswith(".") or part in ("demo-out", "test-artifacts", "__pycache__") or part.endswith(".egg-info")
-                for part in rel.parts):
+        if (
+            path.is_file()
+            and path.suffix in TEXT_SUFFIXES
+            and not any(
+                part.startswith(".")
+                or part in ("demo-out", "test-artifacts", "__pycache__")
+                or part.endswith(".egg-info")
+                for part in rel.parts
+            )
+        ):
             yield rel, path
 
 
@@ -48,16 +56,25 @@ def test_the_detector_finds_importorskip_of_own_modules():
 
 
 def test_no_test_skips_on_an_import_error_of_losslens():
-    bad = {str(rel): mods for rel, path in _repo_files() if rel.parts[0] == "tests" and rel.suffix == ".py"
-           for mods in [importorskips_of_own_modules(path.read_text(encoding="utf-8"))] if mods}
+    bad = {
+        str(rel): mods
+        for rel, path in _repo_files()
+        if rel.parts[0] == "tests" and rel.suffix == ".py"
+        for mods in [importorskips_of_own_modules(path.read_text(encoding="utf-8"))]
+        if mods
+    }
     assert not bad, f"import the project's modules directly, never with pytest.importorskip: {bad}"
 
 
 def test_no_reference_to_a_science_md_that_does_not_exist():
     assert not (ROOT / "SCIENCE.md").exists() and (ROOT / "docs" / "science.md").is_file()
-    bad = [str(rel) for rel, path in _repo_files()
-           if rel.as_posix() not in SCIENCE_PENDING and rel.name != "test_honesty.py"
-           and "SCIENCE.md" in path.read_text(encoding="utf-8", errors="replace")]
+    bad = [
+        str(rel)
+        for rel, path in _repo_files()
+        if rel.as_posix() not in SCIENCE_PENDING
+        and rel.name != "test_honesty.py"
+        and "SCIENCE.md" in path.read_text(encoding="utf-8", errors="replace")
+    ]
     assert not bad, f"these files refer to SCIENCE.md; the file is docs/science.md: {bad}"
 
 

@@ -1,5 +1,6 @@
 """The house rules (ARCHITECTURE.md), enforced by scripts/check_house.py: no module over 500 lines,
 no import circles (function-local imports included), geometry/ free of probes, transformers, plotly."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -28,7 +29,9 @@ def _write(root: Path, rel: str, text: str = "") -> None:
 def _messy_house(root: Path) -> None:
     """A tiny repository breaking every rule once, plus clean modules that must not be reported."""
     _write(root, "geometry/__init__.py")
-    _write(root, "geometry/draw.py", "import math\n\n\ndef draw():\n    import plotly.graph_objects as go\n    return go\n")
+    _write(
+        root, "geometry/draw.py", "import math\n\n\ndef draw():\n    import plotly.graph_objects as go\n    return go\n"
+    )
     _write(root, "geometry/upward.py", "from probes import clean\n")
     _write(root, "geometry/ok.py", "import numpy as np\nfrom .draw import draw\n")
     _write(root, "probes/__init__.py")
@@ -40,8 +43,12 @@ def _messy_house(root: Path) -> None:
     _write(root, "probes/data/sets.py", "from probes.models.loader import load\n\n\ndef build():\n    return load\n")
     _write(root, "probes/data/tokens.py", "TOKENS = 1\n")
     _write(root, "probes/models/__init__.py")
-    _write(root, "probes/models/loader.py", "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
-                                            "    from probes.data.tokens import TOKENS\n\n\ndef load():\n    return 1\n")
+    _write(
+        root,
+        "probes/models/loader.py",
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+        "    from probes.data.tokens import TOKENS\n\n\ndef load():\n    return 1\n",
+    )
     _write(root, "probes/long.py", "x = 1\n" * 501)
     _write(root, "probes/clean.py", "import os\nfrom probes.data import tokens\n" + "y = 2\n" * 498)
     _write(root, "benchmarks/__init__.py")
@@ -105,9 +112,31 @@ def test_the_checker_enforces_geometrys_room_order(tmp_path):
 
 # the flat layout before the rooms: none of these module paths may exist or be named again
 OLD_GEOMETRY_MODULES = (
-    "results", "_linalg", "params", "batches", "modes", "jsonable", "graph_memory", "operator", "hessian",
-    "_forward", "dense", "derivatives", "attention", "linear_ce", "trace", "eigen", "_lanczos", "density",
-    "directional", "attribution", "_checks", "planes", "grid", "surface", "moving",
+    "results",
+    "_linalg",
+    "params",
+    "batches",
+    "modes",
+    "jsonable",
+    "graph_memory",
+    "operator",
+    "hessian",
+    "_forward",
+    "dense",
+    "derivatives",
+    "attention",
+    "linear_ce",
+    "trace",
+    "eigen",
+    "_lanczos",
+    "density",
+    "directional",
+    "attribution",
+    "_checks",
+    "planes",
+    "grid",
+    "surface",
+    "moving",
 )
 
 
@@ -122,7 +151,9 @@ def test_no_old_geometry_module_path_is_importable_or_named():
     for name in ("MemoryEstimate", "available_bytes", "resolve_budget", "default_budget"):
         assert not hasattr(memory_room, name), f"geometry.memory re-exports {name}: import geometry.memory.model"
     old = "|".join(OLD_GEOMETRY_MODULES)
-    pattern = re.compile(rf"(?<![\w.])geometry[./](?:(?:{old})(?![\w/])|memory\.(?!model\b|graphs\b|allocator\b|sizes\b)\w+|memory import)")
+    pattern = re.compile(
+        rf"(?<![\w.])geometry[./](?:(?:{old})(?![\w/])|memory\.(?!model\b|graphs\b|allocator\b|sizes\b)\w+|memory import)"
+    )
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     hits = []
     for rel in files:

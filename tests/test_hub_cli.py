@@ -1,5 +1,6 @@
 """Hub trajectories from the command line (issue #17): ``hf:ORG/NAME@REVISIONS`` in every command,
 offline from a hand-built Hugging Face cache, with the LR and tokens of a schedule recorded in the store."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,10 @@ from tests.hub_cache import add_ref_only, add_revision
 REPO = "org/tiny"
 STEPS = [1000, 2000, 3000, 4000, 5000, 6000]
 SCHEDULE = "cosine:peak=1e-3,warmup=1000,total=6000,final=0.1"
-PLAN = ('name = "hub"\nseed = 0\n[data]\neval = [2, 2, 16]\ncalibration = [2, 2, 16]\ncurvature = [1, 2, 16]\n'
-        '[probes]\nloss = true\nquant = ["rtn:4"]\ntrace = { method = "hutchinson", num_matvecs = 2 }\n')
+PLAN = (
+    'name = "hub"\nseed = 0\n[data]\neval = [2, 2, 16]\ncalibration = [2, 2, 16]\ncurvature = [1, 2, 16]\n'
+    '[probes]\nloss = true\nquant = ["rtn:4"]\ntrace = { method = "hutchinson", num_matvecs = 2 }\n'
+)
 
 
 def cosine(step: int, peak=1e-3, warmup=1000, total=6000, final=0.1) -> float:
@@ -43,8 +46,15 @@ def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("hub")
     cache = root / "cache"
     tok = train_bpe_tokenizer("the quick brown fox jumps over the lazy dog; " * 40, vocab_size=300)
-    cfg = GPTNeoXConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=64, tie_word_embeddings=False)
+    cfg = GPTNeoXConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = GPTNeoXForCausalLM(cfg).eval()
     g = torch.Generator().manual_seed(1)
@@ -93,8 +103,21 @@ def test_sweep_hub_trajectory_with_schedule_then_correlate_on_lr(hub, tmp_path):
     assert ck["lr"].tolist() == pytest.approx(lr, rel=1e-12, abs=0)
     assert ck["tokens"].tolist() == [s * 4096 for s in STEPS]
     # correlate --control lr: the partial correlation on the schedule's LR, recomputed here by hand
-    r = _invoke("correlate", out, "--x", "trace", "--y", "rtn:4:g128", "--control", "lr", "--method", "pearson",
-                "--n-boot", "50", "--json")
+    r = _invoke(
+        "correlate",
+        out,
+        "--x",
+        "trace",
+        "--y",
+        "rtn:4:g128",
+        "--control",
+        "lr",
+        "--method",
+        "pearson",
+        "--n-boot",
+        "50",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     part = next(row for row in json.loads(r.output) if row["controls"] == "lr")
     from probes.analysis import series
@@ -157,9 +180,15 @@ def test_folder_sidecar_fills_and_the_option_overrides(tmp_path):
     for step in (100, 200, 300):
         (tmp_path / f"step-{step:06d}").mkdir()
         (tmp_path / f"step-{step:06d}" / "config.json").write_text("{}")
-    (tmp_path / "trajectory.json").write_text(json.dumps({
-        "schedule": "linear:peak=1e-3,total=400", "tokens_per_step": 64,
-        "checkpoints": [{"path": "step-000100", "lr": 5e-4}]}))
+    (tmp_path / "trajectory.json").write_text(
+        json.dumps(
+            {
+                "schedule": "linear:peak=1e-3,total=400",
+                "tokens_per_step": 64,
+                "checkpoints": [{"path": "step-000100", "lr": 5e-4}],
+            }
+        )
+    )
     traj = Trajectory.from_folder(tmp_path)
     assert traj.steps == [100, 200, 300]
     assert [r.lr for r in traj] == [5e-4, pytest.approx(1e-3 * 200 / 400), pytest.approx(1e-3 * 100 / 400)]
@@ -177,10 +206,24 @@ def test_folder_sidecar_fills_and_the_option_overrides(tmp_path):
 
 def test_commands_open_hub_names(hub, tmp_path):
     # sharpness: a pattern with --label, the LR and tokens of a preset in the JSON
-    r = _invoke("sharpness", f"hf:{REPO}@step*", "--label", "step3000", "--cache-dir", hub, "--quick",
-                "--num-matvecs", "3", "--max-iter", "3", "--schedule", "pythia-160m", "--json")
+    r = _invoke(
+        "sharpness",
+        f"hf:{REPO}@step*",
+        "--label",
+        "step3000",
+        "--cache-dir",
+        hub,
+        "--quick",
+        "--num-matvecs",
+        "3",
+        "--max-iter",
+        "3",
+        "--schedule",
+        "pythia-160m",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output[r.output.index("{"):])
+    out = json.loads(r.output[r.output.index("{") :])
     assert out["checkpoint"] == "step3000" and out["lr"] == PRESETS["pythia-160m"].lr(3000)
     assert out["tokens"] == 3000 * 2_097_152
     # quantize: one revision, default token sets built with the tokenizer in its snapshot
@@ -195,8 +238,24 @@ def test_commands_open_hub_names(hub, tmp_path):
     ev = default_token_sets(traj, quick=True)["eval"]
     assert row["fp_loss"] == pytest.approx(evaluate(CheckpointLoader(traj).load(traj[0]), ev).loss, rel=1e-6)
     # explain: a pattern with --label; the schedule's LR is reported
-    r = _invoke("explain", f"hf:{REPO}@step*", "--label", "step2000", "--cache-dir", hub, "--quick", "--spec",
-                "rtn:4:g32", "--trace-hvps", "3", "--schedule", SCHEDULE, "--out", tmp_path / "e.json", "--json")
+    r = _invoke(
+        "explain",
+        f"hf:{REPO}@step*",
+        "--label",
+        "step2000",
+        "--cache-dir",
+        hub,
+        "--quick",
+        "--spec",
+        "rtn:4:g32",
+        "--trace-hvps",
+        "3",
+        "--schedule",
+        SCHEDULE,
+        "--out",
+        tmp_path / "e.json",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     got = json.loads((tmp_path / "e.json").read_text())
     assert got["checkpoint"] == "step2000" and got["lr"] == pytest.approx(cosine(2000), rel=1e-12)
@@ -204,14 +263,31 @@ def test_commands_open_hub_names(hub, tmp_path):
     from geometry.surfaces.surface import Surface
 
     points = []
-    for args in ((f"hf:{REPO}@step*", "--label", "step3000"), (f"hf:{REPO}@step3000", "--previous", f"hf:{REPO}@step2000")):
-        r = _invoke("surface", *args, "--cache-dir", hub, "--quick", "--grid", "2", "--json", tmp_path / "s.json",
-                    "--out", tmp_path / "s.html", "-q")
+    for args in (
+        (f"hf:{REPO}@step*", "--label", "step3000"),
+        (f"hf:{REPO}@step3000", "--previous", f"hf:{REPO}@step2000"),
+    ):
+        r = _invoke(
+            "surface",
+            *args,
+            "--cache-dir",
+            hub,
+            "--quick",
+            "--grid",
+            "2",
+            "--json",
+            tmp_path / "s.json",
+            "--out",
+            tmp_path / "s.html",
+            "-q",
+        )
         assert r.exit_code == 0, r.output
         assert f"hf:{REPO}@step2000" in (tmp_path / "s.html").read_text()  # B, named on the page
         points.append(Surface.load(tmp_path / "s.json").points)
     assert points[0] == points[1]
-    r = _invoke("surface", f"hf:{REPO}@step1000", "--cache-dir", hub, "--quick", "--grid", "2", "--out", tmp_path / "s.html")
+    r = _invoke(
+        "surface", f"hf:{REPO}@step1000", "--cache-dir", hub, "--quick", "--grid", "2", "--out", tmp_path / "s.html"
+    )
     assert r.exit_code == 2 and "no checkpoint before 'step1000'" in r.output
     # a malformed name is one line, exit 2
     r = _invoke("quantize", "hf:org/tiny@step1000,,step2000", "--cache-dir", hub)

@@ -1,6 +1,7 @@
 """A run's landscape (probes.landscape) on real tiny trajectories: grid values against direct loss
 evaluation at marked points, checkpoints on their own plane where their loss is, quantized points
 projected with their residuals, and the figure."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,7 +38,7 @@ def test_three_checkpoints_sit_on_the_grid_where_their_own_loss_is(runs):
     land = trajectory_landscape(a, ev, grid=5)
     assert len(land.pca.labels) == 3
     np.testing.assert_allclose(land.pca.residuals(), 0, atol=1e-5 * land.pca.distances.max())
-    for lab in land.pca.labels:       # the plane point of each checkpoint is the checkpoint (float32 storage)
+    for lab in land.pca.labels:  # the plane point of each checkpoint is the checkpoint (float32 storage)
         assert land.surface.points[lab][2] == pytest.approx(land.own_loss[lab], rel=1e-5)
     # JSON: explained variance, coordinates and residuals of every point
     d = land.describe()
@@ -52,7 +53,7 @@ def test_grid_values_equal_direct_evaluation_and_quantized_points_are_projected(
     x_axis = np.array(sorted({float(xy[0, 0]), float(xy[4, 0]), 0.0}))
     y_axis = np.array(sorted({float(xy[0, 1]), float(xy[4, 1]), 0.0}))
     land = trajectory_landscape([a, b], ev, spec="rtn:2:g32", grid=(x_axis, y_axis), k=3)
-    np.testing.assert_array_equal(land.pca.coords, first.pca.coords)           # deterministic
+    np.testing.assert_array_equal(land.pca.coords, first.pca.coords)  # deterministic
     model = CheckpointLoader(a).load(a[-1])
     plane = land.pca.plane()
     for i, j in [(0, 0), (1, 2), (2, 1)]:

@@ -1,6 +1,7 @@
 """`losslens landscape` (probes.commands.landscape) on the tiny trajectories: called as a function and
 through the CLI, its JSON against the Python API and direct loss evaluations, its page, its
 progress lines, and bad input refused in one line with exit status 2."""
+
 from __future__ import annotations
 
 import json
@@ -51,15 +52,31 @@ def test_function_prints_json_equal_to_the_api_and_direct_losses(folders, tmp_pa
 def test_cli_writes_the_page_prints_progress_and_a_point_per_line(folders, tmp_path):
     a, _ = folders
     page = tmp_path / "one.html"
-    result = CliRunner().invoke(app, ["landscape", str(a), "--grid", "3", "--quick", "--out", str(page),
-                                      "--axes", "1,0", "--center", "step-000040", "--params", "*layers*"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "landscape",
+            str(a),
+            "--grid",
+            "3",
+            "--quick",
+            "--out",
+            str(page),
+            "--axes",
+            "1,0",
+            "--center",
+            "step-000040",
+            "--params",
+            "*layers*",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "[landscape] principal axes of 3 checkpoints" in result.stderr
     assert "explained variance: PC1" in result.stdout and f"wrote {page}" in result.stdout
     lines = [ln for ln in result.stdout.splitlines() if "off the plane" in ln]
     assert [ln.split(":")[0] for ln in lines] == ["step-000020", "step-000040", "step-000060"]
     x, y = (float(v) for v in lines[1].split("(")[1].split(")")[0].split(","))
-    assert (x, y) == (0.0, 0.0) and "0.0% off the plane" in lines[1]      # the centre sits at the origin
+    assert (x, y) == (0.0, 0.0) and "0.0% off the plane" in lines[1]  # the centre sits at the origin
     assert page.is_file()
 
 
@@ -68,23 +85,27 @@ def test_too_few_checkpoints_is_one_line_and_exit_2(folders, tmp_path):
     two = tmp_path / "two"
     shutil.copytree(a, two)
     shutil.rmtree(two / "step-000060")
-    result = CliRunner().invoke(app, ["landscape", str(two), "--k", "2", "--grid", "3", "--quick",
-                                      "--out", str(tmp_path / "x.html")])
+    result = CliRunner().invoke(
+        app, ["landscape", str(two), "--k", "2", "--grid", "3", "--quick", "--out", str(tmp_path / "x.html")]
+    )
     assert result.exit_code == 2, result.output
     err = result.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: 2 checkpoint(s)") and "--k 2 needs 3" in err[0]
     assert not (tmp_path / "x.html").exists()
-    with pytest.raises(typer.Exit) as info:                      # the function itself: the same exit
+    with pytest.raises(typer.Exit) as info:  # the function itself: the same exit
         landscape([str(two)], grid=3, quick=True, out=tmp_path / "x.html", quiet=True)
     assert info.value.exit_code == 2
 
 
-@pytest.mark.parametrize("args, said", [(["--axes", "0,2"], "--axes"), (["--spec", "rtn:99:zz"], "--spec"),
-                                        (["--center", "nowhere"], "center 'nowhere'")])
+@pytest.mark.parametrize(
+    "args, said",
+    [(["--axes", "0,2"], "--axes"), (["--spec", "rtn:99:zz"], "--spec"), (["--center", "nowhere"], "center 'nowhere'")],
+)
 def test_bad_options_are_refused_in_one_line(folders, tmp_path, args, said):
     a, _ = folders
-    result = CliRunner().invoke(app, ["landscape", str(a), "--grid", "3", "--quick", "--quiet",
-                                      "--out", str(tmp_path / "x.html"), *args])
+    result = CliRunner().invoke(
+        app, ["landscape", str(a), "--grid", "3", "--quick", "--quiet", "--out", str(tmp_path / "x.html"), *args]
+    )
     assert result.exit_code == 2, result.output
     err = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith("error:") and said in err[0], err

@@ -1,4 +1,5 @@
 """The closed-form, chunked linear head + cross-entropy equals autograd's, to float64 rounding."""
+
 from __future__ import annotations
 
 import pytest
@@ -57,7 +58,9 @@ def test_exact_hessian_of_the_lean_lm_loss_equals_the_plain_one(factory):
     H_plain, _ = exact_hessian(model, lm_loss, batches)
     H_lean, _ = exact_hessian(model, lm_loss_lean, batches)
     assert lean_head_status(model) == "lean"
-    assert float((H_lean - H_plain).abs().max()) <= 1e-13 * float(H_plain.abs().max())  # README's claim (measured ~2e-16)
+    assert float((H_lean - H_plain).abs().max()) <= 1e-13 * float(
+        H_plain.abs().max()
+    )  # README's claim (measured ~2e-16)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -75,9 +78,9 @@ def test_every_family_lean_products_equal_plain_products(family):
 def test_a_logit_transform_after_the_head_falls_back_to_the_plain_loss():
     model = tiny_model("llama", seed=2, dtype=torch.float64)
     head = model.get_output_embeddings()
-    head.register_forward_hook(lambda _m, _i, out: 30.0 * torch.tanh(out / 30.0))   # soft-capping
+    head.register_forward_hook(lambda _m, _i, out: 30.0 * torch.tanh(out / 30.0))  # soft-capping
     batch = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(2))
-    loss = lm_loss_lean(model, batch)               # the lean path would skip the hook: it must refuse
+    loss = lm_loss_lean(model, batch)  # the lean path would skip the hook: it must refuse
     assert lean_head_status(model).startswith("weight @ trunk(ids) differs")
     assert float((loss - lm_loss(model, batch)).abs()) < 1e-12
 
@@ -112,5 +115,5 @@ def test_the_head_allocates_no_weight_sized_temporary_beyond_its_gradients(bias)
     vs = [torch.randn_like(p) for p in params]
     _, second = peak_new_bytes(lambda: torch.autograd.grad(grads, params, vs))
     temps = transient_bytes(T, V, torch.float32, chunk=chunk)
-    assert built <= grads_bytes + temps + 4 * T * 8                # + the saved log-sum-exps
-    assert second <= 2 * grads_bytes + temps                      # Hv and the float32 accumulators
+    assert built <= grads_bytes + temps + 4 * T * 8  # + the saved log-sum-exps
+    assert second <= 2 * grads_bytes + temps  # Hv and the float32 accumulators

@@ -1,5 +1,6 @@
 """Memory plans of the estimators: what they hold, what they choose under a budget, and refusals
 before any work. Dense operators make the state the only memory, so budgets are exact here."""
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,7 @@ def vec(op, n=1, temporaries=3):
 
 def test_parse_and_format_bytes():
     assert parse_bytes("8GB") == 8_000_000_000 and parse_bytes("512MiB") == 512 * 2**20
-    assert parse_bytes(10**9) == 1_000_000_000 and parse_bytes(1500) == 1500   # an int is exact bytes (from code)
+    assert parse_bytes(10**9) == 1_000_000_000 and parse_bytes(1500) == 1500  # an int is exact bytes (from code)
     for bad in ("eight", "-1GB", 0, "5 parsecs", True, "1.5e3", 1e9, "1500"):  # tests/test_sizes.py: the full table
         with pytest.raises(MemoryBudgetError):
             parse_bytes(bad)
@@ -49,7 +50,7 @@ def test_hutchpp_caps_its_sketch_to_the_budget_and_stays_unbiased(seed):
     m = 60
     full = hutchpp_trace(op, num_matvecs=m, seed=seed)
     assert full.memory["settings"]["sketch_size"] == 20 and not full.memory["settings"]["sketch_capped"]
-    budget = vec(op, 9)                                   # room for a sketch of 7 and a block of 1
+    budget = vec(op, 9)  # room for a sketch of 7 and a block of 1
     capped = hutchpp_trace(DenseOperator(H), num_matvecs=m, seed=seed, max_memory=budget)
     st = capped.memory["settings"]
     assert st["sketch_capped"] and 0 < st["sketch_size"] <= 7
@@ -70,10 +71,12 @@ def test_hutchpp_with_no_room_for_a_sketch_is_hutchinson_and_says_so():
 
 def test_refusal_before_any_work_states_the_numbers():
     op = dense()
-    for call in (lambda: hutchpp_trace(op, num_matvecs=30, max_memory=vec(op, 1)),
-                 lambda: hutchinson_trace(op, num_matvecs=30, max_memory=vec(op, 1)),
-                 lambda: top_eigenvalues(op, k=2, max_memory=vec(op, 3)),
-                 lambda: spectral_density(op, num_runs=2, num_steps=10, max_memory=vec(op, 2))):
+    for call in (
+        lambda: hutchpp_trace(op, num_matvecs=30, max_memory=vec(op, 1)),
+        lambda: hutchinson_trace(op, num_matvecs=30, max_memory=vec(op, 1)),
+        lambda: top_eigenvalues(op, k=2, max_memory=vec(op, 3)),
+        lambda: spectral_density(op, num_runs=2, num_steps=10, max_memory=vec(op, 2)),
+    ):
         with pytest.raises(MemoryBudgetError, match=r"needs at least .* but max_memory is .*smallest setting"):
             call()
     assert op.num_matvecs == 0
@@ -102,7 +105,7 @@ def test_thick_restart_lanczos_matches_eigh_with_a_small_basis(k):
 
 def test_lanczos_budget_picks_a_smaller_basis_and_still_converges():
     op = dense(seed=4)
-    budget = vec(op, 16 + 3 + 2)                          # one 16-row basis block, residual, Ritz vector + product
+    budget = vec(op, 16 + 3 + 2)  # one 16-row basis block, residual, Ritz vector + product
     res = top_eigenvalues(op, k=1, tol=1e-8, max_iter=150, max_memory=budget)
     assert res.memory["settings"]["restarted"] and res.memory["predicted_bytes"] <= budget
     assert res.values[0] == pytest.approx(40.0, rel=1e-7) and res.converged[0]
@@ -145,7 +148,7 @@ def test_hessian_operator_measures_its_graph_and_scales_with_rows():
     grads = op4.dim * 4
     g4, g8 = op4.graph_bytes(0) - grads, op8.graph_bytes(0) - grads
     assert g4 > 0 and g8 == 2 * g4
-    assert op4.pass_bytes(1, cached=True) == op4.pass_bytes(1, cached=False)     # one batch: same
+    assert op4.pass_bytes(1, cached=True) == op4.pass_bytes(1, cached=False)  # one batch: same
     two = HessianOperator(model, lm_loss, random_batches(batch=4, seq=8, n_batches=2))
     assert two.pass_bytes(1, cached=True) > two.pass_bytes(1, cached=False)
 
@@ -160,7 +163,7 @@ def test_graph_cache_gives_identical_products_and_follows_weight_changes():
     b1, b2 = cached.matmat(V[:2]), cached.matmat(V[2:])
     assert torch.equal(torch.cat([b1, b2]), a)
     assert cached.num_graph_builds == 3 and plain.num_graph_builds == 3
-    with torch.no_grad():                                 # new weights: the cache must not be used
+    with torch.no_grad():  # new weights: the cache must not be used
         next(model.parameters()).mul_(1.1)
     fresh = HessianOperator(model, lm_loss, batches).matmat(V[:1])
     assert torch.equal(cached.matmat(V[:1]), fresh) and cached.num_graph_builds == 6
@@ -181,7 +184,11 @@ def test_memory_plan_is_recorded_as_plain_data():
     import json
 
     op = dense()
-    for res in (hutchpp_trace(op, num_matvecs=30), top_eigenvalues(op, k=2), spectral_density(op, num_runs=2, num_steps=5)):
+    for res in (
+        hutchpp_trace(op, num_matvecs=30),
+        top_eigenvalues(op, k=2),
+        spectral_density(op, num_runs=2, num_steps=5),
+    ):
         d = json.loads(json.dumps(res.to_dict()))
         assert d["memory"]["predicted_bytes"] > 0 and math.isfinite(d["memory"]["budget_bytes"])
 
@@ -223,10 +230,10 @@ def test_curvature_of_the_last_block_keeps_only_that_part_of_the_graph():
     full = HessianOperator(model, lm_loss, batches)
     part = HessianOperator(model, lm_loss, batches, params=last)
     assert part.graph_bytes(0) - part.dim * 8 < 0.7 * (full.graph_bytes(0) - full.dim * 8)
-    H, space = exact_hessian(model, lm_loss, batches, params=last)       # the block of H w.r.t. the selection
+    H, space = exact_hessian(model, lm_loss, batches, params=last)  # the block of H w.r.t. the selection
     V = torch.randn(3, part.dim, dtype=torch.float64)
     assert torch.allclose(part.matmat(V), V @ H, rtol=1e-9, atol=1e-11)
-    assert all(p.requires_grad for p in model.parameters())             # flags restored after the calls
+    assert all(p.requires_grad for p in model.parameters())  # flags restored after the calls
 
 
 class _Diagonal(CurvatureOperator):
@@ -247,30 +254,33 @@ def test_peak_new_bytes_counts_live_tensors_once_and_ignores_existing_ones():
     x = torch.randn(500, 500)
 
     def fn():
-        a = x @ x                     # 1 MB
-        view = a.view(-1)             # same storage: not counted again
-        b = view.relu()               # 1 MB, a still alive through its view
+        a = x @ x  # 1 MB
+        view = a.view(-1)  # same storage: not counted again
+        b = view.relu()  # 1 MB, a still alive through its view
         del a, view
-        c = b * 2                     # 1 MB, a freed
-        x.add_(0.0)                   # in place on an existing tensor: nothing new
+        c = b * 2  # 1 MB, a freed
+        x.add_(0.0)  # in place on an existing tensor: nothing new
         return c.sum()
 
     out, peak = peak_new_bytes(fn)
-    assert 2 * 500 * 500 * 4 <= peak <= 2 * 500 * 500 * 4 + 64 and torch.isfinite(out)   # + the 4-byte sum
+    assert 2 * 500 * 500 * 4 <= peak <= 2 * 500 * 500 * 4 + 64 and torch.isfinite(out)  # + the 4-byte sum
 
 
-@pytest.mark.parametrize("case", ["power", "power k=3", "lanczos", "lanczos restarted", "slq full", "slq none",
-                                  "hutch++", "hutchinson"])
+@pytest.mark.parametrize(
+    "case", ["power", "power k=3", "lanczos", "lanczos restarted", "slq full", "slq none", "hutch++", "hutchinson"]
+)
 def test_estimators_allocate_what_their_plan_says(case):
     """Every tensor the estimator allocates, tracked op by op, against its recorded plan."""
-    d = torch.rand(3_000_000, generator=torch.Generator().manual_seed(0))   # vectors 12 MB, chunks 16.8 MB
+    d = torch.rand(3_000_000, generator=torch.Generator().manual_seed(0))  # vectors 12 MB, chunks 16.8 MB
     d[:3] = torch.tensor([50.0, 30.0, 20.0])
     op = _Diagonal(d)
     runs = {
         "power": lambda: top_eigenvalues(op, k=1, method="power", max_iter=8, tol=1e-12),
         "power k=3": lambda: top_eigenvalues(op, k=3, method="power", max_iter=8, tol=1e-12),
         "lanczos": lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=12, tol=1e-12),
-        "lanczos restarted": lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=30, tol=1e-12, max_memory=vec(op, 10)),
+        "lanczos restarted": lambda: top_eigenvalues(
+            op, k=1, method="lanczos", max_iter=30, tol=1e-12, max_memory=vec(op, 10)
+        ),
         "slq full": lambda: spectral_density(op, num_runs=2, num_steps=6, reorth="full"),
         "slq none": lambda: spectral_density(op, num_runs=2, num_steps=6, reorth="none"),
         "hutch++": lambda: hutchpp_trace(op, num_matvecs=15),
@@ -325,19 +335,19 @@ def test_lanczos_planner_gives_convergence_its_basis_before_the_graph_cache():
     from geometry.estimators.eigen import estimate_memory as eigen_memory
 
     op = _PlanOnly()
-    one, cache_extra = vector_bytes(op.dim, op.dtype), 400 * 10**6       # the cache costs 10 basis vectors
+    one, cache_extra = vector_bytes(op.dim, op.dtype), 400 * 10**6  # the cache costs 10 basis vectors
 
     def total(m, cache):
-        kept = eigen_memory(op, 1, "lanczos", 100, 10**15, max_basis=m)      # graphs kept when it fits
+        kept = eigen_memory(op, 1, "lanczos", 100, 10**15, max_basis=m)  # graphs kept when it fits
         assert kept.settings["cache_graphs"] and kept.settings["basis_size"] == m
         return kept.total - (0 if cache else cache_extra)
 
     assert total(7, True) - total(6, True) == one
-    plan = eigen_memory(op, 1, "lanczos", 100, total(6, True))          # basis 6 + cache, or 16 without
+    plan = eigen_memory(op, 1, "lanczos", 100, total(6, True))  # basis 6 + cache, or 16 without
     assert plan.settings["basis_size"] == 16 and plan.settings["cache_graphs"] is False
     plan = eigen_memory(op, 1, "lanczos", 100, total(ENOUGH_BASIS, True))
     assert plan.settings["basis_size"] == ENOUGH_BASIS and plan.settings["cache_graphs"] is True
-    plan = eigen_memory(op, 1, "lanczos", 100, total(ENOUGH_BASIS + 10, False))   # 26 without, 16 with: cache
+    plan = eigen_memory(op, 1, "lanczos", 100, total(ENOUGH_BASIS + 10, False))  # 26 without, 16 with: cache
     assert plan.settings["basis_size"] == ENOUGH_BASIS and plan.settings["cache_graphs"] is True
     with pytest.raises(MemoryBudgetError, match="method='power'"):
         eigen_memory(op, 1, "lanczos", 100, total(1 + SMALLEST_EXTRA, False) - 1)
@@ -352,7 +362,10 @@ def test_chunk_temporaries_are_at_most_51_MB():
 
     from geometry.memory.model import CHUNK_TEMPORARIES, temporaries_bytes
 
-    counts = {int(c or CHUNK_TEMPORARIES) for f in Path("geometry/estimators").glob("*.py")
-              for c in re.findall(r"temporaries_bytes\(op\.dim(?:, (\d+))?\)", f.read_text())}
+    counts = {
+        int(c or CHUNK_TEMPORARIES)
+        for f in Path("geometry/estimators").glob("*.py")
+        for c in re.findall(r"temporaries_bytes\(op\.dim(?:, (\d+))?\)", f.read_text())
+    }
     assert counts and max(counts) == 3
     assert temporaries_bytes(10**12, max(counts)) <= 51e6 < temporaries_bytes(10**12, max(counts) + 1)

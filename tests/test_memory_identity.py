@@ -1,6 +1,7 @@
 """Results do not depend on how much memory happens to be free (issue #22, item 3): the default
 budget is a fraction of the *total* memory, the settings a memory plan chose are part of a row's
 identity (the ``chosen`` column), and analysis refuses to pool rows whose chosen settings differ."""
+
 from __future__ import annotations
 
 import json
@@ -71,8 +72,8 @@ def test_two_runs_under_different_free_memory_give_the_same_numbers(traj, tmp_pa
     _sweep(traj, plan, tmp_path / "b.sqlite", monkeypatch, free=total // 5, fraction=frac)
     a, b = _trace_rows(tmp_path / "a.sqlite"), _trace_rows(tmp_path / "b.sqlite")
     chosen = json.loads(a.chosen.iloc[0])
-    assert 0 < chosen["sketch_size"] < 10                       # the cap binds ...
-    assert list(a.chosen) == list(b.chosen)                     # ... the same way under both
+    assert 0 < chosen["sketch_size"] < 10  # the cap binds ...
+    assert list(a.chosen) == list(b.chosen)  # ... the same way under both
     assert list(a.value) == list(b.value) and list(a.stderr) == list(b.stderr)
 
 
@@ -81,10 +82,10 @@ def test_rows_whose_chosen_settings_differ_are_not_pooled(traj, tmp_path, monkey
     frac = _binding_fraction(traj, tmp_path, monkeypatch, plan)
     out = tmp_path / "mixed.sqlite"
     _sweep(traj, plan, out, monkeypatch, free=total_bytes("cpu"), fraction=0.5)
-    with Store(out) as st:                                     # the second checkpoint lost (killed sweep) ...
+    with Store(out) as st:  # the second checkpoint lost (killed sweep) ...
         with st.conn:
             st.conn.execute("DELETE FROM results WHERE checkpoint = 'step-000200'")
-    _sweep(traj, plan, out, monkeypatch, free=total_bytes("cpu"), fraction=frac)   # ... resumed with less memory
+    _sweep(traj, plan, out, monkeypatch, free=total_bytes("cpu"), fraction=frac)  # ... resumed with less memory
     rows = _trace_rows(out)
     assert rows.chosen.nunique() == 2 and rows.config_hash.nunique() == 1
     with Store(out) as st:

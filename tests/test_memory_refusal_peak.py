@@ -10,6 +10,7 @@ that a refusal peaks at most 64 MB above its budget, for the paths of ``losslens
 ``losslens explain`` (the linear weights: refused on the graph bounded on a short prefix, before
 the second-order check and the whole-row graph).
 """
+
 from __future__ import annotations
 
 import json
@@ -62,17 +63,23 @@ def _run(*args: str) -> dict:
     if not os.access("/proc/self/clear_refs", os.W_OK):
         pytest.skip("/proc/self/clear_refs is not writable here: the peak cannot be reset")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
-    env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
-               GLIBC_TUNABLES="glibc.malloc.mmap_threshold=65536:glibc.malloc.trim_threshold=65536")
+    env.update(
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        OMP_NUM_THREADS="1",
+        GLIBC_TUNABLES="glibc.malloc.mmap_threshold=65536:glibc.malloc.trim_threshold=65536",
+    )
     out = subprocess.run([sys.executable, "-c", SCRIPT, *args], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("case,dtype,stage", [
-    ("sharpness", "float32", "one product of one vector"),
-    ("explain", "float32", "bounded from below on one row's first 32 tokens"),
-])
+@pytest.mark.parametrize(
+    "case,dtype,stage",
+    [
+        ("sharpness", "float32", "one product of one vector"),
+        ("explain", "float32", "bounded from below on one row's first 32 tokens"),
+    ],
+)
 def test_a_refusal_peaks_within_its_budget(case, dtype, stage):
     """13.3M parameters (Pythia's vocabulary, 2 layers of hidden 128), 2 batches of 4 × 64 tokens,
     ``max_memory=60MB``. Before the set-up was planned the float64 copy of the second-order check

@@ -8,6 +8,7 @@ the plan by 13–25%. These tests read the kernel's own peak (Linux ``VmHWM``, r
 ``/proc/self/clear_refs``) in a fresh process, with every allocation of 64 kB or more mapped on its
 own so that freed memory leaves at once and the peak is the tensors' (not the heap's retention).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CHUNK_F64 = (1 << 21) * 8                      # one float64 chunk temporary (geometry.base._linalg.CHUNK)
+CHUNK_F64 = (1 << 21) * 8  # one float64 chunk temporary (geometry.base._linalg.CHUNK)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self (Linux)")
 
@@ -78,8 +79,11 @@ def _run(*args: str) -> dict:
     if not os.access("/proc/self/clear_refs", os.W_OK):
         pytest.skip("/proc/self/clear_refs is not writable here: the peak cannot be reset")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
-    env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
-               GLIBC_TUNABLES="glibc.malloc.mmap_threshold=65536:glibc.malloc.trim_threshold=65536")
+    env.update(
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        OMP_NUM_THREADS="1",
+        GLIBC_TUNABLES="glibc.malloc.mmap_threshold=65536:glibc.malloc.trim_threshold=65536",
+    )
     out = subprocess.run([sys.executable, "-c", SCRIPT, *args], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -87,7 +91,7 @@ def _run(*args: str) -> dict:
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_finiteness_check_holds_one_chunk_not_a_float64_copy(dtype):
-    n = 24 << 20                                            # 96 MB in float32: a float64 copy is 192 MB
+    n = 24 << 20  # 96 MB in float32: a float64 copy is 192 MB
     r = _run("is_finite", str(n), dtype)
     assert r["finite"] and r["nan_seen"]
     assert r["grew"] <= 2 * CHUNK_F64, f"is_finite raised the peak by {r['grew'] / 1e6:.0f} MB for {n} numbers"
@@ -111,5 +115,6 @@ def test_a_probe_peaks_at_its_tracked_tensors_plus_the_planned_chunks(dtype):
     excess = r["grew"] - r["tracked"]
     assert excess <= 3 * CHUNK_F64 + (8 << 20), (
         f"peak RSS {r['grew'] / 1e6:.0f} MB vs tracked tensors {r['tracked'] / 1e6:.0f} MB: "
-        f"{excess / 1e6:.0f} MB allocated inside kernels (dim {r['dim']})")
+        f"{excess / 1e6:.0f} MB allocated inside kernels (dim {r['dim']})"
+    )
     assert r["grew"] <= r["plan"], f"peak {r['grew'] / 1e6:.0f} MB over the plan {r['plan'] / 1e6:.0f} MB"

@@ -1,5 +1,6 @@
 """Budget checks before any work (issue #22, item 4): a surface plans its forwards before the
 first grid point, and the explain probe plans its curvature steps before any quantizer runs."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,7 +32,7 @@ def test_a_surface_is_refused_before_the_model_moves_or_any_grid_point_runs():
     batches = random_batches(n_batches=2, batch=6, seq=16, seed=0)
     plane = random_plane(original, seed=0)
     copies = estimate_memory(model, plane, max_memory="1GB").total
-    budget = copies + forward_bytes(model, lm_loss, batches[0]) // 2     # the copies fit, a forward does not
+    budget = copies + forward_bytes(model, lm_loss, batches[0]) // 2  # the copies fit, a forward does not
     calls = []
 
     def watched(m, batch):
@@ -40,8 +41,10 @@ def test_a_surface_is_refused_before_the_model_moves_or_any_grid_point_runs():
 
     with pytest.raises(MemoryBudgetError, match="forwards of one evaluation"):
         evaluate_surface(model, watched, batches, plane, grid=3, max_memory=budget)
-    assert calls and all(rows <= 2 and unmoved for rows, unmoved in calls), calls   # planning forwards only
-    surf = evaluate_surface(model, watched, batches, plane, grid=3, max_memory=copies + 4 * forward_bytes(model, lm_loss, batches[0]))
+    assert calls and all(rows <= 2 and unmoved for rows, unmoved in calls), calls  # planning forwards only
+    surf = evaluate_surface(
+        model, watched, batches, plane, grid=3, max_memory=copies + 4 * forward_bytes(model, lm_loss, batches[0])
+    )
     assert surf.loss.shape == (3, 3)
 
 
@@ -57,7 +60,7 @@ def test_explain_refuses_before_the_quantizer_runs(monkeypatch):
     monkeypatch.setattr(measure, "quantize", lambda *a, **k: ran.append(a[1]) or real(*a, **k))
     with pytest.raises(MemoryBudgetError, match="(directional_curvature|the curvature operator) needs at least"):
         explain_specs(model, ["gptq:3:row"], curvature, calibration=calibration, max_memory=1000)
-    assert ran == []                                    # no GPTQ before the refusal
+    assert ran == []  # no GPTQ before the refusal
     plans = measure.plan_curvature(model, curvature, within=("layer",), trace=("hutch++", 30), max_memory="1GB")
     assert set(plans) == {"direction", "within layer", "trace"}
     out = explain_specs(model, ["gptq:3:row"], curvature, calibration=calibration, max_memory="1GB", trace_matvecs=6)

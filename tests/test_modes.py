@@ -1,6 +1,7 @@
 """Mixed per-module train/eval modes survive every call that switches a model to eval for a while
 (issue #12, item 5): evaluate, evaluate_surface, the GPTQ and AWQ drivers. Before the fix each
 restored ``model.train(was_training)``, which flattened the submodules to the top module's mode."""
+
 from __future__ import annotations
 
 import warnings
@@ -43,8 +44,9 @@ class _SeenModes:
 
     def __init__(self, model: nn.Module):
         self.seen: set[bool] = set()
-        self.handles = [m.register_forward_pre_hook(lambda mod, args: self.seen.add(mod.training))
-                        for m in model.modules()]
+        self.handles = [
+            m.register_forward_pre_hook(lambda mod, args: self.seen.add(mod.training)) for m in model.modules()
+        ]
 
     def remove(self) -> None:
         for h in self.handles:

@@ -5,6 +5,7 @@ check refuses before training, the alarm fires once with a marker and a hook.
 Models carry dropout, and the Trainer shuffles its data, so a measurement that consumed random
 numbers without restoring them would change the training: the controls below show that it would.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,8 +17,16 @@ import numpy as np
 import pytest
 import torch
 
-from probes.monitor import (Alarm, MonitorError, MonitorMemoryError, MonitorSettings, QuantizationAlarm,
-                            RobustnessMonitor, alarm_rate, preserved)
+from probes.monitor import (
+    Alarm,
+    MonitorError,
+    MonitorMemoryError,
+    MonitorSettings,
+    QuantizationAlarm,
+    RobustnessMonitor,
+    alarm_rate,
+    preserved,
+)
 from probes.sweep import Store
 
 VOCAB, SEQ = 64, 16
@@ -26,9 +35,19 @@ VOCAB, SEQ = 64, 16
 def _model(seed: int = 0, dropout: float = 0.1):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    cfg = GPTNeoXConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-                        max_position_embeddings=SEQ, hidden_dropout=dropout, attention_dropout=dropout, use_cache=False,
-                        tie_word_embeddings=False, attn_implementation="eager")
+    cfg = GPTNeoXConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=SEQ,
+        hidden_dropout=dropout,
+        attention_dropout=dropout,
+        use_cache=False,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
     torch.manual_seed(seed)
     return GPTNeoXForCausalLM(cfg)
 
@@ -66,10 +85,10 @@ def _plain_loop(steps: int, on_step=None, seed: int = 0):
     losses = []
     model.train()
     for step in range(1, steps + 1):
-        idx = torch.randint(0, len(data), (4,))           # global RNG: would shift if the monitor drew numbers
+        idx = torch.randint(0, len(data), (4,))  # global RNG: would shift if the monitor drew numbers
         batch = data[idx]
-        loss = model(input_ids=batch, labels=batch).loss   # dropout: global RNG again
-        opt.zero_grad(set_to_none=False)                   # grads kept (zeroed in place): the monitor must not touch them
+        loss = model(input_ids=batch, labels=batch).loss  # dropout: global RNG again
+        opt.zero_grad(set_to_none=False)  # grads kept (zeroed in place): the monitor must not touch them
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -101,7 +120,7 @@ def test_control_without_restoring_state_training_changes(tmp_path, monkeypatch)
 
     @contextlib.contextmanager
     def nothing(model):
-        torch.rand(1)                 # what any seeded-by-global-RNG step inside would do
+        torch.rand(1)  # what any seeded-by-global-RNG step inside would do
         model.eval()
         yield model
 
@@ -114,7 +133,7 @@ def test_control_without_restoring_state_training_changes(tmp_path, monkeypatch)
 def test_preserved_restores_rng_modes_grads():
     model = _model()
     model.train()
-    model.gpt_neox.layers[0].eval()                      # mixed modes survive
+    model.gpt_neox.layers[0].eval()  # mixed modes survive
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     grads = [p.grad for p in model.parameters()]
@@ -125,7 +144,7 @@ def test_preserved_restores_rng_modes_grads():
         assert not model.training
         random.random(), np.random.rand(), torch.rand(3)
         for p in model.parameters():
-            p.grad.mul_(0)                                 # in-place damage is undone too
+            p.grad.mul_(0)  # in-place damage is undone too
             p.requires_grad_(False)
         next(model.parameters()).grad = None
     assert (random.random(), np.random.rand(), torch.rand(1)) == expect
@@ -149,18 +168,40 @@ def _trainer(tmp_path, callbacks=(), name="a", steps=20):
     pytest.importorskip("accelerate")
     from transformers import Trainer, TrainingArguments
 
-    args = TrainingArguments(output_dir=str(tmp_path / name), max_steps=steps, per_device_train_batch_size=4,
-                             eval_strategy="steps", eval_steps=5, logging_steps=5, report_to=[], save_strategy="no",
-                             use_cpu=True, seed=0, learning_rate=3e-3, lr_scheduler_type="linear", warmup_steps=3,
-                             disable_tqdm=True, dataloader_num_workers=0, weight_decay=0.1)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / name),
+        max_steps=steps,
+        per_device_train_batch_size=4,
+        eval_strategy="steps",
+        eval_steps=5,
+        logging_steps=5,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        learning_rate=3e-3,
+        lr_scheduler_type="linear",
+        warmup_steps=3,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        weight_decay=0.1,
+    )
     torch.manual_seed(0)
-    return Trainer(model=_model(0), args=args, train_dataset=_DS(_tokens(24, 7)), eval_dataset=_DS(_tokens(8, 8)),
-                   callbacks=list(callbacks))
+    return Trainer(
+        model=_model(0),
+        args=args,
+        train_dataset=_DS(_tokens(24, 7)),
+        eval_dataset=_DS(_tokens(8, 8)),
+        callbacks=list(callbacks),
+    )
 
 
 def _losses(trainer):
-    return [(h["step"], h.get("loss"), h.get("eval_loss")) for h in trainer.state.log_history
-            if "loss" in h or "eval_loss" in h]
+    return [
+        (h["step"], h.get("loss"), h.get("eval_loss"))
+        for h in trainer.state.log_history
+        if "loss" in h or "eval_loss" in h
+    ]
 
 
 def test_hf_trainer_bit_identical_rows_lr_and_logs(tmp_path):
@@ -177,7 +218,7 @@ def test_hf_trainer_bit_identical_rows_lr_and_logs(tmp_path):
     assert _same(_state(tr.model), _state(ref.model))
     assert _losses(tr) == _losses(ref)
     df = Store(tmp_path / "hf.sqlite").results()
-    assert sorted(df["step"].dropna().unique().tolist()) == [5, 10, 15, 20]     # one per evaluation
+    assert sorted(df["step"].dropna().unique().tolist()) == [5, 10, 15, 20]  # one per evaluation
     # the LR in effect for update t (linear warmup 3 steps to 3e-3, then linear decay to 0 at 20)
     for step in (5, 10, 15, 20):
         expect = 3e-3 * (20 - (step - 1)) / (20 - 3)
@@ -241,11 +282,18 @@ def _lightning_run(tmp_path, callbacks=(), name="a"):
 
     L.seed_everything(0, verbose=False)
     module = Module()
-    loader = torch.utils.data.DataLoader(_tokens(40, 7), batch_size=4, shuffle=True,
-                                         generator=None)
-    trainer = L.Trainer(max_steps=12, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=list(callbacks), accelerator="cpu",
-                        default_root_dir=str(tmp_path / name), log_every_n_steps=1)
+    loader = torch.utils.data.DataLoader(_tokens(40, 7), batch_size=4, shuffle=True, generator=None)
+    trainer = L.Trainer(
+        max_steps=12,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+        accelerator="cpu",
+        default_root_dir=str(tmp_path / name),
+        log_every_n_steps=1,
+    )
     trainer.fit(module, loader)
     return module, trainer
 
@@ -256,13 +304,14 @@ def test_lightning_bit_identical_and_logged(tmp_path):
 
     ref, _ = _lightning_run(tmp_path, name="ref")
     ev, cv = _sets()
-    cb = LightningRobustnessCallback(tmp_path / "pl.sqlite", ev, cv, every=4, run="pl", time_budget=1e9, trace_hvps=4,
-                                     lanczos_steps=6)
+    cb = LightningRobustnessCallback(
+        tmp_path / "pl.sqlite", ev, cv, every=4, run="pl", time_budget=1e9, trace_hvps=4, lanczos_steps=6
+    )
     mod, trainer = _lightning_run(tmp_path, callbacks=[cb], name="mon")
     assert _same(_state(mod), _state(ref))
     df = Store(tmp_path / "pl.sqlite").results()
     assert sorted(df["step"].dropna().unique().tolist()) == [4, 8, 12]
-    assert df.loc[df["step"] == 4, "lr"].iloc[0] == pytest.approx(3e-3 * (1 - 3 / 20))   # LR of update 4
+    assert df.loc[df["step"] == 4, "lr"].iloc[0] == pytest.approx(3e-3 * (1 - 3 / 20))  # LR of update 4
     assert "monitor/dq/rtn:2:g32" in trainer.callback_metrics
 
 
@@ -276,7 +325,7 @@ def test_rows_are_a_sweep_store_resumable_and_reportable(tmp_path):
     first = mon.measure(model, 4, lr=1e-3)
     assert len(first.rows) == len(mon.tasks)
     mon.close()
-    again = _monitor(path, every=4, run="r")                  # a resumed run: step 4 is not recomputed
+    again = _monitor(path, every=4, run="r")  # a resumed run: step 4 is not recomputed
     m = again.measure(model, 4, lr=1e-3)
     assert m.rows == [] and m.values["loss"] == first.values["loss"]
     again.measure(model, 8, lr=1e-3)
@@ -308,14 +357,15 @@ def test_alarm_rate_definition():
     h = [(0, 4.0, 0.01), (50, 3.5, 0.02), (100, 3.4, 0.05)]
     rate, since = alarm_rate(h, window=50, min_improvement=0.01)
     assert since == 50 and rate == pytest.approx((0.05 - 0.02) / (3.5 - 3.4))
-    assert alarm_rate(h, window=200, min_improvement=0.01) is None          # nothing that far back
-    assert alarm_rate([(0, 3.4, 0.0), (50, 3.4, 0.1)], 50, 0.01) is None   # no loss improvement: undefined
+    assert alarm_rate(h, window=200, min_improvement=0.01) is None  # nothing that far back
+    assert alarm_rate([(0, 3.4, 0.0), (50, 3.4, 0.1)], 50, 0.01) is None  # no loss improvement: undefined
 
 
 def test_alarm_fires_once_with_marker_and_hook(tmp_path):
     events = []
-    mon = _monitor(tmp_path / "m.sqlite", run="r", curvature=False, alarm_window=1, alarm_threshold=0.05,
-                   on_alarm=events.append)
+    mon = _monitor(
+        tmp_path / "m.sqlite", run="r", curvature=False, alarm_window=1, alarm_threshold=0.05, on_alarm=events.append
+    )
     series = [(1, 4.0, 0.010), (2, 3.8, 0.012), (3, 3.7, 0.030), (4, 3.6, 0.060)]
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -326,14 +376,17 @@ def test_alarm_fires_once_with_marker_and_hook(tmp_path):
     assert [e.step for e in events] == [3]
     assert sum(issubclass(x.category, QuantizationAlarm) for x in w) == 1
     assert Store(tmp_path / "m.sqlite").meta["monitor_alarm:r"]["step"] == 3
-    resumed = _monitor(tmp_path / "m.sqlite", run="r", curvature=False)       # a resumed run does not warn again
+    resumed = _monitor(tmp_path / "m.sqlite", run="r", curvature=False)  # a resumed run does not warn again
     assert resumed.alarm.fired is not None and resumed.alarm.fired.step == 3
 
 
 def test_alarm_replay_equals_live():
     a = Alarm("rtn:2:g32", threshold=0.1, window=2, min_improvement=0.01)
     rng = np.random.default_rng(0)
-    hist = [(s, 4 - 0.01 * s, 0.001 * s + 0.0005 * s * (s > 30) ** 2 + 1e-4 * rng.standard_normal()) for s in range(0, 60, 2)]
+    hist = [
+        (s, 4 - 0.01 * s, 0.001 * s + 0.0005 * s * (s > 30) ** 2 + 1e-4 * rng.standard_normal())
+        for s in range(0, 60, 2)
+    ]
     live = [a.update(*h)[1] for h in hist]
     fired = [e for e in live if e is not None]
     assert len(fired) == 1
@@ -399,9 +452,14 @@ def test_alarm_waits_for_the_lr_to_anneal():
     """At peak LR a high rate does not fire (ΔQ growth there is ordinary progress); the first
     measurement over the threshold after the LR fell below (1 − lr_drop) × its peak does."""
     a = Alarm("rtn:2:g32", threshold=0.05, window=1, min_improvement=0.01, lr_drop=0.05)
-    steps = [(1, 4.0, 0.01, 1e-3), (2, 3.9, 0.03, 1e-3), (3, 3.8, 0.05, 1e-3), (4, 3.7, 0.07, 0.96e-3),
-             (5, 3.6, 0.09, 0.5e-3)]
+    steps = [
+        (1, 4.0, 0.01, 1e-3),
+        (2, 3.9, 0.03, 1e-3),
+        (3, 3.8, 0.05, 1e-3),
+        (4, 3.7, 0.07, 0.96e-3),
+        (5, 3.6, 0.09, 0.5e-3),
+    ]
     fired = [a.update(*s)[1] for s in steps]
     assert [e.step for e in fired if e is not None] == [5]
     b = Alarm("rtn:2:g32", threshold=0.05, window=1, min_improvement=0.01)
-    assert [e.step for e in (b.update(*s[:3]) [1] for s in steps) if e is not None] == [2]   # no LR: rate alone
+    assert [e.step for e in (b.update(*s[:3])[1] for s in steps) if e is not None] == [2]  # no LR: rate alone

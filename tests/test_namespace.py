@@ -1,5 +1,6 @@
 """The namespace check (probes/_namespace.py): another distribution owning ``geometry`` or ``probes``,
 or another ``geometry`` folder first on sys.path, is reported from ``import probes`` and from the CLI."""
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,11 @@ def test_no_clash_here():
 
 @pytest.mark.parametrize("top_level", ["geometry", "probes"])
 def test_another_owner_is_a_clash(top_level):
-    lines = namespace_clashes({"geometry": ["losslens", "geometry-lib"], "probes": ["losslens"]} if top_level == "geometry"
-                              else {"geometry": ["losslens"], "probes": ["probes", "losslens"]})
+    lines = namespace_clashes(
+        {"geometry": ["losslens", "geometry-lib"], "probes": ["losslens"]}
+        if top_level == "geometry"
+        else {"geometry": ["losslens"], "probes": ["probes", "losslens"]}
+    )
     assert len(lines) == 1
     other = "geometry-lib" if top_level == "geometry" else "probes"
     assert f"'{top_level}'" in lines[0] and other in lines[0] and "pip uninstall" in lines[0] and "\n" not in lines[0]
@@ -64,13 +68,15 @@ def test_import_probes_and_the_cli_warn(tmp_path):
     out = subprocess.run([sys.executable, "-c", "import probes"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "NamespaceClashWarning" in out.stderr and "fakegeo" in out.stderr and "pip uninstall" in out.stderr
-    cli = subprocess.run([sys.executable, "-m", "probes.cli", "--version"], cwd=tmp_path, env=env, capture_output=True,
-                         text=True)
+    cli = subprocess.run(
+        [sys.executable, "-m", "probes.cli", "--version"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert cli.returncode == 0, cli.stderr
     assert "fakegeo" in cli.stderr and cli.stdout.strip() == "0.1.0"
     # the same commands without the fake distribution say nothing
-    clean = subprocess.run([sys.executable, "-m", "probes.cli", "--version"], cwd=ROOT, env=_env(), capture_output=True,
-                           text=True)
+    clean = subprocess.run(
+        [sys.executable, "-m", "probes.cli", "--version"], cwd=ROOT, env=_env(), capture_output=True, text=True
+    )
     assert clean.returncode == 0 and clean.stderr == "", clean.stderr
 
 
@@ -80,10 +86,13 @@ def test_shadowing_geometry_folder_is_a_clash(tmp_path):
     (tmp_path / "geometry").mkdir()
     (tmp_path / "geometry" / "__init__.py").write_text("")
     # probes from the source tree, geometry from tmp_path: not side by side
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import probes._namespace as n; "
-            "print('|'.join(n.namespace_clashes()))")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=_env(), capture_output=True,
-                         text=True)
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import probes._namespace as n; "
+        "print('|'.join(n.namespace_clashes()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=_env(), capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     assert str(tmp_path / "geometry") in out.stdout and "pip uninstall" in out.stdout
 

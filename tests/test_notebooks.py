@@ -6,6 +6,7 @@ never picked up), with ``LOSSLENS_NB_QUICK=1`` (toy sizes) and a temporary work 
 notebooks of one test session (notebook 02 reuses the trajectory trained by 01). Budget: < 60 s per
 notebook on an idle 2-core machine.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,9 +41,15 @@ def _kernel_manager(tmp: Path):
 
     kdir = tmp / "kernels" / "python3"
     kdir.mkdir(parents=True, exist_ok=True)
-    (kdir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (losslens tests)", "language": "python"}))
+    (kdir / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (losslens tests)",
+                "language": "python",
+            }
+        )
+    )
     ksm = KernelSpecManager(kernel_dirs=[str(tmp / "kernels")])
     return KernelManager(kernel_name="python3", kernel_spec_manager=ksm)
 
@@ -84,13 +91,18 @@ def test_notebook_runs(name, workdir, tmp_path, monkeypatch):
     monkeypatch.setenv("LOSSLENS_NB_WORKDIR", str(workdir))
     monkeypatch.setenv("LOSSLENS_NB_THREADS", "1")
     monkeypatch.delenv("LOSSLENS_NB_TRAJECTORY", raising=False)
-    for var, val in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
-                     ("OMP_NUM_THREADS", "1")):
+    for var, val in (
+        ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+        ("OMP_NUM_THREADS", "1"),
+    ):
         monkeypatch.setenv(var, val)
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     km = _kernel_manager(tmp_path)
-    client = nbclient.NotebookClient(nb, km=km, kernel_name="python3", timeout=CELL_TIMEOUT,
-                                     resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client = nbclient.NotebookClient(
+        nb, km=km, kernel_name="python3", timeout=CELL_TIMEOUT, resources={"metadata": {"path": str(NOTEBOOKS)}}
+    )
     t0 = time.perf_counter()
     try:
         client.execute()  # raises CellExecutionError (with the traceback) if any cell fails

@@ -9,6 +9,7 @@ Every seed family (:data:`probes.models.families.FAMILIES`) is checked in float6
 inside :func:`~probes.models.oracles.float64_everywhere`, so HF's float32 upcasts are exact) and in
 float32 (the model's own products against the float64 oracle), with two seeds each.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -39,8 +40,13 @@ def mlp(seed: int, dtype=torch.float64) -> nn.Sequential:
 
 def mlp_data(seed: int, dtype=torch.float64, batches: int = 2):
     g = torch.Generator().manual_seed(100 + seed)
-    return [(torch.randn(N // batches, D, generator=g, dtype=torch.float64).to(dtype),
-             torch.randint(0, C, (N // batches,), generator=g)) for _ in range(batches)]
+    return [
+        (
+            torch.randn(N // batches, D, generator=g, dtype=torch.float64).to(dtype),
+            torch.randint(0, C, (N // batches,), generator=g),
+        )
+        for _ in range(batches)
+    ]
 
 
 def ce(model, batch):
@@ -100,7 +106,7 @@ def test_loss_oracle_sees_a_wrong_first_derivative_that_fd_of_gradients_cannot()
     op = HessianOperator(model, lambda m, b: Rescaled.apply(ce(m, b)), data)
     V = probe_vectors(op, 3, seed=0, dtype=torch.float64)
     HV = op.matmat(V)
-    assert rel(fd_hvp(op, V, 1e-5), HV) < 1e-6                       # the first-order-trusting reference is fooled
+    assert rel(fd_hvp(op, V, 1e-5), HV) < 1e-6  # the first-order-trusting reference is fooled
     orc = LossOracle.of(op, step=0.05, levels=2)
     for i in range(3):
         q = orc.quadratic(V[i]).value
@@ -129,8 +135,10 @@ def test_both_backends_against_the_loss_oracle_on_every_family(family, seed):
         S = probe.matmat(V)
     S = S / S.norm(dim=1, keepdim=True)  # the products' own directions: uᵀHv ≈ ‖Hv‖
     orc = LossOracle(model64, lm_loss, batches, step=STEP.get(family, 0.05), levels=2)
-    refs = [[(V[i], orc.quadratic(V[i]))] + [(u[i], orc.bilinear(u[i], V[i])) for u in (S, R / R.norm(dim=1, keepdim=True))]
-            for i in range(2)]
+    refs = [
+        [(V[i], orc.quadratic(V[i]))] + [(u[i], orc.bilinear(u[i], V[i])) for u in (S, R / R.norm(dim=1, keepdim=True))]
+        for i in range(2)
+    ]
     for dtype, tol in ((torch.float64, 1e-7), (torch.float32, 2e-6)):
         model = model64 if dtype == torch.float64 else tiny_model(family, seed=seed, dtype=torch.float32)
         for backend in ("reverse", "forward"):

@@ -1,4 +1,5 @@
 """geometry.surfaces.planes: exact coordinates, orthonormal bases, filter normalisation, grids, bad input."""
+
 from __future__ import annotations
 
 import math

@@ -6,6 +6,7 @@ of the float64 Hessian of the same bfloat16 weights (float64 reverse products, H
 in float64); trace and λ_max within 1e-3. The stored weights are never written. Half-precision
 arithmetic stays available as an explicit choice, its error measured and flagged.
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,9 +36,17 @@ def _model(family: str, seed: int) -> torch.nn.Module:
     import transformers
 
     cfg_name, cls_name, extra = OTHERS[family]
-    config = getattr(transformers, cfg_name)(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                             intermediate_size=64, max_position_embeddings=64, use_cache=False,
-                                             attn_implementation="sdpa", **extra)
+    config = getattr(transformers, cfg_name)(
+        vocab_size=96,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        use_cache=False,
+        attn_implementation="sdpa",
+        **extra,
+    )
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.manual_seed(seed)
@@ -74,8 +83,11 @@ DIFFERENCE_OVER_1E3 = {("llama", 0), ("apertus", 2)}
 def _cases():
     for family in FAMILY_NAMES:
         for seed in range(3):
-            marks = [pytest.mark.xfail(strict=True, reason="float32 difference products above 1e-3 (measured)")] \
-                if (family, seed) in DIFFERENCE_OVER_1E3 else []
+            marks = (
+                [pytest.mark.xfail(strict=True, reason="float32 difference products above 1e-3 (measured)")]
+                if (family, seed) in DIFFERENCE_OVER_1E3
+                else []
+            )
             yield pytest.param(family, seed, marks=marks, id=f"{family}-{seed}")
 
 
@@ -125,7 +137,7 @@ def test_half_compute_is_an_explicit_choice_and_its_error_is_flagged():
     half = HessianOperator(model, lm_loss, batches, backend="difference", compute_dtype="bfloat16")
     assert half.param_dtype == torch.bfloat16 and half.dtype == torch.float32
     check = half.checked()
-    assert check["rel_error"] > 1e-2                     # bfloat16 gradient differences: percents off
+    assert check["rel_error"] > 1e-2  # bfloat16 gradient differences: percents off
     warning = error_warning(check, half.param_dtype, 1e-2)
     assert "half-precision compute (bfloat16)" in warning["message"] and "--compute-dtype float32" in warning["fix"]
     default = HessianOperator(model, lm_loss, batches, backend="difference")
@@ -139,8 +151,9 @@ def test_half_compute_is_an_explicit_choice_and_its_error_is_flagged():
 def test_the_memory_plan_counts_the_float32_copy():
     model = _model("llama", 0)
     batches = _batches(model, 0)
-    n = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers() if b.is_floating_point()
-                                                        and b.dtype != torch.float32)
+    n = sum(p.numel() for p in model.parameters()) + sum(
+        b.numel() for b in model.buffers() if b.is_floating_point() and b.dtype != torch.float32
+    )
     assert compute_copy_bytes(model, torch.float32) == 4 * n
     f32 = HessianOperator(model, lm_loss, batches)
     half = HessianOperator(model, lm_loss, batches, compute_dtype="bfloat16")
@@ -160,7 +173,7 @@ def test_graphs_are_not_kept_over_the_float32_copies():
     assert op.cache_graphs is False and not op.can_keep_graphs
     V = torch.randn(2, op.dim, generator=torch.Generator().manual_seed(0))
     a = op.matmat_flat(V)
-    assert torch.equal(op.matmat_flat(V), a) and op.num_graph_builds == 4      # rebuilt each call
+    assert torch.equal(op.matmat_flat(V), a) and op.num_graph_builds == 4  # rebuilt each call
     est = hutchinson_trace(op, num_matvecs=4, seed=0)
     assert est.memory["settings"]["cache_graphs"] is False
     exact = HessianOperator(copy.deepcopy(model).float(), lm_loss, batches, cache_graphs=True)

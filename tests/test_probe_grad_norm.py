@@ -1,6 +1,7 @@
 """The ``grad_norm`` probe (‖∇L‖ and L on the curvature set), checked against a direct computation that
 shares none of its code: the checkpoint loaded by transformers, all curvature batches in one forward,
 the next-token cross-entropy written out in float64, the gradient by ``backward()``."""
+
 from __future__ import annotations
 
 import math
@@ -54,8 +55,9 @@ def test_grad_norm_rows_equal_a_direct_computation(tmp_path, params):
     g = torch.Generator().manual_seed(11)
     sets["curvature"] = TokenSet(torch.randint(0, 96, (2, 3, SEQ), generator=g), "curvature")  # two batches of 3
     data = {"eval": [2, 2, SEQ], "calibration": [2, 2, SEQ], "curvature": [2, 3, SEQ]}
-    plan = Plan.from_dict({"name": "g", "data": data, "probes": {"grad_norm": True},
-                           **({"curvature_params": [params]} if params else {})})
+    plan = Plan.from_dict(
+        {"name": "g", "data": data, "probes": {"grad_norm": True}, **({"curvature_params": [params]} if params else {})}
+    )
     out = tmp_path / "r.sqlite"
     rep = run_sweep(traj, plan, out=out, token_sets=sets, progress=False, num_threads=1, num_workers=1)
     assert rep.n_failed == 0, rep.failures

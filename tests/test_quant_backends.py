@@ -1,4 +1,5 @@
 """Optional backends (bitsandbytes, GPTQModel): tested when installed, clear errors when not."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -17,8 +18,17 @@ HAS_GPTQMODEL = importlib.util.find_spec("gptqmodel") is not None
 def tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=50, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                      intermediate_size=128, max_position_embeddings=32, use_cache=False, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=50,
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=32,
+        use_cache=False,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).eval()
 

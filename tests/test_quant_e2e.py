@@ -7,6 +7,7 @@ perturbation, so the orderings below are properties of the quantizers, not of ev
 (On a model far from a minimum of the evaluation loss first-order terms of random sign dominate
 small quantization errors.) The calibration set is drawn separately and is disjoint.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,9 +38,16 @@ def chain(n, b, s, seed, noise=0.15):
 def trained(tmp_path_factory):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    cfg = GPTNeoXConfig(vocab_size=V, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=4 * HIDDEN, max_position_embeddings=64, use_cache=False,
-                        tie_word_embeddings=False)
+    cfg = GPTNeoXConfig(
+        vocab_size=V,
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=4 * HIDDEN,
+        max_position_embeddings=64,
+        use_cache=False,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = GPTNeoXForCausalLM(cfg)
     ev = TokenSet(chain(2, 16, 32, seed=200), name="eval")
@@ -92,7 +100,9 @@ def test_error_ordering_and_fields(trained):
         assert torch.equal(p, before[n]), n
     # without fp_loss the FP loss is computed (same number)
     again = quantization_error(model, "rtn:4:g32", ev)
-    assert again.fp_loss == pytest.approx(fp.loss, rel=1e-6) and again.q_loss == pytest.approx(res["rtn:4:g32"].q_loss, rel=1e-6)
+    assert again.fp_loss == pytest.approx(fp.loss, rel=1e-6) and again.q_loss == pytest.approx(
+        res["rtn:4:g32"].q_loss, rel=1e-6
+    )
 
 
 def test_bad_data(trained):
@@ -110,8 +120,22 @@ def test_cli_json_and_table(trained):
 
     model, ev, cal, folder = trained
     runner = CliRunner()
-    args = ["quantize", str(folder), "--spec", "int8", "--spec", "rtn:4:g32", "--spec", "gptq:4:g32",
-            "--spec", "awq:4:g32", "--eval-set", str(folder.parent / "eval.safetensors"), "--calib-set", str(folder.parent / "calib.safetensors")]
+    args = [
+        "quantize",
+        str(folder),
+        "--spec",
+        "int8",
+        "--spec",
+        "rtn:4:g32",
+        "--spec",
+        "gptq:4:g32",
+        "--spec",
+        "awq:4:g32",
+        "--eval-set",
+        str(folder.parent / "eval.safetensors"),
+        "--calib-set",
+        str(folder.parent / "calib.safetensors"),
+    ]
     out = runner.invoke(app, args + ["--json"])
     assert out.exit_code == 0, out.output
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
@@ -128,16 +152,22 @@ def test_cli_json_and_table(trained):
     awq = quantization_error(model, "awq:4:g32", ev, calibration=cal)
     assert rows[3]["calib_objective_ratio"] == pytest.approx(awq.calib_objective_ratio, rel=1e-9)
     assert 0 < rows[3]["calib_objective_ratio"] <= 1 and all(r["calib_objective_ratio"] is None for r in rows[:3])
-    table = runner.invoke(app, args[:2] + ["--spec", "rtn:4:g32", "--spec", "gptq:4:g32", "--spec", "awq:4:g32"]
-                          + args[-4:] + ["--calib-batches", "4"])
+    table = runner.invoke(
+        app,
+        args[:2]
+        + ["--spec", "rtn:4:g32", "--spec", "gptq:4:g32", "--spec", "awq:4:g32"]
+        + args[-4:]
+        + ["--calib-batches", "4"],
+    )
     assert table.exit_code == 0, table.output
     assert "rtn:4:g32" in table.stdout and "gptq:4:g32" in table.stdout and "ΔQ L" in table.stdout
     assert "awq:4:g32: calibration output error" in table.stdout and "AWQ can be worse than RTN" in table.stdout
     bad = runner.invoke(app, ["quantize", str(folder), "--spec", "rtn:9:g32"])
     assert bad.exit_code != 0 and "2..8" in bad.output
     tiny_cal = TokenSet(cal.tokens[:2, :1], name="tiny").save(folder.parent / "tiny_calib.safetensors")
-    short = runner.invoke(app, args[:2] + ["--spec", "gptq:4:g32", "--eval-set", args[-3], "--calib-set", str(tiny_cal),
-                                           "--json"])
+    short = runner.invoke(
+        app, args[:2] + ["--spec", "gptq:4:g32", "--eval-set", args[-3], "--calib-set", str(tiny_cal), "--json"]
+    )
     assert short.exit_code == 2 and "calibration too short" in short.output
     missing = runner.invoke(app, ["quantize", str(folder.parent / "nope"), "--spec", "int8"])
     assert missing.exit_code != 0
@@ -153,7 +183,9 @@ def test_cli_default_token_sets(tmp_path):
 
     traj = train_tiny(TrainConfig.tiny(steps=4, checkpoints=1), tmp_path / "run", progress=False)
     ckpt = traj.checkpoints[-1].location
-    out = CliRunner().invoke(app, ["quantize", ckpt, "--spec", "rtn:4:g32", "--spec", "gptq:4:g32", "--quick", "--json"])
+    out = CliRunner().invoke(
+        app, ["quantize", ckpt, "--spec", "rtn:4:g32", "--spec", "gptq:4:g32", "--quick", "--json"]
+    )
     assert out.exit_code == 0, out.output
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert [r["spec"] for r in rows] == ["rtn:4:g32", "gptq:4:g32"]

@@ -6,6 +6,7 @@
   MX v1.0 E2M1 value table, and hand-worked blocks from the spec's scale rule.
 * had+: the rotated full-precision model computes the same loss; rotations are orthogonal.
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,7 +34,7 @@ def grid(e_bits: int, m_bits: int, bias: int, finite_max: float) -> list[tuple[f
     out = []
     for code in range(2 ** (e_bits + m_bits)):
         e, m = code >> m_bits, code & ((1 << m_bits) - 1)
-        v = (m / 2 ** m_bits) * 2.0 ** (1 - bias) if e == 0 else (1 + m / 2 ** m_bits) * 2.0 ** (e - bias)
+        v = (m / 2**m_bits) * 2.0 ** (1 - bias) if e == 0 else (1 + m / 2**m_bits) * 2.0 ** (e - bias)
         if v <= finite_max:
             out.append((v, code))
     return out
@@ -68,7 +69,7 @@ def nvfp4_reference(W: torch.Tensor) -> list[list[float]]:
     for r in vals:
         row = []
         for c in range(0, len(r), 16):
-            blk = r[c:c + 16]
+            blk = r[c : c + 16]
             s_b = nearest(f32(max(abs(v) for v in blk) / f32(6.0 * s_t)), "e4m3")
             S = f32(s_b * s_t)
             row += [0.0] * len(blk) if S == 0 else [f32(S * nearest(f32(v / S), "e2m1")) for v in blk]
@@ -97,7 +98,9 @@ def test_fp8_quantize_equals_scaled_torch_cast(seed, fmt, dtype, per_channel):
 
 
 def test_fp8_saturates_and_keeps_zero_rows():
-    assert torch.equal(round_minifloat(torch.tensor([500.0, -1e9, float("inf")]), E4M3), torch.tensor([448.0, -448, 448]))
+    assert torch.equal(
+        round_minifloat(torch.tensor([500.0, -1e9, float("inf")]), E4M3), torch.tensor([448.0, -448, 448])
+    )
     W = rows(0)
     W[3] = 0
     assert torch.equal(fp8_quantize(W)[3], torch.zeros(W.shape[1]))
@@ -120,7 +123,7 @@ def test_mx_hand_worked_blocks():
     assert mx_quantize(b)[0, :2].tolist() == [6.0, 2.0]
     # amax 0.1: floor(log2 0.1) = −4 → X = 2^−6; 0.1/X = 6.4 → 6 → 0.09375
     b = torch.tensor([[0.1] + [0.0] * 31])
-    assert mx_quantize(b)[0, 0].item() == pytest.approx(6 * 2.0 ** -6, abs=0)
+    assert mx_quantize(b)[0, 0].item() == pytest.approx(6 * 2.0**-6, abs=0)
     # MXFP8 E4M3: amax 1 → X = 2^(0 − 8); 0.3/X = 76.8 lies in E4M3's binade [64, 128) of step 8 → 80 → 0.3125
     b = torch.tensor([[1.0, 0.3] + [0.0] * 30])
     assert mx_quantize(b, E4M3)[0, :2].tolist() == [1.0, 0.3125]
@@ -132,7 +135,7 @@ def test_mx_matches_transcription(seed, elem, emax):
     W = rows(seed, (6, 80))  # 80 = 2 full blocks + a short one
     W[0, :32] = 0
     ours = mx_quantize(W, {"e2m1": E2M1, "e4m3": E4M3, "e5m2": E5M2}[elem])
-    ref = [sum((mx_reference(r[c:c + 32], elem, emax) for c in range(0, 80, 32)), []) for r in W.tolist()]
+    ref = [sum((mx_reference(r[c : c + 32], elem, emax) for c in range(0, 80, 32)), []) for r in W.tolist()]
     assert ours.tolist() == ref
 
 
@@ -159,13 +162,33 @@ def test_mx_agrees_with_ggml_mxfp4_except_ties():
 
 # ---------------------------------------------------------------- specs and had+
 def test_specs_round_trip_and_refuse():
-    for s in ("fp8", "fp8:e5m2", "fp8:tensor", "fp8:e5m2:tensor", "mxfp4", "mxfp8", "mxfp8:e5m2", "nvfp4",
-              "gguf:Q4_0", "gguf:Q4_K", "had+rtn:4:g128", "had3+gptq:4:g128", "had+gguf:Q8_0", "had+mxfp4"):
+    for s in (
+        "fp8",
+        "fp8:e5m2",
+        "fp8:tensor",
+        "fp8:e5m2:tensor",
+        "mxfp4",
+        "mxfp8",
+        "mxfp8:e5m2",
+        "nvfp4",
+        "gguf:Q4_0",
+        "gguf:Q4_K",
+        "had+rtn:4:g128",
+        "had3+gptq:4:g128",
+        "had+gguf:Q8_0",
+        "had+mxfp4",
+    ):
         assert str(QuantSpec.parse(s)) == s
     assert str(QuantSpec.parse("GGUF:q4_k")) == "gguf:Q4_K"
     assert not QuantSpec.parse("gguf:Q4_K").needs_calibration and QuantSpec.parse("had+gptq:4").needs_calibration
-    for bad, msg in (("fp8:4", "unknown token"), ("gguf:Q3_K", "Q4_K"), ("mxfp4:e5m2", "no options"),
-                     ("had+had+rtn:4", "one had+"), ("had+gptqmodel:4", "saved copy"), ("nvfp4:sym", "unknown")):
+    for bad, msg in (
+        ("fp8:4", "unknown token"),
+        ("gguf:Q3_K", "Q4_K"),
+        ("mxfp4:e5m2", "no options"),
+        ("had+had+rtn:4", "one had+"),
+        ("had+gptqmodel:4", "saved copy"),
+        ("nvfp4:sym", "unknown"),
+    ):
         with pytest.raises(SpecError, match=msg):
             QuantSpec.parse(bad)
 
@@ -173,8 +196,15 @@ def test_specs_round_trip_and_refuse():
 def tiny(hidden=64, inter=256):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    cfg = GPTNeoXConfig(vocab_size=96, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=inter, max_position_embeddings=32, use_cache=False)
+    cfg = GPTNeoXConfig(
+        vocab_size=96,
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=inter,
+        max_position_embeddings=32,
+        use_cache=False,
+    )
     torch.manual_seed(0)
     return GPTNeoXForCausalLM(cfg).eval()
 
@@ -198,8 +228,9 @@ def test_rotation_preserves_the_function_and_is_orthogonal():
         with rotated_inputs(rot, lin, seed=5) as notes:
             assert any("blocks of 32" in v for v in notes.values())
             inside = lm_loss(rot, ids).item()
-            assert not torch.allclose(lin["gpt_neox.layers.0.mlp.dense_h_to_4h"].weight,
-                                      model.gpt_neox.layers[0].mlp.dense_h_to_4h.weight)
+            assert not torch.allclose(
+                lin["gpt_neox.layers.0.mlp.dense_h_to_4h"].weight, model.gpt_neox.layers[0].mlp.dense_h_to_4h.weight
+            )
         after = lm_loss(rot, ids).item()
     assert inside == pytest.approx(base, rel=1e-6) and after == pytest.approx(base, rel=1e-6)
     for (_, p), (_, q) in zip(model.named_parameters(), rot.named_parameters()):

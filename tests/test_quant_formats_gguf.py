@@ -8,6 +8,7 @@
   (tests/ggml_transcription.py) writes real 144-byte blocks, ``gguf``'s dequantizer decodes them,
   and that must equal our vectorised Q4_K in every bit.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,8 +45,15 @@ def trained_weights():
 
     from probes.core.lm import lm_loss
 
-    cfg = GPTNeoXConfig(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=256, max_position_embeddings=32, use_cache=False)
+    cfg = GPTNeoXConfig(
+        vocab_size=64,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        max_position_embeddings=32,
+        use_cache=False,
+    )
     torch.manual_seed(0)
     model = GPTNeoXForCausalLM(cfg)
     g = torch.Generator().manual_seed(1)

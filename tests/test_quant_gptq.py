@@ -6,6 +6,7 @@ no Cholesky trick. The one thing it must borrow from the reference is *which* we
 grid is fitted on: the reference fits it on the outer matrix, which only has the updates of earlier
 blocks of ``block_size`` columns — the oracle keeps a snapshot of W taken at every block start.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -16,7 +17,7 @@ from probes.quant import CholeskyError, gptq_quantize, rtn_quantize
 
 def grid(w: torch.Tensor, bits: int, sym: bool):
     """Per-row (scale, zero) of the reference quantizer, written out row by row."""
-    maxq = 2 ** bits - 1
+    maxq = 2**bits - 1
     scales, zeros = [], []
     for row in w:
         lo, hi = min(float(row.min()), 0.0), max(float(row.max()), 0.0)
@@ -32,7 +33,7 @@ def grid(w: torch.Tensor, bits: int, sym: bool):
 
 
 def q_col(w, scale, zero, bits):
-    q = torch.clamp(torch.round(w / scale) + zero, 0, 2 ** bits - 1)
+    q = torch.clamp(torch.round(w / scale) + zero, 0, 2**bits - 1)
     return scale * (q - zero)
 
 
@@ -45,7 +46,7 @@ def gptq_oracle(W, H, bits, g=-1, sym=False, act=False, static=False, damp=0.01,
     W[:, dead] = 0
     H = H + damp * torch.mean(torch.diag(H)) * torch.eye(cols, dtype=H.dtype)
     order = torch.argsort(torch.diag(H), descending=True).tolist() if act else list(range(cols))
-    static_grids = {a // g: grid(W[:, a:a + g], bits, sym) for a in range(0, cols, g)} if g != -1 else {}
+    static_grids = {a // g: grid(W[:, a : a + g], bits, sym) for a in range(0, cols, g)} if g != -1 else {}
     Hinv = torch.linalg.inv(H)
     Q = torch.zeros_like(W)
     current = row_grid
@@ -57,10 +58,10 @@ def gptq_oracle(W, H, bits, g=-1, sym=False, act=False, static=False, damp=0.01,
             if static:
                 current = static_grids[j // g]
             elif t % g == 0:
-                current = grid(snapshot[:, order[t:t + g]], bits, sym)
+                current = grid(snapshot[:, order[t : t + g]], bits, sym)
         q = q_col(W[:, j], *current, bits)
         Q[:, j] = q
-        rest = order[t + 1:]
+        rest = order[t + 1 :]
         e = (W[:, j] - q) / Hinv[j, j]
         if rest:
             W[:, rest] -= torch.outer(e, Hinv[j, rest])
@@ -70,7 +71,7 @@ def gptq_oracle(W, H, bits, g=-1, sym=False, act=False, static=False, damp=0.01,
 
 def random_layer(rows, cols, n, seed, dead=()):
     gen = torch.Generator().manual_seed(seed)
-    mix = torch.randn(cols, cols, generator=gen, dtype=torch.float64) / cols ** 0.5
+    mix = torch.randn(cols, cols, generator=gen, dtype=torch.float64) / cols**0.5
     X = torch.randn(n, cols, generator=gen, dtype=torch.float64) @ (torch.eye(cols, dtype=torch.float64) + mix)
     X = X * (0.2 + 3 * torch.rand(cols, generator=gen, dtype=torch.float64))  # uneven diag(H) for act-order
     for c in dead:
@@ -85,8 +86,8 @@ CASES = [
     (4, -1, False, False, False, 128),
     (3, -1, False, True, False, 128),
     (4, 128, False, False, False, 128),
-    (3, 128, False, False, False, 100),   # g128 groups start mid-block
-    (4, 48, False, False, False, 128),    # g48 groups start mid-block
+    (3, 128, False, False, False, 100),  # g128 groups start mid-block
+    (4, 48, False, False, False, 128),  # g48 groups start mid-block
     (3, 128, False, True, False, 128),
     (4, 48, False, True, False, 64),
     (4, 128, False, True, True, 128),

@@ -1,5 +1,6 @@
 """The ``gptq:…:gptqmodel`` preset against an independent transcription of GPTQModel 7.7.0's GPTQ
 (tests/gptqmodel_transcription.py), to float32 rounding; its spec strings; the rows it writes."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,7 +16,7 @@ def _problem(rows: int, cols: int, seed: int, dead: int = 0, rank_def: bool = Fa
     W = torch.randn(rows, cols, generator=g) * torch.rand(1, cols, generator=g) * 0.2
     n = cols // 2 if rank_def else 4 * cols
     X = torch.randn(n, cols, generator=g) * (0.2 + 3 * torch.rand(cols, generator=g))
-    H = oracle.hessian([X[: n // 2], X[n // 2:]])
+    H = oracle.hessian([X[: n // 2], X[n // 2 :]])
     if dead:
         H[:dead, :] = 0
         H[:, :dead] = 0
@@ -25,12 +26,12 @@ def _problem(rows: int, cols: int, seed: int, dead: int = 0, rank_def: bool = Fa
 CASES = [  # (rows, cols, bits, g, sym, desc_act, dead, rank deficient)
     (24, 96, 4, 32, True, False, 0, False),
     (24, 96, 3, 32, True, False, 0, False),
-    (16, 80, 2, 32, True, False, 3, False),   # tail of 16 columns, dead inputs
+    (16, 80, 2, 32, True, False, 3, False),  # tail of 16 columns, dead inputs
     (16, 300, 4, 64, False, False, 0, False),  # asymmetric, three blocks of 128, a tail
     (16, 64, 8, 16, True, False, 0, False),
-    (16, 96, 4, 32, True, True, 0, False),    # desc_act instead of group-aware order
-    (12, 96, 3, -1, True, True, 2, False),     # per-row grid with desc_act
-    (12, 64, 4, 16, True, False, 0, True),     # rank-deficient H
+    (16, 96, 4, 32, True, True, 0, False),  # desc_act instead of group-aware order
+    (12, 96, 3, -1, True, True, 2, False),  # per-row grid with desc_act
+    (12, 64, 4, 16, True, False, 0, True),  # rank-deficient H
 ]
 
 
@@ -52,7 +53,7 @@ def test_group_aware_order_matches_transcription_and_keeps_groups_whole():
     assert p.tolist() == oracle.gar_order(diag, 16)
     assert sorted(p.tolist()) == list(range(70))
     for k in range(4):  # each run of 16 positions holds exactly one original group
-        assert len({c // 16 for c in p[16 * k:16 * (k + 1)].tolist()}) == 1
+        assert len({c // 16 for c in p[16 * k : 16 * (k + 1)].tolist()}) == 1
     assert p[64:].tolist() == list(range(64, 70))
 
 
@@ -109,8 +110,12 @@ def test_spec_strings_of_the_preset():
     assert QuantSpec.parse("gptq:4:g128").variant == "reference"
     assert QuantSpec.parse("gptq:4:g128:sym") != QuantSpec.parse("gptq:4:g128:damp=0.05:sym:gptqmodel")
     assert s.to_dict()["variant"] == "gptqmodel"
-    for bad in ("gptq:4:g128:static:gptqmodel", "gptq:4:g128:block=64:gptqmodel", "gptq:4:row:gptqmodel",
-                "rtn:4:gptqmodel"):
+    for bad in (
+        "gptq:4:g128:static:gptqmodel",
+        "gptq:4:g128:block=64:gptqmodel",
+        "gptq:4:row:gptqmodel",
+        "rtn:4:gptqmodel",
+    ):
         with pytest.raises(SpecError):
             QuantSpec.parse(bad)
 
@@ -149,12 +154,35 @@ def _table(chosen: list[str]):
     from probes.sweep.store import RESULT_COLUMNS
 
     nan = float("nan")
-    rows = [{"run": "r", "checkpoint": f"step-{k}", "step": k, "tokens": k, "lr": 0.0, "derived": False,
-             "probe": "quant", "spec": "gptq:4:g128:gptqmodel", "metric": "rel_loss_error", "value": 0.1 * k,
-             "stderr": nan, "ci_low": nan, "ci_high": nan, "n_hvp": 0, "seconds": 0.0, "status": "ok", "error": None,
-             "seed": 0, "data_hash": "d", "converged": None, "threads": 1, "plan_hash": "p", "config_hash": "c",
-             "chosen": c}
-            for k, c in enumerate(chosen)]
+    rows = [
+        {
+            "run": "r",
+            "checkpoint": f"step-{k}",
+            "step": k,
+            "tokens": k,
+            "lr": 0.0,
+            "derived": False,
+            "probe": "quant",
+            "spec": "gptq:4:g128:gptqmodel",
+            "metric": "rel_loss_error",
+            "value": 0.1 * k,
+            "stderr": nan,
+            "ci_low": nan,
+            "ci_high": nan,
+            "n_hvp": 0,
+            "seconds": 0.0,
+            "status": "ok",
+            "error": None,
+            "seed": 0,
+            "data_hash": "d",
+            "converged": None,
+            "threads": 1,
+            "plan_hash": "p",
+            "config_hash": "c",
+            "chosen": c,
+        }
+        for k, c in enumerate(chosen)
+    ]
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 

@@ -1,4 +1,5 @@
 """RTN and INT8 against direct element-by-element loops of the docs/science.md §3 formulas."""
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ def rtn_loop(W: torch.Tensor, bits: int, g: int) -> torch.Tensor:
     rows, cols = W.shape
     g = cols if g == -1 else g
     out = W.clone()
-    maxq = 2 ** bits - 1
+    maxq = 2**bits - 1
     for r in range(rows):
         for a in range(0, cols, g):
             vals = [float(W[r, c]) for c in range(a, min(a + g, cols))]
@@ -40,12 +41,18 @@ def int8_loop(W: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("bits, g, shape", [
-    (4, 128, (6, 256)), (3, -1, (5, 70)), (2, 16, (4, 64)), (8, 32, (3, 96)),
-    (4, 32, (5, 100)),   # 100 = 3*32 + 4: last group short
-    (3, 128, (4, 300)),  # 300 = 2*128 + 44
-    (4, 128, (3, 50)),   # group larger than the row: one short group
-])
+@pytest.mark.parametrize(
+    "bits, g, shape",
+    [
+        (4, 128, (6, 256)),
+        (3, -1, (5, 70)),
+        (2, 16, (4, 64)),
+        (8, 32, (3, 96)),
+        (4, 32, (5, 100)),  # 100 = 3*32 + 4: last group short
+        (3, 128, (4, 300)),  # 300 = 2*128 + 44
+        (4, 128, (3, 50)),  # group larger than the row: one short group
+    ],
+)
 def test_rtn_matches_loop(bits, g, shape):
     gen = torch.Generator().manual_seed(bits * 1000 + shape[1])
     W = torch.randn(*shape, generator=gen, dtype=torch.float64) * 0.1
@@ -57,15 +64,15 @@ def test_rtn_matches_loop(bits, g, shape):
     # at most 2^b distinct values per (row, group)
     gg = W.shape[1] if g == -1 else g
     for a in range(0, W.shape[1], gg):
-        assert len(torch.unique(got[1, a:a + gg])) <= 2 ** bits
+        assert len(torch.unique(got[1, a : a + gg])) <= 2**bits
 
 
 def test_rtn_edge_groups():
     W = torch.randn(3, 40, dtype=torch.float64)
-    W[0, 0:8] = 0.0            # all-zero group: left exact (zeros)
-    W[1, 8:16] = 0.37          # constant positive group: range [0, .37] -> exact
-    W[2, 16:24] = -1.25        # constant negative group: range [-1.25, 0] -> exact
-    W[2, 32:40] = 0.0          # short last group of zeros (40 = 4*8 + 8... use g=12 below too)
+    W[0, 0:8] = 0.0  # all-zero group: left exact (zeros)
+    W[1, 8:16] = 0.37  # constant positive group: range [0, .37] -> exact
+    W[2, 16:24] = -1.25  # constant negative group: range [-1.25, 0] -> exact
+    W[2, 32:40] = 0.0  # short last group of zeros (40 = 4*8 + 8... use g=12 below too)
     for g in (8, 12):
         got = rtn_quantize(W, 3, g)
         torch.testing.assert_close(got, rtn_loop(W, 3, g), rtol=0, atol=1e-12)
@@ -104,9 +111,9 @@ def test_rtn_error_decreases_with_bits():
     # with b bits and range R the error per weight is at most s/2
     got = rtn_quantize(W, 4, 64)
     for a in range(0, 256, 64):
-        blk = W[:, a:a + 64]
+        blk = W[:, a : a + 64]
         s = (blk.max(1).values.clamp(min=0) - blk.min(1).values.clamp(max=0)) / 15
-        assert torch.all((got[:, a:a + 64] - blk).abs() <= s[:, None] / 2 + 1e-12)
+        assert torch.all((got[:, a : a + 64] - blk).abs() <= s[:, None] / 2 + 1e-12)
 
 
 def test_int8_matches_loop():

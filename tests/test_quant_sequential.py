@@ -1,4 +1,5 @@
 """Model-level quantize(): sequential GPTQ through tiny GPT-NeoX and Llama models, the interface, bad input."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,8 +26,16 @@ VOCAB, HIDDEN, CTX = 61, 32, 48
 def neox(seed=0):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    cfg = GPTNeoXConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=CTX, use_cache=False, tie_word_embeddings=False)
+    cfg = GPTNeoXConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=CTX,
+        use_cache=False,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     return GPTNeoXForCausalLM(cfg).double().eval()
 
@@ -34,9 +43,17 @@ def neox(seed=0):
 def llama(seed=0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=CTX, use_cache=False,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=CTX,
+        use_cache=False,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     m = LlamaForCausalLM(cfg)
     with torch.no_grad():  # non-trivial norms so that block inputs differ per layer
@@ -57,10 +74,12 @@ def collect_hessians(model, names, batches):
     acc = {n: [0, 0] for n in names}
     hooks = []
     for n in names:
+
         def hook(mod, args, n=n):
             x = args[0].reshape(-1, args[0].shape[-1]).double()
             acc[n][0] = acc[n][0] + x.T @ x
             acc[n][1] += x.shape[0]
+
         hooks.append(mods[n].register_forward_pre_hook(hook))
     with torch.no_grad():
         for ids in batches:
@@ -78,18 +97,29 @@ def test_execution_order_groups(factory):
     inps = capture_block_inputs(model, blocks[0], list(calib()))
     groups = discover_groups(lambda: _run_block(blocks[0], inps[0]), lin)
     if factory is llama:
-        assert groups == [["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["self_attn.o_proj"],
-                          ["mlp.gate_proj", "mlp.up_proj"], ["mlp.down_proj"]]
+        assert groups == [
+            ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+            ["self_attn.o_proj"],
+            ["mlp.gate_proj", "mlp.up_proj"],
+            ["mlp.down_proj"],
+        ]
         assert "position_embeddings" in inps[0][2]  # forward kwargs are captured and passed on
     else:
-        assert groups == [["attention.query_key_value"], ["attention.dense"], ["mlp.dense_h_to_4h"], ["mlp.dense_4h_to_h"]]
+        assert groups == [
+            ["attention.query_key_value"],
+            ["attention.dense"],
+            ["mlp.dense_h_to_4h"],
+            ["mlp.dense_4h_to_h"],
+        ]
     # the captured block-0 inputs are the embeddings' output
     out = model(input_ids=list(calib())[0], output_hidden_states=True)
     torch.testing.assert_close(inps[0][0], out.hidden_states[0])
 
 
-@pytest.mark.parametrize("factory, spec", [(neox, "gptq:4:g16"), (llama, "gptq:3:row:act"), (llama, "gptq:4:g16:act:static"),
-                                           (neox, "gptq:3:g16:sym")])
+@pytest.mark.parametrize(
+    "factory, spec",
+    [(neox, "gptq:4:g16"), (llama, "gptq:3:row:act"), (llama, "gptq:4:g16:act:static"), (neox, "gptq:3:g16:sym")],
+)
 def test_sequential_gptq_is_true_sequential(factory, spec):
     """Every layer's result equals per-layer GPTQ on the inputs it sees in the *final* quantized model,
     i.e. with every layer executed before it (earlier blocks and earlier groups of its block) quantized."""
@@ -149,7 +179,10 @@ def test_module_globs():
     qm = quantize(model, "gptq:4:g16", calibration=calib(), modules="*.mlp.*")
     assert qm.names == [f"model.layers.{k}.mlp.{p}" for k in range(2) for p in ("gate_proj", "up_proj", "down_proj")]
     mods = dict(qm.model.named_modules())
-    assert torch.equal(mods["model.layers.0.self_attn.q_proj"].weight, dict(model.named_modules())["model.layers.0.self_attn.q_proj"].weight)
+    assert torch.equal(
+        mods["model.layers.0.self_attn.q_proj"].weight,
+        dict(model.named_modules())["model.layers.0.self_attn.q_proj"].weight,
+    )
     # a linear outside the blocks, chosen explicitly, is quantized after the blocks
     qh = quantize(model, "gptq:4:g16", calibration=calib(), modules=["lm_head", "model.layers.1.mlp.down_proj"])
     assert qh.names == ["model.layers.1.mlp.down_proj", "lm_head"]
@@ -193,8 +226,9 @@ def test_bad_input():
 
 def test_model_without_blocks_uses_whole_model_passes():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, 32), torch.nn.ReLU(),
-                                torch.nn.Linear(32, 16)).double()
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16)
+    ).double()
     cal = torch.randint(0, VOCAB, (2, 4, 8))
     W1, W3 = model[1].weight.detach().clone(), model[3].weight.detach().clone()
     qm = quantize(model, "gptq:3:g8", calibration=cal, modules=["1", "3"])

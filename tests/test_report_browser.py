@@ -6,6 +6,7 @@ when the browser or selenium is absent; under CI (``CI=true``, where ``make test
 they fail instead. A browser that is present but cannot start fails everywhere. The screenshot is
 saved as ``test-artifacts/report.png`` (and ``test-artifacts/surface.png``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,15 +37,21 @@ def _tiny_surface():
     loss = 3 + (X - 0.2) ** 2 + 2 * (Y - 0.1) ** 2
     loss[3, 4] = np.nan  # a hole
     pts = {"A": (0.0, 0.0, 3.1), "B": (1.0, 0.0, 3.7), "C": (0.1, 0.9, 4.6)}
-    plane = {"kind": "points", "coords": {k: [v[0], v[1]] for k, v in pts.items()}, "norms": {"|B-A|": 1.0, "|C-A|": 0.9}}
+    plane = {
+        "kind": "points",
+        "coords": {k: [v[0], v[1]] for k, v in pts.items()},
+        "norms": {"|B-A|": 1.0, "|C-A|": 0.9},
+    }
     return Surface(x, y, loss, pts, plane, n_nonfinite=1)
 
 
 def browser_missing() -> str | None:
     """Why the browser test cannot run here (None when Chromium, its driver and selenium are present)."""
     if CHROMIUM is None or CHROMEDRIVER is None:
-        return ("headless Chromium not found (need /usr/bin/chromium and /usr/bin/chromedriver; "
-                "run scripts/install-browser.sh)")
+        return (
+            "headless Chromium not found (need /usr/bin/chromium and /usr/bin/chromedriver; "
+            "run scripts/install-browser.sh)"
+        )
     if importlib.util.find_spec("selenium") is None:
         return "selenium is not installed (pip install -e '.[dev]')"
     return None
@@ -70,9 +77,19 @@ def chromium_driver(binary: str | None = None):
     profile = tempfile.mkdtemp(prefix="losslens-chromium-")
     opts = webdriver.ChromeOptions()
     opts.binary_location = binary or CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-                "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--window-size=1300,1000", f"--user-data-dir={profile}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1300,1000",
+        f"--user-data-dir={profile}",
+    ):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     try:
@@ -134,8 +151,9 @@ def _check_page(driver, path: Path, screenshot: Path, timeout: float = 45.0) -> 
     missing = [i for i, ok in enumerate(rendered) if not ok]
     assert not missing, f"figures {missing} of {len(rendered)} did not render"
     # every trace drawn: Plotly keeps its full data; 3D scenes are WebGL, 2D traces are SVG groups
-    n_traces = driver.execute_script("return Array.from(document.querySelectorAll('.plotly-graph-div'))"
-                                     ".map(d => d._fullData.length)")
+    n_traces = driver.execute_script(
+        "return Array.from(document.querySelectorAll('.plotly-graph-div')).map(d => d._fullData.length)"
+    )
     assert all(n > 0 for n in n_traces), f"a figure has no traces: {n_traces}"
     logs = driver.get_log("browser")
     severe = [entry for entry in logs if entry.get("level") == "SEVERE"]
@@ -161,9 +179,15 @@ def test_report_renders_in_chromium(driver, tmp_path):
     wsd = df[df["run"] == "wsd"]
     phases = analysis.detect_phases(wsd, gap="rtn:4:g128")
     corr = analysis.summary(wsd, n_boot=200)
-    out = build_report(df, tmp_path / "report.html", correlations=corr, phases={"wsd": phases},
-                       surfaces={"wsd-step800: A=Θ_K, B=Θ_K−1, C=rtn:4:g128": _tiny_surface()},
-                       plan={"probes": ["loss", "quant", "trace"], "quick": True}, title="losslens test report")
+    out = build_report(
+        df,
+        tmp_path / "report.html",
+        correlations=corr,
+        phases={"wsd": phases},
+        surfaces={"wsd-step800: A=Θ_K, B=Θ_K−1, C=rtn:4:g128": _tiny_surface()},
+        plan={"probes": ["loss", "quant", "trace"], "quick": True},
+        title="losslens test report",
+    )
     text = out.read_text()
     import re
 

@@ -5,6 +5,7 @@
   so an op that masks the gradient of one token (as ``padding_idx`` does) is caught even when the
   data slice never contains that token.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,9 @@ from probes.models.second_order import SecondOrderError, check_second_order, ens
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_miniature_keeps_class_vocabulary_and_special_tokens(family):
-    model = tiny_model(family, seed=0, hidden_size=64, num_attention_heads=4, num_hidden_layers=6,
-                       intermediate_size=256)
+    model = tiny_model(
+        family, seed=0, hidden_size=64, num_attention_heads=4, num_hidden_layers=6, intermediate_size=256
+    )
     mini = miniature(model)
     assert type(mini) is type(model) and next(mini.parameters()).dtype == torch.float64
     assert sum(p.numel() for p in mini.parameters()) < sum(p.numel() for p in model.parameters())
@@ -41,7 +43,7 @@ def test_half_precision_model_is_checked_on_a_miniature():
 def test_the_check_batch_carries_every_special_token():
     model = tiny_model("olmo", seed=0)
     ids = special_token_ids(model)
-    assert {0, 1, 2} <= set(ids)                             # bos, pad, eos of the family config
+    assert {0, 1, 2} <= set(ids)  # bos, pad, eos of the family config
     batch = torch.full((2, 16), 50)
     out = with_special_tokens(model, batch)
     assert set(ids) <= set(out[0].tolist()) and torch.equal(batch, torch.full((2, 16), 50))
@@ -59,7 +61,9 @@ class _MaskedLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         (ids,) = ctx.saved_tensors
-        grad = torch.zeros(ctx.shape, dtype=g.dtype, device=g.device).index_add(0, ids.reshape(-1), g.reshape(-1, ctx.shape[1]))
+        grad = torch.zeros(ctx.shape, dtype=g.dtype, device=g.device).index_add(
+            0, ids.reshape(-1), g.reshape(-1, ctx.shape[1])
+        )
         keep = torch.ones(ctx.shape[0], 1, dtype=g.dtype, device=g.device)
         keep[ctx.pad] = 0
         return None, grad * keep, None
@@ -78,7 +82,7 @@ class _MaskedEmbedding(nn.Module):
 def test_token_masking_op_is_caught_although_the_data_lacks_the_token():
     model = tiny_model("llama", seed=1, pad_token_id=1)
     model.set_input_embeddings(_MaskedEmbedding(model.get_input_embeddings().weight, pad=1))
-    data = torch.randint(3, 96, (2, 16), generator=torch.Generator().manual_seed(0))   # no special token
+    data = torch.randint(3, 96, (2, 16), generator=torch.Generator().manual_seed(0))  # no special token
     with pytest.raises(SecondOrderError, match="WRONG Hessian|raised"):
         ensure_second_order(model, data, cache=False)
     rep = check_second_order(model, data)

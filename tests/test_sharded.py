@@ -3,6 +3,7 @@
 Lanczos λ_max as the unsharded gradient-difference backend over all the batches (to 1e-8), with an
 uneven split (3 batches of 3, 5 and 2 rows over 2 ranks); each rank's vectors hold its shard only;
 θ is unchanged after the products; unsupported estimators refuse in one line."""
+
 from __future__ import annotations
 
 import pytest

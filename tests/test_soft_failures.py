@@ -1,5 +1,6 @@
 """Failures that used to pass quietly (issue #24, item 2) are now an error, a failed row, or a note
 that the report flags. Each test fails on the code before the change."""
+
 from __future__ import annotations
 
 import importlib
@@ -82,7 +83,9 @@ def test_unreadable_trainer_state_is_an_error(tmp_path):
     (tmp_path / "checkpoint-20" / "trainer_state.json").write_text('{"global_step": 20, "log_history": [')
     with pytest.raises(CorruptCheckpointError, match=r"checkpoint-20/trainer_state.json is not valid JSON.*--schedule"):
         Trajectory.from_folder(tmp_path)
-    (tmp_path / "checkpoint-20" / "trainer_state.json").write_text(json.dumps({"log_history": [{"step": 20, "learning_rate": 1e-4}]}))
+    (tmp_path / "checkpoint-20" / "trainer_state.json").write_text(
+        json.dumps({"log_history": [{"step": 20, "learning_rate": 1e-4}]})
+    )
     assert Trajectory.from_folder(tmp_path)[1].lr == pytest.approx(1e-4)
 
 

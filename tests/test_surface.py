@@ -1,5 +1,6 @@
 """geometry.surfaces.surface: grid evaluation on a plane of a tiny HF GPT-NeoX, exactness at A/B/C, exact
 restore of the model, NaN holes, resuming, figures and (de)serialisation."""
+
 from __future__ import annotations
 
 import json
@@ -250,8 +251,23 @@ def test_surface_command_end_to_end(tmp_path):
 
     folder = testing.tiny_trajectory(tmp_path / "traj", n=2, hidden=16, layers=1)
     out, js = tmp_path / "surface.html", tmp_path / "surface.json"
-    args = ["surface", str(folder / "step-000200"), "--previous", str(folder / "step-000100"), "--spec", "rtn:3:g16",
-            "--grid", "3", "--data", str(folder / "data" / "eval.safetensors"), "--out", str(out), "--json", str(js), "-q"]
+    args = [
+        "surface",
+        str(folder / "step-000200"),
+        "--previous",
+        str(folder / "step-000100"),
+        "--spec",
+        "rtn:3:g16",
+        "--grid",
+        "3",
+        "--data",
+        str(folder / "data" / "eval.safetensors"),
+        "--out",
+        str(out),
+        "--json",
+        str(js),
+        "-q",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     s = Surface.load(js)
@@ -263,9 +279,22 @@ def test_surface_command_end_to_end(tmp_path):
     direct = evaluate(load_model(folder / "step-000200"), TokenSet.load(folder / "data" / "eval.safetensors")).loss
     assert s.points["A"][2] == pytest.approx(direct, rel=1e-6)
     assert out.read_text().count("plotly-graph-div") >= 3
-    bad = CliRunner().invoke(app, args[:1] + [str(folder / "step-000200"), "--previous", str(folder / "step-000200"),
-                                              "--grid", "3", "--data", str(folder / "data" / "eval.safetensors"),
-                                              "--out", str(out), "-q"])
+    bad = CliRunner().invoke(
+        app,
+        args[:1]
+        + [
+            str(folder / "step-000200"),
+            "--previous",
+            str(folder / "step-000200"),
+            "--grid",
+            "3",
+            "--data",
+            str(folder / "data" / "eval.safetensors"),
+            "--out",
+            str(out),
+            "-q",
+        ],
+    )
     assert bad.exit_code == 2 and "degenerate plane" in bad.output
     bad = CliRunner().invoke(app, [a if a != "3" else "1" for a in args])
     assert bad.exit_code == 2 and "at least 2" in bad.output

@@ -1,4 +1,5 @@
 """`losslens sweep | sharpness | correlate` through the Typer app (in-process CliRunner)."""
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,19 @@ def runner():
 def test_sweep_command_prints_summary_and_exports(traj, tmp_path, runner):
     plan = tiny_plan_toml(tmp_path / "plan.toml", traj, probes=CHEAP)
     out = tmp_path / "r.sqlite"
-    args = ["sweep", str(traj), "--out", str(out), "--plan", str(plan), "--quiet", "--threads", "1", "--export", str(tmp_path / "r.csv")]
+    args = [
+        "sweep",
+        str(traj),
+        "--out",
+        str(out),
+        "--plan",
+        str(plan),
+        "--quiet",
+        "--threads",
+        "1",
+        "--export",
+        str(tmp_path / "r.csv"),
+    ]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     assert f"{N_CKPT} checkpoints, {3 * N_CKPT} rows: {3 * N_CKPT} ok, 0 failed, 0 already done" in r.output
@@ -37,14 +50,14 @@ def test_sweep_command_prints_summary_and_exports(traj, tmp_path, runner):
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and f"0 ok, 0 failed, {3 * N_CKPT} already done" in again.output
     # a different plan on the same store: refused with a clear message, exit 2
-    other = tiny_plan_toml(tmp_path / "other.toml", traj, probes='loss = true\n')
+    other = tiny_plan_toml(tmp_path / "other.toml", traj, probes="loss = true\n")
     r = runner.invoke(app, ["sweep", str(traj), "--out", str(out), "--plan", str(other), "--quiet"])
     assert r.exit_code == 2 and "different plan" in r.output and "--allow-mixed" in r.output
 
 
 def test_sweep_command_bad_plan(traj, tmp_path, runner):
     bad = tmp_path / "bad.toml"
-    bad.write_text('[probes]\nloss = true\nsharpness = true\n')
+    bad.write_text("[probes]\nloss = true\nsharpness = true\n")
     r = runner.invoke(app, ["sweep", str(traj), "--out", str(tmp_path / "x.sqlite"), "--plan", str(bad), "--quiet"])
     assert r.exit_code == 2
     from probes.sweep_probes.registry import PROBES
@@ -65,8 +78,24 @@ def test_correlate_command(traj, tmp_path, runner):
     assert r.exit_code == 1 and "a trajectory of 1 checkpoint cannot be correlated" in r.output
     full = tmp_path / "full.sqlite"
     run_sweep(traj, plan, out=full, progress=False, num_threads=1)
-    r = runner.invoke(app, ["correlate", str(full), "--x", "trace", "--y", "rtn:4:g128", "--method", "spearman",
-                            "--control", "lr", "--n-boot", "50", "--json"])
+    r = runner.invoke(
+        app,
+        [
+            "correlate",
+            str(full),
+            "--x",
+            "trace",
+            "--y",
+            "rtn:4:g128",
+            "--method",
+            "spearman",
+            "--control",
+            "lr",
+            "--n-boot",
+            "50",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     rows = json.loads(r.output)
     assert [x["controls"] for x in rows] == ["", "lr"]
@@ -90,31 +119,61 @@ def test_strict_memory_changes_the_allocator_not_the_numbers(traj, runner):
 
     if not sys.platform.startswith("linux") or _libc() is None:
         pytest.skip("--strict-memory needs glibc's malloc")
-    args = ["sharpness", str(traj / "step-000200"), "--num-matvecs", "3", "--data",
-            str(traj / "data" / "curvature.safetensors"), "--threads", "1", "--max-iter", "5", "--json"]
+    args = [
+        "sharpness",
+        str(traj / "step-000200"),
+        "--num-matvecs",
+        "3",
+        "--data",
+        str(traj / "data" / "curvature.safetensors"),
+        "--threads",
+        "1",
+        "--max-iter",
+        "5",
+        "--json",
+    ]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
-    plain = json.loads(r.output[r.output.index("{"):])
+    plain = json.loads(r.output[r.output.index("{") :])
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-m", "probes.cli", *args, "--strict-memory"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "probes.cli", *args, "--strict-memory"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    strict = json.loads(done.stdout[done.stdout.index("{"):])
+    strict = json.loads(done.stdout[done.stdout.index("{") :])
     assert strict["trace"]["value"] == plain["trace"]["value"]
     assert strict["eigen"]["values"] == plain["eigen"]["values"]
 
 
 def test_sharpness_command_json(traj, runner):
     data = traj / "data" / "curvature.safetensors"
-    r = runner.invoke(app, ["sharpness", str(traj / "step-000200"), "--num-matvecs", "3", "--method", "hutch++",
-                            "--data", str(data), "--threads", "1", "--json"])
+    r = runner.invoke(
+        app,
+        [
+            "sharpness",
+            str(traj / "step-000200"),
+            "--num-matvecs",
+            "3",
+            "--method",
+            "hutch++",
+            "--data",
+            str(data),
+            "--threads",
+            "1",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output[r.output.index("{"):])
+    out = json.loads(r.output[r.output.index("{") :])
     assert out["checkpoint"] == "step-000200" and out["trace"]["num_matvecs"] == 3
     assert out["trace"]["ci_low"] <= out["trace"]["value"] <= out["trace"]["ci_high"]
     assert len(out["eigen"]["values"]) == 1 and out["dim"] > 0 and out["trace"]["seconds"] > 0
-    assert out["eigen"]["method"] == "lanczos" and len(out["eigen"]["residuals"]) == 1   # the default (#23)
+    assert out["eigen"]["method"] == "lanczos" and len(out["eigen"]["residuals"]) == 1  # the default (#23)
     from probes.sweep_probes.eigen import EigenProbe
 
     assert EigenProbe().method == "lanczos"

@@ -1,4 +1,5 @@
 """probes.sweep plan validation/hashing and the SQLite store (no models needed)."""
+
 from __future__ import annotations
 
 import math
@@ -18,7 +19,9 @@ from probes.sweep_probes.rows import ProbeRow, metric
 def test_plan_validation_messages(tmp_path):
     from probes.sweep_probes.registry import PROBES
 
-    assert {"loss", "quant", "trace", "eigen", "block_trace", "directional", "kurtosis", "explain", "accuracy"} <= set(PROBES)
+    assert {"loss", "quant", "trace", "eigen", "block_trace", "directional", "kurtosis", "explain", "accuracy"} <= set(
+        PROBES
+    )
     with pytest.raises(PlanError, match=r"unknown probe.*valid probes: " + re.escape(", ".join(PROBES)) + "$"):
         Plan.from_dict({"probes": {"loss": True, "hessian_trace": {}}})
     with pytest.raises(PlanError, match="invalid quantizer spec 'zz:4'|unknown quantizer"):
@@ -49,7 +52,8 @@ def test_plan_files_and_hash(tmp_path):
         'name = "a"\nseed = 1\nlawa = [3]\n[data]\neval = [2, 2, 16]\ncalibration = [1, 2, 16]\ncurvature = [1, 2, 16]\n'
         '[probes]\nloss = true\nquant = ["rtn:4", "int8"]\ntrace = { method = "hutchinson", num_matvecs = 8 }\n'
         'eigen = { k = 2 }\nblock_trace = { groups = { attn = "*attention*" }, num_matvecs = 4 }\n'
-        'directional = ["rtn:4"]\nkurtosis = true\n')
+        'directional = ["rtn:4"]\nkurtosis = true\n'
+    )
     p = Plan.from_file(toml)
     assert p.seed == 1 and p.lawa == (3,) and p.data.eval == (2, 2, 16)
     assert p.trace == TraceProbe("hutchinson", 8) and p.eigen.k == 2
@@ -88,11 +92,20 @@ class Ref:
 def _rows(label):
     return [
         ProbeRow(label, "loss", "", metrics=[metric("loss", 3.0), metric("ppl", math.exp(3.0))], seconds=0.5),
-        ProbeRow(label, "quant", "rtn:4:g128", metrics=[metric("q_loss", 3.1), metric("rel_loss_error", 0.1 / 3),
-                                                         metric("ppl_gap", math.expm1(0.1))]),
+        ProbeRow(
+            label,
+            "quant",
+            "rtn:4:g128",
+            metrics=[metric("q_loss", 3.1), metric("rel_loss_error", 0.1 / 3), metric("ppl_gap", math.expm1(0.1))],
+        ),
         ProbeRow(label, "trace", "hutch++", metrics=[metric("trace", 100.0, 2.0, 96.0, 104.0)], n_hvp=30),
-        ProbeRow(label, "block_trace", "block", metrics=[metric("trace", 60.0, 1.0, spec="block0"),
-                                                         metric("trace", 40.0, 1.0, spec="block1")], n_hvp=10),
+        ProbeRow(
+            label,
+            "block_trace",
+            "block",
+            metrics=[metric("trace", 60.0, 1.0, spec="block0"), metric("trace", 40.0, 1.0, spec="block1")],
+            n_hvp=10,
+        ),
     ]
 
 
@@ -101,7 +114,9 @@ def test_store_roundtrip_tidy_columns_and_export(tmp_path):
     path = tmp_path / "r.sqlite"
     with Store(path) as st:
         st.bind(plan, "d" * 64, {"eval": "e"})
-        st.add_checkpoints([Ref("s100", 100, 1000, 1e-3), Ref("s200", 200, 2000, 5e-4), Ref("lawa2", None, None, None, "derived")])
+        st.add_checkpoints(
+            [Ref("s100", 100, 1000, 1e-3), Ref("s200", 200, 2000, 5e-4), Ref("lawa2", None, None, None, "derived")]
+        )
         for label in ("s200", "s100"):
             for r in _rows(label):
                 st.write(r)
@@ -118,7 +133,12 @@ def test_store_roundtrip_tidy_columns_and_export(tmp_path):
         assert tr.step == 100 and tr.tokens == 1000 and tr.lr == 1e-3 and not tr.derived and tr.data_hash == "d" * 64
         assert math.isnan(s100[s100.metric == "loss"].iloc[0].stderr)
         failed = df[df.checkpoint == "lawa2"].iloc[0]
-        assert failed.status == "failed" and failed.error == "RuntimeError: boom" and failed.derived and pd.isna(failed.step)
+        assert (
+            failed.status == "failed"
+            and failed.error == "RuntimeError: boom"
+            and failed.derived
+            and pd.isna(failed.step)
+        )
         assert pd.isna(failed.metric) and math.isnan(failed.value)
         assert st.meta["plan_hash"] == plan.hash and st.meta["data_hashes"] == {"eval": "e"}
         assert st.plan == plan
@@ -138,17 +158,24 @@ def test_store_unique_rows_upsert_and_pending(tmp_path):
         st.bind(plan, "h")
         st.add_checkpoints([Ref("a", 1, 1, 1.0)])
         assert [t.key for t in st.pending("a", tasks, "h")] == [t.key for t in tasks]
-        st.write(ProbeRow("a", "loss", "", metrics=[metric("loss", 1.0)], config_hash=tasks[0].config_hash), data_hash="h")
+        st.write(
+            ProbeRow("a", "loss", "", metrics=[metric("loss", 1.0)], config_hash=tasks[0].config_hash), data_hash="h"
+        )
         st.write(ProbeRow.failed("a", tasks[1], ValueError("bad")), data_hash="h")
         assert [t.probe for t in st.pending("a", tasks, "h")] == []
         assert [t.probe for t in st.pending("a", tasks, "h", retry_failed=True)] == ["quant"]
         assert [t.probe for t in st.pending("a", tasks, "other-data")] == ["loss", "quant"]
         # the same key again replaces the row (no duplicate)
-        st.write(ProbeRow("a", "quant", tasks[1].spec, metrics=[metric("q_loss", 2.0)], config_hash=tasks[1].config_hash), data_hash="h")
+        st.write(
+            ProbeRow("a", "quant", tasks[1].spec, metrics=[metric("q_loss", 2.0)], config_hash=tasks[1].config_hash),
+            data_hash="h",
+        )
         assert st.count() == 2 and st.count("failed") == 0
     con = sqlite3.connect(tmp_path / "r.sqlite")
     with pytest.raises(sqlite3.IntegrityError):
-        con.execute("INSERT INTO results(run, checkpoint, probe, spec, status) VALUES (?, 'a', 'loss', '', 'ok')", (plan.name,))
+        con.execute(
+            "INSERT INTO results(run, checkpoint, probe, spec, status) VALUES (?, 'a', 'loss', '', 'ok')", (plan.name,)
+        )
     con.close()
 
 
@@ -184,8 +211,11 @@ def test_one_store_holds_several_runs_with_the_same_labels(tmp_path):
             st.bind(plan.replace(name=run), "h")
             st.add_checkpoints([Ref("step-1", 1, 1, 0.1 * loss)], run=run)
             assert [t.key for t in st.pending("step-1", tasks, "h", run=run)] == [t.key for t in tasks]
-            st.write(ProbeRow("step-1", "loss", "", metrics=[metric("loss", loss)], config_hash=tasks[0].config_hash),
-                     data_hash="h", run=run)
+            st.write(
+                ProbeRow("step-1", "loss", "", metrics=[metric("loss", loss)], config_hash=tasks[0].config_hash),
+                data_hash="h",
+                run=run,
+            )
         assert st.runs() == ["wsd", "cosine"]
         assert [t.probe for t in st.pending("step-1", tasks, "h", run="wsd")] == ["quant"]
         df = st.results()
@@ -198,10 +228,10 @@ def test_a_calibration_set_too_short_for_gptq_gets_more_batches(tmp_path):
     from probes.sweep.datasets import _calibration_for, _first_config, _widest_input
     from probes.sweep.testing import tiny_trajectory
 
-    assert _calibration_for((2, 4, 64), 3072) == (12, 4, 64)          # Pythia-160m's MLP: 3,072 inputs
-    assert _calibration_for((12, 4, 64), 3072) == (12, 4, 64)         # already enough: unchanged
+    assert _calibration_for((2, 4, 64), 3072) == (12, 4, 64)  # Pythia-160m's MLP: 3,072 inputs
+    assert _calibration_for((12, 4, 64), 3072) == (12, 4, 64)  # already enough: unchanged
     assert _calibration_for((2, 4, 64), None) == (2, 4, 64)
     traj = Trajectory.from_folder(tiny_trajectory(tmp_path / "t", n=1))
-    assert _widest_input(_first_config(traj)) == 64                    # hidden 32, MLP 64
+    assert _widest_input(_first_config(traj)) == 64  # hidden 32, MLP 64
     with pytest.warns(UserWarning, match="fewer than the widest quantized layer"):
         assert _calibration_for((1, 1, 32), _widest_input(_first_config(traj))) == (2, 1, 32)

@@ -1,4 +1,5 @@
 """The Ray executor on a local 2-CPU cluster gives the same rows as the in-process executor."""
+
 from __future__ import annotations
 
 import shutil

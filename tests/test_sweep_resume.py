@@ -1,5 +1,6 @@
 """Resume after a real SIGKILL (or Ctrl-C) of a `losslens sweep` subprocess, in one process or with
 worker processes: no lost, duplicated or changed rows, no worker left running."""
+
 from __future__ import annotations
 
 import os
@@ -36,7 +37,8 @@ def _tidy(path) -> pd.DataFrame:
 
 def _key_values(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values(["checkpoint", "probe", "spec", "metric"]).reset_index(drop=True)[
-        ["checkpoint", "probe", "spec", "metric", "value", "stderr", "status"]]
+        ["checkpoint", "probe", "spec", "metric", "value", "stderr", "status"]
+    ]
 
 
 def _count(path: Path) -> int:
@@ -88,7 +90,9 @@ def test_sigkill_mid_sweep_then_resume(traj, tmp_path, workers):
     children = _children(proc.pid) if proc.poll() is None else []
     proc.send_signal(signal.SIGKILL)
     log = proc.communicate(timeout=30)[0].decode(errors="replace")
-    assert proc.returncode == -signal.SIGKILL, f"the sweep was not killed mid-run (rc={proc.returncode}):\n{log[-2000:]}"
+    assert proc.returncode == -signal.SIGKILL, (
+        f"the sweep was not killed mid-run (rc={proc.returncode}):\n{log[-2000:]}"
+    )
     assert len(children) == (workers if workers > 1 else 0)
     assert _gone(children) == []  # the workers die with the sweep, they do not compute on
     n_before = _count(out)
@@ -100,13 +104,17 @@ def test_sigkill_mid_sweep_then_resume(traj, tmp_path, workers):
     assert f"{n_before} already done" in done.stdout and f"{total - n_before} ok" in done.stdout
     assert "correlations across checkpoints" in done.stdout
     con = sqlite3.connect(out)
-    dup = con.execute("SELECT checkpoint, probe, spec, COUNT(*) FROM results GROUP BY 1, 2, 3 HAVING COUNT(*) > 1").fetchall()
+    dup = con.execute(
+        "SELECT checkpoint, probe, spec, COUNT(*) FROM results GROUP BY 1, 2, 3 HAVING COUNT(*) > 1"
+    ).fetchall()
     n_after = con.execute("SELECT COUNT(*) FROM results").fetchone()[0]
     con.close()
     assert dup == [] and n_after == total
     got, want = _key_values(_tidy(out)), _key_values(_tidy(ref_out))
     assert len(got) == len(want) and (got.status == "ok").all()
-    pd.testing.assert_frame_equal(got[["checkpoint", "probe", "spec", "metric"]], want[["checkpoint", "probe", "spec", "metric"]])
+    pd.testing.assert_frame_equal(
+        got[["checkpoint", "probe", "spec", "metric"]], want[["checkpoint", "probe", "spec", "metric"]]
+    )
     np.testing.assert_allclose(got.value.to_numpy(), want.value.to_numpy(), rtol=1e-5, atol=1e-7)
     # rows committed before the kill were kept as they were
     merged = before.merge(got, on=["checkpoint", "probe", "spec", "metric"], suffixes=("_b", "_a"))
@@ -125,7 +133,9 @@ def test_ctrl_c_with_workers_keeps_every_finished_row_then_resumes(traj, tmp_pat
     cmd = _cli("sweep", traj, "--out", out, "--plan", plan_file, "--quiet", "--threads", "1", "--workers", "2")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     # its own process group, as a terminal's foreground job: Ctrl-C sends SIGINT to every process in it
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline and proc.poll() is None and _count(out) < 3:
         time.sleep(0.01)

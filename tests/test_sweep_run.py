@@ -1,4 +1,5 @@
 """Sweeps on a tiny real trajectory (in-process): values, resume, failures, mixed plans, LAWA, curvature probes."""
+
 from __future__ import annotations
 
 import math
@@ -33,7 +34,8 @@ def _tidy(path) -> pd.DataFrame:
 
 def _key_values(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values(["checkpoint", "probe", "spec", "metric"]).reset_index(drop=True)[
-        ["checkpoint", "probe", "spec", "metric", "value", "stderr", "status"]]
+        ["checkpoint", "probe", "spec", "metric", "value", "stderr", "status"]
+    ]
 
 
 def test_local_sweep_values_resume_and_mixed(traj, cheap_plan, tmp_path):
@@ -53,7 +55,9 @@ def test_local_sweep_values_resume_and_mixed(traj, cheap_plan, tmp_path):
     want = evaluate(model, sets["eval"]).loss
     c1 = df[df.checkpoint == tr[1].label].set_index(["probe", "spec", "metric"])["value"]
     assert c1[("loss", "", "loss")] == pytest.approx(want, rel=1e-6)
-    assert c1[("quant", "rtn:4:g128", "rel_loss_error")] == pytest.approx(c1[("quant", "rtn:4:g128", "q_loss")] / want - 1, rel=1e-6)
+    assert c1[("quant", "rtn:4:g128", "rel_loss_error")] == pytest.approx(
+        c1[("quant", "rtn:4:g128", "q_loss")] / want - 1, rel=1e-6
+    )
     assert c1[("loss", "", "ppl")] == pytest.approx(math.exp(want), rel=1e-6)
     tr_rows = df[df.probe == "trace"]
     assert (tr_rows.n_hvp == 2).all() and tr_rows.stderr.notna().all()
@@ -114,9 +118,15 @@ def test_corrupt_checkpoint_recorded_as_failed(traj, cheap_plan, tmp_path):
 
 
 def test_curvature_probes_lawa_and_blocks(traj, tmp_path):
-    plan = Plan(loss=True, eigen={"k": 1, "method": "power", "max_iter": 3}, block_trace={"groups": "block", "num_matvecs": 2},
-                directional=("rtn:4",), lawa=(2,), checkpoints=("step-000400", "lawa2@step-000400"),
-                data={"eval": (2, 2, 16), "calibration": (2, 2, 16), "curvature": (1, 2, 16)})
+    plan = Plan(
+        loss=True,
+        eigen={"k": 1, "method": "power", "max_iter": 3},
+        block_trace={"groups": "block", "num_matvecs": 2},
+        directional=("rtn:4",),
+        lawa=(2,),
+        checkpoints=("step-000400", "lawa2@step-000400"),
+        data={"eval": (2, 2, 16), "calibration": (2, 2, 16), "curvature": (1, 2, 16)},
+    )
     out = tmp_path / "r.sqlite"
     rep = run_sweep(traj, plan, out=out, progress=False, num_threads=1, token_sets=tiny_token_sets(traj))
     assert rep.n_failed == 0, rep.failures
@@ -133,5 +143,11 @@ def test_curvature_probes_lawa_and_blocks(traj, tmp_path):
     assert abs(d["pred_delta"] - d["actual_delta"]) < 0.2 * abs(d["actual_delta"]) + 1e-4
     assert df[(df.probe == "eigen")].metric.unique().tolist() == ["lambda_1"]
     with pytest.raises(PlanError, match="unknown label"):
-        run_sweep(traj, plan.replace(checkpoints=("nope",)), out=tmp_path / "x.sqlite", progress=False, num_threads=1,
-                  token_sets=tiny_token_sets(traj))
+        run_sweep(
+            traj,
+            plan.replace(checkpoints=("nope",)),
+            out=tmp_path / "x.sqlite",
+            progress=False,
+            num_threads=1,
+            token_sets=tiny_token_sets(traj),
+        )

@@ -1,6 +1,7 @@
 """The local executor on several worker processes (issue #14, item 4): the rows of a one-process
 run bit for bit, failures as failed rows, a killed worker, the worker count and its memory check,
 and the pool underneath. (SIGKILL of the whole sweep and Ctrl-C with workers: test_sweep_resume.py.)"""
+
 from __future__ import annotations
 
 import operator
@@ -16,18 +17,42 @@ from probes.core import workers as pool_mod
 from probes.core import worker_loop
 from probes.core.worker_loop import WorkerError
 from probes.core.workers import WorkerPool
-from probes.sweep import Plan, Store, SweepError, run_sweep
+from probes.sweep import Plan, Store, run_sweep
 from probes.sweep import local_workers
 from probes.sweep.testing import tiny_plan_toml, tiny_trajectory
 
 N_CKPT = 4
-EVERY_PROBE = ('loss = true\nquant = ["rtn:4", "int8", "gptq:3"]\ntrace = { method = "hutch++", num_matvecs = 6 }\n'
-               'eigen = { k = 1, method = "lanczos", max_iter = 8 }\ndirectional = ["rtn:4"]\nkurtosis = true\n'
-               'block_trace = { groups = "block", num_matvecs = 4 }\n'
-               'explain = { specs = ["rtn:4"], blocks = ["layer"], trace_matvecs = 6 }\n')
+EVERY_PROBE = (
+    'loss = true\nquant = ["rtn:4", "int8", "gptq:3"]\ntrace = { method = "hutch++", num_matvecs = 6 }\n'
+    'eigen = { k = 1, method = "lanczos", max_iter = 8 }\ndirectional = ["rtn:4"]\nkurtosis = true\n'
+    'block_trace = { groups = "block", num_matvecs = 4 }\n'
+    'explain = { specs = ["rtn:4"], blocks = ["layer"], trace_matvecs = 6 }\n'
+)
 CHEAP = 'loss = true\nquant = ["rtn:4"]\ntrace = { method = "hutchinson", num_matvecs = 300 }\n'  # the trace: ~1 s per checkpoint
-SAME = ["run", "checkpoint", "step", "tokens", "lr", "derived", "probe", "spec", "metric", "value", "stderr", "ci_low",
-        "ci_high", "n_hvp", "status", "error", "seed", "data_hash", "converged", "threads", "plan_hash", "config_hash"]
+SAME = [
+    "run",
+    "checkpoint",
+    "step",
+    "tokens",
+    "lr",
+    "derived",
+    "probe",
+    "spec",
+    "metric",
+    "value",
+    "stderr",
+    "ci_low",
+    "ci_high",
+    "n_hvp",
+    "status",
+    "error",
+    "seed",
+    "data_hash",
+    "converged",
+    "threads",
+    "plan_hash",
+    "config_hash",
+]
 
 
 @pytest.fixture(scope="module")
@@ -100,12 +125,12 @@ def test_a_killed_worker_fails_the_rest_of_its_checkpoint_and_a_retry_completes(
 def test_the_default_worker_count(monkeypatch):
     monkeypatch.setattr(local_workers, "available_cores", lambda: 4)
     monkeypatch.delenv(local_workers.ENV_WORKERS, raising=False)
-    assert local_workers.resolve_workers(None, 20) == (4, 1)            # one per core, one thread each
-    assert local_workers.resolve_workers(None, 3) == (3, 1)             # never more than the checkpoints
-    assert local_workers.resolve_workers(None, 1) == (1, None)          # one checkpoint: this process, torch's threads
+    assert local_workers.resolve_workers(None, 20) == (4, 1)  # one per core, one thread each
+    assert local_workers.resolve_workers(None, 3) == (3, 1)  # never more than the checkpoints
+    assert local_workers.resolve_workers(None, 1) == (1, None)  # one checkpoint: this process, torch's threads
     assert local_workers.resolve_workers(None, 20, "cuda") == (1, None)  # one GPU
     assert local_workers.resolve_workers(None, 20, "cuda:0", 2) == (1, 2)
-    assert local_workers.resolve_workers(None, 20, None, 2) == (2, 2)   # threads given: the cores shared out
+    assert local_workers.resolve_workers(None, 20, None, 2) == (2, 2)  # threads given: the cores shared out
     assert local_workers.resolve_workers(2, 20) == (2, 2)
     monkeypatch.setenv(local_workers.ENV_WORKERS, "3")
     assert local_workers.resolve_workers(None, 20) == (3, 1)
@@ -125,14 +150,16 @@ def test_workers_whose_models_exceed_the_memory_are_refused_or_lowered(traj, tmp
     size = weights_bytes(Trajectory.from_folder(traj)[0])
     assert size == 4 * sum(p.numel() for p in load_model(traj / "step-000100").parameters())  # float32, from the header
     monkeypatch.setattr(geometry.memory.model, "available_bytes", lambda device: int(2.5 * size))
-    plan = tiny_plan_toml(tmp_path / "p.toml", traj, probes='loss = true\n')
+    plan = tiny_plan_toml(tmp_path / "p.toml", traj, probes="loss = true\n")
     out = tmp_path / "r.sqlite"
 
     def sweep(*extra):
         return CliRunner().invoke(app, ["sweep", str(traj), "--out", str(out), "--plan", str(plan), "--quiet", *extra])
 
-    for bad, message in ((["--workers", "3"], "error: 3 workers each hold their own copy of the model"),
-                         (["--workers", "0"], "--workers")):
+    for bad, message in (
+        (["--workers", "3"], "error: 3 workers each hold their own copy of the model"),
+        (["--workers", "0"], "--workers"),
+    ):
         r = sweep(*bad)
         assert r.exit_code == 2 and message in r.output, r.output
     assert "use --workers 2 (num_workers=2) or fewer" in sweep("--workers", "3").output

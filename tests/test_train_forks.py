@@ -1,5 +1,6 @@
 """Schedule forks: exact resumption from the parent checkpoint, lineage, fork schedules as recorded,
 reruns, compare_forks (cool phases, wins per seed pair) and the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -42,16 +43,30 @@ def forks(tmp_path_factory):
     out = tmp_path_factory.mktemp("forks")
     kw = dict(KW, data_dir=data_cache_dir())
     cos = fork_trajectory(_parent(), "step-000008", ForkSchedule("cosine", steps=10), out, seeds=[0, 1], every=2, **kw)
-    osc = fork_trajectory(_parent(), 8, ForkSchedule("oscillate", steps=10, amplitude=2e-3, bump_steps=2, cool_steps=3),
-                          out, seeds=[0, 1], every=2, **kw)
+    osc = fork_trajectory(
+        _parent(),
+        8,
+        ForkSchedule("oscillate", steps=10, amplitude=2e-3, bump_steps=2, cool_steps=3),
+        out,
+        seeds=[0, 1],
+        every=2,
+        **kw,
+    )
     return out, cos, osc
 
 
 def test_fork_resumes_exactly_and_records_lineage(tmp_path):
     parent = Trajectory.from_folder(_parent())
     # the parent's own schedule with the parent's data seed: must reproduce its next checkpoint bit for bit
-    (fork,) = fork_trajectory(parent, "step-000008", ForkSchedule("parent", steps=8), tmp_path, seeds=[0],
-                              checkpoints=1, **dict(KW, data_dir=data_cache_dir()))
+    (fork,) = fork_trajectory(
+        parent,
+        "step-000008",
+        ForkSchedule("parent", steps=8),
+        tmp_path,
+        seeds=[0],
+        checkpoints=1,
+        **dict(KW, data_dir=data_cache_dir()),
+    )
     assert fork.steps == [8, 16] and fork.name == "parent-at8-n8-s0"
     start, end = fork[0], fork[-1]
     assert _same(_weights(start.location), _weights(parent["step-000008"].location))  # fork step 0 == parent ckpt
@@ -76,8 +91,15 @@ def test_fork_without_optimizer_state_is_refused_or_documented(tmp_path):
     sched = ForkSchedule("cosine", steps=2)
     with pytest.raises(TrainError, match="training_state.pt"):
         fork_trajectory(parent, "step-000016", sched, tmp_path / "f", **dict(KW, data_dir=data_cache_dir()))
-    (fork,) = fork_trajectory(parent, "step-000016", sched, tmp_path / "f", restart_moments=True, checkpoints=1,
-                              **dict(KW, data_dir=data_cache_dir()))
+    (fork,) = fork_trajectory(
+        parent,
+        "step-000016",
+        sched,
+        tmp_path / "f",
+        restart_moments=True,
+        checkpoints=1,
+        **dict(KW, data_dir=data_cache_dir()),
+    )
     f = fork.meta["fork"]
     assert "restarted" in f["optimizer_state"] and f["start_loss_matches"] is True
     assert any("restarted" in n for n in fork.meta["notes"])
@@ -87,8 +109,12 @@ def test_fork_without_optimizer_state_is_refused_or_documented(tmp_path):
 
 def test_fork_schedules_seeds_and_rerun(forks):
     out, cos, osc = forks
-    assert [t.name for t in cos + osc] == ["cosine-at8-n10-s0", "cosine-at8-n10-s1",
-                                           "oscillate-a2e-3-b2-c3-at8-n10-s0", "oscillate-a2e-3-b2-c3-at8-n10-s1"]
+    assert [t.name for t in cos + osc] == [
+        "cosine-at8-n10-s0",
+        "cosine-at8-n10-s1",
+        "oscillate-a2e-3-b2-c3-at8-n10-s0",
+        "oscillate-a2e-3-b2-c3-at8-n10-s1",
+    ]
     plr = Trajectory.from_folder(_parent())["step-000008"].lr
     for t in cos + osc:
         assert t.steps == [8, 10, 12, 14, 16, 18]
@@ -97,8 +123,9 @@ def test_fork_schedules_seeds_and_rerun(forks):
         for ref in t.real[1:]:
             assert ref.lr == pytest.approx(fn(ref.step)) == pytest.approx(sched.lr(ref.step - 8))
     # cosine continuation from the parent's LR at step 8 to its final LR (0) over 10 updates
-    assert [r.lr for r in cos[0].real[1:]] == pytest.approx([S.cosine_continuation_lr(t, 10, plr, 0.0)
-                                                            for t in (2, 4, 6, 8, 10)])
+    assert [r.lr for r in cos[0].real[1:]] == pytest.approx(
+        [S.cosine_continuation_lr(t, 10, plr, 0.0) for t in (2, 4, 6, 8, 10)]
+    )
     # oscillate: bumps at updates 1-2 and 6-7, cool at 3-5 and 8-10 -> checkpoints t=2, 6 are bumps
     assert [r.meta["phase"] for r in osc[0]] == ["start", "bump", "cool", "bump", "cool", "cool"]
     assert osc[0]["step-000010"].lr == pytest.approx(S.cosine_continuation_lr(2, 10, plr, 0.0) + 2e-3)
@@ -106,17 +133,34 @@ def test_fork_schedules_seeds_and_rerun(forks):
     assert _same(_weights(cos[0][0].location), _weights(cos[1][0].location))
     assert not _same(_weights(cos[0][-1].location), _weights(cos[1][-1].location))
     assert {(e["condition"], e["seed"]) for e in json.loads((out / "forks.json").read_text())["forks"]} == {
-        ("cosine-at8-n10", 0), ("cosine-at8-n10", 1), ("oscillate-a2e-3-b2-c3-at8-n10", 0),
-        ("oscillate-a2e-3-b2-c3-at8-n10", 1)}
+        ("cosine-at8-n10", 0),
+        ("cosine-at8-n10", 1),
+        ("oscillate-a2e-3-b2-c3-at8-n10", 0),
+        ("oscillate-a2e-3-b2-c3-at8-n10", 1),
+    }
     # rerun: finished forks are returned untouched; a different fork into the same folder is refused
     tj = out / "cosine-at8-n10-s0" / "trajectory.json"
     mtime = tj.stat().st_mtime_ns
-    again = fork_trajectory(_parent(), "step-000008", ForkSchedule("cosine", steps=10), out, seeds=[0], every=2,
-                            **dict(KW, data_dir=data_cache_dir()))
+    again = fork_trajectory(
+        _parent(),
+        "step-000008",
+        ForkSchedule("cosine", steps=10),
+        out,
+        seeds=[0],
+        every=2,
+        **dict(KW, data_dir=data_cache_dir()),
+    )
     assert again[0].labels == cos[0].labels and tj.stat().st_mtime_ns == mtime
     with pytest.raises(TrainError, match="different run"):
-        fork_trajectory(_parent(), 8, ForkSchedule("cosine", steps=10), out, seeds=[0], every=5,
-                        **dict(KW, data_dir=data_cache_dir()))
+        fork_trajectory(
+            _parent(),
+            8,
+            ForkSchedule("cosine", steps=10),
+            out,
+            seeds=[0],
+            every=5,
+            **dict(KW, data_dir=data_cache_dir()),
+        )
 
 
 def test_compare_forks_wins_per_seed_pair(forks):
@@ -137,15 +181,21 @@ def test_compare_forks_wins_per_seed_pair(forks):
         ga, gb = final[(w["condition_a"], w["seed_a"])], final[(w["condition_b"], w["seed_b"])]
         assert (w["gap_a"], w["gap_b"]) == (ga, gb) and w["winner"] == ("a" if ga < gb else "b" if gb < ga else "tie")
     summ = df.attrs["summary"]
-    assert len(summ) == 1 and summ.loc[0, "n"] == 2 and summ.loc[0, "a_wins"] + summ.loc[0, "b_wins"] + \
-        summ.loc[0, "ties"] == 2
+    assert (
+        len(summ) == 1
+        and summ.loc[0, "n"] == 2
+        and summ.loc[0, "a_wins"] + summ.loc[0, "b_wins"] + summ.loc[0, "ties"] == 2
+    )
     every = compare_forks([out / "oscillate-a2e-3-b2-c3-at8-n10-s0"], cool_only=False, quick=True)
     assert list(every["phase"]) == ["start", "bump", "cool", "bump", "cool", "cool"] and every.attrs["wins"].empty
 
 
 def test_fork_wins_pairings():
-    rows = [{"condition": c, "seed": s, "step": 10, "gap": g, "fork_start": False}
-            for c, gaps in [("A", [0.1, 0.2, 0.3]), ("B", [0.15, 0.15, 0.15])] for s, g in enumerate(gaps)]
+    rows = [
+        {"condition": c, "seed": s, "step": 10, "gap": g, "fork_start": False}
+        for c, gaps in [("A", [0.1, 0.2, 0.3]), ("B", [0.15, 0.15, 0.15])]
+        for s, g in enumerate(gaps)
+    ]
     df = pd.DataFrame(rows)
     by_seed = fork_wins(df)
     assert list(by_seed["winner"]) == ["a", "b", "b"]
@@ -161,20 +211,58 @@ def test_cli_fork_and_compare(forks, tmp_path):
     from probes.cli import app
 
     out, cos, _ = forks
-    res = CliRunner().invoke(app, ["fork", str(_parent()), "--at", "step-000008", "--schedule", "sgdr", "--steps", "4",
-                                   "--period", "2", "--restart-lr", "3e-3", "--seeds", "0,1", "--checkpoints", "2",
-                                   "--out", str(tmp_path), "--data-dir", str(data_cache_dir()), "--threads", "1", "-q"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "fork",
+            str(_parent()),
+            "--at",
+            "step-000008",
+            "--schedule",
+            "sgdr",
+            "--steps",
+            "4",
+            "--period",
+            "2",
+            "--restart-lr",
+            "3e-3",
+            "--seeds",
+            "0,1",
+            "--checkpoints",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--data-dir",
+            str(data_cache_dir()),
+            "--threads",
+            "1",
+            "-q",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "sgdr-p2-r3e-3-at8-n4-s1: 3 checkpoints" in res.output and "same as parent" in res.output
     assert [p.name for p in find_forks([tmp_path])] == ["sgdr-p2-r3e-3-at8-n4-s0", "sgdr-p2-r3e-3-at8-n4-s1"]
     sg = Trajectory.from_folder(tmp_path / "sgdr-p2-r3e-3-at8-n4-s0")
     assert [r.lr for r in sg.real[1:]] == pytest.approx([S.sgdr_lr(2, 2, 3e-3), S.sgdr_lr(4, 2, 3e-3)])
     csv = tmp_path / "gaps.csv"
-    res = CliRunner().invoke(app, ["compare-forks", str(tmp_path), str(out / "cosine-at8-n10-s0"), "--quick",
-                                   "--csv", str(csv), "--threads", "1", "-q"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "compare-forks",
+            str(tmp_path),
+            str(out / "cosine-at8-n10-s0"),
+            "--quick",
+            "--csv",
+            str(csv),
+            "--threads",
+            "1",
+            "-q",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "wins per seed pair" in res.output and "sgdr-p2-r3e-3-at8-n4 vs cosine-at8-n10: " in res.output
     assert len(pd.read_csv(csv)) == 3 + 3 + 6
-    bad = CliRunner().invoke(app, ["fork", str(_parent()), "--at", "step-000008", "--schedule", "zigzag",
-                                   "--out", str(tmp_path / "z")])
+    bad = CliRunner().invoke(
+        app, ["fork", str(_parent()), "--at", "step-000008", "--schedule", "zigzag", "--out", str(tmp_path / "z")]
+    )
     assert bad.exit_code != 0 and "zigzag" in bad.output

@@ -1,5 +1,6 @@
 """LR schedules as pure functions: base schedules (wsd / cosine / constant / linear) and fork
 schedules (cosine continuation, SGDR warm restarts, oscillating lock-in) at known steps."""
+
 from __future__ import annotations
 
 import math
@@ -30,10 +31,12 @@ def test_base_schedules_at_known_steps():
 @pytest.mark.parametrize("schedule", ["wsd", "cosine", "constant", "linear"])
 def test_lr_at_dispatches_to_the_pure_functions(schedule):
     cfg = TrainConfig(schedule=schedule, peak_lr=3e-3, steps=200, warmup=0.05, decay=0.25, min_lr_ratio=0.1)
-    fn = {"wsd": lambda s: S.wsd_lr(s, 200, 3e-3, 3e-4, 10, 50),
-          "cosine": lambda s: S.cosine_lr(s, 200, 3e-3, 3e-4, 10),
-          "constant": lambda s: S.constant_lr(s, 3e-3, 10),
-          "linear": lambda s: S.linear_lr(s, 200, 3e-3, 3e-4, 10)}
+    fn = {
+        "wsd": lambda s: S.wsd_lr(s, 200, 3e-3, 3e-4, 10, 50),
+        "cosine": lambda s: S.cosine_lr(s, 200, 3e-3, 3e-4, 10),
+        "constant": lambda s: S.constant_lr(s, 3e-3, 10),
+        "linear": lambda s: S.linear_lr(s, 200, 3e-3, 3e-4, 10),
+    }
     assert all(lr_at(s, cfg) == pytest.approx(fn[schedule](s), rel=1e-12) for s in range(1, 201))
     assert lr_function({"config": cfg.to_dict()})(123) == lr_at(123, cfg)
 

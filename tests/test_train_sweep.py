@@ -1,5 +1,6 @@
 """Sweeps: `train-tiny --sweep lr=... --sweep wd=... --seeds ...` -> one readable folder per run,
 sweep.json, finished runs skipped on rerun, failures recorded."""
+
 from __future__ import annotations
 
 import json
@@ -14,15 +15,36 @@ from tests.fixtures_trajectory import data_cache_dir
 
 
 def test_format_value_and_parse_sweep():
-    assert [format_value(v) for v in (3e-3, 1e-2, 2.5e-3, 0.5, 0.1, 1.0, 600, True, "cosine")] == \
-        ["3e-3", "1e-2", "2.5e-3", "0.5", "0.1", "1", "600", "true", "cosine"]
+    assert [format_value(v) for v in (3e-3, 1e-2, 2.5e-3, 0.5, 0.1, 1.0, 600, True, "cosine")] == [
+        "3e-3",
+        "1e-2",
+        "2.5e-3",
+        "0.5",
+        "0.1",
+        "1",
+        "600",
+        "true",
+        "cosine",
+    ]
     grid = parse_sweep(["lr=1e-3,3e-3,1e-2", "wd=0.1,0.5", "schedule=wsd,cosine", "hidden=32"])
-    assert grid == {"peak_lr": [1e-3, 3e-3, 1e-2], "weight_decay": [0.1, 0.5], "schedule": ["wsd", "cosine"],
-                    "hidden_size": [32]}
-    assert parse_sweep(["data_seed=none,3", "save_optimizer=true"]) == {"data_seed": [None, 3],
-                                                                        "save_optimizer": [True]}
-    for bad, msg in [("lr", "KEY=V1"), ("colour=red", "cannot sweep"), ("seed=0,1", "--seeds"),
-                     ("lr=fast", "not of type float"), ("steps=1.5", "not of type int"), ("lr=1e-3,0.001", "repeats")]:
+    assert grid == {
+        "peak_lr": [1e-3, 3e-3, 1e-2],
+        "weight_decay": [0.1, 0.5],
+        "schedule": ["wsd", "cosine"],
+        "hidden_size": [32],
+    }
+    assert parse_sweep(["data_seed=none,3", "save_optimizer=true"]) == {
+        "data_seed": [None, 3],
+        "save_optimizer": [True],
+    }
+    for bad, msg in [
+        ("lr", "KEY=V1"),
+        ("colour=red", "cannot sweep"),
+        ("seed=0,1", "--seeds"),
+        ("lr=fast", "not of type float"),
+        ("steps=1.5", "not of type int"),
+        ("lr=1e-3,0.001", "repeats"),
+    ]:
         with pytest.raises(TrainError, match=msg):
             parse_sweep([bad])
 
@@ -79,8 +101,25 @@ def test_cli_sweep(tmp_path):
 
     from probes.cli import app
 
-    args = ["train-tiny", "--out", str(tmp_path), "--tiny", "--steps", "3", "--checkpoints", "1", "--sweep",
-            "wd=0.1,0.5", "--seeds", "0,1", "--data-dir", str(data_cache_dir()), "--threads", "1", "-q"]
+    args = [
+        "train-tiny",
+        "--out",
+        str(tmp_path),
+        "--tiny",
+        "--steps",
+        "3",
+        "--checkpoints",
+        "1",
+        "--sweep",
+        "wd=0.1,0.5",
+        "--seeds",
+        "0,1",
+        "--data-dir",
+        str(data_cache_dir()),
+        "--threads",
+        "1",
+        "-q",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     names = ["wsd-wd0.1-s0", "wsd-wd0.1-s1", "wsd-wd0.5-s0", "wsd-wd0.5-s1"]

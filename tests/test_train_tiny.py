@@ -1,5 +1,6 @@
 """The embedded trajectory: schedules, determinism, resume, CLI, and the round trip
 train-tiny -> Trajectory.from_folder -> CheckpointLoader -> evaluate == trajectory.json."""
+
 from __future__ import annotations
 
 import json
@@ -101,8 +102,10 @@ def test_same_seed_same_weights_and_rerun_is_cached(tmp_path):
     c = _train(tmp_path / "c", steps=6, checkpoints=1, seed=1)
     wa, wb, wc = (_weights(Path(t[-1].location)) for t in (a, b, c))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    assert not torch.equal(wa["gpt_neox.layers.0.attention.query_key_value.weight"],
-                           wc["gpt_neox.layers.0.attention.query_key_value.weight"])
+    assert not torch.equal(
+        wa["gpt_neox.layers.0.attention.query_key_value.weight"],
+        wc["gpt_neox.layers.0.attention.query_key_value.weight"],
+    )
     mtime = (tmp_path / "a" / "trajectory.json").stat().st_mtime_ns
     again = _train(tmp_path / "a", steps=6, checkpoints=1)  # finished run with the same config: returned as is
     assert again.labels == a.labels and (tmp_path / "a" / "trajectory.json").stat().st_mtime_ns == mtime
@@ -114,8 +117,14 @@ def test_resume_is_exact(tmp_path):
     full = _train(tmp_path / "full", steps=8, checkpoints=2, save_optimizer=True)
     half = Path(full[0].location)
     assert (half / "training_state.pt").is_file() and full[0].step == 4
-    resumed = train_tiny(TrainConfig.tiny(steps=8, checkpoints=2, save_optimizer=True), tmp_path / "resumed",
-                         progress=False, data_dir=data_cache_dir(), num_threads=1, resume_from=half)
+    resumed = train_tiny(
+        TrainConfig.tiny(steps=8, checkpoints=2, save_optimizer=True),
+        tmp_path / "resumed",
+        progress=False,
+        data_dir=data_cache_dir(),
+        num_threads=1,
+        resume_from=half,
+    )
     assert resumed.steps == [8]
     w_full, w_res = _weights(Path(full[-1].location)), _weights(Path(resumed[-1].location))
     assert all(torch.equal(w_full[k], w_res[k]) for k in w_full)
@@ -127,9 +136,30 @@ def test_cli_train_tiny(tmp_path):
     from probes.cli import app
 
     out = tmp_path / "cli"
-    res = CliRunner().invoke(app, ["train-tiny", "--out", str(out), "--tiny", "--steps", "4", "--checkpoints", "2",
-                                   "--schedule", "cosine", "--peak-lr", "1e-3", "--weight-decay", "0.5", "--seed", "3",
-                                   "--data-dir", str(data_cache_dir()), "-q"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "train-tiny",
+            "--out",
+            str(out),
+            "--tiny",
+            "--steps",
+            "4",
+            "--checkpoints",
+            "2",
+            "--schedule",
+            "cosine",
+            "--peak-lr",
+            "1e-3",
+            "--weight-decay",
+            "0.5",
+            "--seed",
+            "3",
+            "--data-dir",
+            str(data_cache_dir()),
+            "-q",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "wrote 2 checkpoints" in res.output and str(out.resolve()) in res.output
     traj = Trajectory.from_folder(out)

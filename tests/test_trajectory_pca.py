@@ -1,5 +1,6 @@
 """Trajectory PCA (geometry.surfaces.trajectory_pca) against a float64 SVD of the stacked, centred
 weights (numpy, not the Gram trick), on random points of several shapes, seeds and sizes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,14 @@ from geometry.surfaces.sources import DictSource, MeanSource
 from geometry.surfaces.trajectory_axes import TrajectoryPCAError
 from geometry.surfaces.trajectory_pca import trajectory_pca
 
-SHAPES = {"emb.weight": (11, 6), "layer.0.weight": (6, 6), "layer.0.bias": (6,), "norm.weight": (6,),
-          "conv": (3, 2, 4), "scale": ()}
+SHAPES = {
+    "emb.weight": (11, 6),
+    "layer.0.weight": (6, 6),
+    "layer.0.bias": (6,),
+    "norm.weight": (6,),
+    "conv": (3, 2, 4),
+    "scale": (),
+}
 
 
 def _points(n, seed, dtype=torch.float64, spread=0.1):
@@ -38,12 +45,12 @@ def _flat(d, names=SHAPES):
 def test_axes_variance_and_coordinates_equal_a_float64_svd(n, seed):
     pts = _points(n, seed)
     k = min(3, n - 1)
-    res = trajectory_pca(pts, k=k, chunk_elements=7)          # small slices: many slice boundaries
+    res = trajectory_pca(pts, k=k, chunk_elements=7)  # small slices: many slice boundaries
     x = _stack(pts)
     xc = x - x.mean(0)
     u, s, vt = np.linalg.svd(xc, full_matrices=False)
     np.testing.assert_allclose(res.singular_values, s[:k], rtol=1e-10)
-    np.testing.assert_allclose(res.explained_variance_ratio, s[:k] ** 2 / np.sum(s ** 2), rtol=1e-10)
+    np.testing.assert_allclose(res.explained_variance_ratio, s[:k] ** 2 / np.sum(s**2), rtol=1e-10)
     np.testing.assert_allclose(_flat(res.center), x.mean(0), rtol=0, atol=1e-12)
     for j in range(k):
         sign = np.sign(_flat(res.directions[j]) @ vt[j])
@@ -78,7 +85,7 @@ def test_checkpoint_centre_and_reruns_are_identical():
     b = trajectory_pca(pts, k=2, center="s2", labels=[f"s{i}" for i in range(6)])
     assert a.center_label == "s2"
     np.testing.assert_array_equal(a.coords, b.coords)
-    np.testing.assert_allclose(a.coords[2], 0, atol=1e-12)           # the centre sits at the origin
+    np.testing.assert_allclose(a.coords[2], 0, atol=1e-12)  # the centre sits at the origin
     x = _stack(pts)
     xc = x - x[2]
     _, s, _ = np.linalg.svd(xc, full_matrices=False)
@@ -123,7 +130,7 @@ def test_float32_and_bfloat16_points_use_float64_arithmetic():
     for dtype in (torch.float32, torch.bfloat16):
         pts = _points(5, 7, dtype=dtype)
         res = trajectory_pca(pts, k=2)
-        x = _stack(pts)                      # the stored values, exactly, in float64
+        x = _stack(pts)  # the stored values, exactly, in float64
         _, s, _ = np.linalg.svd(x - x.mean(0), full_matrices=False)
         np.testing.assert_allclose(res.singular_values, s[:2], rtol=1e-10)
         assert all(t.dtype == torch.float32 for t in res.center.values())

@@ -1,4 +1,5 @@
 """Schedules attached to trajectories (probes.checkpoints.schedule) and hub trajectory names (issue #17)."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,9 @@ from probes.checkpoints.errors import NoCheckpointsError, ScheduleError
 from probes.checkpoints.schedule import PRESETS, apply_schedule, parse_schedule
 
 
-def neox_v1_lr(num_iters: float, start_lr: float, min_lr: float, warmup_iter: float = 0.01 * 143000,
-               end_iter: int = 143000) -> float:
+def neox_v1_lr(
+    num_iters: float, start_lr: float, min_lr: float, warmup_iter: float = 0.01 * 143000, end_iter: int = 143000
+) -> float:
     """GPT-NeoX v1.0 ``megatron/learning_rates.py`` ``AnnealingLR.get_lr`` (decay style cosine), transcribed."""
     num_iters_ = min(num_iters, end_iter - warmup_iter)
     if warmup_iter > 0 and num_iters <= warmup_iter:
@@ -56,29 +58,36 @@ def test_spec_strings_evaluate_and_round_trip():
         assert parse_schedule(s.spec) == s
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("cosin:peak=1", "unknown schedule"),
-    ("cosine", "unknown schedule"),
-    ("cosine:peak=1e-3", "needs total="),
-    ("wsd:peak=1e-3,total=100", "needs decay="),
-    ("cosine:peak=1e-3,total=100,decay=10", "'decay=10' is not a key=value of a cosine"),
-    ("cosine:peak=1e-3,total=100,peak=2e-3", "given twice"),
-    ("cosine:peak=1e-3,total=100,warmup=1.5", "whole number"),
-    ("cosine:peak=abc,total=100", "not a number"),
-    ("cosine:peak=1e-3,total=100,final=2", r"final is a fraction of the peak in \[0, 1\]"),
-    ("cosine:peak=1e-3,total=100,warmup=100", "must be larger than warmup"),
-    ("wsd:peak=1e-3,total=100,warmup=50,decay=60", "cannot be longer than total - warmup"),
-    ("linear:peak=0,total=10", "peak must be > 0"),
-    ("constant:peak=1e-3,total=10", "not a key=value of a constant"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("cosin:peak=1", "unknown schedule"),
+        ("cosine", "unknown schedule"),
+        ("cosine:peak=1e-3", "needs total="),
+        ("wsd:peak=1e-3,total=100", "needs decay="),
+        ("cosine:peak=1e-3,total=100,decay=10", "'decay=10' is not a key=value of a cosine"),
+        ("cosine:peak=1e-3,total=100,peak=2e-3", "given twice"),
+        ("cosine:peak=1e-3,total=100,warmup=1.5", "whole number"),
+        ("cosine:peak=abc,total=100", "not a number"),
+        ("cosine:peak=1e-3,total=100,final=2", r"final is a fraction of the peak in \[0, 1\]"),
+        ("cosine:peak=1e-3,total=100,warmup=100", "must be larger than warmup"),
+        ("wsd:peak=1e-3,total=100,warmup=50,decay=60", "cannot be longer than total - warmup"),
+        ("linear:peak=0,total=10", "peak must be > 0"),
+        ("constant:peak=1e-3,total=10", "not a key=value of a constant"),
+    ],
+)
 def test_bad_specs_say_what_is_wrong(spec, message):
     with pytest.raises(ScheduleError, match=message):
         parse_schedule(spec)
 
 
 def test_apply_schedule_override_fill_and_past_the_end():
-    refs = [CheckpointRef("a", 100, lr=5e-4), CheckpointRef("b", 200), CheckpointRef("c", None),
-            CheckpointRef("d", 300, tokens=999, meta={"tokens_source": "name"})]
+    refs = [
+        CheckpointRef("a", 100, lr=5e-4),
+        CheckpointRef("b", 200),
+        CheckpointRef("c", None),
+        CheckpointRef("d", 300, tokens=999, meta={"tokens_source": "name"}),
+    ]
     sched = parse_schedule("linear:peak=1e-3,total=400")
     filled = apply_schedule(refs, sched, tokens_per_step=10, override=False)
     assert [r.lr for r in filled] == [5e-4, pytest.approx(5e-4), None, pytest.approx(2.5e-4)]
@@ -102,8 +111,13 @@ def test_hub_names():
     assert parse_hub_name("hf:org/x@step1000, step2000").revisions == ("step1000", "step2000")
     assert parse_hub_name("hf:org/x@re:step\\d{1,3}000").revisions == ("re:step\\d{1,3}000",)  # commas stay in a regex
     assert parse_hub_name("hf:gpt2").revisions == ("main",) and parse_hub_name("runs/wsd") is None
-    for bad, msg in (("hf:org/x@", "empty revision"), ("hf:org/x@a,,b", "empty revision"), ("hf:@step1", "not a hub repo"),
-                     ("hf:a/b/c@main", "not a hub repo"), ("hf:org/x@re:(", "not a valid regular expression")):
+    for bad, msg in (
+        ("hf:org/x@", "empty revision"),
+        ("hf:org/x@a,,b", "empty revision"),
+        ("hf:@step1", "not a hub repo"),
+        ("hf:a/b/c@main", "not a hub repo"),
+        ("hf:org/x@re:(", "not a valid regular expression"),
+    ):
         with pytest.raises(TrajectoryNameError, match=msg):
             parse_hub_name(bad)
 

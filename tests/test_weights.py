@@ -1,4 +1,5 @@
 """Weight excess kurtosis against scipy.stats.kurtosis(fisher=True, bias=True)."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,12 +14,16 @@ from tests.tiny_models import micro_gptneox
 def test_excess_kurtosis_matches_scipy(dist):
     g = torch.Generator().manual_seed(0)
     n = 20_000
-    x = {
-        "normal": torch.randn(n, generator=g),
-        "laplace": torch.distributions.Laplace(0.0, 1.0).sample((n,)),
-        "uniform": torch.rand(n, generator=g) * 3 + 1,
-        "student": torch.distributions.StudentT(5.0).sample((n,)),
-    }[dist].reshape(100, -1).float()
+    x = (
+        {
+            "normal": torch.randn(n, generator=g),
+            "laplace": torch.distributions.Laplace(0.0, 1.0).sample((n,)),
+            "uniform": torch.rand(n, generator=g) * 3 + 1,
+            "student": torch.distributions.StudentT(5.0).sample((n,)),
+        }[dist]
+        .reshape(100, -1)
+        .float()
+    )
     ref = stats.kurtosis(x.double().reshape(-1).numpy(), fisher=True, bias=True)
     assert excess_kurtosis(x) == pytest.approx(ref, rel=1e-10, abs=1e-10)
 

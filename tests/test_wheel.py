@@ -8,6 +8,7 @@ fails here. The new environment gets its dependencies from the test environment'
 ``.pth`` path entry; no second torch download) and losslens itself with ``pip install --no-deps``.
 About 40 s on 2 cores, most of it ``losslens demo --quick``.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -31,16 +33,31 @@ from tests.environment import UNDER_CI
 
 ROOT = Path(__file__).resolve().parents[1]
 if not UNDER_CI and not all(importlib.util.find_spec(m) for m in ("build", "twine")):  # CI has the dev extra
-    pytest.skip("the release test needs build and twine (in the dev extra: pip install -e '.[dev]')",
-                allow_module_level=True)
+    pytest.skip(
+        "the release test needs build and twine (in the dev extra: pip install -e '.[dev]')", allow_module_level=True
+    )
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-_SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
-                               "demo-out", "test-artifacts", "_build", "*.sqlite", ".ipynb_checkpoints")
+_SKIP = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".pytest_cache",
+    "demo-out",
+    "test-artifacts",
+    "_build",
+    "*.sqlite",
+    ".ipynb_checkpoints",
+)
 
 
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     out = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    assert out.returncode == 0, f"{' '.join(map(str, cmd))} exited {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    assert out.returncode == 0, (
+        f"{' '.join(map(str, cmd))} exited {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    )
     return out
 
 
@@ -106,8 +123,11 @@ def test_wheel_runs_from_a_fresh_venv(dist, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env["PATH"] = f"{tmp_path / 'venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
 
-    where = _run([str(py), "-c", "import geometry, probes; print(geometry.__file__); print(probes.__file__)"],
-                 cwd=run_dir, env=env)
+    where = _run(
+        [str(py), "-c", "import geometry, probes; print(geometry.__file__); print(probes.__file__)"],
+        cwd=run_dir,
+        env=env,
+    )
     venv = (tmp_path / "venv").resolve()
     files = [Path(line).resolve() for line in where.stdout.split()]
     assert len(files) == 2 and all(venv in f.parents for f in files), (files, venv)

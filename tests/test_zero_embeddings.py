@@ -4,6 +4,7 @@ padding token in the batches) the difference backend through ``lm_hessian`` agre
 products of the same loss at the clean level (≤ 1e-8; benchmarks/README.md "Zero embedding rows"),
 the loss is what it says (right padding: the mean over the unpadded sequences' targets, computed
 without a mask), and the count is recorded."""
+
 from __future__ import annotations
 
 import pytest
@@ -56,8 +57,12 @@ def test_difference_products_are_clean_with_a_zero_embedding_row_in_the_batch(fa
 def test_without_the_exclusion_the_difference_backend_is_off():
     model, _, batches = _setting("apertus", seed=0)
     with float64_fidelity():
-        plain = product_error(HessianOperator(model, lm_loss, batches, backend="difference"),
-                              HessianOperator(model, lm_loss, batches), 2, seed=0)
+        plain = product_error(
+            HessianOperator(model, lm_loss, batches, backend="difference"),
+            HessianOperator(model, lm_loss, batches),
+            2,
+            seed=0,
+        )
     assert plain > 1e-4  # 5.0e-3 measured; 6.4e-10 with the exclusion
 
 
@@ -73,8 +78,10 @@ def test_the_excluding_loss_is_the_unpadded_token_mean(family):
     got = loss(model, batch)
     grad = torch.autograd.grad(got, list(model.parameters()))
     # the oracle: each sequence alone without its padding, no mask, summed over its targets
-    total = sum(F.cross_entropy(model(input_ids=batch[r:r + 1, :n]).logits[0, :-1], batch[r, 1:n], reduction="sum")
-                for r, n in enumerate(lengths))
+    total = sum(
+        F.cross_entropy(model(input_ids=batch[r : r + 1, :n]).logits[0, :-1], batch[r, 1:n], reduction="sum")
+        for r, n in enumerate(lengths)
+    )
     want = total / sum(n - 1 for n in lengths)
     assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-12)
     for a, b in zip(grad, torch.autograd.grad(want, list(model.parameters()))):

@@ -18,6 +18,7 @@ LM batches are ``[batch, seq]`` LongTensors from :func:`random_batches`; the LM 
 (:func:`probes.core.lm.lm_loss`, kept in float64 for float64 models). MLP batches are ``(x [b, 5], y [b])`` tuples from :func:`mlp_batches`
 with :func:`mlp_loss` (mean cross-entropy). Models are returned in eval mode.
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,8 +44,13 @@ def tiny_mlp(seed: int = 0, dtype: torch.dtype = torch.float64) -> nn.Module:
     return model.to(dtype).eval()
 
 
-def mlp_batches(n_batches: int = 2, batch: int = 16, seed: int = 0, dtype: torch.dtype = torch.float64,
-                sizes: list[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def mlp_batches(
+    n_batches: int = 2,
+    batch: int = 16,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    sizes: list[int] | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``n_batches`` tuples ``(x [b, 5] float, y [b] long)``; ``sizes`` overrides b per batch."""
     g = torch.Generator().manual_seed(seed)
     sizes = sizes if sizes is not None else [batch] * n_batches
@@ -68,8 +74,16 @@ def mlp_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torc
 # without the cast. Pass ``exact64=False`` to keep HF's own code paths.
 
 
-def _eager_same_dtype(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs):
+def _eager_same_dtype(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+):
     n_rep = getattr(module, "num_key_value_groups", 1)
     if n_rep > 1:
         key, value = key.repeat_interleave(n_rep, dim=1), value.repeat_interleave(n_rep, dim=1)
@@ -118,8 +132,14 @@ def _finish(model: nn.Module, seed: int, dtype: torch.dtype) -> nn.Module:
     return model.to(dtype).eval()
 
 
-def micro_gptneox(seed: int = 0, dtype: torch.dtype = torch.float64, attn: str = "eager",
-                  layers: int = 2, dropout: float = 0.0, exact64: bool = True) -> nn.Module:
+def micro_gptneox(
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    attn: str = "eager",
+    layers: int = 2,
+    dropout: float = 0.0,
+    exact64: bool = True,
+) -> nn.Module:
     """A 488-parameter HF ``GPTNeoXForCausalLM`` (LayerNorm, GELU, rotary), vocab 17, context 32.
 
     ``attn`` is ``"eager"`` or ``"sdpa"``; ``dropout`` sets attention and hidden dropout (to check
@@ -128,9 +148,18 @@ def micro_gptneox(seed: int = 0, dtype: torch.dtype = torch.float64, attn: str =
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     config = GPTNeoXConfig(
-        vocab_size=VOCAB, hidden_size=4, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=8,
-        max_position_embeddings=CONTEXT, rotary_pct=1.0, hidden_act="gelu", attention_dropout=dropout,
-        hidden_dropout=dropout, tie_word_embeddings=False, use_cache=False,
+        vocab_size=VOCAB,
+        hidden_size=4,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=8,
+        max_position_embeddings=CONTEXT,
+        rotary_pct=1.0,
+        hidden_act="gelu",
+        attention_dropout=dropout,
+        hidden_dropout=dropout,
+        tie_word_embeddings=False,
+        use_cache=False,
         attn_implementation=_attn(attn, dtype, exact64),
     )
     with torch.random.fork_rng(devices=[]):
@@ -139,8 +168,9 @@ def micro_gptneox(seed: int = 0, dtype: torch.dtype = torch.float64, attn: str =
     return _finish(model, seed, dtype)
 
 
-def micro_llama(seed: int = 0, dtype: torch.dtype = torch.float64, attn: str = "eager", layers: int = 2,
-                exact64: bool = True) -> nn.Module:
+def micro_llama(
+    seed: int = 0, dtype: torch.dtype = torch.float64, attn: str = "eager", layers: int = 2, exact64: bool = True
+) -> nn.Module:
     """A 444-parameter HF ``LlamaForCausalLM`` (RMSNorm, SiLU-gated MLP, GQA 2:1), vocab 17, context 32.
 
     ``attn`` is ``"eager"`` or ``"sdpa"``; ``exact64`` see the float64 note above.
@@ -148,8 +178,15 @@ def micro_llama(seed: int = 0, dtype: torch.dtype = torch.float64, attn: str = "
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=4, num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
-        intermediate_size=8, max_position_embeddings=CONTEXT, tie_word_embeddings=False, use_cache=False,
+        vocab_size=VOCAB,
+        hidden_size=4,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=8,
+        max_position_embeddings=CONTEXT,
+        tie_word_embeddings=False,
+        use_cache=False,
         attn_implementation=_attn(attn, dtype, exact64),
     )
     with torch.random.fork_rng(devices=[]):
@@ -162,8 +199,9 @@ def micro_llama(seed: int = 0, dtype: torch.dtype = torch.float64, attn: str = "
     return _finish(model, seed, dtype)
 
 
-def random_batches(vocab: int = VOCAB, n_batches: int = 2, batch: int = 4, seq: int = 8, seed: int = 0,
-                   sizes: list[int] | None = None) -> list[torch.Tensor]:
+def random_batches(
+    vocab: int = VOCAB, n_batches: int = 2, batch: int = 4, seq: int = 8, seed: int = 0, sizes: list[int] | None = None
+) -> list[torch.Tensor]:
     """``n_batches`` uniform random token batches, LongTensors ``[batch, seq]`` (``sizes`` overrides batch)."""
     g = torch.Generator().manual_seed(seed)
     sizes = sizes if sizes is not None else [batch] * n_batches

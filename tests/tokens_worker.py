@@ -1,6 +1,7 @@
 """Worker of tests/test_batch_weights.py: one rank of a 2-process gloo group (spawned, one thread)
 that builds the data-parallel and the FSDP2-sharded operator over batches of unequal length and
 saves their products of fixed global vectors (``out/<scenario>-<rank>.pt``)."""
+
 from __future__ import annotations
 
 import torch
@@ -48,7 +49,7 @@ def _local(V: torch.Tensor, op) -> torch.Tensor:
     out = torch.zeros(V.shape[0], op.dim, dtype=V.dtype)
     at = 0
     for start, length in op.layout.ranges:
-        out[:, at:at + length] = V[:, start:start + length]
+        out[:, at : at + length] = V[:, start : start + length]
         at += length
     return out
 
@@ -58,7 +59,7 @@ def _global(HV: torch.Tensor, op) -> torch.Tensor:
     out = torch.zeros(HV.shape[0], op.global_dim, dtype=HV.dtype)
     at = 0
     for start, length in op.layout.ranges:
-        out[:, start:start + length] = HV[:, at:at + length]
+        out[:, start : start + length] = HV[:, at : at + length]
         at += length
     return out
 
@@ -91,8 +92,11 @@ def run(rank: int, world: int, port: int, out: str) -> None:
             from probes.models.zero_embeddings import zero_embedding_tokens
 
             op = sharded_lm_hessian(padded, split_batches(padded_batches(), rank, world), richardson=True)
-            return {"hv": _global(op.matmat_flat(_local(probes(dim), op)), op), "excluded": op.excluded,
-                    "found": zero_embedding_tokens(padded)}
+            return {
+                "hv": _global(op.matmat_flat(_local(probes(dim), op)), op),
+                "excluded": op.excluded,
+                "found": zero_embedding_tokens(padded),
+            }
 
         record(out, "fsdp-zero-row", rank, fsdp_zero_row)
 
@@ -100,8 +104,12 @@ def run(rank: int, world: int, port: int, out: str) -> None:
             from geometry.operators.data_parallel import DataParallel
             from probes.models.curvature import lm_hessian
 
-            op = lm_hessian(zero_row_model(), split_batches(padded_batches(), rank, world), check=False,
-                            data_parallel=DataParallel())
+            op = lm_hessian(
+                zero_row_model(),
+                split_batches(padded_batches(), rank, world),
+                check=False,
+                data_parallel=DataParallel(),
+            )
             return {"hv": op.matmat_flat(probes(dim)), "excluded": op.excluded}
 
         record(out, "data-zero-row", rank, data_zero_row)

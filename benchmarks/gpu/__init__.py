@@ -28,6 +28,7 @@ Output: one JSON row per line (``--json``: all rows in a file) and a markdown ta
 (:func:`markdown`) ready for benchmarks/README.md. Exit status (``python -m``): 0 when every row
 is ``ok``/``info``/``skipped``, 1 when a check mismatched or a section failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,21 +62,41 @@ def _section(module: str, function: str) -> Callable[[Context], list[dict]]:
     return getattr(importlib.import_module(f"benchmarks.gpu.{module}"), function)
 
 
-def run(quick: bool = False, device: str | None = None, budget: float = DEFAULT_BUDGET_S,
-        sections: tuple[str, ...] | None = None, shapes: tuple[str, ...] = ("pythia-160m", "olmo-2-1b"),
-        progress: Callable[[str], None] | None = print) -> list[dict]:
+def run(
+    quick: bool = False,
+    device: str | None = None,
+    budget: float = DEFAULT_BUDGET_S,
+    sections: tuple[str, ...] | None = None,
+    shapes: tuple[str, ...] = ("pythia-160m", "olmo-2-1b"),
+    progress: Callable[[str], None] | None = print,
+) -> list[dict]:
     """Run the sections on ``device`` (default: CUDA; without CUDA and no ``device``: one ``skipped``
     row saying so) within ``budget`` seconds. Returns every row."""
     if device is None:
         if not torch.cuda.is_available():
-            return [{"section": "all", "what": "no CUDA device here: nothing was measured (run it on a GPU "
-                     "machine, or --device cpu --quick for the smoke run)", "status": "skipped"}]
+            return [
+                {
+                    "section": "all",
+                    "what": "no CUDA device here: nothing was measured (run it on a GPU "
+                    "machine, or --device cpu --quick for the smoke run)",
+                    "status": "skipped",
+                }
+            ]
         device = "cuda"
     dev = torch.device(device)
     start = time.monotonic()
     ctx = Context(dev, quick, start + float(budget), tuple(shapes))
-    rows: list[dict] = [{"section": "all", "what": "device", "status": "info", "device": _device_name(dev),
-                         "torch": torch.__version__, "budget_s": float(budget), "quick": quick}]
+    rows: list[dict] = [
+        {
+            "section": "all",
+            "what": "device",
+            "status": "info",
+            "device": _device_name(dev),
+            "torch": torch.__version__,
+            "budget_s": float(budget),
+            "quick": quick,
+        }
+    ]
     chosen = [s for s in SECTIONS if sections is None or s[0] in sections]
     for i, (name, share, module, function) in enumerate(chosen):
         left = ctx.seconds_left()
@@ -120,8 +141,10 @@ def markdown(rows: list[dict]) -> str:
     skip = {"section", "what", "status", "value", "tolerance"}
     for r in rows:
         details = ", ".join(f"{k}={_fmt(v)}" for k, v in r.items() if k not in skip)
-        out.append(f"| {r.get('section', '')} | {r.get('what', '')} | {r.get('status', '')} | "
-                   f"{_fmt(r.get('value', ''))} | {_fmt(r.get('tolerance', ''))} | {details.replace('|', '/')} |")
+        out.append(
+            f"| {r.get('section', '')} | {r.get('what', '')} | {r.get('status', '')} | "
+            f"{_fmt(r.get('value', ''))} | {_fmt(r.get('tolerance', ''))} | {details.replace('|', '/')} |"
+        )
     return "\n".join(out)
 
 
@@ -139,8 +162,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--json", default=None)
     parser.add_argument("--markdown", default=None, help="write the markdown table to this file")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    rows = run(args.quick, args.device, args.budget, tuple(args.sections.split(",")) if args.sections else None,
-               tuple(args.shapes.split(",")))
+    rows = run(
+        args.quick,
+        args.device,
+        args.budget,
+        tuple(args.sections.split(",")) if args.sections else None,
+        tuple(args.shapes.split(",")),
+    )
     emit(rows, args.json)
     table = markdown(rows)
     print(table)

@@ -6,6 +6,7 @@ difference and its bound). Timings synchronise the device before and after (CUDA
 asynchronous); peak memory is ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` on
 CUDA and the kernel's peak resident memory (``VmHWM`` after ``/proc/self/clear_refs``) on the CPU.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -63,8 +64,14 @@ def rel_diff(a: torch.Tensor | float, b: torch.Tensor | float) -> float:
 def check(section: str, what: str, value: float, tolerance: float, **extra: Any) -> dict:
     """A check row: ``status`` ok when ``value <= tolerance`` (a NaN value is a mismatch)."""
     ok = value == value and value <= tolerance
-    return {"section": section, "what": what, "value": float(value), "tolerance": float(tolerance),
-            "status": "ok" if ok else "mismatch", **extra}
+    return {
+        "section": section,
+        "what": what,
+        "value": float(value),
+        "tolerance": float(tolerance),
+        "status": "ok" if ok else "mismatch",
+        **extra,
+    }
 
 
 def info(section: str, what: str, **extra: Any) -> dict:

@@ -8,6 +8,7 @@ estimators 1e-7 (the same seeds and the same products up to rounding); bf16 chec
 float32 compute 1e-4 (float32 rounding on either side). The attention section compares products of a float32 model, whose difference
 backend is measured within 1e-3 of the exact ones; the tolerance there is 1e-2.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -38,24 +39,30 @@ def agreement(ctx: Context) -> list[dict]:
     from probes.models.fidelity import with_float64_fidelity
 
     rows: list[dict] = []
-    backends = (("reverse-vmap", {"vectorize": True}, EXACT_TOL), ("reverse-seq", {"vectorize": False}, EXACT_TOL),
-                ("forward", {"backend": "forward"}, EXACT_TOL), ("difference", {"backend": "difference"}, DIFFERENCE_TOL))
+    backends = (
+        ("reverse-vmap", {"vectorize": True}, EXACT_TOL),
+        ("reverse-seq", {"vectorize": False}, EXACT_TOL),
+        ("forward", {"backend": "forward"}, EXACT_TOL),
+        ("difference", {"backend": "difference"}, DIFFERENCE_TOL),
+    )
     m = 4 if ctx.quick else 12
-    estimators = (("hutch++", lambda op: hutchpp_trace(op, num_matvecs=m, seed=1).value),
-                  ("lanczos", lambda op: top_eigenvalues(op, k=1, max_iter=m, seed=1).values[0]),
-                  ("slq moment 2", lambda op: spectral_density(op, num_runs=1, num_steps=m // 2, seed=1).moment(2)),
-                  ("directional", lambda op: directional_curvature(op, torch.ones(op.dim, dtype=op.dtype,
-                                                                                   device=op.device)).dHd))
+    estimators = (
+        ("hutch++", lambda op: hutchpp_trace(op, num_matvecs=m, seed=1).value),
+        ("lanczos", lambda op: top_eigenvalues(op, k=1, max_iter=m, seed=1).values[0]),
+        ("slq moment 2", lambda op: spectral_density(op, num_runs=1, num_steps=m // 2, seed=1).moment(2)),
+        ("directional", lambda op: directional_curvature(op, torch.ones(op.dim, dtype=op.dtype, device=op.device)).dHd),
+    )
     for fam in FAMILIES:
         cpu = tiny_model(fam, seed=0, dtype=torch.float64)
         dev = tiny_model(fam, seed=0, dtype=torch.float64).to(ctx.device)
         batches = _batches(96, 2, 8 if ctx.quick else 16)
         ref_op = HessianOperator(cpu, lm_loss, batches)
         V = torch.randn(2, ref_op.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-        for name, kw, tol in backends:       # the same backend on both sides: device effects only
+        for name, kw, tol in backends:  # the same backend on both sides: device effects only
             ref = HessianOperator(cpu, with_float64_fidelity(lm_loss, cpu), batches, **kw).matmat(V)
-            out = HessianOperator(dev, with_float64_fidelity(lm_loss, dev), [b.to(ctx.device) for b in batches],
-                                  **kw).matmat(V.to(ctx.device))
+            out = HessianOperator(
+                dev, with_float64_fidelity(lm_loss, dev), [b.to(ctx.device) for b in batches], **kw
+            ).matmat(V.to(ctx.device))
             rows.append(check("agreement", f"{fam} products {name}", rel_diff(out.cpu(), ref), tol))
         dev_op = HessianOperator(dev, lm_loss, [b.to(ctx.device) for b in batches])
         for what, fn in estimators:
@@ -71,8 +78,14 @@ def _compute_policy(ctx: Context) -> list[dict]:
     from probes.models.families import tiny_model
 
     if not _supports("compute_dtype"):
-        return [{"section": "agreement", "what": "bf16 checkpoint, float32 compute", "status": "skipped",
-                 "reason": "this build's HessianOperator has no compute_dtype"}]
+        return [
+            {
+                "section": "agreement",
+                "what": "bf16 checkpoint, float32 compute",
+                "status": "skipped",
+                "reason": "this build's HessianOperator has no compute_dtype",
+            }
+        ]
     rows = []
     for fam in ("llama", "olmo2"):
         cpu = tiny_model(fam, seed=2, dtype=torch.bfloat16)
@@ -80,11 +93,18 @@ def _compute_policy(ctx: Context) -> list[dict]:
         batches = _batches(96, 2, 16, seed=3)
         for backend in ("reverse", "difference"):
             a = HessianOperator(cpu, lm_loss, batches, backend=backend, compute_dtype=torch.float32)
-            b = HessianOperator(dev, lm_loss, [x.to(ctx.device) for x in batches], backend=backend,
-                                compute_dtype=torch.float32)
+            b = HessianOperator(
+                dev, lm_loss, [x.to(ctx.device) for x in batches], backend=backend, compute_dtype=torch.float32
+            )
             V = torch.randn(2, a.dim, dtype=torch.float32, generator=torch.Generator().manual_seed(4))
-            rows.append(check("agreement", f"{fam} bf16 checkpoint, float32 compute, {backend}",
-                              rel_diff(b.matmat(V.to(ctx.device)).cpu(), a.matmat(V)), COMPUTE_POLICY_TOL))
+            rows.append(
+                check(
+                    "agreement",
+                    f"{fam} bf16 checkpoint, float32 compute, {backend}",
+                    rel_diff(b.matmat(V.to(ctx.device)).cpu(), a.matmat(V)),
+                    COMPUTE_POLICY_TOL,
+                )
+            )
     return rows
 
 
@@ -96,8 +116,12 @@ def _kernel_names(model, batch) -> list[str]:
     with torch.no_grad(), profile(activities=acts) as prof:
         model(batch)
     names = {e.name for e in prof.events()}
-    return sorted(n for n in names if "attention" in n.lower() and ("flash" in n or "efficient" in n or "cudnn" in n
-                                                                   or "math" in n or "scaled_dot_product" in n))
+    return sorted(
+        n
+        for n in names
+        if "attention" in n.lower()
+        and ("flash" in n or "efficient" in n or "cudnn" in n or "math" in n or "scaled_dot_product" in n)
+    )
 
 
 def attention(ctx: Context) -> list[dict]:
@@ -108,17 +132,34 @@ def attention(ctx: Context) -> list[dict]:
 
     seq = 64 if ctx.quick else 1024
     dtype = torch.float32
-    model = tiny_model("llama", seed=0, dtype=dtype, max_position_embeddings=max(seq, 64),
-                       **({} if ctx.quick else {"hidden_size": 128, "num_attention_heads": 4,
-                                                "intermediate_size": 256})).to(ctx.device)
+    model = tiny_model(
+        "llama",
+        seed=0,
+        dtype=dtype,
+        max_position_embeddings=max(seq, 64),
+        **({} if ctx.quick else {"hidden_size": 128, "num_attention_heads": 4, "intermediate_size": 256}),
+    ).to(ctx.device)
     batches = [b.to(ctx.device) for b in _batches(96, 2, seq, n=1, seed=5)]
     kernels = _kernel_names(model, batches[0])
-    exact = HessianOperator(model, lm_loss, batches)                   # MATH inside (second_order_attention)
+    exact = HessianOperator(model, lm_loss, batches)  # MATH inside (second_order_attention)
     diff = HessianOperator(model, lm_loss, batches, backend="difference")
     V = torch.randn(2, exact.dim, dtype=dtype, generator=torch.Generator().manual_seed(6)).to(ctx.device)
-    rows = [info("attention", "kernels in a default forward", kernels=", ".join(kernels) or "none seen",
-                 seq=seq, dtype=str(dtype).split(".")[-1])]
-    rows.append(check("attention", f"difference (default SDPA) vs reverse (MATH), seq {seq}",
-                      rel_diff(diff.matmat(V).cpu(), exact.matmat(V).cpu()), ATTENTION_TOL,
-                      fused=any(k for k in kernels if "flash" in k or "efficient" in k or "cudnn" in k)))
+    rows = [
+        info(
+            "attention",
+            "kernels in a default forward",
+            kernels=", ".join(kernels) or "none seen",
+            seq=seq,
+            dtype=str(dtype).split(".")[-1],
+        )
+    ]
+    rows.append(
+        check(
+            "attention",
+            f"difference (default SDPA) vs reverse (MATH), seq {seq}",
+            rel_diff(diff.matmat(V).cpu(), exact.matmat(V).cpu()),
+            ATTENTION_TOL,
+            fused=any(k for k in kernels if "flash" in k or "efficient" in k or "cudnn" in k),
+        )
+    )
     return rows

@@ -7,6 +7,7 @@ the sharded operator; the unsharded difference backend on a copy gives the refer
 HF's float32 islands kept in float64). Tolerance 1e-8 relative (float64; the two differ by
 summation order only).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,8 +45,10 @@ def one_rank_group(device: torch.device):
 def _estimates(op) -> dict[str, float]:
     from geometry import hutchinson_trace, top_eigenvalues
 
-    return {"hutchinson": hutchinson_trace(op, num_matvecs=6, seed=3).value,
-            "lanczos": top_eigenvalues(op, k=1, method="lanczos", tol=1e-8, max_iter=40, seed=5).values[0]}
+    return {
+        "hutchinson": hutchinson_trace(op, num_matvecs=6, seed=3).value,
+        "lanczos": top_eigenvalues(op, k=1, method="lanczos", tol=1e-8, max_iter=40, seed=5).values[0],
+    }
 
 
 def fsdp(ctx: Context) -> list[dict]:
@@ -64,13 +67,29 @@ def fsdp(ctx: Context) -> list[dict]:
         for fam in ("gpt_neox", "llama"):
             model = tiny_model(fam, seed=1, dtype=torch.float64).to(ctx.device)
             plain = copy.deepcopy(model)
-            single = _estimates(HessianOperator(plain, with_float64_fidelity(lm_loss, plain),
-                                                [b.to(ctx.device) for b in batches], backend="difference"))
+            single = _estimates(
+                HessianOperator(
+                    plain,
+                    with_float64_fidelity(lm_loss, plain),
+                    [b.to(ctx.device) for b in batches],
+                    backend="difference",
+                )
+            )
             sharded = shard_model(model, ctx.device)
-            got = _estimates(ShardedHessianOperator(sharded, with_float64_fidelity(lm_loss, sharded),
-                                                    [b.to(ctx.device) for b in batches]))
+            got = _estimates(
+                ShardedHessianOperator(
+                    sharded, with_float64_fidelity(lm_loss, sharded), [b.to(ctx.device) for b in batches]
+                )
+            )
             for key in got:
-                rows.append(check("fsdp", f"{fam} {key}: sharded (1 rank) vs unsharded difference backend",
-                                  abs(got[key] - single[key]) / max(abs(single[key]), 1e-30), FSDP_TOL,
-                                  sharded=got[key], unsharded=single[key]))
+                rows.append(
+                    check(
+                        "fsdp",
+                        f"{fam} {key}: sharded (1 rank) vs unsharded difference backend",
+                        abs(got[key] - single[key]) / max(abs(single[key]), 1e-30),
+                        FSDP_TOL,
+                        sharded=got[key],
+                        unsharded=single[key],
+                    )
+                )
     return rows

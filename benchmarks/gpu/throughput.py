@@ -13,6 +13,7 @@ Memory: Hutch++ (30 products) and Lanczos (20 steps) on the first shape; peak ab
 plan does not model — it counts live tensors; reserved ÷ allocated says how much the pool adds)
 beside the plan each result records (``memory["predicted_bytes"]``).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -52,8 +53,8 @@ def _pyhessian_seconds(model, batch, device, k: int) -> float:
 
     vs = [[torch.randn_like(p) for p in model.parameters() if p.requires_grad] for _ in range(k)]
 
-    def products():                             # its graph built once and charged, as ours is
-        with second_order_attention():          # fused SDPA has no double backward, for PyHessian too
+    def products():  # its graph built once and charged, as ours is
+        with second_order_attention():  # fused SDPA has no double backward, for PyHessian too
             H = hessian(_Logits(model), _shifted_ce, data=(batch, batch), cuda=device.type == "cuda")
         for v in vs:
             hessian_vector_product(H.gradsH, H.params, v)
@@ -73,11 +74,17 @@ def throughput(ctx: Context) -> list[dict]:
     k = 2 if ctx.quick else 8
     for shape in shapes:
         for dtype in (torch.float32, torch.bfloat16):
-            for rows_, seq in (QUICK_LAYOUTS if ctx.quick else LAYOUTS):
+            for rows_, seq in QUICK_LAYOUTS if ctx.quick else LAYOUTS:
                 label = dict(shape=shape, dtype=str(dtype).split(".")[-1], tokens=f"{rows_}x{seq}")
                 if time.monotonic() > ctx.notes["section_deadline"]:
-                    rows.append({"section": "throughput", "what": "not measured: the section's budget is spent",
-                                 "status": "skipped", **label})
+                    rows.append(
+                        {
+                            "section": "throughput",
+                            "what": "not measured: the section's budget is spent",
+                            "status": "skipped",
+                            **label,
+                        }
+                    )
                     continue
                 model = _model(shape, dtype, ctx.device)
                 g = torch.Generator().manual_seed(0)
@@ -91,10 +98,17 @@ def throughput(ctx: Context) -> list[dict]:
                     rev.release_graphs()
                 diff = _operator(model, [batch], dtype, backend="difference")
                 t_diff = timed(lambda: diff.matmat_flat(V[:2]), ctx.device, n=1) / 2
-                row = info("throughput", "seconds per HVP", **label, s_per_gradient=t_grad,
-                           reverse_s=t_rev, reverse_grads=t_rev / t_grad, difference_s=t_diff,
-                           difference_grads=t_diff / t_grad,
-                           compute=str(getattr(rev, "compute_dtype", dtype)).split(".")[-1])
+                row = info(
+                    "throughput",
+                    "seconds per HVP",
+                    **label,
+                    s_per_gradient=t_grad,
+                    reverse_s=t_rev,
+                    reverse_grads=t_rev / t_grad,
+                    difference_s=t_diff,
+                    difference_grads=t_diff / t_grad,
+                    compute=str(getattr(rev, "compute_dtype", dtype)).split(".")[-1],
+                )
                 try:
                     t_py = _pyhessian_seconds(model, batch, ctx.device, k)
                     row.update(pyhessian_s=t_py, pyhessian_grads=t_py / t_grad, reverse_vs_pyhessian=t_py / t_rev)
@@ -123,18 +137,28 @@ def memory(ctx: Context) -> list[dict]:
         batches = [torch.randint(0, SHAPES[shape][4], (rows_, seq), generator=g).to(ctx.device)]
         op = _operator(model, batches, dtype)
         n_pp, n_lz = (6, 4) if ctx.quick else (30, 20)
-        for what, fn in ((f"hutch++ {n_pp} products", lambda: hutchpp_trace(op, num_matvecs=n_pp, seed=0)),
-                         (f"lanczos {n_lz} steps", lambda: top_eigenvalues(op, max_iter=n_lz, tol=1e-6, seed=0))):
+        for what, fn in (
+            (f"hutch++ {n_pp} products", lambda: hutchpp_trace(op, num_matvecs=n_pp, seed=0)),
+            (f"lanczos {n_lz} steps", lambda: top_eigenvalues(op, max_iter=n_lz, tol=1e-6, seed=0)),
+        ):
             if time.monotonic() > ctx.notes["section_deadline"]:
-                rows.append({"section": "memory", "what": f"{what}: the section's budget is spent",
-                             "status": "skipped"})
+                rows.append(
+                    {"section": "memory", "what": f"{what}: the section's budget is spent", "status": "skipped"}
+                )
                 continue
             with PeakMemory(ctx.device) as peak:
                 res = fn()
             plan = res.memory["predicted_bytes"]
-            row = info("memory", what, shape=shape, dtype=str(dtype).split(".")[-1], tokens=f"{rows_}x{seq}",
-                       plan_GB=plan / 1e9, allocated_GB=peak.allocated / 1e9,
-                       allocated_over_plan=peak.allocated / max(plan, 1))
+            row = info(
+                "memory",
+                what,
+                shape=shape,
+                dtype=str(dtype).split(".")[-1],
+                tokens=f"{rows_}x{seq}",
+                plan_GB=plan / 1e9,
+                allocated_GB=peak.allocated / 1e9,
+                allocated_over_plan=peak.allocated / max(plan, 1),
+            )
             if peak.reserved is not None:
                 row.update(reserved_GB=peak.reserved / 1e9, reserved_over_plan=peak.reserved / max(plan, 1))
             rows.append(row)

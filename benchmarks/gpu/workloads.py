@@ -9,6 +9,7 @@
 - ``sweep``: a three-checkpoint sweep of the tiny trained run (loss, rtn:4, Hutchinson, λ_max) on
   the device, then its HTML report: every row ok, the report written.
 """
+
 from __future__ import annotations
 
 import copy
@@ -46,7 +47,7 @@ def quant(ctx: Context) -> list[dict]:
     dev = copy.deepcopy(cpu).to(ctx.device)
     g = torch.Generator().manual_seed(0)
     h, _, _, ff, vocab = SHAPES[shape]
-    n_seq = -(-max(h, ff) // seq) + 1              # GPTQ needs at least in-features token rows for a full-rank H
+    n_seq = -(-max(h, ff) // seq) + 1  # GPTQ needs at least in-features token rows for a full-rank H
     calib = [torch.randint(0, vocab, (n_seq, seq), generator=g)]
     evals = [torch.randint(0, vocab, (4, seq), generator=g) for _ in range(2)]
     out = []
@@ -58,9 +59,18 @@ def quant(ctx: Context) -> list[dict]:
             qe = quantization_error(model, spec, [e.to(d) for e in evals], calibration=[c.to(d) for c in calib])
             res[side] = (qe, time.perf_counter() - t0)
         a, b = res["device"][0].rel_loss_error, res["cpu"][0].rel_loss_error
-        out.append(check("quant", f"{spec} ΔQ device vs CPU ({shape}, 1 layer)",
-                         abs(a - b) / max(abs(b), 1e-4), QUANT_TOL, delta_q_device=a, delta_q_cpu=b,
-                         device_s=res["device"][1], cpu_s=res["cpu"][1]))
+        out.append(
+            check(
+                "quant",
+                f"{spec} ΔQ device vs CPU ({shape}, 1 layer)",
+                abs(a - b) / max(abs(b), 1e-4),
+                QUANT_TOL,
+                delta_q_device=a,
+                delta_q_cpu=b,
+                device_s=res["device"][1],
+                cpu_s=res["cpu"][1],
+            )
+        )
     return out
 
 
@@ -76,17 +86,30 @@ def accuracy(ctx: Context) -> list[dict]:
     limit = 20 if ctx.quick else 200
     reps = {}
     for side, m in (("cpu", model), ("device", copy.deepcopy(model).to(ctx.device))):
-        reps[side] = task_accuracy(m, tok, "embedded", specs=("rtn:2:g32",), limit=limit, n_boot=200,
-                                   keep_samples=True)
+        reps[side] = task_accuracy(m, tok, "embedded", specs=("rtn:2:g32",), limit=limit, n_boot=200, keep_samples=True)
     rows = []
     for variant in ("fp", "rtn:2:g32"):
         acc = {s: reps[s].means[variant][0] for s in reps}
-        rows.append(check("accuracy", f"{variant} accuracy device vs CPU ({limit} items)",
-                          abs(acc["device"] - acc["cpu"]), 0.0, acc_device=acc["device"], acc_cpu=acc["cpu"]))
+        rows.append(
+            check(
+                "accuracy",
+                f"{variant} accuracy device vs CPU ({limit} items)",
+                abs(acc["device"] - acc["cpu"]),
+                0.0,
+                acc_device=acc["device"],
+                acc_cpu=acc["cpu"],
+            )
+        )
         ll = {s: _logliks(reps[s], variant) for s in reps}
         if ll["cpu"] is not None and ll["device"] is not None:
-            rows.append(check("accuracy", f"{variant} log-likelihoods device vs CPU",
-                              rel_diff(ll["device"], ll["cpu"]), LOGLIK_TOL))
+            rows.append(
+                check(
+                    "accuracy",
+                    f"{variant} log-likelihoods device vs CPU",
+                    rel_diff(ll["device"], ll["cpu"]),
+                    LOGLIK_TOL,
+                )
+            )
     return rows
 
 
@@ -106,17 +129,30 @@ def sweep(ctx: Context) -> list[dict]:
 
     run_dir = _tiny_run(ctx)
     out = run_dir.parent / f"sweep-{ctx.device.type}.sqlite"
-    plan = {"probes": {"loss": True, "quant": ["rtn:4"],
-                       "trace": {"method": "hutchinson", "num_matvecs": 4 if ctx.quick else 16},
-                       "eigen": {"k": 1, "method": "lanczos", "max_iter": 8 if ctx.quick else 30}},
-            "data": {"eval": [2, 4, 32], "calibration": [2, 4, 32], "curvature": [1, 4, 32]}}
+    plan = {
+        "probes": {
+            "loss": True,
+            "quant": ["rtn:4"],
+            "trace": {"method": "hutchinson", "num_matvecs": 4 if ctx.quick else 16},
+            "eigen": {"k": 1, "method": "lanczos", "max_iter": 8 if ctx.quick else 30},
+        },
+        "data": {"eval": [2, 4, 32], "calibration": [2, 4, 32], "curvature": [1, 4, 32]},
+    }
     t0 = time.perf_counter()
     rep = run_sweep(str(run_dir), plan, out=str(out), progress=False, device=str(ctx.device), num_workers=1)
     seconds = time.perf_counter() - t0
     df = Store(str(out)).results()
     page = build_report(df, run_dir.parent / f"report-{ctx.device.type}.html", title="gpu check sweep")
     ok = rep.n_failed == 0 and df.checkpoint.nunique() == 3 and Path(page).stat().st_size > 0
-    return [info("sweep", "three checkpoints, loss + rtn:4 + Hutchinson + λ_max, then the report", seconds=seconds,
-                 rows=len(df), checkpoints=int(df.checkpoint.nunique()), failed=rep.n_failed,
-                 report_bytes=Path(page).stat().st_size),
-            check("sweep", "every probe ok and the report written", 0.0 if ok else 1.0, 0.0)]
+    return [
+        info(
+            "sweep",
+            "three checkpoints, loss + rtn:4 + Hutchinson + λ_max, then the report",
+            seconds=seconds,
+            rows=len(df),
+            checkpoints=int(df.checkpoint.nunique()),
+            failed=rep.n_failed,
+            report_bytes=Path(page).stat().st_size,
+        ),
+        check("sweep", "every probe ok and the report written", 0.0 if ok else 1.0, 0.0),
+    ]

@@ -13,6 +13,7 @@ A cross-reference to where an object is defined (``geometry.operators.hessian.He
 ``probes.quant.spec.QuantSpec``, or a short name inside that module's docstrings) resolves to where it
 is documented (``missing-reference`` below), so docstrings may name either.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -55,8 +56,11 @@ def public_names(room: str) -> list[tuple[str, object]]:
     top = room.split(".")[0]
     if top == "geometry" and room != "geometry":
         pkg = importlib.import_module("geometry")
-        return [(f"geometry.{n}", getattr(pkg, n)) for n in pkg.__all__
-                if str(getattr(getattr(pkg, n), "__module__", "")).startswith(room + ".")]
+        return [
+            (f"geometry.{n}", getattr(pkg, n))
+            for n in pkg.__all__
+            if str(getattr(getattr(pkg, n), "__module__", "")).startswith(room + ".")
+        ]
     mod = importlib.import_module(room)
     if top == "geometry":
         return []
@@ -68,8 +72,11 @@ def room_modules(room: str) -> list[str]:
     pkg = importlib.import_module(room)
     if not hasattr(pkg, "__path__"):
         return []
-    return [f"{room}.{m.name}" for m in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name)
-            if not m.name.startswith("_")]
+    return [
+        f"{room}.{m.name}"
+        for m in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name)
+        if not m.name.startswith("_")
+    ]
 
 
 def _home(obj, room: str) -> bool:
@@ -107,26 +114,39 @@ class RoomDirective(SphinxDirective):
         if names:
             lines += ["Public names", "~~~~~~~~~~~~", ""]
             if room.startswith("geometry."):
-                lines += ["Imported from ``geometry``, e.g. "
-                          f"``from geometry import {names[0][0].split('.')[-1]}``.", ""]
+                lines += [
+                    f"Imported from ``geometry``, e.g. ``from geometry import {names[0][0].split('.')[-1]}``.",
+                    "",
+                ]
         for name, obj in names:
             kind = _kind(obj)
             canonical = _canonical(obj)
-            if kind != "autodata" and canonical and not _home(obj, room.split(".")[0] if room.startswith("geometry")
-                                                             else room):
+            if (
+                kind != "autodata"
+                and canonical
+                and not _home(obj, room.split(".")[0] if room.startswith("geometry") else room)
+            ):
                 # another room's object, re-exported here: one line pointing to its home
                 directive = {"autoclass": "py:class", "autoexception": "py:exception"}.get(kind, "py:function")
                 role = {"py:class": "class", "py:exception": "exc"}.get(directive, "func")
                 mod, short = name.rsplit(".", 1)
                 _REEXPORTED.add(name)
                 home = _public_home(obj, canonical)
-                lines += [f".. {directive}:: {short}", f"   :module: {mod}", "",
-                          f"   The same object as :{role}:`{home}`, re-exported here.", ""]
+                lines += [
+                    f".. {directive}:: {short}",
+                    f"   :module: {mod}",
+                    "",
+                    f"   The same object as :{role}:`{home}`, re-exported here.",
+                    "",
+                ]
                 continue
             _EXPORTED[id(obj)] = name
             if kind == "autodata":  # data has no __module__: alias every room module that holds this object
                 for modname, mod in list(sys.modules.items()):
-                    if modname.startswith(room.split(".")[0] + ".") and getattr(mod, name.rsplit(".", 1)[1], None) is obj:
+                    if (
+                        modname.startswith(room.split(".")[0] + ".")
+                        and getattr(mod, name.rsplit(".", 1)[1], None) is obj
+                    ):
                         _ALIASES.setdefault(f"{modname}.{name.rsplit('.', 1)[1]}", name)
             lines += [f".. {kind}:: {name}"]
             if kind in ("autoclass", "autoexception"):
@@ -161,7 +181,9 @@ class RoomDirective(SphinxDirective):
             if names:
                 refs = ", ".join(f":py:obj:`~{n}`" for n, _ in names)
                 lines += [f"- :doc:`{sub}`: {refs}", ""]
-        missing = set(geometry.__all__) - {n.split(".")[-1] for sub in room_modules("geometry") for n, _ in public_names(sub)}
+        missing = set(geometry.__all__) - {
+            n.split(".")[-1] for sub in room_modules("geometry") for n, _ in public_names(sub)
+        }
         if missing:
             raise ValueError(f"geometry.__all__ names defined outside every room: {sorted(missing)}")
         return lines
@@ -186,8 +208,11 @@ def _record(app, what, name, obj, options, lines):
             canonical = f"{_canonical(owner)}.{name.rsplit('.', 1)[1]}"
     if canonical and canonical != name:
         _ALIASES.setdefault(canonical, name)
-    if what in ("data", "attribute") and getattr(obj, "__doc__", None) is not None \
-            and obj.__doc__ == getattr(type(obj), "__doc__", None):
+    if (
+        what in ("data", "attribute")
+        and getattr(obj, "__doc__", None) is not None
+        and obj.__doc__ == getattr(type(obj), "__doc__", None)
+    ):
         lines[:] = []  # a constant without a docstring of its own: not dict's or tuple's docstring
     scopes = _scopes(what, name, obj)
     if scopes:
@@ -295,7 +320,8 @@ def _resolve(app: Sphinx, env, node, contnode):
         owner_node["reftarget"] = owner
         owner_node["reftype"] = "class"
         ref = _resolve(app, env, owner_node, contnode) or domain.resolve_xref(
-            env, node["refdoc"], app.builder, "class", owner, owner_node, contnode)
+            env, node["refdoc"], app.builder, "class", owner, owner_node, contnode
+        )
         cls = _lookup(ref.get("reftitle", "")) if ref is not None else None
         if inspect.isclass(cls) and _has_member(cls, member):
             return ref
@@ -303,8 +329,11 @@ def _resolve(app: Sphinx, env, node, contnode):
 
 
 def _has_member(cls, member: str) -> bool:
-    return hasattr(cls, member) or any(member in getattr(c, "__annotations__", {}) for c in cls.__mro__) \
+    return (
+        hasattr(cls, member)
+        or any(member in getattr(c, "__annotations__", {}) for c in cls.__mro__)
         or member in getattr(cls, "__dataclass_fields__", {})
+    )
 
 
 def _by_last_name(domain, target: str, module: str) -> list[str]:

@@ -17,6 +17,7 @@ these helpers runs unchanged on one device and on N ranks. Random rows come from
 split: a rank draws the global stream and keeps its columns, so sharded and unsharded runs see the
 same vectors.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -71,6 +72,7 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Arithmetic dtype for stored rows: float32 for half-precision storage, else the dtype."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
+
 #: Numbers per temporary (2 Mi: 16 MB in float64): a chunk has CHUNK // rows columns.
 CHUNK = 1 << 21
 
@@ -85,16 +87,16 @@ def power_sums(x: torch.Tensor, scale: float = 1.0) -> tuple[float, float]:
     """``(Σ (x/scale)², Σ (x/scale)⁴)`` over every entry of ``x``, in float64, :data:`CHUNK`
     entries at a time (``x.sum(dtype=torch.float64)`` would first cast all of ``x`` on CPU).
     Temporaries: one float64 chunk (16.8 MB); one host synchronisation. Local: no sum over ranks."""
-    flat = x.reshape(-1)                                     # a view for contiguous x
+    flat = x.reshape(-1)  # a view for contiguous x
     s2 = torch.zeros((), dtype=torch.float64, device=x.device)
     s4 = torch.zeros((), dtype=torch.float64, device=x.device)
     for start in range(0, flat.numel(), CHUNK):
-        q = flat[start:start + CHUNK].to(torch.float64, copy=True)
+        q = flat[start : start + CHUNK].to(torch.float64, copy=True)
         if scale != 1.0:
             q.div_(scale)
         s2 += q.square_().sum()
         s4 += q.square_().sum()
-        del q                                                # before the next chunk's copy
+        del q  # before the next chunk's copy
     return float(s2), float(s4)
 
 
@@ -157,7 +159,7 @@ def _stream_rows(k: int, dim: int, draw: Callable[[int], torch.Tensor], dtype: t
             skip(start - pos)
             for s in range(0, length, CHUNK):
                 m = min(CHUNK, length - s)
-                out[i, col + s:col + s + m] = draw(m).to(device=device, dtype=dtype)
+                out[i, col + s : col + s + m] = draw(m).to(device=device, dtype=dtype)
             col, pos = col + length, start + length
         skip(total - pos)
     return out
@@ -166,12 +168,13 @@ def _stream_rows(k: int, dim: int, draw: Callable[[int], torch.Tensor], dtype: t
 def rademacher_rows(generator: torch.Generator, k: int, dim: int, dtype: torch.dtype, device) -> torch.Tensor:
     """``[k, dim]`` i.i.d. ±1 entries from a CPU ``generator`` (int8 draws: the same numbers however
     the rows or columns are split), cast to ``dtype`` on ``device``; sharded: this rank's columns."""
-    bits = _stream_rows(k, dim, lambda n: torch.randint(0, 2, (n,), generator=generator, dtype=torch.int8),
-                        torch.int8, device)
+    bits = _stream_rows(
+        k, dim, lambda n: torch.randint(0, 2, (n,), generator=generator, dtype=torch.int8), torch.int8, device
+    )
     out = bits.to(dtype=dtype).mul_(2).sub_(1)
     layout = _LAYOUT.get()
     if layout is not None and sum(n for _, n in layout.ranges) < dim:
-        out[:, sum(n for _, n in layout.ranges):] = 0  # padding stays zero
+        out[:, sum(n for _, n in layout.ranges) :] = 0  # padding stays zero
     return out
 
 
@@ -179,7 +182,7 @@ def gaussian_rows(generator: torch.Generator, k: int, dim: int, dtype: torch.dty
     """``[k, dim]`` i.i.d. standard normal entries from a CPU ``generator``: z = √2·erfinv(2u − 1)
     of uniform float64 draws u ∈ (0, 1) (one draw per number, so the stream does not depend on how
     the rows or columns are split, unlike ``torch.randn``); sharded: this rank's columns."""
-    tiny = 2.0 ** -53
+    tiny = 2.0**-53
 
     def draw(n: int) -> torch.Tensor:
         u = torch.rand(n, generator=generator, dtype=torch.float64).mul_(1 - 2 * tiny).add_(tiny)
@@ -307,8 +310,8 @@ class RowBasis:
         for _ in range(passes):
             start = 0
             for B in self.views():
-                c = gram(w, B)                                   # [1, rows] float64
-                coef[start:start + B.shape[0]] += c[0].numpy()
+                c = gram(w, B)  # [1, rows] float64
+                coef[start : start + B.shape[0]] += c[0].numpy()
                 combine_into(w, c, B, alpha=-1.0)
                 start += B.shape[0]
         return coef
@@ -321,7 +324,7 @@ class RowBasis:
         Md = torch.as_tensor(M).to(device=self.device, dtype=dt)
         views = self.views()
         for s in spans(self.dim, self.n + r):
-            X = torch.cat([B[:, s] for B in views]).to(dt)     # [n, chunk]
+            X = torch.cat([B[:, s] for B in views]).to(dt)  # [n, chunk]
             Y = Md @ X
             for i in range(r):
                 self.row(i)[s].copy_(Y[i])
@@ -333,6 +336,6 @@ class RowBasis:
         out = torch.zeros(M.shape[0], self.dim, dtype=dtype, device=device)
         start = 0
         for B in self.views():
-            combine_into(out, torch.as_tensor(M[:, start:start + B.shape[0]].copy()), B)
+            combine_into(out, torch.as_tensor(M[:, start : start + B.shape[0]].copy()), B)
             start += B.shape[0]
         return out

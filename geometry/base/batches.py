@@ -10,6 +10,7 @@ that. A ``loss_fn`` without it gets the batch size (rows: ``batch.shape[0]``, or
 for an ``(inputs, targets)`` tuple), an example-weighted mean, equal to the token-weighted one only
 for equal-shaped batches.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,12 @@ def default_batch_weight(batch: Any, loss_fn: Callable[..., Any] | None = None) 
     return float(weigh(batch)) if callable(weigh) else rows_weight(batch)
 
 
-def raw_batch_weights(batches: Sequence[Any], weights: Sequence[float] | None = None,
-                      error: type[Exception] = ValueError, loss_fn: Callable[..., Any] | None = None) -> list[float]:
+def raw_batch_weights(
+    batches: Sequence[Any],
+    weights: Sequence[float] | None = None,
+    error: type[Exception] = ValueError,
+    loss_fn: Callable[..., Any] | None = None,
+) -> list[float]:
     """One unnormalised weight per batch (default: :func:`default_batch_weight` of each, with
     ``loss_fn``), checked: raises ``error`` when the count does not match the batches or a weight is
     negative or not finite."""
@@ -48,9 +53,12 @@ def raw_batch_weights(batches: Sequence[Any], weights: Sequence[float] | None = 
     return raw
 
 
-def normalise_batch_weights(batches: Sequence[Any], weights: Sequence[float] | None = None,
-                            error: type[Exception] = ValueError,
-                            loss_fn: Callable[..., Any] | None = None) -> tuple[float, ...]:
+def normalise_batch_weights(
+    batches: Sequence[Any],
+    weights: Sequence[float] | None = None,
+    error: type[Exception] = ValueError,
+    loss_fn: Callable[..., Any] | None = None,
+) -> tuple[float, ...]:
     """One weight per batch, normalised to sum 1 (default: :func:`default_batch_weight` of each, with
     ``loss_fn``).
 

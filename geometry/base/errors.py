@@ -10,6 +10,7 @@ caller's code keeps working. The CLI (:mod:`probes.cli`) prints a :class:`Lossle
 
 This module imports nothing, so every room (``geometry.base`` included) can use it.
 """
+
 from __future__ import annotations
 
 __all__ = ["LosslensError"]

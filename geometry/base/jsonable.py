@@ -4,6 +4,7 @@
 keys, list, str, int, float, bool, None). Used by the estimator results and planes here and by
 probes' checkpoint references and results store.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, is_dataclass

@@ -8,6 +8,7 @@ Every place that switches a user's model to eval for a while uses it: surfaces
 (:func:`geometry.surfaces.surface.evaluate_surface`), ``probes.core.lm.evaluate`` and the GPTQ and AWQ drivers;
 :class:`geometry.operators.hessian.HessianOperator` restores per-module modes the same way.
 """
+
 from __future__ import annotations
 
 import contextlib

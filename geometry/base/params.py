@@ -5,6 +5,7 @@ parameters of a module whose dotted names match one or more globs. A :class:`Par
 the order, shapes and flat offsets of that set so that dict-of-tensor vectors (pytrees) and flat
 vectors of length ``dim`` can be converted both ways without ambiguity.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -84,7 +85,9 @@ class ParamSpace:
         tensors = list(params.values())
         dtypes = {t.dtype for t in tensors}
         if len(dtypes) != 1:
-            raise ParameterSelectionError(f"selected parameters mix dtypes {sorted(map(str, dtypes))}; cast the model first")
+            raise ParameterSelectionError(
+                f"selected parameters mix dtypes {sorted(map(str, dtypes))}; cast the model first"
+            )
         return cls(tuple(params), tuple(t.shape for t in tensors), tensors[0].dtype, tensors[0].device)
 
     @property

@@ -1,4 +1,5 @@
 """Argument checks shared by the estimators (one message style for every bad input)."""
+
 from __future__ import annotations
 
 import functools
@@ -19,6 +20,7 @@ def on_operator_vectors(fn: F) -> F:
     operator's ``ShardLayout`` (``geometry.base._linalg``) in force (``op.layout``; None for whole
     vectors), so its inner products, norms, Gram matrices and random probes are those of the global
     vectors on every rank (docs/science.md §4, "Sharded vectors")."""
+
     @functools.wraps(fn)
     def run(op, *args, **kwargs):
         with sharded_vectors(getattr(op, "layout", None)):
@@ -30,14 +32,18 @@ def on_operator_vectors(fn: F) -> F:
 def refuse_sharded(op, what: str) -> None:
     """Raise in one line when ``op`` holds sharded vectors and ``what`` does not support them."""
     if getattr(op, "layout", None) is not None:
-        raise EstimatorError(f"{what} does not run on sharded operators yet (FSDP2): use hutchinson_trace, hutchpp_trace "
-                             "or top_eigenvalues (power, lanczos), or an unsharded operator")
+        raise EstimatorError(
+            f"{what} does not run on sharded operators yet (FSDP2): use hutchinson_trace, hutchpp_trace "
+            "or top_eigenvalues (power, lanczos), or an unsharded operator"
+        )
 
 
 def check_op(op) -> None:
     """Raise unless ``op`` is a :class:`~geometry.operators.interface.CurvatureOperator`."""
     if not isinstance(op, CurvatureOperator):
-        raise EstimatorError(f"op must be a CurvatureOperator (e.g. HessianOperator, DenseOperator), got {type(op).__name__}")
+        raise EstimatorError(
+            f"op must be a CurvatureOperator (e.g. HessianOperator, DenseOperator), got {type(op).__name__}"
+        )
 
 
 def check_int(name: str, value, minimum: int) -> int:

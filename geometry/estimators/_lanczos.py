@@ -20,6 +20,7 @@ runs). Two re-orthogonalisation modes:
 A run stops when its Krylov space becomes invariant (‖residual‖ ≤ 10·ε·‖T‖, ε the coarser of
 the products' and the vectors' precision): its Gauss quadrature is then exact.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -86,7 +87,7 @@ def lanczos(
     dtype, device = op.dtype, op.device
     bdtype = basis_dtype or dtype
     eps = 10.0 * max(op.product_eps, float(torch.finfo(dtype).eps), float(torch.finfo(bdtype).eps))
-    cur = starts.to(device=device, dtype=dtype)             # normalised in place: no copy of the starts
+    cur = starts.to(device=device, dtype=dtype)  # normalised in place: no copy of the starts
     norms = rowdot(cur, cur).sqrt()
     if not torch.all(norms > 0):
         raise ValueError("a Lanczos start vector is zero")
@@ -108,20 +109,20 @@ def lanczos(
     for j in range(m_max):
         if not active:
             break
-        W = op.matmat_flat(cur[: len(active)])                 # [a, dim]: one HVP per active run
+        W = op.matmat_flat(cur[: len(active)])  # [a, dim]: one HVP per active run
         still = []
         for pos, run in enumerate(active):
-            w = W[pos:pos + 1]
+            w = W[pos : pos + 1]
             prev_beta = betas[run][-1] if betas[run] else 0.0
             if bases is not None:
                 a = float(bases[run].orthogonalize(w)[j])
             else:
-                a = float(rowdot(cur[pos:pos + 1], w)[0])
+                a = float(rowdot(cur[pos : pos + 1], w)[0])
                 w.add_(cur[pos], alpha=-a)
                 if prev_beta:
                     w.add_(prev[pos], alpha=-prev_beta)
-                c = gram(w, prev[pos:pos + 1]), gram(w, cur[pos:pos + 1])  # one local re-orthogonalisation
-                w.add_(prev[pos], alpha=-float(c[0][0, 0]))                  # pass, in place (no stacked copy)
+                c = gram(w, prev[pos : pos + 1]), gram(w, cur[pos : pos + 1])  # one local re-orthogonalisation
+                w.add_(prev[pos], alpha=-float(c[0][0, 0]))  # pass, in place (no stacked copy)
                 w.add_(cur[pos], alpha=-float(c[1][0, 0]))
                 a += float(c[1][0, 0])
             b = float(rowdot(w, w)[0] ** 0.5)
@@ -134,7 +135,7 @@ def lanczos(
                 broke[run] = True
                 beta_next[run] = 0.0
                 continue
-            w.div_(b)                                          # in place: W's row becomes the next vector
+            w.div_(b)  # in place: W's row becomes the next vector
             if bases is not None:
                 bases[run].append(w[0])
             betas[run].append(b)
@@ -150,12 +151,14 @@ def lanczos(
     out = []
     for run in range(r):
         m = len(alphas[run])
-        out.append(LanczosRun(
-            alphas=np.asarray(alphas[run], dtype=np.float64),
-            betas=np.asarray(betas[run][: m - 1], dtype=np.float64),
-            beta_next=float(beta_next[run]),
-            breakdown=broke[run],
-        ))
+        out.append(
+            LanczosRun(
+                alphas=np.asarray(alphas[run], dtype=np.float64),
+                betas=np.asarray(betas[run][: m - 1], dtype=np.float64),
+                beta_next=float(beta_next[run]),
+                breakdown=broke[run],
+            )
+        )
     return out
 
 

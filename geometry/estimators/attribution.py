@@ -18,6 +18,7 @@ Memory: the direction, the gradient and Hd (three full-dim vectors, as direction
 for the within-block parts, one block of masked copies of d and their products (``2 · k · dim``
 numbers, k chosen to fit ``max_memory``), and the trace estimator's own memory when it runs here.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,9 @@ def _finite(name: str, x: float) -> float:
 
 
 # ------------------------------------------------------------------------------ by factor
-def factorise(gTd: float, dHd: float, norm2: float, trace: TraceEstimate | float, dim: int,
-              actual: float | None = None) -> QuadraticFactors:
+def factorise(
+    gTd: float, dHd: float, norm2: float, trace: TraceEstimate | float, dim: int, actual: float | None = None
+) -> QuadraticFactors:
     """Split ``½ dᵀHd`` into ``½ · ‖d‖² · (tr H/n) · κ`` with the trace's uncertainty (pure arithmetic).
 
     Args:
@@ -88,17 +90,34 @@ def factorise(gTd: float, dHd: float, norm2: float, trace: TraceEstimate | float
     actual_f = math.nan if actual is None else _finite("actual", actual)
     predicted = gTd + 0.5 * dHd
     return QuadraticFactors(
-        gTd=gTd, dHd=dHd, quadratic=0.5 * dHd, predicted=predicted, actual=actual_f, remainder=actual_f - predicted,
-        norm2=norm2, dim=dim, trace=t, trace_stderr=float(se), trace_ci_low=float(lo), trace_ci_high=float(hi),
-        trace_per_param=t / dim, trace_per_param_ci_low=lo / dim, trace_per_param_ci_high=hi / dim,
-        rayleigh=rayleigh, kappa=kappa, kappa_stderr=kappa_se, kappa_ci_low=ends[0], kappa_ci_high=ends[1],
+        gTd=gTd,
+        dHd=dHd,
+        quadratic=0.5 * dHd,
+        predicted=predicted,
+        actual=actual_f,
+        remainder=actual_f - predicted,
+        norm2=norm2,
+        dim=dim,
+        trace=t,
+        trace_stderr=float(se),
+        trace_ci_low=float(lo),
+        trace_ci_high=float(hi),
+        trace_per_param=t / dim,
+        trace_per_param_ci_low=lo / dim,
+        trace_per_param_ci_high=hi / dim,
+        rayleigh=rayleigh,
+        kappa=kappa,
+        kappa_stderr=kappa_se,
+        kappa_ci_low=ends[0],
+        kappa_ci_high=ends[1],
         trace_method=method,
     )
 
 
 # ------------------------------------------------------------------------------- by block
-def direction_parts(op: CurvatureOperator, direction: Mapping[str, torch.Tensor] | torch.Tensor,
-                    max_memory: int | str | None = None) -> DirectionParts:
+def direction_parts(
+    op: CurvatureOperator, direction: Mapping[str, torch.Tensor] | torch.Tensor, max_memory: int | str | None = None
+) -> DirectionParts:
     """Per-parameter ``d_pᵀ g_p``, ``d_pᵀ (Hd)_p`` and ``‖d_p‖²`` from one gradient and one HVP.
 
     Args:
@@ -116,8 +135,10 @@ def direction_parts(op: CurvatureOperator, direction: Mapping[str, torch.Tensor]
     refuse_sharded(op, "attribution")
     gradient = getattr(op, "gradient", None)
     if not callable(gradient):
-        raise EstimatorError(f"direction_parts needs an operator with a gradient() method (e.g. HessianOperator); "
-                             f"{type(op).__name__} has none")
+        raise EstimatorError(
+            f"direction_parts needs an operator with a gradient() method (e.g. HessianOperator); "
+            f"{type(op).__name__} has none"
+        )
     d = flat_direction(op, direction)
     plan = _direction_memory(op, max_memory)
     t0, n0 = time.perf_counter(), op.num_matvecs
@@ -138,9 +159,18 @@ def direction_parts(op: CurvatureOperator, direction: Mapping[str, torch.Tensor]
         norm2.append(float(rowdot(ds, ds)[0]))
     for name, xs in (("gTd", gTd), ("dHd", dHd)):
         _finite(name, math.fsum(xs))
-    return DirectionParts(names=names, numels=tuple(s.stop - s.start for s in slices), gTd=tuple(gTd), dHd=tuple(dHd),
-                          norm2=tuple(norm2), loss=_finite("loss", loss), num_matvecs=op.num_matvecs - n0,
-                          num_gradients=1, seconds=time.perf_counter() - t0, memory=plan.to_dict())
+    return DirectionParts(
+        names=names,
+        numels=tuple(s.stop - s.start for s in slices),
+        gTd=tuple(gTd),
+        dHd=tuple(dHd),
+        norm2=tuple(norm2),
+        loss=_finite("loss", loss),
+        num_matvecs=op.num_matvecs - n0,
+        num_gradients=1,
+        seconds=time.perf_counter() - t0,
+        memory=plan.to_dict(),
+    )
 
 
 def _check_members(names: tuple[str, ...], members: Mapping[str, Sequence[str]]) -> None:
@@ -150,12 +180,16 @@ def _check_members(names: tuple[str, ...], members: Mapping[str, Sequence[str]])
             if n not in names:
                 raise EstimatorError(f"group {gname!r} lists {n!r}, which is not a parameter of the space")
             if n in seen:
-                raise EstimatorError(f"parameter {n!r} is in groups {seen[n]!r} and {gname!r}; groups must partition the space")
+                raise EstimatorError(
+                    f"parameter {n!r} is in groups {seen[n]!r} and {gname!r}; groups must partition the space"
+                )
             seen[n] = gname
     missing = [n for n in names if n not in seen]
     if missing:
-        raise EstimatorError(f"groups leave out {len(missing)} parameter(s) (e.g. {missing[:3]}); the parts would not sum "
-                             "to the total. Put every parameter in one group")
+        raise EstimatorError(
+            f"groups leave out {len(missing)} parameter(s) (e.g. {missing[:3]}); the parts would not sum "
+            "to the total. Put every parameter in one group"
+        )
 
 
 def group_parts(parts: DirectionParts, members: Mapping[str, Sequence[str]]) -> dict[str, dict[str, float]]:
@@ -174,9 +208,12 @@ def group_parts(parts: DirectionParts, members: Mapping[str, Sequence[str]]) -> 
     return out
 
 
-def within_block_curvature(op: CurvatureOperator, direction: Mapping[str, torch.Tensor] | torch.Tensor,
-                           groups: Mapping[str, ParamGlobs] | str, max_memory: int | str | None = None
-                           ) -> tuple[dict[str, float], int]:
+def within_block_curvature(
+    op: CurvatureOperator,
+    direction: Mapping[str, torch.Tensor] | torch.Tensor,
+    groups: Mapping[str, ParamGlobs] | str,
+    max_memory: int | str | None = None,
+) -> tuple[dict[str, float], int]:
     """``d_bᵀ H_bb d_b`` for every block b: H applied to d masked to each block.
 
     Args:
@@ -203,7 +240,7 @@ def within_block_curvature(op: CurvatureOperator, direction: Mapping[str, torch.
     out: dict[str, float] = {}
     with op.configured(**plan.operator_settings):
         for start in range(0, len(names), b):
-            chunk = names[start:start + b]
+            chunk = names[start : start + b]
             V = torch.zeros(len(chunk), op.dim, dtype=op.dtype, device=op.device)
             for i, gname in enumerate(chunk):
                 for n in members[gname]:
@@ -215,10 +252,17 @@ def within_block_curvature(op: CurvatureOperator, direction: Mapping[str, torch.
     return out, op.num_matvecs - n0
 
 
-def attribute(op: CurvatureOperator, direction: Mapping[str, torch.Tensor] | torch.Tensor,
-              groups: Mapping[str, ParamGlobs] | str = "module", trace: TraceEstimate | float | None = None,
-              trace_matvecs: int = 30, seed: int = 0, within: bool = False, actual: float | None = None,
-              max_memory: int | str | None = None) -> Attribution:
+def attribute(
+    op: CurvatureOperator,
+    direction: Mapping[str, torch.Tensor] | torch.Tensor,
+    groups: Mapping[str, ParamGlobs] | str = "module",
+    trace: TraceEstimate | float | None = None,
+    trace_matvecs: int = 30,
+    seed: int = 0,
+    within: bool = False,
+    actual: float | None = None,
+    max_memory: int | str | None = None,
+) -> Attribution:
     """gᵀd and dᵀHd along ``direction``, by factor and by block, with the remainder when ``actual`` is given.
 
     Args:
@@ -244,14 +288,29 @@ def attribute(op: CurvatureOperator, direction: Mapping[str, torch.Tensor] | tor
     parts = direction_parts(op, direction, max_memory=max_memory)
     within_parts = within_block_curvature(op, direction, groups, max_memory)[0] if within else None
     if trace is None:
-        trace = hutchpp_trace(op, num_matvecs=check_int("trace_matvecs", trace_matvecs, 3), seed=seed, max_memory=max_memory)
-    return assemble(parts, members, trace, within=within_parts, actual=actual, num_matvecs=op.num_matvecs - n0,
-                    seconds=time.perf_counter() - t0)
+        trace = hutchpp_trace(
+            op, num_matvecs=check_int("trace_matvecs", trace_matvecs, 3), seed=seed, max_memory=max_memory
+        )
+    return assemble(
+        parts,
+        members,
+        trace,
+        within=within_parts,
+        actual=actual,
+        num_matvecs=op.num_matvecs - n0,
+        seconds=time.perf_counter() - t0,
+    )
 
 
-def assemble(parts: DirectionParts, members: Mapping[str, Sequence[str]], trace: TraceEstimate | float,
-             within: Mapping[str, float] | None = None, actual: float | None = None, num_matvecs: int | None = None,
-             seconds: float | None = None) -> Attribution:
+def assemble(
+    parts: DirectionParts,
+    members: Mapping[str, Sequence[str]],
+    trace: TraceEstimate | float,
+    within: Mapping[str, float] | None = None,
+    actual: float | None = None,
+    num_matvecs: int | None = None,
+    seconds: float | None = None,
+) -> Attribution:
     """An :class:`Attribution` from measured parts (no HVP): block sums over ``members`` (group →
     parameter names, a partition of ``parts.names``), the factors with ``trace`` (of the same
     space), the within-block parts when measured, the remainder when ``actual`` is given.
@@ -261,9 +320,18 @@ def assemble(parts: DirectionParts, members: Mapping[str, Sequence[str]], trace:
         raise EstimatorError(f"within-block parts are for groups {sorted(within)}, the blocks are {sorted(members)}")
     factors = factorise(parts.total_gTd, parts.total_dHd, parts.total_norm2, trace, parts.dim, actual)
     return Attribution(
-        factors=factors, groups=tuple(members), members={k: tuple(v) for k, v in members.items()}, sizes=sums["size"],
-        gTd=sums["gTd"], dHd=sums["dHd"], norm2=sums["norm2"], within=None if within is None else dict(within),
-        loss=parts.loss, trace=trace if isinstance(trace, TraceEstimate) else None,
-        num_matvecs=parts.num_matvecs if num_matvecs is None else num_matvecs, num_gradients=parts.num_gradients,
-        seconds=parts.seconds if seconds is None else seconds, memory=parts.memory,
+        factors=factors,
+        groups=tuple(members),
+        members={k: tuple(v) for k, v in members.items()},
+        sizes=sums["size"],
+        gTd=sums["gTd"],
+        dHd=sums["dHd"],
+        norm2=sums["norm2"],
+        within=None if within is None else dict(within),
+        loss=parts.loss,
+        trace=trace if isinstance(trace, TraceEstimate) else None,
+        num_matvecs=parts.num_matvecs if num_matvecs is None else num_matvecs,
+        num_gradients=parts.num_gradients,
+        seconds=parts.seconds if seconds is None else seconds,
+        memory=parts.memory,
     )

@@ -9,6 +9,7 @@ is ONE ``matmat`` with k = number of runs in a group (the HVP backend's batching
 every run uses full re-orthogonalisation (PyHessian does too) unless its basis cannot fit the
 memory budget (:func:`estimate_memory`; the choice is recorded in the result).
 """
+
 from __future__ import annotations
 
 import math
@@ -20,20 +21,40 @@ import torch
 from ._checks import check_int, check_op, refuse_sharded
 from ._lanczos import lanczos, ritz
 from ..base._linalg import RowBasis
-from ..memory.model import (Candidate, MemoryEstimate, basis_storage, choose, default_budget, pass_options, resolve_budget,
-                     TEMPORARIES_PART, temporaries_bytes, vector_bytes, with_basis)
+from ..memory.model import (
+    Candidate,
+    MemoryEstimate,
+    basis_storage,
+    choose,
+    default_budget,
+    pass_options,
+    resolve_budget,
+    TEMPORARIES_PART,
+    temporaries_bytes,
+    vector_bytes,
+    with_basis,
+)
 from ..operators.interface import CurvatureOperator
 from ..base.results import EstimatorError, SpectralDensity
 from .sampling import rademacher
 
 __all__ = ["spectral_density", "estimate_memory"]
 
-_ADVICE = ("use fewer runs or steps, reorth='none' (3 vectors per run), fewer or shorter curvature batches, "
-           "fewer parameters (params=...), or raise max_memory")
+_ADVICE = (
+    "use fewer runs or steps, reorth='none' (3 vectors per run), fewer or shorter curvature batches, "
+    "fewer parameters (params=...), or raise max_memory"
+)
 
 
-def estimate_memory(op: CurvatureOperator, num_runs: int = 4, num_steps: int = 40, max_memory=None,
-                    reorth: str = "auto", basis_device=None, basis_dtype: torch.dtype | None = None) -> MemoryEstimate:
+def estimate_memory(
+    op: CurvatureOperator,
+    num_runs: int = 4,
+    num_steps: int = 40,
+    max_memory=None,
+    reorth: str = "auto",
+    basis_device=None,
+    basis_dtype: torch.dtype | None = None,
+) -> MemoryEstimate:
     """The memory plan :func:`spectral_density` would run with: how many runs go in lock-step and
     whether they keep their bases (``reorth="full"``) or not (``"none"``). Full
     re-orthogonalisation is preferred; ``"auto"`` falls back to ``"none"`` only when not even one
@@ -52,18 +73,34 @@ def estimate_memory(op: CurvatureOperator, num_runs: int = 4, num_steps: int = 4
         for r in groups:
             calls = -(-num_runs // r) * steps
             for settings, pass_b, cost in pass_options(op, r, calls, num_runs * steps):
-                parts = {f"current vectors and products [{2 * r}, dim]": 2 * r * vec, "operator pass": pass_b,
-                         TEMPORARIES_PART: temporaries_bytes(op.dim)}
+                parts = {
+                    f"current vectors and products [{2 * r}, dim]": 2 * r * vec,
+                    "operator pass": pass_b,
+                    TEMPORARIES_PART: temporaries_bytes(op.dim),
+                }
                 host = {}
                 if mode == "full":
-                    rows = r * RowBasis.allocated_rows(steps, op.dim, bdtype)   # grown in whole blocks
-                    parts, host = with_basis(parts, f"bases [{r} x {rows // r}, dim] {str(bdtype).replace('torch.', '')}",
-                                             rows * vector_bytes(op.dim, bdtype), on_host)
+                    rows = r * RowBasis.allocated_rows(steps, op.dim, bdtype)  # grown in whole blocks
+                    parts, host = with_basis(
+                        parts,
+                        f"bases [{r} x {rows // r}, dim] {str(bdtype).replace('torch.', '')}",
+                        rows * vector_bytes(op.dim, bdtype),
+                        on_host,
+                    )
                 else:
                     parts = {f"previous vectors [{r}, dim]": r * vec, **parts}
-                cands.append(Candidate(MemoryEstimate(parts, budget, {"reorth": mode, "runs_per_group": r,
-                                                                      "basis_device": str(bdev), **settings},
-                                                      host, host_budget), cost))
+                cands.append(
+                    Candidate(
+                        MemoryEstimate(
+                            parts,
+                            budget,
+                            {"reorth": mode, "runs_per_group": r, "basis_device": str(bdev), **settings},
+                            host,
+                            host_budget,
+                        ),
+                        cost,
+                    )
+                )
         if any(c.estimate.fits for c in cands) or mode == modes[-1]:
             return choose(cands, "spectral_density", _ADVICE)
     raise AssertionError("unreachable")
@@ -153,8 +190,18 @@ def spectral_density(
         raise EstimatorError("SLQ density has no mass on the grid; pass a larger sigma or grid_size")
     dens = dens / area
     return SpectralDensity(
-        nodes=tuple(nodes), weights=tuple(weights), grid=grid, density=dens, sigma=float(sigma),
-        dim=dim, num_runs=num_runs, num_steps=steps, num_matvecs=op.num_matvecs - n0,
-        seconds=time.perf_counter() - t0, seed=int(seed), steps=tuple(run_steps), breakdowns=breakdowns,
+        nodes=tuple(nodes),
+        weights=tuple(weights),
+        grid=grid,
+        density=dens,
+        sigma=float(sigma),
+        dim=dim,
+        num_runs=num_runs,
+        num_steps=steps,
+        num_matvecs=op.num_matvecs - n0,
+        seconds=time.perf_counter() - t0,
+        seed=int(seed),
+        steps=tuple(run_steps),
+        breakdowns=breakdowns,
         memory=plan.to_dict(),
     )

@@ -3,6 +3,7 @@
 For a quantization step d = θ̂ − θ this links sharpness to quantization error directly
 (docs/science.md §4): ΔL ≈ gᵀd + ½ dᵀHd, to compare with the measured L(θ̂) − L(θ).
 """
+
 from __future__ import annotations
 
 import math
@@ -13,7 +14,14 @@ import torch
 
 from ._checks import check_op, flat_direction, refuse_sharded
 from ..base._linalg import rowdot
-from ..memory.model import TEMPORARIES_PART, MemoryEstimate, first_fitting, resolve_budget, temporaries_bytes, vector_bytes
+from ..memory.model import (
+    TEMPORARIES_PART,
+    MemoryEstimate,
+    first_fitting,
+    resolve_budget,
+    temporaries_bytes,
+    vector_bytes,
+)
 from ..operators.interface import CurvatureOperator
 from ..base.results import DirectionalCurvature, EstimatorError
 
@@ -25,14 +33,20 @@ def estimate_memory(op: CurvatureOperator, max_memory=None) -> MemoryEstimate:
     vectors of ``op.dtype``) plus one operator pass (no graph kept: one product)."""
     budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
     vec = vector_bytes(op.dim, op.dtype)
-    parts = {"direction, gradient, H d [3, dim]": 3 * vec, "operator pass": op.pass_bytes(1, cached=False),
-             TEMPORARIES_PART: temporaries_bytes(op.dim)}
+    parts = {
+        "direction, gradient, H d [3, dim]": 3 * vec,
+        "operator pass": op.pass_bytes(1, cached=False),
+        TEMPORARIES_PART: temporaries_bytes(op.dim),
+    }
     settings = {"cache_graphs": False}
     backend = getattr(op, "product_backend", None)
     if backend is not None and not backend.exact:  # its measured error goes with every result
         settings.update(backend=backend.name, hvp_check=op.checked())
-    return first_fitting([MemoryEstimate(parts, budget, settings)], "directional_curvature",
-                         "use fewer or shorter curvature batches, fewer parameters (params=...), or raise max_memory")
+    return first_fitting(
+        [MemoryEstimate(parts, budget, settings)],
+        "directional_curvature",
+        "use fewer or shorter curvature batches, fewer parameters (params=...), or raise max_memory",
+    )
 
 
 def directional_curvature(
@@ -79,7 +93,13 @@ def directional_curvature(
         if not math.isfinite(x):
             raise EstimatorError(f"{name} is not finite ({x}); check the loss and the direction")
     return DirectionalCurvature(
-        loss=loss, gTd=gTd, dHd=dHd, predicted_delta=gTd + 0.5 * dHd, direction_norm=norm,
-        num_matvecs=op.num_matvecs - n0, seconds=time.perf_counter() - t0, num_gradients=1,
+        loss=loss,
+        gTd=gTd,
+        dHd=dHd,
+        predicted_delta=gTd + 0.5 * dHd,
+        direction_norm=norm,
+        num_matvecs=op.num_matvecs - n0,
+        seconds=time.perf_counter() - t0,
+        num_gradients=1,
         memory=plan.to_dict(),
     )

@@ -20,6 +20,7 @@ plan: that, not the allocator, was most of the gap once put down to glibc.) It c
 process-wide state: call it from an application's entry point, never at import. It does nothing
 off glibc (macOS, musl) and for CUDA memory (torch's caching allocator keeps its own reserve).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -35,7 +36,7 @@ MMAP_THRESHOLD = 1 << 20
 STRICT_MMAP_THRESHOLD = 64 << 10
 #: The heaps return their free top to the OS once it exceeds this many bytes.
 TRIM_THRESHOLD = 1 << 20
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3           # glibc malloc.h
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc malloc.h
 
 
 def _libc():
@@ -46,8 +47,9 @@ def _libc():
         return None
 
 
-def return_freed_memory(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD,
-                        children: bool = True) -> bool:
+def return_freed_memory(
+    mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD, children: bool = True
+) -> bool:
     """Make freed host memory go back to the OS (glibc ``mallopt``; see the module docstring).
 
     Args:
@@ -63,7 +65,9 @@ def return_freed_memory(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: in
     lib = _libc()
     if lib is None:
         return False
-    ok = bool(lib.mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(lib.mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)))
+    ok = bool(lib.mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(
+        lib.mallopt(_M_TRIM_THRESHOLD, int(trim_threshold))
+    )
     if ok and children:
         for key, value in (("MALLOC_MMAP_THRESHOLD_", mmap_threshold), ("MALLOC_TRIM_THRESHOLD_", trim_threshold)):
             os.environ.setdefault(key, str(int(value)))

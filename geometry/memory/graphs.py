@@ -6,6 +6,7 @@ hooks on a one-row copy of the batch (parameters and buffers excluded: they are 
 scaled by the rows. The transient of the second backward is a fitted multiple of that graph
 (benchmarks/README.md, "Scale", checks the model against measured peaks).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -54,8 +55,13 @@ def first_rows(batch: Any, n: int) -> Any | None:
     their first dimension, of at least ``n`` rows), or None for a batch of any other kind."""
     if isinstance(batch, torch.Tensor) and batch.ndim >= 1 and batch.shape[0] >= n:
         return batch[:n].clone()
-    if (isinstance(batch, (tuple, list)) and batch and all(isinstance(t, torch.Tensor) and t.ndim >= 1 for t in batch)
-            and len({t.shape[0] for t in batch}) == 1 and batch[0].shape[0] >= n):
+    if (
+        isinstance(batch, (tuple, list))
+        and batch
+        and all(isinstance(t, torch.Tensor) and t.ndim >= 1 for t in batch)
+        and len({t.shape[0] for t in batch}) == 1
+        and batch[0].shape[0] >= n
+    ):
         return type(batch)(t[:n].clone() for t in batch)
     return None
 
@@ -81,8 +87,9 @@ def saved_graph_bytes(model: nn.Module, build: Callable[[], Any]) -> int:
     return int(sum(seen.values()))
 
 
-def pass_bytes(graphs: list[int], grad_bytes: int, vectorize: bool, k: int, chunk: int, cached: bool,
-               transient: int = 0) -> int:
+def pass_bytes(
+    graphs: list[int], grad_bytes: int, vectorize: bool, k: int, chunk: int, cached: bool, transient: int = 0
+) -> int:
     """Predicted peak of one reverse-over-reverse product of k vectors beyond its input and output,
     from each batch's graph bytes (``graphs``, gradients included), the bytes of one gradient
     (``grad_bytes``) and the loss's own temporaries (``transient``, independent of the batch size):

@@ -19,9 +19,9 @@ make the numerically relevant ones part of a row's identity, :func:`identity_set
 the smallest setting does not fit they raise :class:`MemoryBudgetError` before any work, with the
 bytes needed, the bytes available and what would fit.
 """
+
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,9 +33,20 @@ from ..base.results import EstimatorError
 from .sizes import SizeError, parse_size
 
 __all__ = [
-    "MemoryBudgetError", "MemoryEstimate", "available_bytes", "total_bytes", "default_budget", "parse_bytes", "resolve_budget",
+    "MemoryBudgetError",
+    "MemoryEstimate",
+    "available_bytes",
+    "total_bytes",
+    "default_budget",
+    "parse_bytes",
+    "resolve_budget",
     "identity_settings",
-    "format_bytes", "vector_bytes", "temporaries_bytes", "TEMPORARIES_PART", "CPU_FRACTION", "CUDA_FRACTION",
+    "format_bytes",
+    "vector_bytes",
+    "temporaries_bytes",
+    "TEMPORARIES_PART",
+    "CPU_FRACTION",
+    "CUDA_FRACTION",
 ]
 
 #: Fraction of the total memory an estimator takes by default. CPU RAM is shared with the OS, other
@@ -78,8 +89,10 @@ def _room(device: torch.device | str | None) -> tuple[int, str]:
         return torch.cuda.get_device_properties(dev).total_memory, f"the memory of {dev}"
     rooms = [(_host_total(), "this machine's RAM")]
     if dev is None and torch.cuda.is_available():
-        rooms += [(torch.cuda.get_device_properties(i).total_memory, f"the memory of cuda:{i}")
-                  for i in range(torch.cuda.device_count())]
+        rooms += [
+            (torch.cuda.get_device_properties(i).total_memory, f"the memory of cuda:{i}")
+            for i in range(torch.cuda.device_count())
+        ]
     return max(rooms)
 
 
@@ -248,11 +261,18 @@ class MemoryEstimate:
         return {k: self.settings[k] for k in ("chunk_size", "cache_graphs") if k in self.settings}
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"predicted_bytes": self.total, "budget_bytes": self.budget,
-               "parts": {k: int(v) for k, v in self.parts.items()}, "settings": dict(self.settings)}
+        out = {
+            "predicted_bytes": self.total,
+            "budget_bytes": self.budget,
+            "parts": {k: int(v) for k, v in self.parts.items()},
+            "settings": dict(self.settings),
+        }
         if self.host_parts:
-            out.update(host_bytes=self.host_total, host_budget_bytes=self.host_budget,
-                       host_parts={k: int(v) for k, v in self.host_parts.items()})
+            out.update(
+                host_bytes=self.host_total,
+                host_budget_bytes=self.host_budget,
+                host_parts={k: int(v) for k, v in self.host_parts.items()},
+            )
         return out
 
 
@@ -330,8 +350,12 @@ def first_fitting(candidates: list[MemoryEstimate], what: str, advice: str) -> M
     raise refuse(what, min(candidates, key=lambda e: e.total), advice)
 
 
-def basis_storage(op_device: Any, basis_device: Any = None, basis_dtype: torch.dtype | None = None,
-                  vector_dtype: torch.dtype = torch.float32) -> tuple[torch.device, torch.dtype, bool]:
+def basis_storage(
+    op_device: Any,
+    basis_device: Any = None,
+    basis_dtype: torch.dtype | None = None,
+    vector_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.device, torch.dtype, bool]:
     """``(device, dtype, on_host)`` where an estimator keeps a large basis: the operator's device
     and the vectors' dtype by default; ``basis_device="cpu"`` keeps it in host RAM when the
     operator is on a GPU (counted against the host budget); ``basis_dtype`` (e.g. bfloat16) stores

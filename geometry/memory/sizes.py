@@ -18,6 +18,7 @@ An ``int`` is a number of bytes computed by code (a budget derived from a measur
 forces a plan): exact, at least 1, with no upper bound (a budget is a bound, not an allocation).
 Everything else (a float, a bool, None) is refused.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,8 +32,17 @@ __all__ = ["SizeError", "parse_size", "MIN_SIZE", "UNITS", "ACCEPTED"]
 #: The smallest size a user may write: 1 MB (10⁶ bytes). Below it no curvature plan fits.
 MIN_SIZE = 10**6
 #: Bytes per unit, by the unit's lower-case spelling.
-UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 #: What a size may look like, for the messages.
 ACCEPTED = "a number and a unit, B/kB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024), e.g. 8GB or 512MiB"
 _MAX_CHARS = 64
@@ -85,14 +95,20 @@ def parse_size(value: Any, limit: int | None = None, limit_text: str = "this mac
     if unit.lower() not in UNITS:
         if unit.lower() in ("k", "m", "g", "t"):
             u = unit.upper().replace("K", "k")
-            raise SizeError(f"the unit of {value!r} is ambiguous ({u} means 10^n or 2^n bytes depending on the tool); "
-                            f"write {number}{u}B (powers of 1000) or {number}{unit.upper()}iB (powers of 1024)")
+            raise SizeError(
+                f"the unit of {value!r} is ambiguous ({u} means 10^n or 2^n bytes depending on the tool); "
+                f"write {number}{u}B (powers of 1000) or {number}{unit.upper()}iB (powers of 1024)"
+            )
         raise SizeError(f"the size {value!r} has an unknown unit {unit!r}; write {ACCEPTED}")
     nbytes = int(Fraction(number) * UNITS[unit.lower()])
     if nbytes < MIN_SIZE:
-        raise SizeError(f"the size {value!r} is {_bytes_text(nbytes)}, below the smallest size, 1 MB "
-                        f"({MIN_SIZE:,} bytes); write {ACCEPTED}, from 1MB up")
+        raise SizeError(
+            f"the size {value!r} is {_bytes_text(nbytes)}, below the smallest size, 1 MB "
+            f"({MIN_SIZE:,} bytes); write {ACCEPTED}, from 1MB up"
+        )
     if limit is not None and nbytes > limit:
-        raise SizeError(f"the size {value!r} is {_bytes_text(nbytes)}, more than {limit_text} "
-                        f"({_bytes_text(limit)}); write a size from 1MB to {limit // MIN_SIZE}MB")
+        raise SizeError(
+            f"the size {value!r} is {_bytes_text(nbytes)}, more than {limit_text} "
+            f"({_bytes_text(limit)}); write a size from 1MB to {limit // MIN_SIZE}MB"
+        )
     return nbytes

@@ -6,6 +6,7 @@ backward and no forward-AD rule. Curvature code therefore runs every forward pas
 backend (a composition of matmul/softmax ops that differentiates to any order). Models that use
 eager attention are unaffected. Callers never need to know: the HVP operators enter it themselves.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -5,6 +5,7 @@ reverse pass and the difference pass on the operator and returns the backend obj
 its reason (``backend_choice``: what was chosen, why, the bytes and, for the difference backend,
 its measured error).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -53,21 +54,49 @@ class AutoBackend:
         else:
             why_not = f"the exact pass needs {format_bytes(exact)} of a {format_bytes(budget)} budget"
         if exact is not None and exact <= budget:
-            return reverse, {"chosen": reverse.name, "why": f"the exact pass fits: {format_bytes(exact)} of "
-                             f"{format_bytes(budget)}", "exact_bytes": exact, "budget_bytes": budget}, None
+            return (
+                reverse,
+                {
+                    "chosen": reverse.name,
+                    "why": f"the exact pass fits: {format_bytes(exact)} of {format_bytes(budget)}",
+                    "exact_bytes": exact,
+                    "budget_bytes": budget,
+                },
+                None,
+            )
         diff = self.difference.pass_bytes(op, 1) + state
         if diff > budget:
-            return reverse, {"chosen": reverse.name, "why": f"{why_not} and the difference pass {format_bytes(diff)}: "
-                             "neither fits (the estimators refuse)", "exact_bytes": exact, "difference_bytes": diff,
-                             "budget_bytes": budget}, None
+            return (
+                reverse,
+                {
+                    "chosen": reverse.name,
+                    "why": f"{why_not} and the difference pass {format_bytes(diff)}: "
+                    "neither fits (the estimators refuse)",
+                    "exact_bytes": exact,
+                    "difference_bytes": diff,
+                    "budget_bytes": budget,
+                },
+                None,
+            )
         check = self.difference.check(op)
         err = check["rel_error"]
         if err is None or not err <= self.tolerance:
             measured = "could not be measured (no exact product on the check slice)" if err is None else f"is {err:.2g}"
-            raise OperatorError(f"backend='auto': {why_not} and the difference backend's error {measured}, above "
-                                f"difference_tolerance={self.tolerance:g}; raise max_memory, loosen the tolerance or "
-                                "pass backend='difference'")
-        return self.difference, {"chosen": self.difference.name, "why": f"{why_not}; the difference pass fits "
-                                 f"({format_bytes(diff)}) and its measured error {err:.2g} is within {self.tolerance:g}",
-                                 "exact_bytes": exact, "difference_bytes": diff, "budget_bytes": budget,
-                                 "rel_error": err}, check
+            raise OperatorError(
+                f"backend='auto': {why_not} and the difference backend's error {measured}, above "
+                f"difference_tolerance={self.tolerance:g}; raise max_memory, loosen the tolerance or "
+                "pass backend='difference'"
+            )
+        return (
+            self.difference,
+            {
+                "chosen": self.difference.name,
+                "why": f"{why_not}; the difference pass fits "
+                f"({format_bytes(diff)}) and its measured error {err:.2g} is within {self.tolerance:g}",
+                "exact_bytes": exact,
+                "difference_bytes": diff,
+                "budget_bytes": budget,
+                "rel_error": err,
+            },
+            check,
+        )

@@ -46,6 +46,7 @@ The gradient-difference loop measures vectors through a :class:`VectorSpace`: wh
 rank (:data:`LOCAL`) or a rank's shards of a global vector whose sums are all-reduced
 (:class:`ReducedVectors`, the FSDP2 operator), so one loop serves both.
 """
+
 from __future__ import annotations
 
 import abc
@@ -152,8 +153,9 @@ class ProductBackend(abc.ABC):
         return second_order_attention()
 
     @abc.abstractmethod
-    def products(self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor],
-                 outs: list[torch.Tensor]) -> None:
+    def products(
+        self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]
+    ) -> None:
         """``outs[j] += Σ_b w_b (H_b V)_j`` over the operator's batches, V given per parameter as
         ``vs[j]`` ``[k, *shape_j]`` in the vector dtype; ``params``: the selected live parameters."""
 

@@ -21,6 +21,7 @@
   replaced); one that vanished or changed shape, dtype or device raises
   :class:`~geometry.operators.interface.OperatorError`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,15 +46,17 @@ def current_parameters(model: nn.Module, space: ParamSpace) -> dict[str, torch.T
     for name, shape in zip(space.names, space.shapes):
         p = named.get(name)
         if p is None or p.shape != shape or p.dtype != space.dtype or p.device != space.device:
-            raise OperatorError(f"parameter {name!r} vanished or changed shape/dtype/device since the operator was "
-                                "built")
+            raise OperatorError(
+                f"parameter {name!r} vanished or changed shape/dtype/device since the operator was built"
+            )
         out[name] = p
     return out
 
 
 @contextlib.contextmanager
-def product_call(model: nn.Module, space: ParamSpace, attention: ContextManager,
-                 compute_dtype: torch.dtype | None = None) -> Iterator[dict[str, torch.Tensor]]:
+def product_call(
+    model: nn.Module, space: ParamSpace, attention: ContextManager, compute_dtype: torch.dtype | None = None
+) -> Iterator[dict[str, torch.Tensor]]:
     """Yields the selected parameters. Eval mode, ``attention``, true embedding derivatives, grad
     enabled, parameters outside the selection frozen (``requires_grad=False``: autograd then keeps
     no graph for the layers that lead to no selected parameter, and the Hessian is w.r.t. the

@@ -22,6 +22,7 @@ Cost per ``matmat`` of k vectors: the local products, plus one ``all_reduce`` of
 vector dtype and one of a single flag. Memory: one [k, dim] buffer beyond the single-process pass
 (the reduction is in place on the result).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,6 +33,7 @@ import torch
 from ..base.batches import raw_batch_weights
 from ..memory.model import default_budget
 from .interface import OperatorError
+
 
 class RankError(OperatorError):
     """Raised on every rank when one or more ranks failed; names them and their messages."""
@@ -144,23 +146,31 @@ class DataParallel:
         digests = self.gather_objects(digest)
         if len(set(digests)) > 1:
             every = self.gather_objects(fields)
-            diffs = [f"{key}: " + ", ".join(f"rank {r}={every[r].get(key)!r}" for r in range(self.world_size))
-                     for key in fields if len({repr(e.get(key)) for e in every}) > 1]
-            raise RankError(f"{what} differs between ranks ({'; '.join(diffs)}): every rank must build the same "
-                            "operator (same model, parameter selection and dtype)")
+            diffs = [
+                f"{key}: " + ", ".join(f"rank {r}={every[r].get(key)!r}" for r in range(self.world_size))
+                for key in fields
+                if len({repr(e.get(key)) for e in every}) > 1
+            ]
+            raise RankError(
+                f"{what} differs between ranks ({'; '.join(diffs)}): every rank must build the same "
+                "operator (same model, parameter selection and dtype)"
+            )
 
 
-def global_batch_weights(parallel: DataParallel, batches: Sequence[Any], raw: Sequence[float],
-                         device: torch.device) -> tuple[float, ...]:
+def global_batch_weights(
+    parallel: DataParallel, batches: Sequence[Any], raw: Sequence[float], device: torch.device
+) -> tuple[float, ...]:
     """This rank's batch weights normalised by the sum of the raw weights over *every* rank's
     batches (so products equal one process's over all batches). Raises :class:`RankError` on every
     rank when a rank has no batch or the weights sum to zero."""
     counts = parallel.gather_objects(len(batches))
     empty = [r for r, n in enumerate(counts) if n == 0]
     if empty:
-        raise RankError(f"rank {', '.join(map(str, empty))} of {parallel.world_size} got no curvature batch "
-                        f"({sum(counts)} batches over {parallel.world_size} ranks): give every rank at least one "
-                        "batch (more batches, or fewer processes)")
+        raise RankError(
+            f"rank {', '.join(map(str, empty))} of {parallel.world_size} got no curvature batch "
+            f"({sum(counts)} batches over {parallel.world_size} ranks): give every rank at least one "
+            "batch (more batches, or fewer processes)"
+        )
     (total,) = parallel.sum_floats([sum(raw)], device)
     if total <= 0:
         raise RankError("batch weights sum to zero over all ranks")
@@ -174,10 +184,15 @@ def join_data_parallel(op: Any, spec: Any, weights: Sequence[float] | None) -> D
     this rank's weights normalised over all ranks' batches, and ``op.max_memory`` (when None) to
     the smallest default budget over the ranks, so every rank makes the same memory plan."""
     pg = spec if isinstance(spec, DataParallel) else DataParallel(None if spec is True else spec)
-    pg.check_same({"dim": op.dim, "names": list(op.space.names), "dtype": str(op.param_dtype),
-                   "backend": op.backend}, "the Hessian operator")
-    raw = pg.agree(lambda: raw_batch_weights(op.batches, weights, OperatorError, op.loss_fn), "checking the batch weights",
-                   op.device)
+    pg.check_same(
+        {"dim": op.dim, "names": list(op.space.names), "dtype": str(op.param_dtype), "backend": op.backend},
+        "the Hessian operator",
+    )
+    raw = pg.agree(
+        lambda: raw_batch_weights(op.batches, weights, OperatorError, op.loss_fn),
+        "checking the batch weights",
+        op.device,
+    )
     op.weights = global_batch_weights(pg, op.batches, raw, op.device)
     if op.max_memory is None:
         op.max_memory = pg.min_int(default_budget(op.device), op.device)
@@ -190,11 +205,13 @@ def split_batches(batches: Sequence[Any], rank: int, world_size: int) -> list[An
     batches than ranks."""
     n = len(batches)
     if n < world_size:
-        raise OperatorError(f"{n} curvature batches cannot be split over {world_size} ranks: every rank needs at least "
-                         "one batch (build more batches, or run fewer processes)")
+        raise OperatorError(
+            f"{n} curvature batches cannot be split over {world_size} ranks: every rank needs at least "
+            "one batch (build more batches, or run fewer processes)"
+        )
     base, extra = divmod(n, world_size)
     start = rank * base + min(rank, extra)
-    return list(batches[start:start + base + (1 if rank < extra else 0)])
+    return list(batches[start : start + base + (1 if rank < extra else 0)])
 
 
 __all__ = ["DataParallel", "RankError", "global_batch_weights", "join_data_parallel", "split_batches"]

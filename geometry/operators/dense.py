@@ -5,6 +5,7 @@ backward (``torch.autograd.grad`` of each gradient entry). It is O(dim) backward
 for tiny models. It deliberately avoids ``torch.func.hessian`` and ``jvp(jacrev(...))``, which
 were measured wrong for LayerNorm weights on torch 2.13 (docs/science.md §4).
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -75,7 +76,10 @@ def exact_hessian(
             g = torch.cat([x.reshape(-1) for x in grads])
             for i in range(space.dim):
                 row = torch.autograd.grad(g[i], tensors, retain_graph=True, allow_unused=True)
-                H[i] += wi * torch.cat(
-                    [(r if r is not None else torch.zeros_like(t)).reshape(-1) for r, t in zip(row, tensors)]
-                ).detach()
+                H[i] += (
+                    wi
+                    * torch.cat(
+                        [(r if r is not None else torch.zeros_like(t)).reshape(-1) for r, t in zip(row, tensors)]
+                    ).detach()
+                )
     return H, space

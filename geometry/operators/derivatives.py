@@ -13,6 +13,7 @@ restores it afterwards. ``F.embedding(..., padding_idx=...)`` called directly in
 cannot be reached this way; :func:`probes.models.second_order.check_second_order` catches such ops by
 comparing both backends on a probe batch that contains every special token.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +29,11 @@ __all__ = ["true_derivatives", "padding_modules", "check_dead_rows"]
 
 def padding_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(name, module)`` of every ``nn.Embedding`` / ``nn.EmbeddingBag`` with a ``padding_idx``."""
-    return [(n, m) for n, m in model.named_modules()
-            if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.padding_idx is not None]
+    return [
+        (n, m)
+        for n, m in model.named_modules()
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.padding_idx is not None
+    ]
 
 
 @contextlib.contextmanager

@@ -67,6 +67,7 @@ batches, then the operator all-reduces) and FSDP2 shards (:mod:`geometry.operato
 norms of the step rule go through a :class:`~geometry.operators.backend.VectorSpace`, whole or
 all-reduced.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -82,9 +83,21 @@ from ..memory.model import temporaries_bytes
 from .backend import LOCAL, ProductBackend, VectorSpace
 from .interface import CurvatureOperator, OperatorError
 
-__all__ = ["STEP_CONSTANT", "DEFAULT_TOLERANCE", "relative_step", "step_size", "stencil", "checkpointing_layers",
-           "difference_products", "gradient_pass_bytes", "pass_bytes", "product_error", "check_bytes", "measure",
-           "DifferenceBackend"]
+__all__ = [
+    "STEP_CONSTANT",
+    "DEFAULT_TOLERANCE",
+    "relative_step",
+    "step_size",
+    "stencil",
+    "checkpointing_layers",
+    "difference_products",
+    "gradient_pass_bytes",
+    "pass_bytes",
+    "product_error",
+    "check_bytes",
+    "measure",
+    "DifferenceBackend",
+]
 
 #: ``c`` in the step rule ``h = c · u^(1/3)`` (central) / ``c · u^(1/5)`` (Richardson), measured on
 #: the six tiny families (benchmarks/README.md, "Gradient-difference HVPs").
@@ -130,11 +143,18 @@ def checkpointing_layers(model: nn.Module) -> Iterator[list[nn.Module]]:
             m.training = flag
 
 
-def difference_products(params: Sequence[torch.Tensor], items: Sequence[tuple[int, float, Any]],
-                        loss_of: Callable[[Any, int], torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor],
-                        h: float, richardson: bool = False, space: VectorSpace = LOCAL,
-                        tensors: Sequence[torch.Tensor] | None = None,
-                        grad_of: Callable[[torch.Tensor], torch.Tensor] | None = None) -> int:
+def difference_products(
+    params: Sequence[torch.Tensor],
+    items: Sequence[tuple[int, float, Any]],
+    loss_of: Callable[[Any, int], torch.Tensor],
+    vs: list[torch.Tensor],
+    outs: list[torch.Tensor],
+    h: float,
+    richardson: bool = False,
+    space: VectorSpace = LOCAL,
+    tensors: Sequence[torch.Tensor] | None = None,
+    grad_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> int:
     """``outs[j][r] += Σ_b w_b (H_b v_r)_j`` by gradient differences; returns the gradients computed.
 
     Args:
@@ -208,8 +228,15 @@ def gradient_pass_bytes(loss_of: Callable[[], torch.Tensor], params: dict[str, t
     return int(peak)
 
 
-def pass_bytes(one_row_bytes: int, two_rows: int | None, rows: int, dim: int, param_dtype: torch.dtype, largest: int,
-               transient: int = 0) -> int:
+def pass_bytes(
+    one_row_bytes: int,
+    two_rows: int | None,
+    rows: int,
+    dim: int,
+    param_dtype: torch.dtype,
+    largest: int,
+    transient: int = 0,
+) -> int:
     """Predicted peak of one difference product beyond its input and output vectors.
 
     ``one_row_bytes`` / ``two_rows``: :func:`gradient_pass_bytes` of a one-row and a two-row copy of the
@@ -224,8 +251,7 @@ def pass_bytes(one_row_bytes: int, two_rows: int | None, rows: int, dim: int, pa
     return int(master + gradient + 4 * largest + transient)
 
 
-def product_error(op: CurvatureOperator, reference: CurvatureOperator, num_vectors: int = 2,
-                  seed: int = 0) -> float:
+def product_error(op: CurvatureOperator, reference: CurvatureOperator, num_vectors: int = 2, seed: int = 0) -> float:
     """Largest relative error ``‖op v − ref v‖ / ‖ref v‖`` over ``num_vectors`` seeded Gaussian
     vectors, one vector at a time, norms summed in float64 a chunk at a time. Cost: ``num_vectors``
     products of each operator. Memory beyond the products' passes: three ``[1, dim]`` vectors in
@@ -249,8 +275,8 @@ def _difference_norms(a: torch.Tensor, b: torch.Tensor, chunk: int = CHUNK) -> t
     """``(‖a − b‖, ‖b‖)`` of two flat vectors, in float64 one chunk at a time (no full-size copy)."""
     num = den = 0.0
     for s in range(0, a.numel(), chunk):
-        y = b[s:s + chunk].double()
-        num += float((a[s:s + chunk].double() - y).square().sum())
+        y = b[s : s + chunk].double()
+        num += float((a[s : s + chunk].double() - y).square().sum())
         den += float(y.square().sum())
     return math.sqrt(num), math.sqrt(den)
 
@@ -280,8 +306,13 @@ def measure(op: Any, backend: "DifferenceBackend", num_vectors: int = 2, seed: i
     from .reverse import ReverseBackend
 
     batches = list(backend.check_batches) if backend.check_batches is not None else [one_row(op.batches[0])[1]]
-    out = {"backend": backend.name, "step": backend.step(op), "richardson": backend.richardson,
-           "num_vectors": num_vectors, "seed": seed}
+    out = {
+        "backend": backend.name,
+        "step": backend.step(op),
+        "richardson": backend.richardson,
+        "num_vectors": num_vectors,
+        "seed": seed,
+    }
     diff = op.sibling(batches, DifferenceBackend(backend.difference_step, backend.richardson))
     try:
         from ..memory.model import format_bytes, resolve_budget
@@ -290,11 +321,19 @@ def measure(op: Any, backend: "DifferenceBackend", num_vectors: int = 2, seed: i
         need = check_bytes(op, diff.pass_bytes(1), reference.pass_bytes(1, cached=False))
         budget = resolve_budget(op.max_memory, op.device)
         if need > budget:  # planned like any estimator: never an allocation the budget did not allow
-            return {**out, "rel_error": None, "reference": f"not run on {_describe(batches)}: the exact check needs "
-                    f"{format_bytes(need)} of a {format_bytes(budget)} budget (bound it on a miniature instead)"}
+            return {
+                **out,
+                "rel_error": None,
+                "reference": f"not run on {_describe(batches)}: the exact check needs "
+                f"{format_bytes(need)} of a {format_bytes(budget)} budget (bound it on a miniature instead)",
+            }
         error = product_error(diff, reference, num_vectors, seed)
     except (RuntimeError, NotImplementedError, OperatorError) as exc:  # recorded, never silent
-        return {**out, "rel_error": None, "reference": f"unavailable on {_describe(batches)}: {type(exc).__name__}: {exc}"[:300]}
+        return {
+            **out,
+            "rel_error": None,
+            "reference": f"unavailable on {_describe(batches)}: {type(exc).__name__}: {exc}"[:300],
+        }
     dtype = str(op.param_dtype).replace("torch.", "")
     return {**out, "rel_error": error, "reference": f"reverse-over-reverse ({dtype}) on {_describe(batches)}"}
 
@@ -312,8 +351,9 @@ class DifferenceBackend(ProductBackend):
     exact = False
     second_order = False
 
-    def __init__(self, difference_step: float | None = None, richardson: bool = False,
-                 check_batches: Sequence[Any] | None = None):
+    def __init__(
+        self, difference_step: float | None = None, richardson: bool = False, check_batches: Sequence[Any] | None = None
+    ):
         self.difference_step, self.richardson, self.check_batches = difference_step, bool(richardson), check_batches
 
     def __repr__(self) -> str:
@@ -326,11 +366,19 @@ class DifferenceBackend(ProductBackend):
     def step(self, op: Any) -> float:
         return self.difference_step or relative_step(op.param_dtype, self.richardson)
 
-    def products(self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor],
-                 outs: list[torch.Tensor]) -> None:
+    def products(
+        self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]
+    ) -> None:
         items = [(i, w, b) for i, (w, b) in op.batch_items("hvp")]
-        op.num_gradients += difference_products(list(params.values()), items, lambda b, i: op.batch_loss(params, b, i),
-                                                vs, outs, self.step(op), self.richardson)
+        op.num_gradients += difference_products(
+            list(params.values()),
+            items,
+            lambda b, i: op.batch_loss(params, b, i),
+            vs,
+            outs,
+            self.step(op),
+            self.richardson,
+        )
 
     def pass_bytes(self, op: Any, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         """:func:`pass_bytes`, the largest over the operator's batches, each batch shape's gradient
@@ -343,8 +391,11 @@ class DifferenceBackend(ProductBackend):
             if key not in op.measured_passes:
                 with op.call_context(self) as params:
                     one = gradient_pass_bytes(lambda: op.batch_loss(params, sliced, i), params)
-                    two = None if rows < 2 else gradient_pass_bytes(
-                        lambda: op.batch_loss(params, first_rows(batch, 2), i), params)
+                    two = (
+                        None
+                        if rows < 2
+                        else gradient_pass_bytes(lambda: op.batch_loss(params, first_rows(batch, 2), i), params)
+                    )
                 op.measured_passes[key] = (one, two)
             one, two = op.measured_passes[key]
             out = max(out, pass_bytes(one, two, rows, op.dim, op.param_dtype, largest, op.loss_transient_bytes))

@@ -25,6 +25,7 @@ per product call (not per batch or vector), and only when graphs are kept. Measu
 3.2–4.6 ms per million parameters on one CPU thread, 1.0% (NeoX-1M) and 2.9% (NeoX-9M) of one
 gradient of 8 × 128 tokens, against the ≈ 2.3 gradients of each Hessian-vector product.
 """
+
 from __future__ import annotations
 
 import torch
@@ -66,9 +67,9 @@ def content_checksum(t: torch.Tensor) -> tuple[int, float]:
     exact = torch.zeros((), dtype=torch.int64, device=words.device)
     mixed = torch.zeros((), dtype=torch.float64, device=words.device)
     for start in range(0, words.numel(), CHUNK):
-        part = words[start:start + CHUNK]
+        part = words[start : start + CHUNK]
         exact += part.sum(dtype=torch.int64)
-        mixed += torch.dot(part.to(torch.float64), w[:part.numel()]) * (1 + (start // CHUNK) % 4093)
+        mixed += torch.dot(part.to(torch.float64), w[: part.numel()]) * (1 + (start // CHUNK) % 4093)
     return int(exact), float(mixed)
 
 
@@ -77,5 +78,6 @@ def model_fingerprint(model: nn.Module, content: bool = True) -> tuple:
     version, dtype, shape and (``content``) :func:`content_checksum`. Equal fingerprints: a graph
     built on the first state is valid for the second. Cost: see the module docstring."""
     ts = list(model.parameters()) + list(model.buffers())
-    return tuple((id(t), t.data_ptr(), t._version, t.dtype, tuple(t.shape),
-                  content_checksum(t) if content else None) for t in ts)
+    return tuple(
+        (id(t), t.data_ptr(), t._version, t.dtype, tuple(t.shape), content_checksum(t) if content else None) for t in ts
+    )

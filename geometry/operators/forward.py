@@ -6,6 +6,7 @@ as a function of the selected parameters with :func:`torch.func.functional_call`
 parameters and buffers enter as constants), and the jvp of its gradient is vmapped over the k
 tangents, a chunk at a time.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -32,9 +33,19 @@ class _LossModule(nn.Module):
         return self.loss_fn(self.model, batch)
 
 
-def forward_over_reverse(model: nn.Module, loss_fn, params: dict[str, torch.Tensor], batch: Any,
-                         vs: list[torch.Tensor], outs: list[torch.Tensor], weight: float, chunk: int,
-                         param_dtype: torch.dtype, check_loss: Callable[[torch.Tensor], None], index: int) -> None:
+def forward_over_reverse(
+    model: nn.Module,
+    loss_fn,
+    params: dict[str, torch.Tensor],
+    batch: Any,
+    vs: list[torch.Tensor],
+    outs: list[torch.Tensor],
+    weight: float,
+    chunk: int,
+    param_dtype: torch.dtype,
+    check_loss: Callable[[torch.Tensor], None],
+    index: int,
+) -> None:
     """``outs[j] += weight · (H_batch V)_j`` for V given per parameter as ``vs[j]`` ``[k, *shape_j]``."""
     from torch.func import functional_call, grad, jvp, vmap
 
@@ -63,8 +74,10 @@ def forward_over_reverse(model: nn.Module, loss_fn, params: dict[str, torch.Tens
         stop = min(start + chunk, k)
         hv, losses = batched({n: v[start:stop].to(param_dtype) for n, v in zip(names, vs)})
         if not torch.isfinite(losses).all():
-            raise OperatorError(f"the loss is {float(losses.reshape(-1)[0])} on batch {index}; "
-                                "the Hessian of a non-finite loss is undefined")
+            raise OperatorError(
+                f"the loss is {float(losses.reshape(-1)[0])} on batch {index}; "
+                "the Hessian of a non-finite loss is undefined"
+            )
         for n, o in zip(names, outs):
             o[start:stop].add_(hv[n], alpha=weight)
 
@@ -76,19 +89,31 @@ class ForwardBackend(ProductBackend):
 
     name = "forward"
 
-    def products(self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor],
-                 outs: list[torch.Tensor]) -> None:
+    def products(
+        self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]
+    ) -> None:
         k = vs[0].shape[0]
         for i, (w, batch) in op.batch_items("hvp"):
-            forward_over_reverse(op.model, op.loss_fn, params, cast_inputs(batch, op.compute_dtype), vs, outs, w,
-                                 op.chunk_for(k, True),
-                                 op.param_dtype, lambda loss: check_loss(loss, i, finite=False), i)
+            forward_over_reverse(
+                op.model,
+                op.loss_fn,
+                params,
+                cast_inputs(batch, op.compute_dtype),
+                vs,
+                outs,
+                w,
+                op.chunk_for(k, True),
+                op.param_dtype,
+                lambda loss: check_loss(loss, i, finite=False),
+                i,
+            )
 
     def pass_bytes(self, op: Any, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         graphs = [op.graph_bytes(i) for i in range(len(op.batches))]
         chunk = chunk or op.chunk_for(k, True)
-        return forward_pass_bytes(graphs, op.dim * itemsize(op.param_dtype), k, chunk,
-                                  op.loss_transient_bytes + converted_bytes(op, k, chunk))
+        return forward_pass_bytes(
+            graphs, op.dim * itemsize(op.param_dtype), k, chunk, op.loss_transient_bytes + converted_bytes(op, k, chunk)
+        )
 
     def pass_options(self, op: Any, k: int, calls: int, hvps: int) -> list[tuple[dict[str, Any], int, float]]:
         """Vmapped chunk sizes (no graph to keep); cost: 4 gradient-equivalents per vector."""

@@ -34,6 +34,7 @@ gradient has no graph (a zero Hessian row) is checked once with a finite differe
 share of the batches and products, gradients and memory plans are those of all ranks' batches
 together (:mod:`geometry.operators.data_parallel`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -168,7 +169,9 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         self.product_backend: ProductBackend = ReverseBackend() if isinstance(chosen, AutoBackend) else chosen
         self.chunk_size = chunk_size
         self.progress = progress
-        self.vectorize = (self.space.device.type != "cpu" or AUTO_VECTORIZE_CPU) if vectorize == "auto" else bool(vectorize)
+        self.vectorize = (
+            (self.space.device.type != "cpu" or AUTO_VECTORIZE_CPU) if vectorize == "auto" else bool(vectorize)
+        )
         self.cache_graphs = bool(cache_graphs) and self.can_keep_graphs
         self.max_memory = max_memory
         self.loss_transient_bytes = int(loss_transient_bytes)
@@ -186,7 +189,9 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         self.backend_choice: dict | None = None
         if isinstance(chosen, AutoBackend):
             if self.parallel is not None:  # each rank would measure its own check slice and could choose differently
-                raise OperatorError("backend='auto' is not available with data_parallel: pass backend='reverse' or 'difference'")
+                raise OperatorError(
+                    "backend='auto' is not available with data_parallel: pass backend='reverse' or 'difference'"
+                )
             self.product_backend, self.backend_choice, self.hvp_check = chosen.choose(self)
 
     # ------------------------------------------------------------------ attributes
@@ -237,9 +242,11 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
 
     def __repr__(self) -> str:
         mode = f"vectorize={self.vectorize}" if self.product_backend.keeps_graphs else "vmap"
-        return (f"HessianOperator(dim={self.dim}, params={len(self.space.names)} tensors, batches={len(self.batches)}, "
-                f"backend={self.backend!r}, {mode}, chunk_size={self.chunk_size}, dtype={self.param_dtype}, "
-                f"cache_graphs={self.cache_graphs})")
+        return (
+            f"HessianOperator(dim={self.dim}, params={len(self.space.names)} tensors, batches={len(self.batches)}, "
+            f"backend={self.backend!r}, {mode}, chunk_size={self.chunk_size}, dtype={self.param_dtype}, "
+            f"cache_graphs={self.cache_graphs})"
+        )
 
     # ------------------------------------------------------------------ public API
     def gradient(self) -> tuple[float, torch.Tensor]:
@@ -282,10 +289,16 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         between calls when ``cached`` (default: ``cache_graphs``)."""
         need = self.product_backend.pass_bytes(self, k, cached, chunk)
         need += compute_copy_bytes(self.model, self.compute_dtype)  # the compute-dtype copy of the weights
-        return need if self.parallel is None else self.parallel.planned_pass_bytes(need, k, self.dim, self.dtype, self.device)
+        return (
+            need
+            if self.parallel is None
+            else self.parallel.planned_pass_bytes(need, k, self.dim, self.dtype, self.device)
+        )
 
     @contextlib.contextmanager
-    def configured(self, chunk_size: int | None = None, cache_graphs: bool | None = None) -> Iterator["HessianOperator"]:
+    def configured(
+        self, chunk_size: int | None = None, cache_graphs: bool | None = None
+    ) -> Iterator["HessianOperator"]:
         """Temporarily set ``chunk_size`` / ``cache_graphs`` (estimators do this to fit their
         budget); graphs kept for the block are released at its end."""
         old = (self.chunk_size, self.cache_graphs)
@@ -310,8 +323,14 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
     def sibling(self, batches: Sequence[Any], backend: Any) -> "HessianOperator":
         """An operator of the same model, loss and parameter selection on other ``batches`` with
         ``backend`` (a name or object): the error checks' operators (default budget, no transients)."""
-        return HessianOperator(self.model, self.loss_fn, batches, params=list(self.space.names), backend=backend,
-                               compute_dtype=self.compute_dtype)
+        return HessianOperator(
+            self.model,
+            self.loss_fn,
+            batches,
+            params=list(self.space.names),
+            backend=backend,
+            compute_dtype=self.compute_dtype,
+        )
 
     def release_graphs(self) -> None:
         """Free the gradient graphs kept between calls."""
@@ -344,8 +363,9 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
     def call_context(self, backend: ProductBackend | None = None) -> ContextManager[dict[str, torch.Tensor]]:
         """:func:`~geometry.operators.call.product_call` of this operator (yields the selected
         parameters) with ``backend``'s attention (default: this operator's backend)."""
-        return product_call(self.model, self.space, (backend or self.product_backend).attention(self.model),
-                            self.compute_dtype)
+        return product_call(
+            self.model, self.space, (backend or self.product_backend).attention(self.model), self.compute_dtype
+        )
 
     def batch_loss(self, params: dict[str, torch.Tensor], batch: Any, index: int) -> torch.Tensor:
         """``loss_fn(model, batch)`` of batch ``index``, checked: a finite scalar with a graph."""
@@ -364,11 +384,13 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
             return self.chunk_size
         return DEFAULT_CHUNK if vmapped else k
 
-    def _accumulate(self, vs: list[torch.Tensor], outs: list[torch.Tensor],
-                    reduce: list[torch.Tensor] | None = None) -> None:
+    def _accumulate(
+        self, vs: list[torch.Tensor], outs: list[torch.Tensor], reduce: list[torch.Tensor] | None = None
+    ) -> None:
         """``outs[j] += Σ_b w_b (H_b V)_j`` for V given per parameter as ``vs[j]`` ``[k, *shape_j]``.
         Data-parallel: over this rank's batches, then the contiguous tensors ``reduce`` (holding
         ``outs``) are all-reduced, after every rank reported success."""
+
         def local() -> None:
             with self.call_context() as params:
                 self.product_backend.products(self, params, vs, outs)
@@ -381,8 +403,10 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
                 self.parallel.all_reduce_(t)
         for name, o in zip(self.space.names, outs):
             if not is_finite(o):
-                raise OperatorError(f"the Hessian-vector product is NaN/Inf (first at parameter {name!r}); "
-                                    "check the model's weights, the vectors and the loss")
+                raise OperatorError(
+                    f"the Hessian-vector product is NaN/Inf (first at parameter {name!r}); "
+                    "check the model's weights, the vectors and the loss"
+                )
 
 
 #: Measured choice for ``vectorize="auto"`` on CPU (benchmarks/README.md, "HVP throughput").

@@ -4,6 +4,7 @@ Estimators (trace, eigenvalues, density, ...) only need ``matmat`` on flat ``[k,
 a few attributes, so they run unchanged on the exact :class:`~geometry.operators.dense.DenseOperator` (tests,
 tiny problems) and on the Hessian-vector-product :class:`~geometry.operators.hessian.HessianOperator`.
 """
+
 from __future__ import annotations
 
 import abc
@@ -35,11 +36,11 @@ def is_finite(x: torch.Tensor) -> bool:
     unplanned temporary of 8 bytes per entry (563 MB for one Pythia-70m vector; issue #22).
     Temporaries: one float64 chunk (16.8 MB); one host synchronisation."""
     if not x.is_contiguous():
-        return bool(torch.isfinite(x).all())               # rare: one bool per entry
+        return bool(torch.isfinite(x).all())  # rare: one bool per entry
     flat = x.reshape(-1)
     total = torch.zeros((), dtype=torch.float64, device=x.device)
     for start in range(0, flat.numel(), CHUNK):
-        total += flat[start:start + CHUNK].sum(dtype=torch.float64)
+        total += flat[start : start + CHUNK].sum(dtype=torch.float64)
     return bool(torch.isfinite(total))
 
 
@@ -91,7 +92,9 @@ class CurvatureOperator(abc.ABC):
         return 0
 
     @contextlib.contextmanager
-    def configured(self, chunk_size: int | None = None, cache_graphs: bool | None = None) -> Iterator["CurvatureOperator"]:
+    def configured(
+        self, chunk_size: int | None = None, cache_graphs: bool | None = None
+    ) -> Iterator["CurvatureOperator"]:
         """Temporarily apply an estimator's memory plan (a no-op for operators without knobs)."""
         yield self
 

@@ -24,6 +24,7 @@ derivatives are not provided (``once_differentiable``: asking for one raises). I
 ``"reverse"`` HVP backend; it has no forward-mode rule, so the ``"forward"`` backend uses plain
 autograd. Equal to the autograd Hessian to float64 rounding (tests/test_linear_ce.py).
 """
+
 from __future__ import annotations
 
 import torch
@@ -86,9 +87,9 @@ class _LinearCE(torch.autograd.Function):
         lse = torch.empty(T, dtype=_cdt(h.dtype), device=h.device)
         total = torch.zeros((), dtype=torch.float64, device=h.device)
         for s in range(0, T, chunk):
-            z = _logits(h[s:s + chunk], W, b)
-            lse[s:s + chunk] = torch.logsumexp(z, dim=1)
-            total += (lse[s:s + chunk] - z.gather(1, y[s:s + chunk, None])[:, 0]).sum(dtype=torch.float64)
+            z = _logits(h[s : s + chunk], W, b)
+            lse[s : s + chunk] = torch.logsumexp(z, dim=1)
+            total += (lse[s : s + chunk] - z.gather(1, y[s : s + chunk, None])[:, 0]).sum(dtype=torch.float64)
         ctx.save_for_backward(h, W, b if b is not None else torch.empty(0, device=h.device), y, lse)
         ctx.has_bias, ctx.chunk = b is not None, chunk
         return (total / T).to(_cdt(h.dtype))
@@ -112,10 +113,10 @@ class _LinearCEGrad(torch.autograd.Function):
         gW = torch.zeros(W.shape, dtype=cdt, device=W.device)
         gb = torch.zeros(W.shape[0], dtype=cdt, device=W.device) if b is not None else None
         for s in range(0, T, chunk):
-            hc = h[s:s + chunk]
-            dz = _probs_minus_onehot(_logits(hc, W, b), lse[s:s + chunk], y[s:s + chunk]).mul_(scale)
+            hc = h[s : s + chunk]
+            dz = _probs_minus_onehot(_logits(hc, W, b), lse[s : s + chunk], y[s : s + chunk]).mul_(scale)
             dzc = dz.to(h.dtype)
-            torch.mm(dzc, W, out=gh[s:s + chunk])
+            torch.mm(dzc, W, out=gh[s : s + chunk])
             _accumulate_outer(gW, dzc, hc)
             if gb is not None:
                 gb += dz.sum(0)
@@ -140,33 +141,45 @@ class _LinearCEGrad(torch.autograd.Function):
         # per chunk, in place where it can be: p, u, dz (then dz·scale), J, and one product temporary
         # of [chunk, vocab]; nothing of W's size besides out_W
         for s in range(0, T, chunk):
-            hc, ahc = h[s:s + chunk], a_h[s:s + chunk]
-            p = _logits(hc, W, b).sub_(lse[s:s + chunk, None]).exp_()
-            u = torch.mm(ahc, W.T).addmm_(hc, a_W.T).to(cdt)   # the logit-space direction
+            hc, ahc = h[s : s + chunk], a_h[s : s + chunk]
+            p = _logits(hc, W, b).sub_(lse[s : s + chunk, None]).exp_()
+            u = torch.mm(ahc, W.T).addmm_(hc, a_W.T).to(cdt)  # the logit-space direction
             if a_b is not None:
                 u += a_b.to(cdt)
             dz = p.clone()
-            dz[torch.arange(len(hc), device=h.device), y[s:s + chunk]] -= 1.0
-            for r in range(0, len(hc), 16):                    # float64 sums of 16 rows: on CPU a float64
-                out_g += (dz[r:r + 16] * u[r:r + 16]).sum(dtype=torch.float64) / T  # sum casts its input
-            J = u.mul_(p)                                      # p ⊙ u, in u's storage
+            dz[torch.arange(len(hc), device=h.device), y[s : s + chunk]] -= 1.0
+            for r in range(0, len(hc), 16):  # float64 sums of 16 rows: on CPU a float64
+                out_g += (dz[r : r + 16] * u[r : r + 16]).sum(dtype=torch.float64) / T  # sum casts its input
+            J = u.mul_(p)  # p ⊙ u, in u's storage
             J.sub_(p.mul_(J.sum(1, keepdim=True))).mul_(scale)  # (p ⊙ u − p (p·u)) · scale
             del p
             dzs = dz.mul_(scale).to(h.dtype)
             Jc = J.to(h.dtype)
-            oh = torch.mm(Jc, W, out=out_h[s:s + chunk])
+            oh = torch.mm(Jc, W, out=out_h[s : s + chunk])
             oh.addmm_(dzs, a_W)
             _accumulate_outer(out_W, Jc, hc)
             _accumulate_outer(out_W, dzs, ahc)
             if out_b is not None:
                 out_b += J.sum(0)
             del dz, dzs, J, Jc, u
-        return (out_h, out_W.to(W.dtype), out_b.to(b.dtype) if out_b is not None else None, None, None,
-                out_g.to(g.dtype), None)
+        return (
+            out_h,
+            out_W.to(W.dtype),
+            out_b.to(b.dtype) if out_b is not None else None,
+            None,
+            None,
+            out_g.to(g.dtype),
+            None,
+        )
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         bias: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    chunk: int | None = None,
+) -> torch.Tensor:
     """Mean cross-entropy (nats; a float32 scalar for half-precision inputs, else their dtype) of the
     logits ``hidden @ weight.T + bias``.
 
@@ -178,7 +191,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     Twice differentiable in closed form (module docstring); logits are never stored whole.
     """
     if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"hidden [T, d] and weight [V, d] must agree on d; got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+        raise ValueError(
+            f"hidden [T, d] and weight [V, d] must agree on d; got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
     if targets.shape != (hidden.shape[0],):
         raise ValueError(f"targets must be [T] = [{hidden.shape[0]}], got {tuple(targets.shape)}")
     return _LinearCE.apply(hidden, weight, bias, targets.long(), chunk or default_chunk(weight.shape[0]))

@@ -4,6 +4,7 @@
 give a name; :func:`backend_named` turns it into the object (:mod:`geometry.operators.backend`).
 Everywhere else a backend is an object, asked what it does (``exact``, ``second_order``, ...).
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -23,17 +24,27 @@ BACKENDS = ("reverse", "forward", "difference", "auto")
 DEFAULT_BACKEND = "reverse"
 
 
-def backend_named(name: Any, difference_step: float | None = None, richardson: bool = False,
-                  check_batches: Sequence[Any] | None = None, difference_tolerance: float | None = None) -> Any:
+def backend_named(
+    name: Any,
+    difference_step: float | None = None,
+    richardson: bool = False,
+    check_batches: Sequence[Any] | None = None,
+    difference_tolerance: float | None = None,
+) -> Any:
     """The backend object for ``name`` (one of :data:`BACKENDS`) with the difference backend's
     settings; a :class:`ProductBackend` or :class:`~geometry.operators.auto.AutoBackend` passes
     through unchanged. Raises :class:`~geometry.operators.interface.OperatorError` for anything else."""
     if isinstance(name, (ProductBackend, AutoBackend)):
         return name
     difference = lambda: DifferenceBackend(difference_step, richardson, check_batches)  # noqa: E731
-    makers = {"reverse": ReverseBackend, "forward": ForwardBackend, "difference": difference,
-              "auto": lambda: AutoBackend(difference(), DEFAULT_TOLERANCE if difference_tolerance is None
-                                          else difference_tolerance)}
+    makers = {
+        "reverse": ReverseBackend,
+        "forward": ForwardBackend,
+        "difference": difference,
+        "auto": lambda: AutoBackend(
+            difference(), DEFAULT_TOLERANCE if difference_tolerance is None else difference_tolerance
+        ),
+    }
     if not isinstance(name, str) or name not in makers:
         raise OperatorError(f"backend must be 'reverse', 'forward', 'difference' or 'auto', got {name!r}")
     return makers[name]()

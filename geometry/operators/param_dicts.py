@@ -5,6 +5,7 @@
 flattening: the vectors of each parameter are passed to the operator's ``_accumulate`` as
 ``[k, *shape]`` blocks. Cost: the operator's products; memory: the input and output dicts.
 """
+
 from __future__ import annotations
 
 from typing import Mapping

@@ -21,6 +21,7 @@ a parameter's ``.data`` to another dtype gives it a new gradient accumulator, so
 one call would not reach the parameters in the next (measured: products of zero); each call
 rebuilds its graphs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,8 +35,12 @@ from .interface import OperatorError
 __all__ = ["COMPUTE_DTYPES", "HALF_DTYPES", "compute_dtype_for", "compute_copy_bytes", "computed_in", "cast_inputs"]
 
 #: The compute dtypes by name (the CLI's ``--compute-dtype`` choices).
-COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-                  "float64": torch.float64}
+COMPUTE_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 #: Storage dtypes whose curvature is computed in float32 by default.
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -48,8 +53,10 @@ def compute_dtype_for(storage: torch.dtype, requested: Any = None) -> torch.dtyp
         return torch.float32 if storage in HALF_DTYPES else storage
     dtype = COMPUTE_DTYPES.get(requested) if isinstance(requested, str) else requested
     if dtype not in COMPUTE_DTYPES.values():
-        raise OperatorError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)} (or None: float32 for "
-                            f"half-precision weights), got {requested!r}")
+        raise OperatorError(
+            f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)} (or None: float32 for "
+            f"half-precision weights), got {requested!r}"
+        )
     return dtype
 
 
@@ -69,6 +76,7 @@ def cast_inputs(batch: Any, dtype: torch.dtype) -> Any:
     """``batch`` with its half-precision floating tensors (a tensor, or a tuple/list of them) cast to
     ``dtype`` when that is wider, so float32 compute of a half model also takes half inputs (token ids
     and other tensors pass unchanged; anything else is returned as it is)."""
+
     def cast(t: Any) -> Any:
         if isinstance(t, torch.Tensor) and t.dtype in HALF_DTYPES and t.dtype != dtype and dtype not in HALF_DTYPES:
             return t.to(dtype)

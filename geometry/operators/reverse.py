@@ -7,6 +7,7 @@ gradient ``g = ∇L_b`` is built once with ``create_graph=True`` (:class:`Gradie
 backward per chunk of vectors (``vectorize=True``, ``is_grads_batched``). Memory: the graph
 plus one chunk's second-backward intermediates (:func:`geometry.memory.graphs.pass_bytes`).
 """
+
 from __future__ import annotations
 
 import math
@@ -40,9 +41,16 @@ def gradient_graph(loss: torch.Tensor, tensors: list[torch.Tensor]) -> GradientG
     return GradientGraph(loss, [grads[j] for j in live], live)
 
 
-def reverse_products(graph: GradientGraph, tensors: list[torch.Tensor], vs: list[torch.Tensor],
-                     outs: list[torch.Tensor], weight: float, chunk: int, vectorize: bool,
-                     param_dtype: torch.dtype) -> None:
+def reverse_products(
+    graph: GradientGraph,
+    tensors: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    outs: list[torch.Tensor],
+    weight: float,
+    chunk: int,
+    vectorize: bool,
+    param_dtype: torch.dtype,
+) -> None:
     """``outs[j] += weight · (H_b V)_j`` for V given per parameter as ``vs[j]`` ``[k, *shape_j]``
     (in the estimator dtype; converted to ``param_dtype`` a chunk at a time)."""
     if not graph.live:
@@ -52,16 +60,25 @@ def reverse_products(graph: GradientGraph, tensors: list[torch.Tensor], vs: list
         stop = min(start + chunk, k)
         if vectorize:
             hv = torch.autograd.grad(
-                graph.outputs, tensors, grad_outputs=[vs[j][start:stop].to(param_dtype) for j in graph.live],
-                retain_graph=True, is_grads_batched=True, allow_unused=True, materialize_grads=True,
+                graph.outputs,
+                tensors,
+                grad_outputs=[vs[j][start:stop].to(param_dtype) for j in graph.live],
+                retain_graph=True,
+                is_grads_batched=True,
+                allow_unused=True,
+                materialize_grads=True,
             )
             for o, h in zip(outs, hv):
                 o[start:stop].add_(h, alpha=weight)
             continue
         for r in range(start, stop):
             hv = torch.autograd.grad(
-                graph.outputs, tensors, grad_outputs=[vs[j][r].to(param_dtype) for j in graph.live],
-                retain_graph=True, allow_unused=True, materialize_grads=True,
+                graph.outputs,
+                tensors,
+                grad_outputs=[vs[j][r].to(param_dtype) for j in graph.live],
+                retain_graph=True,
+                allow_unused=True,
+                materialize_grads=True,
             )
             for o, h in zip(outs, hv):
                 o[r].add_(h, alpha=weight)
@@ -80,7 +97,9 @@ def check_loss(loss: Any, index: int, finite: bool = True) -> None:
     if not loss.is_floating_point():
         raise OperatorError(f"loss_fn returned a {loss.dtype} tensor; the loss must be floating point")
     if finite and not torch.isfinite(loss.detach()).all():
-        raise OperatorError(f"the loss is {float(loss.detach())} on batch {index}; the Hessian of a non-finite loss is undefined")
+        raise OperatorError(
+            f"the loss is {float(loss.detach())} on batch {index}; the Hessian of a non-finite loss is undefined"
+        )
 
 
 @dataclass
@@ -107,8 +126,9 @@ class ReverseBackend(ProductBackend):
     name = "reverse"
     keeps_graphs = True
 
-    def products(self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor],
-                 outs: list[torch.Tensor]) -> None:
+    def products(
+        self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]
+    ) -> None:
         cache = op.graph_cache
         chunk = op.chunk_for(vs[0].shape[0], op.vectorize)
         if op.cache_graphs:  # kept graphs are the Hessian at the weights they were built on
@@ -134,8 +154,11 @@ class ReverseBackend(ProductBackend):
         # that tensor, wrong when an op's backward is not differentiable -> checked once
         if len(graph.live) < len(tensors) and not cache.dead_checked:
             cache.dead_checked = True
-            check_dead_rows(lambda: op.batch_loss(params, batch, index), params,
-                            [j for j in range(len(tensors)) if j not in graph.live])
+            check_dead_rows(
+                lambda: op.batch_loss(params, batch, index),
+                params,
+                [j for j in range(len(tensors)) if j not in graph.live],
+            )
         if op.cache_graphs:
             cache.graphs[index] = graph
         return graph
@@ -143,17 +166,25 @@ class ReverseBackend(ProductBackend):
     def pass_bytes(self, op: Any, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         graphs = [op.graph_bytes(i) for i in range(len(op.batches))]
         chunk = chunk or op.chunk_for(k, True)
-        return pass_bytes(graphs, op.dim * itemsize(op.param_dtype), op.vectorize, k, chunk,
-                          op.cache_graphs if cached is None else cached,
-                          op.loss_transient_bytes + converted_bytes(op, k, chunk))
+        return pass_bytes(
+            graphs,
+            op.dim * itemsize(op.param_dtype),
+            op.vectorize,
+            k,
+            chunk,
+            op.cache_graphs if cached is None else cached,
+            op.loss_transient_bytes + converted_bytes(op, k, chunk),
+        )
 
     def pass_options(self, op: Any, k: int, calls: int, hvps: int) -> list[tuple[dict[str, Any], int, float]]:
         """Graphs rebuilt per call or kept; vmapped chunk sizes. Cost: 1.5 per graph build of every
         batch, 2 per vector (the measured shape), + 0.01 per vmapped chunk (larger ones run faster)."""
         chunks = _chunks(k) if op.vectorize and op.chunk_size is None else [None]
-        return [_option(op, k, chunk, cache, 1.5 * (1 if cache else calls) + 2.0 * hvps, hvps)
-                for chunk in chunks for cache in ((False, True) if calls > 1 and getattr(op, "can_keep_graphs", True)
-                                                  else (False,))]
+        return [
+            _option(op, k, chunk, cache, 1.5 * (1 if cache else calls) + 2.0 * hvps, hvps)
+            for chunk in chunks
+            for cache in ((False, True) if calls > 1 and getattr(op, "can_keep_graphs", True) else (False,))
+        ]
 
 
 def graph_bytes(op: Any, index: int) -> int:
@@ -163,6 +194,7 @@ def graph_bytes(op: Any, index: int) -> int:
     small gradient) and kept in ``op.measured_passes``."""
     rows, sliced, key = one_row(op.batches[index])
     if key not in op.measured_passes:
+
         def build():
             loss = op.batch_loss(params, sliced, index)
             torch.autograd.grad(loss, list(params.values()), create_graph=True, allow_unused=True)
@@ -187,8 +219,9 @@ def _chunks(k: int) -> list[int]:
     return sorted({min(k, c) for c in (16, 8, 4, 2, 1)}, reverse=True)
 
 
-def _option(op: Any, k: int, chunk: int | None, cache: bool, cost: float,
-            hvps: int) -> tuple[dict[str, Any], int, float]:
+def _option(
+    op: Any, k: int, chunk: int | None, cache: bool, cost: float, hvps: int
+) -> tuple[dict[str, Any], int, float]:
     """One ``(settings, pass bytes, cost)`` of an exact backend's plan (``backend_choice`` recorded
     when ``backend="auto"`` chose it)."""
     settings: dict[str, Any] = {"cache_graphs": cache}

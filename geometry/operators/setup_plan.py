@@ -27,6 +27,7 @@ first, from what is known without running anything:
 Nothing here changes what an accepted run measures or computes: the floors are lower bounds of the
 plans the estimators make anyway.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -69,8 +70,14 @@ def refusal(what: str, need: int, budget: int, why: str) -> MemoryBudgetError:
     )
 
 
-def plan_setup(model: torch.nn.Module, dim: int, param_dtype: torch.dtype, vector_dtype: torch.dtype,
-               max_memory: Any, transient: int = 0) -> SetupPlan:
+def plan_setup(
+    model: torch.nn.Module,
+    dim: int,
+    param_dtype: torch.dtype,
+    vector_dtype: torch.dtype,
+    max_memory: Any,
+    transient: int = 0,
+) -> SetupPlan:
     """Plan an operator's set-up on ``model`` for ``dim`` selected numbers before anything runs.
 
     Raises :class:`~geometry.memory.model.MemoryBudgetError` when :func:`setup_floor` exceeds
@@ -82,10 +89,14 @@ def plan_setup(model: torch.nn.Module, dim: int, param_dtype: torch.dtype, vecto
     device = next(model.parameters()).device
     budget = resolve_budget(max_memory, device)
     if floor > budget:
-        raise refusal("the curvature operator", floor, budget,
-                       f"one product of one vector: two gradients of {dim} parameters in "
-                       f"{str(param_dtype).replace('torch.', '')} and {STATE_VECTORS} vectors, planned before any "
-                       "measurement")
+        raise refusal(
+            "the curvature operator",
+            floor,
+            budget,
+            f"one product of one vector: two gradients of {dim} parameters in "
+            f"{str(param_dtype).replace('torch.', '')} and {STATE_VECTORS} vectors, planned before any "
+            "measurement",
+        )
     return SetupPlan(budget, floor)
 
 
@@ -122,6 +133,10 @@ def check_graph_floor(op: Any, plan: SetupPlan) -> None:
     need = pass_bytes([int(rows * row) + grad], grad, False, 1, 1, False, transient)
     need += STATE_VECTORS * op.dim * itemsize(op.dtype)
     if need > plan.budget:
-        raise refusal("the curvature operator's smallest pass", need, plan.budget,
-                       f"one vector on the double-backward graph of {rows} × {tokens} tokens, bounded from below on "
-                       f"one row's first {2 * PREFIX} tokens before measuring the whole row")
+        raise refusal(
+            "the curvature operator's smallest pass",
+            need,
+            plan.budget,
+            f"one vector on the double-backward graph of {rows} × {tokens} tokens, bounded from below on "
+            f"one row's first {2 * PREFIX} tokens before measuring the whole row",
+        )

@@ -35,6 +35,7 @@ Memory per rank (:meth:`pass_bytes`): the master copy of the local shards (in th
 rows (the all-gathered parameters of the live FSDP units, activations, reduce-scatter buffers),
 extrapolated linearly in the rows. Cost per product: (2 or 4 with Richardson) × rounds gradients.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -68,12 +69,16 @@ def sharded_parameters(model: nn.Module) -> dict[str, Any]:
         raise OperatorError("the model has no parameter with requires_grad=True")
     plain = [n for n, p in params.items() if not isinstance(p, DTensor)]
     if plain:
-        raise OperatorError(f"{len(plain)} parameter(s) are not sharded (e.g. {plain[0]!r}): call "
-                            "torch.distributed.fsdp.fully_shard on the model's blocks and on the model itself first")
+        raise OperatorError(
+            f"{len(plain)} parameter(s) are not sharded (e.g. {plain[0]!r}): call "
+            "torch.distributed.fsdp.fully_shard on the model's blocks and on the model itself first"
+        )
     for n, p in params.items():
         if p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),):
-            raise OperatorError(f"parameter {n!r} is placed as {tuple(p.placements)} on a {p.device_mesh.ndim}-D mesh; "
-                                "only FSDP2's Shard(0) on a 1-D mesh is supported (no HSDP, no tensor parallelism)")
+            raise OperatorError(
+                f"parameter {n!r} is placed as {tuple(p.placements)} on a {p.device_mesh.ndim}-D mesh; "
+                "only FSDP2's Shard(0) on a 1-D mesh is supported (no HSDP, no tensor parallelism)"
+            )
     return params
 
 
@@ -101,9 +106,18 @@ class ShardedHessianOperator(CurvatureOperator):
     elements), ``global_dim``, ``layout``, ``parallel`` (the mesh's group), ``rounds``.
     """
 
-    def __init__(self, model: nn.Module, loss_fn: LossFn, batches: Sequence[Any], weights: Sequence[float] | None = None,
-                 max_memory: int | str | None = None, difference_step: float | None = None, richardson: bool = False,
-                 progress: bool = False, compute_dtype: Any = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batches: Sequence[Any],
+        weights: Sequence[float] | None = None,
+        max_memory: int | str | None = None,
+        difference_step: float | None = None,
+        richardson: bool = False,
+        progress: bool = False,
+        compute_dtype: Any = None,
+    ):
         if not isinstance(model, nn.Module):
             raise OperatorError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not callable(loss_fn):
@@ -121,17 +135,24 @@ class ShardedHessianOperator(CurvatureOperator):
         wanted = compute_dtype_for(self._param_dtype, compute_dtype)
         if wanted != self._param_dtype:
             stored, wanted = (str(d).replace("torch.", "") for d in (self._param_dtype, wanted))
-            raise OperatorError(f"the model was sharded in {stored} but the products should run in {wanted}: shard a "
-                                "copy cast to it first (probes.models.sharding.shard_model(model, compute_dtype=...)), "
-                                f"or pass compute_dtype={stored!r} to keep that arithmetic")
+            raise OperatorError(
+                f"the model was sharded in {stored} but the products should run in {wanted}: shard a "
+                "copy cast to it first (probes.models.sharding.shard_model(model, compute_dtype=...)), "
+                f"or pass compute_dtype={stored!r} to keep that arithmetic"
+            )
         self.local_dim = sum(t.numel() for t in self.locals)
         self.global_dim = sum(p.numel() for p in self.params.values())
-        self.parallel.check_same({"names": list(self.names), "dtype": str(self._param_dtype),
-                                  "global_dim": self.global_dim}, "the sharded Hessian operator")
+        self.parallel.check_same(
+            {"names": list(self.names), "dtype": str(self._param_dtype), "global_dim": self.global_dim},
+            "the sharded Hessian operator",
+        )
         self.layout = self._layout()
         self._dim = self.parallel.max_int(self.local_dim, self._device)
-        raw = self.parallel.agree(lambda: raw_batch_weights(self.batches, weights, OperatorError, loss_fn), "checking the batch weights",
-                                  self._device)
+        raw = self.parallel.agree(
+            lambda: raw_batch_weights(self.batches, weights, OperatorError, loss_fn),
+            "checking the batch weights",
+            self._device,
+        )
         self.weights = global_batch_weights(self.parallel, self.batches, raw, self._device)
         self.rounds = self.parallel.max_int(len(self.batches), self._device)
         self.max_memory = max_memory
@@ -173,8 +194,10 @@ class ShardedHessianOperator(CurvatureOperator):
         return self._device
 
     def __repr__(self) -> str:
-        return (f"ShardedHessianOperator(global_dim={self.global_dim}, local_dim={self.local_dim}, "
-                f"ranks={self.parallel.world_size}, batches={len(self.batches)}, dtype={self._param_dtype})")
+        return (
+            f"ShardedHessianOperator(global_dim={self.global_dim}, local_dim={self.local_dim}, "
+            f"ranks={self.parallel.world_size}, batches={len(self.batches)}, dtype={self._param_dtype})"
+        )
 
     def _layout(self) -> ShardLayout:
         """Global positions of this rank's columns: each parameter's global offset plus the rows
@@ -195,7 +218,7 @@ class ShardedHessianOperator(CurvatureOperator):
     def _views(self, V: torch.Tensor) -> list[torch.Tensor]:
         k, out, start = V.shape[0], [], 0
         for t in self.locals:
-            out.append(V[:, start:start + t.numel()].view(k, *t.shape))
+            out.append(V[:, start : start + t.numel()].view(k, *t.shape))
             start += t.numel()
         return out
 
@@ -206,8 +229,12 @@ class ShardedHessianOperator(CurvatureOperator):
         the caller's ``.grad`` restored after."""
         grads = [(p, p.grad) for p in self.params.values()]
         try:
-            with module_modes(self.model, training=False), checkpointing_layers(self.model), torch.enable_grad(), \
-                    true_derivatives(self.model):
+            with (
+                module_modes(self.model, training=False),
+                checkpointing_layers(self.model),
+                torch.enable_grad(),
+                true_derivatives(self.model),
+            ):
                 yield
         finally:
             for p, g in grads:
@@ -236,8 +263,17 @@ class ShardedHessianOperator(CurvatureOperator):
         def local() -> None:
             with self._call_context():
                 self.num_gradients += difference_products(
-                    list(self.params.values()), items, loss_of, vs, outs, self.product_backend.step(self),
-                    self.richardson, space, tensors=self.locals, grad_of=lambda g: g.to_local())
+                    list(self.params.values()),
+                    items,
+                    loss_of,
+                    vs,
+                    outs,
+                    self.product_backend.step(self),
+                    self.richardson,
+                    space,
+                    tensors=self.locals,
+                    grad_of=lambda g: g.to_local(),
+                )
 
         # a rank that raises mid-product would leave the others in a collective: the backward passes
         # are collectives themselves, so a failure here is reported by the process group's timeout
@@ -253,8 +289,13 @@ class ShardedHessianOperator(CurvatureOperator):
         the same checkpoint, or on a miniature (:func:`probes.models.curvature.miniature_bound`)."""
         if self.hvp_check is not None:  # measured elsewhere (e.g. on the unsharded architecture)
             return self.hvp_check
-        return {"backend": self.backend, "step": self.product_backend.step(self), "richardson": self.richardson, "rel_error": None,
-                "reference": "not measured on a sharded model: run --backend difference in one process to measure it"}
+        return {
+            "backend": self.backend,
+            "step": self.product_backend.step(self),
+            "richardson": self.richardson,
+            "rel_error": None,
+            "reference": "not measured on a sharded model: run --backend difference in one process to measure it",
+        }
 
     # ------------------------------------------------------------------ memory
     def _measure_pass(self, rows: int) -> int:

@@ -8,6 +8,7 @@ grid points in one vmapped forward instead; :func:`concat_batches` concatenates 
 ``merge_batches``. Memory: one clone of the moved parameters (plus the plane's tensors moved to
 the model's device/dtype when they differ).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
@@ -52,6 +53,7 @@ def planned_forward_bytes(model: nn.Module, loss_fn, batches: Sequence[Any], poi
     whole. ``points_per_forward`` = k > 1 vmaps k points: k times one point's forward. Cost: two
     forwards of one and two rows (one forward of the batch when it cannot be sliced). Memory:
     what those forwards allocate."""
+
     def size(b) -> int:
         return sum(t.numel() for t in (b if isinstance(b, (tuple, list)) else [b]) if isinstance(t, torch.Tensor))
 
@@ -66,8 +68,14 @@ def planned_forward_bytes(model: nn.Module, loss_fn, batches: Sequence[Any], poi
     return int(max(1, int(points_per_forward)) * peak)
 
 
-def estimate_memory(model: nn.Module, plane: Plane, params: ParamGlobs = None, points_per_forward: int = 1,
-                    max_memory=None, forward: int = 0) -> MemoryEstimate:
+def estimate_memory(
+    model: nn.Module,
+    plane: Plane,
+    params: ParamGlobs = None,
+    points_per_forward: int = 1,
+    max_memory=None,
+    forward: int = 0,
+) -> MemoryEstimate:
     """Memory of evaluating a surface (beyond the model and the plane): the clone of the moved
     tensors that restores them, the plane's tensors converted when their dtype or device differ
     from the model's (3 dicts), ``points_per_forward`` stacked copies when vmapping several
@@ -79,16 +87,23 @@ def estimate_memory(model: nn.Module, plane: Plane, params: ParamGlobs = None, p
     targets.update(dict(model.named_buffers(remove_duplicate=False)))
     names = [n for n in iter_names(plane.names, params) if n in targets]
     moved = sum(targets[n].numel() * targets[n].element_size() for n in names)
-    converted = sum(3 * targets[n].numel() * targets[n].element_size() for n in names
-                    if (plane.origin[n].dtype, plane.origin[n].device) != (targets[n].dtype, targets[n].device))
+    converted = sum(
+        3 * targets[n].numel() * targets[n].element_size()
+        for n in names
+        if (plane.origin[n].dtype, plane.origin[n].device) != (targets[n].dtype, targets[n].device)
+    )
     parts = {"originals (restored at the end)": moved, "plane tensors converted to the model's dtype/device": converted}
     if points_per_forward > 1:
         parts[f"{points_per_forward} stacked points"] = points_per_forward * moved
     if forward:
         parts["forwards of one evaluation (measured)"] = int(forward)
     device = next(iter(targets.values())).device if targets else "cpu"
-    return first_fitting([MemoryEstimate(parts, resolve_budget(max_memory, device), {"points_per_forward": points_per_forward})],
-                         "evaluate_surface", "use points_per_forward=1, move fewer tensors (params=...), or raise max_memory")
+    return first_fitting(
+        [MemoryEstimate(parts, resolve_budget(max_memory, device), {"points_per_forward": points_per_forward})],
+        "evaluate_surface",
+        "use points_per_forward=1, move fewer tensors (params=...), or raise max_memory",
+    )
+
 
 class PlaneMover:
     """Writes θ(x, y) into the model's tensors in place; restores the originals exactly."""
@@ -163,8 +178,8 @@ def concat_batches(batches: list, w: list[float], merge: bool | int, weights) ->
         raise SurfaceError(f"merge_batches must be True, False or a positive int, got {merge!r}")
     out, ow = [], []
     for s in range(0, len(batches), k):
-        out.append(torch.cat(batches[s:s + k]))
-        ow.append(sum(w[s:s + k]))
+        out.append(torch.cat(batches[s : s + k]))
+        ow.append(sum(w[s : s + k]))
     return out, ow
 
 
@@ -176,8 +191,13 @@ def evaluate_point(model: nn.Module, loss_fn: LossFn, batches: Sequence[Any], we
     return total
 
 
-def evaluate_stacked(model: nn.Module, loss_fn: LossFn, batches: Sequence[Any], weights: Sequence[float],
-                  stacked: dict[str, torch.Tensor]) -> list[float]:
+def evaluate_stacked(
+    model: nn.Module,
+    loss_fn: LossFn,
+    batches: Sequence[Any],
+    weights: Sequence[float],
+    stacked: dict[str, torch.Tensor],
+) -> list[float]:
     from torch.func import vmap
 
     def one(p, b):  # loss_fn takes a model: give it a view whose forward runs functional_call

@@ -8,6 +8,7 @@ Cost: two Gaussian draws and a constant number of passes over the parameters, on
 (float64 temporaries of one tensor). Memory: the plane's three model-size dicts
 (:func:`geometry.surfaces.planes.estimate_memory`), checked against ``max_memory`` first.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -55,8 +56,9 @@ def filter_normalize(
     return _filter_normalize_({k: d.clone() for k, d in direction.items()}, weights, ignore, one_d, eps)
 
 
-def _filter_normalize_(direction: dict[str, torch.Tensor], weights: Params, ignore: Sequence[str], one_d: str,
-                       eps: float) -> dict[str, torch.Tensor]:
+def _filter_normalize_(
+    direction: dict[str, torch.Tensor], weights: Params, ignore: Sequence[str], one_d: str, eps: float
+) -> dict[str, torch.Tensor]:
     """:func:`filter_normalize` in place (float64 temporaries of one tensor at a time)."""
     if one_d not in ("zero", "weights", "filter"):
         raise PlaneError(f"one_d must be 'zero', 'weights' or 'filter', got {one_d!r}")
@@ -117,8 +119,19 @@ def random_plane(
     if n1 == 0 or n2 == 0:
         raise PlaneError("every parameter was ignored: the random directions are zero; loosen `ignore` or `one_d`")
     origin = {k: center[k].detach().clone() for k in keys}
-    return Plane(origin, d1, d2, {label: (0.0, 0.0)},
-                 {"|e1|": n1, "|e2|": n2, "cos(e1,e2)": cos, f"|{label}|": _norm(ref, keys)},
-                 kind="random", scale=1.0,
-                 meta={"seed": int(seed), "filter_normalize": bool(filter_normalize), "ignore": list(ignore),
-                       "one_d": one_d, "labels": [label]})
+    return Plane(
+        origin,
+        d1,
+        d2,
+        {label: (0.0, 0.0)},
+        {"|e1|": n1, "|e2|": n2, "cos(e1,e2)": cos, f"|{label}|": _norm(ref, keys)},
+        kind="random",
+        scale=1.0,
+        meta={
+            "seed": int(seed),
+            "filter_normalize": bool(filter_normalize),
+            "ignore": list(ignore),
+            "one_d": one_d,
+            "labels": [label],
+        },
+    )

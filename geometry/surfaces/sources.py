@@ -13,6 +13,7 @@ memory at a time, never N whole points.
 File-backed sources (safetensors read lazily) live in :mod:`probes`, which knows checkpoint files;
 geometry only needs the protocol.
 """
+
 from __future__ import annotations
 
 import math
@@ -93,8 +94,9 @@ class MeanSource:
     a whole point. The dtype is the first source's.
     """
 
-    def __init__(self, sources: Sequence[PointSource], label: str = "mean",
-                 weights: Sequence[float] | None = None) -> None:
+    def __init__(
+        self, sources: Sequence[PointSource], label: str = "mean", weights: Sequence[float] | None = None
+    ) -> None:
         if not sources:
             raise ValueError("a mean of no sources is undefined: give at least one source")
         w = [1.0] * len(sources) if weights is None else [float(v) for v in weights]
@@ -116,7 +118,7 @@ class MeanSource:
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         acc = None
         for s, w in zip(self.sources, self.weights):
-            r = s.rows(name, start, stop).to(torch.float64, copy=True).mul_(w)   # rows may be a view: never in place
+            r = s.rows(name, start, stop).to(torch.float64, copy=True).mul_(w)  # rows may be a view: never in place
             acc = r if acc is None else acc.add_(r)
         return acc.to(self.dtype(name))
 

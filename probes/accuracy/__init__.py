@@ -17,16 +17,50 @@ Modules:
 
 Needs the ``eval`` extra (``pip install 'losslens[eval]'``: lm-eval, pinned).
 """
+
 from .api import FP, MEAN, AccuracyReport, evaluate_variants, fill_statistics, task_accuracy
 from .embedded import TASK_DIR, TASK_NAME, build_items, embedded_items, export_task, length_baselines
 from .harness import TaskScore, prepare_tasks, score_model, subsample
-from .selection import (PRESETS, SEED_12, SEED_12_FEWSHOT, AccuracyError, TaskSelection, TaskUnavailable, load_tasks,
-                        select_tasks)
+from .selection import (
+    PRESETS,
+    SEED_12,
+    SEED_12_FEWSHOT,
+    AccuracyError,
+    TaskSelection,
+    TaskUnavailable,
+    load_tasks,
+    select_tasks,
+)
 from .stats import PairedDelta, macro_mean, mcnemar_p, mean_stderr, paired_delta
 
 __all__ = [
-    "task_accuracy", "evaluate_variants", "fill_statistics", "AccuracyReport", "FP", "MEAN", "TASK_NAME", "TASK_DIR",
-    "build_items", "embedded_items", "export_task", "length_baselines", "TaskScore", "prepare_tasks", "score_model",
-    "subsample", "PRESETS", "SEED_12", "SEED_12_FEWSHOT", "AccuracyError", "TaskSelection", "TaskUnavailable",
-    "load_tasks", "select_tasks", "PairedDelta", "macro_mean", "mcnemar_p", "mean_stderr", "paired_delta",
+    "task_accuracy",
+    "evaluate_variants",
+    "fill_statistics",
+    "AccuracyReport",
+    "FP",
+    "MEAN",
+    "TASK_NAME",
+    "TASK_DIR",
+    "build_items",
+    "embedded_items",
+    "export_task",
+    "length_baselines",
+    "TaskScore",
+    "prepare_tasks",
+    "score_model",
+    "subsample",
+    "PRESETS",
+    "SEED_12",
+    "SEED_12_FEWSHOT",
+    "AccuracyError",
+    "TaskSelection",
+    "TaskUnavailable",
+    "load_tasks",
+    "select_tasks",
+    "PairedDelta",
+    "macro_mean",
+    "mcnemar_p",
+    "mean_stderr",
+    "paired_delta",
 ]

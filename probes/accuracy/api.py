@@ -6,11 +6,12 @@ the relative drop (acc_fp − acc_q)/acc_fp get paired intervals (:func:`probes.
 also for the mean over tasks (each task weighs the same; MMLU is one task). The headline metric
 of a task is ``acc`` (``acc_norm`` where a task has no ``acc``); ``acc_norm`` is recorded as well.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from .harness import TaskScore, prepare_tasks, score_model
 from .selection import AccuracyError, TaskSelection, TaskUnavailable, select_tasks
@@ -56,46 +57,98 @@ class AccuracyReport:
                 if t == MEAN:
                     if v not in self.means:
                         continue
-                    r = {"variant": v, "task": MEAN, "acc": self.means[v][0], "acc_stderr": self.means[v][1],
-                         "n": sum(self.scores[v][x].n for x in self.scored_tasks), "metric": "acc",
-                         "tasks": list(self.scored_tasks)}
+                    r = {
+                        "variant": v,
+                        "task": MEAN,
+                        "acc": self.means[v][0],
+                        "acc_stderr": self.means[v][1],
+                        "n": sum(self.scores[v][x].n for x in self.scored_tasks),
+                        "metric": "acc",
+                        "tasks": list(self.scored_tasks),
+                    }
                     missing = [x for x in self.tasks if x not in self.scored_tasks]
                     if missing:
-                        r["note"] = f"mean over {len(self.scored_tasks)} of {len(self.tasks)} tasks (missing: {', '.join(missing)})"
+                        r["note"] = (
+                            f"mean over {len(self.scored_tasks)} of {len(self.tasks)} tasks (missing: {', '.join(missing)})"
+                        )
                 else:
-                    r = {"variant": v, "task": t, "acc": s.acc if s.acc is not None else s.acc_norm,
-                         "acc_stderr": s.acc_stderr if s.acc is not None else s.acc_norm_stderr, "n": s.n,
-                         "metric": s.headline, "acc_norm": s.acc_norm, "num_fewshot": max(s.num_fewshot.values(), default=0)}
+                    r = {
+                        "variant": v,
+                        "task": t,
+                        "acc": s.acc if s.acc is not None else s.acc_norm,
+                        "acc_stderr": s.acc_stderr if s.acc is not None else s.acc_norm_stderr,
+                        "n": s.n,
+                        "metric": s.headline,
+                        "acc_norm": s.acc_norm,
+                        "num_fewshot": max(s.num_fewshot.values(), default=0),
+                    }
                 d = self.deltas.get(v, {}).get(t)
                 if d is not None:
-                    r.update(delta_acc=d.delta, delta_ci_low=d.ci_low, delta_ci_high=d.ci_high, rel_drop=d.rel_drop,
-                             rel_ci_low=d.rel_ci_low, rel_ci_high=d.rel_ci_high, p_mcnemar=d.p)
+                    r.update(
+                        delta_acc=d.delta,
+                        delta_ci_low=d.ci_low,
+                        delta_ci_high=d.ci_high,
+                        rel_drop=d.rel_drop,
+                        rel_ci_low=d.rel_ci_low,
+                        rel_ci_high=d.rel_ci_high,
+                        p_mcnemar=d.p,
+                    )
                 rows.append(r)
         return rows
 
     @property
     def scored_tasks(self) -> tuple[str, ...]:
         """Tasks that every variant scored (the mean is over these)."""
-        ok = [t for t in self.tasks if all(isinstance(self.scores.get(v, {}).get(t), TaskScore)
-                                           for v in (FP, *self.specs) if v not in self.errors)]
+        ok = [
+            t
+            for t in self.tasks
+            if all(
+                isinstance(self.scores.get(v, {}).get(t), TaskScore) for v in (FP, *self.specs) if v not in self.errors
+            )
+        ]
         return tuple(ok)
 
 
-def evaluate_variants(model, tokenizer, selection: TaskSelection, specs: Sequence[str] = (), calibration=None,
-                      modules=None, limit: int | None = None, num_fewshot: int | None = None, seed: int = 0,
-                      batch_size: int = 32, n_boot: int = 2000, keep_samples: bool = False, fp_scores=None,
-                      prepared=None, progress: bool = False) -> AccuracyReport:
+def evaluate_variants(
+    model,
+    tokenizer,
+    selection: TaskSelection,
+    specs: Sequence[str] = (),
+    calibration=None,
+    modules=None,
+    limit: int | None = None,
+    num_fewshot: int | None = None,
+    seed: int = 0,
+    batch_size: int = 32,
+    n_boot: int = 2000,
+    keep_samples: bool = False,
+    fp_scores=None,
+    prepared=None,
+    progress: bool = False,
+) -> AccuracyReport:
     """The work of :func:`task_accuracy` on a :class:`TaskSelection`. ``fp_scores``: FP scores
     already computed on the same prepared tasks (reused, not recomputed); ``prepared``: the
     :func:`prepare_tasks` result to reuse."""
     from probes.quant import quantize
 
     prepared = prepared if prepared is not None else prepare_tasks(selection, limit, num_fewshot, seed)
-    rep = AccuracyReport(tasks=tuple(selection.names), specs=tuple(specs),
-                         settings={"limit": limit, "num_fewshot": num_fewshot, "seed": seed, "batch_size": batch_size,
-                                   "n_boot": n_boot, "requested": list(selection.requested)})
-    rep.scores[FP] = fp_scores if fp_scores is not None else score_model(model, tokenizer, prepared, batch_size, limit, seed,
-                                                                         keep_samples, progress)
+    rep = AccuracyReport(
+        tasks=tuple(selection.names),
+        specs=tuple(specs),
+        settings={
+            "limit": limit,
+            "num_fewshot": num_fewshot,
+            "seed": seed,
+            "batch_size": batch_size,
+            "n_boot": n_boot,
+            "requested": list(selection.requested),
+        },
+    )
+    rep.scores[FP] = (
+        fp_scores
+        if fp_scores is not None
+        else score_model(model, tokenizer, prepared, batch_size, limit, seed, keep_samples, progress)
+    )
     for spec in specs:
         try:
             qm = quantize(model, spec, calibration=calibration, modules=modules)
@@ -126,8 +179,9 @@ def fill_statistics(rep: AccuracyReport, n_boot: int = 2000, seed: int = 0) -> N
                     raise AccuracyError(f"task {t!r}: FP and {spec} were scored on different items; cannot pair them")
                 d[t] = paired_delta(a.outcomes(), b.outcomes(), n_boot, seed)
         if tasks:
-            d[MEAN] = paired_delta([fp[t].outcomes() for t in tasks], [rep.scores[spec][t].outcomes() for t in tasks],
-                                   n_boot, seed)
+            d[MEAN] = paired_delta(
+                [fp[t].outcomes() for t in tasks], [rep.scores[spec][t].outcomes() for t in tasks], n_boot, seed
+            )
         rep.deltas[spec] = d
 
 
@@ -140,10 +194,21 @@ def _se(s: TaskScore) -> float:
     return v if v is not None else math.nan
 
 
-def task_accuracy(model, tokenizer, tasks: "str | Sequence[str]" = "embedded", specs: Sequence[str] = (),
-                  calibration=None, modules: Sequence[str] | None = None, limit: int | None = None,
-                  num_fewshot: int | None = None, seed: int = 0, batch_size: int = 32, n_boot: int = 2000,
-                  keep_samples: bool = False, progress: bool = False) -> AccuracyReport:
+def task_accuracy(
+    model,
+    tokenizer,
+    tasks: "str | Sequence[str]" = "embedded",
+    specs: Sequence[str] = (),
+    calibration=None,
+    modules: Sequence[str] | None = None,
+    limit: int | None = None,
+    num_fewshot: int | None = None,
+    seed: int = 0,
+    batch_size: int = 32,
+    n_boot: int = 2000,
+    keep_samples: bool = False,
+    progress: bool = False,
+) -> AccuracyReport:
     """Task accuracy of ``model`` (FP) and of its quantized copies under ``specs``.
 
     Args:
@@ -163,6 +228,18 @@ def task_accuracy(model, tokenizer, tasks: "str | Sequence[str]" = "embedded", s
     Returns an :class:`AccuracyReport`.
     """
     sel = tasks if isinstance(tasks, TaskSelection) else select_tasks(tasks)
-    return evaluate_variants(model, tokenizer, sel, specs, calibration, modules, limit, num_fewshot, seed, batch_size,
-                             n_boot, keep_samples, progress=progress)
-
+    return evaluate_variants(
+        model,
+        tokenizer,
+        sel,
+        specs,
+        calibration,
+        modules,
+        limit,
+        num_fewshot,
+        seed,
+        batch_size,
+        n_boot,
+        keep_samples,
+        progress=progress,
+    )

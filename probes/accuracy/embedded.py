@@ -51,6 +51,7 @@ are not this interpreter's held-out text (or are missing from it). The task fold
 :func:`load_dataset`; :func:`export_task` writes the same items as a plain
 ``dataset_path: json`` task folder (YAML + ``.jsonl``) for users who want a frozen copy.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -62,8 +63,19 @@ import random
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["TASK_NAME", "TASK_DIR", "CONTEXT_TOKENS", "REFERENCE_VOCAB", "build_items", "embedded_items",
-           "load_dataset", "export_task", "reference_tokenizer", "corpus_record", "length_baselines"]
+__all__ = [
+    "TASK_NAME",
+    "TASK_DIR",
+    "CONTEXT_TOKENS",
+    "REFERENCE_VOCAB",
+    "build_items",
+    "embedded_items",
+    "load_dataset",
+    "export_task",
+    "reference_tokenizer",
+    "corpus_record",
+    "length_baselines",
+]
 
 TASK_NAME = "losslens_pydoc_mc"
 TASK_DIR = Path(__file__).parent / "tasks" / TASK_NAME
@@ -88,8 +100,9 @@ def reference_tokenizer():
     against which items are checked to fit :data:`CONTEXT_TOKENS`. Cost ~1 s, once per process."""
     from probes.data import embedded_documents, train_bpe_tokenizer
 
-    return train_bpe_tokenizer([t for _, t in embedded_documents(True, "train")], REFERENCE_VOCAB,
-                               name=f"losslens-bpe-{REFERENCE_VOCAB}")
+    return train_bpe_tokenizer(
+        [t for _, t in embedded_documents(True, "train")], REFERENCE_VOCAB, name=f"losslens-bpe-{REFERENCE_VOCAB}"
+    )
 
 
 def _heldout() -> list[tuple[str, str]]:
@@ -108,24 +121,41 @@ def corpus_record(docs: list[tuple[str, str]] | None = None) -> dict:
     for name, text in docs:
         h.update(name.encode() + b"\0" + text.encode() + b"\0")
     try:
-        header = next((ln.strip("# ").strip() for ln in Path(topics.__file__).read_text(encoding="utf-8").splitlines()
-                       if ln.startswith("#")), "")
+        header = next(
+            (
+                ln.strip("# ").strip()
+                for ln in Path(topics.__file__).read_text(encoding="utf-8").splitlines()
+                if ln.startswith("#")
+            ),
+            "",
+        )
     except OSError:
         header = ""
-    return {"python": platform.python_version(), "implementation": platform.python_implementation(),
-            "pydoc_data": header, "split": "heldout", "n_documents": len(docs), "sha256": h.hexdigest()}
+    return {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "pydoc_data": header,
+        "split": "heldout",
+        "n_documents": len(docs),
+        "sha256": h.hexdigest(),
+    }
 
 
 def _span(words: list[str], start: int, n: int) -> str:
-    return " ".join(words[start:start + n])
+    return " ".join(words[start : start + n])
 
 
 def _rng(name: str, index: int) -> random.Random:
     return random.Random(int(hashlib.sha256(f"{name}\0{index}".encode()).hexdigest()[:16], 16))
 
 
-def build_items(docs: list[tuple[str, str]] | None = None, tokenizer=None, prompt_words: int = PROMPT_WORDS,
-                choice_words: int = CHOICE_WORDS, context_tokens: int = CONTEXT_TOKENS) -> list[dict]:
+def build_items(
+    docs: list[tuple[str, str]] | None = None,
+    tokenizer=None,
+    prompt_words: int = PROMPT_WORDS,
+    choice_words: int = CHOICE_WORDS,
+    context_tokens: int = CONTEXT_TOKENS,
+) -> list[dict]:
     """The task's items from ``docs`` (default: the held-out embedded documents), in document order.
 
     Each item: ``{"id", "doc", "window", "prompt", "choices" [4 str], "gold" (0–3), "corpus"}``.
@@ -146,7 +176,7 @@ def build_items(docs: list[tuple[str, str]] | None = None, tokenizer=None, promp
             if len(prompt) > PROMPT_CHARS or len(gold) > CHOICE_CHARS + 1:
                 continue
             rng = _rng(name, w)
-            gw = words[start + prompt_words:start + width]
+            gw = words[start + prompt_words : start + width]
             others = sorted({" " + " ".join(p) for p in itertools.permutations(gw)} - {gold})
             if len(others) < N_CHOICES - 1:
                 continue
@@ -176,9 +206,22 @@ def _cache_path() -> Path | None:
     import sysconfig
     import tokenizers
 
-    key = hashlib.sha256(json.dumps([FORMAT, sys.version, sysconfig.get_paths()["stdlib"], tokenizers.__version__,
-                                     PROMPT_WORDS, CHOICE_WORDS, PROMPT_CHARS, CHOICE_CHARS, CONTEXT_TOKENS,
-                                     REFERENCE_VOCAB]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                FORMAT,
+                sys.version,
+                sysconfig.get_paths()["stdlib"],
+                tokenizers.__version__,
+                PROMPT_WORDS,
+                CHOICE_WORDS,
+                PROMPT_CHARS,
+                CHOICE_CHARS,
+                CONTEXT_TOKENS,
+                REFERENCE_VOCAB,
+            ]
+        ).encode()
+    ).hexdigest()[:16]
     return folder / f"{TASK_NAME}-{key}.json"
 
 
@@ -197,8 +240,10 @@ def _cached_items() -> tuple[str, ...]:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"sha256": hashlib.sha256(json.dumps(items).encode()).hexdigest(), "items": items}),
-                           encoding="utf-8")
+            tmp.write_text(
+                json.dumps({"sha256": hashlib.sha256(json.dumps(items).encode()).hexdigest(), "items": items}),
+                encoding="utf-8",
+            )
             os.replace(tmp, path)
         except OSError:
             pass
@@ -256,8 +301,15 @@ def export_task(folder: str | Path, task: str = TASK_NAME + "_frozen", items: li
     data.write_text("".join(json.dumps(it) + "\n" for it in items), encoding="utf-8")
     rec = json.loads(items[0]["corpus"]) if items else {}
     yaml_path = folder / f"{task}.yaml"
-    yaml_path.write_text(_YAML.format(task=task, data=json.dumps(str(data)), version=float(FORMAT),
-                                      corpus=f"CPython {rec.get('python', '?')}, {len(items)} items"), encoding="utf-8")
+    yaml_path.write_text(
+        _YAML.format(
+            task=task,
+            data=json.dumps(str(data)),
+            version=float(FORMAT),
+            corpus=f"CPython {rec.get('python', '?')}, {len(items)} items",
+        ),
+        encoding="utf-8",
+    )
     return yaml_path
 
 

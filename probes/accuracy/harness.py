@@ -21,6 +21,7 @@ the same items can be compared item by item (:mod:`.stats`).
 Cost: one forward per (item, choice) pair in batches of ``batch_size`` sequences (lm-eval groups
 requests sharing a context only for one-token continuations); measured rates in benchmarks/README.md.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -87,9 +88,20 @@ class TaskScore:
         return out
 
     def summary(self) -> dict:
-        return {"task": self.task, "n": self.n, "acc": self.acc, "acc_stderr": self.acc_stderr, "acc_norm": self.acc_norm,
-                "acc_norm_stderr": self.acc_norm_stderr, "headline": self.headline, "num_fewshot": self.num_fewshot,
-                "limit": self.limit, "seed": self.seed, "version": self.version, "n_truncated": self.n_truncated}
+        return {
+            "task": self.task,
+            "n": self.n,
+            "acc": self.acc,
+            "acc_stderr": self.acc_stderr,
+            "acc_norm": self.acc_norm,
+            "acc_norm_stderr": self.acc_norm_stderr,
+            "headline": self.headline,
+            "num_fewshot": self.num_fewshot,
+            "limit": self.limit,
+            "seed": self.seed,
+            "version": self.version,
+            "n_truncated": self.n_truncated,
+        }
 
 
 def subsample(n_docs: int, limit: int | None, seed: int, task: str) -> list[int] | None:
@@ -106,8 +118,9 @@ def _leaves(top, loaded) -> dict[str, Any]:
     return dict(loaded["tasks"])
 
 
-def prepare_tasks(selection: TaskSelection, limit: int | None = None, num_fewshot: int | None = None, seed: int = 0,
-                  manager=None) -> dict[str, Any]:
+def prepare_tasks(
+    selection: TaskSelection, limit: int | None = None, num_fewshot: int | None = None, seed: int = 0, manager=None
+) -> dict[str, Any]:
     """Load every selected task once (reusable for several models): ``{name: prepared | TaskUnavailable}``,
     each prepared entry holding the top object, its leaves, their few-shot counts and subsamples."""
     out: dict[str, Any] = {}
@@ -122,7 +135,13 @@ def prepare_tasks(selection: TaskSelection, limit: int | None = None, num_fewsho
         shots, samples, sizes = {}, {}, {}
         for leaf, task in leaves.items():
             own = task.get_config("num_fewshot")
-            k = own if own == 0 else num_fewshot if num_fewshot is not None else fewshot.get(name, own if own is not None else 0)
+            k = (
+                own
+                if own == 0
+                else num_fewshot
+                if num_fewshot is not None
+                else fewshot.get(name, own if own is not None else 0)
+            )
             task.set_config(key="num_fewshot", value=int(k))
             task.set_fewshot_seed(seed=FEWSHOT_SEED)
             shots[leaf] = int(k)
@@ -131,13 +150,21 @@ def prepare_tasks(selection: TaskSelection, limit: int | None = None, num_fewsho
             if idx is not None:
                 samples[leaf] = idx
         version = {leaf: (task.get_config("metadata") or {}).get("version") for leaf, task in leaves.items()}
-        out[name] = {"top": top, "leaves": leaves, "fewshot": shots, "samples": samples, "sizes": sizes, "version": version,
-                     "loaded": loaded}
+        out[name] = {
+            "top": top,
+            "leaves": leaves,
+            "fewshot": shots,
+            "samples": samples,
+            "sizes": sizes,
+            "version": version,
+            "loaded": loaded,
+        }
     return out
 
 
-def prepared_once(selection: TaskSelection, limit: int | None = None, num_fewshot: int | None = None,
-                  seed: int = 0) -> dict[str, Any]:
+def prepared_once(
+    selection: TaskSelection, limit: int | None = None, num_fewshot: int | None = None, seed: int = 0
+) -> dict[str, Any]:
     """:func:`prepare_tasks`, kept per process for the last settings (a sweep scores every
     checkpoint on the same loaded tasks; lm-eval's own task index costs ~10 s to build)."""
     key = (selection, limit, num_fewshot, seed)
@@ -147,8 +174,16 @@ def prepared_once(selection: TaskSelection, limit: int | None = None, num_fewsho
     return _PREPARED[key]
 
 
-def _score(name: str, prep: Mapping[str, Any], samples: Mapping[str, list], limit, seed, keep: bool,
-           tokenizer=None, max_length: int | None = None) -> TaskScore:
+def _score(
+    name: str,
+    prep: Mapping[str, Any],
+    samples: Mapping[str, list],
+    limit,
+    seed,
+    keep: bool,
+    tokenizer=None,
+    max_length: int | None = None,
+) -> TaskScore:
     keys, acc, accn, ll, args = [], [], [], [], []
     truncated = 0
     has_norm = True
@@ -158,8 +193,10 @@ def _score(name: str, prep: Mapping[str, Any], samples: Mapping[str, list], limi
         if not rows:
             raise AccuracyError(f"lm-eval logged no samples for task {leaf!r}")
         if "acc" not in rows[0] and "acc_norm" not in rows[0]:
-            raise AccuracyError(f"task {leaf!r} reports neither acc nor acc_norm (metrics: {sorted(rows[0].get('metrics', []))}); "
-                                "only multiple-choice tasks are supported")
+            raise AccuracyError(
+                f"task {leaf!r} reports neither acc nor acc_norm (metrics: {sorted(rows[0].get('metrics', []))}); "
+                "only multiple-choice tasks are supported"
+            )
         doc_ids[leaf] = [int(s["doc_id"]) for s in rows]
         for s in rows:
             keys.append(f"{leaf}:{s['doc_id']}")
@@ -176,15 +213,37 @@ def _score(name: str, prep: Mapping[str, Any], samples: Mapping[str, list], limi
     an = np.asarray(accn) if has_norm else None
     m, se = mean_stderr(a) if have_acc else (None, None)
     mn, sen = mean_stderr(an) if an is not None else (None, None)
-    return TaskScore(task=name, n=len(keys), acc=m, acc_stderr=se, acc_norm=mn, acc_norm_stderr=sen, items=tuple(keys),
-                     correct=a.astype(bool) if have_acc else None, correct_norm=an.astype(bool) if an is not None else None,
-                     num_fewshot=dict(prep["fewshot"]), limit=limit, seed=seed, doc_ids=doc_ids,
-                     version={k: v for k, v in prep["version"].items() if v is not None}, loglik=ll if keep else None,
-                     arguments=args if keep else None, n_truncated=int(truncated))
+    return TaskScore(
+        task=name,
+        n=len(keys),
+        acc=m,
+        acc_stderr=se,
+        acc_norm=mn,
+        acc_norm_stderr=sen,
+        items=tuple(keys),
+        correct=a.astype(bool) if have_acc else None,
+        correct_norm=an.astype(bool) if an is not None else None,
+        num_fewshot=dict(prep["fewshot"]),
+        limit=limit,
+        seed=seed,
+        doc_ids=doc_ids,
+        version={k: v for k, v in prep["version"].items() if v is not None},
+        loglik=ll if keep else None,
+        arguments=args if keep else None,
+        n_truncated=int(truncated),
+    )
 
 
-def score_model(model, tokenizer, prepared: Mapping[str, Any], batch_size: int = 32, limit: int | None = None,
-                seed: int = 0, keep_samples: bool = False, progress: bool = False) -> dict[str, "TaskScore | TaskUnavailable"]:
+def score_model(
+    model,
+    tokenizer,
+    prepared: Mapping[str, Any],
+    batch_size: int = 32,
+    limit: int | None = None,
+    seed: int = 0,
+    keep_samples: bool = False,
+    progress: bool = False,
+) -> dict[str, "TaskScore | TaskUnavailable"]:
     """Score ``model`` on every prepared task (:func:`prepare_tasks`) in one lm-eval ``evaluate`` call.
 
     ``tokenizer``: the model's tokenizer object (a ``transformers`` tokenizer; offline it cannot be
@@ -198,7 +257,9 @@ def score_model(model, tokenizer, prepared: Mapping[str, Any], batch_size: int =
     from geometry.base.modes import module_modes
 
     if tokenizer is None or not hasattr(tokenizer, "encode"):
-        raise AccuracyError("accuracy needs the model's transformers tokenizer object (offline it cannot be loaded by name)")
+        raise AccuracyError(
+            "accuracy needs the model's transformers tokenizer object (offline it cannot be loaded by name)"
+        )
     ready = {n: p for n, p in prepared.items() if not isinstance(p, TaskUnavailable)}
     out: dict[str, Any] = {n: p for n, p in prepared.items() if isinstance(p, TaskUnavailable)}
     if not ready:

@@ -16,6 +16,7 @@ task whose data is not in the local cache raises :class:`TaskUnavailable` with o
 how to cache it (:func:`load_tasks` loads each task separately, so one missing task never stops the
 others).
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,11 +28,32 @@ from geometry.base.errors import LosslensError
 
 from .embedded import TASK_DIR, TASK_NAME
 
-__all__ = ["AccuracyError", "TaskUnavailable", "TaskSelection", "select_tasks", "load_tasks", "SEED_12",
-           "SEED_12_FEWSHOT", "PRESETS", "quiet_lm_eval"]
+__all__ = [
+    "AccuracyError",
+    "TaskUnavailable",
+    "TaskSelection",
+    "select_tasks",
+    "load_tasks",
+    "SEED_12",
+    "SEED_12_FEWSHOT",
+    "PRESETS",
+    "quiet_lm_eval",
+]
 
-SEED_12 = ("arc_challenge", "arc_easy", "openbookqa", "piqa", "hellaswag", "winogrande", "mathqa", "pubmedqa", "sciq",
-           "social_iqa", "commonsense_qa", "mmlu")
+SEED_12 = (
+    "arc_challenge",
+    "arc_easy",
+    "openbookqa",
+    "piqa",
+    "hellaswag",
+    "winogrande",
+    "mathqa",
+    "pubmedqa",
+    "sciq",
+    "social_iqa",
+    "commonsense_qa",
+    "mmlu",
+)
 """The seeds' 12 tasks by lm-eval 0.4.13 name (SIQA is ``social_iqa``, CSQA ``commonsense_qa``;
 ``mmlu`` is the group of its 57 subjects, counted as one task)."""
 SEED_12_FEWSHOT = 5
@@ -95,7 +117,9 @@ def select_tasks(tasks: "str | list[str] | tuple[str, ...]") -> TaskSelection:
     items = [tasks] if isinstance(tasks, str) else list(tasks)
     items = [t.strip() for item in items for t in str(item).split(",") if t.strip()]
     if not items:
-        raise AccuracyError("no task given; pass --tasks embedded, --tasks seed-12, lm-eval task names or task YAML paths")
+        raise AccuracyError(
+            "no task given; pass --tasks embedded, --tasks seed-12, lm-eval task names or task YAML paths"
+        )
     names: list[str] = []
     include: list[str] = [str(TASK_DIR)]
     files: dict[str, str] = {}
@@ -124,14 +148,22 @@ def select_tasks(tasks: "str | list[str] | tuple[str, ...]") -> TaskSelection:
                 names.extend(found)
                 include.append(str(p.resolve()))
             else:
-                raise AccuracyError(f"task path {p} does not exist; pass a task YAML, a folder of them, a task name, "
-                                    f"or a preset ({', '.join(PRESETS)})")
+                raise AccuracyError(
+                    f"task path {p} does not exist; pass a task YAML, a folder of them, a task name, "
+                    f"or a preset ({', '.join(PRESETS)})"
+                )
         else:
             names.append(item)
             needs_defaults = needs_defaults or item != TASK_NAME
     names = list(dict.fromkeys(names))
-    return TaskSelection(tuple(names), tuple(dict.fromkeys(include)), tuple(sorted(files.items())),
-                         tuple(sorted(fewshot.items())), needs_defaults, tuple(items))
+    return TaskSelection(
+        tuple(names),
+        tuple(dict.fromkeys(include)),
+        tuple(sorted(files.items())),
+        tuple(sorted(fewshot.items())),
+        needs_defaults,
+        tuple(items),
+    )
 
 
 class quiet_lm_eval:
@@ -175,8 +207,10 @@ def _no_bar(orig, *args, **kwargs):
 
 
 def _cache_hint(name: str) -> str:
-    return (f"cache it once while online: HF_DATASETS_OFFLINE=0 python -c \"from lm_eval.tasks import TaskManager; "
-            f"TaskManager().load(['{name}'])\"")
+    return (
+        f'cache it once while online: HF_DATASETS_OFFLINE=0 python -c "from lm_eval.tasks import TaskManager; '
+        f"TaskManager().load(['{name}'])\""
+    )
 
 
 def load_tasks(selection: TaskSelection, manager=None) -> dict[str, "object | TaskUnavailable"]:
@@ -191,12 +225,18 @@ def load_tasks(selection: TaskSelection, manager=None) -> dict[str, "object | Ta
             with quiet_lm_eval():
                 loaded = manager.load([spec])
         except KeyError:
-            out[name] = TaskUnavailable(f"task {name!r} is neither an lm-eval task/group name nor a task YAML; "
-                                        "list lm-eval's tasks with `lm-eval ls tasks`")
+            out[name] = TaskUnavailable(
+                f"task {name!r} is neither an lm-eval task/group name nor a task YAML; "
+                "list lm-eval's tasks with `lm-eval ls tasks`"
+            )
             continue
         except Exception as exc:  # datasets raises ConnectionError, FileNotFoundError, DatasetNotFoundError, ...
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            why = "its dataset is not in the local cache (HF_DATASETS_OFFLINE=1)" if offline else "its dataset could not be loaded"
+            why = (
+                "its dataset is not in the local cache (HF_DATASETS_OFFLINE=1)"
+                if offline
+                else "its dataset could not be loaded"
+            )
             out[name] = TaskUnavailable(f"task {name!r}: {why} ({type(exc).__name__}: {first}); {_cache_hint(name)}")
             continue
         top = loaded["groups"].get(name) or loaded["tasks"].get(name)

@@ -9,6 +9,7 @@ the same, as in the seeds' 12-task mean) the bootstrap resamples items within ea
 
 Cost: ``n_boot`` × n draws, in chunks of 256 resamples (memory 256·n·8 bytes at most).
 """
+
 from __future__ import annotations
 
 import math
@@ -36,7 +37,7 @@ def macro_mean(means: Sequence[float], stderrs: Sequence[float]) -> tuple[float,
     """Unweighted mean over tasks and its standard error √(Σ se²)/T (tasks scored on disjoint items)."""
     m = np.asarray(means, dtype=float)
     s = np.asarray(stderrs, dtype=float)
-    return float(m.mean()), float(math.sqrt(float(np.sum(s ** 2))) / m.size)
+    return float(m.mean()), float(math.sqrt(float(np.sum(s**2))) / m.size)
 
 
 def mcnemar_p(fp, q) -> float:
@@ -87,8 +88,8 @@ def _boot(pairs: list[tuple[np.ndarray, np.ndarray]], n_boot: int, seed: int) ->
         for start in range(0, n_boot, _CHUNK):
             k = min(_CHUNK, n_boot - start)
             idx = rng.integers(0, n, size=(k, n))
-            fp_b[start:start + k] += fp[idx].mean(axis=1)
-            q_b[start:start + k] += q[idx].mean(axis=1)
+            fp_b[start : start + k] += fp[idx].mean(axis=1)
+            q_b[start : start + k] += q[idx].mean(axis=1)
     return fp_b / len(pairs), q_b / len(pairs)
 
 
@@ -99,7 +100,9 @@ def paired_delta(fp, q, n_boot: int = 2000, seed: int = 0) -> PairedDelta:
     fps = [np.asarray(a, dtype=float) for a in (fp if many else [fp])]
     qs = [np.asarray(a, dtype=float) for a in (q if many else [q])]
     if not fps or any(a.shape != b.shape or a.ndim != 1 or a.size == 0 for a, b in zip(fps, qs)) or len(fps) != len(qs):
-        raise ValueError("paired_delta needs, per task, two non-empty 1-D outcome arrays of equal length (the same items)")
+        raise ValueError(
+            "paired_delta needs, per task, two non-empty 1-D outcome arrays of equal length (the same items)"
+        )
     acc_fp = float(np.mean([a.mean() for a in fps]))
     acc_q = float(np.mean([a.mean() for a in qs]))
     fp_b, q_b = _boot(list(zip(fps, qs)), n_boot, seed) if n_boot > 0 else (np.array([]), np.array([]))
@@ -115,7 +118,18 @@ def paired_delta(fp, q, n_boot: int = 2000, seed: int = 0) -> PairedDelta:
     rlo, rhi = ci(r_b)
     fb = np.concatenate(fps).astype(bool)
     qb = np.concatenate(qs).astype(bool)
-    return PairedDelta(delta=acc_q - acc_fp, stderr=float(d_b.std(ddof=1)) if d_b.size > 1 else math.nan,
-                       ci_low=lo, ci_high=hi, rel_drop=(acc_fp - acc_q) / acc_fp if acc_fp > 0 else math.nan,
-                       rel_ci_low=rlo, rel_ci_high=rhi, n=int(fb.size), p=None if many and len(fps) > 1 else mcnemar_p(fb, qb),
-                       b=int(np.sum(fb & ~qb)), c=int(np.sum(~fb & qb)), n_boot=int(n_boot), seed=int(seed))
+    return PairedDelta(
+        delta=acc_q - acc_fp,
+        stderr=float(d_b.std(ddof=1)) if d_b.size > 1 else math.nan,
+        ci_low=lo,
+        ci_high=hi,
+        rel_drop=(acc_fp - acc_q) / acc_fp if acc_fp > 0 else math.nan,
+        rel_ci_low=rlo,
+        rel_ci_high=rhi,
+        n=int(fb.size),
+        p=None if many and len(fps) > 1 else mcnemar_p(fb, qb),
+        b=int(np.sum(fb & ~qb)),
+        c=int(np.sum(~fb & qb)),
+        n_boot=int(n_boot),
+        seed=int(seed),
+    )

@@ -25,6 +25,7 @@ estimator did not converge are excluded the same way (and counted in ``n_unconve
 ``include_unconverged=True``; rows of different settings or data are never pooled unless
 ``allow_mixed=True`` (see :mod:`.series`).
 """
+
 from .correlation import Correlation, correlate, partial_correlation
 from .explain import decompose_change, factor_table, format_check, science_check
 from .inputs import METHODS, AnalysisError
@@ -32,6 +33,24 @@ from .phases import Onset, Phases, convergence_onset, detect_phases, divergence_
 from .series import series, series_frame, unconverged
 from .summary import analyse, summary
 
-__all__ = ["Correlation", "Onset", "Phases", "AnalysisError", "correlate", "partial_correlation", "convergence_onset",
-           "divergence_onset", "detect_phases", "series", "series_frame", "unconverged", "summary", "analyse", "METHODS",
-           "factor_table", "decompose_change", "science_check", "format_check"]
+__all__ = [
+    "Correlation",
+    "Onset",
+    "Phases",
+    "AnalysisError",
+    "correlate",
+    "partial_correlation",
+    "convergence_onset",
+    "divergence_onset",
+    "detect_phases",
+    "series",
+    "series_frame",
+    "unconverged",
+    "summary",
+    "analyse",
+    "METHODS",
+    "factor_table",
+    "decompose_change",
+    "science_check",
+    "format_check",
+]

@@ -7,6 +7,7 @@ independent units), and says in one sentence whether accuracy falls where ΔQ ri
 within-run r < 0 and the interval excludes 0, "no" when r > 0 and it excludes 0, otherwise "not
 resolved" (also when the row is descriptive: too few runs for an honest interval; docs/science.md §6).
 """
+
 from __future__ import annotations
 
 import math
@@ -25,7 +26,9 @@ def accuracy_verdict(df, spec: str | None = None, n_boot: int = 2000, seed: int 
     acc = df[(df["probe"] == "accuracy") & (df["metric"] == "delta_acc") & (df["status"] == "ok")]
     specs = [s for s in dict.fromkeys(acc["spec"]) if isinstance(s, str) and "@" not in s]
     if not specs:
-        raise AnalysisError("the results hold no accuracy row of a quantizer (delta_acc); add the accuracy probe with specs")
+        raise AnalysisError(
+            "the results hold no accuracy row of a quantizer (delta_acc); add the accuracy probe with specs"
+        )
     spec = spec if spec is not None else specs[0]
     tab = summary(df, x=[spec], y=[f"delta_acc:{spec}"], methods=("spearman",), n_boot=n_boot, seed=seed)
     r = tab.iloc[0]
@@ -40,9 +43,20 @@ def accuracy_verdict(df, spec: str | None = None, n_boot: int = 2000, seed: int 
     else:
         answer = "not resolved"
     ci = f"[{lo:+.2f}, {hi:+.2f}] ({r['inference']})" if math.isfinite(lo) else f"({r['inference'] or 'no interval'})"
-    text = (f"Does task accuracy fall where ΔQ rises ({spec})? {answer}: "
-            f"Spearman r(ΔQ L, Δacc) within runs = {rv:+.2f} "
-            f"{ci}, pooled {float(r['r']):+.2f}, n = {int(r['n'])} checkpoints"
-            + (f" ({r['note']})" if r.get("note") else "") + ".")
-    return {"spec": spec, "r": rv, "ci_low": lo, "ci_high": hi, "p": float(r["p"]), "n": int(r["n"]), "answer": answer,
-            "text": text}
+    text = (
+        f"Does task accuracy fall where ΔQ rises ({spec})? {answer}: "
+        f"Spearman r(ΔQ L, Δacc) within runs = {rv:+.2f} "
+        f"{ci}, pooled {float(r['r']):+.2f}, n = {int(r['n'])} checkpoints"
+        + (f" ({r['note']})" if r.get("note") else "")
+        + "."
+    )
+    return {
+        "spec": spec,
+        "r": rv,
+        "ci_low": lo,
+        "ci_high": hi,
+        "p": float(r["p"]),
+        "n": int(r["n"]),
+        "answer": answer,
+        "text": text,
+    }

@@ -30,6 +30,7 @@ The runs are given by ``groups`` (one label per point; None = one run); within a
 order is time order. Missing values: a pair with a NaN on either side (or in a covariate) is
 excluded from every statistic and counted in ``n_excluded``; values are never imputed.
 """
+
 from __future__ import annotations
 
 import math
@@ -87,13 +88,17 @@ class Correlation:
         if self.inference == DESCRIPTIVE or not math.isfinite(self.ci_low):
             inner = f"within runs {self.r_within:+.3f} (descriptive: no interval, no p)"
         else:
-            inner = (f"within runs {self.r_within:+.3f} [{self.ci_low:+.3f}, {self.ci_high:+.3f}] 95%, "
-                     f"p = {self.p:.3g} "
-                     f"({self.inference}, df {self.df:.0f})")
-        return (f"{self.method}{ctrl}: r = {self.r:+.3f} pooled; {inner}; n = {self.n} (n_eff {self.n_eff:.1f}, "
-                f"{self.n_runs} run{'s' if self.n_runs != 1 else ''})"
-                + (f" ({self.n_excluded} excluded: NaN)" if self.n_excluded else "")
-                + (f"; {self.note}" if self.note else ""))
+            inner = (
+                f"within runs {self.r_within:+.3f} [{self.ci_low:+.3f}, {self.ci_high:+.3f}] 95%, "
+                f"p = {self.p:.3g} "
+                f"({self.inference}, df {self.df:.0f})"
+            )
+        return (
+            f"{self.method}{ctrl}: r = {self.r:+.3f} pooled; {inner}; n = {self.n} (n_eff {self.n_eff:.1f}, "
+            f"{self.n_runs} run{'s' if self.n_runs != 1 else ''})"
+            + (f" ({self.n_excluded} excluded: NaN)" if self.n_excluded else "")
+            + (f"; {self.note}" if self.note else "")
+        )
 
 
 def _pearson_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
@@ -127,19 +132,32 @@ def _within(xa, ya, Z, g, method: str, interval: bool) -> dict:
     notes = []
     if len(runs) > 1:
         bx, by = inf.between_share(xs), inf.between_share(ys)
-        notes.append(f"r pools {len(runs)} runs (between run means: {100 * bx:.0f}% of x's, {100 * by:.0f}% of y's "
-                     "variance); r_within, the interval and p are within runs")
+        notes.append(
+            f"r pools {len(runs)} runs (between run means: {100 * bx:.0f}% of x's, {100 * by:.0f}% of y's "
+            "variance); r_within, the interval and p are within runs"
+        )
     need = inf.min_run_length(k)
     use = [i for i, r in enumerate(runs) if len(r) >= need and np.ptp(xa[r]) > 0 and np.ptp(ya[r]) > 0]
     if len(use) < len(runs):
-        notes.append(f"{len(runs) - len(use)} run(s) with fewer than {need} checkpoints or a constant series give no "
-                     "correlation of their own")
-    pick = (lambda v: [v[i] for i in use])
+        notes.append(
+            f"{len(runs) - len(use)} run(s) with fewer than {need} checkpoints or a constant series give no "
+            "correlation of their own"
+        )
+    pick = lambda v: [v[i] for i in use]
     zs_u = None if zs is None else pick(zs)
     if not use:
-        return dict(r_within=math.nan, ci_low=math.nan, ci_high=math.nan, p=math.nan, n_eff=math.nan, df=math.nan,
-                    phi_x=math.nan, phi_y=math.nan, inference=DESCRIPTIVE,
-                    note="; ".join(notes + ["descriptive: no run has a correlation of its own"]))
+        return dict(
+            r_within=math.nan,
+            ci_low=math.nan,
+            ci_high=math.nan,
+            p=math.nan,
+            n_eff=math.nan,
+            df=math.nan,
+            phi_x=math.nan,
+            phi_y=math.nan,
+            inference=DESCRIPTIVE,
+            note="; ".join(notes + ["descriptive: no run has a correlation of its own"]),
+        )
     lengths = [len(runs[i]) for i in use]
     if method == "kendall":
         rx, ry = inf.within_residuals(pick(xs), pick(ys), None, "spearman")
@@ -151,41 +169,70 @@ def _within(xa, ya, Z, g, method: str, interval: bool) -> dict:
         if q >= inf.MIN_RUNS and math.isfinite(float(inf.run_level_t(np.clip(rr, -bound, bound))["p"])):
             res.update(inf.run_level_t(np.clip(rr, -bound, bound)), status=0, df=q - 1.0)
         else:
-            res.update(estimate=float(np.nanmean(rr)), ci_low=math.nan, ci_high=math.nan, p=math.nan, status=2,
-                       df=math.nan)
+            res.update(
+                estimate=float(np.nanmean(rr)), ci_low=math.nan, ci_high=math.nan, p=math.nan, status=2, df=math.nan
+            )
     else:
         res = inf.infer_within(pick(xs), pick(ys), zs_u, method)
     q, n_eff, status = int(res["q"]), float(res["n_eff"]), int(res["status"])
     phx, phy = float(res["phi_x"]), float(res["phi_y"])
-    out = dict(r_within=float(res["estimate"]), ci_low=float(res["ci_low"]), ci_high=float(res["ci_high"]),
-               p=float(res["p"]), n_eff=n_eff, df=float(res["df"]), phi_x=phx, phi_y=phy, inference=inf.STATUS[status])
+    out = dict(
+        r_within=float(res["estimate"]),
+        ci_low=float(res["ci_low"]),
+        ci_high=float(res["ci_high"]),
+        p=float(res["p"]),
+        n_eff=n_eff,
+        df=float(res["df"]),
+        phi_x=phx,
+        phi_y=phy,
+        inference=inf.STATUS[status],
+    )
     if status == 0 and n_eff / q < 2:
-        notes.append(f"n_eff {n_eff:.1f}: about {n_eff / q:.1f} independent pair(s) per run; the interval rests on "
-                     f"the {q} runs")
+        notes.append(
+            f"n_eff {n_eff:.1f}: about {n_eff / q:.1f} independent pair(s) per run; the interval rests on the {q} runs"
+        )
     if q < len(use):
-        notes.append(f"{len(use) - q} run(s) whose x or y is fully explained by the controls within the run give no "
-                     "correlation of their own")
+        notes.append(
+            f"{len(use) - q} run(s) whose x or y is fully explained by the controls within the run give no "
+            "correlation of their own"
+        )
     if q == 0:
         out.update(r_within=math.nan)
     if status == 2 and q >= inf.MIN_RUNS:
-        notes.append(f"descriptive: the {q} runs' correlations are all {out['r_within']:+.3f} (e.g. two series "
-                     "monotone in every run); with no spread across runs there is no interval and no p-value")
+        notes.append(
+            f"descriptive: the {q} runs' correlations are all {out['r_within']:+.3f} (e.g. two series "
+            "monotone in every run); with no spread across runs there is no interval and no p-value"
+        )
     elif status == 2 and q == 0:
         notes.append("descriptive: no run has a correlation of its own; no interval, no p-value")
     elif status == 2:
-        why = ("Kendall's tau has no effective-n interval" if method == "kendall" else
-               f"the persistence φ = {max(phx, phy):.2f} is above {inf.MAX_PHI}" if max(phx, phy) > inf.MAX_PHI else
-               f"ν = n_eff − (runs − 1) − k − 3 = {out['df']:.1f} is below {inf.MIN_NU}")
-        notes.append(f"descriptive: {q} run(s) with a correlation of their own (run-level inference needs "
-                     f"{inf.MIN_RUNS}) and {why}; no interval, no p-value")
+        why = (
+            "Kendall's tau has no effective-n interval"
+            if method == "kendall"
+            else f"the persistence φ = {max(phx, phy):.2f} is above {inf.MAX_PHI}"
+            if max(phx, phy) > inf.MAX_PHI
+            else f"ν = n_eff − (runs − 1) − k − 3 = {out['df']:.1f} is below {inf.MIN_NU}"
+        )
+        notes.append(
+            f"descriptive: {q} run(s) with a correlation of their own (run-level inference needs "
+            f"{inf.MIN_RUNS}) and {why}; no interval, no p-value"
+        )
     if not interval:
         out.update(ci_low=math.nan, ci_high=math.nan)
     out["note"] = "; ".join(notes)
     return out
 
 
-def correlate(x, y, method: str = "pearson", n_boot: int = 2000, seed: int = 0, groups=None, n_perm: int = 2000,
-              block_len: int | None = None) -> Correlation:
+def correlate(
+    x,
+    y,
+    method: str = "pearson",
+    n_boot: int = 2000,
+    seed: int = 0,
+    groups=None,
+    n_perm: int = 2000,
+    block_len: int | None = None,
+) -> Correlation:
     """Correlation between two per-checkpoint series (module docstring for the inference).
 
     ``x``, ``y``: equal-length sequences [n], or pandas Series (aligned on their index when
@@ -211,13 +258,22 @@ def correlate(x, y, method: str = "pearson", n_boot: int = 2000, seed: int = 0, 
     n = int(xa.size)
     too_few(n, 3, "a correlation")
     if np.ptp(xa) == 0 or np.ptp(ya) == 0:
-        raise AnalysisError(f"{'x' if np.ptp(xa) == 0 else 'y'} is constant over the {n} checkpoints; its correlation is undefined")
+        raise AnalysisError(
+            f"{'x' if np.ptp(xa) == 0 else 'y'} is constant over the {n} checkpoints; its correlation is undefined"
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref = {"pearson": stats.pearsonr, "spearman": stats.spearmanr, "kendall": stats.kendalltau}[method](xa, ya)
     w = _within(xa, ya, None, g, method, interval=bool(n_boot))
-    return Correlation(r=float(ref.statistic), n=n, n_excluded=n_excl, method=method, n_runs=len(run_index(g, n)),
-                       p_iid=float(ref.pvalue), **w)
+    return Correlation(
+        r=float(ref.statistic),
+        n=n,
+        n_excluded=n_excl,
+        method=method,
+        n_runs=len(run_index(g, n)),
+        p_iid=float(ref.pvalue),
+        **w,
+    )
 
 
 def _residualise(v: np.ndarray, Z: np.ndarray) -> np.ndarray:
@@ -247,8 +303,17 @@ def _partial_inputs(x, y, covariates, groups):
     return xa, ya, Z, names
 
 
-def partial_correlation(x, y, covariates, method: str = "pearson", n_boot: int = 2000, seed: int = 0, groups=None,
-                        n_perm: int = 2000, block_len: int | None = None) -> Correlation:
+def partial_correlation(
+    x,
+    y,
+    covariates,
+    method: str = "pearson",
+    n_boot: int = 2000,
+    seed: int = 0,
+    groups=None,
+    n_perm: int = 2000,
+    block_len: int | None = None,
+) -> Correlation:
     """Correlation of x and y controlling for ``covariates`` (linear least squares, with intercept).
 
     ``covariates``: [n] or [n, k] array, a pandas Series/DataFrame, or ``{name: [n] values}``.
@@ -266,7 +331,9 @@ def partial_correlation(x, y, covariates, method: str = "pearson", n_boot: int =
         raise AnalysisError(f"partial correlation supports 'pearson' and 'spearman', got {method!r}")
     xa, ya, Z, names = _partial_inputs(x, y, covariates, groups)
     if xa.shape != ya.shape or Z.shape[0] != xa.size:
-        raise AnalysisError(f"x, y and covariates need the same number of checkpoints ({xa.size}, {ya.size}, {Z.shape[0]})")
+        raise AnalysisError(
+            f"x, y and covariates need the same number of checkpoints ({xa.size}, {ya.size}, {Z.shape[0]})"
+        )
     k = Z.shape[1]
     keep = np.isfinite(xa) & np.isfinite(ya) & np.isfinite(Z).all(axis=1)
     g = _groups(groups, keep, xa.size)
@@ -289,5 +356,13 @@ def partial_correlation(x, y, covariates, method: str = "pearson", n_boot: int =
     t = r * math.sqrt(dof / max(1e-300, 1 - r * r))
     p_iid = float(2 * stats.t.sf(abs(t), dof))
     w = _within(xa, ya, Z, g, method, interval=bool(n_boot))
-    return Correlation(r=r, n=n, n_excluded=n_excl, method=method, covariates=tuple(names), n_runs=len(run_index(g, n)),
-                       p_iid=p_iid, **w)
+    return Correlation(
+        r=r,
+        n=n,
+        n_excluded=n_excl,
+        method=method,
+        covariates=tuple(names),
+        n_runs=len(run_index(g, n)),
+        p_iid=p_iid,
+        **w,
+    )

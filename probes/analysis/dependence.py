@@ -17,6 +17,7 @@ that describe the dependence.
 
 Cost: O(n · max_lag).
 """
+
 from __future__ import annotations
 
 import math
@@ -43,7 +44,9 @@ def max_lag(runs: list[np.ndarray]) -> int:
     return max(0, min(m - 1, int(10 * math.log10(m)) if m > 1 else 0))
 
 
-def autocorrelation(v: np.ndarray, runs: list[np.ndarray], lags: int, center: str = "run") -> tuple[np.ndarray, np.ndarray]:
+def autocorrelation(
+    v: np.ndarray, runs: list[np.ndarray], lags: int, center: str = "run"
+) -> tuple[np.ndarray, np.ndarray]:
     """(ρ[0..lags], pairs[0..lags]): lag-k autocorrelation of ``v`` pooled over runs, and the number
     of lag-k pairs. ``center``: 'run' (each run on its own mean: dependence within runs) or
     'pooled' (one mean: a run's offset counts as dependence). ρ(k) = mean of the lag-k products ÷

@@ -19,6 +19,7 @@ estimates. They cover the estimator's noise only, not the choice of data batches
   GPTQ/AWQ vs RTN at equal bits: ‖δ‖ or κ; LAWA vs the final checkpoint), and
   :func:`format_check` — the same as markdown.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,13 +29,33 @@ import numpy as np
 
 from .inputs import AnalysisError
 
-__all__ = ["factor_table", "decompose_change", "decay_window", "science_check", "format_check", "explain_specs",
-           "TERMS"]
+__all__ = [
+    "factor_table",
+    "decompose_change",
+    "decay_window",
+    "science_check",
+    "format_check",
+    "explain_specs",
+    "TERMS",
+]
 
 TERMS = ("norm2", "trace_per_param", "kappa", "non_quadratic", "fp_loss")
 """The shares of :func:`decompose_change`, in order."""
-_FACTORS = ("actual_delta", "rel_delta", "gTd", "quadratic", "pred_delta", "remainder", "norm2", "trace",
-            "trace_per_param", "rayleigh", "kappa", "loss", "q_loss")
+_FACTORS = (
+    "actual_delta",
+    "rel_delta",
+    "gTd",
+    "quadratic",
+    "pred_delta",
+    "remainder",
+    "norm2",
+    "trace",
+    "trace_per_param",
+    "rayleigh",
+    "kappa",
+    "loss",
+    "q_loss",
+)
 _CKPT = ["run", "checkpoint", "step", "lr", "derived"]
 
 
@@ -89,8 +110,10 @@ def _row(table, label: str, run: str | None):
     sub = table if run is None else table[table["run"] == run]
     hit = sub[sub["checkpoint"] == label]
     if hit.empty:
-        raise AnalysisError(f"checkpoint {label!r}{f' of run {run!r}' if run else ''} has no explain row; "
-                            f"available: {list(sub['checkpoint'])}")
+        raise AnalysisError(
+            f"checkpoint {label!r}{f' of run {run!r}' if run else ''} has no explain row; "
+            f"available: {list(sub['checkpoint'])}"
+        )
     if len(hit) > 1:
         raise AnalysisError(f"checkpoint {label!r} is in several runs {sorted(set(hit['run']))}; pass run=")
     return hit.iloc[0]
@@ -99,12 +122,19 @@ def _row(table, label: str, run: str | None):
 def _logs(r, target: str) -> dict[str, float]:
     q, dl, loss = float(r["quadratic"]), float(r["actual_delta"]), float(r["loss"])
     if not (q > 0 and dl > 0):
-        raise AnalysisError(f"{r['checkpoint']}: ΔL = {dl:.2g}, ½δᵀHδ = {q:.2g}; log-scale shares need both > 0 "
-                            "(a quantizer this mild is within noise; use a harsher spec)")
+        raise AnalysisError(
+            f"{r['checkpoint']}: ΔL = {dl:.2g}, ½δᵀHδ = {q:.2g}; log-scale shares need both > 0 "
+            "(a quantizer this mild is within noise; use a harsher spec)"
+        )
     if not (float(r["trace_per_param"]) > 0 and float(r["kappa"]) > 0):
         raise AnalysisError(f"{r['checkpoint']}: tr H estimate ≤ 0; spend more trace HVPs")
-    out = {"norm2": math.log(r["norm2"]), "trace_per_param": math.log(r["trace_per_param"]), "kappa": math.log(r["kappa"]),
-           "non_quadratic": math.log(dl / q), "fp_loss": -math.log(loss) if target == "rel" else 0.0}
+    out = {
+        "norm2": math.log(r["norm2"]),
+        "trace_per_param": math.log(r["trace_per_param"]),
+        "kappa": math.log(r["kappa"]),
+        "non_quadratic": math.log(dl / q),
+        "fp_loss": -math.log(loss) if target == "rel" else 0.0,
+    }
     return out
 
 
@@ -134,8 +164,13 @@ def decompose_change(table, start: str, end: str, run: str | None = None, target
     la, lb = _logs(a, target), _logs(b, target)
     (sa, qa), (sb, qb) = _trace_noise(a), _trace_noise(b)
     se, q = math.hypot(sa, sb), max(qa, qb)
-    values = {"norm2": ("norm2",), "trace_per_param": ("trace_per_param",), "kappa": ("kappa",),
-              "non_quadratic": ("actual_delta", "quadratic"), "fp_loss": ("loss",)}
+    values = {
+        "norm2": ("norm2",),
+        "trace_per_param": ("trace_per_param",),
+        "kappa": ("kappa",),
+        "non_quadratic": ("actual_delta", "quadratic"),
+        "fp_loss": ("loss",),
+    }
     terms = [t for t in TERMS if target == "rel" or t != "fp_loss"]
     total = math.fsum(lb[t] - la[t] for t in terms)
     rows = []
@@ -144,12 +179,31 @@ def decompose_change(table, start: str, end: str, run: str | None = None, target
         noisy = t in ("trace_per_param", "kappa")
         v0 = _value(a, values[t]) if t != "fp_loss" else float(a["loss"])
         v1 = _value(b, values[t]) if t != "fp_loss" else float(b["loss"])
-        rows.append({"term": t, "log_change": d, "fraction": d / total if total else math.nan,
-                     "stderr": se if noisy else 0.0, "ci_low": d - q * se if noisy else d,
-                     "ci_high": d + q * se if noisy else d, "start": v0, "end": v1})
+        rows.append(
+            {
+                "term": t,
+                "log_change": d,
+                "fraction": d / total if total else math.nan,
+                "stderr": se if noisy else 0.0,
+                "ci_low": d - q * se if noisy else d,
+                "ci_high": d + q * se if noisy else d,
+                "start": v0,
+                "end": v1,
+            }
+        )
     key = "rel_delta" if target == "rel" else "actual_delta"
-    rows.append({"term": "total", "log_change": total, "fraction": 1.0, "stderr": 0.0, "ci_low": total, "ci_high": total,
-                 "start": float(a[key]), "end": float(b[key])})
+    rows.append(
+        {
+            "term": "total",
+            "log_change": total,
+            "fraction": 1.0,
+            "stderr": 0.0,
+            "ci_low": total,
+            "ci_high": total,
+            "start": float(a[key]),
+            "end": float(b[key]),
+        }
+    )
     out = pd.DataFrame(rows)
     out.attrs.update(start=start, end=end, run=run, target=target)
     return out
@@ -191,8 +245,11 @@ def _pairs(specs: Sequence[str]) -> list[tuple[str, str]]:
 
     parsed = {s: QuantSpec.parse(s) for s in specs}
     rtn = {(p.bits, p.group_size): s for s, p in parsed.items() if p.method == "rtn"}
-    return [(s, rtn[(p.bits, p.group_size)]) for s, p in parsed.items()
-            if p.method in ("gptq", "awq", "gptqmodel") and (p.bits, p.group_size) in rtn]
+    return [
+        (s, rtn[(p.bits, p.group_size)])
+        for s, p in parsed.items()
+        if p.method in ("gptq", "awq", "gptqmodel") and (p.bits, p.group_size) in rtn
+    ]
 
 
 def _mean_ci(x: np.ndarray, runs: np.ndarray) -> tuple[float, float, float, str]:
@@ -242,7 +299,11 @@ def science_check(df, specs: Sequence[str] | None = None, target: str = "rel") -
             final = str(real.sort_values("step")["checkpoint"].iloc[-1])
             for lab in derived["checkpoint"]:
                 try:
-                    lawa.append(_flat(decompose_change(tab, final, str(lab), run, target), run=run, spec=s, start=final, end=lab))
+                    lawa.append(
+                        _flat(
+                            decompose_change(tab, final, str(lab), run, target), run=run, spec=s, start=final, end=lab
+                        )
+                    )
                 except AnalysisError as exc:
                     notes.append(f"lawa {run} {s}: {exc}")
     quant = []
@@ -253,11 +314,20 @@ def science_check(df, specs: Sequence[str] | None = None, target: str = "rel") -
         if m.empty:
             notes.append(f"{cal} vs {rtn}: no common real checkpoint")
             continue
-        row = {"calibrated": cal, "rtn": rtn, "n": int(len(m)),
-               "kappa_calibrated": float(m["kappa_c"].median()), "kappa_rtn": float(m["kappa_r"].median())}
+        row = {
+            "calibrated": cal,
+            "rtn": rtn,
+            "n": int(len(m)),
+            "kappa_calibrated": float(m["kappa_c"].median()),
+            "kappa_rtn": float(m["kappa_r"].median()),
+        }
         with np.errstate(divide="ignore", invalid="ignore"):
-            for name, col in (("log_norm2_ratio", "norm2"), ("log_kappa_ratio", "kappa"), ("log_quadratic_ratio", "quadratic"),
-                              ("log_delta_ratio", "actual_delta")):
+            for name, col in (
+                ("log_norm2_ratio", "norm2"),
+                ("log_kappa_ratio", "kappa"),
+                ("log_quadratic_ratio", "quadratic"),
+                ("log_delta_ratio", "actual_delta"),
+            ):
                 ratio = (m[f"{col}_c"] / m[f"{col}_r"]).to_numpy(float)
                 logs = np.where(ratio > 0, np.log(np.where(ratio > 0, ratio, 1.0)), np.nan)
                 mean, lo, hi, how = _mean_ci(logs, m["run"].to_numpy())
@@ -278,24 +348,34 @@ def format_check(check: dict) -> str:
     lines = []
     for key, title in (("decay", "Change of log ΔQ over the LR decay"), ("lawa", "Final checkpoint → LAWA")):
         t = check[key]
-        lines += [f"**{title}** (shares of the change of log ΔQ; they sum to the total)", "",
-                  "| run | spec | from → to | total | ‖δ‖² | tr H/n | κ | non-quadratic | 1/L | driver |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            f"**{title}** (shares of the change of log ΔQ; they sum to the total)",
+            "",
+            "| run | spec | from → to | total | ‖δ‖² | tr H/n | κ | non-quadratic | 1/L | driver |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for _, r in t.iterrows():
-            lines.append(f"| {r['run']} | {r['spec']} | {r['start']} → {r['end']} | {r['total']:+.2f} | {r['norm2']:+.2f} | "
-                         f"{_ci(r['trace_per_param'], r['trace_per_param_ci'])} | {_ci(r['kappa'], r['kappa_ci'])} | "
-                         f"{r['non_quadratic']:+.2f} | {r.get('fp_loss', 0.0):+.2f} | {r['driver']} |")
+            lines.append(
+                f"| {r['run']} | {r['spec']} | {r['start']} → {r['end']} | {r['total']:+.2f} | {r['norm2']:+.2f} | "
+                f"{_ci(r['trace_per_param'], r['trace_per_param_ci'])} | {_ci(r['kappa'], r['kappa_ci'])} | "
+                f"{r['non_quadratic']:+.2f} | {r.get('fp_loss', 0.0):+.2f} | {r['driver']} |"
+            )
         lines.append("")
     q = check["quantizers"]
-    lines += ["**Calibrated quantizer vs RTN at equal bits** (mean log ratio calibrated/RTN over checkpoints; 95% CI with "
-              "runs as the independent units — run-level t with ≥ 3 runs, AR(1) effective n with fewer; no bracket: "
-              "descriptive, the data do not support an interval)", "",
-              "| pair | n | κ (median) | log ‖δ‖² ratio | log κ ratio | log ½δᵀHδ ratio | log ΔL ratio |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [
+        "**Calibrated quantizer vs RTN at equal bits** (mean log ratio calibrated/RTN over checkpoints; 95% CI with "
+        "runs as the independent units — run-level t with ≥ 3 runs, AR(1) effective n with fewer; no bracket: "
+        "descriptive, the data do not support an interval)",
+        "",
+        "| pair | n | κ (median) | log ‖δ‖² ratio | log κ ratio | log ½δᵀHδ ratio | log ΔL ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for _, r in q.iterrows():
-        lines.append(f"| {r['calibrated']} vs {r['rtn']} | {r['n']} | {r['kappa_calibrated']:.3f} vs {r['kappa_rtn']:.3f} | "
-                     + " | ".join(_ci(r[k], r[f"{k}_ci"]) for k in ("log_norm2_ratio", "log_kappa_ratio", "log_quadratic_ratio"))
-                     + f" | {_ci(r['log_delta_ratio'], r['log_delta_ratio_ci'])} (n = {r['n_delta']}) |")
+        lines.append(
+            f"| {r['calibrated']} vs {r['rtn']} | {r['n']} | {r['kappa_calibrated']:.3f} vs {r['kappa_rtn']:.3f} | "
+            + " | ".join(_ci(r[k], r[f"{k}_ci"]) for k in ("log_norm2_ratio", "log_kappa_ratio", "log_quadratic_ratio"))
+            + f" | {_ci(r['log_delta_ratio'], r['log_delta_ratio_ci'])} (n = {r['n_delta']}) |"
+        )
     if check.get("notes"):
         lines += ["", "Not computed: " + "; ".join(check["notes"])]
     return "\n".join(lines)

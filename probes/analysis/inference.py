@@ -24,6 +24,7 @@ A run is an array ``[..., m_i]`` (the batch axes first, its checkpoints in time 
 
 Cost: O(batch · n) (partial: O(batch · n · k²)); memory a few copies of the [..., n] inputs.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,10 +32,29 @@ import warnings
 
 import numpy as np
 
-__all__ = ["RUN_LEVEL", "EFFECTIVE_N", "DESCRIPTIVE", "MIN_RUNS", "MIN_NU", "MAX_PHI", "LEVEL", "fisher_z",
-           "within_residuals", "run_correlations", "demeaned_correlation", "run_level_t", "ar1_persistence",
-           "effective_n_ar1", "within_effective_n_t", "infer_within", "mean_interval", "STATUS", "rank_bound",
-           "min_run_length", "between_share"]
+__all__ = [
+    "RUN_LEVEL",
+    "EFFECTIVE_N",
+    "DESCRIPTIVE",
+    "MIN_RUNS",
+    "MIN_NU",
+    "MAX_PHI",
+    "LEVEL",
+    "fisher_z",
+    "within_residuals",
+    "run_correlations",
+    "demeaned_correlation",
+    "run_level_t",
+    "ar1_persistence",
+    "effective_n_ar1",
+    "within_effective_n_t",
+    "infer_within",
+    "mean_interval",
+    "STATUS",
+    "rank_bound",
+    "min_run_length",
+    "between_share",
+]
 
 #: ``inference`` of a row with the run-level t interval and p (3 or more usable runs).
 RUN_LEVEL = "run-level t"
@@ -122,12 +142,16 @@ def _prepare(x: np.ndarray, y: np.ndarray, z: np.ndarray | None, method: str):
 
 def within_residuals(xs, ys, zs=None, method: str = "pearson") -> tuple[list, list]:
     """Per run: x's and y's centred series (Spearman: within-run ranks) less their fit on the controls."""
-    pairs = [_prepare(np.asarray(x, float), np.asarray(y, float), None if zs is None else np.asarray(zs[i], float),
-                      method) for i, (x, y) in enumerate(zip(xs, ys))]
+    pairs = [
+        _prepare(np.asarray(x, float), np.asarray(y, float), None if zs is None else np.asarray(zs[i], float), method)
+        for i, (x, y) in enumerate(zip(xs, ys))
+    ]
     # a run whose x or y is constant (or fully explained by the controls) carries no pair: both zero
     dead = [~((a != 0).any(-1) & (b != 0).any(-1))[..., None] for a, b in pairs]
-    return ([np.where(d, 0.0, a) for d, (a, _) in zip(dead, pairs)],
-            [np.where(d, 0.0, b) for d, (_, b) in zip(dead, pairs)])
+    return (
+        [np.where(d, 0.0, a) for d, (a, _) in zip(dead, pairs)],
+        [np.where(d, 0.0, b) for d, (_, b) in zip(dead, pairs)],
+    )
 
 
 def run_correlations(xs, ys, zs=None, method: str = "pearson") -> np.ndarray:
@@ -178,8 +202,13 @@ def run_level_t(r_runs: np.ndarray, level: float = LEVEL) -> dict:
         p = 2 * stats.t.sf(np.abs(t), df)
     bad = (q < 2) | ~(se > 0)
     nan = np.full(np.shape(mean), np.nan)
-    return {"estimate": np.tanh(mean), "ci_low": np.where(bad, nan, np.tanh(mean - half)),
-            "ci_high": np.where(bad, nan, np.tanh(mean + half)), "p": np.where(bad, nan, p), "q": q}
+    return {
+        "estimate": np.tanh(mean),
+        "ci_low": np.where(bad, nan, np.tanh(mean - half)),
+        "ci_high": np.where(bad, nan, np.tanh(mean + half)),
+        "p": np.where(bad, nan, p),
+        "q": q,
+    }
 
 
 def ar1_persistence(vs) -> np.ndarray:
@@ -230,8 +259,13 @@ def within_effective_n_t(r_within, n_eff, n_runs: int, k: int, phi_x, phi_y, lev
     half = stats.t.ppf(0.5 + level / 2, nus) / np.sqrt(nus)
     p = 2 * stats.t.sf(np.abs(z) * np.sqrt(nus), nus)
     nan = np.full(np.shape(z), np.nan)
-    return {"ci_low": np.where(ok, np.tanh(z - half), nan), "ci_high": np.where(ok, np.tanh(z + half), nan),
-            "p": np.where(ok, p, nan), "nu": nu, "ok": ok}
+    return {
+        "ci_low": np.where(ok, np.tanh(z - half), nan),
+        "ci_high": np.where(ok, np.tanh(z + half), nan),
+        "p": np.where(ok, p, nan),
+        "nu": nu,
+        "ok": ok,
+    }
 
 
 def infer_within(xs, ys, zs=None, method: str = "pearson", level: float = LEVEL) -> dict:
@@ -260,9 +294,19 @@ def infer_within(xs, ys, zs=None, method: str = "pearson", level: float = LEVEL)
     rw = np.where(run_level, np.where(flat, raw_mean, t["estimate"]), demeaned_correlation(xs, ys, zs, method))
     e = within_effective_n_t(rw, n_eff, len(xs), k, phx, phy, level)
     status = np.where(run_level, np.where(flat, 2, 0), np.where(e["ok"], 1, 2))
-    pick = (lambda key: np.where(run_level, t[key], e[key]))
-    return {"estimate": rw, "ci_low": pick("ci_low"), "ci_high": pick("ci_high"), "p": pick("p"), "n_eff": n_eff,
-            "df": np.where(run_level, q - 1.0, e["nu"]), "phi_x": phx, "phi_y": phy, "q": q, "status": status}
+    pick = lambda key: np.where(run_level, t[key], e[key])
+    return {
+        "estimate": rw,
+        "ci_low": pick("ci_low"),
+        "ci_high": pick("ci_high"),
+        "p": pick("p"),
+        "n_eff": n_eff,
+        "df": np.where(run_level, q - 1.0, e["nu"]),
+        "phi_x": phx,
+        "phi_y": phy,
+        "q": q,
+        "status": status,
+    }
 
 
 def mean_interval(vs, level: float = LEVEL) -> tuple[float, float, float, str]:

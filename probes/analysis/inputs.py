@@ -1,5 +1,6 @@
 """Input handling shared by the statistics: numeric 1-D series, alignment, covariates, and
 :class:`AnalysisError` (too few points, unknown series, unusable input)."""
+
 from __future__ import annotations
 
 import numbers
@@ -9,8 +10,17 @@ import numpy as np
 
 from geometry.base.errors import LosslensError
 
-__all__ = ["AnalysisError", "as_1d", "align_pair", "covariate_matrix", "check_method", "check_n_boot", "too_few",
-           "METHODS", "MIN_BOOT"]
+__all__ = [
+    "AnalysisError",
+    "as_1d",
+    "align_pair",
+    "covariate_matrix",
+    "check_method",
+    "check_n_boot",
+    "too_few",
+    "METHODS",
+    "MIN_BOOT",
+]
 
 METHODS = ("pearson", "spearman", "kendall")
 MIN_BOOT = 40
@@ -80,8 +90,11 @@ def check_n_boot(n_boot, minimum: int = MIN_BOOT) -> int:
         raise AnalysisError(f"n_boot must be an integer, got {n_boot!r}")
     n = int(n_boot)
     if n < minimum:
-        why = (f"; a 95% percentile interval needs at least {MIN_BOOT} resamples (2000 is the default)"
-               if minimum == MIN_BOOT else "")
+        why = (
+            f"; a 95% percentile interval needs at least {MIN_BOOT} resamples (2000 is the default)"
+            if minimum == MIN_BOOT
+            else ""
+        )
         raise AnalysisError(f"n_boot must be >= {minimum}, got {n}{why}")
     return n
 
@@ -89,6 +102,8 @@ def check_n_boot(n_boot, minimum: int = MIN_BOOT) -> int:
 def too_few(n: int, need: int, what: str, usable: str = "finite values on both series") -> None:
     if n < need:
         if n <= 1 and "correlation" in what:
-            raise AnalysisError(f"a trajectory of {n} checkpoint{'s' if n != 1 else ''} cannot be correlated; "
-                                f"{what} needs at least {need} checkpoints with {usable}")
+            raise AnalysisError(
+                f"a trajectory of {n} checkpoint{'s' if n != 1 else ''} cannot be correlated; "
+                f"{what} needs at least {need} checkpoints with {usable}"
+            )
         raise AnalysisError(f"only {n} checkpoint{'s' if n != 1 else ''} with {usable}; {what} needs at least {need}")

@@ -1,4 +1,5 @@
 """Phases of a trajectory (seed 004): FP-convergence onset and quantization-gap divergence onset."""
+
 from __future__ import annotations
 
 import math
@@ -81,8 +82,16 @@ def convergence_onset(steps, loss, lrs=None, tol: float = 0.01, relative: bool =
         rest = future_min[i + 1] if i + 1 < n else math.inf
         if rest >= v_k[i] - thr:
             j = int(pos[i])
-            return Onset("fp_convergence", j, float(s_k[i]), None if lr is None else float(lr[j]), i < n - 1, n, n_excl,
-                         {"tol": tol, "relative": relative, "loss_at_onset": float(v_k[i]), "final_loss": float(v_k[-1])})
+            return Onset(
+                "fp_convergence",
+                j,
+                float(s_k[i]),
+                None if lr is None else float(lr[j]),
+                i < n - 1,
+                n,
+                n_excl,
+                {"tol": tol, "relative": relative, "loss_at_onset": float(v_k[i]), "final_loss": float(v_k[-1])},
+            )
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -130,14 +139,21 @@ def divergence_onset(steps, gap, lrs=None, min_points: int = 2, x_scale: str = "
         raise AnalysisError(f"{n} points leave no interior changepoint with min_points={min_points}")
     sse, k, coef = best
     j = int(pos[k])
-    details = {"slope_before": float(coef[1]), "slope_after": float(coef[1] + coef[2]), "sse": sse, "sse_one_line": sse1,
-               "x_scale": x_scale, "gap_at_onset": float(g[j])}
+    details = {
+        "slope_before": float(coef[1]),
+        "slope_after": float(coef[1] + coef[2]),
+        "sse": sse,
+        "sse_one_line": sse1,
+        "x_scale": x_scale,
+        "gap_at_onset": float(g[j]),
+    }
     found = bool(coef[2] > 0)
     return Onset("gap_divergence", j, float(s[j]), None if lr is None else float(lr[j]), found, n, n_excl, details)
 
 
-def detect_phases(df, loss: str = "loss", gap: str = "rtn:4", x: str = "step", tol: float = 0.01,
-                  include_derived: bool = False) -> Phases:
+def detect_phases(
+    df, loss: str = "loss", gap: str = "rtn:4", x: str = "step", tol: float = 0.01, include_derived: bool = False
+) -> Phases:
     """Both onsets from a tidy results DataFrame: FP convergence of ``loss`` and divergence of
     ``gap`` (a quant spec → its rel_loss_error; any :func:`series` key works), with the LR at each."""
     cols = series_frame(df, [loss, gap, x, "lr"], include_derived=include_derived)
@@ -146,5 +162,7 @@ def detect_phases(df, loss: str = "loss", gap: str = "rtn:4", x: str = "step", t
         keep = np.isfinite(steps)
         cols = cols[keep]
         steps = steps[keep]
-    return Phases(convergence_onset(steps, cols[loss].to_numpy(float), cols["lr"].to_numpy(float), tol=tol),
-                  divergence_onset(steps, cols[gap].to_numpy(float), cols["lr"].to_numpy(float)))
+    return Phases(
+        convergence_onset(steps, cols[loss].to_numpy(float), cols["lr"].to_numpy(float), tol=tol),
+        divergence_onset(steps, cols[gap].to_numpy(float), cols["lr"].to_numpy(float)),
+    )

@@ -11,6 +11,7 @@ different settings (two plans in one store, or estimators whose memory budgets c
 sketch sizes, bases or blocks: the ``chosen`` column) or series measured on different data raise
 :class:`AnalysisError` unless ``allow_mixed``.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -61,7 +62,9 @@ def _resolve(df, key: str) -> tuple[str | None, str | None, str]:
     if len(hit) == 1:
         return hit["probe"].iloc[0], None, key
     if len(hit) > 1:
-        raise AnalysisError(f"metric {key!r} is measured by several probes ({sorted(hit['probe'])}); use 'probe/spec/metric'")
+        raise AnalysisError(
+            f"metric {key!r} is measured by several probes ({sorted(hit['probe'])}); use 'probe/spec/metric'"
+        )
     if key in probes:
         return key, None, _DEFAULT_METRIC.get(key, "")
     qspecs: set = set()
@@ -110,7 +113,9 @@ def _rows(df, key: str, include_derived: bool):
     else:
         used = list(dict.fromkeys(sel["spec"]))
         if len(used) > 1:
-            raise AnalysisError(f"{key!r} is ambiguous: probe {probe!r} has specs {used}; use '{probe}/<spec>/{metric}'")
+            raise AnalysisError(
+                f"{key!r} is ambiguous: probe {probe!r} has specs {used}; use '{probe}/<spec>/{metric}'"
+            )
     if sel.empty and not (base["probe"] == probe).any():
         raise AnalysisError(f"the results hold no {probe!r} probe")
     return probe, metric, order, base, sel.drop_duplicates("checkpoint", keep="last")
@@ -139,16 +144,18 @@ def _check_one_setting(key: str, sel) -> None:
             "budgets or recorded different quantizer variants ("
             + "; ".join(f"{c or 'none recorded'}: {n} checkpoints" for c, n in counts.items())
             + "), e.g. a smaller Hutch++ sketch or Lanczos basis where less memory was allowed; numbers computed "
-              "differently are not comparable. Pass allow_mixed=True (CLI: --allow-mixed) to pool them anyway, or "
-              "rerun with one --max-memory so every checkpoint gets the same settings.")
+            "differently are not comparable. Pass allow_mixed=True (CLI: --allow-mixed) to pool them anyway, or "
+            "rerun with one --max-memory so every checkpoint gets the same settings."
+        )
     if len(cfg) > 1:
         counts = sel["config_hash"].astype(str).value_counts()
         raise AnalysisError(
             f"series {key!r} pools rows computed with {len(cfg)} different settings (config hashes "
             + ", ".join(f"{h[:12]}: {n} checkpoints" for h, n in counts.items() if h)
             + "), e.g. from two plans in one store; numbers computed differently are not comparable. Pass "
-              "allow_mixed=True (CLI: --allow-mixed) to pool them anyway, or rerun the sweep so every checkpoint "
-              "has the same settings.")
+            "allow_mixed=True (CLI: --allow-mixed) to pool them anyway, or rerun the sweep so every checkpoint "
+            "has the same settings."
+        )
 
 
 def series(df, key: str, include_derived: bool = False, include_unconverged: bool = False, allow_mixed: bool = False):
@@ -190,8 +197,9 @@ def unconverged(df, key: str, include_derived: bool = False) -> list[str]:
     return [] if bad is None else list(sel["checkpoint"][bad])
 
 
-def series_frame(df, keys: Sequence[str], include_derived: bool = False, include_unconverged: bool = False,
-                 allow_mixed: bool = False):
+def series_frame(
+    df, keys: Sequence[str], include_derived: bool = False, include_unconverged: bool = False, allow_mixed: bool = False
+):
     """Several :func:`series` side by side as a DataFrame (index: checkpoint). Series measured on
     different data (``data_hash``) raise :class:`AnalysisError` unless ``allow_mixed``."""
     import pandas as pd
@@ -207,9 +215,17 @@ def series_frame(df, keys: Sequence[str], include_derived: bool = False, include
                 f"{', '.join(map(repr, keys))} were measured on {len(hashes)} different data sets (data hashes "
                 + "; ".join(f"{h[:12]}: {', '.join(ks)}" for h, ks in hashes.items())
                 + "); numbers on different token sets are not comparable. Pass allow_mixed=True (CLI: --allow-mixed) "
-                  "to pool them anyway, or sweep each data set into its own store.")
-    return pd.concat([series(df, k, include_derived=include_derived, include_unconverged=include_unconverged,
-                             allow_mixed=allow_mixed) for k in keys], axis=1)
+                "to pool them anyway, or sweep each data set into its own store."
+            )
+    return pd.concat(
+        [
+            series(
+                df, k, include_derived=include_derived, include_unconverged=include_unconverged, allow_mixed=allow_mixed
+            )
+            for k in keys
+        ],
+        axis=1,
+    )
 
 
 def checkpoint_runs(df, index):
@@ -227,7 +243,11 @@ def checkpoint_runs(df, index):
     if missing:
         raise AnalysisError(f"checkpoints {missing[:3]} are not in the results table")
     run = key.loc[list(index), "_run"].to_numpy(object)
-    step = key.loc[list(index), "step"].astype(float).to_numpy() if "step" in key.columns else np.arange(len(index), dtype=float)
+    step = (
+        key.loc[list(index), "step"].astype(float).to_numpy()
+        if "step" in key.columns
+        else np.arange(len(index), dtype=float)
+    )
     pos = np.arange(len(index))
     order = np.array(sorted(pos, key=lambda i: (run[i], np.nan_to_num(step[i], nan=np.inf), str(index[i]))), dtype=int)
     return run, order

@@ -5,6 +5,7 @@ Checkpoints of one run are a time series: every row gives the pooled r, the with
 with its 95% interval and p (run-level t over the runs, or an AR(1) effective-n t with one or two
 runs, or 'descriptive' where neither holds), n_eff next to n and the inference used
 (:mod:`.correlation`, :mod:`.inference`, docs/science.md §6)."""
+
 from __future__ import annotations
 
 import math
@@ -18,14 +19,40 @@ from .series import checkpoint_runs, series_frame, unconverged
 __all__ = ["summary", "analyse", "COLUMNS"]
 
 #: The columns of the correlation summary table, in order.
-COLUMNS = ["x", "y", "method", "controls", "r", "r_within", "ci_low", "ci_high", "p", "n", "n_eff", "n_runs", "df",
-           "inference", "n_excluded", "n_unconverged", "note"]
+COLUMNS = [
+    "x",
+    "y",
+    "method",
+    "controls",
+    "r",
+    "r_within",
+    "ci_low",
+    "ci_high",
+    "p",
+    "n",
+    "n_eff",
+    "n_runs",
+    "df",
+    "inference",
+    "n_excluded",
+    "n_unconverged",
+    "note",
+]
 
 
-def summary(df, x: str | Sequence[str] | None = None, y: str | Sequence[str] | None = None,
-            controls: Sequence[str] | str | None = None, methods: Sequence[str] = ("pearson", "spearman"),
-            n_boot: int = 2000, seed: int = 0, include_derived: bool = False, include_unconverged: bool = False,
-            allow_mixed: bool = False, n_perm: int = 2000):
+def summary(
+    df,
+    x: str | Sequence[str] | None = None,
+    y: str | Sequence[str] | None = None,
+    controls: Sequence[str] | str | None = None,
+    methods: Sequence[str] = ("pearson", "spearman"),
+    n_boot: int = 2000,
+    seed: int = 0,
+    include_derived: bool = False,
+    include_unconverged: bool = False,
+    allow_mixed: bool = False,
+    n_perm: int = 2000,
+):
     """Correlation table: one row per (x, y, method, controls) with the columns ``COLUMNS``:
     r (pooled over runs), r_within (within runs) with its 95% interval [ci_low, ci_high] and
     two-sided p (NaN when 'descriptive'), n, n_eff, runs, df of the t quantile, inference
@@ -49,8 +76,15 @@ def summary(df, x: str | Sequence[str] | None = None, y: str | Sequence[str] | N
     if not methods:
         raise AnalysisError(f"no correlation method given; valid: {', '.join(METHODS)}")
     check_n_boot(n_boot, minimum=0)
-    xs = _keys(x) if x is not None else [k for k, p in (("trace", "trace"), ("lambda_max", "eigen"), ("kurtosis", "kurtosis"))
-                                         if (df["probe"] == p).any()]
+    xs = (
+        _keys(x)
+        if x is not None
+        else [
+            k
+            for k, p in (("trace", "trace"), ("lambda_max", "eigen"), ("kurtosis", "kurtosis"))
+            if (df["probe"] == p).any()
+        ]
+    )
     ys = _keys(y) if y is not None else list(dict.fromkeys(df.loc[df["probe"] == "quant", "spec"]))
     ctrl = _keys(controls) if controls else []
     opts = dict(include_derived=include_derived, include_unconverged=include_unconverged, allow_mixed=allow_mixed)
@@ -71,19 +105,57 @@ def summary(df, x: str | Sequence[str] | None = None, y: str | Sequence[str] | N
                         runs, order = checkpoint_runs(df, frame.index)
                         frame, runs = frame.iloc[order], runs[order]
                         if cv:
-                            c = partial_correlation(frame[xk].to_numpy(float), frame[yk].to_numpy(float),
-                                                    frame[list(cv)], method=m, groups=runs, **stat)
+                            c = partial_correlation(
+                                frame[xk].to_numpy(float),
+                                frame[yk].to_numpy(float),
+                                frame[list(cv)],
+                                method=m,
+                                groups=runs,
+                                **stat,
+                            )
                         else:
-                            c = correlate(frame[xk].to_numpy(float), frame[yk].to_numpy(float), method=m, groups=runs, **stat)
-                        row.update(r=c.r, r_within=c.r_within, ci_low=c.ci_low, ci_high=c.ci_high, p=c.p, n=c.n,
-                                   n_eff=c.n_eff, n_runs=c.n_runs, df=c.df, inference=c.inference,
-                                   n_excluded=c.n_excluded, n_unconverged=n_unconv, note=c.note)
+                            c = correlate(
+                                frame[xk].to_numpy(float), frame[yk].to_numpy(float), method=m, groups=runs, **stat
+                            )
+                        row.update(
+                            r=c.r,
+                            r_within=c.r_within,
+                            ci_low=c.ci_low,
+                            ci_high=c.ci_high,
+                            p=c.p,
+                            n=c.n,
+                            n_eff=c.n_eff,
+                            n_runs=c.n_runs,
+                            df=c.df,
+                            inference=c.inference,
+                            n_excluded=c.n_excluded,
+                            n_unconverged=n_unconv,
+                            note=c.note,
+                        )
                     except AnalysisError as exc:
-                        why = (f" ({n_unconv} value(s) left out because their estimator did not converge; "
-                               "include_unconverged=True / --include-unconverged keeps them)") if n_unconv else ""
-                        row.update(r=math.nan, r_within=math.nan, ci_low=math.nan, ci_high=math.nan, p=math.nan, n=0,
-                                   n_eff=math.nan, n_runs=0, df=math.nan, inference="", n_excluded=0,
-                                   n_unconverged=n_unconv, note=f"{exc}{why}")
+                        why = (
+                            (
+                                f" ({n_unconv} value(s) left out because their estimator did not converge; "
+                                "include_unconverged=True / --include-unconverged keeps them)"
+                            )
+                            if n_unconv
+                            else ""
+                        )
+                        row.update(
+                            r=math.nan,
+                            r_within=math.nan,
+                            ci_low=math.nan,
+                            ci_high=math.nan,
+                            p=math.nan,
+                            n=0,
+                            n_eff=math.nan,
+                            n_runs=0,
+                            df=math.nan,
+                            inference="",
+                            n_excluded=0,
+                            n_unconverged=n_unconv,
+                            note=f"{exc}{why}",
+                        )
                     rows.append(row)
     return pd.DataFrame(rows, columns=COLUMNS)
 
@@ -108,8 +180,10 @@ def analyse(df, n_boot: int = 2000, include_unconverged: bool = False, allow_mix
     try:
         correlations = summary(df, n_boot=n_boot, include_unconverged=include_unconverged, allow_mixed=allow_mixed)
         if len(runs) > 1:
-            notes.append(f"correlations pool the checkpoints of {len(runs)} runs (r); r_within, its interval and p are "
-                         "within runs (runs the independent units, docs/science.md §6)")
+            notes.append(
+                f"correlations pool the checkpoints of {len(runs)} runs (r); r_within, its interval and p are "
+                "within runs (runs the independent units, docs/science.md §6)"
+            )
     except AnalysisError as exc:
         notes.append(f"correlations not computed: {exc}")
     phases = {}

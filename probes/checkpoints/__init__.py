@@ -23,10 +23,19 @@ Modules (each imports only the ones above it):
 - :mod:`.locate`     -- :func:`open_trajectory` / :func:`open_checkpoint`: a command-line argument (a folder
   or ``hf:ORG/NAME@REVISIONS``) -> trajectory / (trajectory, ref), schedules attached.
 """
+
 from .derived import lawa
-from .errors import (ArchitectureMismatchError, CheckpointError, CorruptCheckpointError, MissingWeightsError,
-                     NoCheckpointsError, RevisionNotCachedError, ScheduleError, TrajectoryNameError,
-                     UnsafeCheckpointError)
+from .errors import (
+    ArchitectureMismatchError,
+    CheckpointError,
+    CorruptCheckpointError,
+    MissingWeightsError,
+    NoCheckpointsError,
+    RevisionNotCachedError,
+    ScheduleError,
+    TrajectoryNameError,
+    UnsafeCheckpointError,
+)
 from .files import local_folder, read_config, weight_files
 from .loader import CheckpointLoader, load_model
 from .locate import open_checkpoint, open_trajectory, parse_hub_name
@@ -35,9 +44,30 @@ from .schedule import PRESETS, Schedule, parse_schedule
 from .trajectory import CheckpointProblem, Trajectory, tokenizer_folder
 
 __all__ = [
-    "CheckpointError", "NoCheckpointsError", "MissingWeightsError", "CorruptCheckpointError", "UnsafeCheckpointError",
-    "ArchitectureMismatchError", "RevisionNotCachedError", "CheckpointRef", "CheckpointProblem", "Trajectory",
-    "CheckpointLoader", "load_model", "lawa", "parse_step", "weight_files", "read_config", "local_folder",
-    "tokenizer_folder", "open_checkpoint", "open_trajectory", "parse_hub_name", "ScheduleError", "TrajectoryNameError",
-    "Schedule", "PRESETS", "parse_schedule",
+    "CheckpointError",
+    "NoCheckpointsError",
+    "MissingWeightsError",
+    "CorruptCheckpointError",
+    "UnsafeCheckpointError",
+    "ArchitectureMismatchError",
+    "RevisionNotCachedError",
+    "CheckpointRef",
+    "CheckpointProblem",
+    "Trajectory",
+    "CheckpointLoader",
+    "load_model",
+    "lawa",
+    "parse_step",
+    "weight_files",
+    "read_config",
+    "local_folder",
+    "tokenizer_folder",
+    "open_checkpoint",
+    "open_trajectory",
+    "parse_hub_name",
+    "ScheduleError",
+    "TrajectoryNameError",
+    "Schedule",
+    "PRESETS",
+    "parse_schedule",
 ]

@@ -12,6 +12,7 @@ Every checkpoint is evaluated under its **own** ``config.json``. What the loader
   weights hold (e.g. a minimal ``{"model_type": "gpt_neox"}`` that falls back to transformers'
   20.5B-parameter defaults) is an error naming both sizes, raised before a byte is allocated.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,20 +24,72 @@ from torch import nn
 from .errors import ArchitectureMismatchError, CorruptCheckpointError
 from .files import is_ignorable_buffer, read_config
 
-__all__ = ["function_config", "config_key", "config_differences", "differing_configs", "meta_model",
-           "check_fits_weights", "match_shapes", "NON_FUNCTION_KEYS"]
+__all__ = [
+    "function_config",
+    "config_key",
+    "config_differences",
+    "differing_configs",
+    "meta_model",
+    "check_fits_weights",
+    "match_shapes",
+    "NON_FUNCTION_KEYS",
+]
 
-NON_FUNCTION_KEYS = frozenset({
-    "_name_or_path", "architectures", "transformers_version", "dtype", "torch_dtype", "use_cache",
-    "output_attentions", "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type",
-    "initializer_range", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id", "_commit_hash",
-    "_attn_implementation", "_attn_implementation_autoset", "_attn_implementation_internal", "tokenizer_class",
-    "task_specific_params", "finetuning_task", "prefix", "chunk_size_feed_forward", "torchscript", "use_bfloat16",
-    "return_dict_in_generate", "output_scores", "max_length", "min_length", "do_sample", "num_beams", "temperature",
-    "top_k", "top_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "early_stopping",
-    "num_return_sequences", "bad_words_ids", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
-    "suppress_tokens", "begin_suppress_tokens", "diversity_penalty", "num_beam_groups", "typical_p",
-})
+NON_FUNCTION_KEYS = frozenset(
+    {
+        "_name_or_path",
+        "architectures",
+        "transformers_version",
+        "dtype",
+        "torch_dtype",
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "id2label",
+        "label2id",
+        "problem_type",
+        "initializer_range",
+        "bos_token_id",
+        "eos_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "_commit_hash",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "_attn_implementation_internal",
+        "tokenizer_class",
+        "task_specific_params",
+        "finetuning_task",
+        "prefix",
+        "chunk_size_feed_forward",
+        "torchscript",
+        "use_bfloat16",
+        "return_dict_in_generate",
+        "output_scores",
+        "max_length",
+        "min_length",
+        "do_sample",
+        "num_beams",
+        "temperature",
+        "top_k",
+        "top_p",
+        "repetition_penalty",
+        "length_penalty",
+        "no_repeat_ngram_size",
+        "early_stopping",
+        "num_return_sequences",
+        "bad_words_ids",
+        "forced_bos_token_id",
+        "forced_eos_token_id",
+        "remove_invalid_values",
+        "suppress_tokens",
+        "begin_suppress_tokens",
+        "diversity_penalty",
+        "num_beam_groups",
+        "typical_p",
+    }
+)
 """Config keys that never change the model's function given its weights (bookkeeping, generation
 defaults, initialisation). Everything else counts: an unknown key that differs makes the loader
 build a new model (correct, only slower), never reuse a wrong one."""
@@ -95,8 +148,10 @@ def meta_model(config, label: str, attn_implementation: str | None = None) -> nn
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config, **kwargs)
     except Exception as exc:  # unknown model_type, inconsistent sizes (hidden % heads != 0), ...
-        raise CorruptCheckpointError(f"checkpoint {label!r}: transformers cannot build a model from its config.json "
-                                     f"({type(exc).__name__}: {exc})") from exc
+        raise CorruptCheckpointError(
+            f"checkpoint {label!r}: transformers cannot build a model from its config.json "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def _gb(n_bytes: float) -> str:
@@ -122,26 +177,47 @@ def match_shapes(model: nn.Module, shapes: Mapping[str, tuple], who: str, built_
     for n, t in target.items():
         ptr_names.setdefault(id(t), []).append(n)
     params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
-    missing = [n for n, t in target.items()
-               if n not in shapes and n in params and not any(a in shapes for a in ptr_names[id(t)])]
+    missing = [
+        n
+        for n, t in target.items()
+        if n not in shapes and n in params and not any(a in shapes for a in ptr_names[id(t)])
+    ]
     unexpected = [k for k in shapes if k not in target and not is_ignorable_buffer(k)]
     if missing or unexpected:
         raise ArchitectureMismatchError(
             f"{who} does not match the {type(model).__name__} built from {built_from}: missing parameters "
             f"{missing[:5]}{'...' if len(missing) > 5 else ''}, unexpected keys {unexpected[:5]}"
-            f"{'...' if len(unexpected) > 5 else ''}")
+            f"{'...' if len(unexpected) > 5 else ''}"
+        )
     for n, t in target.items():
         if n in shapes and tuple(shapes[n]) != tuple(t.shape):
-            raise ArchitectureMismatchError(f"{who}: parameter {n} has shape {tuple(shapes[n])} but "
-                                            f"{tuple(t.shape)} in the model built from {built_from}")
+            raise ArchitectureMismatchError(
+                f"{who}: parameter {n} has shape {tuple(shapes[n])} but "
+                f"{tuple(t.shape)} in the model built from {built_from}"
+            )
 
 
-_SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size", "n_embd",
-              "n_layer", "n_head", "d_model")
+_SIZE_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "d_model",
+)
 
 
-def check_fits_weights(model: nn.Module, shapes: Mapping[str, tuple], who: str, config_path: str,
-                       dtype: torch.dtype | None = None, raw_config: Mapping | None = None) -> None:
+def check_fits_weights(
+    model: nn.Module,
+    shapes: Mapping[str, tuple],
+    who: str,
+    config_path: str,
+    dtype: torch.dtype | None = None,
+    raw_config: Mapping | None = None,
+) -> None:
     """Check a (meta) ``model`` against the weight-file ``shapes`` before allocating it.
 
     First the size: a model with more parameters than the files hold is refused with both sizes
@@ -154,11 +230,15 @@ def check_fits_weights(model: nn.Module, shapes: Mapping[str, tuple], who: str, 
     if need > have:
         itemsize = torch.empty((), dtype=dtype or torch.float32).element_size()
         filled = [k for k in _SIZE_KEYS if raw_config is not None and k not in raw_config and hasattr(model.config, k)]
-        why = (f"config.json leaves out {', '.join(filled)}, so transformers filled in its defaults" if filled
-               else "the sizes in config.json do not match the weights")
+        why = (
+            f"config.json leaves out {', '.join(filled)}, so transformers filled in its defaults"
+            if filled
+            else "the sizes in config.json do not match the weights"
+        )
         raise ArchitectureMismatchError(
             f"{who}: {config_path} describes a {type(model).__name__} of {_count(need)} parameters "
             f"({_gb(need * itemsize)} in {str(dtype or torch.float32).replace('torch.', '')}), but its weight files hold "
             f"{_count(have)} parameters ({_gb(have * itemsize)}): {why}. Nothing was allocated; fix config.json "
-            "(model.config.save_pretrained writes a complete one).")
+            "(model.config.save_pretrained writes a complete one)."
+        )
     match_shapes(model, shapes, who, config_path)

@@ -4,6 +4,7 @@ A derived checkpoint is a weighted mean of its sources' weights, computed when i
 (:class:`~probes.checkpoints.loader.CheckpointLoader`: float64 accumulation, cast back to the
 sources' dtype); its step / tokens / LR are those of its last source and ``kind == "derived"``.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -15,7 +16,9 @@ from .refs import CheckpointRef
 __all__ = ["lawa"]
 
 
-def lawa(refs: Sequence[CheckpointRef], weights: Sequence[float] | None = None, label: str | None = None) -> CheckpointRef:
+def lawa(
+    refs: Sequence[CheckpointRef], weights: Sequence[float] | None = None, label: str | None = None
+) -> CheckpointRef:
     """A derived checkpoint: the weighted mean of ``refs``' weights (uniform by default; weights are
     normalised to sum 1), computed when loaded. Its step / tokens / LR are the last source's.
     Configs are checked now (same ``model_type`` and dimensions when readable); parameter names
@@ -36,13 +39,32 @@ def lawa(refs: Sequence[CheckpointRef], weights: Sequence[float] | None = None, 
     _check_configs(refs)
     last = refs[-1]
     label = label or f"lawa{len(refs)}@{last.label}"
-    return CheckpointRef(label, last.step, last.tokens, last.lr, None, "derived", None,
-                         tuple(r.label for r in refs), tuple(w),
-                         meta={"method": "lawa" if weights is None else "soup", "sources": tuple(refs)})
+    return CheckpointRef(
+        label,
+        last.step,
+        last.tokens,
+        last.lr,
+        None,
+        "derived",
+        None,
+        tuple(r.label for r in refs),
+        tuple(w),
+        meta={"method": "lawa" if weights is None else "soup", "sources": tuple(refs)},
+    )
 
 
-_ARCH_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
-              "n_embd", "n_layer", "n_head", "d_model")
+_ARCH_KEYS = (
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "d_model",
+)
 
 
 def _check_configs(refs: Sequence[CheckpointRef]) -> None:
@@ -58,6 +80,9 @@ def _check_configs(refs: Sequence[CheckpointRef]) -> None:
         if first is None:
             first = (r.label, arch)
         elif arch != first[1]:
-            diff = {k: (first[1].get(k), arch.get(k)) for k in set(arch) | set(first[1]) if first[1].get(k) != arch.get(k)}
-            raise ArchitectureMismatchError(f"cannot average checkpoint {r.label!r} with {first[0]!r}: their configs "
-                                            f"differ in {diff}")
+            diff = {
+                k: (first[1].get(k), arch.get(k)) for k in set(arch) | set(first[1]) if first[1].get(k) != arch.get(k)
+            }
+            raise ArchitectureMismatchError(
+                f"cannot average checkpoint {r.label!r} with {first[0]!r}: their configs differ in {diff}"
+            )

@@ -1,11 +1,20 @@
 """Exceptions of :mod:`probes.checkpoints`: all derive from :class:`CheckpointError`."""
+
 from __future__ import annotations
 
 from geometry.base.errors import LosslensError
 
-__all__ = ["CheckpointError", "NoCheckpointsError", "MissingWeightsError", "CorruptCheckpointError",
-           "UnsafeCheckpointError", "ArchitectureMismatchError", "RevisionNotCachedError", "TrajectoryNameError",
-           "ScheduleError"]
+__all__ = [
+    "CheckpointError",
+    "NoCheckpointsError",
+    "MissingWeightsError",
+    "CorruptCheckpointError",
+    "UnsafeCheckpointError",
+    "ArchitectureMismatchError",
+    "RevisionNotCachedError",
+    "TrajectoryNameError",
+    "ScheduleError",
+]
 
 
 class CheckpointError(LosslensError, RuntimeError):

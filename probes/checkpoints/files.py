@@ -4,6 +4,7 @@ Weights are read with ``safetensors``; ``.bin`` / ``.pt`` files only with
 ``torch.load(weights_only=True)``; a file that needs arbitrary pickle is refused unless
 ``allow_pickle=True``. :func:`read_config` reads ``config.json`` (cheap: no weights).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,13 +21,26 @@ from .refs import CheckpointRef
 
 __all__ = ["local_folder", "weight_files", "read_config", "has_tokenizer_files", "weights_bytes"]
 
-TRAINER_FILES = {"optimizer.pt", "scheduler.pt", "training_args.bin", "rng_state.pth", "training_state.pt",
-                  "optimizer.bin", "scaler.pt"}
+TRAINER_FILES = {
+    "optimizer.pt",
+    "scheduler.pt",
+    "training_args.bin",
+    "rng_state.pth",
+    "training_state.pt",
+    "optimizer.bin",
+    "scaler.pt",
+}
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
-_IGNORABLE_BUFFER_SUFFIXES = (".attention.bias", ".attention.masked_bias", ".attn.bias", ".attn.masked_bias",
-                              ".rotary_emb.inv_freq", ".masked_bias")
+_IGNORABLE_BUFFER_SUFFIXES = (
+    ".attention.bias",
+    ".attention.masked_bias",
+    ".attn.bias",
+    ".attn.masked_bias",
+    ".rotary_emb.inv_freq",
+    ".masked_bias",
+)
 
 
 def is_ignorable_buffer(name: str) -> bool:
@@ -60,32 +74,46 @@ def weight_files(folder: str | Path, label: str | None = None) -> list[Path]:
     name = label or folder.name
     if not folder.is_dir():
         raise MissingWeightsError(f"checkpoint {name!r}: folder {folder} does not exist")
-    for single, index in (("model.safetensors", "model.safetensors.index.json"),
-                          ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+    for single, index in (
+        ("model.safetensors", "model.safetensors.index.json"),
+        ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+    ):
         if (folder / single).is_file():
             return [folder / single]
         if (folder / index).is_file():
             try:
                 wm = json.loads((folder / index).read_text())["weight_map"]
             except (ValueError, KeyError) as exc:
-                raise CorruptCheckpointError(f"checkpoint {name!r}: shard index {folder / index} is unreadable: {exc}") from exc
+                raise CorruptCheckpointError(
+                    f"checkpoint {name!r}: shard index {folder / index} is unreadable: {exc}"
+                ) from exc
             shards = [folder / s for s in sorted(set(wm.values()))]
             for s in shards:
                 if not s.is_file():
                     raise MissingWeightsError(f"checkpoint {name!r}: shard {s} listed in {index} is missing")
             return shards
-    others = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES
-                    and p.name not in TRAINER_FILES and not p.name.startswith("rng_state"))
+    others = sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_file()
+        and p.suffix in WEIGHT_SUFFIXES
+        and p.name not in TRAINER_FILES
+        and not p.name.startswith("rng_state")
+    )
     sts = [p for p in others if p.suffix == ".safetensors"]
     if len(sts) == 1:
         return sts
     if not sts and len(others) == 1:
         return others
     if len(others) > 1:
-        raise MissingWeightsError(f"checkpoint {name!r}: {folder} holds several weight files "
-                                  f"({', '.join(p.name for p in others)}) and no model.safetensors / index to say which to use")
-    raise MissingWeightsError(f"checkpoint {name!r}: no weight file in {folder} (expected model.safetensors, "
-                              "model.safetensors.index.json or pytorch_model.bin)")
+        raise MissingWeightsError(
+            f"checkpoint {name!r}: {folder} holds several weight files "
+            f"({', '.join(p.name for p in others)}) and no model.safetensors / index to say which to use"
+        )
+    raise MissingWeightsError(
+        f"checkpoint {name!r}: no weight file in {folder} (expected model.safetensors, "
+        "model.safetensors.index.json or pytorch_model.bin)"
+    )
 
 
 def ref_weight_files(ref: CheckpointRef) -> list[Path]:
@@ -109,8 +137,10 @@ def read_config(ref_or_path: "CheckpointRef | str | Path") -> dict:
         folder, label = (p if p.is_dir() else p.parent), p.name
     path = folder / "config.json"
     if not path.is_file():
-        raise MissingWeightsError(f"checkpoint {label!r}: no config.json in {folder}; an HF checkpoint needs one "
-                                  "(model.config.save_pretrained(folder))")
+        raise MissingWeightsError(
+            f"checkpoint {label!r}: no config.json in {folder}; an HF checkpoint needs one "
+            "(model.config.save_pretrained(folder))"
+        )
     try:
         return json.loads(path.read_text())
     except ValueError as exc:
@@ -128,8 +158,9 @@ def load_weight_file(path: Path, allow_pickle: bool = False, label: str | None =
         try:
             return load_file(str(path), device="cpu")
         except Exception as exc:  # SafetensorError, OSError
-            raise CorruptCheckpointError(f"{who}{path} is not a readable safetensors file ({exc}); re-save or "
-                                         "re-download it") from exc
+            raise CorruptCheckpointError(
+                f"{who}{path} is not a readable safetensors file ({exc}); re-save or re-download it"
+            ) from exc
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -139,7 +170,8 @@ def load_weight_file(path: Path, allow_pickle: bool = False, label: str | None =
             raise UnsafeCheckpointError(
                 f"{who}{path} contains pickled Python objects that torch.load(weights_only=True) refuses "
                 f"({_first_line(exc)}). Loading it could run arbitrary code: convert it to safetensors, or pass "
-                "allow_pickle=True (CLI: --allow-pickle) only if you trust the file.") from exc
+                "allow_pickle=True (CLI: --allow-pickle) only if you trust the file."
+            ) from exc
         warnings.warn(f"loading {path} with full pickle (allow_pickle=True): only do this for trusted files")
         obj = torch.load(str(path), map_location="cpu", weights_only=False)
     except Exception as exc:  # RuntimeError from the zip reader, EOFError, ...
@@ -174,7 +206,9 @@ def file_shapes(files: list[Path], label: str, allow_pickle: bool = False) -> di
                     for k in h.keys():
                         out[k] = tuple(h.get_slice(k).get_shape())
             except Exception as exc:
-                raise CorruptCheckpointError(f"checkpoint {label!r}: {f} is not a readable safetensors file ({exc})") from exc
+                raise CorruptCheckpointError(
+                    f"checkpoint {label!r}: {f} is not a readable safetensors file ({exc})"
+                ) from exc
         else:
             out.update({k: tuple(v.shape) for k, v in load_weight_file(f, allow_pickle, label).items()})
     return {k: v for k, v in out.items() if not is_ignorable_buffer(k)}
@@ -182,8 +216,9 @@ def file_shapes(files: list[Path], label: str, allow_pickle: bool = False) -> di
 
 def has_tokenizer_files(folder: Path) -> bool:
     """Whether ``folder`` holds tokenizer files (as written by ``tokenizer.save_pretrained``)."""
-    return any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json",
-                                                 "tokenizer.model"))
+    return any(
+        (folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+    )
 
 
 def weights_bytes(ref: CheckpointRef, dtype: torch.dtype | None = None) -> int | None:

@@ -14,6 +14,7 @@ temporary sibling, then renamed) and reused while the file is unchanged.
 
 Cost: one dequantizing load of the file (seconds for small models) and its float32 size on disk.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,8 +39,10 @@ def gguf_cache_root() -> Path:
     """``$LOSSLENS_CACHE_DIR/gguf`` (default ``~/.cache/losslens/gguf``); ``off`` is not allowed here."""
     env = os.environ.get("LOSSLENS_CACHE_DIR")
     if env and env.lower() == "off":
-        raise CheckpointError("a .gguf checkpoint is dequantized into $LOSSLENS_CACHE_DIR/gguf, but "
-                              "LOSSLENS_CACHE_DIR=off; set it to a writable folder")
+        raise CheckpointError(
+            "a .gguf checkpoint is dequantized into $LOSSLENS_CACHE_DIR/gguf, but "
+            "LOSSLENS_CACHE_DIR=off; set it to a writable folder"
+        )
     return Path(env).expanduser() / "gguf" if env else Path.home() / ".cache" / "losslens" / "gguf"
 
 
@@ -52,8 +55,9 @@ def gguf_in_folder(folder: str | Path) -> Path | None:
         return None
     found = sorted(p for p in folder.iterdir() if p.suffix.lower() == SUFFIX)
     if len(found) > 1:
-        raise CheckpointError(f"{folder} holds several GGUF files ({', '.join(p.name for p in found)}); pass the path "
-                              "of the one to use")
+        raise CheckpointError(
+            f"{folder} holds several GGUF files ({', '.join(p.name for p in found)}); pass the path of the one to use"
+        )
     return found[0] if found else None
 
 
@@ -78,8 +82,9 @@ def gguf_checkpoint_folder(path: str | Path) -> Path:
     import importlib.util
 
     if importlib.util.find_spec("gguf") is None:
-        raise CheckpointError(f"{path.name}: loading a GGUF checkpoint needs the optional package 'gguf' "
-                              "(pip install 'losslens[gguf]')")
+        raise CheckpointError(
+            f"{path.name}: loading a GGUF checkpoint needs the optional package 'gguf' (pip install 'losslens[gguf]')"
+        )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -89,8 +94,10 @@ def gguf_checkpoint_folder(path: str | Path) -> Path:
             GGUF_SUPPORTED_ARCHITECTURES,
         )
 
-        raise CheckpointError(f"transformers cannot load the GGUF file {path}: {str(exc).strip().splitlines()[0]} "
-                              f"(architectures it reads: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))})") from exc
+        raise CheckpointError(
+            f"transformers cannot load the GGUF file {path}: {str(exc).strip().splitlines()[0]} "
+            f"(architectures it reads: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))})"
+        ) from exc
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -4,6 +4,7 @@ Files are resolved with ``huggingface_hub.snapshot_download(repo_id, revision=..
 cached files ``from_pretrained(repo_id, revision=...)`` uses -- and work offline
 (``HF_HUB_OFFLINE=1`` or ``local_files_only=True``) from the local cache.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -47,11 +48,20 @@ def hub_folder(ref: CheckpointRef) -> Path:
     cache_dir = ref.meta.get("cache_dir")
     try:
         # like from_pretrained: safetensors when the revision has them, pytorch_model*.bin otherwise
-        folder = snapshot_download(ref.location, revision=ref.revision, cache_dir=cache_dir, local_files_only=offline,
-                                   allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"])
+        folder = snapshot_download(
+            ref.location,
+            revision=ref.revision,
+            cache_dir=cache_dir,
+            local_files_only=offline,
+            allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"],
+        )
         if not offline and not any(Path(folder).glob("*.safetensors")):
-            folder = snapshot_download(ref.location, revision=ref.revision, cache_dir=cache_dir,
-                                       allow_patterns=["*.json", "pytorch_model*.bin"])
+            folder = snapshot_download(
+                ref.location,
+                revision=ref.revision,
+                cache_dir=cache_dir,
+                allow_patterns=["*.json", "pytorch_model*.bin"],
+            )
     except LocalEntryNotFoundError as exc:
         where = hub_cache_dir(cache_dir)
         cmd = download_command(ref.location, ref.revision, cache_dir)
@@ -59,10 +69,12 @@ def hub_folder(ref: CheckpointRef) -> Path:
             raise RevisionNotCachedError(
                 f"{ref.location}@{ref.revision} is not in the local Hugging Face cache and offline mode is on "
                 f"(HF_HUB_OFFLINE=1): download it with `{cmd}`, or unset HF_HUB_OFFLINE to let losslens download it "
-                f"(huggingface_hub < 0.34: `huggingface-cli download`, same arguments); cache: {where}") from exc
+                f"(huggingface_hub < 0.34: `huggingface-cli download`, same arguments); cache: {where}"
+            ) from exc
         raise RevisionNotCachedError(
             f"checkpoint {ref.label!r}: revision {ref.revision!r} of {ref.location} could not be downloaded and is not "
-            f"in the local cache ({where}): {exc}; when the hub is reachable, `{cmd}` fetches it") from exc
+            f"in the local cache ({where}): {exc}; when the hub is reachable, `{cmd}` fetches it"
+        ) from exc
     except Exception as exc:  # RepositoryNotFound, RevisionNotFound, network errors
         raise CheckpointError(f"checkpoint {ref.label!r}: cannot resolve {ref.location}@{ref.revision}: {exc}") from exc
     return Path(folder)
@@ -99,8 +111,13 @@ def match_revisions(pattern: str, available: Sequence[str]) -> list[str]:
     return [r for r in available if fnmatch.fnmatchcase(r, pattern)]
 
 
-def hub_revisions(repo_id: str, items: Sequence[str], cache_dir: str | Path | None = None,
-                  local_files_only: bool | None = None, available: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+def hub_revisions(
+    repo_id: str,
+    items: Sequence[str],
+    cache_dir: str | Path | None = None,
+    local_files_only: bool | None = None,
+    available: Sequence[str] | None = None,
+) -> tuple[list[str], list[str]]:
     """The revision names ``items`` of ``repo_id`` stand for, in order, and the items that were patterns.
 
     An item is a revision name (taken as given), a glob (``"step*"``) or ``"re:<regex>"`` (full
@@ -130,6 +147,7 @@ def hub_revisions(repo_id: str, items: Sequence[str], cache_dir: str | Path | No
                     f"no revision of {repo_id} matches {pattern!r} among {len(available)} known revisions{where} "
                     f"({', '.join(list(available)[:5])}{', ...' if len(available) > 5 else ''}); download them "
                     f"first (`{download_command(repo_id, 'REV', cache_dir)}`), or name revisions explicitly "
-                    "(hf:org/name@step1000,step2000 / a list)")
+                    "(hf:org/name@step1000,step2000 / a list)"
+                )
             revs.extend(h for h in hits if h not in revs)
     return revs, patterns

@@ -9,6 +9,7 @@ headers before anything is allocated. Derived checkpoints (:func:`~probes.checkp
 are averaged here, one source at a time (float64 accumulation); their sources must share one
 function config. :func:`load_model` builds a fresh model per call.
 """
+
 from __future__ import annotations
 
 import gc
@@ -45,9 +46,14 @@ class CheckpointLoader:
     config changes; derived checkpoints read each source once.
     """
 
-    def __init__(self, trajectory_or_ref: "Trajectory | CheckpointRef | str | Path", dtype: torch.dtype | None = None,
-                 device: str | torch.device | None = None, allow_pickle: bool = False,
-                 attn_implementation: str | None = None):
+    def __init__(
+        self,
+        trajectory_or_ref: "Trajectory | CheckpointRef | str | Path",
+        dtype: torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        allow_pickle: bool = False,
+        attn_implementation: str | None = None,
+    ):
         if isinstance(trajectory_or_ref, Trajectory):
             self.trajectory = trajectory_or_ref
         elif isinstance(trajectory_or_ref, CheckpointRef):
@@ -82,8 +88,9 @@ class CheckpointLoader:
         try:
             return AutoConfig.from_pretrained(str(folder))
         except Exception as exc:
-            raise CorruptCheckpointError(f"checkpoint {base.label!r}: transformers cannot read {folder / 'config.json'}: "
-                                         f"{exc}") from exc
+            raise CorruptCheckpointError(
+                f"checkpoint {base.label!r}: transformers cannot read {folder / 'config.json'}: {exc}"
+            ) from exc
 
     def _build(self, ref: CheckpointRef, config) -> nn.Module:
         """A model for ``config``: built on the meta device, checked against ``ref``'s weight headers,
@@ -117,8 +124,10 @@ class CheckpointLoader:
             cfg = self.config(other)
             if config_key(cfg) != key:
                 diff = config_differences(config.to_dict(), cfg.to_dict())
-                raise ArchitectureMismatchError(f"cannot average checkpoint {other.label!r} with {leaves[0].label!r} in "
-                                                f"{ref.label!r}: their configs differ in {diff}")
+                raise ArchitectureMismatchError(
+                    f"cannot average checkpoint {other.label!r} with {leaves[0].label!r} in "
+                    f"{ref.label!r}: their configs differ in {diff}"
+                )
         if self._model is None or key != self._key:
             self._model, self._key, self.current = None, None, None
             gc.collect()
@@ -162,9 +171,11 @@ def usable_device(device) -> torch.device | None:
         dev = torch.device(device)
         torch.empty(1, device=dev)
     except Exception as exc:  # unknown device string, no CUDA build / no GPU, index out of range
-        raise CheckpointError(f"device {str(device)!r} cannot be used here ({type(exc).__name__}: "
-                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); use 'cpu', 'cuda', "
-                              "'cuda:1', 'mps' ... as this machine has them") from exc
+        raise CheckpointError(
+            f"device {str(device)!r} cannot be used here ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); use 'cpu', 'cuda', "
+            "'cuda:1', 'mps' ... as this machine has them"
+        ) from exc
     return dev
 
 
@@ -194,19 +205,28 @@ def _average(ref: CheckpointRef, loader: CheckpointLoader) -> dict[str, torch.Te
             continue
         if set(sd) != set(acc):
             diff = sorted(set(sd) ^ set(acc))[:5]
-            raise ArchitectureMismatchError(f"cannot average checkpoint {src.label!r} with {first_label!r} in "
-                                            f"{ref.label!r}: parameter names differ ({diff})")
+            raise ArchitectureMismatchError(
+                f"cannot average checkpoint {src.label!r} with {first_label!r} in "
+                f"{ref.label!r}: parameter names differ ({diff})"
+            )
         for k, v in sd.items():
             if tuple(v.shape) != tuple(acc[k].shape):
-                raise ArchitectureMismatchError(f"cannot average checkpoint {src.label!r} with {first_label!r} in "
-                                                f"{ref.label!r}: {k} has shape {tuple(v.shape)} vs {tuple(acc[k].shape)}")
+                raise ArchitectureMismatchError(
+                    f"cannot average checkpoint {src.label!r} with {first_label!r} in "
+                    f"{ref.label!r}: {k} has shape {tuple(v.shape)} vs {tuple(acc[k].shape)}"
+                )
             if v.is_floating_point():
                 acc[k] += v.to(torch.float64) * w
     return {k: v.to(dtypes[k]) for k, v in acc.items()}
 
 
-def load_model(ref: "CheckpointRef | str | Path", dtype: torch.dtype | None = None, device: str | torch.device | None = None,
-               allow_pickle: bool = False, attn_implementation: str | None = None) -> nn.Module:
+def load_model(
+    ref: "CheckpointRef | str | Path",
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    allow_pickle: bool = False,
+    attn_implementation: str | None = None,
+) -> nn.Module:
     """A fresh model holding ``ref``'s weights (a ref or a checkpoint folder / weight file path).
     Same safety and checks as :class:`CheckpointLoader`; builds a new model each call."""
     if not isinstance(ref, CheckpointRef):

@@ -19,6 +19,7 @@ A schedule (``schedule=``, ``tokens_per_step=``: :mod:`probes.checkpoints.schedu
 and tokens from each checkpoint's step and replaces recorded values; ``trajectory.json`` files
 passed as ``sidecars`` (and the one inside a trajectory folder) only fill values that are missing.
 """
+
 from __future__ import annotations
 
 import re
@@ -32,12 +33,21 @@ from .refs import CheckpointRef
 from .schedule import Schedule, read_sidecar
 from .trajectory import Trajectory
 
-__all__ = ["open_checkpoint", "open_trajectory", "parse_hub_name", "checkpoint_trajectory", "HubName", "HUB_PREFIX",
-           "NAME_HELP"]
+__all__ = [
+    "open_checkpoint",
+    "open_trajectory",
+    "parse_hub_name",
+    "checkpoint_trajectory",
+    "HubName",
+    "HUB_PREFIX",
+    "NAME_HELP",
+]
 
 HUB_PREFIX = "hf:"
-NAME_HELP = ("a folder, or a hub trajectory hf:ORG/NAME@REVISIONS with REVISIONS a glob (step*), re:REGEX or a "
-             "list (step1000,step2000); hf:ORG/NAME alone is the main revision")
+NAME_HELP = (
+    "a folder, or a hub trajectory hf:ORG/NAME@REVISIONS with REVISIONS a glob (step*), re:REGEX or a "
+    "list (step1000,step2000); hf:ORG/NAME alone is the main revision"
+)
 _REPO = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -58,10 +68,12 @@ def parse_hub_name(name: "str | Path") -> HubName | None:
     text = str(name).strip()
     if not text.startswith(HUB_PREFIX):
         return None
-    repo, at, sel = text[len(HUB_PREFIX):].partition("@")
+    repo, at, sel = text[len(HUB_PREFIX) :].partition("@")
     if not _REPO.match(repo) or ".." in repo:
-        raise TrajectoryNameError(f"{text!r}: {repo!r} is not a hub repo id (ORG/NAME, e.g. EleutherAI/pythia-160m); "
-                                  f"a trajectory is {NAME_HELP}")
+        raise TrajectoryNameError(
+            f"{text!r}: {repo!r} is not a hub repo id (ORG/NAME, e.g. EleutherAI/pythia-160m); "
+            f"a trajectory is {NAME_HELP}"
+        )
     if not at:
         return HubName(repo, ("main",))
     if sel.startswith("re:"):
@@ -76,9 +88,13 @@ def parse_hub_name(name: "str | Path") -> HubName | None:
     return HubName(repo, items)
 
 
-def open_trajectory(name: "str | Path | Trajectory", cache_dir: str | Path | None = None,
-                    schedule: "Schedule | str | None" = None, tokens_per_step: int | None = None,
-                    sidecars: Sequence[str | Path] = ()) -> Trajectory:
+def open_trajectory(
+    name: "str | Path | Trajectory",
+    cache_dir: str | Path | None = None,
+    schedule: "Schedule | str | None" = None,
+    tokens_per_step: int | None = None,
+    sidecars: Sequence[str | Path] = (),
+) -> Trajectory:
     """The :class:`Trajectory` named by ``name``: a folder, ``hf:ORG/NAME@REVISIONS``, or a Trajectory.
 
     ``cache_dir``: the Hugging Face hub cache for hub names (default ``$HF_HUB_CACHE`` / ``$HF_HOME/hub``
@@ -93,12 +109,15 @@ def open_trajectory(name: "str | Path | Trajectory", cache_dir: str | Path | Non
     else:
         hub = parse_hub_name(name)
         if hub is not None:
-            traj = Trajectory.from_hub(hub.repo_id, list(hub.revisions), cache_dir=cache_dir,
-                                       name=f"{hub.repo_id}@{','.join(hub.revisions)}")
+            traj = Trajectory.from_hub(
+                hub.repo_id, list(hub.revisions), cache_dir=cache_dir, name=f"{hub.repo_id}@{','.join(hub.revisions)}"
+            )
         else:
             p = _dequantized(Path(name).expanduser())
             if not p.exists():
-                raise NoCheckpointsError(f"no trajectory at {p}: the folder does not exist; a trajectory is {NAME_HELP}")
+                raise NoCheckpointsError(
+                    f"no trajectory at {p}: the folder does not exist; a trajectory is {NAME_HELP}"
+                )
             traj = Trajectory.from_folder(p) if p.is_dir() else Trajectory([CheckpointRef.from_path(p)], p.stem)
     return _with_schedules(traj, schedule, tokens_per_step, sidecars)
 
@@ -131,13 +150,19 @@ def _pick(traj: Trajectory, label: str | None, where: str) -> CheckpointRef:
     try:
         return traj[label]
     except KeyError as exc:
-        raise CheckpointError(f"{where} has no checkpoint {label!r}; labels: {', '.join(traj.labels[:12])}"
-                              f"{' ...' if len(traj) > 12 else ''}") from exc
+        raise CheckpointError(
+            f"{where} has no checkpoint {label!r}; labels: {', '.join(traj.labels[:12])}"
+            f"{' ...' if len(traj) > 12 else ''}"
+        ) from exc
 
 
-def open_checkpoint(path: "str | Path", label: str | None = None, cache_dir: str | Path | None = None,
-                    schedule: "Schedule | str | None" = None,
-                    tokens_per_step: int | None = None) -> tuple[Trajectory, CheckpointRef]:
+def open_checkpoint(
+    path: "str | Path",
+    label: str | None = None,
+    cache_dir: str | Path | None = None,
+    schedule: "Schedule | str | None" = None,
+    tokens_per_step: int | None = None,
+) -> tuple[Trajectory, CheckpointRef]:
     """``(trajectory, checkpoint)`` for a checkpoint argument given on the command line.
 
     ``path``: a trajectory folder or a hub trajectory ``hf:ORG/NAME@REVISIONS`` (``label`` picks a
@@ -152,8 +177,10 @@ def open_checkpoint(path: "str | Path", label: str | None = None, cache_dir: str
         return traj, _pick(traj, label, str(path))
     p = _dequantized(Path(path).expanduser())
     if not p.exists():
-        raise NoCheckpointsError(f"no checkpoint at {p}: the path does not exist; a checkpoint is a checkpoint "
-                                 f"folder, a weight file, or {NAME_HELP}")
+        raise NoCheckpointsError(
+            f"no checkpoint at {p}: the path does not exist; a checkpoint is a checkpoint "
+            f"folder, a weight file, or {NAME_HELP}"
+        )
     traj = open_trajectory(p)
     single = p.is_file() or (len(traj) == 1 and _same(traj[0].location, p))
     if single and label in (None, traj[0].label):

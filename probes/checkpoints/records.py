@@ -1,6 +1,7 @@
 """What a trajectory folder records about its checkpoints, applied to their refs: ``trajectory.json``
 (written by ``losslens train-tiny``) and HF Trainer's ``trainer_state.json`` (``log_history``: LR,
 tokens and losses). Used by :meth:`probes.checkpoints.trajectory.Trajectory.from_folder`."""
+
 from __future__ import annotations
 
 import json
@@ -23,16 +24,23 @@ def apply_trajectory_json(refs: list[CheckpointRef], data: dict, root: Path) -> 
             out.append(r)
             continue
         extra = {k: v for k, v in e.items() if k not in ("path", "step", "tokens", "lr")}
-        out.append(r.replace(step=e.get("step", r.step), tokens=e.get("tokens", r.tokens), lr=e.get("lr", r.lr),
-                             meta={**r.meta, **extra, "source": "trajectory.json"}))
+        out.append(
+            r.replace(
+                step=e.get("step", r.step),
+                tokens=e.get("tokens", r.tokens),
+                lr=e.get("lr", r.lr),
+                meta={**r.meta, **extra, "source": "trajectory.json"},
+            )
+        )
     return out
 
 
 def trainer_states(root: Path, refs: list[CheckpointRef]) -> list[dict]:
     """The HF Trainer ``trainer_state.json`` files of a trajectory folder and of its checkpoints, read.
     Raises :class:`CorruptCheckpointError` for one that is not JSON."""
-    files = [root / "trainer_state.json"] + [Path(r.location) / "trainer_state.json" for r in refs
-                                              if r.kind == "hf_dir" and r.location]
+    files = [root / "trainer_state.json"] + [
+        Path(r.location) / "trainer_state.json" for r in refs if r.kind == "hf_dir" and r.location
+    ]
     states = []
     for f in files:
         if f.is_file():
@@ -42,7 +50,8 @@ def trainer_states(root: Path, refs: list[CheckpointRef]) -> list[dict]:
                 raise CorruptCheckpointError(
                     f"{f} is not valid JSON ({exc}); the learning rates and tokens of this trajectory come from it. "
                     "Repair it (the HF Trainer writes it next to each checkpoint), or delete it and give the schedule "
-                    "with --schedule / a trajectory.json") from exc
+                    "with --schedule / a trajectory.json"
+                ) from exc
     return states
 
 

@@ -5,6 +5,7 @@ known, and where the weights are (``kind``: ``hf_dir``, ``safetensors``, ``torch
 or ``derived``); it never holds loaded weights. :func:`parse_step` reads the step from a checkpoint
 name (``step-1000``, ``checkpoint-1000``, ``iter_0001000``, ``stage1-step1000-tokens4B`` ...).
 """
+
 from __future__ import annotations
 
 import re
@@ -50,8 +51,15 @@ class CheckpointRef:
         return tuple(self.meta.get("sources", ()))
 
     @classmethod
-    def from_path(cls, path: str | Path, step: int | None = None, tokens: int | None = None, lr: float | None = None,
-                  label: str | None = None, **meta: Any) -> "CheckpointRef":
+    def from_path(
+        cls,
+        path: str | Path,
+        step: int | None = None,
+        tokens: int | None = None,
+        lr: float | None = None,
+        label: str | None = None,
+        **meta: Any,
+    ) -> "CheckpointRef":
         """A ref for a checkpoint folder or a single weight file; ``step`` parsed from the name if not given."""
         p = Path(path).expanduser()
         name = p.name if p.is_dir() or not p.suffix else p.stem
@@ -70,15 +78,34 @@ class CheckpointRef:
         return cls(label or name, step, tokens, lr, str(p.resolve()) if p.exists() else str(p), kind, meta=meta)
 
     @classmethod
-    def from_hub(cls, repo_id: str, revision: str, cache_dir: str | Path | None = None,
-                 local_files_only: bool | None = None, label: str | None = None, step: int | None = None,
-                 tokens: int | None = None, lr: float | None = None) -> "CheckpointRef":
-        meta: dict[str, Any] = {"cache_dir": str(cache_dir) if cache_dir else None, "local_files_only": local_files_only}
+    def from_hub(
+        cls,
+        repo_id: str,
+        revision: str,
+        cache_dir: str | Path | None = None,
+        local_files_only: bool | None = None,
+        label: str | None = None,
+        step: int | None = None,
+        tokens: int | None = None,
+        lr: float | None = None,
+    ) -> "CheckpointRef":
+        meta: dict[str, Any] = {
+            "cache_dir": str(cache_dir) if cache_dir else None,
+            "local_files_only": local_files_only,
+        }
         tk = _parse_tokens(revision)
         if tk is not None:
             meta["tokens_from_name"] = tk
-        return cls(label or revision, parse_step(revision) if step is None else step, tokens, lr, repo_id, "hub",
-                   revision, meta=meta)
+        return cls(
+            label or revision,
+            parse_step(revision) if step is None else step,
+            tokens,
+            lr,
+            repo_id,
+            "hub",
+            revision,
+            meta=meta,
+        )
 
     def replace(self, **changes: Any) -> "CheckpointRef":
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -107,8 +134,9 @@ class CheckpointRef:
         return cls(**d, meta=meta)
 
 
-_STEP_RE = re.compile(r"(?:^|[-_.])(?:global[-_]?step|step|checkpoint|ckpt|iter(?:ation)?)[-_]?(\d+)(?=$|[-_.])",
-                      re.IGNORECASE)
+_STEP_RE = re.compile(
+    r"(?:^|[-_.])(?:global[-_]?step|step|checkpoint|ckpt|iter(?:ation)?)[-_]?(\d+)(?=$|[-_.])", re.IGNORECASE
+)
 _TOKENS_RE = re.compile(r"tokens[-_]?(\d+(?:\.\d+)?)([KMBT]?)(?=$|[-_.])", re.IGNORECASE)
 
 
@@ -130,5 +158,9 @@ def _parse_tokens(name: str) -> int | None:
 def name_tokens(refs: list[CheckpointRef]) -> list[CheckpointRef]:
     """Tokens read from checkpoint names (``stage1-step1000-tokens4B``) where nothing better is known;
     marked ``meta["tokens_source"] = "name"`` (rounded; a schedule's tokens per step replace them)."""
-    return [r if r.tokens is not None or "tokens_from_name" not in r.meta
-            else r.replace(tokens=r.meta["tokens_from_name"], meta={**r.meta, "tokens_source": "name"}) for r in refs]
+    return [
+        r
+        if r.tokens is not None or "tokens_from_name" not in r.meta
+        else r.replace(tokens=r.meta["tokens_from_name"], meta={**r.meta, "tokens_source": "name"})
+        for r in refs
+    ]

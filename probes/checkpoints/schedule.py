@@ -29,6 +29,7 @@ likely typo. :func:`apply_schedule` writes the values into checkpoint references
 they came from (``meta["lr_source"]``, ``meta["tokens_source"]``); stores, correlations
 (``--control lr``) and the phase detector then read them like recorded values.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,16 @@ from probes.core.schedules import constant_lr, cosine_lr, linear_lr, wsd_lr
 from .errors import ScheduleError
 from .refs import CheckpointRef
 
-__all__ = ["Schedule", "PRESETS", "FAMILIES", "parse_schedule", "as_schedule", "apply_schedule", "read_sidecar",
-           "check_tokens_per_step"]
+__all__ = [
+    "Schedule",
+    "PRESETS",
+    "FAMILIES",
+    "parse_schedule",
+    "as_schedule",
+    "apply_schedule",
+    "read_sidecar",
+    "check_tokens_per_step",
+]
 
 FAMILIES = ("cosine", "wsd", "linear", "constant")
 _KEYS = {  # the keys each family takes; every family also takes lag and tokens
@@ -112,14 +121,32 @@ class Schedule:
 _PYTHIA_STEPS = 143_000
 _PYTHIA_WARMUP = 1430  # "warmup": 0.01 of "lr-decay-iters": 143000
 _PYTHIA_TOKENS = 1024 * 2048  # 2,097,152 tokens per step: 1024 sequences of 2048 tokens
-_PYTHIA_PEAK = {"14m": 1.0e-3, "31m": 1.0e-3, "70m": 1.0e-3, "160m": 6.0e-4, "410m": 3.0e-4, "1.4b": 2.0e-4,
-                "2.8b": 1.6e-4, "6.9b": 1.2e-4, "12b": 1.2e-4}
+_PYTHIA_PEAK = {
+    "14m": 1.0e-3,
+    "31m": 1.0e-3,
+    "70m": 1.0e-3,
+    "160m": 6.0e-4,
+    "410m": 3.0e-4,
+    "1.4b": 2.0e-4,
+    "2.8b": 1.6e-4,
+    "6.9b": 1.2e-4,
+    "12b": 1.2e-4,
+}
 _PYTHIA_DEDUPED = ("70m", "160m", "410m", "1.4b", "2.8b", "6.9b", "12b")
 
 
 def _pythia(size: str, name: str) -> Schedule:
-    return Schedule("cosine", _PYTHIA_PEAK[size], warmup=_PYTHIA_WARMUP, total=_PYTHIA_WARMUP + _PYTHIA_STEPS,
-                    final=0.0, floor=0.1, lag=1, tokens_per_step=_PYTHIA_TOKENS, name=name)
+    return Schedule(
+        "cosine",
+        _PYTHIA_PEAK[size],
+        warmup=_PYTHIA_WARMUP,
+        total=_PYTHIA_WARMUP + _PYTHIA_STEPS,
+        final=0.0,
+        floor=0.1,
+        lag=1,
+        tokens_per_step=_PYTHIA_TOKENS,
+        name=name,
+    )
 
 
 PRESETS: dict[str, Schedule] = {
@@ -157,7 +184,7 @@ their spec yourself.
 
 _NOT_PRESETS = {
     "pythia-1b": "its peak LR is not settled by the sources (config models/1B/pythia-1b.yml: 2.5e-4; README "
-                 "table: 3.0e-4)",
+    "table: 3.0e-4)",
 }
 _NOT_PRESETS["pythia-1b-deduped"] = _NOT_PRESETS["pythia-1b"]
 
@@ -172,16 +199,20 @@ def _number(key: str, text: str, spec: str) -> float | int:
         raise ScheduleError(f"schedule {spec!r}: {key} must be a finite number >= 0, got {text}")
     if key in _INT_KEYS:
         if v != int(v):
-            raise ScheduleError(f"schedule {spec!r}: {key} is a count of optimizer steps (tokens: per step) and must "
-                                f"be a whole number, got {text}")
+            raise ScheduleError(
+                f"schedule {spec!r}: {key} is a count of optimizer steps (tokens: per step) and must "
+                f"be a whole number, got {text}"
+            )
         return int(v)
     return v
 
 
 def _help() -> str:
-    return (f"write FAMILY:key=value,... with FAMILY one of {', '.join(FAMILIES)} (e.g. "
-            "cosine:peak=6e-4,warmup=1430,total=143000,final=0.1), or a preset: "
-            f"{', '.join(p for p in PRESETS if not p.endswith('-deduped'))} (and their -deduped runs)")
+    return (
+        f"write FAMILY:key=value,... with FAMILY one of {', '.join(FAMILIES)} (e.g. "
+        "cosine:peak=6e-4,warmup=1430,total=143000,final=0.1), or a preset: "
+        f"{', '.join(p for p in PRESETS if not p.endswith('-deduped'))} (and their -deduped runs)"
+    )
 
 
 def parse_schedule(spec: str) -> Schedule:
@@ -193,9 +224,11 @@ def parse_schedule(spec: str) -> Schedule:
     if text in PRESETS:
         return PRESETS[text]
     if text in _NOT_PRESETS:
-        raise ScheduleError(f"{text!r} is not a preset: {_NOT_PRESETS[text]}. Give the schedule yourself, e.g. "
-                            "--schedule cosine:peak=3e-4,warmup=1430,total=144430,floor=0.1,lag=1,tokens=2097152 "
-                            "(the Pythia form, see probes.checkpoints.schedule.PRESETS)")
+        raise ScheduleError(
+            f"{text!r} is not a preset: {_NOT_PRESETS[text]}. Give the schedule yourself, e.g. "
+            "--schedule cosine:peak=3e-4,warmup=1430,total=144430,floor=0.1,lag=1,tokens=2097152 "
+            "(the Pythia form, see probes.checkpoints.schedule.PRESETS)"
+        )
     family, colon, body = text.partition(":")
     family = family.strip().lower()
     if family not in FAMILIES or not colon:
@@ -206,8 +239,9 @@ def parse_schedule(spec: str) -> Schedule:
         key, eq, val = item.partition("=")
         key = key.strip().lower()
         if not eq or key not in allowed:
-            raise ScheduleError(f"schedule {text!r}: {item!r} is not a key=value of a {family} schedule; keys: "
-                                f"{', '.join(allowed)}")
+            raise ScheduleError(
+                f"schedule {text!r}: {item!r} is not a key=value of a {family} schedule; keys: {', '.join(allowed)}"
+            )
         if key in values:
             raise ScheduleError(f"schedule {text!r}: {key} is given twice")
         values[key] = _number(key, val.strip(), text)
@@ -215,8 +249,11 @@ def parse_schedule(spec: str) -> Schedule:
         if need not in values:
             raise ScheduleError(f"schedule {text!r}: a {family} schedule needs {need}=...; {_help()}")
     tokens = values.pop("tokens", None)
-    sched = Schedule(family, **{k: (float(v) if k in ("peak", "final", "floor") else v) for k, v in values.items()},
-                     tokens_per_step=int(tokens) if tokens is not None else None)
+    sched = Schedule(
+        family,
+        **{k: (float(v) if k in ("peak", "final", "floor") else v) for k, v in values.items()},
+        tokens_per_step=int(tokens) if tokens is not None else None,
+    )
     _check(sched, text)
     return sched
 
@@ -227,8 +264,9 @@ def _check(s: Schedule, text: str) -> None:
     if s.total is not None and s.total <= s.warmup:
         raise ScheduleError(f"schedule {text!r}: total ({s.total}) must be larger than warmup ({s.warmup})")
     if s.decay is not None and s.total is not None and s.decay > s.total - s.warmup:
-        raise ScheduleError(f"schedule {text!r}: decay ({s.decay}) cannot be longer than total - warmup "
-                            f"({s.total - s.warmup})")
+        raise ScheduleError(
+            f"schedule {text!r}: decay ({s.decay}) cannot be longer than total - warmup ({s.total - s.warmup})"
+        )
     for key in ("final", "floor"):
         if not 0.0 <= getattr(s, key) <= 1.0:
             raise ScheduleError(f"schedule {text!r}: {key} is a fraction of the peak in [0, 1], got {getattr(s, key)}")
@@ -259,8 +297,12 @@ def check_tokens_per_step(value) -> int | None:
 
 
 # ------------------------------------------------------------------------------------------ applying
-def apply_schedule(refs: Iterable[CheckpointRef], schedule: "Schedule | str | None" = None,
-                   tokens_per_step: int | None = None, override: bool = True) -> list[CheckpointRef]:
+def apply_schedule(
+    refs: Iterable[CheckpointRef],
+    schedule: "Schedule | str | None" = None,
+    tokens_per_step: int | None = None,
+    override: bool = True,
+) -> list[CheckpointRef]:
     """``refs`` with ``lr`` from ``schedule`` and ``tokens`` from ``tokens_per_step`` (default: the
     schedule's own), for every ref with a step (derived ones included: their step is their last
     source's).
@@ -281,8 +323,10 @@ def apply_schedule(refs: Iterable[CheckpointRef], schedule: "Schedule | str | No
         meta, changes = dict(r.meta), {}
         if sched is not None and (override or r.lr is None):
             if sched.total is not None and r.step > sched.total:
-                raise ScheduleError(f"checkpoint {r.label!r} is at step {r.step}, past the end of the schedule "
-                                    f"{sched} (total={sched.total}): check total= (steps are optimizer updates)")
+                raise ScheduleError(
+                    f"checkpoint {r.label!r} is at step {r.step}, past the end of the schedule "
+                    f"{sched} (total={sched.total}): check total= (steps are optimizer updates)"
+                )
             changes["lr"] = sched.lr(r.step)
             if r.lr is not None and r.lr != changes["lr"]:
                 meta["lr_recorded"] = r.lr
@@ -309,10 +353,11 @@ def read_sidecar(path: str | Path) -> tuple[Schedule | None, int | None]:
         return None, None
     sched = data.get("schedule")
     if sched is not None and not isinstance(sched, str):
-        raise ScheduleError(f"{p}: \"schedule\" must be a spec string or a preset name (e.g. \"pythia-160m\" or "
-                            f"\"cosine:peak=6e-4,warmup=1430,total=143000,final=0.1\"), got {sched!r}")
+        raise ScheduleError(
+            f'{p}: "schedule" must be a spec string or a preset name (e.g. "pythia-160m" or '
+            f'"cosine:peak=6e-4,warmup=1430,total=143000,final=0.1"), got {sched!r}'
+        )
     try:
         return as_schedule(sched), check_tokens_per_step(data.get("tokens_per_step"))
     except ScheduleError as exc:
         raise ScheduleError(f"{p}: {exc}") from exc
-

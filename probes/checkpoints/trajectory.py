@@ -16,10 +16,10 @@ A :class:`Trajectory` is an ordered list of :class:`~probes.checkpoints.refs.Che
 
 :func:`tokenizer_folder` finds the tokenizer files saved with a checkpoint or trajectory.
 """
+
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -29,10 +29,24 @@ from geometry.base.jsonable import jsonable
 from probes.core.tokenset import TokenSet
 
 from .derived import lawa
-from .errors import (ArchitectureMismatchError, CheckpointError, CorruptCheckpointError, MissingWeightsError,
-                     NoCheckpointsError, RevisionNotCachedError, UnsafeCheckpointError)
-from .files import (TRAINER_FILES, WEIGHT_SUFFIXES, file_shapes, has_tokenizer_files, local_folder, read_config,
-                    ref_weight_files)
+from .errors import (
+    ArchitectureMismatchError,
+    CheckpointError,
+    CorruptCheckpointError,
+    MissingWeightsError,
+    NoCheckpointsError,
+    RevisionNotCachedError,
+    UnsafeCheckpointError,
+)
+from .files import (
+    TRAINER_FILES,
+    WEIGHT_SUFFIXES,
+    file_shapes,
+    has_tokenizer_files,
+    local_folder,
+    read_config,
+    ref_weight_files,
+)
 from .hub import hub_revisions
 from .records import apply_trainer_state, apply_trajectory_json, trainer_states
 from .refs import CheckpointRef, name_tokens, parse_step
@@ -125,8 +139,10 @@ class Trajectory:
         """
         root = Path(path).expanduser()
         if not root.is_dir():
-            raise NoCheckpointsError(f"{root} is not a folder; pass a folder of checkpoints (step-1000/, "
-                                     "checkpoint-1000/, ...) or a checkpoint folder")
+            raise NoCheckpointsError(
+                f"{root} is not a folder; pass a folder of checkpoints (step-1000/, "
+                "checkpoint-1000/, ...) or a checkpoint folder"
+            )
         root = root.resolve()
         refs: list[CheckpointRef] = []
         for child in sorted(root.iterdir()):
@@ -155,7 +171,8 @@ class Trajectory:
             raise NoCheckpointsError(
                 f"no checkpoints in {root}: expected sub-folders named by step (step-1000, step1000, step_1000, "
                 "checkpoint-1000, iter_0001000, ...) each with config.json and weights, files like step1000.safetensors, "
-                "or a trajectory.json")
+                "or a trajectory.json"
+            )
         refs.sort(key=_sort_key)
         if tj_data is not None:
             refs = apply_trajectory_json(refs, tj_data, root)
@@ -176,9 +193,15 @@ class Trajectory:
         return cls(name_tokens(refs), name or root.name, meta)
 
     @classmethod
-    def from_hub(cls, repo_id: str, revisions: "Sequence[str] | str", cache_dir: str | Path | None = None,
-                 local_files_only: bool | None = None, available: Sequence[str] | None = None,
-                 name: str | None = None) -> "Trajectory":
+    def from_hub(
+        cls,
+        repo_id: str,
+        revisions: "Sequence[str] | str",
+        cache_dir: str | Path | None = None,
+        local_files_only: bool | None = None,
+        available: Sequence[str] | None = None,
+        name: str | None = None,
+    ) -> "Trajectory":
         """Checkpoints ``repo_id@revision`` for each revision.
 
         ``revisions``: one item or a list of items; an item is a revision name (branch, tag or commit
@@ -202,8 +225,13 @@ class Trajectory:
         return cls(refs, name or repo_id, {"repo_id": repo_id, "cache_dir": str(cache_dir) if cache_dir else None})
 
     @classmethod
-    def from_list(cls, items: Iterable["CheckpointRef | str | Path"], name: str | None = None,
-                  sort: bool = False, meta: dict | None = None) -> "Trajectory":
+    def from_list(
+        cls,
+        items: Iterable["CheckpointRef | str | Path"],
+        name: str | None = None,
+        sort: bool = False,
+        meta: dict | None = None,
+    ) -> "Trajectory":
         """A trajectory from refs and/or paths (folders or weight files), in the given order
         (``sort=True`` orders by step)."""
         refs = [x if isinstance(x, CheckpointRef) else CheckpointRef.from_path(x) for x in items]
@@ -223,8 +251,9 @@ class Trajectory:
         return cls.from_hub(str(spec), revisions, **kwargs)
 
     # derived -------------------------------------------------------------------------------
-    def with_lawa(self, k: int = 3, label: str | None = None, at: int | str | None = None,
-                  weights: Sequence[float] | None = None) -> "Trajectory":
+    def with_lawa(
+        self, k: int = 3, label: str | None = None, at: int | str | None = None, weights: Sequence[float] | None = None
+    ) -> "Trajectory":
         """A new trajectory with a LAWA checkpoint appended: the (weighted) mean of the last ``k``
         real checkpoints up to and including ``at`` (label or index; default: the last one)."""
         real = self.real
@@ -236,12 +265,15 @@ class Trajectory:
             if end is None:
                 raise CheckpointError(f"LAWA end point {at!r} is not a real checkpoint of {self.name!r}")
         if k < 1 or k > end:
-            raise CheckpointError(f"LAWA over k={k} checkpoints needs 1 <= k <= {end} (checkpoints up to the end point)")
-        ref = lawa(real[end - k:end], weights=weights, label=label)
+            raise CheckpointError(
+                f"LAWA over k={k} checkpoints needs 1 <= k <= {end} (checkpoints up to the end point)"
+            )
+        ref = lawa(real[end - k : end], weights=weights, label=label)
         return Trajectory(self.checkpoints + [ref], self.name, self.meta)
 
-    def with_schedule(self, schedule: "Schedule | str | None" = None, tokens_per_step: int | None = None,
-                      override: bool = True) -> "Trajectory":
+    def with_schedule(
+        self, schedule: "Schedule | str | None" = None, tokens_per_step: int | None = None, override: bool = True
+    ) -> "Trajectory":
         """A new trajectory whose checkpoints' LR and tokens are derived from ``schedule`` (a
         :class:`~probes.checkpoints.schedule.Schedule`, a spec string or a preset name) and
         ``tokens_per_step`` (default: the schedule's), by step (:func:`~probes.checkpoints.schedule.apply_schedule`;
@@ -272,8 +304,11 @@ class Trajectory:
                 if not ref.sources:
                     problems.append(CheckpointProblem(ref.label, None, "config", "derived checkpoint without sources"))
                 elif missing:
-                    problems.append(CheckpointProblem(ref.label, None, "config",
-                                                      f"sources {missing} are not in this trajectory (still loadable)"))
+                    problems.append(
+                        CheckpointProblem(
+                            ref.label, None, "config", f"sources {missing} are not in this trajectory (still loadable)"
+                        )
+                    )
                 continue
             try:
                 cfg = read_config(ref)
@@ -281,19 +316,27 @@ class Trajectory:
                 if ref_type is None:
                     ref_type = (mt, ref.label)
                 elif mt != ref_type[0]:
-                    raise ArchitectureMismatchError(f"checkpoint {ref.label!r} is a {mt!r} model but {ref_type[1]!r} "
-                                                    f"is a {ref_type[0]!r} model")
+                    raise ArchitectureMismatchError(
+                        f"checkpoint {ref.label!r} is a {mt!r} model but {ref_type[1]!r} is a {ref_type[0]!r} model"
+                    )
                 if check_weights:
                     shapes = file_shapes(ref_weight_files(ref), ref.label)
                     if ref_shapes is None:
                         ref_shapes = (ref.label, shapes)
                     elif shapes != ref_shapes[1]:
                         diff = sorted(set(shapes.items()) ^ set(ref_shapes[1].items()))[:3]
-                        raise ArchitectureMismatchError(f"checkpoint {ref.label!r} has different parameter names/shapes "
-                                                        f"than {ref_shapes[0]!r} (e.g. {diff})")
+                        raise ArchitectureMismatchError(
+                            f"checkpoint {ref.label!r} has different parameter names/shapes "
+                            f"than {ref_shapes[0]!r} (e.g. {diff})"
+                        )
             except CheckpointError as exc:
-                kind = {MissingWeightsError: "missing", CorruptCheckpointError: "corrupt", UnsafeCheckpointError: "unsafe",
-                        ArchitectureMismatchError: "architecture", RevisionNotCachedError: "hub"}.get(type(exc), "config")
+                kind = {
+                    MissingWeightsError: "missing",
+                    CorruptCheckpointError: "corrupt",
+                    UnsafeCheckpointError: "unsafe",
+                    ArchitectureMismatchError: "architecture",
+                    RevisionNotCachedError: "hub",
+                }.get(type(exc), "config")
                 if raise_errors:
                     raise
                 problems.append(CheckpointProblem(ref.label, ref.location, kind, str(exc)))
@@ -301,7 +344,11 @@ class Trajectory:
 
     # serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"name": self.name, "meta": jsonable(self.meta, repr), "checkpoints": [c.to_dict() for c in self.checkpoints]}
+        return {
+            "name": self.name,
+            "meta": jsonable(self.meta, repr),
+            "checkpoints": [c.to_dict() for c in self.checkpoints],
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Trajectory":
@@ -315,7 +362,9 @@ def tokenizer_folder(obj: "CheckpointRef | Trajectory | str | Path") -> Path | N
             folder = local_folder(obj)
         except CheckpointError:
             return None
-        return folder if has_tokenizer_files(folder) else (folder.parent if has_tokenizer_files(folder.parent) else None)
+        return (
+            folder if has_tokenizer_files(folder) else (folder.parent if has_tokenizer_files(folder.parent) else None)
+        )
     if isinstance(obj, Trajectory):
         tok = obj.meta.get("tokenizer_dir")
         if tok and has_tokenizer_files(Path(tok)):

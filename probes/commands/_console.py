@@ -1,4 +1,5 @@
 """Rich output of the commands: a console that keeps its width in logs, and small tables."""
+
 from __future__ import annotations
 
 import math

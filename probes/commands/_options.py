@@ -17,6 +17,7 @@ typer parses are put back into one group instance per parameter before the funct
     app.command()(cli(sharpness))          # `losslens sharpness CKPT --max-memory 8GB`
     sharpness("ckpt", memory=MemoryOptions(max_memory="8GB"))   # the same from Python
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -83,15 +84,23 @@ def cli(func: Callable[..., Any], help: Mapping[str, str | None] | None = None) 
             info = copy(f.metadata[_CLI])
             if f.name in help:
                 info.help = help.pop(f.name)
-            params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=getattr(default, f.name),
-                                            annotation=Annotated[hints[f.name], info]))
+            params.append(
+                inspect.Parameter(
+                    f.name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=getattr(default, f.name),
+                    annotation=Annotated[hints[f.name], info],
+                )
+            )
             names.append(f.name)
         groups[p.name] = (cls, names)
     seen = [p.name for p in params]
     clash = sorted({n for n in seen if seen.count(n) > 1})
     if clash or help:
-        raise TypeError(f"{func.__name__}: option(s) {clash or sorted(help)} "
-                        f"{'declared twice' if clash else 'are in none of its groups'}")
+        raise TypeError(
+            f"{func.__name__}: option(s) {clash or sorted(help)} "
+            f"{'declared twice' if clash else 'are in none of its groups'}"
+        )
 
     @functools.wraps(func)
     def command(*args: Any, **kwargs: Any) -> Any:

@@ -3,6 +3,7 @@ trajectory or checkpoint is named and dated (:mod:`probes.checkpoints.locate`,
 :mod:`probes.checkpoints.schedule`), how its weights are loaded, the memory budget, and the HVP
 backend and parallelism. A command takes a group as one parameter (``memory: MemoryOptions =
 MemoryOptions()``); ``--help`` lists the group's fields as its options."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,12 +14,16 @@ import typer
 
 from ._options import option
 
-TRAJECTORY_HELP = ("Trajectory: a folder of checkpoints, or a hub trajectory hf:ORG/NAME@REVISIONS where REVISIONS "
-                   "is a glob (hf:EleutherAI/pythia-160m@step*), re:REGEX, or a list (@step1000,step2000). "
-                   "Hub revisions are read from the local Hugging Face cache (only from it when HF_HUB_OFFLINE=1).")
-CHECKPOINT_HELP = ("Checkpoint: a checkpoint folder or weight file, a trajectory folder (--label picks one; default "
-                   "the last), a hub revision hf:ORG/NAME@REV (hf:EleutherAI/pythia-160m@step143000), or a hub "
-                   "trajectory hf:ORG/NAME@step* with --label.")
+TRAJECTORY_HELP = (
+    "Trajectory: a folder of checkpoints, or a hub trajectory hf:ORG/NAME@REVISIONS where REVISIONS "
+    "is a glob (hf:EleutherAI/pythia-160m@step*), re:REGEX, or a list (@step1000,step2000). "
+    "Hub revisions are read from the local Hugging Face cache (only from it when HF_HUB_OFFLINE=1)."
+)
+CHECKPOINT_HELP = (
+    "Checkpoint: a checkpoint folder or weight file, a trajectory folder (--label picks one; default "
+    "the last), a hub revision hf:ORG/NAME@REV (hf:EleutherAI/pythia-160m@step143000), or a hub "
+    "trajectory hf:ORG/NAME@step* with --label."
+)
 
 
 @dataclass(frozen=True)
@@ -27,18 +32,25 @@ class TrajectoryOptions:
     (:func:`probes.checkpoints.open_trajectory`)."""
 
     cache_dir: Optional[Path] = option(
-        None, "--cache-dir",
+        None,
+        "--cache-dir",
         help="Hugging Face hub cache holding hf: revisions (default: $HF_HUB_CACHE, $HF_HOME/hub or "
-             "~/.cache/huggingface/hub).")
+        "~/.cache/huggingface/hub).",
+    )
     schedule: Optional[str] = option(
-        None, "--schedule",
+        None,
+        "--schedule",
         help="LR schedule giving every checkpoint its LR (and tokens) from its step, replacing recorded values: a "
-             "preset (pythia-160m, pythia-70m, ...; pythia-<size>-deduped) or FAMILY:key=value,... with FAMILY "
-             "cosine, wsd, linear or constant and keys peak, warmup, total, final, decay, floor, lag, tokens, e.g. "
-             "cosine:peak=6e-4,warmup=1430,total=143000,final=0.1.")
+        "preset (pythia-160m, pythia-70m, ...; pythia-<size>-deduped) or FAMILY:key=value,... with FAMILY "
+        "cosine, wsd, linear or constant and keys peak, warmup, total, final, decay, floor, lag, tokens, e.g. "
+        "cosine:peak=6e-4,warmup=1430,total=143000,final=0.1.",
+    )
     tokens_per_step: Optional[int] = option(
-        None, "--tokens-per-step", min=1,
-        help="Tokens per optimizer step (tokens = step × this; Pythia: 2097152 = 1024 × 2048).")
+        None,
+        "--tokens-per-step",
+        min=1,
+        help="Tokens per optimizer step (tokens = step × this; Pythia: 2097152 = 1024 × 2048).",
+    )
 
 
 @dataclass(frozen=True)
@@ -47,7 +59,8 @@ class CheckpointOptions(TrajectoryOptions):
     (:func:`probes.checkpoints.open_checkpoint`)."""
 
     label: Optional[str] = option(
-        None, "--label", help="Checkpoint label inside a trajectory folder or hub trajectory (default: last).")
+        None, "--label", help="Checkpoint label inside a trajectory folder or hub trajectory (default: last)."
+    )
 
 
 @dataclass(frozen=True)
@@ -56,10 +69,13 @@ class LoadOptions:
 
     device: Optional[str] = option(None, "--device")
     dtype: Optional[str] = option(
-        None, "--dtype", help="Load the weights as float32 (default), bfloat16, float16 or float64.")
+        None, "--dtype", help="Load the weights as float32 (default), bfloat16, float16 or float64."
+    )
     allow_pickle: bool = option(
-        False, "--allow-pickle",
-        help="Load a .bin/.pt checkpoint that needs full pickle (can run arbitrary code: only for files you trust).")
+        False,
+        "--allow-pickle",
+        help="Load a .bin/.pt checkpoint that needs full pickle (can run arbitrary code: only for files you trust).",
+    )
 
 
 @dataclass(frozen=True)
@@ -68,17 +84,21 @@ class MemoryOptions:
     and whether it is a cap on resident memory (:func:`apply_strict_memory`)."""
 
     max_memory: Optional[str] = option(
-        None, "--max-memory",
+        None,
+        "--max-memory",
         help="Memory each estimator may use beyond the model, e.g. 8GB (default: a third of the total RAM / 80% of "
-             "the GPU memory not held by the model; what each estimator chose is in the output).")
+        "the GPU memory not held by the model; what each estimator chose is in the output).",
+    )
     strict_memory: Optional[bool] = option(
-        None, "--strict-memory/--no-strict-memory",
+        None,
+        "--strict-memory/--no-strict-memory",
         help="On a CPU, make the memory budget a cap on resident memory: freed tensor memory goes back to the OS at "
-             "once (glibc: allocations of 64 kB and more are mapped on their own), so peak RSS above the model stays "
-             "within the plan; costs about 1.6-1.7x the time. Default: on when --max-memory is given, off with the "
-             "default budget (a third of the RAM), where glibc's kept heap memory fits in the rest "
-             "(benchmarks/README.md, \"Scale\"). Applies to this process and the local sweep workers it starts (not "
-             "to Ray's).")
+        "once (glibc: allocations of 64 kB and more are mapped on their own), so peak RSS above the model stays "
+        "within the plan; costs about 1.6-1.7x the time. Default: on when --max-memory is given, off with the "
+        "default budget (a third of the RAM), where glibc's kept heap memory fits in the rest "
+        '(benchmarks/README.md, "Scale"). Applies to this process and the local sweep workers it starts (not '
+        "to Ray's).",
+    )
 
     def apply(self) -> bool:
         """:func:`apply_strict_memory` with these options; call it first thing in a command."""
@@ -91,21 +111,27 @@ class ComputeOptions:
     compute dtype (:mod:`geometry.operators.precision`), the ranks under torchrun (:mod:`probes.core.distributed`) and torch's threads."""
 
     backend: Optional[str] = option(
-        "reverse", "--backend",
+        "reverse",
+        "--backend",
         help="HVP backend: reverse (exact, default) | forward (exact) | difference (gradient differences, first "
-             "order only; error measured and recorded) | auto (reverse when its pass fits --max-memory, else "
-             "difference)")
+        "order only; error measured and recorded) | auto (reverse when its pass fits --max-memory, else "
+        "difference)",
+    )
     compute_dtype: Optional[str] = option(
-        None, "--compute-dtype",
+        None,
+        "--compute-dtype",
         help="dtype the Hessian products run in: float32 | bfloat16 | float16 | float64 (default: float32 for "
-             "bfloat16/float16 weights, the weights' dtype otherwise; half arithmetic is off by percents: its "
-             "measured error is shown)")
+        "bfloat16/float16 weights, the weights' dtype otherwise; half arithmetic is off by percents: its "
+        "measured error is shown)",
+    )
     threads: Optional[int] = option(None, "--threads", help="torch threads (default: torch's).")
     parallel: str = option(
-        "none", "--parallel",
+        "none",
+        "--parallel",
         help="none | data | fsdp, under torchrun: data splits the curvature batches over the ranks; fsdp also "
-             "shards the model, every vector and the estimators' state (FSDP2, gradient differences). Only rank 0 "
-             "prints.")
+        "shards the model, every vector and the estimators' state (FSDP2, gradient differences). Only rank 0 "
+        "prints.",
+    )
 
 
 def apply_strict_memory(strict: bool | None, max_memory: str | None = None) -> bool:
@@ -124,8 +150,11 @@ def apply_strict_memory(strict: bool | None, max_memory: str | None = None) -> b
     if return_freed_memory(STRICT_MMAP_THRESHOLD):
         return True
     if strict:
-        raise typer.BadParameter("needs glibc's malloc (Linux); this process's C library has no mallopt: drop "
-                                 "--strict-memory and leave headroom beyond --max-memory", param_hint="--strict-memory")
+        raise typer.BadParameter(
+            "needs glibc's malloc (Linux); this process's C library has no mallopt: drop "
+            "--strict-memory and leave headroom beyond --max-memory",
+            param_hint="--strict-memory",
+        )
     return False
 
 
@@ -141,5 +170,14 @@ def check_max_memory(max_memory: str) -> int:
         raise typer.BadParameter(str(exc), param_hint="--max-memory") from None
 
 
-__all__ = ["CHECKPOINT_HELP", "TRAJECTORY_HELP", "CheckpointOptions", "ComputeOptions", "LoadOptions", "MemoryOptions",
-           "TrajectoryOptions", "apply_strict_memory", "check_max_memory"]
+__all__ = [
+    "CHECKPOINT_HELP",
+    "TRAJECTORY_HELP",
+    "CheckpointOptions",
+    "ComputeOptions",
+    "LoadOptions",
+    "MemoryOptions",
+    "TrajectoryOptions",
+    "apply_strict_memory",
+    "check_max_memory",
+]

@@ -12,6 +12,7 @@ Offline (``HF_DATASETS_OFFLINE=1``) a task whose data is not cached is reported 
 how to cache it, and the other tasks still run (exit status 1 then). GPTQ/AWQ specs are calibrated on
 :func:`probes.data.default_token_sets`'s calibration set.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,23 +34,38 @@ def _fmt(v, pct=False):
 def accuracy(
     checkpoint: Annotated[str, typer.Argument(help=CHECKPOINT_HELP)],
     *,
-    tasks: Annotated[List[str], typer.Option("--tasks", "-t", help="task names, YAML paths/folders, 'embedded', "
-                                        "'seed-12' (repeatable or comma-separated)")] = ["embedded"],
-    spec: Annotated[Optional[List[str]], typer.Option(
-        "--spec", "-s", help="quantizer spec, repeatable (rtn:4:g128, gptq:4, ...)")] = None,
-    limit: Annotated[Optional[int], typer.Option(
-        "--limit", min=1, help="a seeded random subsample of N items per task")] = None,
-    num_fewshot: Annotated[Optional[int], typer.Option("--num-fewshot", min=0, help="few-shot examples (default: the "
-                                                  "preset's or the task's own; seed-12: 5)")] = None,
+    tasks: Annotated[
+        List[str],
+        typer.Option(
+            "--tasks",
+            "-t",
+            help="task names, YAML paths/folders, 'embedded', 'seed-12' (repeatable or comma-separated)",
+        ),
+    ] = ["embedded"],
+    spec: Annotated[
+        Optional[List[str]], typer.Option("--spec", "-s", help="quantizer spec, repeatable (rtn:4:g128, gptq:4, ...)")
+    ] = None,
+    limit: Annotated[
+        Optional[int], typer.Option("--limit", min=1, help="a seeded random subsample of N items per task")
+    ] = None,
+    num_fewshot: Annotated[
+        Optional[int],
+        typer.Option(
+            "--num-fewshot", min=0, help="few-shot examples (default: the preset's or the task's own; seed-12: 5)"
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of the subsample and of the bootstrap")] = 0,
-    n_boot: Annotated[int, typer.Option(
-        "--n-boot", min=0, help="paired bootstrap resamples for the Δacc intervals")] = 2000,
+    n_boot: Annotated[
+        int, typer.Option("--n-boot", min=0, help="paired bootstrap resamples for the Δacc intervals")
+    ] = 2000,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="sequences per forward pass")] = 32,
     device: Annotated[Optional[str], typer.Option("--device", help="torch device (default: cpu)")] = None,
-    json_out: Annotated[bool, typer.Option(
-        "--json", help="print one JSON record per (variant, task) and mean")] = False,
-    allow_pickle: Annotated[bool, typer.Option(
-        "--allow-pickle", help="load a .bin/.pt checkpoint that needs full pickle")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="print one JSON record per (variant, task) and mean")
+    ] = False,
+    allow_pickle: Annotated[
+        bool, typer.Option("--allow-pickle", help="load a .bin/.pt checkpoint that needs full pickle")
+    ] = False,
     label: Annotated[Optional[str], option_of(CheckpointOptions, "label")] = None,
     cache_dir: Annotated[Optional[Path], option_of(CheckpointOptions, "cache_dir")] = None,
 ) -> None:
@@ -80,8 +96,18 @@ def accuracy(
         from probes.data import default_token_sets
 
         cal = default_token_sets(traj)["calibration"]
-    rep = task_accuracy(model, tok, selection, specs, calibration=cal, limit=limit, num_fewshot=num_fewshot, seed=seed,
-                        batch_size=batch_size, n_boot=n_boot)
+    rep = task_accuracy(
+        model,
+        tok,
+        selection,
+        specs,
+        calibration=cal,
+        limit=limit,
+        num_fewshot=num_fewshot,
+        seed=seed,
+        batch_size=batch_size,
+        n_boot=n_boot,
+    )
     records = rep.records()
     for r in records:
         r.update(checkpoint=str(checkpoint), label=ref.label, step=ref.step)
@@ -92,22 +118,36 @@ def accuracy(
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"task accuracy of {checkpoint} (limit {limit or 'all'}, seed {seed}; Δ in points, "
-                            f"paired 95% CI)")
+        table = Table(
+            title=f"task accuracy of {checkpoint} (limit {limit or 'all'}, seed {seed}; Δ in points, paired 95% CI)"
+        )
         for c in ("variant", "task", "n", "acc", "± se", "acc_norm", "Δacc", "95% CI", "rel. drop", "McNemar p"):
             table.add_column(c, justify="left" if c in ("variant", "task") else "right")
         for r in records:
             if "error" in r:
                 table.add_row(r["variant"], r["task"], "", "failed", "", "", "", "", "", "")
                 continue
-            ci = (f"[{100 * r['delta_ci_low']:+.1f}, {100 * r['delta_ci_high']:+.1f}]"
-                  if r.get("delta_ci_low") is not None else "")
-            table.add_row(r["variant"], r["task"], str(r["n"]), _fmt(r["acc"]), _fmt(r["acc_stderr"]),
-                          _fmt(r.get("acc_norm")), _fmt(r.get("delta_acc"), pct=True), ci,
-                          _fmt(r.get("rel_drop"), pct=True), f"{r['p_mcnemar']:.3g}" if r.get("p_mcnemar") is not None else "")
+            ci = (
+                f"[{100 * r['delta_ci_low']:+.1f}, {100 * r['delta_ci_high']:+.1f}]"
+                if r.get("delta_ci_low") is not None
+                else ""
+            )
+            table.add_row(
+                r["variant"],
+                r["task"],
+                str(r["n"]),
+                _fmt(r["acc"]),
+                _fmt(r["acc_stderr"]),
+                _fmt(r.get("acc_norm")),
+                _fmt(r.get("delta_acc"), pct=True),
+                ci,
+                _fmt(r.get("rel_drop"), pct=True),
+                f"{r['p_mcnemar']:.3g}" if r.get("p_mcnemar") is not None else "",
+            )
         Console().print(table)
-        typer.echo("acc: lm-eval's acc (acc_norm where a task has no acc); mean: each task weighs the same "
-                   "(MMLU is one task)")
+        typer.echo(
+            "acc: lm-eval's acc (acc_norm where a task has no acc); mean: each task weighs the same (MMLU is one task)"
+        )
     failed = [r for r in records if "error" in r]
     for r in failed:
         typer.echo(f"error: {r['variant']} {r['task']}: {r['error']}", err=True)

@@ -3,6 +3,7 @@
 The benchmarks live in the source checkout (``benchmarks/`` beside ``probes/``), not in the
 installed package; this command finds them there (editable installs, `make bench`).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -15,8 +16,20 @@ from typing import Annotated
 
 import typer
 
-SUITE = ("hvp_throughput", "solvers", "estimators", "quantize", "surface", "sweep", "scale", "data_parallel", "sharded",
-         "difference", "gpu", "statistics")
+SUITE = (
+    "hvp_throughput",
+    "solvers",
+    "estimators",
+    "quantize",
+    "surface",
+    "sweep",
+    "scale",
+    "data_parallel",
+    "sharded",
+    "difference",
+    "gpu",
+    "statistics",
+)
 ALIASES = {"hvp": "hvp_throughput"}
 
 
@@ -59,8 +72,9 @@ def bench(
     *,
     quick: Annotated[bool, typer.Option("--quick", help="small settings (each benchmark < ~90 s)")] = False,
     json_out: Annotated[Path, typer.Option("--json", help="also write all rows to this JSON file")] = None,
-    device: Annotated[str, typer.Option("--device", help="gpu: the device to check (default cuda; cpu with "
-                                        "--quick is the smoke run)")] = None,
+    device: Annotated[
+        str, typer.Option("--device", help="gpu: the device to check (default cuda; cpu with --quick is the smoke run)")
+    ] = None,
     budget: Annotated[float, typer.Option("--budget", help="gpu: seconds for all its sections [480]")] = None,
 ) -> None:
     """Run benchmarks (HVP throughput, estimator accuracy, GPTQ, surface, sweep against peers; difference: the

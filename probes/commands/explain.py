@@ -6,6 +6,7 @@ Why a quantizer hurts a checkpoint, to second order (:mod:`probes.explain`): on 
 and one table of blocks per spec, and writes everything as JSON (``--out``); ``--json`` prints the
 JSON instead of the tables.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,34 +32,51 @@ def _print(result: dict) -> None:
 
     exps = result["explanations"]
     con = Console(width=max(Console().width, 130))
-    t = Table(title=f"second-order explanation of {result['checkpoint']} (curvature set; n = {exps[0].factors.dim:,} "
-                    f"quantized weights)")
+    t = Table(
+        title=f"second-order explanation of {result['checkpoint']} (curvature set; n = {exps[0].factors.dim:,} "
+        f"quantized weights)"
+    )
     for c in ("spec", "ΔQ", "ΔL", "gᵀδ", "½δᵀHδ", "remainder", "‖δ‖²", "tr H/n [95% CI]", "κ [95% CI]"):
         t.add_column(c, justify="left" if c == "spec" else "right", no_wrap=c == "spec")
     for e in exps:
         f = e.factors
-        t.add_row(e.spec, f"{e.rel_delta:+.3%}", f"{f.actual:+.3g}", f"{f.gTd:+.3g}", f"{f.quadratic:+.3g}",
-                  f"{f.remainder:+.2g}", f"{f.norm2:.3g}",
-                  _ci(f.trace_per_param, f.trace_per_param_ci_low, f.trace_per_param_ci_high),
-                  _ci(f.kappa, f.kappa_ci_low, f.kappa_ci_high))
+        t.add_row(
+            e.spec,
+            f"{e.rel_delta:+.3%}",
+            f"{f.actual:+.3g}",
+            f"{f.gTd:+.3g}",
+            f"{f.quadratic:+.3g}",
+            f"{f.remainder:+.2g}",
+            f"{f.norm2:.3g}",
+            _ci(f.trace_per_param, f.trace_per_param_ci_low, f.trace_per_param_ci_high),
+            _ci(f.kappa, f.kappa_ci_low, f.kappa_ci_high),
+        )
     con.print(t)
     ref = exps[0].factors
     for e in exps[1:]:
         f = e.factors
         if f.quadratic > 0 and ref.quadratic > 0:
-            con.print(f"{e.spec} vs {exps[0].spec}: log ½δᵀHδ ratio {math.log(f.quadratic / ref.quadratic):+.3f} = "
-                      f"log ‖δ‖² ratio {math.log(f.norm2 / ref.norm2):+.3f} + log κ ratio {math.log(f.kappa / ref.kappa):+.3f}")
+            con.print(
+                f"{e.spec} vs {exps[0].spec}: log ½δᵀHδ ratio {math.log(f.quadratic / ref.quadratic):+.3f} = "
+                f"log ‖δ‖² ratio {math.log(f.norm2 / ref.norm2):+.3f} + log κ ratio {math.log(f.kappa / ref.kappa):+.3f}"
+            )
         else:
             con.print(f"{e.spec} vs {exps[0].spec}: ½δᵀHδ ≤ 0 for one of them (H is indefinite along δ): no log ratio")
     for e in exps:
         b = Table(title=f"{e.spec} by {e.partition}: parts of δᵀHδ, gᵀδ, ‖δ‖² (they sum to the totals)")
         rows = e.attribution.rows()
-        cols = ["block", "size", "norm2_share", "gTd", "quadratic", "dHd_share"] + (["within", "cross"] if e.attribution.within else [])
+        cols = ["block", "size", "norm2_share", "gTd", "quadratic", "dHd_share"] + (
+            ["within", "cross"] if e.attribution.within else []
+        )
         for c in cols:
             b.add_column(c, justify="left" if c == "block" else "right")
         for r in rows:
-            b.add_row(*[str(r[c]) if c in ("block", "size") else (f"{r[c]:.1%}" if c.endswith("share") else f"{r[c]:+.3g}")
-                        for c in cols])
+            b.add_row(
+                *[
+                    str(r[c]) if c in ("block", "size") else (f"{r[c]:.1%}" if c.endswith("share") else f"{r[c]:+.3g}")
+                    for c in cols
+                ]
+            )
         con.print(b)
         if e.attribution.within:
             con.print(f"cross-block terms add {e.attribution.cross:+.4g} to δᵀHδ = {e.factors.dHd:+.4g}")
@@ -71,28 +89,37 @@ EXPLAIN_HELP = {"max_memory": "bytes or e.g. 8GB each curvature step may allocat
 def explain(
     checkpoint: Annotated[str, typer.Argument(help=CHECKPOINT_HELP)],
     *,
-    spec: Annotated[Optional[List[str]], typer.Option(
-        "--spec", "-s", help=f"quantizer spec, repeatable (default: {' '.join(DEFAULT_SPECS)})")] = None,
-    blocks: Annotated[str, typer.Option(
-        "--blocks", help="block partition: layer, kind, layer_kind, module, parameter")] = "layer",
-    within: Annotated[bool, typer.Option(
-        "--within", help="also δ_bᵀH_bbδ_b per block (one HVP per block and spec)")] = False,
-    trace_hvps: Annotated[int, typer.Option(
-        "--trace-hvps", min=3, help="HVPs of the tr H estimate (shared by the specs)")] = 30,
+    spec: Annotated[
+        Optional[List[str]],
+        typer.Option("--spec", "-s", help=f"quantizer spec, repeatable (default: {' '.join(DEFAULT_SPECS)})"),
+    ] = None,
+    blocks: Annotated[
+        str, typer.Option("--blocks", help="block partition: layer, kind, layer_kind, module, parameter")
+    ] = "layer",
+    within: Annotated[
+        bool, typer.Option("--within", help="also δ_bᵀH_bbδ_b per block (one HVP per block and spec)")
+    ] = False,
+    trace_hvps: Annotated[
+        int, typer.Option("--trace-hvps", min=3, help="HVPs of the tr H estimate (shared by the specs)")
+    ] = 30,
     trace_method: Annotated[str, typer.Option("--trace-method", help="hutch++ or hutchinson")] = "hutch++",
     source: CheckpointOptions = CheckpointOptions(),
     out: Annotated[Path, typer.Option("--out", "-o", help="JSON file to write")] = Path("explain.json"),
     json_out: Annotated[bool, typer.Option("--json", help="print the JSON instead of the tables")] = False,
     quick: Annotated[bool, typer.Option("--quick", help="small default token sets (smoke runs)")] = False,
-    curvature_set: Annotated[Optional[Path], typer.Option(
-        "--curvature-set", help="curvature TokenSet file (TokenSet.save)")] = None,
-    calib_set: Annotated[Optional[Path], typer.Option(
-        "--calib-set", help="calibration TokenSet file (GPTQ / AWQ)")] = None,
-    modules: Annotated[Optional[List[str]], typer.Option(
-        "--modules", "-m", help="glob(s) of linear layers to quantize")] = None,
+    curvature_set: Annotated[
+        Optional[Path], typer.Option("--curvature-set", help="curvature TokenSet file (TokenSet.save)")
+    ] = None,
+    calib_set: Annotated[
+        Optional[Path], typer.Option("--calib-set", help="calibration TokenSet file (GPTQ / AWQ)")
+    ] = None,
+    modules: Annotated[
+        Optional[List[str]], typer.Option("--modules", "-m", help="glob(s) of linear layers to quantize")
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of the trace estimate and the default token sets")] = 0,
-    device: Annotated[Optional[str], typer.Option(
-        "--device", help="torch device (default: cuda when available)")] = None,
+    device: Annotated[
+        Optional[str], typer.Option("--device", help="torch device (default: cuda when available)")
+    ] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="torch threads")] = None,
     memory: MemoryOptions = MemoryOptions(),
     backend: Annotated[str, option_of(ComputeOptions, "backend")] = "reverse",
@@ -110,13 +137,28 @@ def explain(
     except QuantizeError as e:
         raise typer.BadParameter(str(e), param_hint="--spec") from None
     try:
-        result = explain_checkpoint(checkpoint, specs, label=source.label, blocks=blocks, within=within, trace_matvecs=trace_hvps,
-                                    trace_method=trace_method, seed=seed, quick=quick, device=device,
-                                    curvature_set=curvature_set, calibration_set=calib_set, modules=modules,
-                                    num_threads=threads, max_memory=memory.max_memory,
-                                    cache_dir=source.cache_dir, schedule=source.schedule,
-                                    tokens_per_step=source.tokens_per_step, backend=backend,
-                                    compute_dtype=compute_dtype)
+        result = explain_checkpoint(
+            checkpoint,
+            specs,
+            label=source.label,
+            blocks=blocks,
+            within=within,
+            trace_matvecs=trace_hvps,
+            trace_method=trace_method,
+            seed=seed,
+            quick=quick,
+            device=device,
+            curvature_set=curvature_set,
+            calibration_set=calib_set,
+            modules=modules,
+            num_threads=threads,
+            max_memory=memory.max_memory,
+            cache_dir=source.cache_dir,
+            schedule=source.schedule,
+            tokens_per_step=source.tokens_per_step,
+            backend=backend,
+            compute_dtype=compute_dtype,
+        )
     except (ExplainError, BlockError, QuantizeError, EstimatorError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

@@ -4,6 +4,7 @@
 Registered by :mod:`probes.commands.sweep` (after ``sweep``); callable from Python as
 ``sharpness("path/to/checkpoint", as_json=True, memory=MemoryOptions(max_memory="2GB"))``.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,28 +24,44 @@ def sharpness(
     num_matvecs: Annotated[int, typer.Option("--num-matvecs", help="HVP budget of the trace estimate.")] = 100,
     method: Annotated[str, typer.Option("--method", help="hutch++ | hutchinson")] = "hutch++",
     k: Annotated[int, typer.Option("--k", help="Top-k eigenvalues.")] = 1,
-    params: Annotated[Optional[List[str]], typer.Option("--params", help="Parameter globs (repeatable; default "
-                                                        "all).")] = None,
+    params: Annotated[
+        Optional[List[str]], typer.Option("--params", help="Parameter globs (repeatable; default all).")
+    ] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     quick: Annotated[bool, typer.Option("--quick", help="Quick (small) curvature set.")] = False,
-    data: Annotated[Optional[Path], typer.Option("--data", help="Saved TokenSet file for the curvature set (default: "
-                                                 "built).")] = None,
-    max_iter: Annotated[int, typer.Option(
-        "--max-iter", help="Eigen solver iterations (power) or Lanczos steps.")] = 100,
-    tol: Annotated[float, typer.Option("--tol", help="Eigen solver tolerance: converged means ‖Hv − λv‖ ≤ "
-                                       "tol·|λ|.")] = 1e-3,
-    eigen_method: Annotated[str, typer.Option("--eigen-method", help="lanczos (default) | power; converged means "
-                                              "‖Hv − λv‖ ≤ tol·|λ| for both")] = "lanczos",
+    data: Annotated[
+        Optional[Path], typer.Option("--data", help="Saved TokenSet file for the curvature set (default: built).")
+    ] = None,
+    max_iter: Annotated[
+        int, typer.Option("--max-iter", help="Eigen solver iterations (power) or Lanczos steps.")
+    ] = 100,
+    tol: Annotated[
+        float, typer.Option("--tol", help="Eigen solver tolerance: converged means ‖Hv − λv‖ ≤ tol·|λ|.")
+    ] = 1e-3,
+    eigen_method: Annotated[
+        str,
+        typer.Option("--eigen-method", help="lanczos (default) | power; converged means ‖Hv − λv‖ ≤ tol·|λ| for both"),
+    ] = "lanczos",
     load: LoadOptions = LoadOptions(),
     memory: MemoryOptions = MemoryOptions(),
     compute: ComputeOptions = ComputeOptions(),
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    error_tolerance: Annotated[float, typer.Option(
-        "--error-tolerance", help="Relative error of the HVP products (measured against an exact reference) above "
-        "which a warning is printed and the result flagged (error_warning).")] = 1e-2,
-    strict: Annotated[bool, typer.Option(
-        "--strict", help="Exit with status 1 when the result is flagged (measured product error over "
-        "--error-tolerance); default: warn and exit 0.")] = False,
+    error_tolerance: Annotated[
+        float,
+        typer.Option(
+            "--error-tolerance",
+            help="Relative error of the HVP products (measured against an exact reference) above "
+            "which a warning is printed and the result flagged (error_warning).",
+        ),
+    ] = 1e-2,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Exit with status 1 when the result is flagged (measured product error over "
+            "--error-tolerance); default: warn and exit 0.",
+        ),
+    ] = False,
 ) -> None:
     """Sharpness of one checkpoint: Hessian trace (95% CI), top eigenvalue(s), HVPs, timing, memory plan."""
     from probes.core.distributed import is_main_rank
@@ -53,12 +70,31 @@ def sharpness(
     memory.apply()
     try:
         res = one_checkpoint.sharpness(
-            checkpoint, label=source.label, num_matvecs=num_matvecs, method=method, k=k, params=params, seed=seed,
-            quick=quick, device=load.device, data=data, num_threads=compute.threads, max_memory=memory.max_memory,
-            dtype=load.dtype, max_iter=max_iter, tol=tol, eigen_method=eigen_method, allow_pickle=load.allow_pickle,
-            cache_dir=source.cache_dir, schedule=source.schedule, tokens_per_step=source.tokens_per_step,
-            parallel=compute.parallel, backend=compute.backend, compute_dtype=compute.compute_dtype,
-            error_tolerance=error_tolerance)
+            checkpoint,
+            label=source.label,
+            num_matvecs=num_matvecs,
+            method=method,
+            k=k,
+            params=params,
+            seed=seed,
+            quick=quick,
+            device=load.device,
+            data=data,
+            num_threads=compute.threads,
+            max_memory=memory.max_memory,
+            dtype=load.dtype,
+            max_iter=max_iter,
+            tol=tol,
+            eigen_method=eigen_method,
+            allow_pickle=load.allow_pickle,
+            cache_dir=source.cache_dir,
+            schedule=source.schedule,
+            tokens_per_step=source.tokens_per_step,
+            parallel=compute.parallel,
+            backend=compute.backend,
+            compute_dtype=compute.compute_dtype,
+            error_tolerance=error_tolerance,
+        )
     except one_checkpoint.SharpnessError as exc:
         typer.echo(f"error: {exc}", err=True)  # every rank: a one-line error each
         raise typer.Exit(2)
@@ -81,16 +117,21 @@ def _print(res: dict) -> None:
     """The two lines of a sharpness result (and the measured product error of an inexact backend)."""
     tr = res["trace"]
     con = wide_console()
-    con.print(f"{res['checkpoint']}: tr H = {tr['value']:.4g} ± {tr['stderr']:.2g} "
-              f"(95% CI [{tr['ci_low']:.4g}, {tr['ci_high']:.4g}], {tr['method']}, {tr['num_matvecs']} HVPs, "
-              f"{tr['seconds']:.1f} s)")
+    con.print(
+        f"{res['checkpoint']}: tr H = {tr['value']:.4g} ± {tr['stderr']:.2g} "
+        f"(95% CI [{tr['ci_low']:.4g}, {tr['ci_high']:.4g}], {tr['method']}, {tr['num_matvecs']} HVPs, "
+        f"{tr['seconds']:.1f} s)"
+    )
     ev = res["eigen"]
-    con.print(f"λ_max = {ev['values'][0]:.4g} (residual {ev['residuals'][0]:.2g}, {ev['num_matvecs']} HVPs, "
-              f"{ev['seconds']:.1f} s); {res['dim']} parameters, curvature set {res['data']['shape']}")
+    con.print(
+        f"λ_max = {ev['values'][0]:.4g} (residual {ev['residuals'][0]:.2g}, {ev['num_matvecs']} HVPs, "
+        f"{ev['seconds']:.1f} s); {res['dim']} parameters, curvature set {res['data']['shape']}"
+    )
     if res["hvp_check"] is not None:  # a backend with a measured error (difference)
         err = res["hvp_check"].get("rel_error")
-        con.print(f"HVP backend {res['backend']} in {res['compute_dtype']}: measured relative error "
-                  f"{'not measured' if err is None else f'{err:.2g}'} ({res['hvp_check'].get('reference')})")
+        con.print(
+            f"HVP backend {res['backend']} in {res['compute_dtype']}: measured relative error "
+            f"{'not measured' if err is None else f'{err:.2g}'} ({res['hvp_check'].get('reference')})"
+        )
     if not all(ev["converged"]):
-        con.print("[red]λ_max did not converge[/red] within the iteration limit: treat it as a lower bound on "
-                  "|λ_max|")
+        con.print("[red]λ_max did not converge[/red] within the iteration limit: treat it as a lower bound on |λ_max|")

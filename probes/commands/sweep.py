@@ -1,7 +1,7 @@
 """`losslens sweep`, `losslens sharpness`, `losslens correlate`: trajectory sweeps and their statistics."""
+
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -38,10 +38,14 @@ def correlation_summary(df, x=None, y=None, controls=None, methods=("pearson", "
         else:
             known = int(lr.notna().sum())
             if known < 5:
-                notes.append(f"no partial correlation on lr: only {known} checkpoint(s) record their LR (needs 5; "
-                             "give --schedule or a trajectory.json)")
+                notes.append(
+                    f"no partial correlation on lr: only {known} checkpoint(s) record their LR (needs 5; "
+                    "give --schedule or a trajectory.json)"
+                )
             elif lr.nunique() <= 1:
-                notes.append(f"no partial correlation on lr: it is constant ({lr.dropna().iloc[0]:g}) over the checkpoints")
+                notes.append(
+                    f"no partial correlation on lr: it is constant ({lr.dropna().iloc[0]:g}) over the checkpoints"
+                )
             else:
                 controls = ["lr"]
     tab = analysis.summary(df, x=x, y=y, controls=controls, methods=methods, n_boot=n_boot)
@@ -70,16 +74,21 @@ def print_phases(df, console=None, gap: str | None = None) -> None:
         frame = series_frame(df, ["step", "lr", gap])
         d = divergence_onset(frame["step"], frame[gap], frame["lr"])
         excl = f"; {d.n_excluded} non-positive/NaN gaps excluded" if d.n_excluded else ""
-        con.print(f"divergence onset of the {gap} gap: step {d.step:g}, lr {d.lr} (log-gap slope "
-                  f"{d.details['slope_before']:.3g} -> {d.details['slope_after']:.3g} per step{excl})")
+        con.print(
+            f"divergence onset of the {gap} gap: step {d.step:g}, lr {d.lr} (log-gap slope "
+            f"{d.details['slope_before']:.3g} -> {d.details['slope_after']:.3g} per step{excl})"
+        )
     except (AnalysisError, KeyError) as exc:
         con.print(f"divergence onset of the {gap} gap: not computed ({exc})")
 
 
 def _check_quick(quick: bool, plan) -> None:
     if quick and plan is not None:
-        typer.echo("error: --quick shrinks the built-in plan and cannot change a --plan file; drop --quick, or set "
-                   "smaller sizes in the plan ([data] shapes, trace.num_matvecs, eigen.max_iter)", err=True)
+        typer.echo(
+            "error: --quick shrinks the built-in plan and cannot change a --plan file; drop --quick, or set "
+            "smaller sizes in the plan ([data] shapes, trace.num_matvecs, eigen.max_iter)",
+            err=True,
+        )
         raise typer.Exit(2)
 
 
@@ -93,10 +102,15 @@ def _exit_with_failures(report) -> None:
     if code == 0:
         return
     summary = report.failure_summary()
-    typer.echo(f"error: {report.n_failed_total} of {report.n_tasks} rows failed "
-               f"({'all' if code == 3 else 'some'}; {len(report.kept_failures)} kept from earlier runs): "
-               + "; ".join(f"{t} x{e['rows']} ({', '.join(e['checkpoints'][:3])}{'...' if len(e['checkpoints']) > 3 else ''})"
-                           for t, e in summary.items()), err=True)
+    typer.echo(
+        f"error: {report.n_failed_total} of {report.n_tasks} rows failed "
+        f"({'all' if code == 3 else 'some'}; {len(report.kept_failures)} kept from earlier runs): "
+        + "; ".join(
+            f"{t} x{e['rows']} ({', '.join(e['checkpoints'][:3])}{'...' if len(e['checkpoints']) > 3 else ''})"
+            for t, e in summary.items()
+        ),
+        err=True,
+    )
     for t, e in summary.items():
         typer.echo(f"  {t}: {e['example'][:500]}", err=True)
     typer.echo("  the failed rows are stored with their errors; fix the cause and rerun with --retry-failed", err=True)
@@ -106,19 +120,19 @@ def _exit_with_failures(report) -> None:
 SWEEP_HELP = {  # the sweep's own wording: what overrides the plan, what is per worker, which modes it has
     "device": "Device to load checkpoints on (default: cuda if present).",
     "dtype": "Load the weights as float32 (default), bfloat16, float16 or float64; curvature algebra stays float32 "
-             "at least.",
+    "at least.",
     "allow_pickle": "Load .bin/.pt checkpoints that need full pickle (can run arbitrary code: only for files you "
-                    "trust).",
+    "trust).",
     "max_memory": "Memory each curvature estimator may use beyond the model, e.g. 8GB (overrides the plan's "
-                  "max_memory).",
+    "max_memory).",
     "backend": "HVP backend of the curvature probes (overrides the plan's backend): reverse | forward | difference | "
-               "auto",
+    "auto",
     "compute_dtype": "dtype the curvature probes' products run in (overrides the plan's compute_dtype): float32 | "
-                     "bfloat16 | float16 | float64 (default: float32 for bfloat16/float16 weights)",
+    "bfloat16 | float16 | float64 (default: float32 for bfloat16/float16 weights)",
     "threads": "torch threads per process/task (default: the cores shared out between workers; torch's with one "
-               "process; 1 is best for tiny models).",
+    "process; 1 is best for tiny models).",
     "parallel": "none | data: under torchrun, split each checkpoint's curvature batches over the ranks (rank 0 writes "
-                "the store and prints).",
+    "the store and prints).",
 }
 """Help texts of ``losslens sweep`` for fields of the shared option groups."""
 
@@ -128,26 +142,38 @@ def sweep(
     *,
     source: TrajectoryOptions = TrajectoryOptions(),
     out: Annotated[Path, typer.Option("--out", "-o", help="SQLite results store (created or resumed).")] = Path(
-        "results.sqlite"),
-    plan: Annotated[Optional[Path], typer.Option("--plan", help="Plan file (.toml/.yaml/.json); default: the built-in "
-                                                 "plan.")] = None,
+        "results.sqlite"
+    ),
+    plan: Annotated[
+        Optional[Path], typer.Option("--plan", help="Plan file (.toml/.yaml/.json); default: the built-in plan.")
+    ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Smaller default plan (fewer HVPs, smaller data).")] = False,
     executor: Annotated[str, typer.Option("--executor", help="local | ray")] = "local",
-    address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster address (default: start a local "
-                                                   "cluster).")] = None,
-    num_workers: Annotated[Optional[int], typer.Option(
-        "--workers", "--num-workers", min=1, help="local: worker processes, each probing whole checkpoints with its "
-        "own model (N workers need N x the memory of one) [default: the cores, $LOSSLENS_WORKERS; 1 on CUDA]; ray: "
-        "CPUs of the local cluster.")] = None,
+    address: Annotated[
+        Optional[str], typer.Option("--address", help="Ray cluster address (default: start a local cluster).")
+    ] = None,
+    num_workers: Annotated[
+        Optional[int],
+        typer.Option(
+            "--workers",
+            "--num-workers",
+            min=1,
+            help="local: worker processes, each probing whole checkpoints with its "
+            "own model (N workers need N x the memory of one) [default: the cores, $LOSSLENS_WORKERS; 1 on CUDA]; ray: "
+            "CPUs of the local cluster.",
+        ),
+    ] = None,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Rerun rows stored as failed.")] = False,
     allow_mixed: Annotated[bool, typer.Option("--allow-mixed", help="Add to a store written by another plan.")] = False,
-    wait: Annotated[bool, typer.Option("--wait", help="If another sweep is writing to --out, wait for it instead of "
-                                       "stopping.")] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="If another sweep is writing to --out, wait for it instead of stopping.")
+    ] = False,
     load: LoadOptions = LoadOptions(),
     memory: MemoryOptions = MemoryOptions(),
     compute: ComputeOptions = ComputeOptions(backend=None),
-    export: Annotated[Optional[Path], typer.Option("--export", help="Also write the tidy results to .csv or "
-                                                   ".parquet.")] = None,
+    export: Annotated[
+        Optional[Path], typer.Option("--export", help="Also write the tidy results to .csv or .parquet.")
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display (for logs).")] = False,
 ) -> None:
     """Run every probe of a plan on every checkpoint of a trajectory; resumable (kill and rerun).
@@ -159,8 +185,17 @@ def sweep(
     Exit status: 0 all rows ok; 1 some rows failed; 3 every row failed (the failed rows are in the
     store: fix the cause and rerun with --retry-failed); 2 bad input (nothing was run)."""
     from probes.core.distributed import DistributedError, init_data_parallel, is_main_rank
-    from probes.sweep import (Plan, PlanError, Store, StoreError, SweepError, SweepOptions, load_plan,
-                              resolve_trajectory, run_sweep)
+    from probes.sweep import (
+        Plan,
+        PlanError,
+        Store,
+        StoreError,
+        SweepError,
+        SweepOptions,
+        load_plan,
+        resolve_trajectory,
+        run_sweep,
+    )
 
     _check_quick(quick, plan)
     memory.apply()
@@ -175,17 +210,33 @@ def sweep(
     if load.dtype is not None and load.dtype not in dtypes:
         typer.echo(f"error: --dtype {load.dtype!r} is unknown; valid: {', '.join(sorted(dtypes))}", err=True)
         raise typer.Exit(2)
-    traj = resolve_trajectory(trajectory, cache_dir=source.cache_dir, schedule=source.schedule,
-                              tokens_per_step=source.tokens_per_step, sidecars=[out.parent / "trajectory.json"])
+    traj = resolve_trajectory(
+        trajectory,
+        cache_dir=source.cache_dir,
+        schedule=source.schedule,
+        tokens_per_step=source.tokens_per_step,
+        sidecars=[out.parent / "trajectory.json"],
+    )
     sched, tps = traj.meta.get("schedule"), traj.meta.get("tokens_per_step")
     if (sched or tps) and is_main_rank():
         said = [f"LR from the schedule {sched}"] if sched else []
         said += [f"tokens = step × {tps}"] if tps else []
         typer.echo(f"{traj.name}: {'; '.join(said)}", err=True)
-    run = SweepOptions(executor=executor, address=address, retry_failed=retry_failed, allow_mixed=allow_mixed,
-                       progress=not quiet, device=device, num_workers=num_workers, num_threads=compute.threads,
-                       wait=wait, on_wait=_waiting, allow_pickle=load.allow_pickle, dtype=_torch_dtype(load.dtype),
-                       parallel=compute.parallel)
+    run = SweepOptions(
+        executor=executor,
+        address=address,
+        retry_failed=retry_failed,
+        allow_mixed=allow_mixed,
+        progress=not quiet,
+        device=device,
+        num_workers=num_workers,
+        num_threads=compute.threads,
+        wait=wait,
+        on_wait=_waiting,
+        allow_pickle=load.allow_pickle,
+        dtype=_torch_dtype(load.dtype),
+        parallel=compute.parallel,
+    )
     try:
         p = Plan.default(quick=quick) if plan is None else load_plan(plan)
         if memory.max_memory is not None:
@@ -223,24 +274,43 @@ def sweep(
 def correlate(
     results: Annotated[Path, typer.Argument(help="SQLite store written by `losslens sweep`.")],
     *,
-    x: Annotated[List[str], typer.Option(
-        "--x", help="x series (repeatable): trace, lambda_max, kurtosis, loss, lr, ...")] = ["trace"],
-    y: Annotated[List[str], typer.Option(
-        "--y", help="y series (repeatable), e.g. gptq:3:g128 (its rel_loss_error) or delta_acc:gptq:3:g128 (Δacc, "
-        "accuracy probe); default every quant spec.")] = [],
-    control: Annotated[List[str], typer.Option(
-        "--control", help="Covariates for a partial correlation (repeatable): lr, loss, tokens.")] = [],
-    method: Annotated[List[str], typer.Option(
-        "--method", help="pearson | spearman | kendall (repeatable).")] = ["pearson", "spearman", "kendall"],
-    n_boot: Annotated[int, typer.Option("--n-boot", help="0 leaves the 95% intervals out (the inference is closed-form).")] = 2000,
+    x: Annotated[
+        List[str], typer.Option("--x", help="x series (repeatable): trace, lambda_max, kurtosis, loss, lr, ...")
+    ] = ["trace"],
+    y: Annotated[
+        List[str],
+        typer.Option(
+            "--y",
+            help="y series (repeatable), e.g. gptq:3:g128 (its rel_loss_error) or delta_acc:gptq:3:g128 (Δacc, "
+            "accuracy probe); default every quant spec.",
+        ),
+    ] = [],
+    control: Annotated[
+        List[str],
+        typer.Option("--control", help="Covariates for a partial correlation (repeatable): lr, loss, tokens."),
+    ] = [],
+    method: Annotated[List[str], typer.Option("--method", help="pearson | spearman | kendall (repeatable).")] = [
+        "pearson",
+        "spearman",
+        "kendall",
+    ],
+    n_boot: Annotated[
+        int, typer.Option("--n-boot", help="0 leaves the 95% intervals out (the inference is closed-form).")
+    ] = 2000,
     seed: Annotated[int, typer.Option("--seed")] = 0,
-    include_derived: Annotated[bool, typer.Option(
-        "--include-derived", help="Include LAWA/derived checkpoints.")] = False,
-    include_unconverged: Annotated[bool, typer.Option(
-        "--include-unconverged", help="Keep values whose estimator did not converge (default: left out and counted in "
-        "n_unconverged).")] = False,
-    allow_mixed: Annotated[bool, typer.Option(
-        "--allow-mixed", help="Pool rows computed with different settings or data.")] = False,
+    include_derived: Annotated[
+        bool, typer.Option("--include-derived", help="Include LAWA/derived checkpoints.")
+    ] = False,
+    include_unconverged: Annotated[
+        bool,
+        typer.Option(
+            "--include-unconverged",
+            help="Keep values whose estimator did not converge (default: left out and counted in n_unconverged).",
+        ),
+    ] = False,
+    allow_mixed: Annotated[
+        bool, typer.Option("--allow-mixed", help="Pool rows computed with different settings or data.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON records.")] = False,
 ) -> None:
     """Correlate two per-checkpoint series of a sweep (pooled r; within-run r with a 95% CI and p, runs the

@@ -7,6 +7,7 @@ available (each rank on ``cuda:LOCAL_RANK``), gloo otherwise; with a timeout, so
 makes the others fail instead of waiting forever. Only rank 0 prints and writes files
 (:func:`is_main_rank`). The products themselves are :mod:`geometry.operators.data_parallel`.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -38,8 +39,9 @@ def torchrun_env() -> tuple[int, int, int] | None:
         raise DistributedError(f"RANK / WORLD_SIZE / LOCAL_RANK must be integers: {exc}") from None
 
 
-def init_data_parallel(timeout_s: float | None = None, device: str | None = None, mode: str = "data",
-                       command: str = "sharpness") -> tuple[int, int, str]:
+def init_data_parallel(
+    timeout_s: float | None = None, device: str | None = None, mode: str = "data", command: str = "sharpness"
+) -> tuple[int, int, str]:
     """Join (or reuse) the default process group; returns ``(rank, world_size, device)``.
 
     ``device``: None picks ``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``; the backend is
@@ -52,7 +54,9 @@ def init_data_parallel(timeout_s: float | None = None, device: str | None = None
         try:
             timeout_s = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
         except ValueError:
-            raise DistributedError(f"{TIMEOUT_ENV} must be a number of seconds, got {os.environ[TIMEOUT_ENV]!r}") from None
+            raise DistributedError(
+                f"{TIMEOUT_ENV} must be a number of seconds, got {os.environ[TIMEOUT_ENV]!r}"
+            ) from None
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -63,8 +67,10 @@ def init_data_parallel(timeout_s: float | None = None, device: str | None = None
     else:
         env = torchrun_env()
         if env is None:
-            raise DistributedError(f"--parallel {mode} runs under torchrun: torchrun --nproc_per_node N -m probes.cli "
-                                   f"{command} … --parallel {mode} (RANK and WORLD_SIZE are not set)")
+            raise DistributedError(
+                f"--parallel {mode} runs under torchrun: torchrun --nproc_per_node N -m probes.cli "
+                f"{command} … --parallel {mode} (RANK and WORLD_SIZE are not set)"
+            )
         rank, world, local = env
     if device is None:
         device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
@@ -93,5 +99,11 @@ def is_main_rank() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-__all__ = ["init_data_parallel", "is_main_rank", "torchrun_env", "DistributedError", "DEFAULT_TIMEOUT_S",
-           "PARALLEL_MODES"]
+__all__ = [
+    "init_data_parallel",
+    "is_main_rank",
+    "torchrun_env",
+    "DistributedError",
+    "DEFAULT_TIMEOUT_S",
+    "PARALLEL_MODES",
+]

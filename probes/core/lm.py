@@ -7,6 +7,7 @@ a ``[batch, seq]`` LongTensor: positions 0..seq-2 predict tokens 1..seq-1, so on
 weight each batch by its targets: their loss is the pooled token mean that :func:`evaluate` reports
 (docs/science.md §1).
 """
+
 from __future__ import annotations
 
 import math
@@ -43,17 +44,27 @@ def _accepts_input_ids(model: nn.Module) -> bool:
 
 def check_batch(model: nn.Module, batch: torch.Tensor) -> None:
     """Raise :class:`LossError` when ``batch`` is not a [b, s >= 2] integer tensor the model can take."""
-    if not isinstance(batch, torch.Tensor) or batch.ndim != 2 or batch.dtype not in (torch.long, torch.int32, torch.int64):
-        raise LossError(f"a batch must be an integer tensor [batch, seq]; got {getattr(batch, 'dtype', type(batch))} {tuple(getattr(batch, 'shape', ()))}")
+    if (
+        not isinstance(batch, torch.Tensor)
+        or batch.ndim != 2
+        or batch.dtype not in (torch.long, torch.int32, torch.int64)
+    ):
+        raise LossError(
+            f"a batch must be an integer tensor [batch, seq]; got {getattr(batch, 'dtype', type(batch))} {tuple(getattr(batch, 'shape', ()))}"
+        )
     if batch.shape[1] < 2:
         raise LossError("sequences need at least 2 tokens to have a next-token target")
     config = getattr(model, "config", None)
     ctx = getattr(config, "max_position_embeddings", None)
     if ctx is not None and batch.shape[1] > ctx:
-        raise LossError(f"sequence length {batch.shape[1]} exceeds the model's context of {ctx} tokens; build the token set with seq <= {ctx}")
+        raise LossError(
+            f"sequence length {batch.shape[1]} exceeds the model's context of {ctx} tokens; build the token set with seq <= {ctx}"
+        )
     vocab = getattr(config, "vocab_size", None)
     if vocab is not None and batch.numel() and int(batch.max()) >= vocab:
-        raise LossError(f"token id {int(batch.max())} is outside the model's vocabulary of {vocab}; was the token set built with another tokenizer?")
+        raise LossError(
+            f"token id {int(batch.max())} is outside the model's vocabulary of {vocab}; was the token set built with another tokenizer?"
+        )
 
 
 def lm_loss(model: nn.Module, batch: torch.Tensor, exclude: Sequence[int] = ()) -> torch.Tensor:
@@ -77,8 +88,9 @@ def lm_loss(model: nn.Module, batch: torch.Tensor, exclude: Sequence[int] = ()) 
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     valid = (keep[:, :-1] & keep[:, 1:]).reshape(-1)
-    total = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1])[valid], ids[:, 1:].reshape(-1)[valid],
-                            reduction="sum")
+    total = F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1])[valid], ids[:, 1:].reshape(-1)[valid], reduction="sum"
+    )
     return total / max(int(valid.sum()), 1)
 
 
@@ -136,8 +148,9 @@ class LossResult:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable[torch.Tensor], progress: bool = False, desc: str = "eval",
-             loss_fn=lm_loss) -> LossResult:
+def evaluate(
+    model: nn.Module, batches: Iterable[torch.Tensor], progress: bool = False, desc: str = "eval", loss_fn=lm_loss
+) -> LossResult:
     """L and PPL = exp(L) over every target token of ``batches`` (token-weighted mean).
 
     ``loss_fn``: :func:`lm_loss` or an :class:`ExcludingLoss` (then the mean is over its kept

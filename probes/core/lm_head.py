@@ -14,6 +14,7 @@ fail this) and otherwise falls back to
 Reverse-mode only: its second derivative has no forward-mode rule, so the ``"forward"`` HVP
 backend uses :func:`~probes.core.lm.lm_loss`.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -52,8 +53,10 @@ def _verify(model: nn.Module, ids: torch.Tensor) -> str:
         want = model(input_ids=probe).logits
         got = torch.nn.functional.linear(trunk(input_ids=probe).last_hidden_state, head.weight, head.bias)
     if want.shape != got.shape or not torch.allclose(got.float(), want.float(), rtol=1e-4, atol=1e-5):
-        return ("weight @ trunk(ids) differs from model(ids).logits (a logit transform or hook after the head): "
-                "plain lm_loss")
+        return (
+            "weight @ trunk(ids) differs from model(ids).logits (a logit transform or hook after the head): "
+            "plain lm_loss"
+        )
     return "lean"
 
 
@@ -84,8 +87,9 @@ def lm_loss_lean(model: nn.Module, batch: Any, exclude: Sequence[int] = ()) -> t
     valid = (keep[:, :-1] & keep[:, 1:]).reshape(-1)
     if not bool(valid.any()):  # nothing counted: a zero that keeps the graph
         return hidden.sum() * 0.0
-    return linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1])[valid], head.weight, ids[:, 1:].reshape(-1)[valid],
-                                head.bias)
+    return linear_cross_entropy(
+        hidden.reshape(-1, hidden.shape[-1])[valid], head.weight, ids[:, 1:].reshape(-1)[valid], head.bias
+    )
 
 
 lm_loss_lean.batch_weight = target_count  # as lm_loss: batches weighted by their targets (the pooled token mean)

@@ -5,6 +5,7 @@ A generic rule, no per-architecture table: the decoder blocks are the children o
 ``model.layers``, GPT-2 ``transformer.h``). The default set of quantized matrices (docs/science.md §2)
 is every ``nn.Linear`` inside those blocks; embeddings, LM head and norms stay full precision.
 """
+
 from __future__ import annotations
 
 import fnmatch

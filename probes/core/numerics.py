@@ -3,6 +3,7 @@
 Used for the per-layer weight error of quantizers (``LayerReport.rel_weight_error``), the
 second-order check's agreement with finite differences, and the benchmarks' accuracy columns.
 """
+
 from __future__ import annotations
 
 import torch

@@ -17,6 +17,7 @@ Past ``total`` every schedule holds its final value. Used by tiny training
 (:mod:`probes.train.config`) and by schedules attached to published trajectories
 (:mod:`probes.checkpoints.schedule`); the fork schedules live in :mod:`probes.train.schedules`.
 """
+
 from __future__ import annotations
 
 import math

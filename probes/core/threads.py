@@ -4,6 +4,7 @@ Tiny models (hidden size <= 64) run fastest on one thread: on a small shared mac
 barriers, not flops, dominate their matrices (2 threads under load were measured 5-30x slower than
 1). Training, sweeps, the demo and the benchmarks therefore pin the count for their duration.
 """
+
 from __future__ import annotations
 
 import contextlib

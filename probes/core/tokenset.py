@@ -5,6 +5,7 @@ study, saved beside the results, and identified by :attr:`TokenSet.content_hash`
 shape and the int64 ids), which every result row records so that numbers are only compared on the
 same data. Building token sets from text sources lives in :mod:`probes.data`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,7 +34,9 @@ class TokenSet:
     def __post_init__(self):
         t = self.tokens
         if not isinstance(t, torch.Tensor) or t.ndim != 3:
-            raise TokenSetError(f"token set {self.name!r}: tokens must be a [n_batches, batch, seq] tensor, got {getattr(t, 'shape', type(t))}")
+            raise TokenSetError(
+                f"token set {self.name!r}: tokens must be a [n_batches, batch, seq] tensor, got {getattr(t, 'shape', type(t))}"
+            )
         if t.dtype != torch.long:
             object.__setattr__(self, "tokens", t.long())
         if min(t.shape) == 0:

@@ -1,6 +1,7 @@
 """The curvature estimators a caller may name: :data:`TRACE_METHODS` (Hessian trace) and
 :data:`EIGEN_METHODS` (top eigenvalues), as the sweep's plans and ``losslens sharpness`` spell them
 (:mod:`geometry.estimators.trace`, :mod:`geometry.estimators.eigen`)."""
+
 from __future__ import annotations
 
 TRACE_METHODS = ("hutch++", "hutchinson")

@@ -5,6 +5,7 @@ set of :func:`probes.data.default_token_sets` (held-out embedded corpus, the che
 tokenizer) or a saved :class:`TokenSet` file. Cost: ``num_matvecs`` HVPs for the trace plus the
 eigen solver's HVPs (≤ ``max_iter`` per eigenvalue).
 """
+
 from __future__ import annotations
 
 import time
@@ -23,13 +24,32 @@ class SharpnessError(LosslensError, ValueError):
     """Bad checkpoint path/label or options."""
 
 
-def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int = 100, method: str = "hutch++",
-              k: int = 1, eigen_method: str = "lanczos", tol: float = 1e-3, max_iter: int = 100,
-              params: Sequence[str] | None = None, seed: int = 0, quick: bool = False, device=None,
-              data: str | Path | None = None, num_threads: int | None = None, allow_pickle: bool = False,
-              max_memory=None, dtype: str | None = None, cache_dir: str | Path | None = None,
-              schedule: str | None = None, tokens_per_step: int | None = None, parallel: str = "none",
-              backend: str = "reverse", compute_dtype: str | None = None, error_tolerance: float = 1e-2) -> dict:
+def sharpness(
+    checkpoint: str | Path,
+    label: str | None = None,
+    num_matvecs: int = 100,
+    method: str = "hutch++",
+    k: int = 1,
+    eigen_method: str = "lanczos",
+    tol: float = 1e-3,
+    max_iter: int = 100,
+    params: Sequence[str] | None = None,
+    seed: int = 0,
+    quick: bool = False,
+    device=None,
+    data: str | Path | None = None,
+    num_threads: int | None = None,
+    allow_pickle: bool = False,
+    max_memory=None,
+    dtype: str | None = None,
+    cache_dir: str | Path | None = None,
+    schedule: str | None = None,
+    tokens_per_step: int | None = None,
+    parallel: str = "none",
+    backend: str = "reverse",
+    compute_dtype: str | None = None,
+    error_tolerance: float = 1e-2,
+) -> dict:
     """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint as a dict.
 
     ``checkpoint``: a checkpoint folder or weight file (its step / tokens / LR are read from the
@@ -79,8 +99,9 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     if backend not in BACKENDS:
         raise SharpnessError(f"--backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")
     if parallel != "none" and isinstance(backend_named(backend), AutoBackend):
-        raise SharpnessError(f"--backend auto is not available with --parallel {parallel}: pass --backend reverse "
-                             "or difference")
+        raise SharpnessError(
+            f"--backend auto is not available with --parallel {parallel}: pass --backend reverse or difference"
+        )
     from geometry.operators.precision import COMPUTE_DTYPES
 
     if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
@@ -95,8 +116,9 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
         except MemoryBudgetError as exc:
             raise SharpnessError(f"--max-memory: {exc}") from exc
     try:
-        traj, ref = open_checkpoint(checkpoint, label, cache_dir=cache_dir, schedule=schedule,
-                                    tokens_per_step=tokens_per_step)
+        traj, ref = open_checkpoint(
+            checkpoint, label, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step
+        )
         traj = checkpoint_trajectory(traj, ref)
     except CheckpointError as exc:
         raise SharpnessError(str(exc)) from exc
@@ -117,8 +139,10 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
         from geometry.operators.data_parallel import DataParallel, split_batches
 
         if parallel == "fsdp" and params:
-            raise SharpnessError("--params is not supported with --parallel fsdp yet: sharded curvature is w.r.t. "
-                                 "every parameter (or use --parallel data with a selection)")
+            raise SharpnessError(
+                "--params is not supported with --parallel fsdp yet: sharded curvature is w.r.t. "
+                "every parameter (or use --parallel data with a selection)"
+            )
         try:
             rank, world, dev = init_data_parallel(device=device, mode=parallel)
             batches = split_batches(batches, rank, world)
@@ -126,7 +150,9 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
             raise SharpnessError(str(exc)) from exc
         pg = DataParallel()
     try:
-        model = CheckpointLoader(traj, device=dev, dtype=getattr(torch, dtype) if dtype else None, allow_pickle=allow_pickle).load(ref)
+        model = CheckpointLoader(
+            traj, device=dev, dtype=getattr(torch, dtype) if dtype else None, allow_pickle=allow_pickle
+        ).load(ref)
     except CheckpointError as exc:
         raise SharpnessError(f"cannot load {ref.label!r}: {exc}") from exc
     model.requires_grad_(True)
@@ -146,9 +172,15 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
 
             op = fsdp_lm_hessian(model, batches, dev, backend, compute_dtype, max_memory)
         else:
-            op = lm_hessian(model, batches, params=list(params) if params else None, max_memory=max_memory,
-                            backend=backend, compute_dtype=compute_dtype,
-                            **({"data_parallel": pg} if pg is not None else {}))
+            op = lm_hessian(
+                model,
+                batches,
+                params=list(params) if params else None,
+                max_memory=max_memory,
+                backend=backend,
+                compute_dtype=compute_dtype,
+                **({"data_parallel": pg} if pg is not None else {}),
+            )
         # both plans are checked before any product: a plan that cannot fit fails here, in one line
         trace_memory(op, method, num_matvecs)
         eigen_memory(op, k, eigen_method, max_iter)
@@ -158,23 +190,49 @@ def sharpness(checkpoint: str | Path, label: str | None = None, num_matvecs: int
     except (MemoryBudgetError, OperatorError) as exc:
         raise SharpnessError(str(exc)) from exc
     return {
-        "checkpoint": ref.label, "step": ref.step, "tokens": ref.tokens, "lr": ref.lr, "location": ref.location,
-        "dim": getattr(op, "global_dim", op.dim), "params": list(params) if params else None,
+        "checkpoint": ref.label,
+        "step": ref.step,
+        "tokens": ref.tokens,
+        "lr": ref.lr,
+        "location": ref.location,
+        "dim": getattr(op, "global_dim", op.dim),
+        "params": list(params) if params else None,
         "data": {"shape": list(curv.tokens.shape), "content_hash": curv.content_hash},
         "dtype": dtype or str(getattr(op, "storage_dtype", op.param_dtype)).replace("torch.", ""),
         "compute_dtype": str(op.param_dtype).replace("torch.", ""),
-        "trace": {"value": est.value, "stderr": est.stderr, "ci_low": est.ci_low, "ci_high": est.ci_high,
-                  "method": est.method, "num_matvecs": est.num_matvecs, "seconds": est.seconds, "seed": seed,
-                  "memory": est.memory},
-        "eigen": {"values": list(ev.values), "residuals": list(ev.residuals), "converged": list(ev.converged),
-                  "method": ev.method, "num_matvecs": ev.num_matvecs, "iterations": ev.iterations,
-                  "seconds": ev.seconds, "memory": ev.memory},
+        "trace": {
+            "value": est.value,
+            "stderr": est.stderr,
+            "ci_low": est.ci_low,
+            "ci_high": est.ci_high,
+            "method": est.method,
+            "num_matvecs": est.num_matvecs,
+            "seconds": est.seconds,
+            "seed": seed,
+            "memory": est.memory,
+        },
+        "eigen": {
+            "values": list(ev.values),
+            "residuals": list(ev.residuals),
+            "converged": list(ev.converged),
+            "method": ev.method,
+            "num_matvecs": ev.num_matvecs,
+            "iterations": ev.iterations,
+            "seconds": ev.seconds,
+            "memory": ev.memory,
+        },
         "seconds": time.perf_counter() - t0,
         "device": str(op.device),
-        "parallel": {"mode": parallel, "world_size": pg.world_size if pg else 1, "backend": pg.backend if pg else None,
-                     "batches_per_rank": pg.gather_objects(len(batches)) if pg else [len(batches)],
-                     **({"elements_per_rank": pg.gather_objects(op.local_dim)} if parallel == "fsdp" else {})},
-        "backend": op.backend, "hvp_check": op.checked(), "backend_choice": op.backend_choice,
+        "parallel": {
+            "mode": parallel,
+            "world_size": pg.world_size if pg else 1,
+            "backend": pg.backend if pg else None,
+            "batches_per_rank": pg.gather_objects(len(batches)) if pg else [len(batches)],
+            **({"elements_per_rank": pg.gather_objects(op.local_dim)} if parallel == "fsdp" else {}),
+        },
+        "backend": op.backend,
+        "hvp_check": op.checked(),
+        "backend_choice": op.backend_choice,
         "excluded": getattr(op, "excluded", None),  # zero-embedding tokens left out (probes.models.zero_embeddings)
         "error_warning": error_warning(op.checked(), op.param_dtype, error_tolerance),
     }
@@ -188,8 +246,10 @@ def _check_options(method: str, eigen_method: str, num_matvecs, k, max_iter, tol
         raise SharpnessError(f"eigen method {eigen_method!r} is unknown; valid: {', '.join(EIGEN_METHODS)}")
     least = 3 if method == "hutch++" else 1
     if not isinstance(num_matvecs, int) or isinstance(num_matvecs, bool) or num_matvecs < least:
-        raise SharpnessError(f"num_matvecs (--num-matvecs) must be an integer >= {least} for {method} (its HVP budget"
-                             f"{'; Hutch++ splits it in three parts' if method == 'hutch++' else ''}), got {num_matvecs!r}")
+        raise SharpnessError(
+            f"num_matvecs (--num-matvecs) must be an integer >= {least} for {method} (its HVP budget"
+            f"{'; Hutch++ splits it in three parts' if method == 'hutch++' else ''}), got {num_matvecs!r}"
+        )
     for name, v in (("k (--k)", k), ("max_iter", max_iter)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise SharpnessError(f"{name} must be an integer >= 1, got {v!r}")

@@ -19,17 +19,48 @@ uses it); it is re-exported here.
 ``split="heldout"``; :func:`default_token_sets` draws its evaluation, calibration and curvature
 sets from ``split="heldout"``, so the embedded trajectory is never evaluated on its training text.
 """
+
 from probes.core.tokenset import TokenSet, TokenSetError
 
 from .corpus import HELDOUT_MODULUS, DataError, TextSource, embedded_corpus, embedded_documents, is_heldout
-from .token_sets import (DEFAULT_SHAPES, QUICK_SHAPES, build_token_sets, default_token_sets, plan_windows,
-                         token_sets_from_stream, token_stream)
-from .tokenizers import (ByteTokenizer, checkpoint_tokenizer, load_tokenizer, tokenizer_fingerprint, tokenizer_name,
-                         train_bpe_tokenizer)
+from .token_sets import (
+    DEFAULT_SHAPES,
+    QUICK_SHAPES,
+    build_token_sets,
+    default_token_sets,
+    plan_windows,
+    token_sets_from_stream,
+    token_stream,
+)
+from .tokenizers import (
+    ByteTokenizer,
+    checkpoint_tokenizer,
+    load_tokenizer,
+    tokenizer_fingerprint,
+    tokenizer_name,
+    train_bpe_tokenizer,
+)
 
 __all__ = [
-    "DataError", "TokenSet", "TokenSetError", "TextSource", "ByteTokenizer", "embedded_corpus", "embedded_documents",
-    "is_heldout", "train_bpe_tokenizer", "load_tokenizer", "checkpoint_tokenizer", "tokenizer_name",
-    "tokenizer_fingerprint", "token_stream", "plan_windows", "build_token_sets", "token_sets_from_stream",
-    "default_token_sets", "DEFAULT_SHAPES", "QUICK_SHAPES", "HELDOUT_MODULUS",
+    "DataError",
+    "TokenSet",
+    "TokenSetError",
+    "TextSource",
+    "ByteTokenizer",
+    "embedded_corpus",
+    "embedded_documents",
+    "is_heldout",
+    "train_bpe_tokenizer",
+    "load_tokenizer",
+    "checkpoint_tokenizer",
+    "tokenizer_name",
+    "tokenizer_fingerprint",
+    "token_stream",
+    "plan_windows",
+    "build_token_sets",
+    "token_sets_from_stream",
+    "default_token_sets",
+    "DEFAULT_SHAPES",
+    "QUICK_SHAPES",
+    "HELDOUT_MODULUS",
 ]

@@ -19,6 +19,7 @@ its name is 0 mod 10 (so about 10% of documents, spread over the whole corpus, i
 tokenizer and of the document order), to the *train* part otherwise. ``source.with_split("train" |
 "heldout" | "all")`` selects a part.
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,8 +40,21 @@ HELDOUT_MODULUS = 10
 """A document is held out when ``int(sha256(name)[:16], 16) % HELDOUT_MODULUS == 0`` (~10%)."""
 
 _TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
-_STDLIB_SKIP = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "tkinter",
-                "turtledemo", "ensurepip", "venv", "__pycache__", "encodings", "config-3"}
+_STDLIB_SKIP = {
+    "test",
+    "tests",
+    "idlelib",
+    "site-packages",
+    "dist-packages",
+    "lib2to3",
+    "tkinter",
+    "turtledemo",
+    "ensurepip",
+    "venv",
+    "__pycache__",
+    "encodings",
+    "config-3",
+}
 
 
 class DataError(LosslensError, ValueError):
@@ -50,6 +64,7 @@ class DataError(LosslensError, ValueError):
 # --------------------------------------------------------------------------------------------
 # the embedded corpus
 # --------------------------------------------------------------------------------------------
+
 
 def _stdlib_docstrings(min_chars: int = 80) -> list[tuple[str, str]]:
     """(``doc:<module>.<qualname>``, docstring) for the pure-Python stdlib, in sorted file order."""
@@ -110,8 +125,9 @@ def _cached_stdlib_docstrings() -> list[tuple[str, str]]:
             path.parent.mkdir(parents=True, exist_ok=True)
             payload = json.dumps(docs)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"sha256": hashlib.sha256(payload.encode()).hexdigest(), "docs": docs}),
-                           encoding="utf-8")
+            tmp.write_text(
+                json.dumps({"sha256": hashlib.sha256(payload.encode()).hexdigest(), "docs": docs}), encoding="utf-8"
+            )
             os.replace(tmp, path)
         except OSError:
             pass  # read-only home: just don't cache
@@ -160,6 +176,7 @@ def _filter_split(docs: list[tuple[str, str]], split: str) -> list[tuple[str, st
 # text sources
 # --------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class TextSource:
     """A named, ordered list of documents to tokenize.
@@ -178,7 +195,9 @@ class TextSource:
     # constructors ---------------------------------------------------------------------------
     @classmethod
     def embedded(cls, split: str = "all", docstrings: bool = True) -> "TextSource":
-        return cls("embedded", "embedded" if docstrings else "embedded-topics", split, (("docstrings", bool(docstrings)),))
+        return cls(
+            "embedded", "embedded" if docstrings else "embedded-topics", split, (("docstrings", bool(docstrings)),)
+        )
 
     @classmethod
     def from_path(cls, path: str | Path, split: str = "all") -> "TextSource":
@@ -193,13 +212,23 @@ class TextSource:
         return cls("text", f"{name}:{h}", split, (), text)
 
     @classmethod
-    def from_dataset(cls, name: str, config: str | None = None, split: str = "train", text_field: str = "text",
-                     max_docs: int | None = None) -> "TextSource":
+    def from_dataset(
+        cls,
+        name: str,
+        config: str | None = None,
+        split: str = "train",
+        text_field: str = "text",
+        max_docs: int | None = None,
+    ) -> "TextSource":
         """A ``datasets`` dataset that must already be cached locally (no download is attempted
         when ``HF_DATASETS_OFFLINE=1``). ``split`` here is the dataset's split (e.g. "validation");
         the train/held-out document split of this source is "all"."""
-        return cls("dataset", name, "all", (("config", config), ("split", split), ("text_field", text_field),
-                                             ("max_docs", max_docs)))
+        return cls(
+            "dataset",
+            name,
+            "all",
+            (("config", config), ("split", split), ("text_field", text_field), ("max_docs", max_docs)),
+        )
 
     @classmethod
     def parse(cls, spec: "str | Path | TextSource") -> "TextSource":
@@ -212,7 +241,7 @@ class TextSource:
         if s == "embedded" or s.startswith("embedded:"):
             return cls.embedded(split=s.split(":", 1)[1] if ":" in s else "all")
         if s.startswith("dataset:"):
-            rest = s[len("dataset:"):]
+            rest = s[len("dataset:") :]
             rest, _, dsplit = rest.partition("@")
             name, _, config = rest.partition(":")
             return cls.from_dataset(name, config or None, dsplit or "train")
@@ -268,8 +297,10 @@ def _path_documents(path: Path) -> list[tuple[str, str]]:
     if path.is_file():
         files, base = [path], path.parent
     else:
-        files = sorted((p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in _TEXT_SUFFIXES),
-                       key=lambda p: p.relative_to(path).as_posix())
+        files = sorted(
+            (p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in _TEXT_SUFFIXES),
+            key=lambda p: p.relative_to(path).as_posix(),
+        )
         base = path
         if not files:
             raise DataError(f"folder {path} holds no {'/'.join(_TEXT_SUFFIXES)} files")
@@ -283,19 +314,24 @@ def _path_documents(path: Path) -> list[tuple[str, str]]:
     return docs
 
 
-def _dataset_documents(name: str, config: str | None = None, split: str = "train", text_field: str = "text",
-                       max_docs: int | None = None) -> list[tuple[str, str]]:
+def _dataset_documents(
+    name: str, config: str | None = None, split: str = "train", text_field: str = "text", max_docs: int | None = None
+) -> list[tuple[str, str]]:
     try:
         import datasets  # noqa: F401  (optional dependency)
     except ImportError as exc:
-        raise DataError(f"dataset source {name!r} needs the optional 'datasets' package: pip install datasets "
-                        "(or use the embedded corpus / a text file)") from exc
+        raise DataError(
+            f"dataset source {name!r} needs the optional 'datasets' package: pip install datasets "
+            "(or use the embedded corpus / a text file)"
+        ) from exc
     try:
         ds = datasets.load_dataset(name, config, split=split)
     except Exception as exc:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)
-        raise DataError(f"could not load dataset {name!r} (config {config!r}, split {split!r}) from the local "
-                        f"cache: {exc}. Download it first (datasets.load_dataset while online) or set "
-                        "HF_DATASETS_OFFLINE=1 only after it is cached.") from exc
+        raise DataError(
+            f"could not load dataset {name!r} (config {config!r}, split {split!r}) from the local "
+            f"cache: {exc}. Download it first (datasets.load_dataset while online) or set "
+            "HF_DATASETS_OFFLINE=1 only after it is cached."
+        ) from exc
     if text_field not in ds.column_names:
         raise DataError(f"dataset {name!r} has no column {text_field!r}; columns are {ds.column_names}")
     n = len(ds) if max_docs is None else min(len(ds), max_docs)

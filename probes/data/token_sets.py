@@ -6,6 +6,7 @@ the requested sets by a seeded permutation, so sets built together never share a
 :func:`default_token_sets` draws its evaluation, calibration and curvature sets from the held-out
 part of the embedded corpus, so the embedded trajectory is never evaluated on its training text.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,8 +22,15 @@ from probes.core.tokenset import TokenSet, TokenSetError
 from .corpus import DataError, TextSource
 from .tokenizers import encode_documents, eos_id, load_tokenizer, tokenizer_fingerprint, tokenizer_name
 
-__all__ = ["token_stream", "plan_windows", "build_token_sets", "token_sets_from_stream", "default_token_sets",
-           "DEFAULT_SHAPES", "QUICK_SHAPES"]
+__all__ = [
+    "token_stream",
+    "plan_windows",
+    "build_token_sets",
+    "token_sets_from_stream",
+    "default_token_sets",
+    "DEFAULT_SHAPES",
+    "QUICK_SHAPES",
+]
 
 DEFAULT_SHAPES: dict[str, tuple[int, int, int]] = {
     "eval": (16, 8, 128),  # 16,384 tokens
@@ -86,15 +94,18 @@ def _check_shapes(shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, i
     for name, shape in shapes.items():
         shape = tuple(int(x) for x in shape)
         if len(shape) != 3 or min(shape) < 1:
-            raise TokenSetError(f"token set {name!r}: shape must be (n_batches, batch, seq) of positive ints, got {shape}")
+            raise TokenSetError(
+                f"token set {name!r}: shape must be (n_batches, batch, seq) of positive ints, got {shape}"
+            )
         if shape[2] < 2:
             raise TokenSetError(f"token set {name!r}: seq must be >= 2 to have a next-token target")
         out[name] = shape
     return out
 
 
-def plan_windows(n_tokens: int, shapes: Mapping[str, Sequence[int]], seed: int = 0,
-                 source_name: str = "the token stream") -> dict[str, np.ndarray]:
+def plan_windows(
+    n_tokens: int, shapes: Mapping[str, Sequence[int]], seed: int = 0, source_name: str = "the token stream"
+) -> dict[str, np.ndarray]:
     """Start offsets of the non-overlapping windows of each set: ``{name: int64 array [nb*b]}``.
 
     The stream is cut into units of ``U = max(seq)`` tokens; a seeded permutation (numpy PCG64)
@@ -115,15 +126,17 @@ def plan_windows(n_tokens: int, shapes: Mapping[str, Sequence[int]], seed: int =
         if b * s > n_tokens:
             raise TokenSetError(
                 f"token set {name!r} ({nb}x{b}x{s}): {source_name} has {n_tokens} tokens, shorter than one batch of "
-                f"{b * s} tokens; use a longer text source or a smaller batch/seq")
+                f"{b * s} tokens; use a longer text source or a smaller batch/seq"
+            )
         if used + need_units > n_units:
             left = (n_units - used) * unit
             after = f" after the sets {', '.join(done)}" if done else ""
             raise TokenSetError(
                 f"token set {name!r} ({nb}x{b}x{s}) needs {need_windows * s} tokens ({need_units * unit} in "
                 f"{unit}-token units), but only {left} of the {n_tokens} tokens of {source_name} remain{after}; "
-                "use a longer text source or fewer/smaller batches")
-        units = order[used:used + need_units]
+                "use a longer text source or fewer/smaller batches"
+            )
+        units = order[used : used + need_units]
         used += need_units
         starts = (units[:, None] * unit + np.arange(per_unit)[None, :] * s).reshape(-1)[:need_windows]
         out[name] = starts.astype(np.int64)
@@ -131,8 +144,12 @@ def plan_windows(n_tokens: int, shapes: Mapping[str, Sequence[int]], seed: int =
     return out
 
 
-def build_token_sets(tokenizer: Any, text_or_source: "TextSource | str | Path",
-                     shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0) -> dict[str, TokenSet]:
+def build_token_sets(
+    tokenizer: Any,
+    text_or_source: "TextSource | str | Path",
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    seed: int = 0,
+) -> dict[str, TokenSet]:
     """Disjoint token sets ``{name: TokenSet[n_batches, batch, seq]}`` from one text source.
 
     ``tokenizer``: a tokenizer object, a folder/checkpoint holding one, or "bytes".
@@ -147,13 +164,22 @@ def build_token_sets(tokenizer: Any, text_or_source: "TextSource | str | Path",
     source = _as_source(text_or_source)
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) or tokenizer is None else tokenizer
     stream = token_stream(tok, source)
-    meta = {"source": source.describe(), "split": source.split, "tokenizer": tokenizer_name(tok),
-            "tokenizer_fingerprint": tokenizer_fingerprint(tok)}
+    meta = {
+        "source": source.describe(),
+        "split": source.split,
+        "tokenizer": tokenizer_name(tok),
+        "tokenizer_fingerprint": tokenizer_fingerprint(tok),
+    }
     return token_sets_from_stream(stream, shapes, seed, meta, source_name=f"the token stream of {source.describe()}")
 
 
-def token_sets_from_stream(stream: torch.Tensor, shapes: Mapping[str, Sequence[int]], seed: int = 0,
-                           meta: dict | None = None, source_name: str = "the token stream") -> dict[str, TokenSet]:
+def token_sets_from_stream(
+    stream: torch.Tensor,
+    shapes: Mapping[str, Sequence[int]],
+    seed: int = 0,
+    meta: dict | None = None,
+    source_name: str = "the token stream",
+) -> dict[str, TokenSet]:
     """Disjoint token sets cut from an already tokenized ``stream`` [n_tokens] (see
     :func:`plan_windows`); ``meta`` is copied into every set's metadata together with the shapes,
     seed, stream length / hash and window start offsets."""
@@ -161,12 +187,14 @@ def token_sets_from_stream(stream: torch.Tensor, shapes: Mapping[str, Sequence[i
     stream = torch.as_tensor(stream, dtype=torch.long).reshape(-1)
     plan = plan_windows(len(stream), shapes, seed, source_name=source_name)
     common = dict(meta or {})
-    common.update({
-        "shapes": {k: list(v) for k, v in shapes.items()},
-        "seed": int(seed),
-        "stream_tokens": int(len(stream)),
-        "stream_hash": hashlib.sha256(stream.numpy().astype("<i8").tobytes()).hexdigest(),
-    })
+    common.update(
+        {
+            "shapes": {k: list(v) for k, v in shapes.items()},
+            "seed": int(seed),
+            "stream_tokens": int(len(stream)),
+            "stream_hash": hashlib.sha256(stream.numpy().astype("<i8").tobytes()).hexdigest(),
+        }
+    )
     out = {}
     for name, (nb, b, s) in shapes.items():
         starts = torch.from_numpy(plan[name])
@@ -176,10 +204,14 @@ def token_sets_from_stream(stream: torch.Tensor, shapes: Mapping[str, Sequence[i
     return out
 
 
-def default_token_sets(tokenizer_or_checkpoint: Any = "bytes", quick: bool = False,
-                       source: "TextSource | str | Path | None" = None, seed: int = 0,
-                       seq_len: int | None = None, shapes: Mapping[str, Sequence[int]] | None = None
-                       ) -> dict[str, TokenSet]:
+def default_token_sets(
+    tokenizer_or_checkpoint: Any = "bytes",
+    quick: bool = False,
+    source: "TextSource | str | Path | None" = None,
+    seed: int = 0,
+    seq_len: int | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, TokenSet]:
     """The standard ``"eval"``, ``"calibration"`` and ``"curvature"`` sets for a model.
 
     ``tokenizer_or_checkpoint``: a tokenizer, "bytes", a checkpoint / trajectory folder, a
@@ -198,16 +230,21 @@ def default_token_sets(tokenizer_or_checkpoint: Any = "bytes", quick: bool = Fal
     base = dict(shapes or (QUICK_SHAPES if quick else DEFAULT_SHAPES))
     if seq_len is not None:
         if context is not None and seq_len > context:
-            raise TokenSetError(f"seq_len {seq_len} exceeds the model's context of {context} tokens "
-                                f"(max_position_embeddings); use seq_len <= {context}")
+            raise TokenSetError(
+                f"seq_len {seq_len} exceeds the model's context of {context} tokens "
+                f"(max_position_embeddings); use seq_len <= {context}"
+            )
         base = {k: (nb, b, seq_len) for k, (nb, b, _s) in base.items()}
     elif context is not None:
         over = {k: v for k, v in base.items() if v[2] > context}
         if shapes is not None and over:
             raise TokenSetError(f"token sets {sorted(over)} have seq > the model's context of {context} tokens")
         base = {k: (nb, b, min(s, context)) for k, (nb, b, s) in base.items()}
-    src = TextSource.embedded(split="heldout") if source is None else _as_source(
-        TextSource.parse(source) if isinstance(source, str) else source)
+    src = (
+        TextSource.embedded(split="heldout")
+        if source is None
+        else _as_source(TextSource.parse(source) if isinstance(source, str) else source)
+    )
     return build_token_sets(tok, src, base, seed=seed)
 
 

@@ -8,6 +8,7 @@
 
 :func:`tokenizer_fingerprint` hashes a tokenizer's full definition (recorded with every token set).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,14 @@ from probes.checkpoints.files import has_tokenizer_files
 
 from .corpus import DataError, TextSource
 
-__all__ = ["ByteTokenizer", "train_bpe_tokenizer", "load_tokenizer", "checkpoint_tokenizer", "tokenizer_name",
-           "tokenizer_fingerprint"]
+__all__ = [
+    "ByteTokenizer",
+    "train_bpe_tokenizer",
+    "load_tokenizer",
+    "checkpoint_tokenizer",
+    "tokenizer_name",
+    "tokenizer_fingerprint",
+]
 
 
 class ByteTokenizer:
@@ -44,9 +51,14 @@ class ByteTokenizer:
         return "ByteTokenizer()"
 
 
-def train_bpe_tokenizer(text: "str | Sequence[str] | TextSource", vocab_size: int = 1024,
-                        out_dir: str | Path | None = None, min_frequency: int = 2, name: str | None = None,
-                        model_max_length: int = 1_000_000):
+def train_bpe_tokenizer(
+    text: "str | Sequence[str] | TextSource",
+    vocab_size: int = 1024,
+    out_dir: str | Path | None = None,
+    min_frequency: int = 2,
+    name: str | None = None,
+    model_max_length: int = 1_000_000,
+):
     """Train a byte-level BPE (``tokenizers``) with ``vocab_size`` entries including the special
     token ``<|endoftext|>`` (used as BOS/EOS/UNK, like GPT-NeoX), wrapped as a
     ``transformers.PreTrainedTokenizerFast``. Saved with ``save_pretrained(out_dir)`` when
@@ -69,12 +81,21 @@ def train_bpe_tokenizer(text: "str | Sequence[str] | TextSource", vocab_size: in
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
-                                  special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        show_progress=False,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(docs, trainer=trainer, length=len(docs))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                                   unk_token="<|endoftext|>", model_max_length=model_max_length)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        model_max_length=model_max_length,
+    )
     fast.name_or_path = name or f"bpe-{vocab_size}"
     if out_dir is not None:
         out = Path(out_dir)
@@ -121,8 +142,10 @@ def encode_documents(tokenizer: Any, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
     if callable(tokenizer):  # slow HF tokenizer
         return list(tokenizer(texts, add_special_tokens=False)["input_ids"])
-    raise DataError(f"don't know how to tokenize with {type(tokenizer).__name__}; pass a transformers/tokenizers "
-                    "tokenizer, a folder holding one, or 'bytes'")
+    raise DataError(
+        f"don't know how to tokenize with {type(tokenizer).__name__}; pass a transformers/tokenizers "
+        "tokenizer, a folder holding one, or 'bytes'"
+    )
 
 
 def load_tokenizer(path_or_ref: Any = "bytes"):
@@ -142,8 +165,10 @@ def load_tokenizer(path_or_ref: Any = "bytes"):
         if isinstance(path_or_ref, (CheckpointRef, Trajectory)):
             folder = tokenizer_folder(path_or_ref)
             if folder is None:
-                raise DataError(f"{path_or_ref!r} has no tokenizer files; pass a tokenizer or 'bytes'"
-                                + _unresolved_hub(path_or_ref))
+                raise DataError(
+                    f"{path_or_ref!r} has no tokenizer files; pass a tokenizer or 'bytes'"
+                    + _unresolved_hub(path_or_ref)
+                )
             return load_tokenizer(folder)
         return path_or_ref  # assume it already is a tokenizer
     folder = Path(path_or_ref).expanduser()
@@ -154,8 +179,10 @@ def load_tokenizer(path_or_ref: Any = "bytes"):
     if (folder / "trajectory.json").is_file() or not has_tokenizer_files(folder):
         found = tokenizer_folder(folder)
         if found is None:
-            raise DataError(f"no tokenizer in {folder}: expected tokenizer.json / tokenizer_config.json (as written by "
-                            "tokenizer.save_pretrained); pass 'bytes' or train one with train_bpe_tokenizer")
+            raise DataError(
+                f"no tokenizer in {folder}: expected tokenizer.json / tokenizer_config.json (as written by "
+                "tokenizer.save_pretrained); pass 'bytes' or train one with train_bpe_tokenizer"
+            )
         folder = Path(found)
     from transformers import AutoTokenizer
 
@@ -169,7 +196,7 @@ def _unresolved_hub(obj: "CheckpointRef | Trajectory") -> str:
     """Why a hub checkpoint could not give its tokenizer (a revision missing from the cache), or ''."""
     from probes.checkpoints import CheckpointError, local_folder
 
-    for ref in ([obj] if isinstance(obj, CheckpointRef) else list(obj)):
+    for ref in [obj] if isinstance(obj, CheckpointRef) else list(obj):
         if ref.kind == "hub":
             try:
                 local_folder(ref)

@@ -11,12 +11,37 @@ of one quantizer measured once: one gradient, one HVP, the loss of θ̂; the tra
 :mod:`.checkpoint` (:func:`explain_checkpoint`, what ``losslens explain`` runs). The model-agnostic
 math is :mod:`geometry.estimators.attribution`; the trajectory analysis is :mod:`probes.analysis.explain`.
 """
-from .api import (BLOCK_QUANTITIES, FACTOR_METRICS, Explanation, build_explanation, explain, explain_specs,
-                  explanations_frame, row_metrics)
+
+from .api import (
+    BLOCK_QUANTITIES,
+    FACTOR_METRICS,
+    Explanation,
+    build_explanation,
+    explain,
+    explain_specs,
+    explanations_frame,
+    row_metrics,
+)
 from .blocks import PARTITIONS, BlockError, block_members, module_kind
 from .checkpoint import explain_checkpoint
 from .measure import DirectionMeasure, ExplainError, direction_trace, measure_direction
 
-__all__ = ["Explanation", "explain", "explain_specs", "explanations_frame", "build_explanation", "row_metrics",
-           "FACTOR_METRICS", "BLOCK_QUANTITIES", "PARTITIONS", "BlockError", "block_members", "module_kind",
-           "DirectionMeasure", "ExplainError", "direction_trace", "measure_direction", "explain_checkpoint"]
+__all__ = [
+    "Explanation",
+    "explain",
+    "explain_specs",
+    "explanations_frame",
+    "build_explanation",
+    "row_metrics",
+    "FACTOR_METRICS",
+    "BLOCK_QUANTITIES",
+    "PARTITIONS",
+    "BlockError",
+    "block_members",
+    "module_kind",
+    "DirectionMeasure",
+    "ExplainError",
+    "direction_trace",
+    "measure_direction",
+    "explain_checkpoint",
+]

@@ -11,6 +11,7 @@ interval carried into κ), and δᵀHδ, gᵀδ, ‖δ‖² into blocks (:mod:`p
 parts sum to the totals exactly. The space is the quantized matrices (n = their size; see
 :mod:`probes.explain.measure`). Several quantizers of one checkpoint share one trace estimate.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,21 @@ from .blocks import PARTITIONS, BlockError, block_members
 from .measure import TRACE_METHODS, DirectionMeasure, ExplainError, direction_trace, measure_direction
 
 #: Factor metrics of an ``explain`` row of a sweep, in order (see :func:`row_metrics`).
-FACTOR_METRICS = ("actual_delta", "rel_delta", "gTd", "quadratic", "pred_delta", "remainder", "norm2", "trace",
-                  "trace_per_param", "rayleigh", "kappa", "loss", "q_loss")
+FACTOR_METRICS = (
+    "actual_delta",
+    "rel_delta",
+    "gTd",
+    "quadratic",
+    "pred_delta",
+    "remainder",
+    "norm2",
+    "trace",
+    "trace_per_param",
+    "rayleigh",
+    "kappa",
+    "loss",
+    "q_loss",
+)
 BLOCK_QUANTITIES = ("dHd", "gTd", "norm2", "within")
 
 
@@ -79,9 +93,17 @@ class Explanation:
     def summary(self) -> dict[str, Any]:
         """One flat dict: spec, losses, ΔQ, every factor (with intervals), the cross-block term, costs."""
         a = self.attribution
-        return {"spec": self.spec, "loss": self.loss, "q_loss": self.q_loss, "rel_delta": self.rel_delta,
-                **self.factors.to_dict(), "cross": a.cross, "trace_source": self.trace_source,
-                "num_matvecs": a.num_matvecs, "trace_matvecs": self.trace_matvecs}
+        return {
+            "spec": self.spec,
+            "loss": self.loss,
+            "q_loss": self.q_loss,
+            "rel_delta": self.rel_delta,
+            **self.factors.to_dict(),
+            "cross": a.cross,
+            "trace_source": self.trace_source,
+            "num_matvecs": a.num_matvecs,
+            "trace_matvecs": self.trace_matvecs,
+        }
 
     def frame(self):
         """pandas DataFrame, one row per block (:meth:`geometry.base.attribution_results.Attribution.rows`)."""
@@ -90,19 +112,47 @@ class Explanation:
         return pd.DataFrame(self.attribution.rows())
 
     def to_dict(self) -> dict[str, Any]:
-        return jsonable({**self.summary(), "partition": self.partition, "blocks": self.attribution.rows(),
-                         "trace": self.attribution.trace, "layer_errors": self.layer_errors, "seconds": self.seconds})
+        return jsonable(
+            {
+                **self.summary(),
+                "partition": self.partition,
+                "blocks": self.attribution.rows(),
+                "trace": self.attribution.trace,
+                "layer_errors": self.layer_errors,
+                "seconds": self.seconds,
+            }
+        )
 
 
-def build_explanation(model: nn.Module, m: DirectionMeasure, trace: TraceEstimate | float, partition: str = "layer",
-                      trace_source: str = "estimated") -> Explanation:
+def build_explanation(
+    model: nn.Module,
+    m: DirectionMeasure,
+    trace: TraceEstimate | float,
+    partition: str = "layer",
+    trace_source: str = "estimated",
+) -> Explanation:
     """An :class:`Explanation` from a measured direction and a trace of its space (no HVP)."""
     members = block_members(model, m.names, partition)
-    a = assemble(m.parts, members, trace, within=m.within.get(partition), actual=m.actual,
-                 num_matvecs=m.parts.num_matvecs + m.within_matvecs, seconds=m.seconds)
+    a = assemble(
+        m.parts,
+        members,
+        trace,
+        within=m.within.get(partition),
+        actual=m.actual,
+        num_matvecs=m.parts.num_matvecs + m.within_matvecs,
+        seconds=m.seconds,
+    )
     spent = trace.num_matvecs if isinstance(trace, TraceEstimate) and trace_source != "given" else 0
-    return Explanation(spec=m.spec, partition=partition, attribution=a, q_loss=m.q_loss, trace_source=trace_source,
-                       trace_matvecs=spent, layer_errors=dict(m.layer_errors), seconds=m.seconds)
+    return Explanation(
+        spec=m.spec,
+        partition=partition,
+        attribution=a,
+        q_loss=m.q_loss,
+        trace_source=trace_source,
+        trace_matvecs=spent,
+        layer_errors=dict(m.layer_errors),
+        seconds=m.seconds,
+    )
 
 
 def _check(partition: str, trace_method: str) -> None:
@@ -112,10 +162,22 @@ def _check(partition: str, trace_method: str) -> None:
         raise ExplainError(f"trace method {trace_method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
 
 
-def explain_specs(model: nn.Module, specs: Sequence, curvature, calibration=None, modules=None, blocks: str = "layer",
-                  within: bool = False, trace: TraceEstimate | float | None = None, trace_matvecs: int = 30,
-                  trace_method: str = "hutch++", seed: int = 0, max_memory=None,
-                  backend: str = "reverse", compute_dtype: str | None = None) -> list[Explanation]:
+def explain_specs(
+    model: nn.Module,
+    specs: Sequence,
+    curvature,
+    calibration=None,
+    modules=None,
+    blocks: str = "layer",
+    within: bool = False,
+    trace: TraceEstimate | float | None = None,
+    trace_matvecs: int = 30,
+    trace_method: str = "hutch++",
+    seed: int = 0,
+    max_memory=None,
+    backend: str = "reverse",
+    compute_dtype: str | None = None,
+) -> list[Explanation]:
     """Explain every quantizer in ``specs`` on ``model`` (one shared tr H estimate).
 
     Args:
@@ -137,17 +199,30 @@ def explain_specs(model: nn.Module, specs: Sequence, curvature, calibration=None
     specs = list(specs)
     if not specs:
         raise ExplainError("no quantizer spec given; pass e.g. ['rtn:4:g128']")
-    plan_trace = (trace_method, trace_matvecs) if trace is None else None   # planned before any quantizer runs
-    measures = [measure_direction(model, s, curvature, calibration, modules, within=(blocks,) if within else (),
-                                  max_memory=max_memory, plan_trace=plan_trace, backend=backend,
-                                  compute_dtype=compute_dtype) for s in specs]
+    plan_trace = (trace_method, trace_matvecs) if trace is None else None  # planned before any quantizer runs
+    measures = [
+        measure_direction(
+            model,
+            s,
+            curvature,
+            calibration,
+            modules,
+            within=(blocks,) if within else (),
+            max_memory=max_memory,
+            plan_trace=plan_trace,
+            backend=backend,
+            compute_dtype=compute_dtype,
+        )
+        for s in specs
+    ]
     names = {m.names for m in measures}
     if len(names) != 1:
         raise ExplainError("the quantizers moved different sets of matrices; explain them separately")
     source = "given"
     if trace is None:
-        trace = direction_trace(model, measures[0].names, curvature, trace_matvecs, trace_method, seed, max_memory, backend,
-                                compute_dtype)
+        trace = direction_trace(
+            model, measures[0].names, curvature, trace_matvecs, trace_method, seed, max_memory, backend, compute_dtype
+        )
         source = "estimated" if len(specs) == 1 else "shared"
     return [build_explanation(model, m, trace, blocks, source) for m in measures]
 
@@ -166,7 +241,11 @@ def explanations_frame(explanations: Sequence[Explanation]):
     df = pd.DataFrame([e.summary() for e in explanations])
     if len(df):
         ref = df.iloc[0]
-        for col, key in (("log_norm2_ratio", "norm2"), ("log_kappa_ratio", "kappa"), ("log_quadratic_ratio", "quadratic")):
+        for col, key in (
+            ("log_norm2_ratio", "norm2"),
+            ("log_kappa_ratio", "kappa"),
+            ("log_quadratic_ratio", "quadratic"),
+        ):
             ratio = df[key] / ref[key]
             df[col] = [math.log(r) if r > 0 else math.nan for r in ratio]
     return df
@@ -179,12 +258,27 @@ def row_metrics(m: DirectionMeasure, trace: TraceEstimate, model: nn.Module, par
     and block ``dHd[partition:block]``, ``gTd[...]``, ``norm2[...]`` and, when measured, ``within[...]``.
     """
     f = factorise(m.parts.total_gTd, m.parts.total_dHd, m.parts.total_norm2, trace, m.parts.dim, m.actual)
-    out = [("actual_delta", f.actual), ("rel_delta", f.actual / m.loss), ("gTd", f.gTd), ("quadratic", f.quadratic),
-           ("pred_delta", f.predicted), ("remainder", f.remainder), ("norm2", f.norm2),
-           ("trace", f.trace, f.trace_stderr, f.trace_ci_low, f.trace_ci_high),
-           ("trace_per_param", f.trace_per_param, f.trace_stderr / f.dim, f.trace_per_param_ci_low, f.trace_per_param_ci_high),
-           ("rayleigh", f.rayleigh), ("kappa", f.kappa, f.kappa_stderr, f.kappa_ci_low, f.kappa_ci_high),
-           ("loss", m.loss), ("q_loss", m.q_loss)]
+    out = [
+        ("actual_delta", f.actual),
+        ("rel_delta", f.actual / m.loss),
+        ("gTd", f.gTd),
+        ("quadratic", f.quadratic),
+        ("pred_delta", f.predicted),
+        ("remainder", f.remainder),
+        ("norm2", f.norm2),
+        ("trace", f.trace, f.trace_stderr, f.trace_ci_low, f.trace_ci_high),
+        (
+            "trace_per_param",
+            f.trace_per_param,
+            f.trace_stderr / f.dim,
+            f.trace_per_param_ci_low,
+            f.trace_per_param_ci_high,
+        ),
+        ("rayleigh", f.rayleigh),
+        ("kappa", f.kappa, f.kappa_stderr, f.kappa_ci_low, f.kappa_ci_high),
+        ("loss", m.loss),
+        ("q_loss", m.q_loss),
+    ]
     out = [t + (None,) * (5 - len(t)) for t in out]
     for partition in partitions:
         members = block_members(model, m.names, partition)
@@ -198,5 +292,13 @@ def row_metrics(m: DirectionMeasure, trace: TraceEstimate, model: nn.Module, par
     return out
 
 
-__all__ = ["Explanation", "explain", "explain_specs", "explanations_frame", "build_explanation", "row_metrics",
-           "FACTOR_METRICS", "BLOCK_QUANTITIES"]
+__all__ = [
+    "Explanation",
+    "explain",
+    "explain_specs",
+    "explanations_frame",
+    "build_explanation",
+    "row_metrics",
+    "FACTOR_METRICS",
+    "BLOCK_QUANTITIES",
+]

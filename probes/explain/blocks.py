@@ -11,6 +11,7 @@ Partitions (:data:`PARTITIONS`): ``layer`` (one block per decoder layer, plus ``
 ``other``), ``kind`` (attention / mlp / norm / embeddings / ...), ``layer_kind`` (``layer0.attention``,
 ...), ``module`` (the owning module's dotted name) and ``parameter`` (one per tensor).
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -50,7 +51,7 @@ def _outside_kind(model: nn.Module, owner: nn.Module) -> str:
 def _labels(model: nn.Module, name: str, prefix: str | None, modules: dict[str, nn.Module]) -> tuple[str | None, str]:
     """(layer or None, kind) of parameter ``name``."""
     if prefix is not None and name.startswith(prefix + "."):
-        rest = name[len(prefix) + 1:].split(".")
+        rest = name[len(prefix) + 1 :].split(".")
         layer = f"layer{rest[0]}"
         kind = module_kind(rest[1]) if len(rest) > 2 else "other"
         return layer, kind

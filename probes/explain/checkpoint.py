@@ -5,6 +5,7 @@ corpus; curvature and calibration sets disjoint from the eval set), or saved
 :class:`~probes.core.tokenset.TokenSet` files. ΔL, g and H are all taken on the curvature set, so
 the second-order identity ΔL = gᵀδ + ½δᵀHδ + remainder holds on one set of batches.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,14 +16,28 @@ from .api import explain_specs
 from .measure import ExplainError
 
 
-def explain_checkpoint(checkpoint: str | Path, specs: Sequence[str], label: str | None = None, blocks: str = "layer",
-                       within: bool = False, trace_matvecs: int = 30, trace_method: str = "hutch++", seed: int = 0,
-                       quick: bool = False, device=None, curvature_set: str | Path | None = None,
-                       calibration_set: str | Path | None = None, modules: Sequence[str] | None = None,
-                       num_threads: int | None = None, max_memory: int | str | None = None,
-                       cache_dir: str | Path | None = None, schedule: str | None = None,
-                       tokens_per_step: int | None = None, backend: str = "reverse",
-                       compute_dtype: str | None = None) -> dict:
+def explain_checkpoint(
+    checkpoint: str | Path,
+    specs: Sequence[str],
+    label: str | None = None,
+    blocks: str = "layer",
+    within: bool = False,
+    trace_matvecs: int = 30,
+    trace_method: str = "hutch++",
+    seed: int = 0,
+    quick: bool = False,
+    device=None,
+    curvature_set: str | Path | None = None,
+    calibration_set: str | Path | None = None,
+    modules: Sequence[str] | None = None,
+    num_threads: int | None = None,
+    max_memory: int | str | None = None,
+    cache_dir: str | Path | None = None,
+    schedule: str | None = None,
+    tokens_per_step: int | None = None,
+    backend: str = "reverse",
+    compute_dtype: str | None = None,
+) -> dict:
     """Explanations of ``specs`` on one checkpoint, as ``{"checkpoint", "step", "lr", "data", "explanations"
     (list of :class:`~probes.explain.api.Explanation`), "seconds", "device"}``.
 
@@ -48,8 +63,9 @@ def explain_checkpoint(checkpoint: str | Path, specs: Sequence[str], label: str 
     if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
         raise ExplainError(f"compute dtype {compute_dtype!r} is unknown; valid: {', '.join(COMPUTE_DTYPES)}")
     try:
-        traj, ref = open_checkpoint(checkpoint, label, cache_dir=cache_dir, schedule=schedule,
-                                    tokens_per_step=tokens_per_step)
+        traj, ref = open_checkpoint(
+            checkpoint, label, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step
+        )
         traj = checkpoint_trajectory(traj, ref)
     except CheckpointError as exc:
         raise ExplainError(str(exc)) from exc
@@ -66,7 +82,9 @@ def explain_checkpoint(checkpoint: str | Path, specs: Sequence[str], label: str 
         curv = TokenSet.load(curvature_set) if curvature_set is not None else sets["curvature"]
         calib = TokenSet.load(calibration_set) if calibration_set is not None else sets.get("calibration")
     except (ValueError, OSError) as exc:  # DataError, TokenSetError, unreadable files
-        raise ExplainError(f"cannot build or read the token sets: {exc}; pass --curvature-set / --calib-set files") from exc
+        raise ExplainError(
+            f"cannot build or read the token sets: {exc}; pass --curvature-set / --calib-set files"
+        ) from exc
     import torch
 
     dev = device or ("cuda" if torch.cuda.is_available() else None)
@@ -75,15 +93,37 @@ def explain_checkpoint(checkpoint: str | Path, specs: Sequence[str], label: str 
     except CheckpointError as exc:
         raise ExplainError(f"cannot load {ref.label!r}: {exc}") from exc
     with torch_threads(num_threads):
-        exps = explain_specs(model, specs, curv, calibration=calib, modules=list(modules) if modules else None,
-                             blocks=blocks, within=within, trace_matvecs=trace_matvecs, trace_method=trace_method,
-                             seed=seed, max_memory=max_memory, backend=backend, compute_dtype=compute_dtype)
-    return {"checkpoint": ref.label, "step": ref.step, "lr": ref.lr, "tokens": ref.tokens, "location": ref.location,
-            "data": {"curvature": {"shape": list(curv.tokens.shape), "content_hash": curv.content_hash},
-                     "calibration": None if calib is None else {"shape": list(calib.tokens.shape),
-                                                                "content_hash": calib.content_hash}},
-            "explanations": exps, "seconds": time.perf_counter() - t0,
-            "device": str(next(model.parameters()).device)}
+        exps = explain_specs(
+            model,
+            specs,
+            curv,
+            calibration=calib,
+            modules=list(modules) if modules else None,
+            blocks=blocks,
+            within=within,
+            trace_matvecs=trace_matvecs,
+            trace_method=trace_method,
+            seed=seed,
+            max_memory=max_memory,
+            backend=backend,
+            compute_dtype=compute_dtype,
+        )
+    return {
+        "checkpoint": ref.label,
+        "step": ref.step,
+        "lr": ref.lr,
+        "tokens": ref.tokens,
+        "location": ref.location,
+        "data": {
+            "curvature": {"shape": list(curv.tokens.shape), "content_hash": curv.content_hash},
+            "calibration": None
+            if calib is None
+            else {"shape": list(calib.tokens.shape), "content_hash": calib.content_hash},
+        },
+        "explanations": exps,
+        "seconds": time.perf_counter() - t0,
+        "device": str(next(model.parameters()).device),
+    }
 
 
 __all__ = ["explain_checkpoint"]

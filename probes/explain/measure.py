@@ -12,6 +12,7 @@ The space of δ — the quantized matrices, n = their parameter count — is the
 (:func:`direction_trace`): κ = 1 is the curvature of a random direction *among the quantized
 weights*, the fair reference for a quantizer (embeddings and norms are never moved).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -116,16 +117,25 @@ def quantized_direction(model: nn.Module, spec, calibration=None, modules=None):
     chosen = set(names)
     moved = [n for n, p in params.items() if n not in chosen and not torch.equal(p.detach(), qparams[n].detach())]
     if moved:
-        raise ExplainError(f"{qm.spec} changed parameters outside the quantized weights ({moved[:3]}); "
-                           "δ = θ̂ − θ would not live on the quantized matrices")
+        raise ExplainError(
+            f"{qm.spec} changed parameters outside the quantized weights ({moved[:3]}); "
+            "δ = θ̂ − θ would not live on the quantized matrices"
+        )
     order = {n: i for i, n in enumerate(params)}
     names.sort(key=order.__getitem__)
     return {n: (qparams[n].detach() - params[n].detach()) for n in names}, qm
 
 
-def plan_curvature(model: nn.Module, curvature, modules=None, within: Sequence[str] = (), max_memory=None,
-                   trace: tuple[str, int] | None = None, backend: str = "reverse",
-                   compute_dtype: str | None = None) -> dict[str, dict]:
+def plan_curvature(
+    model: nn.Module,
+    curvature,
+    modules=None,
+    within: Sequence[str] = (),
+    max_memory=None,
+    trace: tuple[str, int] | None = None,
+    backend: str = "reverse",
+    compute_dtype: str | None = None,
+) -> dict[str, dict]:
     """Check, before any quantizer runs, that the curvature steps of an explanation fit ``max_memory``.
 
     The space of δ is known before quantizing: the weights of the linears ``modules`` selects
@@ -139,13 +149,15 @@ def plan_curvature(model: nn.Module, curvature, modules=None, within: Sequence[s
     names = [f"{n}.weight" for n in select_linears(model, modules)]
     plans: dict[str, dict] = {}
     with _grad_enabled(model):
-        op = direction_operator(model, names, curvature, max_memory=max_memory, backend=backend,
-                                compute_dtype=compute_dtype)
+        op = direction_operator(
+            model, names, curvature, max_memory=max_memory, backend=backend, compute_dtype=compute_dtype
+        )
         plans["direction"] = direction_memory(op, max_memory).to_dict()
         for partition in dict.fromkeys(within):
             groups = glob_groups(block_members(model, names, partition))
-            plans[f"within {partition}"] = plan_probe_blocks(op, len(groups), None, max_memory,
-                                                             "within-block curvature").to_dict()
+            plans[f"within {partition}"] = plan_probe_blocks(
+                op, len(groups), None, max_memory, "within-block curvature"
+            ).to_dict()
         if trace is not None:
             method, matvecs = trace
             if method not in TRACE_METHODS:
@@ -154,9 +166,18 @@ def plan_curvature(model: nn.Module, curvature, modules=None, within: Sequence[s
     return plans
 
 
-def measure_direction(model: nn.Module, spec, curvature, calibration=None, modules=None,
-                      within: Sequence[str] = (), max_memory=None, plan_trace: tuple[str, int] | None = None,
-                      backend: str = "reverse", compute_dtype: str | None = None) -> DirectionMeasure:
+def measure_direction(
+    model: nn.Module,
+    spec,
+    curvature,
+    calibration=None,
+    modules=None,
+    within: Sequence[str] = (),
+    max_memory=None,
+    plan_trace: tuple[str, int] | None = None,
+    backend: str = "reverse",
+    compute_dtype: str | None = None,
+) -> DirectionMeasure:
     """Quantize, then δᵀg, δᵀHδ, ‖δ‖² per quantized matrix and L(θ̂) − L(θ) on ``curvature``.
 
     Args:
@@ -184,26 +205,49 @@ def measure_direction(model: nn.Module, spec, curvature, calibration=None, modul
         delta, qm = quantized_direction(model, spec, calibration, modules)
         # on the loss the curvature operator takes (zero-embedding tokens of θ left out, probes.models.zero_embeddings)
         q_loss = evaluate(qm.model, list(curvature), loss_fn=curvature_loss(lm_loss, model)).loss
-        canonical, errors, quant_seconds = str(qm.spec), {k: float(v) for k, v in qm.layer_errors.items()}, float(qm.seconds)
+        canonical, errors, quant_seconds = (
+            str(qm.spec),
+            {k: float(v) for k, v in qm.layer_errors.items()},
+            float(qm.seconds),
+        )
         del qm  # the quantized copy goes before the curvature's memory plan
-        op = direction_operator(model, list(delta), curvature, max_memory=max_memory, backend=backend,
-                                compute_dtype=compute_dtype)
+        op = direction_operator(
+            model, list(delta), curvature, max_memory=max_memory, backend=backend, compute_dtype=compute_dtype
+        )
         parts = direction_parts(op, delta, max_memory=max_memory)
         if parts.total_norm2 == 0:
-            raise ExplainError(f"{canonical} left every quantized weight unchanged (δ = 0): there is nothing to explain")
+            raise ExplainError(
+                f"{canonical} left every quantized weight unchanged (δ = 0): there is nothing to explain"
+            )
         spent = 0
         inner: dict[str, dict[str, float]] = {}
         for partition in dict.fromkeys(within):
             groups = glob_groups(block_members(model, list(delta), partition))
             inner[partition], n = within_block_curvature(op, delta, groups, max_memory)
             spent += n
-    return DirectionMeasure(spec=canonical, parts=parts, q_loss=float(q_loss), within=inner, within_matvecs=spent,
-                            layer_errors=errors, quant_seconds=quant_seconds, seconds=time.perf_counter() - t0)
+    return DirectionMeasure(
+        spec=canonical,
+        parts=parts,
+        q_loss=float(q_loss),
+        within=inner,
+        within_matvecs=spent,
+        layer_errors=errors,
+        quant_seconds=quant_seconds,
+        seconds=time.perf_counter() - t0,
+    )
 
 
-def direction_trace(model: nn.Module, names: Sequence[str], curvature, num_matvecs: int = 30, method: str = "hutch++",
-                    seed: int = 0, max_memory=None, backend: str = "reverse",
-                    compute_dtype: str | None = None) -> TraceEstimate:
+def direction_trace(
+    model: nn.Module,
+    names: Sequence[str],
+    curvature,
+    num_matvecs: int = 30,
+    method: str = "hutch++",
+    seed: int = 0,
+    max_memory=None,
+    backend: str = "reverse",
+    compute_dtype: str | None = None,
+) -> TraceEstimate:
     """tr H of the LM loss on ``curvature`` w.r.t. the parameters ``names`` (the space of δ):
     Hutch++ or Hutchinson with ``num_matvecs`` HVPs (exact when the budget reaches the dimension)."""
     from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
@@ -211,11 +255,20 @@ def direction_trace(model: nn.Module, names: Sequence[str], curvature, num_matve
     if method not in TRACE_METHODS:
         raise ExplainError(f"trace method {method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
     with _grad_enabled(model):
-        op = direction_operator(model, names, curvature, max_memory=max_memory, backend=backend,
-                                compute_dtype=compute_dtype)
+        op = direction_operator(
+            model, names, curvature, max_memory=max_memory, backend=backend, compute_dtype=compute_dtype
+        )
         fn = hutchpp_trace if method == "hutch++" else hutchinson_trace
         return fn(op, num_matvecs=num_matvecs, seed=seed, max_memory=max_memory)
 
 
-__all__ = ["DirectionMeasure", "ExplainError", "measure_direction", "plan_curvature", "direction_trace", "direction_operator",
-           "quantized_direction", "TRACE_METHODS"]
+__all__ = [
+    "DirectionMeasure",
+    "ExplainError",
+    "measure_direction",
+    "plan_curvature",
+    "direction_trace",
+    "direction_operator",
+    "quantized_direction",
+    "TRACE_METHODS",
+]

@@ -15,6 +15,7 @@ Cost: the PCA's 2 passes over the N checkpoints' weights; with a spec, N model l
 quantizations (+ one projection pass each); N (+ N) evaluations of the own losses; and
 (grid² + marked points) × eval batches forwards for the surface.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -88,11 +89,23 @@ class Landscape:
             if self.surface is not None and p.label in self.surface.points:
                 row["plane_loss"] = self.surface.points[p.label][2]
             quant.append(row)
-        return jsonable({"spec": self.spec, "axes": list(self.axes), "pca": d, "quantized": quant,
-                         "runs": [vars(r) for r in self.runs], "meta": self.meta,
-                         "surface": None if self.surface is None else {
-                             "shape": [len(self.surface.y), len(self.surface.x)], "seconds": self.surface.seconds,
-                             "n_nonfinite": self.surface.n_nonfinite}})
+        return jsonable(
+            {
+                "spec": self.spec,
+                "axes": list(self.axes),
+                "pca": d,
+                "quantized": quant,
+                "runs": [vars(r) for r in self.runs],
+                "meta": self.meta,
+                "surface": None
+                if self.surface is None
+                else {
+                    "shape": [len(self.surface.y), len(self.surface.x)],
+                    "seconds": self.surface.seconds,
+                    "n_nonfinite": self.surface.n_nonfinite,
+                },
+            }
+        )
 
 
 def point_labels(trajectories: Sequence[Trajectory]) -> list[tuple[str, CheckpointRef, str]]:
@@ -101,8 +114,9 @@ def point_labels(trajectories: Sequence[Trajectory]) -> list[tuple[str, Checkpoi
     if len(set(names)) != len(names):
         names = [f"{n}-{i}" for i, n in enumerate(names)]
     many = len(trajectories) > 1
-    return [(f"{name}/{ref.label}" if many else ref.label, ref, name)
-            for name, t in zip(names, trajectories) for ref in t]
+    return [
+        (f"{name}/{ref.label}" if many else ref.label, ref, name) for name, t in zip(names, trajectories) for ref in t
+    ]
 
 
 def _runs(items: list[tuple[str, CheckpointRef, str]]) -> list[RunPath]:
@@ -165,12 +179,30 @@ def trajectory_landscape(
     cache: dict = {}
     sources = [checkpoint_source(ref, model, allow_pickle, cache=cache) for _, ref, _ in items]
     stage(f"principal axes of {len(items)} checkpoints")
-    pca = trajectory_pca(sources, k=k, center=center, params=params, filter_normalize=filter_normalize,
-                         labels=[lab for lab, _, _ in items], max_memory=max_memory)
-    land = Landscape(pca, _runs(items), spec=spec, axes=tuple(axes),
-                     meta={"k": k, "center": center, "params": params, "filter_normalize": filter_normalize,
-                           "n_tensors": len(pca.center), "dim": int(sum(t.numel() for t in pca.center.values())),
-                           "model_tensors": len(names)})
+    pca = trajectory_pca(
+        sources,
+        k=k,
+        center=center,
+        params=params,
+        filter_normalize=filter_normalize,
+        labels=[lab for lab, _, _ in items],
+        max_memory=max_memory,
+    )
+    land = Landscape(
+        pca,
+        _runs(items),
+        spec=spec,
+        axes=tuple(axes),
+        meta={
+            "k": k,
+            "center": center,
+            "params": params,
+            "filter_normalize": filter_normalize,
+            "n_tensors": len(pca.center),
+            "dim": int(sum(t.numel() for t in pca.center.values())),
+            "model_tensors": len(names),
+        },
+    )
     if eval_batches is not None:
         eval_batches = list(eval_batches)
     for label, ref, _ in items:
@@ -196,9 +228,17 @@ def trajectory_landscape(
         spec_grid = GridSpec(resolution=int(grid), margin=0.25) if isinstance(grid, int) else grid
         model = loader.load(items[-1][1])
         with torch.no_grad():
-            land.surface = evaluate_surface(model, lm_loss, eval_batches, plane, spec_grid, params=[literal_glob(n) for n in pca.center],
-                                            progress=progress, checkpoint_path=checkpoint_path,
-                                            max_memory=max_memory)
+            land.surface = evaluate_surface(
+                model,
+                lm_loss,
+                eval_batches,
+                plane,
+                spec_grid,
+                params=[literal_glob(n) for n in pca.center],
+                progress=progress,
+                checkpoint_path=checkpoint_path,
+                max_memory=max_memory,
+            )
         land.meta["unmoved_tensors_from"] = items[-1][0]
     return land
 
@@ -211,4 +251,3 @@ def residual_flags(land: Landscape, threshold: float = 0.5) -> dict[str, bool]:
     out = {lab: bool(dist[i] > 0 and res[i] / dist[i] > threshold) for i, lab in enumerate(land.pca.labels)}
     out.update({p.label: p.relative_residual > threshold for p in land.quantized.values()})
     return out
-

@@ -14,6 +14,7 @@ Names are the model's parameter names (``model.named_parameters()``): file keys 
 renames at load time (GPT-NeoX's ``embed_out`` → ``lm_head``) are mapped exactly as the
 :class:`~probes.checkpoints.CheckpointLoader` maps them.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,23 +48,25 @@ class CheckpointSource:
         files = ref_weight_files(ref)
         shapes = file_shapes(files, ref.label, allow_pickle)
         target = model.state_dict(keep_vars=True)
-        renamed = _rename_legacy_keys({k: k for k in shapes}, model, target)   # model name -> file key
+        renamed = _rename_legacy_keys({k: k for k in shapes}, model, target)  # model name -> file key
         self._key = {name: key for name, key in renamed.items()}
         self._shapes = {name: shapes[key] for name, key in renamed.items()}
         wanted = model_names(model)
         missing = [n for n in wanted if n not in self._key]
         if missing:
-            raise CheckpointError(f"checkpoint {ref.label!r} has no weights for {missing[:4]} of the model "
-                                  f"({len(missing)} in all): it is not a checkpoint of this architecture")
+            raise CheckpointError(
+                f"checkpoint {ref.label!r} has no weights for {missing[:4]} of the model "
+                f"({len(missing)} in all): it is not a checkpoint of this architecture"
+            )
         self._names = wanted
         self._lazy = all(f.suffix == ".safetensors" for f in files)
-        self._where: dict[str, tuple[Path, int, torch.dtype]] = {}     # file key -> (file, data offset, dtype)
+        self._where: dict[str, tuple[Path, int, torch.dtype]] = {}  # file key -> (file, data offset, dtype)
         self._held: dict[str, torch.Tensor] = {}
         if self._lazy:
             for f in files:
                 self._where.update(_safetensors_index(f, ref.label))
             self._dtypes = {k: v[2] for k, v in self._where.items()}
-        else:                                  # torch files: read whole on first use, then held
+        else:  # torch files: read whole on first use, then held
             self._files, self._allow_pickle = files, allow_pickle
             self._dtypes = {}
 
@@ -100,11 +103,13 @@ class CheckpointSource:
         shape = self._shapes[name]
         per_row = math.prod(shape[1:]) if len(shape) > 1 else 1
         nbytes = (stop - start) * per_row * dtype.itemsize
-        with open(path, "rb") as fh:          # a plain read: no memory map keeps the file's pages mapped
+        with open(path, "rb") as fh:  # a plain read: no memory map keeps the file's pages mapped
             data = os.pread(fh.fileno(), nbytes, offset + start * per_row * dtype.itemsize)
         if len(data) != nbytes:
-            raise CheckpointError(f"checkpoint {self.label!r}: {path} ends inside tensor {key!r}; the file is "
-                                  "truncated: re-save or re-download it")
+            raise CheckpointError(
+                f"checkpoint {self.label!r}: {path} ends inside tensor {key!r}; the file is "
+                "truncated: re-save or re-download it"
+            )
         return torch.frombuffer(bytearray(data), dtype=dtype).reshape(stop - start, per_row)
 
 
@@ -125,23 +130,35 @@ def _safetensors_index(path: Path, label: str) -> dict[str, tuple[Path, int, tor
         if key == "__metadata__":
             continue
         if info.get("dtype") not in _SAFETENSORS_DTYPES:
-            raise CheckpointError(f"checkpoint {label!r}: tensor {key!r} in {path} has dtype {info.get('dtype')!r}, "
-                                  f"which losslens cannot read (known: {sorted(_SAFETENSORS_DTYPES)})")
+            raise CheckpointError(
+                f"checkpoint {label!r}: tensor {key!r} in {path} has dtype {info.get('dtype')!r}, "
+                f"which losslens cannot read (known: {sorted(_SAFETENSORS_DTYPES)})"
+            )
         out[key] = (path, 8 + size + int(info["data_offsets"][0]), _SAFETENSORS_DTYPES[info["dtype"]])
     return out
 
 
-_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-                       "U8": torch.uint8, "BOOL": torch.bool}
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
-def checkpoint_source(ref: CheckpointRef, model: nn.Module, allow_pickle: bool = False,
-                      cache: Mapping[str, PointSource] | None = None) -> PointSource:
+def checkpoint_source(
+    ref: CheckpointRef, model: nn.Module, allow_pickle: bool = False, cache: Mapping[str, PointSource] | None = None
+) -> PointSource:
     """A point source for ``ref`` under ``model``'s parameter names: lazy for safetensors, the
     weighted mean of its sources for a derived checkpoint (sources shared through ``cache``)."""
     cache = {} if cache is None else cache
-    key = json.dumps(ref.to_dict(), sort_keys=True, default=str)      # labels repeat across runs; locations do not
+    key = json.dumps(ref.to_dict(), sort_keys=True, default=str)  # labels repeat across runs; locations do not
     if key in cache:
         return cache[key]
     if ref.derived:

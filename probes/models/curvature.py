@@ -10,6 +10,7 @@ a :class:`~probes.models.second_order.SecondOrderWarning` naming the op; one who
 be trusted raises :class:`~probes.models.second_order.SecondOrderError` (recorded as a failed row
 by sweeps) — never a silently wrong number.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -32,8 +33,15 @@ from .setup_budget import UNCHECKED, plan_lm_setup
 from .zero_embeddings import curvature_loss, exclusion_record, zero_embedding_tokens
 
 
-def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, backend: str = "reverse",
-               check: bool = True, lean_head: bool = True, **kwargs) -> HessianOperator:
+def lm_hessian(
+    model: nn.Module,
+    batches: Sequence[torch.Tensor],
+    params=None,
+    backend: str = "reverse",
+    check: bool = True,
+    lean_head: bool = True,
+    **kwargs,
+) -> HessianOperator:
     """Hessian of the mean LM loss over ``batches`` ([b, s] token tensors) w.r.t. ``params`` globs.
 
     ``check``: run the cached second-order check first (cost, once per architecture: a float64
@@ -68,9 +76,16 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
         kwargs.setdefault("check_batches", [batches[0][:2, :32]])
     runs_check = bool(check and batches and (auto or chosen.second_order))
     # every measuring step below is planned first, and refused before it runs when it cannot fit max_memory
-    precision = plan_lm_setup(model, batches, params, chosen, runs_check,
-                              lambda lean: curvature_loss(lm_loss_lean if lean else lm_loss, model, exclude),
-                              lean_head, kwargs)
+    precision = plan_lm_setup(
+        model,
+        batches,
+        params,
+        chosen,
+        runs_check,
+        lambda lean: curvature_loss(lm_loss_lean if lean else lm_loss, model, exclude),
+        lean_head,
+        kwargs,
+    )
     if runs_check:
         probe = batches[0][:2, :16]
         parallel = kwargs.get("data_parallel")
@@ -80,9 +95,14 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
             if precision == UNCHECKED:  # backend="auto", the check cannot fit: the exact backend is refused below
                 return exact.name
             try:
-                return ensure_second_order(model, probe, backend=exact.name, params=params,
-                                           loss_fn=curvature_loss(lm_loss, model, exclude),
-                                           precision=precision)
+                return ensure_second_order(
+                    model,
+                    probe,
+                    backend=exact.name,
+                    params=params,
+                    loss_fn=curvature_loss(lm_loss, model, exclude),
+                    precision=precision,
+                )
             except SecondOrderError:
                 if not auto:
                     raise
@@ -103,12 +123,15 @@ def lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], params=None, b
     op = HessianOperator(model, loss_fn, batches, params=params, backend=backend, **kwargs)
     if precision == UNCHECKED and op.product_backend.second_order:
         why = op.backend_choice["why"]
-        raise MemoryBudgetError(f"backend='auto' chose the exact pass ({why}), but its second-order check does not "
-                                "fit max_memory; raise max_memory or pass backend='difference'")
+        raise MemoryBudgetError(
+            f"backend='auto' chose the exact pass ({why}), but its second-order check does not "
+            "fit max_memory; raise max_memory or pass backend='difference'"
+        )
     op.excluded = exclusion_record(ExcludingLoss(lm_loss, exclude), batches, op.parallel)
     if not op.product_backend.exact and batches and op.checked()["rel_error"] is None:
-        bound = miniature_bound(model, op.check_batches or [batches[0][:2, :32]], exclude=exclude,
-                                compute_dtype=kwargs.get("compute_dtype"))
+        bound = miniature_bound(
+            model, op.check_batches or [batches[0][:2, :32]], exclude=exclude, compute_dtype=kwargs.get("compute_dtype")
+        )
         op.hvp_check = {**op.hvp_check, **bound}
     return op
 
@@ -122,18 +145,30 @@ def error_warning(check: dict | None, compute_dtype, tolerance: float = 1e-2) ->
         return None
     half = compute_dtype in (torch.bfloat16, torch.float16)
     name = str(compute_dtype).replace("torch.", "")
-    cause = (f"half-precision compute ({name})" if half else
-             f"the gradient-difference step in {name} (possibly a token whose input-embedding row is zero in the "
-             "batches)")
-    fix = ("--compute-dtype float32 (the default for half-precision weights)" if half else
-           "--backend reverse where its pass fits, or curvature data without zero-embedding tokens")
-    return {"rel_error": err, "tolerance": tolerance, "cause": cause, "fix": fix,
-            "message": f"the Hessian products' measured relative error is {err:.2g} (> {tolerance:g}): cause: {cause}; "
-                       f"fix: {fix}"}
+    cause = (
+        f"half-precision compute ({name})"
+        if half
+        else f"the gradient-difference step in {name} (possibly a token whose input-embedding row is zero in the "
+        "batches)"
+    )
+    fix = (
+        "--compute-dtype float32 (the default for half-precision weights)"
+        if half
+        else "--backend reverse where its pass fits, or curvature data without zero-embedding tokens"
+    )
+    return {
+        "rel_error": err,
+        "tolerance": tolerance,
+        "cause": cause,
+        "fix": fix,
+        "message": f"the Hessian products' measured relative error is {err:.2g} (> {tolerance:g}): cause: {cause}; "
+        f"fix: {fix}",
+    }
 
 
-def miniature_bound(model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0,
-                    exclude: Sequence[int] = (), compute_dtype=None) -> dict:
+def miniature_bound(
+    model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0, exclude: Sequence[int] = (), compute_dtype=None
+) -> dict:
     """The difference backend's error where no exact product can run on the model itself: on a
     miniature of the architecture (:func:`~probes.models.miniature.miniature`, same class and config
     pattern) in the model's dtype, its products in ``compute_dtype`` (None: the default policy),
@@ -157,13 +192,20 @@ def miniature_bound(model: nn.Module, batches: Sequence[torch.Tensor], seed: int
     loss_fn = curvature_loss(lm_loss, mini, sorted(set(exclude) | set(zero_embedding_tokens(mini))))
     with float64_fidelity():
         ref = HessianOperator(exact, loss_fn, list(batches))
-        error = product_error(HessianOperator(mini, loss_fn, list(batches), backend="difference",
-                                              compute_dtype=compute_dtype), ref, 2, seed)
+        error = product_error(
+            HessianOperator(mini, loss_fn, list(batches), backend="difference", compute_dtype=compute_dtype),
+            ref,
+            2,
+            seed,
+        )
     name = str(dtype).replace("torch.", "")
     from geometry.operators.precision import compute_dtype_for
 
     computed = str(compute_dtype_for(dtype, compute_dtype)).replace("torch.", "")
     name = name if computed == name else f"{name} (computed in {computed})"
-    return {"rel_error": error, "reference": f"bound on a {name} miniature of {type(model).__name__} "
-            f"({sum(p.numel() for p in mini.parameters())} parameters) against its float64 reverse products "
-            "(no exact product can run on the model)"}
+    return {
+        "rel_error": error,
+        "reference": f"bound on a {name} miniature of {type(model).__name__} "
+        f"({sum(p.numel() for p in mini.parameters())} parameters) against its float64 reverse products "
+        "(no exact product can run on the model)",
+    }

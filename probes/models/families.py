@@ -28,6 +28,7 @@ curvature and visible quantization error.
 
 The second-order AD check every family is tested with lives in :mod:`probes.models.second_order`.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -71,8 +72,13 @@ class Family:
         import transformers
 
         kw: dict[str, Any] = dict(
-            vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-            intermediate_size=2 * HIDDEN, max_position_embeddings=CONTEXT, initializer_range=INIT_RANGE,
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            intermediate_size=2 * HIDDEN,
+            max_position_embeddings=CONTEXT,
+            initializer_range=INIT_RANGE,
             use_cache=False,
         )
         kw.update(self.config)
@@ -84,35 +90,77 @@ _SPECIAL = dict(pad_token_id=1, bos_token_id=0, eos_token_id=2)
 
 FAMILIES: dict[str, Family] = {
     "gpt_neox": Family(
-        "gpt_neox", "GPTNeoXConfig", "GPTNeoXForCausalLM",
-        dict(rotary_pct=0.25, hidden_act="gelu", use_parallel_residual=True, tie_word_embeddings=False,
-             bos_token_id=0, eos_token_id=2),
-        ("EleutherAI/pythia-160m",), "LayerNorm, parallel residual, fused query_key_value, partial rotary"),
+        "gpt_neox",
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(
+            rotary_pct=0.25,
+            hidden_act="gelu",
+            use_parallel_residual=True,
+            tie_word_embeddings=False,
+            bos_token_id=0,
+            eos_token_id=2,
+        ),
+        ("EleutherAI/pythia-160m",),
+        "LayerNorm, parallel residual, fused query_key_value, partial rotary",
+    ),
     "olmo": Family(
-        "olmo", "OlmoConfig", "OlmoForCausalLM", dict(clip_qkv=8.0, **_SPECIAL),
-        ("allenai/OLMo-1B-hf", "allenai/OLMo-7B-0424-hf"), "non-parametric LayerNorm, clip_qkv clamp, SwiGLU"),
+        "olmo",
+        "OlmoConfig",
+        "OlmoForCausalLM",
+        dict(clip_qkv=8.0, **_SPECIAL),
+        ("allenai/OLMo-1B-hf", "allenai/OLMo-7B-0424-hf"),
+        "non-parametric LayerNorm, clip_qkv clamp, SwiGLU",
+    ),
     "olmo2": Family(
-        "olmo2", "Olmo2Config", "Olmo2ForCausalLM", dict(**_SPECIAL),
-        ("allenai/OLMo-2-0425-1B",), "post-norm RMSNorm, QK-norm over full projections"),
+        "olmo2",
+        "Olmo2Config",
+        "Olmo2ForCausalLM",
+        dict(**_SPECIAL),
+        ("allenai/OLMo-2-0425-1B",),
+        "post-norm RMSNorm, QK-norm over full projections",
+    ),
     "smollm3": Family(
-        "smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
+        "smollm3",
+        "SmolLM3Config",
+        "SmolLM3ForCausalLM",
         dict(num_key_value_heads=1, no_rope_layer_interval=2, tie_word_embeddings=True, **_SPECIAL),
-        ("HuggingFaceTB/SmolLM3-3B",), "GQA, NoPE every 2nd layer, tied embeddings"),
+        ("HuggingFaceTB/SmolLM3-3B",),
+        "GQA, NoPE every 2nd layer, tied embeddings",
+    ),
     "apertus": Family(
-        "apertus", "ApertusConfig", "ApertusForCausalLM",
-        dict(rope_parameters={"rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0,
-                              "original_max_position_embeddings": 32, "low_freq_factor": 1.0,
-                              "high_freq_factor": 4.0}, **_SPECIAL),
-        ("swiss-ai/Apertus-8B-2509",), "xIELU activation, QK-RMSNorm, llama3 RoPE"),
+        "apertus",
+        "ApertusConfig",
+        "ApertusForCausalLM",
+        dict(
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 12000000.0,
+                "factor": 8.0,
+                "original_max_position_embeddings": 32,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+            },
+            **_SPECIAL,
+        ),
+        ("swiss-ai/Apertus-8B-2509",),
+        "xIELU activation, QK-RMSNorm, llama3 RoPE",
+    ),
     "llama": Family(
-        "llama", "LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=1, tie_word_embeddings=False),
-        ("LLM360/Amber",), "RMSNorm, SwiGLU, GQA"),
+        "llama",
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(num_key_value_heads=1, tie_word_embeddings=False),
+        ("LLM360/Amber",),
+        "RMSNorm, SwiGLU, GQA",
+    ),
 }
 """The seed families, by name (see the module docstring)."""
 
 
-def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, attn: str = "sdpa",
-               **config_overrides) -> nn.Module:
+def tiny_model(
+    family: str, seed: int = 0, dtype: torch.dtype = torch.float32, attn: str = "sdpa", **config_overrides
+) -> nn.Module:
     """A tiny random-init causal LM of ``family`` (a key of :data:`FAMILIES`), in eval mode.
 
     Args:

@@ -17,6 +17,7 @@ the model (:func:`with_special_tokens`) and one probe vector lives on the embedd
 batch's tokens (:func:`probe_vectors`), where a masked row's curvature is not diluted by the rest
 of the model.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -30,8 +31,9 @@ def _selected(op) -> dict[str, torch.Tensor]:
     return {n: named[n] for n in op.space.names}
 
 
-def _moved(op, params: dict[str, torch.Tensor], originals: dict[str, torch.Tensor], step: dict[str, torch.Tensor],
-           sign: float) -> None:
+def _moved(
+    op, params: dict[str, torch.Tensor], originals: dict[str, torch.Tensor], step: dict[str, torch.Tensor], sign: float
+) -> None:
     with torch.no_grad():
         for n, p in params.items():
             p.copy_(originals[n] + sign * step[n].view_as(p))
@@ -94,10 +96,17 @@ def special_token_ids(model: nn.Module) -> list[int]:
     cfg = getattr(model, "config", None)
     vocab = getattr(cfg, "vocab_size", None)
     ids: list[int] = []
-    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id", "sep_token_id", "cls_token_id",
-                "mask_token_id"):
+    for key in (
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+        "unk_token_id",
+        "sep_token_id",
+        "cls_token_id",
+        "mask_token_id",
+    ):
         v = getattr(cfg, key, None)
-        for x in (v if isinstance(v, (list, tuple)) else [v]):
+        for x in v if isinstance(v, (list, tuple)) else [v]:
             if isinstance(x, int) and x >= 0:
                 ids.append(x)
     for m in model.modules():
@@ -115,7 +124,7 @@ def with_special_tokens(model: nn.Module, batch: Any) -> Any:
     ids = special_token_ids(model)[: max(0, batch.shape[1] - 1)]
     out = batch.clone()
     if ids:
-        out[0, 1:1 + len(ids)] = torch.tensor(ids, dtype=out.dtype, device=out.device)
+        out[0, 1 : 1 + len(ids)] = torch.tensor(ids, dtype=out.dtype, device=out.device)
     return out
 
 

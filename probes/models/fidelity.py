@@ -9,6 +9,7 @@ float32 (``.to(torch.float32)``, ``.float()``, ``.type(torch.float32)``) and eve
 (float32 and half models are unaffected). Used by the accuracy table of the gradient-difference
 backend (benchmarks/difference.py) and its tests.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -9,6 +9,7 @@ then checked in milliseconds and a few MB, in float64, where finite differences 
 (in bfloat16 a useful step is below half an ulp of most weights). :func:`working_model` picks the
 model the check runs on (the model, a float64 copy or a miniature).
 """
+
 from __future__ import annotations
 
 import copy
@@ -40,7 +41,7 @@ def _shrunk_config(config: Any) -> Any:
     for key, value in (("hidden_size", new_heads * HEAD_DIM), ("intermediate_size", MLP), ("head_dim", HEAD_DIM)):
         if isinstance(getattr(cfg, key, None), int):
             updates[key] = value
-    for key, value in vars(cfg).items():                 # per-layer lists follow the layer count
+    for key, value in vars(cfg).items():  # per-layer lists follow the layer count
         if isinstance(value, (list, tuple)) and len(value) == old_layers and old_layers != new_layers:
             updates[key] = type(value)(value[:new_layers])
     for key, value in updates.items():
@@ -82,7 +83,9 @@ def working_model(model: nn.Module, precision, messages: list[str]) -> tuple[nn.
     if precision == "native":
         return model, "model"
     if isinstance(precision, torch.dtype):
-        return (model, "model") if precision == model_dtype else (copy.deepcopy(model).to(precision), f"{precision} copy")
+        return (
+            (model, "model") if precision == model_dtype else (copy.deepcopy(model).to(precision), f"{precision} copy")
+        )
     if precision not in ("auto", "miniature"):
         raise ValueError(f"precision must be 'auto', 'miniature', 'native' or a torch dtype, got {precision!r}")
     small = n_params < 50_000_000 and precision == "auto"
@@ -90,9 +93,11 @@ def working_model(model: nn.Module, precision, messages: list[str]) -> tuple[nn.
         return (model, "model") if model_dtype == torch.float64 else (copy.deepcopy(model).double(), "float64 copy")
     mini = miniature(model)
     if mini is not None:
-        messages.append(f"checked on a float64 miniature of {type(model).__name__} ({sum(p.numel() for p in mini.parameters())} "
-                        f"parameters): AD rules do not depend on width or depth, and the model has {n_params} parameters "
-                        f"in {str(model_dtype).replace('torch.', '')}")
+        messages.append(
+            f"checked on a float64 miniature of {type(model).__name__} ({sum(p.numel() for p in mini.parameters())} "
+            f"parameters): AD rules do not depend on width or depth, and the model has {n_params} parameters "
+            f"in {str(model_dtype).replace('torch.', '')}"
+        )
         return mini, "float64 miniature"
     if model_dtype in (torch.float16, torch.bfloat16):
         messages.append("no miniature of this architecture could be built; checked a float32 copy of the model")

@@ -5,6 +5,7 @@ autograd / functorch error messages, the custom ``autograd.Function`` s in a los
 module that produced each (the usual culprits of a missing or non-differentiable backward), and
 the parameters with the largest mismatch.
 """
+
 from __future__ import annotations
 
 import re
@@ -51,6 +52,7 @@ def custom_functions(model: nn.Module, loss_fn: Callable, batch) -> tuple[str, .
             for t in outs:
                 if isinstance(t, torch.Tensor) and _is_custom(t.grad_fn):
                     producers.setdefault(id(t.grad_fn), f"{name or '<model>'} ({type(mod).__name__})")
+
         return hook
 
     for name, mod in model.named_modules():
@@ -68,7 +70,7 @@ def custom_functions(model: nn.Module, loss_fn: Callable, batch) -> tuple[str, .
                 seen.add(id(fn))
                 if _is_custom(fn):
                     cls = getattr(fn, "_forward_cls", None)
-                    label = (cls.__name__ if cls is not None else type(fn).__name__)
+                    label = cls.__name__ if cls is not None else type(fn).__name__
                     where = producers.get(id(fn), "inside a module (not its direct output)")
                     found.append(f"{where}: {label}")
                 stack.extend(nxt for nxt, _ in fn.next_functions)

@@ -30,6 +30,7 @@ Cost: one quadratic = 2(m+1) + 1 forward passes over the batches (the centre val
 one bilinear = two quadratics; a block of k indices = k + k(k−1) quadratics. Memory: one float64
 copy of the model plus the selected parameters' original values.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -104,9 +105,17 @@ class LossOracle:
         exact64: evaluate inside :func:`float64_everywhere`.
     """
 
-    def __init__(self, model: nn.Module, loss_fn: Callable[[nn.Module, Any], torch.Tensor], batches: Sequence[Any],
-                 params: ParamGlobs = None, weights: Sequence[float] | None = None, step: float = 2e-2,
-                 levels: int = 3, exact64: bool = True):
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[nn.Module, Any], torch.Tensor],
+        batches: Sequence[Any],
+        params: ParamGlobs = None,
+        weights: Sequence[float] | None = None,
+        step: float = 2e-2,
+        levels: int = 3,
+        exact64: bool = True,
+    ):
         if step <= 0 or levels < 1:
             raise ValueError(f"LossOracle needs step > 0 and levels >= 1, got step={step}, levels={levels}")
         names = list(select_parameters(model, params))
@@ -164,13 +173,13 @@ class LossOracle:
         c = self._centre_loss()
         table: list[list[float]] = []
         for i in range(self.levels + 1):
-            h = self.step / 2 ** i
-            row = [(self.loss(u, h) - 2 * c + self.loss(u, -h)) / h ** 2]
+            h = self.step / 2**i
+            row = [(self.loss(u, h) - 2 * c + self.loss(u, -h)) / h**2]
             for j in range(1, i + 1):
-                row.append(row[j - 1] + (row[j - 1] - table[i - 1][j - 1]) / (4 ** j - 1))
+                row.append(row[j - 1] + (row[j - 1] - table[i - 1][j - 1]) / (4**j - 1))
             table.append(row)
         best, prev = table[-1][-1], table[-1][-2]
-        return OracleValue(best * norm ** 2, abs(best - prev) * norm ** 2)
+        return OracleValue(best * norm**2, abs(best - prev) * norm**2)
 
     def bilinear(self, u: torch.Tensor, v: torch.Tensor) -> OracleValue:
         """uᵀHv by polarisation: ((u+v)ᵀH(u+v) − (u−v)ᵀH(u−v))/4. Cost: two quadratics."""

@@ -17,6 +17,7 @@
 With ``max_memory=None`` nothing is refused and the check chooses as before (an estimator may be
 given its own budget later). An accepted run measures and computes what it did before.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -43,8 +44,16 @@ UNCHECKED = "unchecked"
 CHECK_FACTOR = 28
 
 
-def plan_lm_setup(model: nn.Module, batches: Sequence[torch.Tensor], params: Any, exact_backend: Any,
-                  runs_check: bool, loss_of: Callable[[bool], Any], lean_head: bool, kwargs: dict) -> str:
+def plan_lm_setup(
+    model: nn.Module,
+    batches: Sequence[torch.Tensor],
+    params: Any,
+    exact_backend: Any,
+    runs_check: bool,
+    loss_of: Callable[[bool], Any],
+    lean_head: bool,
+    kwargs: dict,
+) -> str:
     """Plan :func:`~probes.models.curvature.lm_hessian`'s set-up; returns the second-order check's
     ``precision`` (``"auto"`` or ``"miniature"``; ``"unchecked"`` with ``backend="auto"`` when the
     check cannot fit). ``exact_backend``: the backend the check is for
@@ -91,7 +100,11 @@ def _check_precision(model: nn.Module, budget: int) -> str:
     need = CHECK_FACTOR * 8 * sum(p.numel() for p in mini.parameters())
     del mini
     if need > budget:
-        raise refusal("the second-order check", int(need), budget,
-                      f"{CHECK_FACTOR} × its float64 miniature's parameters; the float64 copy would need "
-                      f"{format_bytes(CHECK_FACTOR * 8 * n)}")
+        raise refusal(
+            "the second-order check",
+            int(need),
+            budget,
+            f"{CHECK_FACTOR} × its float64 miniature's parameters; the float64 copy would need "
+            f"{format_bytes(CHECK_FACTOR * 8 * n)}",
+        )
     return "miniature"

@@ -12,6 +12,7 @@ The difference backend's accuracy cannot be measured against an exact product on
 beforehand on the unsharded architecture (a float64 miniature: see ``probes.models.curvature``) and
 records it on the operator (``op.hvp_check``).
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -60,23 +61,31 @@ def shard_model(model: nn.Module, device: str | torch.device | None = None, comp
     return model
 
 
-def sharded_lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], max_memory: Any = None,
-                       hvp_check: dict | None = None, **kwargs) -> ShardedHessianOperator:
+def sharded_lm_hessian(
+    model: nn.Module, batches: Sequence[torch.Tensor], max_memory: Any = None, hvp_check: dict | None = None, **kwargs
+) -> ShardedHessianOperator:
     """The sharded Hessian of the mean LM loss over this rank's ``batches`` ([b, s] token tensors) of
     an FSDP2 model (:func:`shard_model`). ``hvp_check``: the difference backend's measured error on
     the unsharded architecture, recorded as ``op.hvp_check``. Extra keywords go to the operator
     (``difference_step``, ``richardson``). Tokens whose input-embedding row is zero are left out of
     the loss as in :func:`probes.models.curvature.lm_hessian` (``op.excluded`` records them)."""
     loss_fn = curvature_loss(lm_loss, model)  # zero-embedding tokens left out, as lm_hessian (a collective)
-    op = ShardedHessianOperator(model, with_float64_fidelity(loss_fn, model), list(batches), max_memory=max_memory,
-                                **kwargs)  # float64 fidelity: as lm_hessian's difference backend
+    op = ShardedHessianOperator(
+        model, with_float64_fidelity(loss_fn, model), list(batches), max_memory=max_memory, **kwargs
+    )  # float64 fidelity: as lm_hessian's difference backend
     op.hvp_check = hvp_check
     op.excluded = exclusion_record(loss_fn, list(batches), op.parallel)
     return op
 
 
-def fsdp_lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], device: Any, backend: str = "difference",
-                    compute_dtype: Any = None, max_memory: Any = None) -> ShardedHessianOperator:
+def fsdp_lm_hessian(
+    model: nn.Module,
+    batches: Sequence[torch.Tensor],
+    device: Any,
+    backend: str = "difference",
+    compute_dtype: Any = None,
+    max_memory: Any = None,
+) -> ShardedHessianOperator:
     """``sharpness --parallel fsdp``: the sharded Hessian of ``model`` (loaded whole on this rank, then
     sharded in ``compute_dtype`` by :func:`shard_model`) with its error measured first on a miniature
     of the architecture in the compute dtype against its float64 exact products
@@ -92,15 +101,17 @@ def fsdp_lm_hessian(model: nn.Module, batches: Sequence[torch.Tensor], device: A
     mini = {"rel_error": None, "reference": "unavailable: no batch to measure on"}
     if batches:
         mini = miniature_bound(model.to(dtype), [batches[0][:2, :32]], exclude=zero_embedding_tokens(model))
-    op = sharded_lm_hessian(shard_model(model, device, dtype), batches, max_memory=max_memory,
-                            compute_dtype=dtype)
+    op = sharded_lm_hessian(shard_model(model, device, dtype), batches, max_memory=max_memory, compute_dtype=dtype)
     op.hvp_check = {**op.checked(), **mini}
     requested = backend_named(backend)
     if isinstance(requested, AutoBackend) or requested.exact:
-        op.backend_choice = {"chosen": op.backend, "requested": backend,
-                             "why": "FSDP2 runs first-order gradients only (no double backward on sharded "
-                                    "parameters): the difference backend, its error measured on a miniature of the "
-                                    "architecture"}
+        op.backend_choice = {
+            "chosen": op.backend,
+            "requested": backend,
+            "why": "FSDP2 runs first-order gradients only (no double backward on sharded "
+            "parameters): the difference backend, its error measured on a miniature of the "
+            "architecture",
+        }
     return op
 
 

@@ -5,6 +5,7 @@ moments (divide by n, not n - 1), computed in float64; 0 for a Gaussian, larger 
 weights (outliers make low-bit grids coarse). Equals ``scipy.stats.kurtosis(w, fisher=True,
 bias=True)``. The pooled value treats the entries of all selected matrices as one sample.
 """
+
 from __future__ import annotations
 
 import math

@@ -16,6 +16,7 @@ counts a target only when it and its input are kept; batches are weighted by the
 :func:`exclusion_record` is what results record (``excluded`` in ``losslens sharpness`` and in
 trace / eigen rows). Cost: one pass over the embedding matrix (no copy beyond a chunk of rows).
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -33,7 +34,7 @@ _ROWS = 4096  # rows of the embedding read at a time
 def _zero_rows(weight: torch.Tensor, offset: int = 0) -> list[int]:
     found: list[int] = []
     for s in range(0, weight.shape[0], _ROWS):
-        chunk = weight[s:s + _ROWS].detach()
+        chunk = weight[s : s + _ROWS].detach()
         found += [offset + s + int(i) for i in (chunk == 0).all(dim=1).nonzero().reshape(-1).tolist()]
     return found
 
@@ -60,7 +61,7 @@ def zero_embedding_tokens(model: nn.Module) -> tuple[int, ...]:
     local = weight.to_local()
     counts: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(counts, int(local.shape[0]), group=group)
-    offset = sum(counts[:dist.get_rank(group)])
+    offset = sum(counts[: dist.get_rank(group)])
     found: list[Any] = [None] * len(counts)
     dist.all_gather_object(found, _zero_rows(local, offset), group=group)
     return tuple(sorted(i for ids in found for i in ids))
@@ -79,14 +80,25 @@ def exclusion_record(loss_fn, batches: Sequence[torch.Tensor], parallel: Any = N
     holding them and the targets the loss does not count (0s when none); with ``parallel`` (a
     :class:`~geometry.operators.data_parallel.DataParallel`, a collective) summed over every rank's batches."""
     ids = tuple(getattr(loss_fn, "exclude", ()))
-    positions = sum(int(torch.isin(b, torch.as_tensor(ids, dtype=b.dtype, device=b.device)).sum())
-                    for b in batches) if ids else 0
+    positions = (
+        sum(int(torch.isin(b, torch.as_tensor(ids, dtype=b.dtype, device=b.device)).sum()) for b in batches)
+        if ids
+        else 0
+    )
     dropped = sum(target_count(b) - kept_targets(b, ids) for b in batches) if ids else 0
     if parallel is not None:
         positions, dropped = (int(x) for x in parallel.sum_floats([positions, dropped]))
-    return {"zero_embedding_tokens": list(ids), "positions": positions, "targets": dropped,
-            "reason": ("input-embedding rows that are zero (padding) are left out of the loss as inputs and targets: "
-                       "the first normalisation is singular there" if ids else None)}
+    return {
+        "zero_embedding_tokens": list(ids),
+        "positions": positions,
+        "targets": dropped,
+        "reason": (
+            "input-embedding rows that are zero (padding) are left out of the loss as inputs and targets: "
+            "the first normalisation is singular there"
+            if ids
+            else None
+        ),
+    }
 
 
 def row_extra(op: Any) -> dict:

@@ -33,6 +33,7 @@ and 650, 700 (seed 2), all in the decay (from step 641) -- but every one of thos
 above the threshold in its stable phase, so the gate does most of the work (benchmarks/README.md,
 "Robustness monitor").
 """
+
 from __future__ import annotations
 
 import math
@@ -56,16 +57,20 @@ class AlarmEvent:
     spec: str
 
     def message(self) -> str:
-        return (f"quantization alarm at step {self.step}: ΔQ({self.spec}) grew {100 * (self.dq - self.dq_since):+.2f} points "
-                f"(from {100 * self.dq_since:.2f}% to {100 * self.dq:.2f}%) while the FP loss fell "
-                f"{self.loss_since - self.loss:.3f} nats since step {self.since_step}: {self.rate:.3f} ΔQ per nat > "
-                f"threshold {self.threshold:g}. The quantized model is losing robustness faster than the FP model improves.")
+        return (
+            f"quantization alarm at step {self.step}: ΔQ({self.spec}) grew {100 * (self.dq - self.dq_since):+.2f} points "
+            f"(from {100 * self.dq_since:.2f}% to {100 * self.dq:.2f}%) while the FP loss fell "
+            f"{self.loss_since - self.loss:.3f} nats since step {self.since_step}: {self.rate:.3f} ΔQ per nat > "
+            f"threshold {self.threshold:g}. The quantized model is losing robustness faster than the FP model improves."
+        )
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
 
-def alarm_rate(history: list[tuple[int, float, float]], window: int, min_improvement: float) -> tuple[float, int] | None:
+def alarm_rate(
+    history: list[tuple[int, float, float]], window: int, min_improvement: float
+) -> tuple[float, int] | None:
     """``(rate, since_step)`` of the last entry of ``history`` = ``[(step, loss, dq), ...]`` (sorted
     by step), or None when no measurement lies ``window`` steps back or the loss improved by less
     than ``min_improvement`` nats since."""
@@ -102,7 +107,9 @@ class Alarm:
         self.max_lr = float(lr) if self.max_lr is None else max(self.max_lr, float(lr))
         return float(lr) < (1.0 - self.lr_drop) * self.max_lr
 
-    def update(self, step: int, loss: float, dq: float, lr: float | None = None) -> tuple[float | None, AlarmEvent | None]:
+    def update(
+        self, step: int, loss: float, dq: float, lr: float | None = None
+    ) -> tuple[float | None, AlarmEvent | None]:
         """Add a measurement (with the LR in effect at ``step``, if known); return (the statistic
         or None, the event if the alarm fires *now*)."""
         self.history = sorted([h for h in self.history if h[0] != step] + [(int(step), float(loss), float(dq))])
@@ -113,7 +120,8 @@ class Alarm:
         rate, since = got
         if self.fired is None and rate > self.threshold and annealing:
             prev = next(h for h in self.history if h[0] == since)
-            self.fired = AlarmEvent(int(step), float(rate), self.threshold, int(since), float(dq), prev[2], float(loss), prev[1],
-                                    self.spec)
+            self.fired = AlarmEvent(
+                int(step), float(rate), self.threshold, int(since), float(dq), prev[2], float(loss), prev[1], self.spec
+            )
             return rate, self.fired
         return rate, None

@@ -28,6 +28,7 @@ Keys: ``monitor/loss``, ``monitor/dq/<spec>``, ``monitor/trace``, ``monitor/trac
 ``monitor/lambda_max``, ``monitor/below_floor``, ``monitor/alarm``, ``monitor/alarm_rate``,
 ``monitor/seconds``.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -45,8 +46,9 @@ class RobustnessCallback(TrainerCallback):
     (``store``, ``eval_set``, ``curvature_set``, ``settings`` or its fields such as ``specs``,
     ``every``, ``time_budget``; ``run``, ``tokens_per_step``, ``on_alarm``) plus ``trainer``."""
 
-    def __init__(self, store, eval_set, curvature_set=None, trainer=None, monitor: RobustnessMonitor | None = None,
-                 **kwargs):
+    def __init__(
+        self, store, eval_set, curvature_set=None, trainer=None, monitor: RobustnessMonitor | None = None, **kwargs
+    ):
         self.monitor = monitor if monitor is not None else RobustnessMonitor(store, eval_set, curvature_set, **kwargs)
         self.trainer = trainer
         self._lr: float | None = None

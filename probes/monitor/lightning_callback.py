@@ -13,6 +13,7 @@ The LR recorded at step t is the first optimizer's LR read in ``on_train_batch_s
 update, i.e. before its scheduler steps. Tokens: counted from the batches seen (``input_ids`` of
 a dict batch, or a tensor batch) unless ``tokens_per_step`` is given.
 """
+
 from __future__ import annotations
 
 import torch
@@ -38,8 +39,15 @@ class LightningRobustnessCallback(Callback):
     steps into a sweep store. Arguments: those of :class:`~probes.monitor.RobustnessMonitor`, plus
     ``model_attr`` (the attribute holding the LM; None: ``model`` if present, else the module)."""
 
-    def __init__(self, store, eval_set, curvature_set=None, model_attr: str | None = None,
-                 monitor: RobustnessMonitor | None = None, **kwargs):
+    def __init__(
+        self,
+        store,
+        eval_set,
+        curvature_set=None,
+        model_attr: str | None = None,
+        monitor: RobustnessMonitor | None = None,
+        **kwargs,
+    ):
         kwargs.setdefault("every", 50)
         self.monitor = monitor if monitor is not None else RobustnessMonitor(store, eval_set, curvature_set, **kwargs)
         self.model_attr = model_attr
@@ -60,7 +68,7 @@ class LightningRobustnessCallback(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         opts = trainer.optimizers
         if opts and opts[0].param_groups:
-            self._lr = float(opts[0].param_groups[0]["lr"])   # read only: the LR of this update
+            self._lr = float(opts[0].param_groups[0]["lr"])  # read only: the LR of this update
         n = _batch_tokens(batch)
         if n is None:
             self._counting = False

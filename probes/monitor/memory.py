@@ -14,6 +14,7 @@ model's device (a fraction of what is free now). Training's own peak is not know
 call ``prepare`` after the first optimizer step (when the optimizer state exists) for a budget that
 already excludes it, or give ``max_memory``.
 """
+
 from __future__ import annotations
 
 from typing import Mapping
@@ -59,8 +60,11 @@ def check_memory(model: nn.Module, settings: MonitorSettings, token_sets: Mappin
     with torch.no_grad():
         _, fwd = peak_new_bytes(lambda: lm_loss(model, batch))
     copy = _model_bytes(model)
-    plan = {"budget": budget, "device": str(device), "quantization": {"model_copy": copy, "eval_forward": int(fwd),
-                                                                      "total": copy + int(fwd)}}
+    plan = {
+        "budget": budget,
+        "device": str(device),
+        "quantization": {"model_copy": copy, "eval_forward": int(fwd), "total": copy + int(fwd)},
+    }
     need = copy + int(fwd)
     if settings.curvature:
         from geometry.estimators.eigen import estimate_memory as eigen_memory
@@ -72,9 +76,11 @@ def check_memory(model: nn.Module, settings: MonitorSettings, token_sets: Mappin
             tr = trace_memory(op, "hutchinson", settings.trace_hvps, max_memory=budget)
             ei = eigen_memory(op, 1, "lanczos", settings.lanczos_steps, max_memory=budget)
         except MemoryBudgetError as exc:
-            raise MonitorMemoryError(f"the monitor's curvature estimate does not fit beside training: {exc}; lower "
-                                     "trace_hvps / lanczos_steps, use a smaller curvature_set, set curvature=False, "
-                                     "or raise max_memory") from exc
+            raise MonitorMemoryError(
+                f"the monitor's curvature estimate does not fit beside training: {exc}; lower "
+                "trace_hvps / lanczos_steps, use a smaller curvature_set, set curvature=False, "
+                "or raise max_memory"
+            ) from exc
         plan["trace"], plan["eigen"] = tr.to_dict(), ei.to_dict()
         need = max(need, tr.total, ei.total)
     plan["need"] = int(need)
@@ -83,5 +89,6 @@ def check_memory(model: nn.Module, settings: MonitorSettings, token_sets: Mappin
         raise MonitorMemoryError(
             f"the monitor needs {format_bytes(need)} beside training (quantization: model copy {format_bytes(q['model_copy'])}"
             f" + eval forward {format_bytes(q['eval_forward'])}) but only {format_bytes(budget)} is available on {device}; "
-            "use a smaller eval_set batch, fewer specs, or raise max_memory. Refused before training starts.")
+            "use a smaller eval_set batch, fewer specs, or raise max_memory. Refused before training starts."
+        )
     return plan

@@ -7,6 +7,7 @@ monitor's rows carry the same ``config_hash`` per probe as a sweep with the same
 monitor measures adapts during training (to the time budget); *what* and *how precisely* never do,
 so rows of one run stay comparable.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -93,19 +94,28 @@ class MonitorSettings:
         set_("specs", specs)
         set_("alarm_spec", alarm)
         if alarm is not None and alarm not in specs:
-            raise MonitorError(f"alarm_spec {alarm!r} is not among the measured specs {list(specs)}; add it to specs "
-                               "or set alarm_spec=None (no alarm)")
+            raise MonitorError(
+                f"alarm_spec {alarm!r} is not among the measured specs {list(specs)}; add it to specs "
+                "or set alarm_spec=None (no alarm)"
+            )
         for name in ("trace_hvps", "lanczos_steps", "alarm_window"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise MonitorError(f"{name} must be an integer >= 1, got {v!r}")
         if self.trace_hvps < 2:
             raise MonitorError("trace_hvps must be >= 2 (the trace's interval needs two probes)")
-        if self.every is not None and (not isinstance(self.every, int) or isinstance(self.every, bool) or self.every < 1):
+        if self.every is not None and (
+            not isinstance(self.every, int) or isinstance(self.every, bool) or self.every < 1
+        ):
             raise MonitorError(f"every must be None (at each evaluation) or an integer >= 1, got {self.every!r}")
-        for name, lo, hi in (("lanczos_tol", 0.0, 1.0), ("trace_ci_floor", 0.0, float("inf")),
-                             ("time_budget", 0.0, float("inf")), ("alarm_threshold", 0.0, float("inf")),
-                             ("alarm_min_improvement", 0.0, float("inf")), ("alarm_lr_drop", 0.0, 1.0)):
+        for name, lo, hi in (
+            ("lanczos_tol", 0.0, 1.0),
+            ("trace_ci_floor", 0.0, float("inf")),
+            ("time_budget", 0.0, float("inf")),
+            ("alarm_threshold", 0.0, float("inf")),
+            ("alarm_min_improvement", 0.0, float("inf")),
+            ("alarm_lr_drop", 0.0, 1.0),
+        ):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo < v < hi:
                 raise MonitorError(f"{name} must be a number in ({lo}, {hi}), got {v!r}")
@@ -121,18 +131,35 @@ class MonitorSettings:
             except MemoryBudgetError as exc:
                 raise MonitorError(f"max_memory: {exc}") from exc
 
-    def plan(self, eval_shape: tuple[int, int, int], curvature_shape: tuple[int, int, int],
-             calibration_shape: tuple[int, int, int] | None = None, name: str = "monitor") -> Plan:
+    def plan(
+        self,
+        eval_shape: tuple[int, int, int],
+        curvature_shape: tuple[int, int, int],
+        calibration_shape: tuple[int, int, int] | None = None,
+        name: str = "monitor",
+    ) -> Plan:
         """The sweep plan whose tasks the monitor runs at each measurement: loss, quant per spec,
         Hutchinson trace and Lanczos top-1 (when ``curvature``). ``calibration_shape`` defaults to
         the curvature set's shape (recorded only; RTN needs no calibration)."""
-        data = DataSpec(eval=tuple(eval_shape), calibration=tuple(calibration_shape or curvature_shape),
-                        curvature=tuple(curvature_shape))
-        return Plan(loss=True, quant=self.specs, data=data, seed=self.seed, name=name,
-                    trace=TraceProbe("hutchinson", self.trace_hvps) if self.curvature else None,
-                    eigen=EigenProbe(k=1, method="lanczos", tol=self.lanczos_tol, max_iter=self.lanczos_steps)
-                    if self.curvature else None,
-                    curvature_params=self.curvature_params, quant_modules=self.quant_modules, max_memory=self.max_memory)
+        data = DataSpec(
+            eval=tuple(eval_shape),
+            calibration=tuple(calibration_shape or curvature_shape),
+            curvature=tuple(curvature_shape),
+        )
+        return Plan(
+            loss=True,
+            quant=self.specs,
+            data=data,
+            seed=self.seed,
+            name=name,
+            trace=TraceProbe("hutchinson", self.trace_hvps) if self.curvature else None,
+            eigen=EigenProbe(k=1, method="lanczos", tol=self.lanczos_tol, max_iter=self.lanczos_steps)
+            if self.curvature
+            else None,
+            curvature_params=self.curvature_params,
+            quant_modules=self.quant_modules,
+            max_memory=self.max_memory,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -14,6 +14,7 @@ Saved on entry and written back on exit (also on an exception):
 The optimizer is never touched (the monitor holds no reference to it). Cost: one copy of the
 gradients that exist (none right after ``zero_grad(set_to_none=True)``), one pass over the modules.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -1,6 +1,7 @@
 """The monitor for the embedded tiny trajectories (``losslens train-tiny --monitor``, the demo):
 its held-out token sets and a :class:`~probes.monitor.RobustnessMonitor` for one
 :class:`~probes.train.config.TrainConfig`."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,15 +29,27 @@ def tiny_monitor_sets(config, out_dir: str | Path, data_dir: str | Path, seed: i
         prepare_data(config, out_dir, data_dir)
     held = load_file(str(data_dir / "streams.safetensors"))["heldout"]
     s = config.seq_len
-    return token_sets_from_stream(held, {"eval": (*TINY_EVAL, s), "curvature": (*TINY_CURVATURE, s)}, seed=seed,
-                                  meta={"source": "embedded[heldout]"})
+    return token_sets_from_stream(
+        held,
+        {"eval": (*TINY_EVAL, s), "curvature": (*TINY_CURVATURE, s)},
+        seed=seed,
+        meta={"source": "embedded[heldout]"},
+    )
 
 
-def tiny_monitor(config, store: str | Path, out_dir: str | Path, data_dir: str | Path | None = None, every: int = 50,
-                 **settings) -> RobustnessMonitor:
+def tiny_monitor(
+    config, store: str | Path, out_dir: str | Path, data_dir: str | Path | None = None, every: int = 50, **settings
+) -> RobustnessMonitor:
     """A monitor for a tiny run of ``config`` trained into ``out_dir`` (data cache ``data_dir``,
     default ``out_dir/data``) writing to ``store`` (run name = the run's name), measuring every
     ``every`` steps; ``settings`` override :class:`~probes.monitor.MonitorSettings`."""
     sets = tiny_monitor_sets(config, out_dir, data_dir if data_dir is not None else Path(out_dir) / "data")
-    return RobustnessMonitor(store, sets["eval"], sets["curvature"], run=config.run_name, every=every,
-                             tokens_per_step=config.tokens_per_step, **settings)
+    return RobustnessMonitor(
+        store,
+        sets["eval"],
+        sets["curvature"],
+        run=config.run_name,
+        every=every,
+        tokens_per_step=config.tokens_per_step,
+        **settings,
+    )

@@ -23,6 +23,7 @@ search on one group of linears), :mod:`.backends`,
 :mod:`.api` (quantize), :mod:`.results` (QuantizedModel, LayerReport, CalibObjective), :mod:`.metrics`
 (quantization_error), :mod:`.plane` (the quantization plane A = Θ_K, B = Θ_{K−1}, C = Θ̂_K).
 """
+
 from probes.core.numerics import rel_error
 
 from .api import calibration_batches, quantize
@@ -41,9 +42,26 @@ from .rtn import fit_grid, int8_quantize, quantize_grid, rtn_quantize
 from .spec import METHODS, QuantSpec
 
 __all__ = [
-    "QuantSpec", "METHODS", "quantize", "QuantizedModel", "LayerReport", "CalibObjective", "quantization_error",
+    "QuantSpec",
+    "METHODS",
+    "quantize",
+    "QuantizedModel",
+    "LayerReport",
+    "CalibObjective",
+    "quantization_error",
     "QuantError",
-    "rtn_quantize", "int8_quantize", "fit_grid", "quantize_grid", "gptq_quantize", "GPTQResult",
-    "calibration_batches", "rel_error",
-    "QuantizeError", "SpecError", "CalibrationError", "BackendUnavailable", "CholeskyError", "ModuleSelectionError",
+    "rtn_quantize",
+    "int8_quantize",
+    "fit_grid",
+    "quantize_grid",
+    "gptq_quantize",
+    "GPTQResult",
+    "calibration_batches",
+    "rel_error",
+    "QuantizeError",
+    "SpecError",
+    "CalibrationError",
+    "BackendUnavailable",
+    "CholeskyError",
+    "ModuleSelectionError",
 ]

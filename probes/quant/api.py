@@ -14,6 +14,7 @@ used 128 × 2048 C4 tokens). The set must hold at least as many token rows as th
 by its damping); :class:`CalibrationError` otherwise. The default calibration set of the CLI is
 :func:`probes.data.default_token_sets`'s ``"calibration"`` set, disjoint from the evaluation set.
 """
+
 from __future__ import annotations
 
 import copy
@@ -49,11 +50,15 @@ def calibration_batches(calibration, model: nn.Module | None = None) -> list[tor
         elif calibration.ndim == 3:
             batches = list(calibration)
         else:
-            raise CalibrationError(f"calibration tensor must be [n_batches, batch, seq] or [batch, seq], got {tuple(calibration.shape)}")
+            raise CalibrationError(
+                f"calibration tensor must be [n_batches, batch, seq] or [batch, seq], got {tuple(calibration.shape)}"
+            )
     elif isinstance(calibration, Iterable):
         batches = list(calibration)
     else:
-        raise CalibrationError(f"calibration must be a TokenSet, a LongTensor or a list of [batch, seq] LongTensors, got {type(calibration).__name__}")
+        raise CalibrationError(
+            f"calibration must be a TokenSet, a LongTensor or a list of [batch, seq] LongTensors, got {type(calibration).__name__}"
+        )
     if not batches:
         raise CalibrationError("the calibration set is empty")
     for b in batches:
@@ -136,8 +141,9 @@ def quantize(
     return QuantizedModel(model=target, spec=spec, report=report, seconds=time.perf_counter() - t0)
 
 
-def _dispatch(target: nn.Module, spec: QuantSpec, linears: dict[str, nn.Linear], batches, progress: bool
-              ) -> list[LayerReport]:
+def _dispatch(
+    target: nn.Module, spec: QuantSpec, linears: dict[str, nn.Linear], batches, progress: bool
+) -> list[LayerReport]:
     """Quantize ``linears`` of ``target`` in place with ``spec`` (no rotation); the per-layer reports."""
     from tqdm.auto import tqdm
 
@@ -146,7 +152,11 @@ def _dispatch(target: nn.Module, spec: QuantSpec, linears: dict[str, nn.Linear],
         for name, lin in tqdm(linears.items(), desc=str(spec), disable=not progress, leave=False):
             t = time.perf_counter()
             W = lin.weight.data
-            new = int8_quantize(W) if spec.method == "int8" else rtn_quantize(W, spec.bits, spec.group_size, spec.symmetric)
+            new = (
+                int8_quantize(W)
+                if spec.method == "int8"
+                else rtn_quantize(W, spec.bits, spec.group_size, spec.symmetric)
+            )
             err = rel_error(new, W)
             write_weight(lin, new)
             report.append(LayerReport(name, err, time.perf_counter() - t))

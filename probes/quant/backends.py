@@ -12,6 +12,7 @@
 
 :func:`available` says which are importable.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -85,11 +86,20 @@ def _gptqmodel(model: nn.Module, spec, linears: dict[str, nn.Linear], batches): 
         # offload_to_disk=False: with GPTQModel 7.7.0's default the packed modules hold meta tensors on
         # CPU afterwards and dequantize_weight fails ("Cannot copy out of meta tensor"; seen by
         # benchmarks/gptqmodel_parity.py); the algorithm does not depend on it
-        cfg = QuantizeConfig(bits=spec.bits, group_size=spec.group_size, desc_act=spec.act_order,
-                             sym=spec.symmetric, damp_percent=spec.damp, offload_to_disk=False)
+        cfg = QuantizeConfig(
+            bits=spec.bits,
+            group_size=spec.group_size,
+            desc_act=spec.act_order,
+            sym=spec.symmetric,
+            damp_percent=spec.damp,
+            offload_to_disk=False,
+        )
         gm = GPTQModel.load(tmp, cfg)
-        calib = [{"input_ids": row.unsqueeze(0), "attention_mask": torch.ones_like(row).unsqueeze(0)}
-                 for b in batches for row in b]
+        calib = [
+            {"input_ids": row.unsqueeze(0), "attention_mask": torch.ones_like(row).unsqueeze(0)}
+            for b in batches
+            for row in b
+        ]
         gm.quantize(calib)
         qmods = dict(gm.model.named_modules())
         report = []

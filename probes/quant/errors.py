@@ -3,6 +3,7 @@
 A module glob that matches nothing raises :class:`probes.core.modules.ModuleSelectionError` (also a
 ``ValueError``), re-exported here for convenience.
 """
+
 from __future__ import annotations
 
 from geometry.base.errors import LosslensError

@@ -14,6 +14,7 @@ element bits: 8, 4, 8, 4 and the GGUF type's nominal bits), ``group_size`` (the 
 for fp8, 32, 32, 16, 32 or 256) and ``extra`` (``elem``, ``scale``, ``type``). This module imports
 nothing heavy; the quantizers live in :mod:`.minifloat`, :mod:`.microscaling`, :mod:`.ggml`.
 """
+
 from __future__ import annotations
 
 from .errors import SpecError
@@ -22,8 +23,13 @@ from .errors import SpecError
 GGUF_TYPES = {"Q4_0": (32, 4), "Q4_1": (32, 4), "Q5_0": (32, 5), "Q5_1": (32, 5), "Q8_0": (32, 8), "Q4_K": (256, 4)}
 _FIXED = {"fp8": (8, -1), "mxfp4": (4, 32), "mxfp8": (8, 32), "nvfp4": (4, 16)}
 _WORDS = {"fp8": ("e4m3", "e5m2", "tensor", "row", "channel"), "mxfp8": ("e4m3", "e5m2"), "mxfp4": (), "nvfp4": ()}
-_EXTRA = {"fp8": {"elem": ("e5m2",), "scale": ("tensor",)}, "mxfp8": {"elem": ("e5m2",)}, "mxfp4": {}, "nvfp4": {},
-          "gguf": {"type": tuple(t.lower() for t in GGUF_TYPES)}}
+_EXTRA = {
+    "fp8": {"elem": ("e5m2",), "scale": ("tensor",)},
+    "mxfp8": {"elem": ("e5m2",)},
+    "mxfp4": {},
+    "nvfp4": {},
+    "gguf": {"type": tuple(t.lower() for t in GGUF_TYPES)},
+}
 FORMAT_METHODS = tuple(_EXTRA)
 
 

@@ -23,6 +23,7 @@ Rows whose length is not a multiple of the block size cannot be stored in these 
 (``llama-quantize``: Q4_K → Q5_0 for tensors whose rows are not a multiple of 256) and says so.
 Cost O(out·in), no data; float64 weights are rounded to float32 first (ggml quantizes float32).
 """
+
 from __future__ import annotations
 
 import torch
@@ -107,11 +108,15 @@ def resolve_type(name: str, in_features: int) -> tuple[str, str | None]:
         return name, None
     fb = FALLBACK.get(name)
     if fb is not None and in_features % TYPES[fb][0] == 0:
-        return fb, (f"{name} needs rows that are a multiple of {block}; in_features = {in_features}, so "
-                    f"llama.cpp's fallback {fb} is applied to this layer (as llama-quantize does)")
-    raise QuantizeError(f"GGUF type {name} stores rows in blocks of {block}, but this layer has in_features = "
-                        f"{in_features}; llama.cpp cannot quantize it to {name}. Exclude it with modules=... "
-                        "or choose another type")
+        return fb, (
+            f"{name} needs rows that are a multiple of {block}; in_features = {in_features}, so "
+            f"llama.cpp's fallback {fb} is applied to this layer (as llama-quantize does)"
+        )
+    raise QuantizeError(
+        f"GGUF type {name} stores rows in blocks of {block}, but this layer has in_features = "
+        f"{in_features}; llama.cpp cannot quantize it to {name}. Exclude it with modules=... "
+        "or choose another type"
+    )
 
 
 @torch.no_grad()

@@ -24,6 +24,7 @@ against a scalar transcription whose packed blocks the ``gguf`` package dequanti
 Cost: about 21 × 5 passes over the weights with length-32 sequential loops (vectorised over all
 sub-blocks); memory a few copies of the weight.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -51,8 +52,9 @@ def _clamp_round(v: torch.Tensor, hi: int) -> torch.Tensor:
     return torch.clamp(torch.round(v), 0, hi)
 
 
-def make_qkx2(x: torch.Tensor, w: torch.Tensor, nmax: int = 15, rmin: float = -1.0, rdelta: float = 0.1,
-              nstep: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
+def make_qkx2(
+    x: torch.Tensor, w: torch.Tensor, nmax: int = 15, rmin: float = -1.0, rdelta: float = 0.1, nstep: int = 20
+) -> tuple[torch.Tensor, torch.Tensor]:
     """ggml's ``make_qkx2_quants`` (use_mad = false) on sub-blocks ``x`` [n, 32] with weights ``w``.
 
     Returns (scale [n], the_min [n]) with the_min = −offset ≥ 0.

@@ -27,6 +27,7 @@ in float64 over 448 settings; the result does not depend on the scale of H):
 
 Cost: one Cholesky factorisation and inverse of an [in, in] matrix plus O(out·in²) for the updates.
 """
+
 from __future__ import annotations
 
 import time
@@ -57,8 +58,9 @@ class GPTQResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _inverse_cholesky_upper(H: torch.Tensor, damp: float, max_damp: float, retry_factor: float,
-                            name: str, notes: list[str]) -> tuple[torch.Tensor, float]:
+def _inverse_cholesky_upper(
+    H: torch.Tensor, damp: float, max_damp: float, retry_factor: float, name: str, notes: list[str]
+) -> tuple[torch.Tensor, float]:
     """Upper Cholesky factor of (H + λ·mean(diag H)·I)⁻¹, raising λ ×retry_factor on failure."""
     mean_diag = torch.mean(torch.diag(H))
     lam = damp
@@ -115,7 +117,9 @@ def gptq_quantize(
     if H.shape != (cols, cols):
         raise ValueError(f"H must be [{cols}, {cols}] for a weight of shape {tuple(W.shape)}, got {tuple(H.shape)}")
     if not bool(torch.isfinite(H).all()):
-        raise CholeskyError(f"layer {name or '?'}: the Hessian has NaN/inf entries (calibration activations overflowed?)")
+        raise CholeskyError(
+            f"layer {name or '?'}: the Hessian has NaN/inf entries (calibration activations overflowed?)"
+        )
     g = group_size if group_size != -1 else cols
 
     # per-row grid (the grid of group_size = -1; replaced at group boundaries otherwise), fitted on
@@ -128,7 +132,7 @@ def gptq_quantize(
         notes.append(f"{int(dead.sum())} dead input column(s) (H_ii = 0) set to zero")
     static = []
     if static_groups and group_size != -1:
-        static = [fit_grid(W[:, i:i + g], bits, sym) for i in range(0, cols, g)]
+        static = [fit_grid(W[:, i : i + g], bits, sym) for i in range(0, cols, g)]
 
     perm = None
     if act_order:
@@ -153,14 +157,14 @@ def gptq_quantize(
                 if static:
                     scale, zero = static[order[j] // g]
                 elif j % g == 0:
-                    scale, zero = fit_grid(W[:, j:j + g], bits, sym)  # outer W: the reference's quirk
+                    scale, zero = fit_grid(W[:, j : j + g], bits, sym)  # outer W: the reference's quirk
             w = W1[:, i]
             q = quantize_grid(w.unsqueeze(1), scale, zero, bits).flatten()
             Q[:, j] = q
             err = (w - q) / U1[i, i]
             W1[:, i:].sub_(torch.outer(err, U1[i, i:]))
             E1[:, i] = err
-        loss += (E1 ** 2).sum() / 2
+        loss += (E1**2).sum() / 2
         W[:, i2:] -= E1 @ U[i1:i2, i2:]
 
     if perm is not None:

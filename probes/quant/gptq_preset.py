@@ -26,6 +26,7 @@ preset", names the function for each step):
 
 Cost: as :func:`probes.quant.gptq.gptq_quantize` (one Cholesky + inverse per λ tried, O(out·in²)).
 """
+
 from __future__ import annotations
 
 import math
@@ -102,8 +103,9 @@ def _damp_schedule(damp: float, step: float) -> list[float]:
     return values
 
 
-def gptqmodel_inverse_factor(H: torch.Tensor, damp: float, step: float = DAMP_STEP,
-                             name: str = "", notes: list[str] | None = None) -> tuple[torch.Tensor, float]:
+def gptqmodel_inverse_factor(
+    H: torch.Tensor, damp: float, step: float = DAMP_STEP, name: str = "", notes: list[str] | None = None
+) -> tuple[torch.Tensor, float]:
     """Upper Cholesky factor U of (H + λ·mean(diag)·I)⁻¹ with GPTQModel's λ schedule and floor.
 
     ``H`` is modified on its diagonal only while trying and restored (to the floored diagonal when a
@@ -135,21 +137,34 @@ def gptqmodel_inverse_factor(H: torch.Tensor, damp: float, step: float = DAMP_ST
             except torch.linalg.LinAlgError:
                 continue
             if lam != damp or attempt:
-                notes.append(f"gptqmodel damping: Cholesky failed at damp={damp:g}; used damp={lam:g}"
-                             + (f" with a diagonal floor of {floor:.3g}" if attempt else ""))
+                notes.append(
+                    f"gptqmodel damping: Cholesky failed at damp={damp:g}; used damp={lam:g}"
+                    + (f" with a diagonal floor of {floor:.3g}" if attempt else "")
+                )
             return U, lam
         if attempt == 0:
             top = torch.max(orig.abs()).item()
             floor_base = (top if math.isfinite(top) and top != 0.0 else 1.0) * 1e-6
-    raise CholeskyError(f"layer {name or '?'}: the damped Hessian stayed non positive-definite for every damp in "
-                        f"[{damp:g}, 1) and every diagonal floor (GPTQModel would fall back to RTN here); check the "
-                        "calibration data for NaN/inf")
+    raise CholeskyError(
+        f"layer {name or '?'}: the damped Hessian stayed non positive-definite for every damp in "
+        f"[{damp:g}, 1) and every diagonal floor (GPTQModel would fall back to RTN here); check the "
+        "calibration data for NaN/inf"
+    )
 
 
 @torch.no_grad()
-def gptqmodel_quantize(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: int = 128, sym: bool = True,
-                       desc_act: bool = False, damp: float = 0.05, *, damp_step: float = DAMP_STEP,
-                       name: str = "") -> GPTQResult:
+def gptqmodel_quantize(
+    W: torch.Tensor,
+    H: torch.Tensor,
+    bits: int,
+    group_size: int = 128,
+    sym: bool = True,
+    desc_act: bool = False,
+    damp: float = 0.05,
+    *,
+    damp_step: float = DAMP_STEP,
+    name: str = "",
+) -> GPTQResult:
     """GPTQModel's default GPTQ of ``W`` [out, in] given ``H`` [in, in] (module docstring, steps 1, 3–6).
 
     Float32 throughout; the result is in ``W``'s dtype. ``desc_act`` replaces the group-aware order
@@ -166,8 +181,9 @@ def gptqmodel_quantize(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     if group_size == -1 and not desc_act:
         raise ValueError("group-aware reordering needs group_size > 0 (or desc_act=True)")
     if not bool(torch.isfinite(H).all()):
-        raise CholeskyError(f"layer {name or '?'}: the Hessian has NaN/inf entries "
-                            "(calibration activations overflowed?)")
+        raise CholeskyError(
+            f"layer {name or '?'}: the Hessian has NaN/inf entries (calibration activations overflowed?)"
+        )
     scale, zero = fit_grid(W, bits, sym)  # find_params(W) before the dead columns are zeroed
     dead = torch.diagonal(H) == 0
     H.diagonal().masked_fill_(dead, 1.0)
@@ -193,7 +209,7 @@ def gptqmodel_quantize(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
         for i in range(i2 - i1):
             j = i1 + i
             if group_size != -1 and j % group_size == 0:
-                scale, zero = fit_grid(W[:, j:j + group_size], bits, sym)  # outer W, as GPTQModel
+                scale, zero = fit_grid(W[:, j : j + group_size], bits, sym)  # outer W, as GPTQModel
             w = W1[:, i]
             q = quantize_grid(w.unsqueeze(1), scale, zero, bits).flatten()
             Q[:, j] = q

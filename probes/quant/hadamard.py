@@ -25,6 +25,7 @@ extra rounding before Q). A weight shared with another module (tied embeddings) 
 Cost: O(n log b) per rotated row (fast Walsh–Hadamard transform), no n×n matrix is formed; memory
 one rotated copy of the most recent input per distinct in_features.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,10 @@ class Rotation:
     def __init__(self, n: int, seed: int):
         self.n, self.b = n, hadamard_block(n)
         if self.b < 2:
-            raise QuantizeError(f"had+ needs an even in_features (a Hadamard block of order >= 2); this layer has {n}. "
-                                "Exclude it with modules=... or drop the had+ prefix")
+            raise QuantizeError(
+                f"had+ needs an even in_features (a Hadamard block of order >= 2); this layer has {n}. "
+                "Exclude it with modules=... or drop the had+ prefix"
+            )
         g = torch.Generator().manual_seed(int(seed) * 1_000_003 + n)
         self.signs = torch.randint(0, 2, (n,), generator=g).to(torch.float64) * 2 - 1
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -95,8 +98,10 @@ def rotated_inputs(model: nn.Module, linears: dict[str, nn.Linear], seed: int = 
             owners[id(p)] = owners.get(id(p), 0) + 1
     tied = [name for name, lin in linears.items() if owners.get(id(lin.weight), 0) > 1]
     if tied:
-        raise QuantizeError(f"had+ cannot rotate {', '.join(tied)}: the weight is shared with another module (tied "
-                            "embeddings), which would be rotated too; exclude it with modules=...")
+        raise QuantizeError(
+            f"had+ cannot rotate {', '.join(tied)}: the weight is shared with another module (tied "
+            "embeddings), which would be rotated too; exclude it with modules=..."
+        )
     rotations: dict[int, Rotation] = {}
     for lin in linears.values():
         if lin.in_features not in rotations:

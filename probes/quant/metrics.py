@@ -1,5 +1,6 @@
 """Quantization error of a model (docs/science.md §2): ΔQ L = L(θ̂)/L(θ) − 1 and
 ΔQ PPL = exp(L(θ̂) − L(θ)) − 1."""
+
 from __future__ import annotations
 
 import hashlib
@@ -75,8 +76,10 @@ def check_disjoint(eval_set, calibration) -> None:
     """Raise :class:`CalibrationError` when any evaluation sequence also appears in the calibration set."""
     common = _row_hashes(eval_set) & _row_hashes(calibration)
     if common:
-        raise CalibrationError(f"{len(common)} evaluation sequence(s) also appear in the calibration set; docs/science.md "
-                               "§1 requires disjoint sets (build them with probes.data.build_token_sets)")
+        raise CalibrationError(
+            f"{len(common)} evaluation sequence(s) also appear in the calibration set; docs/science.md "
+            "§1 requires disjoint sets (build them with probes.data.build_token_sets)"
+        )
 
 
 def quantization_error(
@@ -117,10 +120,20 @@ def quantization_error(
     mods = dict(qm.model.named_modules())
     pooled = float(weight_kurtosis(qm.model, {n: mods[n] for n in qm.names}).pooled)
     out = QuantError(
-        spec=str(spec), fp_loss=fp, q_loss=q, rel_loss_error=q / fp - 1.0, ppl_gap=math.expm1(q - fp),
-        fp_ppl=math.exp(fp), q_ppl=math.exp(q), layer_errors=qm.layer_errors, kurtosis=pooled,
-        seconds=time.perf_counter() - t0, n_tokens=q_res.n_tokens, quant_seconds=qm.seconds,
-        notes=tuple(qm.notes()), calib_objective_ratio=qm.calib_objective_ratio,
+        spec=str(spec),
+        fp_loss=fp,
+        q_loss=q,
+        rel_loss_error=q / fp - 1.0,
+        ppl_gap=math.expm1(q - fp),
+        fp_ppl=math.exp(fp),
+        q_ppl=math.exp(q),
+        layer_errors=qm.layer_errors,
+        kurtosis=pooled,
+        seconds=time.perf_counter() - t0,
+        n_tokens=q_res.n_tokens,
+        quant_seconds=qm.seconds,
+        notes=tuple(qm.notes()),
+        calib_objective_ratio=qm.calib_objective_ratio,
     )
     del qm
     return out

@@ -28,6 +28,7 @@ A block whose s_b rounds to 0 (amax_b below ~2^−10 of the tensor's amax) becom
 format. Cost: O(out·in), no data; computed in float32 (float64 weights in float64), returned in
 the weight's dtype.
 """
+
 from __future__ import annotations
 
 import torch

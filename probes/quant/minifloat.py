@@ -21,6 +21,7 @@ e2m1    2     1     1     6           OCP FP4: 0, 0.5, 1, 1.5, 2, 3, 4, 6 (no in
 tensor), the usual FP8 weight recipe (the scale is kept in float32, not quantized). An all-zero
 channel (s = 0) is left exact. Cost O(out·in), no data.
 """
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ Shared by ``losslens surface``, the demo and notebooks. Weights of A and B are r
 :class:`~probes.checkpoints.CheckpointLoader` (so legacy key names such as GPT-NeoX's
 ``embed_out`` are mapped exactly as for any other load), C is the fake-quantized copy of A.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -40,8 +41,17 @@ def quantization_plane(loader, ref, previous, spec: str, calibration=None) -> tu
     return plane_through_points(A, B, C, labels=("A", "B", "C"), copy_origin=False), model
 
 
-def quantization_surface(loader, ref, previous, spec: str, token_sets: Mapping[str, Any], grid: int | GridSpec = 21,
-                         margin: float = 0.25, progress: bool = False, resume: str | None = None) -> Surface:
+def quantization_surface(
+    loader,
+    ref,
+    previous,
+    spec: str,
+    token_sets: Mapping[str, Any],
+    grid: int | GridSpec = 21,
+    margin: float = 0.25,
+    progress: bool = False,
+    resume: str | None = None,
+) -> Surface:
     """Loss on a ``grid``×``grid`` grid of the quantization plane of ``ref`` (eval set of
     ``token_sets``; GPTQ-like specs are calibrated on its ``"calibration"`` set).
 
@@ -51,5 +61,6 @@ def quantization_surface(loader, ref, previous, spec: str, token_sets: Mapping[s
     gs = grid if isinstance(grid, GridSpec) else GridSpec(resolution=int(grid), margin=margin)
     plane, model = quantization_plane(loader, ref, previous, spec, token_sets.get("calibration"))
     with torch.no_grad():
-        return evaluate_surface(model, lm_loss, token_sets["eval"], plane, gs, progress=progress,
-                                checkpoint_path=resume, merge_batches=True)
+        return evaluate_surface(
+            model, lm_loss, token_sets["eval"], plane, gs, progress=progress, checkpoint_path=resume, merge_batches=True
+        )

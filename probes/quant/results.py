@@ -1,4 +1,5 @@
 """What quantization returns: the quantized model and a report per layer."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -50,8 +51,15 @@ class CalibObjective:
         return self.final / self.rtn if self.rtn > 0 else 1.0
 
     def to_dict(self) -> dict:
-        return {"rtn": self.rtn, "scaled": self.scaled, "final": self.final, "alpha": self.alpha,
-                "group": list(self.group), "n_tokens": self.n_tokens, "ratio": self.ratio}
+        return {
+            "rtn": self.rtn,
+            "scaled": self.scaled,
+            "final": self.final,
+            "alpha": self.alpha,
+            "group": list(self.group),
+            "n_tokens": self.n_tokens,
+            "ratio": self.ratio,
+        }
 
 
 @dataclass(frozen=True)
@@ -77,9 +85,14 @@ class LayerReport:
     objective: CalibObjective | None = None
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "rel_weight_error": self.rel_weight_error, "seconds": self.seconds,
-                "damping": self.damping, "notes": list(self.notes),
-                "objective": None if self.objective is None else self.objective.to_dict()}
+        return {
+            "name": self.name,
+            "rel_weight_error": self.rel_weight_error,
+            "seconds": self.seconds,
+            "damping": self.damping,
+            "notes": list(self.notes),
+            "objective": None if self.objective is None else self.objective.to_dict(),
+        }
 
 
 @dataclass
@@ -120,4 +133,3 @@ class QuantizedModel:
     def notes(self) -> list[str]:
         """Every layer note, prefixed by the layer name."""
         return [f"{r.name}: {n}" for r in self.report for n in r.notes]
-

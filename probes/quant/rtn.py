@@ -19,6 +19,7 @@ Group layout: groups are consecutive input columns [0, g), [g, 2g), ...; when ``
 not divisible by g the **last group is short** (in_features mod g columns, its own min/max);
 nothing is padded. ``group_size = -1`` means one group per output row.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,7 +30,7 @@ def fit_grid(w: torch.Tensor, bits: int, sym: bool = False) -> tuple[torch.Tenso
 
     All-zero rows get the reference's fallback range [−1, 1] (their values stay exactly 0).
     """
-    maxq = 2 ** bits - 1
+    maxq = 2**bits - 1
     zeros = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
     lo = torch.minimum(w.min(dim=1).values, zeros)
     hi = torch.maximum(w.max(dim=1).values, zeros)
@@ -46,7 +47,7 @@ def fit_grid(w: torch.Tensor, bits: int, sym: bool = False) -> tuple[torch.Tenso
 
 def quantize_grid(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
     """ŵ = s·(clamp(round(x/s) + z, 0, 2^b − 1) − z), broadcasting scale/zero against ``x``."""
-    q = torch.clamp(torch.round(x / scale) + zero, 0, 2 ** bits - 1)
+    q = torch.clamp(torch.round(x / scale) + zero, 0, 2**bits - 1)
     return scale * (q - zero)
 
 

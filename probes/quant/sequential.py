@@ -20,6 +20,7 @@ Memory: the calibration activations of one block boundary (n_batches × batch ×
 one H per group; nothing model-sized beyond the model itself. Cost: for each block,
 (groups + 2) block forwards over the calibration set (group passes stop early) and one GPTQ per linear.
 """
+
 from __future__ import annotations
 
 import time
@@ -54,7 +55,9 @@ def _call_model(model: nn.Module, ids: torch.Tensor):
     return model(ids)
 
 
-def capture_block_inputs(model: nn.Module, block: nn.Module, batches: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, tuple, dict]]:
+def capture_block_inputs(
+    model: nn.Module, block: nn.Module, batches: Sequence[torch.Tensor]
+) -> list[tuple[torch.Tensor, tuple, dict]]:
     """Per batch: (hidden states, other positional args, kwargs) that ``block`` receives.
 
     Cost: one model forward per batch, stopped at the block.
@@ -115,6 +118,7 @@ def discover_groups(run: Callable[[], None], linears: dict[str, nn.Linear]) -> l
                 group_of[name] = len(inputs)
                 inputs.append(x)
             order.append(name)
+
         return hook
 
     for name, lin in linears.items():
@@ -161,16 +165,34 @@ def _gptq_group(linears: dict[str, nn.Linear], names: list[str], hook: "_Hessian
         if hook.n == 0:  # never ran on the calibration data: nothing to calibrate on
             t0 = time.perf_counter()
             q = rtn_quantize(lin.weight.data, spec.bits, spec.group_size, spec.symmetric)
-            on_layer(name, lin, GPTQResult(q, 0.0, float("nan"), time.perf_counter() - t0,
-                                           ["never called on the calibration data; quantized with RTN instead"]))
+            on_layer(
+                name,
+                lin,
+                GPTQResult(
+                    q,
+                    0.0,
+                    float("nan"),
+                    time.perf_counter() - t0,
+                    ["never called on the calibration data; quantized with RTN instead"],
+                ),
+            )
             continue
         if getattr(spec, "variant", "reference") == "gptqmodel":
-            res = gptqmodel_quantize(lin.weight.data, H, spec.bits, spec.group_size, spec.symmetric, spec.act_order,
-                                     spec.damp, name=name)
+            res = gptqmodel_quantize(
+                lin.weight.data, H, spec.bits, spec.group_size, spec.symmetric, spec.act_order, spec.damp, name=name
+            )
         else:
             res = gptq_quantize(
-                lin.weight.data, H, spec.bits, spec.group_size, spec.symmetric, spec.act_order, spec.static_groups,
-                spec.damp, spec.block_size, name=name,
+                lin.weight.data,
+                H,
+                spec.bits,
+                spec.group_size,
+                spec.symmetric,
+                spec.act_order,
+                spec.static_groups,
+                spec.damp,
+                spec.block_size,
+                name=name,
             )
         on_layer(name, lin, res)
 
@@ -188,8 +210,9 @@ def _hessian_hook(first: nn.Linear, spec):
 
 
 @torch.no_grad()
-def partition_by_block(model: nn.Module, linears: dict[str, nn.Linear]
-                       ) -> tuple[list[nn.Module], list[dict[str, nn.Linear]], dict[str, nn.Linear]]:
+def partition_by_block(
+    model: nn.Module, linears: dict[str, nn.Linear]
+) -> tuple[list[nn.Module], list[dict[str, nn.Linear]], dict[str, nn.Linear]]:
     """Split the selected ``linears`` by decoder block: ``(blocks, per-block linears, outside)``.
 
     ``outside`` holds the selected linears in no block (e.g. ``lm_head`` chosen by glob); a model
@@ -260,12 +283,13 @@ def gptq_sequential(
             device = next(model.parameters()).device
 
             def run_all(first_only=False):
-                for ids in (batches[:1] if first_only else batches):
+                for ids in batches[:1] if first_only else batches:
                     try:
                         _call_model(model, ids.to(device=device, dtype=torch.long))
                     except _Stop:
                         if first_only:
                             raise
+
             groups = discover_groups(lambda: run_all(first_only=True), outside)
             for names in groups:
                 first = outside[names[0]]

@@ -30,6 +30,7 @@ refused. ``variant`` is ``"reference"`` otherwise.
 Examples: ``rtn:4:g128``, ``rtn:3:row``, ``int8``, ``gptq:3:g128:act``, ``gptq:4:g128:act:static``,
 ``gptq:4:g128:sym``, ``fp8``, ``mxfp4``, ``gguf:Q4_K``, ``had+rtn:4:g128``, ``had3+gptq:4``. ``str(QuantSpec.parse(s)) == s`` for every canonical string.
 """
+
 from __future__ import annotations
 
 import re
@@ -93,7 +94,9 @@ class QuantSpec:
         if isinstance(self.hadamard_seed, bool) or not isinstance(self.hadamard_seed, int) or self.hadamard_seed < 0:
             raise SpecError(f"the Hadamard seed must be an integer >= 0, got {self.hadamard_seed!r}")
         if m in FORMAT_METHODS:
-            object.__setattr__(self, "extra", tuple(sorted((str(k), str(v).lower()) for k, v in dict(self.extra).items())))
+            object.__setattr__(
+                self, "extra", tuple(sorted((str(k), str(v).lower()) for k, v in dict(self.extra).items()))
+            )
             check_format(self)
             if self.act_order or self.static_groups or self.damp != DEFAULT_DAMP or self.block_size != DEFAULT_BLOCK:
                 raise SpecError(f"act/static/damp/block are GPTQ options; {m} takes none of them")
@@ -122,11 +125,15 @@ class QuantSpec:
         if self.static_groups and self.group_size == -1:
             raise SpecError("static groups need a group size g<N> (per-row grids are already fixed)")
         if self.variant == "gptqmodel" and (self.static_groups or self.block_size != DEFAULT_BLOCK):
-            raise SpecError("the gptqmodel preset takes bits, group, asym, act and damp only (GPTQModel's defaults "
-                            "have no static groups and a fixed block of 128)")
+            raise SpecError(
+                "the gptqmodel preset takes bits, group, asym, act and damp only (GPTQModel's defaults "
+                "have no static groups and a fixed block of 128)"
+            )
         if self.variant == "gptqmodel" and self.group_size == -1 and not self.act_order:
-            raise SpecError("the gptqmodel preset's group-aware reordering needs a group size g<N> (GPTQModel refuses "
-                            "act_group_aware with group_size -1); give g<N> or 'act'")
+            raise SpecError(
+                "the gptqmodel preset's group-aware reordering needs a group size g<N> (GPTQModel refuses "
+                "act_group_aware with group_size -1); give g<N> or 'act'"
+            )
         if m == "gptqmodel" and (self.static_groups or self.block_size != DEFAULT_BLOCK):
             raise SpecError("gptqmodel specs take bits, group, sym, act and damp only")
         if not (isinstance(self.damp, (int, float)) and self.damp >= 0 and self.damp == self.damp):
@@ -138,7 +145,9 @@ class QuantSpec:
         allowed = _EXTRA_KEYS.get(m, ())
         for k, _ in extra:
             if k not in allowed:
-                raise SpecError(f"unknown option {k!r} for {m}" + (f"; allowed: {', '.join(allowed)}" if allowed else ""))
+                raise SpecError(
+                    f"unknown option {k!r} for {m}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+                )
         object.__setattr__(self, "extra", extra)
 
     # ------------------------------------------------------------------ parsing / printing
@@ -163,8 +172,10 @@ class QuantSpec:
         tokens = [t.strip() for t in text.strip().lower().split(":")]
         method, rest = tokens[0], tokens[1:]
         if method not in METHODS:
-            raise SpecError(f"cannot parse spec {text!r}: unknown method {method!r}; choose one of {', '.join(METHODS)} "
-                            "(e.g. 'rtn:4:g128', 'int8', 'gptq:3:g128:act')")
+            raise SpecError(
+                f"cannot parse spec {text!r}: unknown method {method!r}; choose one of {', '.join(METHODS)} "
+                "(e.g. 'rtn:4:g128', 'int8', 'gptq:3:g128:act')"
+            )
         if method in FORMAT_METHODS:
             kw = parse_format(method, rest, text)
             try:
@@ -209,8 +220,10 @@ class QuantSpec:
                 except ValueError:
                     raise SpecError(f"cannot parse spec {text!r}: bad value in {tok!r}") from None
             else:
-                raise SpecError(f"cannot parse spec {text!r}: unknown token {tok!r} (expected bits, g<N>|row, sym, act, "
-                                "static, damp=F, block=N)")
+                raise SpecError(
+                    f"cannot parse spec {text!r}: unknown token {tok!r} (expected bits, g<N>|row, sym, act, "
+                    "static, damp=F, block=N)"
+                )
         if method not in _FIXED_BITS and not seen_bits:
             raise SpecError(f"cannot parse spec {text!r}: give the bits, e.g. '{method}:4:g128'")
         if extra:
@@ -258,8 +271,12 @@ class QuantSpec:
     @property
     def options(self) -> dict:
         """Method options as a dict (GPTQ options plus backend extras)."""
-        out = {"act_order": self.act_order, "static_groups": self.static_groups, "damp": self.damp,
-               "block_size": self.block_size}
+        out = {
+            "act_order": self.act_order,
+            "static_groups": self.static_groups,
+            "damp": self.damp,
+            "block_size": self.block_size,
+        }
         out.update(dict(self.extra))
         return out
 
@@ -282,5 +299,12 @@ class QuantSpec:
         return {"gptq_variant": self.variant} if self.method == "gptq" else {}
 
     def to_dict(self) -> dict:
-        return {"spec": str(self), "method": self.method, "bits": self.bits, "group_size": self.group_size,
-                "symmetric": self.symmetric, **self.options, "variant": self.variant}
+        return {
+            "spec": str(self),
+            "method": self.method,
+            "bits": self.bits,
+            "group_size": self.group_size,
+            "symmetric": self.symmetric,
+            **self.options,
+            "variant": self.variant,
+        }

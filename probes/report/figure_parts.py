@@ -3,6 +3,7 @@
 derived checkpoints as stars and unconverged values apart, the LR on a secondary axis, shaded
 phases, an empty figure's message). :mod:`.figures`, :mod:`.explain_figures` and
 :mod:`.accuracy_figures` draw with them."""
+
 from __future__ import annotations
 
 import math
@@ -16,7 +17,18 @@ from geometry.base.errors import LosslensError
 
 PHASE_COLOURS = ("rgba(31,119,180,0.10)", "rgba(214,39,40,0.10)", "rgba(44,160,44,0.10)", "rgba(148,103,189,0.10)")
 PHASE_LINES = ("rgb(31,119,180)", "rgb(214,39,40)", "rgb(44,160,44)", "rgb(148,103,189)")
-RUN_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+RUN_COLOURS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
 
 
 class FigureError(LosslensError, ValueError):
@@ -95,9 +107,22 @@ def _fmt_lr(lr) -> str:
 
 
 # --------------------------------------------------------------------------- building blocks
-def _add_series(fig, df, probe: str, metric: str, spec: str | None, name: str, colour_index: int,
-                secondary_y: bool | None = None, row: int | None = None, col: int | None = None,
-                error_bars: bool = True, positive_only: bool = False, by_run: bool = False, legend: bool = True) -> int:
+def _add_series(
+    fig,
+    df,
+    probe: str,
+    metric: str,
+    spec: str | None,
+    name: str,
+    colour_index: int,
+    secondary_y: bool | None = None,
+    row: int | None = None,
+    col: int | None = None,
+    error_bars: bool = True,
+    positive_only: bool = False,
+    by_run: bool = False,
+    legend: bool = True,
+) -> int:
     """One line per run (+ star markers for derived checkpoints). Returns the number of points drawn.
     ``by_run``: legend entries named and grouped by run (for small multiples, one panel per ``name``,
     which goes into the hover and ``meta``); ``legend``: show legend entries."""
@@ -117,8 +142,10 @@ def _add_series(fig, df, probe: str, metric: str, spec: str | None, name: str, c
         label = f"{name} · {run}" if multi else name
         flag = unconverged_mask(sub)  # drawn apart as open red markers, off the line
         if flag.any():
-            place = {**({"row": row, "col": col or 1} if row is not None else {}),
-                     **({"secondary_y": secondary_y} if secondary_y is not None else {})}
+            place = {
+                **({"row": row, "col": col or 1} if row is not None else {}),
+                **({"secondary_y": secondary_y} if secondary_y is not None else {}),
+            }
             n += add_unconverged_points(fig, sub[flag], _x(sub)[flag], label, place)
             sub = sub[~flag]
         entry, group = (str(run), str(run)) if by_run else (label, label)
@@ -134,20 +161,39 @@ def _add_series(fig, df, probe: str, metric: str, spec: str | None, name: str, c
             err = part["stderr"].astype(float).to_numpy() if "stderr" in part else None
             err_arg = None
             if error_bars and err is not None and np.isfinite(err).any():
-                err_arg = dict(type="data", array=np.where(np.isfinite(err), err, 0.0).tolist(), visible=True, thickness=1)
+                err_arg = dict(
+                    type="data", array=np.where(np.isfinite(err), err, 0.0).tolist(), visible=True, thickness=1
+                )
             custom = list(zip(part["checkpoint"].astype(str), [_fmt_lr(v) for v in part.get("lr", [None] * len(part))]))
             kw = dict(
-                x=xs.tolist(), y=part["value"].astype(float).tolist(), error_y=err_arg, customdata=custom,
+                x=xs.tolist(),
+                y=part["value"].astype(float).tolist(),
+                error_y=err_arg,
+                customdata=custom,
                 hovertemplate=f"{label}<br>checkpoint %{{customdata[0]}}<br>step %{{x}}<br>value %{{y:.6g}}"
-                              f"<br>lr %{{customdata[1]}}<extra></extra>",
+                f"<br>lr %{{customdata[1]}}<extra></extra>",
             )
             if is_derived:
-                trace = go.Scatter(name=f"{entry} (derived/LAWA)", mode="markers",
-                                   marker=dict(symbol="star", size=13, color=colour, line=dict(width=1, color="black")),
-                                   legendgroup=group, showlegend=legend, meta=name, **kw)
+                trace = go.Scatter(
+                    name=f"{entry} (derived/LAWA)",
+                    mode="markers",
+                    marker=dict(symbol="star", size=13, color=colour, line=dict(width=1, color="black")),
+                    legendgroup=group,
+                    showlegend=legend,
+                    meta=name,
+                    **kw,
+                )
             else:
-                trace = go.Scatter(name=entry, mode="lines+markers", line=dict(color=colour), marker=dict(size=6),
-                                   legendgroup=group, showlegend=legend, meta=name, **kw)
+                trace = go.Scatter(
+                    name=entry,
+                    mode="lines+markers",
+                    line=dict(color=colour),
+                    marker=dict(size=6),
+                    legendgroup=group,
+                    showlegend=legend,
+                    meta=name,
+                    **kw,
+                )
             add_kw = {}
             if row is not None:
                 add_kw.update(row=row, col=col or 1)
@@ -177,24 +223,43 @@ def _add_lr(fig, df, row: int | None = None, col: int | None = None, showlegend:
         kw = dict(secondary_y=True)
         if row is not None:
             kw.update(row=row, col=col or 1)
-        fig.add_trace(go.Scatter(x=xs[keep][order].tolist(), y=lr[keep][order].tolist(), mode="lines",
-                                 name=f"LR · {run}" if multi else "LR", line=dict(color="grey", dash="dot", width=1.5),
-                                 showlegend=showlegend, legendgroup=f"LR · {run}",
-                                 hovertemplate="step %{x}<br>lr %{y:.3g}<extra></extra>"), **kw)
+        fig.add_trace(
+            go.Scatter(
+                x=xs[keep][order].tolist(),
+                y=lr[keep][order].tolist(),
+                mode="lines",
+                name=f"LR · {run}" if multi else "LR",
+                line=dict(color="grey", dash="dot", width=1.5),
+                showlegend=showlegend,
+                legendgroup=f"LR · {run}",
+                hovertemplate="step %{x}<br>lr %{y:.3g}<extra></extra>",
+            ),
+            **kw,
+        )
     return True
 
 
-def _shade_phases(fig, phases: list[dict], x_max: float | None, row: int | None = None, col: int | None = None,
-                  annotate: bool = True) -> None:
+def _shade_phases(
+    fig, phases: list[dict], x_max: float | None, row: int | None = None, col: int | None = None, annotate: bool = True
+) -> None:
     for i, p in enumerate(phases):
         x0 = float(p["step"])
         x1 = x_max if x_max is not None and x_max > x0 else x0
         kw = {} if row is None else dict(row=row, col=col or 1)
         label = f"{p['name']} (step {x0:g}, lr {_fmt_lr(p.get('lr'))})"
         if x1 > x0:
-            fig.add_vrect(x0=x0, x1=x1, fillcolor=PHASE_COLOURS[i % len(PHASE_COLOURS)], line_width=0, layer="below", **kw)
-        ann = dict(annotation_text=label, annotation_position="top left" if i % 2 == 0 else "bottom left",
-                   annotation_font_size=10) if annotate else {}
+            fig.add_vrect(
+                x0=x0, x1=x1, fillcolor=PHASE_COLOURS[i % len(PHASE_COLOURS)], line_width=0, layer="below", **kw
+            )
+        ann = (
+            dict(
+                annotation_text=label,
+                annotation_position="top left" if i % 2 == 0 else "bottom left",
+                annotation_font_size=10,
+            )
+            if annotate
+            else {}
+        )
         fig.add_vline(x=x0, line=dict(color=PHASE_LINES[i % len(PHASE_LINES)], dash="dash", width=1.5), **ann, **kw)
 
 
@@ -208,18 +273,33 @@ def _base(secondary: bool, title: str, ytitle: str, log_y: bool = False):
     from plotly.subplots import make_subplots
 
     fig = make_subplots(specs=[[{"secondary_y": secondary}]])
-    fig.update_layout(title=title, hovermode="closest", height=430, legend=dict(orientation="h", y=-0.2),
-                      margin=dict(l=60, r=60, t=70, b=40))
+    fig.update_layout(
+        title=title,
+        hovermode="closest",
+        height=430,
+        legend=dict(orientation="h", y=-0.2),
+        margin=dict(l=60, r=60, t=70, b=40),
+    )
     fig.update_xaxes(title_text="step")
     fig.update_yaxes(title_text=ytitle, type="log" if log_y else "linear", secondary_y=False)
     if secondary:
-        fig.update_yaxes(title_text="learning rate", secondary_y=True, showgrid=False, rangemode="tozero", type="linear", tickmode="auto", nticks=6,
-                         tickformat=".2g")
+        fig.update_yaxes(
+            title_text="learning rate",
+            secondary_y=True,
+            showgrid=False,
+            rangemode="tozero",
+            type="linear",
+            tickmode="auto",
+            nticks=6,
+            tickformat=".2g",
+        )
     return fig
 
 
 def _empty(fig, message: str) -> None:
-    fig.add_annotation(text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5, font=dict(size=14, color="grey"))
+    fig.add_annotation(
+        text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5, font=dict(size=14, color="grey")
+    )
 
 
 __all__ = ["FigureError", "metric_rows", "specs_of"]

@@ -5,6 +5,7 @@ A row of the tidy results with ``converged == False`` (power iteration or Lanczo
 marker, apart from the trajectory's line, with "not converged" in its legend entry and hover text;
 the analysis leaves such values out of correlations by default (:func:`probes.analysis.series`).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,12 +30,21 @@ def add_unconverged_points(fig, part, xs, label: str, add_kw: dict[str, Any], sh
 
     if len(part) == 0:
         return 0
-    fig.add_trace(go.Scatter(
-        x=list(map(float, xs)), y=part["value"].astype(float).tolist(), mode="markers", marker=UNCONVERGED_MARKER,
-        name=f"{label} (not converged)", legendgroup=f"{label} (not converged)", showlegend=showlegend,
-        customdata=part["checkpoint"].astype(str).tolist(),
-        hovertemplate=f"{label}<br>checkpoint %{{customdata}}<br>step %{{x}}<br>value %{{y:.6g}}"
-                      "<br><b>NOT CONVERGED</b> (left out of correlations)<extra></extra>"), **add_kw)
+    fig.add_trace(
+        go.Scatter(
+            x=list(map(float, xs)),
+            y=part["value"].astype(float).tolist(),
+            mode="markers",
+            marker=UNCONVERGED_MARKER,
+            name=f"{label} (not converged)",
+            legendgroup=f"{label} (not converged)",
+            showlegend=showlegend,
+            customdata=part["checkpoint"].astype(str).tolist(),
+            hovertemplate=f"{label}<br>checkpoint %{{customdata}}<br>step %{{x}}<br>value %{{y:.6g}}"
+            "<br><b>NOT CONVERGED</b> (left out of correlations)<extra></extra>",
+        ),
+        **add_kw,
+    )
     return len(part)
 
 

@@ -3,6 +3,7 @@ tables (explained variance; points and how far off the plane they lie), as a rep
 (:func:`landscape_section`, used by :func:`probes.report.pages.build_report`) or a page of its own
 (:func:`landscape_page`, written by ``losslens landscape``). Built from the result; nothing is
 recomputed."""
+
 from __future__ import annotations
 
 import html
@@ -25,9 +26,15 @@ called off the plane (drawn hollow; listed in the report)."""
 def variance_rows(land: Landscape) -> list[dict[str, Any]]:
     """One row per principal axis: its explained variance ratio (%), singular value, whether drawn."""
     pca = land.pca
-    return [{"axis": f"PC{j + 1}", "explained variance %": round(100 * float(r), 3),
-             "singular value": float(pca.singular_values[j]), "drawn": "yes" if j in land.axes else ""}
-            for j, r in enumerate(pca.explained_variance_ratio)]
+    return [
+        {
+            "axis": f"PC{j + 1}",
+            "explained variance %": round(100 * float(r), 3),
+            "singular value": float(pca.singular_values[j]),
+            "drawn": "yes" if j in land.axes else "",
+        }
+        for j, r in enumerate(pca.explained_variance_ratio)
+    ]
 
 
 def point_rows(land: Landscape) -> list[dict[str, Any]]:
@@ -40,15 +47,31 @@ def point_rows(land: Landscape) -> list[dict[str, Any]]:
     def plane_loss(label):
         return None if s is None or label not in s.points else float(s.points[label][2])
 
-    rows = [{"point": lab, "run": run_of.get(lab, ""), "x": float(xy[i, 0]), "y": float(xy[i, 1]),
-             "off plane %": round(100 * float(res[i] / dist[i]), 2) if dist[i] > 0 else 0.0,
-             "own loss": land.own_loss.get(lab), "loss on plane": plane_loss(lab)}
-            for i, lab in enumerate(pca.labels)]
+    rows = [
+        {
+            "point": lab,
+            "run": run_of.get(lab, ""),
+            "x": float(xy[i, 0]),
+            "y": float(xy[i, 1]),
+            "off plane %": round(100 * float(res[i] / dist[i]), 2) if dist[i] > 0 else 0.0,
+            "own loss": land.own_loss.get(lab),
+            "loss on plane": plane_loss(lab),
+        }
+        for i, lab in enumerate(pca.labels)
+    ]
     a, b = land.axes
     for ck, p in land.quantized.items():
-        rows.append({"point": p.label, "run": run_of.get(ck, ""), "x": float(p.coords[a]), "y": float(p.coords[b]),
-                     "off plane %": round(100 * p.relative_residual, 2), "own loss": land.own_loss.get(p.label),
-                     "loss on plane": plane_loss(p.label)})
+        rows.append(
+            {
+                "point": p.label,
+                "run": run_of.get(ck, ""),
+                "x": float(p.coords[a]),
+                "y": float(p.coords[b]),
+                "off plane %": round(100 * p.relative_residual, 2),
+                "own loss": land.own_loss.get(p.label),
+                "loss on plane": plane_loss(p.label),
+            }
+        )
     return rows
 
 
@@ -58,10 +81,12 @@ _COLUMNS = ["point", "run", "x", "y", "off plane %", "own loss", "loss on plane"
 def _note(land: Landscape, n_off: int) -> str:
     n = len(land.pca.labels)
     q = f" and their {len(land.quantized)} quantized point(s) ({html.escape(str(land.spec))})" if land.quantized else ""
-    return (f'<p class="note">Principal plane (PC{land.axes[0] + 1}, PC{land.axes[1] + 1}) of {n} checkpoint(s) of '
-            f"{len(land.runs)} run(s){q}. A point's place on the plane means something only when it lies near it: "
-            f"\"off plane %\" is its distance from the plane as a share of its distance from the centre; {n_off} "
-            f"point(s) lie more than {100 * OFF_PLANE:.0f}% off (drawn hollow).</p>")
+    return (
+        f'<p class="note">Principal plane (PC{land.axes[0] + 1}, PC{land.axes[1] + 1}) of {n} checkpoint(s) of '
+        f"{len(land.runs)} run(s){q}. A point's place on the plane means something only when it lies near it: "
+        f'"off plane %" is its distance from the plane as a share of its distance from the centre; {n_off} '
+        f"point(s) lie more than {100 * OFF_PLANE:.0f}% off (drawn hollow).</p>"
+    )
 
 
 def landscape_section(land: Landscape, div_id: str = "landscape-0", full_table: bool = False) -> str:
@@ -71,16 +96,23 @@ def landscape_section(land: Landscape, div_id: str = "landscape-0", full_table: 
     rows = point_rows(land)
     shown = rows if full_table else [r for r in rows if flags.get(r["point"])]
     fig = landscape_figure(land, off_plane=OFF_PLANE)
-    parts = [_note(land, sum(flags.values())),
-             f'<div class="figure" data-figure="landscape">{figure_html(fig, div_id)}</div>',
-             "<h3>Explained variance</h3>", _table(variance_rows(land), left=("axis", "drawn")),
-             "<h3>" + ("Points" if full_table else "Points off the plane") + "</h3>",
-             _table(shown, _COLUMNS, left=("point", "run"))]
+    parts = [
+        _note(land, sum(flags.values())),
+        f'<div class="figure" data-figure="landscape">{figure_html(fig, div_id)}</div>',
+        "<h3>Explained variance</h3>",
+        _table(variance_rows(land), left=("axis", "drawn")),
+        "<h3>" + ("Points" if full_table else "Points off the plane") + "</h3>",
+        _table(shown, _COLUMNS, left=("point", "run")),
+    ]
     return "".join(parts)
 
 
-def landscape_page(land: Landscape, out_path: str | os.PathLike, title: str = "losslens landscape",
-                   extra: Mapping[str, Any] | None = None) -> Path:
+def landscape_page(
+    land: Landscape,
+    out_path: str | os.PathLike,
+    title: str = "losslens landscape",
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
     """A self-contained HTML page (plotly.js inline) of ``land``: :func:`landscape_section` with every
     point, and ``extra`` (inputs, settings) as a table. Returns its path."""
     import plotly
@@ -90,14 +122,21 @@ def landscape_page(land: Landscape, out_path: str | os.PathLike, title: str = "l
     out_path.parent.mkdir(parents=True, exist_ok=True)
     info = [{"item": k, "value": v} for k, v in (extra or {}).items()]
     if land.surface is not None:
-        info += [{"item": "grid", "value": f"{len(land.surface.x)}×{len(land.surface.y)}"},
-                 {"item": "non-finite grid points", "value": land.surface.n_nonfinite},
-                 {"item": "seconds (grid)", "value": round(land.surface.seconds, 2)}]
-    page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
-            f"<script type=\"text/javascript\">/* plotly.js {plotly.__version__} embedded */{get_plotlyjs()}</script>"
-            f"</head><body><h1>{html.escape(title)}</h1>" + landscape_section(land, "fig-0", full_table=True)
-            + "<h2>Inputs</h2>" + _table(info, left=("item", "value")) + "</body></html>\n")
+        info += [
+            {"item": "grid", "value": f"{len(land.surface.x)}×{len(land.surface.y)}"},
+            {"item": "non-finite grid points", "value": land.surface.n_nonfinite},
+            {"item": "seconds (grid)", "value": round(land.surface.seconds, 2)},
+        ]
+    page = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
+        f'<script type="text/javascript">/* plotly.js {plotly.__version__} embedded */{get_plotlyjs()}</script>'
+        f"</head><body><h1>{html.escape(title)}</h1>"
+        + landscape_section(land, "fig-0", full_table=True)
+        + "<h2>Inputs</h2>"
+        + _table(info, left=("item", "value"))
+        + "</body></html>\n"
+    )
     tmp = out_path.with_suffix(out_path.suffix + ".tmp")
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, out_path)

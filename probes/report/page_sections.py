@@ -1,6 +1,7 @@
 """The parts of a report page: the page's CSS, HTML tables and figure ``<div>`` s, and the sections
 built from results (correlations, phases, the plan, surfaces, the explain section, the accuracy
 verdict). :mod:`.pages` puts them together."""
+
 from __future__ import annotations
 
 import html
@@ -39,7 +40,8 @@ def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = No
     head = "".join(f'<th class="{"l" if c in left else ""}">{html.escape(str(c))}</th>' for c in columns)
     body = "".join(
         "<tr>" + "".join(f'<td class="{"l" if c in left else ""}">{_fmt(r.get(c))}</td>' for c in columns) + "</tr>"
-        for r in rows)
+        for r in rows
+    )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -85,12 +87,28 @@ def _phase_rows(phases) -> list[dict]:
         elif isinstance(ph, Mapping) and ("convergence" in ph or "divergence" in ph):
             for key in ("convergence", "divergence"):
                 o = ph.get(key) or {}
-                rows.append({"run": run, "phase": o.get("kind", key), "found": o.get("found"), "step": o.get("step"),
-                             "lr": o.get("lr"), "n": o.get("n")})
+                rows.append(
+                    {
+                        "run": run,
+                        "phase": o.get("kind", key),
+                        "found": o.get("found"),
+                        "step": o.get("step"),
+                        "lr": o.get("lr"),
+                        "n": o.get("n"),
+                    }
+                )
         else:
-            for p in (ph if isinstance(ph, (list, tuple)) else [ph]):
-                rows.append({"run": run, "phase": p.get("name"), "found": p.get("found", True), "step": p.get("step"),
-                             "lr": p.get("lr"), "n": p.get("n")})
+            for p in ph if isinstance(ph, (list, tuple)) else [ph]:
+                rows.append(
+                    {
+                        "run": run,
+                        "phase": p.get("name"),
+                        "found": p.get("found", True),
+                        "step": p.get("step"),
+                        "lr": p.get("lr"),
+                        "n": p.get("n"),
+                    }
+                )
     return rows
 
 
@@ -98,13 +116,22 @@ def _phases_for_figures(phases):
     """Phases in the form probes.report.figures takes (a list of dicts, or a Phases object)."""
     if phases is None:
         return None
-    if isinstance(phases, Mapping) and not ({"name", "step"} <= set(phases)) and not (
-            "convergence" in phases or "divergence" in phases):
+    if (
+        isinstance(phases, Mapping)
+        and not ({"name", "step"} <= set(phases))
+        and not ("convergence" in phases or "divergence" in phases)
+    ):
         out = []  # {run: Phases} -> one list with the run in the name
         for run, ph in phases.items():
             for row in _phase_rows({run: ph}):
                 if row.get("found") and row.get("step") is not None:
-                    out.append({"name": f"{row['phase']} ({run})" if run else row["phase"], "step": row["step"], "lr": row["lr"]})
+                    out.append(
+                        {
+                            "name": f"{row['phase']} ({run})" if run else row["phase"],
+                            "step": row["step"],
+                            "lr": row["lr"],
+                        }
+                    )
         return out
     return phases
 
@@ -144,20 +171,32 @@ def _explain_section(df, check, phases) -> str:
         except AnalysisError as exc:
             note = f'<p class="note">decomposition unavailable: {html.escape(str(exc))}</p>'
     figs = explain_figures(df, check, phases=phases)
-    parts = [f'<p class="note">On the curvature set: ΔL = L(θ̂) − L(θ) = gᵀδ + ½δᵀHδ + remainder, and '
-             '½δᵀHδ = ½·‖δ‖²·(tr H/n)·κ over the quantized matrices (n = their size; κ = 1 is a random '
-             'direction\'s curvature). Shares are natural-log changes that sum to the change of log ΔQ; '
-             'intervals carry the trace estimate\'s 95% interval.</p>', note]
-    parts += [f'<div class="figure" data-figure="{html.escape(k)}">{figure_html(f, f"ex-{i}")}</div>'
-              for i, (k, f) in enumerate(figs.items())]
-    for key, head in (("decay", "Over the LR decay"), ("quantizers", "Calibrated quantizers vs RTN at equal bits"),
-                      ("lawa", "Final checkpoint → LAWA")):
+    parts = [
+        '<p class="note">On the curvature set: ΔL = L(θ̂) − L(θ) = gᵀδ + ½δᵀHδ + remainder, and '
+        "½δᵀHδ = ½·‖δ‖²·(tr H/n)·κ over the quantized matrices (n = their size; κ = 1 is a random "
+        "direction's curvature). Shares are natural-log changes that sum to the change of log ΔQ; "
+        "intervals carry the trace estimate's 95% interval.</p>",
+        note,
+    ]
+    parts += [
+        f'<div class="figure" data-figure="{html.escape(k)}">{figure_html(f, f"ex-{i}")}</div>'
+        for i, (k, f) in enumerate(figs.items())
+    ]
+    for key, head in (
+        ("decay", "Over the LR decay"),
+        ("quantizers", "Calibrated quantizers vs RTN at equal bits"),
+        ("lawa", "Final checkpoint → LAWA"),
+    ):
         t = (check or {}).get(key)
         if t is not None and len(t):
-            rows = [{k: (f"[{v[0]:+.3f}, {v[1]:+.3f}]" if isinstance(v, tuple) else v) for k, v in r.items()}
-                    for r in t.to_dict("records")]
-            parts.append(f"<h3>{html.escape(head)}</h3>" + _table(rows, left=("run", "spec", "start", "end", "driver",
-                                                                                  "calibrated", "rtn")))
+            rows = [
+                {k: (f"[{v[0]:+.3f}, {v[1]:+.3f}]" if isinstance(v, tuple) else v) for k, v in r.items()}
+                for r in t.to_dict("records")
+            ]
+            parts.append(
+                f"<h3>{html.escape(head)}</h3>"
+                + _table(rows, left=("run", "spec", "start", "end", "driver", "calibrated", "rtn"))
+            )
     if check and check.get("notes"):
         parts.append(f'<p class="note">not computed: {html.escape("; ".join(check["notes"]))}</p>')
     return "".join(parts)
@@ -176,5 +215,6 @@ def _accuracy_line(df) -> str:
 
 def figure_html(fig, div_id: str) -> str:
     """A figure as a ``<div>`` + script, without plotly.js (embedded once by the page)."""
-    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
-                       config={"displaylogo": False, "responsive": True})
+    return fig.to_html(
+        full_html=False, include_plotlyjs=False, div_id=div_id, config={"displaylogo": False, "responsive": True}
+    )

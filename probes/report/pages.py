@@ -12,6 +12,7 @@ Figures are built from results; nothing is recomputed.
 store with :func:`load_store` and computes correlations and phases with
 :func:`probes.analysis.analyse`.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -22,19 +23,30 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from geometry.base.errors import LosslensError
-from geometry.surfaces.surface import Surface
 from probes.sweep.store import Store
 
 from probes.quant.awq import HELD_OUT_NOTE
 
 from .accuracy_figures import accuracy_figures, accuracy_note
-from .explain_figures import explain_figures
 from .figure_parts import specs_of
 from .figures import trajectory_figures
 from .flags import unconverged_table
-from .page_sections import (_CSS, _accuracy_line, _correlation_rows, _descriptive, _explain_section, _flagged,
-                            _phase_rows, _phases_for_figures, _plan_json, _surfaces, _table, figure_html)
+from .page_sections import (
+    _CSS,
+    _accuracy_line,
+    _correlation_rows,
+    _descriptive,
+    _explain_section,
+    _flagged,
+    _phase_rows,
+    _phases_for_figures,
+    _plan_json,
+    _surfaces,
+    _table,
+    figure_html,
+)
 from .surface_figures import surface_figure, surface_profile_figure
+
 
 class ReportError(LosslensError, ValueError):
     """The report cannot be built (empty results, unwritable path)."""
@@ -101,13 +113,17 @@ def build_report(
         fig_html.append(f'<div class="figure" data-figure="{html.escape(name)}">{figure_html(fig, f"fig-{i}")}</div>')
     awq = [s for s in specs_of(df, "quant") if s.split(":")[0] == "awq"]
     if awq:
-        fig_html.append(f'<p class="note" data-note="awq">{html.escape(", ".join(map(str, awq)))}: '
-                        f'{html.escape(HELD_OUT_NOTE)}</p>')
+        fig_html.append(
+            f'<p class="note" data-note="awq">{html.escape(", ".join(map(str, awq)))}: {html.escape(HELD_OUT_NOTE)}</p>'
+        )
     sections.append(("trajectory", "Trajectory", "".join(fig_html)))
 
     for j, (label, ldf) in enumerate((live or {}).items()):
-        parts = [f'<div class="figure" data-figure="live:{html.escape(str(label))}:{name}">{figure_html(fig, f"live-{j}-{i}")}</div>'
-                 for i, (name, fig) in enumerate(trajectory_figures(ldf).items()) if not name.startswith("scatter")]
+        parts = [
+            f'<div class="figure" data-figure="live:{html.escape(str(label))}:{name}">{figure_html(fig, f"live-{j}-{i}")}</div>'
+            for i, (name, fig) in enumerate(trajectory_figures(ldf).items())
+            if not name.startswith("scatter")
+        ]
         sections.append((f"live-{j}", f"Live monitor: {label}", "".join(parts)))
 
     ex = _explain_section(df, explanation, _phases_for_figures(phases))
@@ -116,34 +132,77 @@ def build_report(
 
     acc_figs = accuracy_figures(df)
     if acc_figs:
-        sections.append(("accuracy", "Loss vs task accuracy", accuracy_note(df, _accuracy_line(df)) + "".join(
-            f'<div class="figure" data-figure="{k}">{figure_html(f, f"acc-{i}")}</div>' for i, (k, f) in enumerate(acc_figs.items()))))
+        sections.append(
+            (
+                "accuracy",
+                "Loss vs task accuracy",
+                accuracy_note(df, _accuracy_line(df))
+                + "".join(
+                    f'<div class="figure" data-figure="{k}">{figure_html(f, f"acc-{i}")}</div>'
+                    for i, (k, f) in enumerate(acc_figs.items())
+                ),
+            )
+        )
 
     crows = [_descriptive(r) for r in _correlation_rows(correlations)]
     if crows:
-        cols = [c for c in ("pair", "x", "y", "method", "controls", "covariates", "r", "r_within", "ci_low", "ci_high", "p", "n",
-                            "n_eff", "n_runs", "df", "inference", "n_excluded", "n_unconverged", "note")
-                if any(c in r for r in crows)]
-        sections.append(("correlations", "Correlations",
-                         '<p class="note">r across checkpoints (derived checkpoints excluded), pooled over runs: with runs at '
-                         'different levels it is mostly between-run variation. r_within is the correlation within runs, and '
-                         '[ci_low, ci_high] (95%) and p are about it. Checkpoints of one run are a time series, not '
-                         'independent draws, so runs are the independent units: "run-level t" (3 or more runs: a t-interval '
-                         'over the runs\' own correlations, df = runs − 1) or "effective-n t (AR(1))" (one or two runs); '
-                         'n_eff is the effective number of independent pairs. "descriptive": no interval or p-value is '
-                         'honest here, see the note (docs/science.md §6).</p>'
-                         + _table(crows, cols, left=("pair", "x", "y", "method", "controls", "covariates", "inference", "note"))))
+        cols = [
+            c
+            for c in (
+                "pair",
+                "x",
+                "y",
+                "method",
+                "controls",
+                "covariates",
+                "r",
+                "r_within",
+                "ci_low",
+                "ci_high",
+                "p",
+                "n",
+                "n_eff",
+                "n_runs",
+                "df",
+                "inference",
+                "n_excluded",
+                "n_unconverged",
+                "note",
+            )
+            if any(c in r for r in crows)
+        ]
+        sections.append(
+            (
+                "correlations",
+                "Correlations",
+                '<p class="note">r across checkpoints (derived checkpoints excluded), pooled over runs: with runs at '
+                "different levels it is mostly between-run variation. r_within is the correlation within runs, and "
+                "[ci_low, ci_high] (95%) and p are about it. Checkpoints of one run are a time series, not "
+                'independent draws, so runs are the independent units: "run-level t" (3 or more runs: a t-interval '
+                'over the runs\' own correlations, df = runs − 1) or "effective-n t (AR(1))" (one or two runs); '
+                'n_eff is the effective number of independent pairs. "descriptive": no interval or p-value is '
+                "honest here, see the note (docs/science.md §6).</p>"
+                + _table(crows, cols, left=("pair", "x", "y", "method", "controls", "covariates", "inference", "note")),
+            )
+        )
     urows = unconverged_table(df)
     if urows:
-        sections.append(("unconverged", f"Not converged ({len(urows)})",
-                         '<p class="note">These values come from an estimator that stopped before its tolerance (e.g. power '
-                         'iteration at max_iter). The figures draw them as open red circles, off the lines; correlations '
-                         'leave them out (column n_unconverged) unless asked to keep them (--include-unconverged). Raise '
-                         'the estimator\'s max_iter to measure them.</p>'
-                         + _table(urows, left=("run", "checkpoint", "probe", "spec", "metric"))))
+        sections.append(
+            (
+                "unconverged",
+                f"Not converged ({len(urows)})",
+                '<p class="note">These values come from an estimator that stopped before its tolerance (e.g. power '
+                "iteration at max_iter). The figures draw them as open red circles, off the lines; correlations "
+                "leave them out (column n_unconverged) unless asked to keep them (--include-unconverged). Raise "
+                "the estimator's max_iter to measure them.</p>"
+                + _table(urows, left=("run", "checkpoint", "probe", "spec", "metric")),
+            )
+        )
     prows = _phase_rows(phases)
     if prows:
-        sections.append(("phases", "Phases", _table(prows, ["run", "phase", "found", "step", "lr", "n"], left=("run", "phase"))))
+        sections.append(
+            ("phases", "Phases", _table(prows, ["run", "phase", "found", "step", "lr", "n"], left=("run", "phase")))
+        )
 
     surf = _surfaces(surfaces)
     if surf:
@@ -152,11 +211,17 @@ def build_report(
             fig = surface_figure(s, title=f"{label}")
             pts = [{"point": k, "x": v[0], "y": v[1], "loss": v[2]} for k, v in s.points.items()]
             norms = [{"quantity": k, "value": v} for k, v in (s.plane.get("norms") or {}).items()]
-            parts.append(f"<h3>{html.escape(str(label))}</h3>"
-                         f'<div class="figure" data-figure="surface:{html.escape(str(label))}">{figure_html(fig, f"surf-{j}")}</div>'
-                         + _table(pts, ["point", "x", "y", "loss"], left=("point",)) + _table(norms, left=("quantity",))
-                         + (f'<p class="note">{s.n_nonfinite} grid point(s) had a non-finite loss (holes).</p>'
-                            if s.n_nonfinite else ""))
+            parts.append(
+                f"<h3>{html.escape(str(label))}</h3>"
+                f'<div class="figure" data-figure="surface:{html.escape(str(label))}">{figure_html(fig, f"surf-{j}")}</div>'
+                + _table(pts, ["point", "x", "y", "loss"], left=("point",))
+                + _table(norms, left=("quantity",))
+                + (
+                    f'<p class="note">{s.n_nonfinite} grid point(s) had a non-finite loss (holes).</p>'
+                    if s.n_nonfinite
+                    else ""
+                )
+            )
         sections.append(("planes", "Quantization planes", "".join(parts)))
     if landscape is not None:
         from .landscape_section import landscape_section
@@ -166,17 +231,30 @@ def build_report(
     if "status" in df:
         failed = df[df["status"] == "failed"]
         if len(failed):
-            frows = failed.drop_duplicates(["checkpoint", "probe", "spec"])[["checkpoint", "probe", "spec", "error"]].to_dict("records")
-            sections.append(("failed", f"Failed probes ({len(frows)})", _table(frows, left=("checkpoint", "probe", "spec", "error"))))
+            frows = failed.drop_duplicates(["checkpoint", "probe", "spec"])[
+                ["checkpoint", "probe", "spec", "error"]
+            ].to_dict("records")
+            sections.append(
+                (
+                    "failed",
+                    f"Failed probes ({len(frows)})",
+                    _table(frows, left=("checkpoint", "probe", "spec", "error")),
+                )
+            )
 
-    counts = {"checkpoints": int(df["checkpoint"].nunique()), "runs": int(df["run"].fillna("run").nunique()) if "run" in df else 1,
-              "result rows": int(len(df))}
+    counts = {
+        "checkpoints": int(df["checkpoint"].nunique()),
+        "runs": int(df["run"].fillna("run").nunique()) if "run" in df else 1,
+        "result rows": int(len(df)),
+    }
     plan_text = _plan_json(plan)
     meta = _table([{"item": k, "value": v} for k, v in counts.items()], left=("item",))
     if plan_text:
         meta += f"<h3>Plan</h3><pre>{html.escape(plan_text)}</pre>"
     vers = dict(versions) if versions is not None else globals()["versions"]()
-    meta += "<h3>Versions</h3>" + _table([{"package": k, "version": v} for k, v in vers.items()], left=("package", "version"))
+    meta += "<h3>Versions</h3>" + _table(
+        [{"package": k, "version": v} for k, v in vers.items()], left=("package", "version")
+    )
     if "data_hash" in df:
         hashes = sorted({str(h) for h in df["data_hash"].dropna()})
         if hashes:
@@ -187,13 +265,20 @@ def build_report(
     body = "".join(f'<section id="{a}"><h2>{html.escape(h)}</h2>{content}</section>' for a, h, content in sections)
     created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     page = (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
-        f"<script type=\"text/javascript\">/* plotly.js {plotly.__version__} embedded */{get_plotlyjs()}</script>"
+        f'<script type="text/javascript">/* plotly.js {plotly.__version__} embedded */{get_plotlyjs()}</script>'
         "</head><body>"
-        f"<h1>{html.escape(title)}</h1><p class=\"sub\">generated {created} by losslens</p>"
-        + ((f'<p class="failed" data-note="failed">{html.escape(notes)}</p>' if _flagged(notes)
-            else f"<p>{html.escape(notes)}</p>") if notes else "")
+        f'<h1>{html.escape(title)}</h1><p class="sub">generated {created} by losslens</p>'
+        + (
+            (
+                f'<p class="failed" data-note="failed">{html.escape(notes)}</p>'
+                if _flagged(notes)
+                else f"<p>{html.escape(notes)}</p>"
+            )
+            if notes
+            else ""
+        )
         + f"<nav>{nav}</nav>{body}</body></html>\n"
     )
     tmp = out_path.with_suffix(out_path.suffix + ".tmp")
@@ -202,8 +287,14 @@ def build_report(
     return out_path
 
 
-def surface_page(surface, out_path: str | os.PathLike, title: str = "losslens surface", log: bool = False,
-                 extra: Mapping[str, Any] | None = None, profiles: bool = True) -> Path:
+def surface_page(
+    surface,
+    out_path: str | os.PathLike,
+    title: str = "losslens surface",
+    log: bool = False,
+    extra: Mapping[str, Any] | None = None,
+    profiles: bool = True,
+) -> Path:
     """A self-contained HTML page for one :class:`geometry.surfaces.surface.Surface`: the 3D surface +
     contour, 1-D profiles along e₁ (through A and B) and e₂, the marked points and the plane's norms."""
     import plotly
@@ -215,21 +306,27 @@ def surface_page(surface, out_path: str | os.PathLike, title: str = "losslens su
     if profiles:
         figs.append(("profile-x", surface_profile_figure(surface, "x", 0.0, log=log)))
         figs.append(("profile-y", surface_profile_figure(surface, "y", 0.0, log=log)))
-    parts = [f'<div class="figure" data-figure="{n}">{figure_html(f, f"fig-{i}")}</div>' for i, (n, f) in enumerate(figs)]
+    parts = [
+        f'<div class="figure" data-figure="{n}">{figure_html(f, f"fig-{i}")}</div>' for i, (n, f) in enumerate(figs)
+    ]
     pts = [{"point": k, "x": v[0], "y": v[1], "loss": v[2]} for k, v in surface.points.items()]
     norms = [{"quantity": k, "value": v} for k, v in (surface.plane.get("norms") or {}).items()]
     info = [{"item": k, "value": v} for k, v in (extra or {}).items()]
-    info += [{"item": "grid", "value": f"{len(surface.x)}×{len(surface.y)}"},
-             {"item": "non-finite grid points", "value": surface.n_nonfinite},
-             {"item": "seconds", "value": round(surface.seconds, 2)}]
+    info += [
+        {"item": "grid", "value": f"{len(surface.x)}×{len(surface.y)}"},
+        {"item": "non-finite grid points", "value": surface.n_nonfinite},
+        {"item": "seconds", "value": round(surface.seconds, 2)},
+    ]
     page = (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
-        f"<script type=\"text/javascript\">/* plotly.js {plotly.__version__} embedded */{get_plotlyjs()}</script>"
+        f'<script type="text/javascript">/* plotly.js {plotly.__version__} embedded */{get_plotlyjs()}</script>'
         f"</head><body><h1>{html.escape(title)}</h1>"
         + "".join(parts)
-        + "<h2>Points</h2>" + _table(pts, ["point", "x", "y", "loss"], left=("point",))
-        + "<h2>Plane</h2>" + _table(norms, left=("quantity",))
+        + "<h2>Points</h2>"
+        + _table(pts, ["point", "x", "y", "loss"], left=("point",))
+        + "<h2>Plane</h2>"
+        + _table(norms, left=("quantity",))
         + _table(info, left=("item", "value"))
         + "</body></html>\n"
     )
@@ -249,7 +346,9 @@ def export_png(fig, path: str | os.PathLike, **kwargs) -> bool:
     try:
         import kaleido  # noqa: F401
     except ImportError:
-        warnings.warn("static PNG export needs `pip install kaleido` (and a Chromium); skipped", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "static PNG export needs `pip install kaleido` (and a Chromium); skipped", RuntimeWarning, stacklevel=2
+        )
         return False
     try:
         fig.write_image(str(path), **kwargs)

@@ -6,6 +6,7 @@ the curvature batches over the ranks (:mod:`geometry.operators.data_parallel`). 
 store; the others build the same token sets (checked by their hash) and follow rank 0's list of
 what is left to do, so the collectives of every product line up.
 """
+
 from __future__ import annotations
 
 from .datasets import build_data, data_hashes
@@ -23,8 +24,10 @@ def data_parallel_group(parallel: str, executor: str, num_workers, pool, error: 
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        raise error("--parallel data runs under torchrun: torchrun --nproc_per_node N -m probes.cli sweep … "
-                    "--parallel data (no process group is initialised)")
+        raise error(
+            "--parallel data runs under torchrun: torchrun --nproc_per_node N -m probes.cli sweep … "
+            "--parallel data (no process group is initialised)"
+        )
     from geometry.operators.data_parallel import DataParallel
 
     return DataParallel()
@@ -33,6 +36,7 @@ def data_parallel_group(parallel: str, executor: str, num_workers, pool, error: 
 def sweep_data(group, plan, traj, token_sets, error: type[Exception]):
     """``(token sets, data hash, per-set hashes)``, built on every rank; the ranks agree that it worked
     and that they built the same data."""
+
     def build():
         sets = dict(token_sets) if token_sets is not None else build_data(plan, traj)
         missing = [n for n in ("eval", "calibration", "curvature") if n not in sets]

@@ -5,6 +5,7 @@ from the plan's source with the first checkpoint's tokenizer. Sequences are capp
 context (``fit_context``), and a calibration set too short for a full-rank GPTQ/AWQ Hessian of the
 widest quantized layer gets more batches (with a warning); the data hash counts the tokens used.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -74,9 +75,11 @@ def _calibration_for(shape: tuple[int, int, int], widest: int | None) -> tuple[i
     if widest is None or nb * b * s >= widest:
         return shape
     need = -(-widest // (b * s))
-    warnings.warn(f"calibration set {nb}×{b}×{s} has {nb * b * s} token rows, fewer than the widest quantized layer's "
-                  f"{widest} inputs: using {need} batches ({need * b * s} rows) so that GPTQ/AWQ get a full-rank H",
-                  stacklevel=3)
+    warnings.warn(
+        f"calibration set {nb}×{b}×{s} has {nb * b * s} token rows, fewer than the widest quantized layer's "
+        f"{widest} inputs: using {need} batches ({need * b * s} rows) so that GPTQ/AWQ get a full-rank H",
+        stacklevel=3,
+    )
     return need, b, s
 
 

@@ -29,6 +29,7 @@ Executors
            ``ray.init(address=...)`` joins a cluster; without an address a local one is started
            (``num_workers`` CPUs, default all cores, no dashboard) and shut down at the end.
 """
+
 from __future__ import annotations
 
 import time
@@ -50,6 +51,7 @@ from .plan import Plan, load_plan
 from .progress import SweepProgress
 from .store import Store
 
+
 # --------------------------------------------------------------------------- inputs
 def resolve_trajectory(trajectory, cache_dir=None, schedule=None, tokens_per_step=None, sidecars=()):
     """A :class:`probes.checkpoints.Trajectory` from a Trajectory, a folder path or a hub name
@@ -57,10 +59,13 @@ def resolve_trajectory(trajectory, cache_dir=None, schedule=None, tokens_per_ste
     from probes.checkpoints import Trajectory, open_trajectory
 
     if not isinstance(trajectory, (Trajectory, str, Path)):
-        raise SweepError("a trajectory must be a probes.checkpoints.Trajectory, a folder path or a hub name "
-                         f"hf:ORG/NAME@REVISIONS, got {type(trajectory).__name__}")
-    return open_trajectory(trajectory, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step,
-                           sidecars=sidecars)
+        raise SweepError(
+            "a trajectory must be a probes.checkpoints.Trajectory, a folder path or a hub name "
+            f"hf:ORG/NAME@REVISIONS, got {type(trajectory).__name__}"
+        )
+    return open_trajectory(
+        trajectory, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step, sidecars=sidecars
+    )
 
 
 def with_plan_checkpoints(traj, plan: Plan):
@@ -75,15 +80,22 @@ def with_plan_checkpoints(traj, plan: Plan):
         labels = [str(r.label) for r in refs]
         unknown = [c for c in plan.checkpoints if c not in labels]
         if unknown:
-            raise PlanError(f"plan.checkpoints names unknown label(s) {unknown}; the trajectory has: {', '.join(labels)}")
+            raise PlanError(
+                f"plan.checkpoints names unknown label(s) {unknown}; the trajectory has: {', '.join(labels)}"
+            )
         keep = set(plan.checkpoints)
         refs = [r for r in refs if str(r.label) in keep]
     return traj, refs
 
 
 # --------------------------------------------------------------------------- entry point
-def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out: "str | Path | Store" = "results.sqlite",
-              options: SweepOptions | None = None, **overrides) -> SweepReport:
+def run_sweep(
+    trajectory,
+    plan: "Plan | str | Path | Mapping | None" = None,
+    out: "str | Path | Store" = "results.sqlite",
+    options: SweepOptions | None = None,
+    **overrides,
+) -> SweepReport:
     """Run ``plan`` over ``trajectory`` and write every probe's row to the store ``out``.
 
     Args:
@@ -124,10 +136,14 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
     if local:  # a worker count that cannot work stops here, before data and the store
         dev, pool = auto_device(opts.device), opts.pool
         try:
-            workers = pool.size if pool is not None else resolve_workers(opts.num_workers, len(refs), dev,
-                                                                         opts.num_threads)[0]
-            workers, note = check_memory(workers, refs, opts.dtype, dev,
-                                         explicit=opts.num_workers is not None or pool is not None)
+            workers = (
+                pool.size
+                if pool is not None
+                else resolve_workers(opts.num_workers, len(refs), dev, opts.num_threads)[0]
+            )
+            workers, note = check_memory(
+                workers, refs, opts.dtype, dev, explicit=opts.num_workers is not None or pool is not None
+            )
         except WorkerError as exc:
             raise SweepError(str(exc)) from exc
     own_store = not isinstance(out, Store)
@@ -154,8 +170,9 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
             existing = store.existing(run)
             work = []
             for ref in refs:
-                todo = store.pending(str(ref.label), tasks, dhash, retry_failed=opts.retry_failed, existing=existing,
-                                     run=run)
+                todo = store.pending(
+                    str(ref.label), tasks, dhash, retry_failed=opts.retry_failed, existing=existing, run=run
+                )
                 if todo:
                     work.append((ref, todo))
         except Exception as exc:
@@ -165,10 +182,18 @@ def run_sweep(trajectory, plan: "Plan | str | Path | Mapping | None" = None, out
         if group is not None:  # the other ranks run exactly this work, in this order
             group.gather_objects(("work", [(str(ref.label), todo) for ref, todo in work]))
         n_todo = sum(len(t) for _, t in work)
-        report = SweepReport(store.path, plan.hash, dhash, opts.executor, len(refs), len(refs) * len(tasks),
-                             n_skipped=len(refs) * len(tasks) - n_todo, data_seconds=data_seconds,
-                             kept_failures=_kept_failures(store, run, refs, work),
-                             notes=_config_notes(refs) + ([note] if note else []))
+        report = SweepReport(
+            store.path,
+            plan.hash,
+            dhash,
+            opts.executor,
+            len(refs),
+            len(refs) * len(tasks),
+            n_skipped=len(refs) * len(tasks) - n_todo,
+            data_seconds=data_seconds,
+            kept_failures=_kept_failures(store, run, refs, work),
+            notes=_config_notes(refs) + ([note] if note else []),
+        )
 
         def write(row: ProbeRow) -> None:
             store.write(row, data_hash=dhash, plan_hash=plan.hash, run=run)
@@ -218,7 +243,9 @@ def _kept_failures(store: Store, run: str, refs, work) -> list[tuple[str, str, s
     """Failed rows of the plan's checkpoints that this call skips (stored by an earlier call)."""
     todo = {(str(ref.label), t.probe, t.spec) for ref, tasks in work for t in tasks}
     labels = {str(r.label) for r in refs}
-    return [(c, p, s, e or "") for (c, p, s), e in store.failed_rows(run).items() if c in labels and (c, p, s) not in todo]
+    return [
+        (c, p, s, e or "") for (c, p, s), e in store.failed_rows(run).items() if c in labels and (c, p, s) not in todo
+    ]
 
 
 def _config_notes(refs) -> list[str]:
@@ -229,9 +256,13 @@ def _config_notes(refs) -> list[str]:
     if not diffs:
         return []
     first, per = diffs
-    return [f"checkpoint {label!r} has a config that differs from {first!r}'s in "
-            + ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in list(d.items())[:4]) + ("..." if len(d) > 4 else "")
-            + "; it is evaluated under its own config" for label, d in per.items()]
+    return [
+        f"checkpoint {label!r} has a config that differs from {first!r}'s in "
+        + ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in list(d.items())[:4])
+        + ("..." if len(d) > 4 else "")
+        + "; it is evaluated under its own config"
+        for label, d in per.items()
+    ]
 
 
 __all__ = ["run_sweep", "resolve_trajectory", "with_plan_checkpoints"]

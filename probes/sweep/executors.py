@@ -5,6 +5,7 @@ Each takes ``work`` (``[(ref, pending tasks), ...]`` in trajectory order), the p
 the trajectory, ``write(row)`` (called in this process for every row as it arrives), a
 :class:`~probes.sweep.progress.SweepProgress` and the call's :class:`~probes.sweep.options.SweepOptions`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,8 +34,9 @@ def auto_device(device):
     return "cuda" if torch.cuda.is_available() else None
 
 
-def execute_local(work, plan, token_sets, traj, write, progress: SweepProgress, opts: SweepOptions, workers: int = 1,
-                  group=None) -> None:
+def execute_local(
+    work, plan, token_sets, traj, write, progress: SweepProgress, opts: SweepOptions, workers: int = 1, group=None
+) -> None:
     """``workers`` > 1 or ``opts.pool``: on worker processes (:mod:`.local_workers`); else in this
     process with ``opts.num_threads`` torch threads. ``group``: this rank's data-parallel group."""
     device = auto_device(opts.device)
@@ -111,16 +113,32 @@ def follow_rank0(group, plan, traj, refs, opts: SweepOptions, t_start: float) ->
     by_label = {str(ref.label): ref for ref in refs}
     work = [(by_label[label], todo) for label, todo in payload]
     n_todo = sum(len(t) for _, t in work)
-    report = SweepReport(None, plan.hash, dhash, opts.executor, len(refs), len(refs) * len(plan.tasks()),
-                         n_skipped=len(refs) * len(plan.tasks()) - n_todo)
+    report = SweepReport(
+        None,
+        plan.hash,
+        dhash,
+        opts.executor,
+        len(refs),
+        len(refs) * len(plan.tasks()),
+        n_skipped=len(refs) * len(plan.tasks()) - n_todo,
+    )
 
     def count(row: ProbeRow) -> None:
         report.n_run += 1
         report.n_ok += row.status == "ok"
         report.n_failed += row.status != "ok"
 
-    execute_local(work, plan, sets, traj, count, SweepProgress(n_todo, len(work), enabled=False),
-                  replace(opts, pool=None), 1, group)
+    execute_local(
+        work,
+        plan,
+        sets,
+        traj,
+        count,
+        SweepProgress(n_todo, len(work), enabled=False),
+        replace(opts, pool=None),
+        1,
+        group,
+    )
     report.seconds = time.perf_counter() - t_start
     return report
 

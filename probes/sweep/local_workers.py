@@ -18,6 +18,7 @@ Memory: every worker holds its own model and curvature graphs, so N workers need
 the memory of one; :func:`check_memory` refuses (explicit N) or lowers (default N) a worker count
 whose models alone exceed the available memory.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,8 +42,9 @@ def _is_cuda(device) -> bool:
     return device is not None and str(device).startswith("cuda")
 
 
-def resolve_workers(num_workers: int | None, n_checkpoints: int, device=None, num_threads: int | None = None
-                    ) -> tuple[int, int | None]:
+def resolve_workers(
+    num_workers: int | None, n_checkpoints: int, device=None, num_threads: int | None = None
+) -> tuple[int, int | None]:
     """``(workers, torch threads per worker)`` for a local sweep of ``n_checkpoints`` checkpoints.
 
     ``num_workers`` None: ``$LOSSLENS_WORKERS`` when set, else the cores divided by
@@ -86,8 +88,10 @@ def check_memory(n: int, refs, dtype=None, device=None, explicit: bool = True) -
     if n * size <= free:
         return n, None
     fits = max(1, int(free // size))
-    msg = (f"{n} workers each hold their own copy of the model ({gb(size)}): {gb(n * size)} in all, more than the "
-           f"{gb(free)} of memory available")
+    msg = (
+        f"{n} workers each hold their own copy of the model ({gb(size)}): {gb(n * size)} in all, more than the "
+        f"{gb(free)} of memory available"
+    )
     if explicit:
         raise WorkerError(f"{msg}; use --workers {fits} (num_workers={fits}) or fewer")
     return fits, f"{msg}; running {fits} worker(s) instead"
@@ -100,12 +104,23 @@ def checkpoint_job(context, ref, tasks) -> None:
 
     plan, token_sets, traj, device, dtype, allow_pickle = context
     loader = get_loader(traj, device=device, dtype=dtype, allow_pickle=allow_pickle)
-    for row in probe_checkpoint(ref, tasks, plan, token_sets, loader, on_start=lambda _label, t: emit(("start", t.key))):
+    for row in probe_checkpoint(
+        ref, tasks, plan, token_sets, loader, on_start=lambda _label, t: emit(("start", t.key))
+    ):
         emit(("row", row))
 
 
-def execute_workers(work, plan, token_sets, traj, write: Callable[[ProbeRow], None], progress, opts: SweepOptions,
-                    workers: int, device=None) -> None:
+def execute_workers(
+    work,
+    plan,
+    token_sets,
+    traj,
+    write: Callable[[ProbeRow], None],
+    progress,
+    opts: SweepOptions,
+    workers: int,
+    device=None,
+) -> None:
     """Probe ``work`` (``[(ref, pending tasks), ...]``) on ``workers`` processes of
     ``opts.num_threads`` torch threads each (or on ``opts.pool``, left open), loading on ``device``
     with ``opts.dtype``; ``write(row)`` is called in this process for every row as it arrives."""
@@ -128,8 +143,12 @@ def execute_workers(work, plan, token_sets, traj, write: Callable[[ProbeRow], No
                 progress.probe_done()
             return
         if ev.kind in ("error", "lost"):
-            why = f"worker process failed: {ev.value}" if ev.kind == "error" else f"{ev.value} while probing checkpoint {label!r}"
-            rest = tasks[received[ev.job]:]
+            why = (
+                f"worker process failed: {ev.value}"
+                if ev.kind == "error"
+                else f"{ev.value} while probing checkpoint {label!r}"
+            )
+            rest = tasks[received[ev.job] :]
             for t in rest:
                 write(ProbeRow.failed(label, t, why))
             received[ev.job] += len(rest)
@@ -137,7 +156,7 @@ def execute_workers(work, plan, token_sets, traj, write: Callable[[ProbeRow], No
         progress.checkpoint_done(label)
 
     own = pool is None
-    with (WorkerPool(workers, opts.num_threads) if own else contextlib.nullcontext(pool)) as p:
+    with WorkerPool(workers, opts.num_threads) if own else contextlib.nullcontext(pool) as p:
         try:
             for ev in p.run(jobs, context):
                 handle(ev)
@@ -145,4 +164,3 @@ def execute_workers(work, plan, token_sets, traj, write: Callable[[ProbeRow], No
             for ev in p.interrupt():  # rows the workers had finished and sent: keep them
                 handle(ev)
             raise
-

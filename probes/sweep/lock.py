@@ -9,6 +9,7 @@ lets them read while a sweep writes. On systems without ``fcntl`` (Windows) the 
 on a network file system ``flock`` may only exclude writers on the same host (the message names
 the holder's host for that reason).
 """
+
 from __future__ import annotations
 
 import json
@@ -73,9 +74,11 @@ class StoreLock:
             who += f" on {holder['host']}"
         since = f", since {holder['since']}" if holder.get("since") else ""
         cmd = f" ({holder['command']})" if holder.get("command") else ""
-        return (f"{self.store} is being written by another sweep: {who}{since}{cmd}. Wait for it to finish "
-                f"(or pass --wait / wait=True to queue behind it), or write to another --out file. The lock is "
-                f"{self.path}; it is released when that process exits.")
+        return (
+            f"{self.store} is being written by another sweep: {who}{since}{cmd}. Wait for it to finish "
+            f"(or pass --wait / wait=True to queue behind it), or write to another --out file. The lock is "
+            f"{self.path}; it is released when that process exits."
+        )
 
     def _try(self) -> bool:
         """One non-blocking attempt; True when this object now holds the lock."""
@@ -94,16 +97,25 @@ class StoreLock:
         if not same:
             os.close(fd)
             return self._try()
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:300]}
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:300],
+        }
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps(info).encode())
         os.fsync(fd)
         self._fd = fd
         return True
 
-    def acquire(self, wait: bool = False, timeout: float | None = None,
-                on_wait: Callable[[dict], None] | None = None, poll: float = 0.2) -> "StoreLock":
+    def acquire(
+        self,
+        wait: bool = False,
+        timeout: float | None = None,
+        on_wait: Callable[[dict], None] | None = None,
+        poll: float = 0.2,
+    ) -> "StoreLock":
         """Take the lock, or raise :class:`StoreLockedError` naming the holder (after ``timeout``
         seconds when waiting)."""
         if fcntl is None or self._fd is not None:

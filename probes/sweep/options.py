@@ -1,5 +1,6 @@
 """How a sweep runs, as one value: :class:`SweepOptions` (:func:`probes.sweep.run_sweep` takes it, or
 its fields as keywords)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace

@@ -1,5 +1,6 @@
 """What a sweep call did: :class:`SweepReport` (counts, times, failures, the exit status), and
 :class:`SweepError` (the sweep cannot start)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -54,11 +55,15 @@ class SweepReport:
 
     def __str__(self) -> str:
         how = f"{self.executor}, {self.workers} workers" if self.workers > 1 else self.executor
-        s = (f"{self.n_checkpoints} checkpoints, {self.n_tasks} rows: {self.n_ok} ok, {self.n_failed} failed, "
-             f"{self.n_skipped} already done; {self.seconds:.1f} s ({how}) -> {self.store}")
+        s = (
+            f"{self.n_checkpoints} checkpoints, {self.n_tasks} rows: {self.n_ok} ok, {self.n_failed} failed, "
+            f"{self.n_skipped} already done; {self.seconds:.1f} s ({how}) -> {self.store}"
+        )
         if self.kept_failures:
-            s += (f"; {len(self.kept_failures)} of the rows already done are stored as failed "
-                  "(--retry-failed / retry_failed=True reruns them)")
+            s += (
+                f"; {len(self.kept_failures)} of the rows already done are stored as failed "
+                "(--retry-failed / retry_failed=True reruns them)"
+            )
         return s
 
     @property

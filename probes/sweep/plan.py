@@ -39,6 +39,7 @@ A plan expands into :class:`Task` s, one per stored row key ``(probe, spec)`` pe
 execution order (cheap probes first). Each task carries a ``config_hash`` of exactly the settings
 that produce its numbers, so resuming a store reuses a row only when it was computed the same way.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -80,7 +81,11 @@ class DataSpec:
     def __post_init__(self):
         for name in DATA_SETS:
             shape = getattr(self, name)
-            if not (isinstance(shape, (tuple, list)) and len(shape) == 3 and all(isinstance(x, int) and x > 0 for x in shape)):
+            if not (
+                isinstance(shape, (tuple, list))
+                and len(shape) == 3
+                and all(isinstance(x, int) and x > 0 for x in shape)
+            ):
                 raise PlanError(f"data.{name} must be three positive integers (n_batches, batch, seq), got {shape!r}")
             object.__setattr__(self, name, tuple(int(x) for x in shape))
         files = self.files
@@ -277,10 +282,17 @@ class Plan:
             data = dict(data)
             base = path.resolve().parent
             if isinstance(data.get("files"), Mapping):
-                data["files"] = {k: str(base / v) if not Path(str(v)).expanduser().is_absolute() else str(Path(str(v)).expanduser())
-                                 for k, v in data["files"].items()}
+                data["files"] = {
+                    k: str(base / v) if not Path(str(v)).expanduser().is_absolute() else str(Path(str(v)).expanduser())
+                    for k, v in data["files"].items()
+                }
             src = data.get("source")
-            if isinstance(src, str) and src != "embedded" and ":" not in src and not Path(src).expanduser().is_absolute():
+            if (
+                isinstance(src, str)
+                and src != "embedded"
+                and ":" not in src
+                and not Path(src).expanduser().is_absolute()
+            ):
                 data["source"] = str(base / src)
             d = {**d, "data": data}
         return cls.from_dict(d)
@@ -290,21 +302,24 @@ class Plan:
         """Canonical plain-data form (JSON-serialisable; ``from_dict(to_dict())`` round-trips): the
         shared fields, and under ``probes`` each probe's settings that are on."""
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in PROBES}
-        d["data"] = {**asdict(self.data), "files": dict(self.data.files),
-                     **{k: list(getattr(self.data, k)) for k in DATA_SETS}}
+        d["data"] = {
+            **asdict(self.data),
+            "files": dict(self.data.files),
+            **{k: list(getattr(self.data, k)) for k in DATA_SETS},
+        }
         d["lawa"] = list(self.lawa)
         for k in ("curvature_params", "quant_modules", "checkpoints"):
             if d[k] is not None:
                 d[k] = list(d[k])
         probes = {p.name: p.to_dict(getattr(self, p.name)) for p in REGISTRY}
         d["probes"] = {k: v for k, v in probes.items() if v not in (None, False, [], ())}
-        if d["max_memory"] is None:          # absent, so plans of the first release keep their hash
+        if d["max_memory"] is None:  # absent, so plans of the first release keep their hash
             d.pop("max_memory")
         from geometry.operators.names import is_default_backend
 
         if is_default_backend(d["backend"]):  # absent by default, so earlier plans keep their hash
             d.pop("backend")
-        if d["compute_dtype"] is None:       # absent by default, so earlier plans keep their hash
+        if d["compute_dtype"] is None:  # absent by default, so earlier plans keep their hash
             d.pop("compute_dtype")
         return d
 
@@ -343,5 +358,17 @@ def load_plan(plan: "Plan | str | Path | Mapping | None", quick: bool = False) -
     raise PlanError(f"cannot make a plan from {type(plan).__name__}")
 
 
-__all__ = ["Plan", "PlanError", "AccuracyProbe", "TraceProbe", "EigenProbe", "BlockTraceProbe", "ExplainProbe", "DataSpec", "Task", "PROBES",
-           "canonical_spec", "load_plan"]
+__all__ = [
+    "Plan",
+    "PlanError",
+    "AccuracyProbe",
+    "TraceProbe",
+    "EigenProbe",
+    "BlockTraceProbe",
+    "ExplainProbe",
+    "DataSpec",
+    "Task",
+    "PROBES",
+    "canonical_spec",
+    "load_plan",
+]

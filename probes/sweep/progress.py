@@ -1,4 +1,5 @@
 """The sweep's progress display: :class:`SweepProgress`."""
+
 from __future__ import annotations
 
 
@@ -11,11 +12,25 @@ class SweepProgress:
         if not self.enabled:
             return
         from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-        self._p = Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+        self._p = Progress(
+            TextColumn("{task.description:<44}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        )
         self._ck = self._p.add_task("checkpoints", total=n_checkpoints)
         self._pr = self._p.add_task("probes", total=n_probes)
         self._p.start()

@@ -8,13 +8,13 @@ gives a failed row for each of its tasks. What each probe computes, and its metr
 module of :mod:`probes.sweep_probes`; what probes of one checkpoint share is
 :class:`~probes.sweep_probes.state.CheckpointState`.
 """
+
 from __future__ import annotations
 
 import math
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from geometry.base.errors import LosslensError
 from probes.core.worker_loop import short_error as _short_error
 from probes.sweep_probes.registry import REGISTRY
 from probes.sweep_probes.rows import ProbeRow
@@ -28,8 +28,15 @@ PROBE_FUNCS: dict[str, Callable[[CheckpointState, Task], ProbeRow]] = {p.name: p
 
 
 # --------------------------------------------------------------------------- driver of one checkpoint
-def probe_checkpoint(ref, tasks: Iterable[Task], plan: Plan, token_sets: Mapping[str, Any], loader,
-                     on_start: Callable[[str, Task], None] | None = None, parallel=None) -> Iterator[ProbeRow]:
+def probe_checkpoint(
+    ref,
+    tasks: Iterable[Task],
+    plan: Plan,
+    token_sets: Mapping[str, Any],
+    loader,
+    on_start: Callable[[str, Task], None] | None = None,
+    parallel=None,
+) -> Iterator[ProbeRow]:
     """Run ``tasks`` on checkpoint ``ref``; yield one row per task as it finishes.
 
     ``loader``: a :class:`probes.checkpoints.CheckpointLoader` (reused across checkpoints).
@@ -102,11 +109,19 @@ def _check_vocabulary(model, token_sets: Mapping[str, Any], label: str) -> None:
     vocab = getattr(emb, "num_embeddings", None)
     if vocab is None:
         return
-    top = max((int(ts.tokens.max()) for ts in token_sets.values() if getattr(ts, "tokens", None) is not None
-               and ts.tokens.numel()), default=-1)
+    top = max(
+        (
+            int(ts.tokens.max())
+            for ts in token_sets.values()
+            if getattr(ts, "tokens", None) is not None and ts.tokens.numel()
+        ),
+        default=-1,
+    )
     if top >= vocab:
-        raise ProbeError(f"checkpoint {label!r} has a vocabulary of {vocab} tokens but the sweep's token sets hold ids up to "
-                         f"{top} (built with another checkpoint's tokenizer); sweep this checkpoint on its own data")
+        raise ProbeError(
+            f"checkpoint {label!r} has a vocabulary of {vocab} tokens but the sweep's token sets hold ids up to "
+            f"{top} (built with another checkpoint's tokenizer); sweep this checkpoint on its own data"
+        )
 
 
 def _check_finite(row: ProbeRow) -> None:
@@ -124,7 +139,13 @@ def get_loader(trajectory, device=None, dtype=None, allow_pickle: bool = False):
     from probes.checkpoints import CheckpointLoader
 
     first = trajectory[0] if len(trajectory) else None
-    key = (getattr(trajectory, "name", None), str(getattr(first, "location", None)), str(device), str(dtype), allow_pickle)
+    key = (
+        getattr(trajectory, "name", None),
+        str(getattr(first, "location", None)),
+        str(device),
+        str(dtype),
+        allow_pickle,
+    )
     loader = _LOADERS.get(key)
     if loader is None:
         _LOADERS.clear()  # one model in memory per process

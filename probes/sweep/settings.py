@@ -1,5 +1,6 @@
 """The settings of each probe a plan holds (trace, eigen, block traces, explain), their error and
 integer check; :mod:`.plan` combines them into a :class:`~probes.sweep.plan.Plan` and re-exports them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from geometry.base.errors import LosslensError
 
 TRACE_METHODS = ("hutch++", "hutchinson")
 EIGEN_METHODS = ("power", "lanczos")
+
 
 class PlanError(LosslensError, ValueError):
     """A plan names an unknown probe, option or spec, or has an invalid value."""
@@ -64,7 +66,9 @@ class BlockTraceProbe:
         g = self.groups
         if isinstance(g, str):
             if g not in ("module", "parameter", "block"):
-                raise PlanError(f"block_trace.groups {g!r} is unknown; valid: 'block', 'module', 'parameter' or a mapping of globs")
+                raise PlanError(
+                    f"block_trace.groups {g!r} is unknown; valid: 'block', 'module', 'parameter' or a mapping of globs"
+                )
         elif isinstance(g, Mapping):
             if not g:
                 raise PlanError("block_trace.groups mapping is empty")
@@ -112,7 +116,9 @@ class ExplainProbe:
 
         specs = (self.specs,) if isinstance(self.specs, str) else tuple(self.specs)
         if not specs or not all(isinstance(s, str) and s.strip() for s in specs):
-            raise PlanError(f"explain.specs must be a non-empty list of quantizer specs like 'rtn:4:g128', got {self.specs!r}")
+            raise PlanError(
+                f"explain.specs must be a non-empty list of quantizer specs like 'rtn:4:g128', got {self.specs!r}"
+            )
         blocks = (self.blocks,) if isinstance(self.blocks, str) else tuple(self.blocks)
         bad = [b for b in blocks if b not in PARTITIONS]
         if bad:
@@ -170,5 +176,14 @@ class AccuracyProbe:
             raise PlanError(f"accuracy.tasks: {exc}") from exc
 
 
-__all__ = ["PlanError", "AccuracyProbe", "TraceProbe", "EigenProbe", "BlockTraceProbe", "ExplainProbe", "positive_int", "TRACE_METHODS",
-           "EIGEN_METHODS"]
+__all__ = [
+    "PlanError",
+    "AccuracyProbe",
+    "TraceProbe",
+    "EigenProbe",
+    "BlockTraceProbe",
+    "ExplainProbe",
+    "positive_int",
+    "TRACE_METHODS",
+    "EIGEN_METHODS",
+]

@@ -7,6 +7,7 @@ perturbation and slowly grows the weight norm), a ``trajectory.json`` with step 
 :func:`tiny_plan_toml` writes a plan file pointing at those token sets, so ``losslens sweep``
 needs no tokenizer. Real studies use :mod:`probes.train.tiny` instead.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,17 @@ SEQ = 16
 def tiny_config(hidden: int = 32, layers: int = 2, heads: int = 2, vocab: int = VOCAB, context: int = 64):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                       num_key_value_heads=heads, intermediate_size=2 * hidden, max_position_embeddings=context,
-                       tie_word_embeddings=False, attention_dropout=0.0)
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=context,
+        tie_word_embeddings=False,
+        attention_dropout=0.0,
+    )
 
 
 def wsd_lr(step: int, total: int, peak: float = 1e-3, warmup: float = 0.1, decay: float = 0.3) -> float:
@@ -36,8 +45,9 @@ def wsd_lr(step: int, total: int, peak: float = 1e-3, warmup: float = 0.1, decay
     return peak * max(0.0, (total - step) / max(1, total - d))
 
 
-def tiny_trajectory(folder: str | Path, n: int = 4, seed: int = 0, step_every: int = 100, hidden: int = 32,
-                    layers: int = 2) -> Path:
+def tiny_trajectory(
+    folder: str | Path, n: int = 4, seed: int = 0, step_every: int = 100, hidden: int = 32, layers: int = 2
+) -> Path:
     """Write ``n`` checkpoints ``step-XXXXXX/`` plus ``trajectory.json`` and ``data/*.safetensors``
     into ``folder``; return the folder. Deterministic for (n, seed, step_every, hidden, layers)."""
     from transformers import LlamaForCausalLM
@@ -78,12 +88,19 @@ def tiny_plan_toml(path: str | Path, folder: str | Path, probes: str | None = No
     """A plan file for a :func:`tiny_trajectory` (its token-set files); ``probes`` = TOML body of
     the ``[probes]`` table (default: a cheap set of every probe kind)."""
     folder = Path(folder).resolve()
-    body = probes if probes is not None else (
-        'loss = true\nquant = ["rtn:4", "int8", "gptq:3"]\ntrace = { method = "hutch++", num_matvecs = 6 }\n'
-        'eigen = { k = 1, method = "power", max_iter = 8 }\ndirectional = ["rtn:4"]\nkurtosis = true\n')
-    text = (f'name = "{name}"\nseed = 0\n[data]\neval = [2, 2, {SEQ}]\ncalibration = [2, 2, {SEQ}]\ncurvature = [1, 2, {SEQ}]\n'
-            f'files = {{ eval = "{folder}/data/eval.safetensors", calibration = "{folder}/data/calibration.safetensors", '
-            f'curvature = "{folder}/data/curvature.safetensors" }}\n[probes]\n{body}')
+    body = (
+        probes
+        if probes is not None
+        else (
+            'loss = true\nquant = ["rtn:4", "int8", "gptq:3"]\ntrace = { method = "hutch++", num_matvecs = 6 }\n'
+            'eigen = { k = 1, method = "power", max_iter = 8 }\ndirectional = ["rtn:4"]\nkurtosis = true\n'
+        )
+    )
+    text = (
+        f'name = "{name}"\nseed = 0\n[data]\neval = [2, 2, {SEQ}]\ncalibration = [2, 2, {SEQ}]\ncurvature = [1, 2, {SEQ}]\n'
+        f'files = {{ eval = "{folder}/data/eval.safetensors", calibration = "{folder}/data/calibration.safetensors", '
+        f'curvature = "{folder}/data/curvature.safetensors" }}\n[probes]\n{body}'
+    )
     path = Path(path)
     path.write_text(text)
     return path

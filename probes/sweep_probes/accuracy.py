@@ -6,6 +6,7 @@ spec ``delta_acc`` = acc_q − acc_fp and ``rel_drop`` with paired bootstrap CIs
 ``@TASK``: the mean over tasks. lm-eval runs on the in-memory model; FP is scored once per
 checkpoint and shared by every spec (the same items, paired).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
@@ -74,8 +75,14 @@ def tasks(plan) -> list:
     if a is None:
         return []
     names = a.task_names()
-    opts = {"tasks": list(a.tasks), "names": list(names), "limit": a.limit, "num_fewshot": a.num_fewshot,
-            "seed": a.seed, "n_boot": a.n_boot}
+    opts = {
+        "tasks": list(a.tasks),
+        "names": list(names),
+        "limit": a.limit,
+        "num_fewshot": a.num_fewshot,
+        "seed": a.seed,
+        "n_boot": a.n_boot,
+    }
     q = quant_options(plan)
     out = []
     for v in ("fp", *a.specs):
@@ -104,8 +111,20 @@ def _report(st, variant: str):
         fp = done[FP].scores[FP] if FP in done else None
         specs = () if variant == FP else (variant,)
         done[variant] = evaluate_variants(
-            st.model, st.cache["tokenizer"], sel, specs, st.token_sets.get("calibration"), st.plan.quant_modules,
-            a.limit, a.num_fewshot, a.seed, a.batch_size, a.n_boot, fp_scores=fp, prepared=prep)
+            st.model,
+            st.cache["tokenizer"],
+            sel,
+            specs,
+            st.token_sets.get("calibration"),
+            st.plan.quant_modules,
+            a.limit,
+            a.num_fewshot,
+            a.seed,
+            a.batch_size,
+            a.n_boot,
+            fp_scores=fp,
+            prepared=prep,
+        )
         if FP not in done:
             done[FP] = done[variant]
     return done[variant]
@@ -116,9 +135,19 @@ def run(st, task) -> ProbeRow:
 
     variant, name = split_spec(task.spec)
     ms, extra = row_values(_report(st, variant), variant, name)
-    return ProbeRow(st.label, "accuracy", task.spec, metrics=[metric(*m) for m in ms], extra=extra,
-                    seed=task.opts["seed"])
+    return ProbeRow(
+        st.label, "accuracy", task.spec, metrics=[metric(*m) for m in ms], extra=extra, seed=task.opts["seed"]
+    )
 
 
-PROBE = Probe("accuracy", "AccuracyProbe | None", None, settings, tasks, run, to_dict=to_dict, metric="acc",
-              spec_keys=("delta_acc", "rel_drop", "acc", "acc_norm"))
+PROBE = Probe(
+    "accuracy",
+    "AccuracyProbe | None",
+    None,
+    settings,
+    tasks,
+    run,
+    to_dict=to_dict,
+    metric="acc",
+    spec_keys=("delta_acc", "rel_drop", "acc", "acc_norm"),
+)

@@ -4,6 +4,7 @@ Plan: ``block_trace = { groups = "block", num_matvecs = 50 }`` (:class:`BlockTra
 spec = the groups' name (``custom`` for a mapping): one ``trace`` metric per group with stderr and
 95% CI, the tidy table's spec = the group's name (extra: ``sizes``, ``total``, ``total_stderr``).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -30,8 +31,9 @@ class BlockTraceProbe:
         g = self.groups
         if isinstance(g, str):
             if g not in ("module", "parameter", "block"):
-                raise PlanError(f"block_trace.groups {g!r} is unknown; valid: 'block', 'module', 'parameter' "
-                                "or a mapping of globs")
+                raise PlanError(
+                    f"block_trace.groups {g!r} is unknown; valid: 'block', 'module', 'parameter' or a mapping of globs"
+                )
         elif isinstance(g, Mapping):
             if not g:
                 raise PlanError("block_trace.groups mapping is empty")
@@ -66,14 +68,28 @@ def tasks(plan) -> list:
     if b is None:
         return []
     name = b.groups if isinstance(b.groups, str) else "custom"
-    return [make_task("block_trace", name, {"groups": _jsonable_groups(b.groups), "num_matvecs": b.num_matvecs,
-                                            **curvature_options(plan), "seed": plan.seed}, curvature=True)]
+    return [
+        make_task(
+            "block_trace",
+            name,
+            {
+                "groups": _jsonable_groups(b.groups),
+                "num_matvecs": b.num_matvecs,
+                **curvature_options(plan),
+                "seed": plan.seed,
+            },
+            curvature=True,
+        )
+    ]
 
 
 def _block_groups(model: torch.nn.Module, groups):
     if groups != "block":
-        return groups if isinstance(groups, str) else {
-            k: list(v) for k, v in (groups.items() if isinstance(groups, Mapping) else groups)}
+        return (
+            groups
+            if isinstance(groups, str)
+            else {k: list(v) for k, v in (groups.items() if isinstance(groups, Mapping) else groups)}
+        )
     from geometry.base.params import literal_glob
     from probes.core.modules import find_blocks
 
@@ -90,12 +106,29 @@ def run(st, task) -> ProbeRow:
         groups = {k: list(v) for k, v in groups}
     res = block_traces(st.hessian(), _block_groups(st.model, groups), num_matvecs=o["num_matvecs"], seed=o["seed"])
     ms = [metric("trace", res.values[g], res.stderr[g], res.ci_low[g], res.ci_high[g], spec=g) for g in res.values]
-    return ProbeRow(st.label, "block_trace", task.spec, metrics=ms,
-                    extra={"sizes": dict(res.sizes), "total": float(res.total.value),
-                           "total_stderr": float(res.total.stderr), "memory": res.total.memory},
-                    n_hvp=int(res.num_matvecs), seed=o["seed"])
+    return ProbeRow(
+        st.label,
+        "block_trace",
+        task.spec,
+        metrics=ms,
+        extra={
+            "sizes": dict(res.sizes),
+            "total": float(res.total.value),
+            "total_stderr": float(res.total.stderr),
+            "memory": res.total.memory,
+        },
+        n_hvp=int(res.num_matvecs),
+        seed=o["seed"],
+    )
 
 
-PROBE = Probe("block_trace", "BlockTraceProbe | None", None,
-              lambda v: optional_settings("block_trace", BlockTraceProbe, v), tasks, run, to_dict=to_dict,
-              metric="trace")
+PROBE = Probe(
+    "block_trace",
+    "BlockTraceProbe | None",
+    None,
+    lambda v: optional_settings("block_trace", BlockTraceProbe, v),
+    tasks,
+    run,
+    to_dict=to_dict,
+    metric="trace",
+)

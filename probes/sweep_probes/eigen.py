@@ -4,6 +4,7 @@ Plan: ``eigen = { k = 1, method = "lanczos", tol = 1e-3, max_iter = 100 }`` (:cl
 One row, spec ``top{k}``: metrics ``lambda_1`` … ``lambda_k``, each with its converged flag (extra:
 ``residuals``, ``converged``, ``iterations`` = Lanczos steps or power iterations taken, ``method``).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -14,7 +15,6 @@ from .probe import Probe
 from .rows import ProbeRow, hvp_error_flag, metric
 from .tasks import curvature_options, make_task
 from .validation import PlanError, optional_settings, positive_int
-
 
 
 @dataclass(frozen=True)
@@ -52,20 +52,38 @@ def run(st, task) -> ProbeRow:
     o = task.opts
     op = st.hessian()
     res = top_eigenvalues(op, k=o["k"], method=o["method"], tol=o["tol"], max_iter=o["max_iter"], seed=o["seed"])
-    return ProbeRow(st.label, "eigen", task.spec,
-                    metrics=[metric(f"lambda_{i + 1}", v, converged=c)
-                             for i, (v, c) in enumerate(zip(res.values, res.converged))],
-                    extra={"residuals": [float(x) for x in res.residuals],
-                           "converged": [bool(c) for c in res.converged],
-                           "iterations": int(res.iterations), "method": res.method, "memory": res.memory,
-                           **excluded(op), **hvp_error_flag(op)},
-                    n_hvp=int(res.num_matvecs), seed=o["seed"])
+    return ProbeRow(
+        st.label,
+        "eigen",
+        task.spec,
+        metrics=[metric(f"lambda_{i + 1}", v, converged=c) for i, (v, c) in enumerate(zip(res.values, res.converged))],
+        extra={
+            "residuals": [float(x) for x in res.residuals],
+            "converged": [bool(c) for c in res.converged],
+            "iterations": int(res.iterations),
+            "method": res.method,
+            "memory": res.memory,
+            **excluded(op),
+            **hvp_error_flag(op),
+        },
+        n_hvp=int(res.num_matvecs),
+        seed=o["seed"],
+    )
 
 
 def figure(draw, df, phases, specs) -> dict:
     return {"sharpness": draw.curvature_figure(df, phases)}
 
 
-PROBE = Probe("eigen", "EigenProbe | None", None, lambda v: optional_settings("eigen", EigenProbe, v), tasks, run,
-              to_dict=lambda s: None if s is None else asdict(s), metric="lambda_1",
-              aliases={"lambda_max": "lambda_1", "eigen": "lambda_1"}, figure=figure)
+PROBE = Probe(
+    "eigen",
+    "EigenProbe | None",
+    None,
+    lambda v: optional_settings("eigen", EigenProbe, v),
+    tasks,
+    run,
+    to_dict=lambda s: None if s is None else asdict(s),
+    metric="lambda_1",
+    aliases={"lambda_max": "lambda_1", "eigen": "lambda_1"},
+    figure=figure,
+)

@@ -9,6 +9,7 @@ set in δ-space (the quantized matrices): metrics ``actual_delta``, ``rel_delta`
 spec; tr H of the quantized matrices is estimated once per checkpoint and shared by the specs (taken
 from the ``trace`` probe when that ran on the same parameters with the same method, budget and seed).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
@@ -46,8 +47,9 @@ class ExplainProbe:
 
         specs = (self.specs,) if isinstance(self.specs, str) else tuple(self.specs)
         if not specs or not all(isinstance(s, str) and s.strip() for s in specs):
-            raise PlanError("explain.specs must be a non-empty list of quantizer specs like 'rtn:4:g128', "
-                            f"got {self.specs!r}")
+            raise PlanError(
+                f"explain.specs must be a non-empty list of quantizer specs like 'rtn:4:g128', got {self.specs!r}"
+            )
         blocks = (self.blocks,) if isinstance(self.blocks, str) else tuple(self.blocks)
         bad = [b for b in blocks if b not in PARTITIONS]
         if bad:
@@ -90,16 +92,35 @@ def run(st, task) -> ProbeRow:
     key = (m.names, o["trace_method"], o["trace_matvecs"], o["seed"])
     trace, spent = st.traces.get(key), 0
     if trace is None:
-        trace = direction_trace(st.model, m.names, list(st.data("curvature")), o["trace_matvecs"], o["trace_method"],
-                                o["seed"], st.plan.max_memory)
+        trace = direction_trace(
+            st.model,
+            m.names,
+            list(st.data("curvature")),
+            o["trace_matvecs"],
+            o["trace_method"],
+            o["seed"],
+            st.plan.max_memory,
+        )
         st.traces[key], spent = trace, int(trace.num_matvecs)
     ms = [metric(*t) for t in row_metrics(m, trace, st.model, o["blocks"])]
-    return ProbeRow(st.label, "explain", task.spec, metrics=ms,
-                    extra={"dim": m.parts.dim, "trace_method": trace.method, "trace_hvps": int(trace.num_matvecs),
-                           "trace_estimated_here": bool(spent), "direction_shared": not fresh,
-                           "layer_errors": dict(m.layer_errors), "within_hvps": m.within_matvecs,
-                           "memory": trace.memory},
-                    n_hvp=spent + m.within_matvecs + (int(m.parts.num_matvecs) if fresh else 0), seed=o["seed"])
+    return ProbeRow(
+        st.label,
+        "explain",
+        task.spec,
+        metrics=ms,
+        extra={
+            "dim": m.parts.dim,
+            "trace_method": trace.method,
+            "trace_hvps": int(trace.num_matvecs),
+            "trace_estimated_here": bool(spent),
+            "direction_shared": not fresh,
+            "layer_errors": dict(m.layer_errors),
+            "within_hvps": m.within_matvecs,
+            "memory": trace.memory,
+        },
+        n_hvp=spent + m.within_matvecs + (int(m.parts.num_matvecs) if fresh else 0),
+        seed=o["seed"],
+    )
 
 
 PROBE = Probe("explain", "ExplainProbe | None", None, settings, tasks, run, to_dict=to_dict, metric="kappa")

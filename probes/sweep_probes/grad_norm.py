@@ -10,6 +10,7 @@ sharpness-vs-error correlations. Cost: one gradient per curvature batch, no HVP
 (:meth:`geometry.operators.hessian.HessianOperator.gradient` of the operator the curvature probes
 share; data-parallel: each rank's batches, all-reduced).
 """
+
 from __future__ import annotations
 
 import math
@@ -28,13 +29,27 @@ def run(st, task) -> ProbeRow:
     op = st.hessian()
     loss, g = op.gradient()
     norm = float(g.double().norm())
-    return ProbeRow(st.label, "grad_norm", "", metrics=[metric("grad_norm", norm), metric("loss", loss)],
-                    extra={"dim": int(op.dim), "grad_rms": norm / math.sqrt(op.dim), "grad_max": float(g.abs().max())})
+    return ProbeRow(
+        st.label,
+        "grad_norm",
+        "",
+        metrics=[metric("grad_norm", norm), metric("loss", loss)],
+        extra={"dim": int(op.dim), "grad_rms": norm / math.sqrt(op.dim), "grad_max": float(g.abs().max())},
+    )
 
 
 def figure(draw, df, phases, specs) -> dict:
-    return {"grad_norm": draw.series_figure(df, "grad_norm", "grad_norm", phases, log_y=True, ytitle="‖∇L‖₂",
-                                            title="gradient norm on the curvature set vs step")}
+    return {
+        "grad_norm": draw.series_figure(
+            df,
+            "grad_norm",
+            "grad_norm",
+            phases,
+            log_y=True,
+            ytitle="‖∇L‖₂",
+            title="gradient norm on the curvature set vs step",
+        )
+    }
 
 
 PROBE = Probe("grad_norm", "bool", False, lambda v: flag("grad_norm", v), tasks, run, metric="grad_norm", figure=figure)

@@ -3,6 +3,7 @@
 Plan: ``kurtosis = true``. One row per checkpoint, spec ``""``: metric ``pooled`` (extra:
 ``per_matrix``), on ``plan.quant_modules`` (default every Linear in the decoder blocks).
 """
+
 from __future__ import annotations
 
 from .probe import Probe
@@ -21,9 +22,22 @@ def run(st, task) -> ProbeRow:
     from probes.models.weights import weight_kurtosis
 
     k = weight_kurtosis(st.model, st.plan.quant_modules)
-    return ProbeRow(st.label, "kurtosis", "", metrics=[metric("pooled", k.pooled)],
-                    extra={"per_matrix": {n: float(v) for n, v in dict(k.per_matrix).items()}})
+    return ProbeRow(
+        st.label,
+        "kurtosis",
+        "",
+        metrics=[metric("pooled", k.pooled)],
+        extra={"per_matrix": {n: float(v) for n, v in dict(k.per_matrix).items()}},
+    )
 
 
-PROBE = Probe("kurtosis", "bool", False, lambda v: flag("kurtosis", v), tasks, run, metric="pooled",
-              aliases={"kurtosis": "pooled"})
+PROBE = Probe(
+    "kurtosis",
+    "bool",
+    False,
+    lambda v: flag("kurtosis", v),
+    tasks,
+    run,
+    metric="pooled",
+    aliases={"kurtosis": "pooled"},
+)

@@ -3,6 +3,7 @@
 Plan: ``loss = true`` (the default). One row per checkpoint, spec ``""``: metrics ``loss``, ``ppl``
 (extra: ``n_tokens``, ``eval_seconds``). The FP evaluation is shared with the ``quant`` probe.
 """
+
 from __future__ import annotations
 
 from .probe import Probe
@@ -17,13 +18,27 @@ def tasks(plan) -> list:
 
 def run(st, task) -> ProbeRow:
     r = st.fp_loss()
-    return ProbeRow(st.label, "loss", "", metrics=[metric("loss", r.loss), metric("ppl", r.ppl)],
-                    extra={"n_tokens": r.n_tokens, "eval_seconds": r.seconds})
+    return ProbeRow(
+        st.label,
+        "loss",
+        "",
+        metrics=[metric("loss", r.loss), metric("ppl", r.ppl)],
+        extra={"n_tokens": r.n_tokens, "eval_seconds": r.seconds},
+    )
 
 
 def figure(draw, df, phases, specs) -> dict:
     return {"loss": draw.loss_figure(df, phases)}
 
 
-PROBE = Probe("loss", "bool", True, lambda v: flag("loss", v), tasks, run, metric="loss",
-              aliases={"ppl": "ppl", "fp_loss": "loss", "loss": "loss"}, figure=figure)
+PROBE = Probe(
+    "loss",
+    "bool",
+    True,
+    lambda v: flag("loss", v),
+    tasks,
+    run,
+    metric="loss",
+    aliases={"ppl": "ppl", "fp_loss": "loss", "loss": "loss"},
+    figure=figure,
+)

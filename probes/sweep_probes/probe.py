@@ -7,6 +7,7 @@ canonical plain form (part of the plan hash), the tasks it adds to a plan, how i
 :func:`probes.analysis.series` and, where it has one, its report figure.
 :mod:`.registry` lists the probes; the plan, the runner, the series and the report loop over it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -5,22 +5,13 @@ Adding a probe = one new module in this room that ends with ``PROBE = Probe(...)
 keys of :mod:`probes.analysis.series` and the report's trajectory figures are loops over
 :data:`REGISTRY`.
 """
+
 from __future__ import annotations
 
 from .probe import Probe
 
 # One line per probe. The order of the lines is the execution order: never sort them.
 # isort: off
-from .loss import PROBE as loss
-from .kurtosis import PROBE as kurtosis
-from .quant import PROBE as quant
-from .directional import PROBE as directional
-from .grad_norm import PROBE as grad_norm
-from .trace import PROBE as trace
-from .eigen import PROBE as eigen
-from .block_trace import PROBE as block_trace
-from .explain import PROBE as explain
-from .accuracy import PROBE as accuracy
 # isort: on
 
 REGISTRY: tuple[Probe, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Probe))

@@ -1,5 +1,6 @@
 """The rows a sweep writes: :class:`ProbeRow` (one probe of one checkpoint), :func:`metric` (one
 measured number) and :func:`error_type` (the exception class named in a failed row's message)."""
+
 from __future__ import annotations
 
 import math
@@ -38,14 +39,16 @@ class ProbeRow:
     threads: int | None = None
 
     @classmethod
-    def failed(cls, checkpoint: str, task: Task, error: BaseException | str, seconds: float = 0.0,
-               seed=None) -> "ProbeRow":
+    def failed(
+        cls, checkpoint: str, task: Task, error: BaseException | str, seconds: float = 0.0, seed=None
+    ) -> "ProbeRow":
         msg = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         return cls(checkpoint, task.probe, task.spec, "failed", [], {}, 0, seconds, msg, seed, task.config_hash)
 
 
-def metric(name: str, value, stderr=None, ci_low=None, ci_high=None, spec: str | None = None,
-           converged: bool | None = None) -> dict:
+def metric(
+    name: str, value, stderr=None, ci_low=None, ci_high=None, spec: str | None = None, converged: bool | None = None
+) -> dict:
     """A metrics entry (floats or None; ``converged`` only when the estimator has a criterion)."""
     d = {"metric": name, "value": _f(value), "stderr": _f(stderr), "ci_low": _f(ci_low), "ci_high": _f(ci_high)}
     if spec is not None:

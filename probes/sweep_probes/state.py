@@ -8,6 +8,7 @@ curvature set, w.r.t. ``plan.curvature_params``, serves trace, eigen and block_t
 (:meth:`CheckpointState.direction`); traces are kept for probes that can reuse them; ``cache``
 holds what one probe shares between its own rows (e.g. accuracy's FP scores).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
@@ -68,9 +69,15 @@ class CheckpointState:
 
                 batches = split_batches(batches, self.parallel.rank, self.parallel.world_size)
                 extra = {"data_parallel": self.parallel}
-            self._op = lm_hessian(self.model, batches, params=self.plan.curvature_params,
-                                  max_memory=self.plan.max_memory, backend=self.plan.backend,
-                                  compute_dtype=self.plan.compute_dtype, **extra)
+            self._op = lm_hessian(
+                self.model,
+                batches,
+                params=self.plan.curvature_params,
+                max_memory=self.plan.max_memory,
+                backend=self.plan.backend,
+                compute_dtype=self.plan.compute_dtype,
+                **extra,
+            )
         return self._op
 
     def has_direction(self, spec: str) -> bool:
@@ -87,9 +94,17 @@ class CheckpointState:
             within = e.blocks if e is not None and e.within and spec in e.specs else ()
             trace = (e.trace_method, e.trace_matvecs) if e is not None and spec in e.specs else None
             self._directions[spec] = measure_direction(
-                self.model, spec, list(self.data("curvature")), self.token_sets.get("calibration"),
-                self.plan.quant_modules, within, max_memory=self.plan.max_memory, plan_trace=trace,
-                backend=self.plan.backend, compute_dtype=self.plan.compute_dtype)
+                self.model,
+                spec,
+                list(self.data("curvature")),
+                self.token_sets.get("calibration"),
+                self.plan.quant_modules,
+                within,
+                max_memory=self.plan.max_memory,
+                plan_trace=trace,
+                backend=self.plan.backend,
+                compute_dtype=self.plan.compute_dtype,
+            )
         return self._directions[spec]
 
 

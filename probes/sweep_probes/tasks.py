@@ -4,6 +4,7 @@
 store reuses a row only when it was computed the same way; :func:`curvature_options` and
 :func:`quant_options` are the plan's shared settings that curvature and quantization probes add.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,26 +41,36 @@ def make_task(probe: str, spec: str, options: dict, curvature: bool = False) -> 
     """The :class:`Task` of ``(probe, spec)`` with ``options`` (JSON-able), hashed into ``config_hash``
     (the first 16 hex digits of the SHA-256 of their canonical JSON)."""
     blob = json.dumps({"probe": probe, "spec": spec, **options}, sort_keys=True, separators=(",", ":"), default=str)
-    return Task(probe, spec, tuple(sorted((k, _freeze(v)) for k, v in options.items())),
-                hashlib.sha256(blob.encode()).hexdigest()[:16], curvature)
+    return Task(
+        probe,
+        spec,
+        tuple(sorted((k, _freeze(v)) for k, v in options.items())),
+        hashlib.sha256(blob.encode()).hexdigest()[:16],
+        curvature,
+    )
 
 
 def curvature_options(plan) -> dict:
     """The plan's settings every curvature probe depends on (parameters, curvature set, memory, backend,
     compute dtype)."""
-    from geometry.operators.names import is_default_backend   # lazily: plans are read without torch
+    from geometry.operators.names import is_default_backend  # lazily: plans are read without torch
 
-    return {"curvature_params": list(plan.curvature_params) if plan.curvature_params else None,
-            "data": list(plan.data.curvature),
-            **({"max_memory": plan.max_memory} if plan.max_memory is not None else {}),
-            **({} if is_default_backend(plan.backend) else {"backend": plan.backend}),
-            **({"compute_dtype": plan.compute_dtype} if plan.compute_dtype is not None else {})}
+    return {
+        "curvature_params": list(plan.curvature_params) if plan.curvature_params else None,
+        "data": list(plan.data.curvature),
+        **({"max_memory": plan.max_memory} if plan.max_memory is not None else {}),
+        **({} if is_default_backend(plan.backend) else {"backend": plan.backend}),
+        **({"compute_dtype": plan.compute_dtype} if plan.compute_dtype is not None else {}),
+    }
 
 
 def quant_options(plan) -> dict:
     """The plan's settings every quantization probe depends on (modules, eval and calibration sets)."""
-    return {"quant_modules": list(plan.quant_modules) if plan.quant_modules else None,
-            "eval": list(plan.data.eval), "calibration": list(plan.data.calibration)}
+    return {
+        "quant_modules": list(plan.quant_modules) if plan.quant_modules else None,
+        "eval": list(plan.data.eval),
+        "calibration": list(plan.data.calibration),
+    }
 
 
 def _freeze(v):

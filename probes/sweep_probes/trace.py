@@ -5,6 +5,7 @@ the method: metric ``trace`` with stderr, 95% CI and the estimator's converged f
 ``method``, ``dim``, ``rel_stderr``, ``memory``). The estimate is kept on the checkpoint state for
 an ``explain`` probe that asks for the same parameters, method, budget and seed.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -15,7 +16,6 @@ from .probe import Probe
 from .rows import ProbeRow, hvp_error_flag, metric
 from .tasks import curvature_options, make_task
 from .validation import PlanError, optional_settings, positive_int
-
 
 
 @dataclass(frozen=True)
@@ -49,18 +49,38 @@ def run(st, task) -> ProbeRow:
     else:
         est = hutchinson_trace(op, num_matvecs=o["num_matvecs"], seed=o["seed"])
     st.traces[(tuple(op.space.names), task.spec, o["num_matvecs"], o["seed"])] = est
-    return ProbeRow(st.label, "trace", task.spec,
-                    metrics=[metric("trace", est.value, est.stderr, est.ci_low, est.ci_high, converged=est.converged)],
-                    extra={"method": est.method, "dim": op.dim, "rel_stderr": est.rel_stderr,
-                           "converged": bool(est.converged), "memory": est.memory, **excluded(op),
-                           **hvp_error_flag(op)},
-                    n_hvp=int(est.num_matvecs), seed=o["seed"])
+    return ProbeRow(
+        st.label,
+        "trace",
+        task.spec,
+        metrics=[metric("trace", est.value, est.stderr, est.ci_low, est.ci_high, converged=est.converged)],
+        extra={
+            "method": est.method,
+            "dim": op.dim,
+            "rel_stderr": est.rel_stderr,
+            "converged": bool(est.converged),
+            "memory": est.memory,
+            **excluded(op),
+            **hvp_error_flag(op),
+        },
+        n_hvp=int(est.num_matvecs),
+        seed=o["seed"],
+    )
 
 
 def figure(draw, df, phases, specs) -> dict:
     return {"sharpness": draw.curvature_figure(df, phases)}
 
 
-PROBE = Probe("trace", "TraceProbe | None", None, lambda v: optional_settings("trace", TraceProbe, v), tasks, run,
-              to_dict=lambda s: None if s is None else asdict(s), metric="trace", aliases={"trace": "trace"},
-              figure=figure)
+PROBE = Probe(
+    "trace",
+    "TraceProbe | None",
+    None,
+    lambda v: optional_settings("trace", TraceProbe, v),
+    tasks,
+    run,
+    to_dict=lambda s: None if s is None else asdict(s),
+    metric="trace",
+    aliases={"trace": "trace"},
+    figure=figure,
+)

@@ -1,5 +1,6 @@
 """The checks every probe's settings share: :class:`PlanError` (what a bad plan raises), integers,
 quantizer spec lists and settings tables (a TOML table → a settings dataclass)."""
+
 from __future__ import annotations
 
 from dataclasses import fields
@@ -37,8 +38,10 @@ def canonical_spec(spec: str, where: str = "quant") -> str:
             raise PlanError(f"{where}: invalid quantizer spec {spec!r}: {exc}") from exc
     method = spec.split(":", 1)[0]
     if method not in _FALLBACK_QUANT_METHODS:
-        raise PlanError(f"{where}: unknown quantizer {method!r} in spec {spec!r}; "
-                        f"valid quantizers: {', '.join(_FALLBACK_QUANT_METHODS)}")
+        raise PlanError(
+            f"{where}: unknown quantizer {method!r} in spec {spec!r}; "
+            f"valid quantizers: {', '.join(_FALLBACK_QUANT_METHODS)}"
+        )
     return spec
 
 
@@ -85,5 +88,12 @@ def optional_settings(name: str, cls, value: Any):
     raise PlanError(f"{name} must be a {cls.__name__}, a table of its options, true/false; got {value!r}")
 
 
-__all__ = ["PlanError", "positive_int", "canonical_spec", "spec_list", "flag", "settings_from_table",
-           "optional_settings"]
+__all__ = [
+    "PlanError",
+    "positive_int",
+    "canonical_spec",
+    "spec_list",
+    "flag",
+    "settings_from_table",
+    "optional_settings",
+]

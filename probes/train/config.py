@@ -5,6 +5,7 @@ the LR of each update, picked from the pure schedule functions of :mod:`probes.t
 (``wsd`` / ``cosine`` / ``constant`` / ``linear``). :func:`format_value` writes config values into
 run names.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
@@ -69,8 +70,19 @@ class TrainConfig:
     def tiny(cls, **overrides: Any) -> "TrainConfig":
         """The ``--tiny`` preset for tests and smoke runs: ~60k parameters, 60 steps of 8x32, 3
         checkpoints; a few seconds on 2 cores (plus ~5 s of one-off data preparation)."""
-        base = dict(steps=60, checkpoints=3, batch_size=8, seq_len=32, hidden_size=32, num_layers=2, num_heads=2,
-                    vocab_size=512, val_batches=2, warmup=0.1, weight_decay=0.1)
+        base = dict(
+            steps=60,
+            checkpoints=3,
+            batch_size=8,
+            seq_len=32,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=2,
+            vocab_size=512,
+            val_batches=2,
+            warmup=0.1,
+            weight_decay=0.1,
+        )
         base.update(overrides)
         return cls(**base)
 
@@ -78,8 +90,10 @@ class TrainConfig:
         if self.schedule not in SCHEDULES:
             raise TrainError(f"unknown schedule {self.schedule!r}; choose one of {SCHEDULES}")
         if self.steps < 1 or self.checkpoints < 1 or self.checkpoints > self.steps:
-            raise TrainError(f"need steps >= 1 and 1 <= checkpoints <= steps (got steps={self.steps}, "
-                             f"checkpoints={self.checkpoints})")
+            raise TrainError(
+                f"need steps >= 1 and 1 <= checkpoints <= steps (got steps={self.steps}, "
+                f"checkpoints={self.checkpoints})"
+            )
         for name in ("warmup", "decay", "min_lr_ratio"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise TrainError(f"{name} must be a fraction in [0, 1], got {getattr(self, name)}")
@@ -95,8 +109,9 @@ class TrainConfig:
     @property
     def run_name(self) -> str:
         """``name``, or ``tiny-{schedule}-lr{peak_lr}-wd{weight_decay}-s{seed}`` (e.g. ``tiny-wsd-lr3e-3-wd0.1-s0``)."""
-        return self.name or (f"tiny-{self.schedule}-lr{format_value(self.peak_lr)}-wd{format_value(self.weight_decay)}"
-                             f"-s{self.seed}")
+        return self.name or (
+            f"tiny-{self.schedule}-lr{format_value(self.peak_lr)}-wd{format_value(self.weight_decay)}-s{self.seed}"
+        )
 
     @property
     def checkpoint_steps(self) -> list[int]:

@@ -4,6 +4,7 @@
 fraction, 0.05 = 5%) at every checkpoint of every fork (:mod:`probes.train.forks`);
 :func:`fork_wins` / :func:`wins_summary` count which condition has the lower gap per seed pair.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,9 +50,17 @@ def _is_fork(p: Path) -> bool:
         return False
 
 
-def compare_forks(fork_dirs: Iterable[str | Path], spec: str = "rtn:3:row", cool_only: bool = True,
-                  eval_set=None, quick: bool = False, pairing: str = "seed", by: str = "final",
-                  progress: bool = False, num_threads: int | None = None):
+def compare_forks(
+    fork_dirs: Iterable[str | Path],
+    spec: str = "rtn:3:row",
+    cool_only: bool = True,
+    eval_set=None,
+    quick: bool = False,
+    pairing: str = "seed",
+    by: str = "final",
+    progress: bool = False,
+    num_threads: int | None = None,
+):
     """Quantization gap at every checkpoint of every fork, with wins per seed pair.
 
     ``fork_dirs``: fork folders or folders of forks (:func:`find_forks`). For each checkpoint
@@ -82,8 +91,9 @@ def compare_forks(fork_dirs: Iterable[str | Path], spec: str = "rtn:3:row", cool
         return _compare(trajs, spec, cool_only, eval_set, quick, pairing, by, progress)
 
 
-def _compare(trajs: list[Trajectory], spec, cool_only: bool, eval_set, quick: bool, pairing: str, by: str,
-             progress: bool):
+def _compare(
+    trajs: list[Trajectory], spec, cool_only: bool, eval_set, quick: bool, pairing: str, by: str, progress: bool
+):
     import pandas as pd
 
     if eval_set is None:
@@ -91,8 +101,10 @@ def _compare(trajs: list[Trajectory], spec, cool_only: bool, eval_set, quick: bo
         fp0 = eval_set.meta.get("tokenizer_fingerprint")
         for t in trajs[1:]:
             if fp0 is not None and tokenizer_fingerprint(load_tokenizer(t)) != fp0:
-                raise TrainError(f"{t.meta['folder']} uses another tokenizer than {trajs[0].meta['folder']}; "
-                                 "compare forks of one parent (or pass eval_set)")
+                raise TrainError(
+                    f"{t.meta['folder']} uses another tokenizer than {trajs[0].meta['folder']}; "
+                    "compare forks of one parent (or pass eval_set)"
+                )
     rows = []
     start_cache: dict[tuple, Any] = {}  # (parent folder, parent step) -> QuantError of the shared fork start
     for traj in trajs:
@@ -109,17 +121,30 @@ def _compare(trajs: list[Trajectory], spec, cool_only: bool, eval_set, quick: bo
                 q = quantization_error(loader.load(ref), spec, eval_set)
                 if key is not None:
                     start_cache[key] = q
-            rows.append({"fork": traj.name, "condition": fork["condition"], "seed": fork["seed"],
-                         "parent": fork["parent_name"], "step": ref.step, "t": ref.step - fork["parent_step"],
-                         "lr": ref.lr, "phase": phase, "fork_start": bool(ref.meta.get("fork_start", False)),
-                         "val_loss": ref.meta.get("val_loss"), "fp_loss": q.fp_loss, "q_loss": q.q_loss,
-                         "gap": q.ppl_gap, "rel_loss_error": q.rel_loss_error, "seconds": q.seconds})
+            rows.append(
+                {
+                    "fork": traj.name,
+                    "condition": fork["condition"],
+                    "seed": fork["seed"],
+                    "parent": fork["parent_name"],
+                    "step": ref.step,
+                    "t": ref.step - fork["parent_step"],
+                    "lr": ref.lr,
+                    "phase": phase,
+                    "fork_start": bool(ref.meta.get("fork_start", False)),
+                    "val_loss": ref.meta.get("val_loss"),
+                    "fp_loss": q.fp_loss,
+                    "q_loss": q.q_loss,
+                    "gap": q.ppl_gap,
+                    "rel_loss_error": q.rel_loss_error,
+                    "seconds": q.seconds,
+                }
+            )
             if progress:
                 print(f"  {traj.name} {ref.label}: gap {q.ppl_gap:.4%}", flush=True)
     df = pd.DataFrame(rows)
     wins = fork_wins(df, pairing=pairing, by=by)
-    df.attrs.update(spec=str(spec), cool_only=cool_only, pairing=pairing, by=by, wins=wins,
-                    summary=wins_summary(wins))
+    df.attrs.update(spec=str(spec), cool_only=cool_only, pairing=pairing, by=by, wins=wins, summary=wins_summary(wins))
     return df
 
 
@@ -156,16 +181,30 @@ def fork_wins(df, pairing: str = "seed", by: str = "final"):
     conds = list(dict.fromkeys(df["condition"]))
     rows = []
     for i, a in enumerate(conds):
-        for b in conds[i + 1:]:
+        for b in conds[i + 1 :]:
             seeds_a = sorted(s for c, s in vals if c == a)
             seeds_b = sorted(s for c, s in vals if c == b)
-            pairs = [(s, s) for s in seeds_a if s in seeds_b] if pairing == "seed" else \
-                [(sa, sb) for sa in seeds_a for sb in seeds_b]
+            pairs = (
+                [(s, s) for s in seeds_a if s in seeds_b]
+                if pairing == "seed"
+                else [(sa, sb) for sa in seeds_a for sb in seeds_b]
+            )
             for sa, sb in pairs:
                 (ga, ta), (gb, tb) = vals[(a, sa)], vals[(b, sb)]
-                rows.append({"condition_a": a, "condition_b": b, "seed_a": sa, "seed_b": sb, "gap_a": ga,
-                             "gap_b": gb, "step_a": ta, "step_b": tb, "diff": ga - gb,
-                             "winner": "a" if ga < gb else "b" if gb < ga else "tie"})
+                rows.append(
+                    {
+                        "condition_a": a,
+                        "condition_b": b,
+                        "seed_a": sa,
+                        "seed_b": sb,
+                        "gap_a": ga,
+                        "gap_b": gb,
+                        "step_a": ta,
+                        "step_b": tb,
+                        "diff": ga - gb,
+                        "winner": "a" if ga < gb else "b" if gb < ga else "tie",
+                    }
+                )
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -179,7 +218,15 @@ def wins_summary(wins):
         return pd.DataFrame(columns=cols)
     rows = []
     for (a, b), g in wins.groupby(["condition_a", "condition_b"], sort=False):
-        rows.append({"condition_a": a, "condition_b": b, "n": len(g), "a_wins": int((g["winner"] == "a").sum()),
-                     "b_wins": int((g["winner"] == "b").sum()), "ties": int((g["winner"] == "tie").sum()),
-                     "mean_diff": float(g["diff"].mean())})
+        rows.append(
+            {
+                "condition_a": a,
+                "condition_b": b,
+                "n": len(g),
+                "a_wins": int((g["winner"] == "a").sum()),
+                "b_wins": int((g["winner"] == "b").sum()),
+                "ties": int((g["winner"] == "tie").sum()),
+                "mean_diff": float(g["diff"].mean()),
+            }
+        )
     return pd.DataFrame(rows, columns=cols)

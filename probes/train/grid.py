@@ -4,6 +4,7 @@
 trains every config of :func:`plan_sweep` into a folder named like ``wsd-lr3e-3-wd0.5-s0``,
 indexed in ``OUT/sweep.json``; reruns skip finished runs.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -18,17 +19,42 @@ from .config import TrainConfig, TrainError, format_value
 from .run_files import write_json
 from .tiny import train_tiny
 
-__all__ = ["train_sweep", "plan_sweep", "parse_sweep", "normalize_grid", "sweep_run_name", "SWEEP_ALIASES",
-           "SWEEP_FORMAT"]
+__all__ = [
+    "train_sweep",
+    "plan_sweep",
+    "parse_sweep",
+    "normalize_grid",
+    "sweep_run_name",
+    "SWEEP_ALIASES",
+    "SWEEP_FORMAT",
+]
 
 SWEEP_FORMAT = "losslens-sweep/1"
 #: short names accepted in sweep grids (``--sweep lr=...``) for TrainConfig fields
-SWEEP_ALIASES = {"lr": "peak_lr", "wd": "weight_decay", "hidden": "hidden_size", "layers": "num_layers",
-                 "heads": "num_heads", "vocab": "vocab_size", "batch": "batch_size", "seq": "seq_len"}
+SWEEP_ALIASES = {
+    "lr": "peak_lr",
+    "wd": "weight_decay",
+    "hidden": "hidden_size",
+    "layers": "num_layers",
+    "heads": "num_heads",
+    "vocab": "vocab_size",
+    "batch": "batch_size",
+    "seq": "seq_len",
+}
 #: how each field appears in run names (``wsd-lr3e-3-wd0.5-s0``); other fields use their own name
-_NAME_KEYS = {"peak_lr": "lr", "weight_decay": "wd", "hidden_size": "h", "num_layers": "layers", "num_heads": "heads",
-              "vocab_size": "vocab", "batch_size": "batch", "seq_len": "seq", "min_lr_ratio": "minlr",
-              "data_seed": "ds", "grad_clip": "clip"}
+_NAME_KEYS = {
+    "peak_lr": "lr",
+    "weight_decay": "wd",
+    "hidden_size": "h",
+    "num_layers": "layers",
+    "num_heads": "heads",
+    "vocab_size": "vocab",
+    "batch_size": "batch",
+    "seq_len": "seq",
+    "min_lr_ratio": "minlr",
+    "data_seed": "ds",
+    "grad_clip": "clip",
+}
 
 
 def _field_types() -> dict[str, str]:
@@ -75,8 +101,11 @@ def normalize_grid(grid: dict) -> dict[str, list]:
     for key, values in grid.items():
         name = SWEEP_ALIASES.get(key, key)
         if name not in known or name in ("seed", "name"):
-            hint = "use seeds=/--seeds for seeds" if name == "seed" else \
-                f"choose from {sorted(set(SWEEP_ALIASES) | known - {'seed', 'name'})}"
+            hint = (
+                "use seeds=/--seeds for seeds"
+                if name == "seed"
+                else f"choose from {sorted(set(SWEEP_ALIASES) | known - {'seed', 'name'})}"
+            )
             raise TrainError(f"cannot sweep {key!r}: {hint}")
         if name in out:
             raise TrainError(f"{key!r} is swept twice")
@@ -102,8 +131,9 @@ def sweep_run_name(config: TrainConfig, keys: "list[str] | tuple[str, ...]" = ()
     return "-".join(parts)
 
 
-def plan_sweep(base_config: TrainConfig, grid: dict, seeds: "list[int] | tuple[int, ...] | None" = None
-               ) -> list[TrainConfig]:
+def plan_sweep(
+    base_config: TrainConfig, grid: dict, seeds: "list[int] | tuple[int, ...] | None" = None
+) -> list[TrainConfig]:
     """The configs of a sweep: the cartesian product of ``grid`` (values vary slowest for the first
     key) times ``seeds`` (innermost; default ``[base_config.seed]``), each named by
     :func:`sweep_run_name`."""
@@ -120,9 +150,17 @@ def plan_sweep(base_config: TrainConfig, grid: dict, seeds: "list[int] | tuple[i
     return configs
 
 
-def train_sweep(base_config: TrainConfig, grid: dict, out_dir: str | Path,
-                seeds: "list[int] | tuple[int, ...] | None" = None, progress: bool = True, overwrite: bool = False,
-                data_dir: str | Path | None = None, num_threads: int | None = None, on_run=None) -> list[Trajectory]:
+def train_sweep(
+    base_config: TrainConfig,
+    grid: dict,
+    out_dir: str | Path,
+    seeds: "list[int] | tuple[int, ...] | None" = None,
+    progress: bool = True,
+    overwrite: bool = False,
+    data_dir: str | Path | None = None,
+    num_threads: int | None = None,
+    on_run=None,
+) -> list[Trajectory]:
     """Train every config of :func:`plan_sweep` into ``out_dir/<run name>/`` and index them in
     ``out_dir/sweep.json``.
 
@@ -146,22 +184,43 @@ def train_sweep(base_config: TrainConfig, grid: dict, out_dir: str | Path,
         tj = out / cfg.name / "trajectory.json"
         old = json.loads(tj.read_text()) if tj.is_file() else None
         if old is not None and old.get("config") != cfg.to_dict() and not overwrite:
-            raise TrainError(f"{tj.parent} already holds a run with a different config; use another --out or "
-                             "overwrite=True (--force)")
+            raise TrainError(
+                f"{tj.parent} already holds a run with a different config; use another --out or "
+                "overwrite=True (--force)"
+            )
         cached = bool(old and old.get("complete") and old.get("config") == cfg.to_dict() and not overwrite)
-        entries.append({"name": cfg.name, "path": cfg.name, "params": {k: getattr(cfg, k) for k in grid},
-                        "seed": cfg.seed, "status": "cached" if cached else "pending", "error": None,
-                        "final_val_loss": (old["checkpoints"][-1]["val_loss"] if cached and old.get("checkpoints")
-                                           else None), "seconds": old.get("seconds") if cached else None})
-    index = {"format": SWEEP_FORMAT, "base_config": base_config.to_dict(), "grid": grid,
-             "seeds": sorted({c.seed for c in configs}, key=[c.seed for c in configs].index), "runs": entries}
+        entries.append(
+            {
+                "name": cfg.name,
+                "path": cfg.name,
+                "params": {k: getattr(cfg, k) for k in grid},
+                "seed": cfg.seed,
+                "status": "cached" if cached else "pending",
+                "error": None,
+                "final_val_loss": (old["checkpoints"][-1]["val_loss"] if cached and old.get("checkpoints") else None),
+                "seconds": old.get("seconds") if cached else None,
+            }
+        )
+    index = {
+        "format": SWEEP_FORMAT,
+        "base_config": base_config.to_dict(),
+        "grid": grid,
+        "seeds": sorted({c.seed for c in configs}, key=[c.seed for c in configs].index),
+        "runs": entries,
+    }
     write_json(out / "sweep.json", index)
     trajectories = []
     for cfg, entry in zip(configs, entries):
         if entry["status"] != "cached":
             try:
-                train_tiny(cfg, out / cfg.name, progress=progress, overwrite=overwrite, data_dir=data_dir,
-                           num_threads=num_threads)
+                train_tiny(
+                    cfg,
+                    out / cfg.name,
+                    progress=progress,
+                    overwrite=overwrite,
+                    data_dir=data_dir,
+                    num_threads=num_threads,
+                )
             except TrainError as exc:
                 entry.update(status="failed", error=str(exc))
             else:

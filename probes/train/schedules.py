@@ -21,6 +21,7 @@ first update after the checkpoint):
 
 Past their end, every schedule holds its final value.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,14 +29,22 @@ import math
 from probes.core.schedules import constant_lr, cosine_lr, linear_lr, wsd_lr
 
 __all__ = [
-    "constant_lr", "wsd_lr", "cosine_lr", "linear_lr",
-    "cosine_continuation_lr", "sgdr_lr", "sgdr_cycle", "oscillate_lr", "oscillate_phase",
+    "constant_lr",
+    "wsd_lr",
+    "cosine_lr",
+    "linear_lr",
+    "cosine_continuation_lr",
+    "sgdr_lr",
+    "sgdr_cycle",
+    "oscillate_lr",
+    "oscillate_phase",
 ]
 
 
 # --------------------------------------------------------------------------------------------
 # fork schedules (t = updates since the fork checkpoint, 1-based)
 # --------------------------------------------------------------------------------------------
+
 
 def cosine_continuation_lr(t: int, steps: int, start_lr: float, min_lr: float = 0.0) -> float:
     """Half cosine from ``start_lr`` (t = 0, the fork checkpoint) to ``min_lr`` (t = ``steps``)."""
@@ -50,7 +59,7 @@ def sgdr_cycle(t: int, period: int, period_mult: float = 1.0) -> tuple[int, int,
         raise ValueError(f"SGDR needs period >= 1 and period_mult > 0 (got {period}, {period_mult})")
     i, pos = 0, max(1, t)
     while True:
-        length = max(1, round(period * period_mult ** i))
+        length = max(1, round(period * period_mult**i))
         if pos <= length:
             return i, pos, length
         pos -= length
@@ -67,15 +76,16 @@ def sgdr_lr(t: int, period: int, restart_lr: float, min_lr: float = 0.0, period_
 
 
 def oscillate_phase(t: int, bump_steps: int, cool_steps: int) -> str:
-    """"bump" or "cool": the phase of update ``t`` >= 1 in cycles of ``bump_steps`` bump updates
+    """ "bump" or "cool": the phase of update ``t`` >= 1 in cycles of ``bump_steps`` bump updates
     followed by ``cool_steps`` cool updates (the cycle's last update ends a cool phase)."""
     if bump_steps < 0 or cool_steps < 1:
         raise ValueError(f"oscillate needs bump_steps >= 0 and cool_steps >= 1 (got {bump_steps}, {cool_steps})")
     return "bump" if (max(1, t) - 1) % (bump_steps + cool_steps) < bump_steps else "cool"
 
 
-def oscillate_lr(t: int, steps: int, start_lr: float, min_lr: float, amplitude: float, bump_steps: int,
-                 cool_steps: int) -> float:
+def oscillate_lr(
+    t: int, steps: int, start_lr: float, min_lr: float, amplitude: float, bump_steps: int, cool_steps: int
+) -> float:
     """Oscillating lock-in: :func:`cosine_continuation_lr` (``start_lr`` -> ``min_lr`` over
     ``steps``) plus ``amplitude`` (an LR, added) during bump phases (:func:`oscillate_phase`)."""
     base = cosine_continuation_lr(t, steps, start_lr, min_lr)
