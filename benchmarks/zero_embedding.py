@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from geometry import HessianOperator, top_eigenvalues
 from geometry.operators.attention import second_order_attention
-from geometry.operators.difference import product_error
+from geometry.operators.product_check import product_error
 from probes.core.lm import ExcludingLoss, lm_loss
 from probes.models.curvature import lm_hessian
 from probes.models.families import FAMILIES, tiny_model

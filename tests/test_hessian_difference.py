@@ -317,7 +317,7 @@ def test_error_check_is_planned_within_the_budget():
 
 
 def test_product_error_one_vector_at_a_time_equals_the_direct_formula():
-    from geometry.operators.difference import product_error
+    from geometry.operators.product_check import product_error
 
     model = micro_gptneox(seed=2, dtype=torch.float64)
     batches = random_batches(n_batches=1, batch=2, seq=8, seed=4)

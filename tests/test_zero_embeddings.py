@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from geometry import HessianOperator
-from geometry.operators.difference import product_error
+from geometry.operators.product_check import product_error
 from probes.core.lm import ExcludingLoss, LossError, evaluate, lm_loss
 from probes.models.curvature import lm_hessian
 from probes.models.families import FAMILIES, tiny_model

@@ -17,15 +17,15 @@ dropout included, stay in eval mode), a model's own fused losses, and hooks that
 Precision. By default a float16/bfloat16 model's products run in float32 (its weights upcast for
 the call: :mod:`geometry.operators.precision`), so θ, the step and the gradients are float32 and
 what follows applies to an explicit ``compute_dtype="bfloat16"`` (or float16). The perturbed point
-is built from a kept **master copy** of θ, taken in float32 for float16/bfloat16 parameters: ``θ_master + s·ε·v`` is computed in float32 and cast once to the
-parameters' dtype. (A half-precision number converts to float32 exactly, so the master is stored
-as a copy in the parameters' dtype and converted one tensor at a time: the float32 master at half
-the memory.) Gradients are read in the parameters'
-dtype and accumulated, weighted and differenced in :attr:`~HessianOperator.dtype` (float32 at
-least). In half precision the cast of the perturbed weights to bfloat16 limits accuracy: the
-realised step is ``round(θ + εv) − θ``, off by up to half an ulp of each weight (2⁻⁹ relative in
-bfloat16), and the gradients carry bfloat16 rounding; benchmarks/README.md ("Gradient-difference
-HVPs") measures the result against float64.
+is built from a kept **master copy** of θ, taken in float32 for float16/bfloat16 parameters:
+``θ_master + s·ε·v`` is computed in float32 and cast once to the parameters' dtype. (A
+half-precision number converts to float32 exactly, so the master is stored as a copy in the
+parameters' dtype and converted one tensor at a time: the float32 master at half the memory.)
+Gradients are read in the parameters' dtype and accumulated, weighted and differenced in
+:attr:`~HessianOperator.dtype` (float32 at least). In half precision the cast of the perturbed
+weights to bfloat16 limits accuracy: the realised step is ``round(θ + εv) − θ``, off by up to half
+an ulp of each weight (2⁻⁹ relative in bfloat16), and the gradients carry bfloat16 rounding;
+benchmarks/README.md ("Gradient-difference HVPs") measures the result against float64.
 
 Step size (a relative step). With ``u`` the unit roundoff of the gradients (``torch.finfo(dtype).eps``
 of the parameters), the central difference's error is ``≈ ε²‖T[v,v]‖/6`` (truncation, T the third
@@ -50,7 +50,8 @@ for Rademacher vectors. ``c`` = :data:`STEP_CONSTANT` was measured on the six ti
 (``p.copy_(master)``; a bfloat16 → float32 → bfloat16 round trip is exact), never un-perturbed by
 subtracting εv. The caller's ``.grad`` (and ``requires_grad``, modes) are restored by the operator.
 
-Cost per product: 2 gradients (central) or 4 (Richardson) per batch, plus the read-out.
+Cost per product: 2 gradients (central) or 4 (Richardson) per batch, plus the read-out. The
+error check against exact products is :mod:`geometry.operators.product_check`.
 Memory beyond the input and output vectors (:func:`pass_bytes`): the master copy (dim numbers in
 the parameters' dtype: the θ backup), one gradient pass
 of the largest batch (its activations, with checkpointing where on, and ``.grad`` in the
@@ -77,11 +78,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..base._linalg import CHUNK
 from ..memory.graphs import first_rows, itemsize, one_row, peak_new_bytes
-from ..memory.model import temporaries_bytes
 from .backend import LOCAL, ProductBackend, VectorSpace
-from .interface import CurvatureOperator, OperatorError
+from .product_check import measure
 
 __all__ = [
     "STEP_CONSTANT",
@@ -93,9 +92,6 @@ __all__ = [
     "difference_products",
     "gradient_pass_bytes",
     "pass_bytes",
-    "product_error",
-    "check_bytes",
-    "measure",
     "DifferenceBackend",
 ]
 
@@ -249,93 +245,6 @@ def pass_bytes(
     gradient = one_row_bytes + (rows - 1) * per_row
     master = dim * itemsize(param_dtype)
     return int(master + gradient + 4 * largest + transient)
-
-
-def product_error(op: CurvatureOperator, reference: CurvatureOperator, num_vectors: int = 2, seed: int = 0) -> float:
-    """Largest relative error ``‖op v − ref v‖ / ‖ref v‖`` over ``num_vectors`` seeded Gaussian
-    vectors, one vector at a time, norms summed in float64 a chunk at a time. Cost: ``num_vectors``
-    products of each operator. Memory beyond the products' passes: three ``[1, dim]`` vectors in
-    the operators' vector dtype (v, op v, ref v) and float64 chunks (:func:`check_bytes`)."""
-    if op.dim != reference.dim:
-        raise OperatorError(f"the operators have different dimensions ({op.dim} and {reference.dim})")
-    g = op.generator(seed)
-    worst = 0.0
-    for _ in range(num_vectors):
-        v = torch.randn(1, op.dim, generator=g, dtype=op.dtype)
-        got = op.matmat_flat(v.to(device=op.device))
-        ref = reference.matmat_flat(v.to(device=reference.device, dtype=reference.dtype))
-        del v
-        num, den = _difference_norms(got[0], ref[0].to(got.device))
-        worst = max(worst, num / max(den, 1e-300))
-        del got, ref
-    return worst
-
-
-def _difference_norms(a: torch.Tensor, b: torch.Tensor, chunk: int = CHUNK) -> tuple[float, float]:
-    """``(‖a − b‖, ‖b‖)`` of two flat vectors, in float64 one chunk at a time (no full-size copy)."""
-    num = den = 0.0
-    for s in range(0, a.numel(), chunk):
-        y = b[s : s + chunk].double()
-        num += float((a[s : s + chunk].double() - y).square().sum())
-        den += float(y.square().sum())
-    return math.sqrt(num), math.sqrt(den)
-
-
-def check_bytes(op: Any, *passes: int) -> int:
-    """Peak bytes of :func:`product_error` on operators of ``op.dim`` whose single-vector passes
-    take ``passes`` bytes: three vectors of the vector dtype, the larger pass (the products run
-    one after the other) and three float64 chunks."""
-    return 3 * op.dim * itemsize(op.dtype) + max(passes, default=0) + temporaries_bytes(op.dim)
-
-
-def _describe(batches: Sequence[Any]) -> str:
-    shapes = [list(b.shape) if isinstance(b, torch.Tensor) else type(b).__name__ for b in batches]
-    return f"{len(batches)} check batch(es) {shapes}"
-
-
-def measure(op: Any, backend: "DifferenceBackend", num_vectors: int = 2, seed: int = 0) -> dict:
-    """The difference backend's relative error (:func:`product_error`) against the exact
-    reverse-over-reverse products of the same loss on ``backend.check_batches`` (default: a one-row
-    copy of the first batch), on ``num_vectors`` seeded vectors; ``op.sibling(batches, backend)``
-    builds the operators. When the exact product cannot run there (no double-backward rule, or out of
-    memory) ``rel_error`` is None and ``reference`` says why: bound it elsewhere (e.g. on a miniature
-    of the architecture, :func:`probes.models.curvature.miniature_bound`); so it is when the check's
-    memory (:func:`check_bytes`: three vectors and the larger single-vector pass) exceeds the
-    operator's budget. Cost: 2 · num_vectors products of each backend on the check slice (plus one
-    reverse graph build)."""
-    from .reverse import ReverseBackend
-
-    batches = list(backend.check_batches) if backend.check_batches is not None else [one_row(op.batches[0])[1]]
-    out = {
-        "backend": backend.name,
-        "step": backend.step(op),
-        "richardson": backend.richardson,
-        "num_vectors": num_vectors,
-        "seed": seed,
-    }
-    diff = op.sibling(batches, DifferenceBackend(backend.difference_step, backend.richardson))
-    try:
-        from ..memory.model import format_bytes, resolve_budget
-
-        reference = op.sibling(batches, ReverseBackend())
-        need = check_bytes(op, diff.pass_bytes(1), reference.pass_bytes(1, cached=False))
-        budget = resolve_budget(op.max_memory, op.device)
-        if need > budget:  # planned like any estimator: never an allocation the budget did not allow
-            return {
-                **out,
-                "rel_error": None,
-                "reference": f"not run on {_describe(batches)}: the exact check needs "
-                f"{format_bytes(need)} of a {format_bytes(budget)} budget (bound it on a miniature instead)",
-            }
-        error = product_error(diff, reference, num_vectors, seed)
-    except (RuntimeError, NotImplementedError, OperatorError) as exc:  # recorded, never silent
-        return {
-            **out,
-            "rel_error": None,
-            "reference": f"unavailable on {_describe(batches)}: {type(exc).__name__}: {exc}"[:300],
-        }
-    dtype = str(op.param_dtype).replace("torch.", "")
-    return {**out, "rel_error": error, "reference": f"reverse-over-reverse ({dtype}) on {_describe(batches)}"}
 
 
 class DifferenceBackend(ProductBackend):

@@ -53,6 +53,7 @@ from .param_dicts import ParamDictProducts
 from .data_parallel import DataParallel, join_data_parallel
 from .call import product_call
 from .difference import DEFAULT_TOLERANCE
+from .first_order import loss_and_gradient
 from .interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
 from .reverse import GraphCache, ReverseBackend, check_loss, graph_bytes
 
@@ -253,28 +254,7 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         """``(L, ∇L)``: the weighted mean loss (float, the loss_fn's units) and its gradient, flat
         ``Tensor[dim]`` in :attr:`space` order and :attr:`dtype`. Cost: one gradient per batch
         (data-parallel: of this rank's batches, then one all-reduce)."""
-        grad = torch.zeros(self.dim, dtype=self.dtype, device=self.device)
-
-        def local() -> float:
-            total = 0.0
-            with self.call_context() as params:
-                for i, (w, batch) in self.batch_items("gradient"):
-                    loss = self.batch_loss(params, batch, i)
-                    gs = torch.autograd.grad(loss, list(params.values()), allow_unused=True, materialize_grads=True)
-                    for s, gi in zip(self.space.slices.values(), gs):
-                        grad[s].add_(gi.reshape(-1), alpha=w)
-                    total += w * float(loss.detach())
-            return total
-
-        if self.parallel is None:
-            total = local()
-        else:
-            total = self.parallel.agree(local, "a gradient", self.device)
-            self.parallel.all_reduce_(grad)
-            (total,) = self.parallel.sum_floats([total], self.device)
-        if not is_finite(grad):
-            raise OperatorError("the gradient is NaN/Inf; check the model's weights and the batches")
-        return total, grad
+        return loss_and_gradient(self)
 
     # ------------------------------------------------------------------ memory and graph cache
     def graph_bytes(self, index: int) -> int:

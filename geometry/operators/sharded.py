@@ -284,9 +284,9 @@ class ShardedHessianOperator(CurvatureOperator):
         return out
 
     def checked(self) -> dict:
-        """``hvp_check`` when set; else: the product's error is not measured on a sharded model (the exact products would need
-        the whole model on one rank): measure it with ``backend="difference"`` in one process on
-        the same checkpoint, or on a miniature (:func:`probes.models.curvature.miniature_bound`)."""
+        """``hvp_check`` when set; else: the product's error is not measured on a sharded model (the exact products
+        would need the whole model on one rank): measure it with ``backend="difference"`` in one process on the
+        same checkpoint, or on a miniature (:func:`probes.models.curvature.miniature_bound`)."""
         if self.hvp_check is not None:  # measured elsewhere (e.g. on the unsharded architecture)
             return self.hvp_check
         return {
