@@ -8,7 +8,10 @@
   difference loop; ``names``: the name → backend map (the one place a backend's name is read); the
   backends: ``reverse`` (reverse-over-reverse, the
   default), ``forward`` (forward-over-reverse, torch.func), ``difference`` (gradient differences:
-  first order only, θ restored bit-exactly, its error measured); ``auto``: the choice between them;
+  first order only, θ restored bit-exactly, its error measured by ``product_check``); ``auto``: the
+  choice between them; ``precision``: the compute dtype of a half-precision model (float32 by
+  default); ``param_dicts``: products of per-parameter blocks; ``first_order``: the loss and its
+  gradient; ``setup_plan``: the set-up's memory, planned before anything is measured;
 - ``data_parallel``: products over ranks that each hold the whole model (``DataParallel``);
   ``sharded``: :class:`ShardedHessianOperator`, FSDP2-sharded models (the difference loop on shards);
 - ``dense``: :class:`DenseOperator` and ``exact_hessian`` (row by row with double backward);
