@@ -20,8 +20,8 @@ exact Hessian of the weights each dtype holds. Rows, per family, dtype and stenc
   backend itself reaches in that precision), for comparison.
 
 float64 (central) runs the difference backend on the float64 copy under float64_fidelity; float32
-(central and Richardson) on a float32 copy; bfloat16 (central) on a bfloat16 copy (the reference is then the float64 Hessian *of the
-bfloat16-rounded weights*), with the float32 master (:mod:`geometry.operators.difference`).
+(central and Richardson) on a float32 copy; bfloat16 (central) on a bfloat16 copy (the reference is then the float64
+Hessian *of the bfloat16-rounded weights*), with the float32 master (:mod:`geometry.operators.difference`).
 The default step rule is used throughout. Max and median over the seeds are printed.
 """
 

@@ -164,7 +164,10 @@ def run(quick: bool = False, seeds: int | None = None, neox: str | None = None, 
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'problem':<12}{'dim':>9}{'budget':>8}{'seeds':>6}{'hutchinson':>12}{'hutch++':>10}{'ratio':>8}{'ref_rel_se':>12}"
+    head = (
+        f"{'problem':<12}{'dim':>9}{'budget':>8}{'seeds':>6}"
+        f"{'hutchinson':>12}{'hutch++':>10}{'ratio':>8}{'ref_rel_se':>12}"
+    )
     lines = ["relative trace error (mean over seeds); ratio = Hutchinson error / Hutch++ error", head]
     for r in rows:
         lines.append(

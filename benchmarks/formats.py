@@ -128,9 +128,9 @@ def main() -> None:
     print("| run | spec | ΔQ final % | ΔQ LAWA % | ‖δ‖² | tr H/n | κ | non-quad | r_s(trace, ΔQ) |")
     for r in rep["rows"]:
         print(
-            f"| {r['run']} | {r['spec']} | {_fmt(r['dq_final_pct'])} | {_fmt(r['dq_lawa_pct'])} | {_fmt(r['norm2'], 4)} | "
-            f"{_fmt(r['trace_per_param'], 4)} | {_fmt(r['kappa'], 2)} | {_fmt(r['non_quadratic'], 2)} | "
-            f"{_fmt(r['spearman_trace_dq'], 2)} |"
+            f"| {r['run']} | {r['spec']} | {_fmt(r['dq_final_pct'])} | {_fmt(r['dq_lawa_pct'])} | "
+            f"{_fmt(r['norm2'], 4)} | {_fmt(r['trace_per_param'], 4)} | {_fmt(r['kappa'], 2)} | "
+            f"{_fmt(r['non_quadratic'], 2)} | {_fmt(r['spearman_trace_dq'], 2)} |"
         )
     for s in rep["shares"]:
         print(json.dumps(s, default=str))

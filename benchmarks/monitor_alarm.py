@@ -77,8 +77,8 @@ def run_one(run, seed: int, out: Path, every: int, eval_shape, settings_kw: dict
 
 def replay(path: Path, settings=None) -> list[dict]:
     """The alarm of :class:`~probes.monitor.MonitorSettings` (default: today's defaults) replayed
-    on the stored (step, loss, ΔQ) histories of a results file (or a folder of per-run files): the same :class:`Alarm` the monitor
-    updates live, fed the same measurements in order. Returns per run the step it fires at."""
+    on the stored (step, loss, ΔQ) histories of a results file (or a folder of per-run files): the same :class:`Alarm`
+    the monitor updates live, fed the same measurements in order. Returns per run the step it fires at."""
     from probes.demo_settings import DEFAULT
     from probes.monitor import Alarm, MonitorSettings
 
@@ -145,7 +145,8 @@ def main(argv=None) -> None:
         results = [f.result() for f in futs]
     for r in results:
         print(
-            f"{r['run']}: alarm at step {r['alarm_step']} ({r['alarm_phase']}); wall {r['wall_s']} s, monitor {r['monitor_s']} s"
+            f"{r['run']}: alarm at step {r['alarm_step']} ({r['alarm_phase']}); wall {r['wall_s']} s, monitor "
+            f"{r['monitor_s']} s"
         )
     (out / f"alarm-seeds{a.seeds.replace(',', '')}.json").write_text(json.dumps(results, indent=1))
 

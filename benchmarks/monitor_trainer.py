@@ -174,7 +174,8 @@ def main(argv=None) -> None:
     print(
         "extra wall time, median over reps: "
         f"{sorted(r['extra_pct'] for r in rows)[len(rows) // 2]:.1f}%; "
-        f"monitor's own time / baseline: {100 * sum(r['monitor_own_s'] for r in rows) / sum(r['base_s'] for r in rows):.1f}%"
+        f"monitor's own time / baseline: "
+        f"{100 * sum(r['monitor_own_s'] for r in rows) / sum(r['base_s'] for r in rows):.1f}%"
     )
     assert math.isfinite(rows[0]["extra_pct"])
 

@@ -32,12 +32,12 @@ def saved_bytes_per_sequence(shape: str, seq: int, layers: int, dtype: torch.dty
     ids = torch.randint(0, SHAPES[shape][4], (1, seq))
     params = [p for p in model.parameters()]
 
-    def run():
+    def run(model=model):
         with torch.enable_grad(), second_order_attention():
             torch.autograd.grad(lm_loss(model, ids), params, create_graph=True)
 
     out = saved_graph_bytes(model, run)
-    del model
+    del model, run  # run holds model as a default argument
     import gc
 
     gc.collect()
@@ -155,8 +155,8 @@ def difference_need(
     """The gradient-difference backend's projection for the whole model (a bfloat16 checkpoint)
     with activation checkpointing (:func:`geometry.operators.difference.pass_bytes`), numbers in the
     ``compute`` dtype (w bytes): the model resident in bf16 (2·dim) plus, for float32 compute, its
-    float32 copy (4·dim), the kept θ (w·dim), the ``.grad`` (w·dim), the checkpointed layer inputs (b·L·s·h·w), one layer's
-    recompute (bounded by the measured double-backward graph of one layer, ``layer_s`` per
+    float32 copy (4·dim), the kept θ (w·dim), the ``.grad`` (w·dim), the checkpointed layer inputs (b·L·s·h·w), one
+    layer's recompute (bounded by the measured double-backward graph of one layer, ``layer_s`` per
     sequence), what is outside the layers (the measured ``outside_128`` scaled to s: embeddings,
     final norm, logits and the loss), one embedding matrix in float32 (the perturbation's cast);
     the estimators' float32 vectors on top; 2 gradients per HVP, each with a recomputed forward (4/3 of a

@@ -130,7 +130,9 @@ def test_lm_eval_logliks_equal_lm_loss(tok, dtype, family, spec):
     # the outcome lm-eval reports is the argmax of those log-likelihoods
     gold = [int(k.split(":")[1]) for k in score.items]
     golds = [embedded_items()[g]["gold"] for g in gold]
-    assert np.array_equal(score.correct, np.array([int(np.argmax(l)) == g for l, g in zip(score.loglik, golds)]))
+    assert np.array_equal(
+        score.correct, np.array([int(np.argmax(loglik)) == g for loglik, g in zip(score.loglik, golds)])
+    )
 
 
 # ----------------------------------------------------------------------------- statistics

@@ -1,4 +1,5 @@
-"""geometry.estimators.attribution: the factorisation ½dᵀHd = ½‖d‖²(tr H/n)κ and per-block parts, against exact Hessians."""
+"""geometry.estimators.attribution: the factorisation ½dᵀHd = ½‖d‖²(tr H/n)κ and per-block parts, against exact
+Hessians."""
 
 from __future__ import annotations
 

@@ -139,7 +139,7 @@ LLAMA_GROUPS = (
 def test_awq_matches_direct_search():
     model = _small()
     calib = _calib()
-    names = [f"model.layers.{l}.{n}" for l in range(2) for grp in LLAMA_GROUPS for n in grp]
+    names = [f"model.layers.{layer}.{n}" for layer in range(2) for grp in LLAMA_GROUPS for n in grp]
     X = _inputs(model, calib, names)
     results = []
     from probes.core.modules import select_linears
@@ -147,7 +147,7 @@ def test_awq_matches_direct_search():
     target = __import__("copy").deepcopy(model)
     awq_model(target, list(calib), select_linears(target), QuantSpec.parse(f"awq:{BITS}:g{G}"), on_group=results.append)
     assert [tuple(r.names) for r in results] == [
-        tuple(f"model.layers.{l}.{n}" for n in grp) for l in range(2) for grp in LLAMA_GROUPS
+        tuple(f"model.layers.{layer}.{n}" for n in grp) for layer in range(2) for grp in LLAMA_GROUPS
     ]  # generic grouping
     qm = quantize(model, f"awq:{BITS}:g{G}", calibration=calib)
     qmods = dict(qm.model.named_modules())
@@ -176,12 +176,12 @@ def test_awq_output_error_le_rtn_on_calibration():
     calib = _calib()
     awq = quantize(model, f"awq:{BITS}:g{G}", calibration=calib).model
     rtn = quantize(model, f"rtn:{BITS}:g{G}").model
-    names = [f"model.layers.{l}.{n}" for l in range(2) for grp in LLAMA_GROUPS for n in grp]
+    names = [f"model.layers.{layer}.{n}" for layer in range(2) for grp in LLAMA_GROUPS for n in grp]
     X = _inputs(model, calib, names)
     fp, qa, qr = (dict(m.named_modules()) for m in (model, awq, rtn))
-    for l in range(2):
+    for layer in range(2):
         for grp in LLAMA_GROUPS:
-            full = [f"model.layers.{l}.{n}" for n in grp]
+            full = [f"model.layers.{layer}.{n}" for n in grp]
             x = X[full[0]].double()
             ea = sum(out_sq(x, qa[n].weight.double(), fp[n].weight.double()) for n in full)
             er = sum(out_sq(x, qr[n].weight.double(), fp[n].weight.double()) for n in full)

@@ -64,20 +64,24 @@ def test_a_store_written_before_the_column_gains_it(tmp_path):
     con = sqlite3.connect(path)
     con.executescript("""
         CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-        CREATE TABLE checkpoints (run TEXT NOT NULL DEFAULT '', label TEXT NOT NULL, position INTEGER NOT NULL, step INTEGER,
-            tokens INTEGER, lr REAL, derived INTEGER NOT NULL DEFAULT 0, kind TEXT, location TEXT, ref_json TEXT,
+        CREATE TABLE checkpoints (run TEXT NOT NULL DEFAULT '', label TEXT NOT NULL, position INTEGER NOT NULL,
+            step INTEGER, tokens INTEGER, lr REAL, derived INTEGER NOT NULL DEFAULT 0, kind TEXT, location TEXT,
+            ref_json TEXT,
             PRIMARY KEY (run, label));
         CREATE TABLE results (id INTEGER PRIMARY KEY AUTOINCREMENT, checkpoint TEXT NOT NULL, probe TEXT NOT NULL,
-            spec TEXT NOT NULL, status TEXT NOT NULL, metrics TEXT NOT NULL DEFAULT '[]', extra TEXT NOT NULL DEFAULT '{}',
+            spec TEXT NOT NULL, status TEXT NOT NULL, metrics TEXT NOT NULL DEFAULT '[]',
+            extra TEXT NOT NULL DEFAULT '{}',
             n_hvp INTEGER NOT NULL DEFAULT 0, seconds REAL, error TEXT, seed INTEGER, data_hash TEXT, plan_hash TEXT,
-            config_hash TEXT, run TEXT NOT NULL DEFAULT '', versions TEXT, created TEXT, UNIQUE (run, checkpoint, probe, spec));
+            config_hash TEXT, run TEXT NOT NULL DEFAULT '', versions TEXT, created TEXT,
+            UNIQUE (run, checkpoint, probe, spec));
     """)
     lam = [
         {"metric": f"lambda_{i}", "value": v, "stderr": None, "ci_low": None, "ci_high": None}
         for i, v in ((1, 5.0), (2, 3.0))
     ]
     con.execute(
-        "INSERT INTO results(checkpoint, probe, spec, status, metrics, extra) VALUES ('s1', 'eigen', 'top2', 'ok', ?, ?)",
+        "INSERT INTO results(checkpoint, probe, spec, status, metrics, extra) "
+        "VALUES ('s1', 'eigen', 'top2', 'ok', ?, ?)",
         (json.dumps(lam), json.dumps({"converged": [True, False]})),
     )
     con.commit()

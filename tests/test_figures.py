@@ -1,4 +1,5 @@
-"""probes.report.figures and probes.report.pages: traces and markers from results, the HTML report, `losslens report`."""
+"""probes.report.figures and probes.report.pages: traces and markers from results, the HTML report, `losslens
+report`."""
 
 from __future__ import annotations
 

@@ -63,7 +63,8 @@ else:
     from probes.models.curvature import lm_hessian
     torch.manual_seed(0)
     cfg = transformers.GPTNeoXConfig(vocab_size=50304, hidden_size=256, num_hidden_layers=1, num_attention_heads=4,
-                                     intermediate_size=1024, rotary_pct=0.25, tie_word_embeddings=False, use_cache=False)
+                                     intermediate_size=1024, rotary_pct=0.25, tie_word_embeddings=False,
+                                     use_cache=False)
     model = transformers.GPTNeoXForCausalLM(cfg).to(getattr(torch, sys.argv[2])).eval()
     batches = [torch.randint(0, 50304, (1, 16), generator=torch.Generator().manual_seed(i)) for i in range(2)]
     op = lm_hessian(model, batches, max_memory="8GB")

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 gguf = pytest.importorskip("gguf")
-from gguf import GGMLQuantizationType as T
+T = gguf.GGMLQuantizationType
 
-from probes.quant import QuantizeError, quantize
-from probes.quant.formats import GGUF_TYPES
-from probes.quant.ggml import TYPES, gguf_quantize
-from tests.ggml_transcription import quantize_row_q4_k
+from probes.quant import QuantizeError, quantize  # noqa: E402 - after the gguf skip
+from probes.quant.formats import GGUF_TYPES  # noqa: E402 - after the gguf skip
+from probes.quant.ggml import TYPES, gguf_quantize  # noqa: E402 - after the gguf skip
+from tests.ggml_transcription import quantize_row_q4_k  # noqa: E402 - after the gguf skip
 
 LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 SEEDS = (0, 1, 2)

@@ -49,7 +49,8 @@ def test_plan_validation_messages(tmp_path):
 def test_plan_files_and_hash(tmp_path):
     toml = tmp_path / "plan.toml"
     toml.write_text(
-        'name = "a"\nseed = 1\nlawa = [3]\n[data]\neval = [2, 2, 16]\ncalibration = [1, 2, 16]\ncurvature = [1, 2, 16]\n'
+        'name = "a"\nseed = 1\nlawa = [3]\n[data]\neval = [2, 2, 16]\ncalibration = [1, 2, 16]\n'
+        "curvature = [1, 2, 16]\n"
         '[probes]\nloss = true\nquant = ["rtn:4", "int8"]\ntrace = { method = "hutchinson", num_matvecs = 8 }\n'
         'eigen = { k = 2 }\nblock_trace = { groups = { attn = "*attention*" }, num_matvecs = 4 }\n'
         'directional = ["rtn:4"]\nkurtosis = true\n'

@@ -28,7 +28,8 @@ EVERY_PROBE = (
     'block_trace = { groups = "block", num_matvecs = 4 }\n'
     'explain = { specs = ["rtn:4"], blocks = ["layer"], trace_matvecs = 6 }\n'
 )
-CHEAP = 'loss = true\nquant = ["rtn:4"]\ntrace = { method = "hutchinson", num_matvecs = 300 }\n'  # the trace: ~1 s per checkpoint
+# the trace: ~1 s per checkpoint
+CHEAP = 'loss = true\nquant = ["rtn:4"]\ntrace = { method = "hutchinson", num_matvecs = 300 }\n'
 SAME = [
     "run",
     "checkpoint",

@@ -15,8 +15,8 @@ factory             architecture                                  parameters
 ==================  ============================================  ==========
 
 LM batches are ``[batch, seq]`` LongTensors from :func:`random_batches`; the LM loss is :func:`lm_loss`
-(:func:`probes.core.lm.lm_loss`, kept in float64 for float64 models). MLP batches are ``(x [b, 5], y [b])`` tuples from :func:`mlp_batches`
-with :func:`mlp_loss` (mean cross-entropy). Models are returned in eval mode.
+(:func:`probes.core.lm.lm_loss`, kept in float64 for float64 models). MLP batches are ``(x [b, 5], y [b])`` tuples from
+:func:`mlp_batches` with :func:`mlp_loss` (mean cross-entropy). Models are returned in eval mode.
 """
 
 from __future__ import annotations

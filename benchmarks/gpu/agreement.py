@@ -5,8 +5,8 @@ HF's float32 islands kept in float64 by :func:`probes.models.fidelity.with_float
 the tolerances bound rounding only): relative ‖device − CPU‖ / ‖CPU‖ ≤ 1e-9 for the exact
 backends, 1e-6 for the difference backend (a step of ~1e-5 relative amplifies gradient rounding);
 estimators 1e-7 (the same seeds and the same products up to rounding); bf16 checkpoints with
-float32 compute 1e-4 (float32 rounding on either side). The attention section compares products of a float32 model, whose difference
-backend is measured within 1e-3 of the exact ones; the tolerance there is 1e-2.
+float32 compute 1e-4 (float32 rounding on either side). The attention section compares products of a float32 model,
+whose difference backend is measured within 1e-3 of the exact ones; the tolerance there is 1e-2.
 """
 
 from __future__ import annotations

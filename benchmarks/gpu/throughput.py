@@ -94,10 +94,10 @@ def throughput(ctx: Context) -> list[dict]:
                 t_grad = timed(rev.gradient, ctx.device, n=2)
                 with rev.configured(cache_graphs=True):
                     rev.release_graphs()
-                    t_rev = timed(lambda: rev.matmat_flat(V), ctx.device, n=1) / k
+                    t_rev = timed(lambda rev=rev, V=V: rev.matmat_flat(V), ctx.device, n=1) / k
                     rev.release_graphs()
                 diff = _operator(model, [batch], dtype, backend="difference")
-                t_diff = timed(lambda: diff.matmat_flat(V[:2]), ctx.device, n=1) / 2
+                t_diff = timed(lambda diff=diff, V=V: diff.matmat_flat(V[:2]), ctx.device, n=1) / 2
                 row = info(
                     "throughput",
                     "seconds per HVP",
@@ -138,8 +138,8 @@ def memory(ctx: Context) -> list[dict]:
         op = _operator(model, batches, dtype)
         n_pp, n_lz = (6, 4) if ctx.quick else (30, 20)
         for what, fn in (
-            (f"hutch++ {n_pp} products", lambda: hutchpp_trace(op, num_matvecs=n_pp, seed=0)),
-            (f"lanczos {n_lz} steps", lambda: top_eigenvalues(op, max_iter=n_lz, tol=1e-6, seed=0)),
+            (f"hutch++ {n_pp} products", lambda op=op: hutchpp_trace(op, num_matvecs=n_pp, seed=0)),
+            (f"lanczos {n_lz} steps", lambda op=op: top_eigenvalues(op, max_iter=n_lz, tol=1e-6, seed=0)),
         ):
             if time.monotonic() > ctx.notes["section_deadline"]:
                 rows.append(
@@ -162,7 +162,7 @@ def memory(ctx: Context) -> list[dict]:
             if peak.reserved is not None:
                 row.update(reserved_GB=peak.reserved / 1e9, reserved_over_plan=peak.reserved / max(plan, 1))
             rows.append(row)
-        del model, op
+        del model, op, fn  # fn holds op as a default argument
         if ctx.cuda:
             torch.cuda.empty_cache()
     return rows

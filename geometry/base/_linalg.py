@@ -231,7 +231,8 @@ def orthonormalize_rows(Y: torch.Tensor, rtol: float | None = None, passes: int 
 
     Each pass forms the Gram matrix G = Y Yᵀ in float64, diagonalises it (G = U Λ Uᵀ), drops the
     directions with ``λ ≤ rtol · λ_max`` (numerically dependent rows; default ``rtol = s · eps``
-    of Y's dtype: a singular value below √rtol of the largest is rounding noise), and replaces the rows by ``Λ^{-1/2} Uᵀ Y``. Two passes make
+    of Y's dtype: a singular value below √rtol of the largest is rounding noise), and replaces the rows by
+    ``Λ^{-1/2} Uᵀ Y``. Two passes make
     the rows orthonormal to working precision even when Y is ill-conditioned (the second pass
     starts from a Gram matrix close to I). Cost per pass: s² · dim multiply-adds.
     """

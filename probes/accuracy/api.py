@@ -69,7 +69,8 @@ class AccuracyReport:
                     missing = [x for x in self.tasks if x not in self.scored_tasks]
                     if missing:
                         r["note"] = (
-                            f"mean over {len(self.scored_tasks)} of {len(self.tasks)} tasks (missing: {', '.join(missing)})"
+                            f"mean over {len(self.scored_tasks)} of {len(self.tasks)} tasks (missing: "
+                            f"{', '.join(missing)})"
                         )
                 else:
                     r = {

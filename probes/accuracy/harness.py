@@ -5,8 +5,8 @@ tokenizer=tok)`` -- no reload from disk or hub; the model keeps its device and d
 model gets its log-softmax in float32, as :func:`probes.core.lm.lm_loss` does) -- and calls
 ``lm_eval.evaluator.evaluate``, the core of ``simple_evaluate`` without its global RNG seeding and
 its ~1.5 s per call of environment logging (it runs ``pip list``), with ``log_samples=True``; the
-tasks' few-shot samplers are seeded with ``FEWSHOT_SEED``, ``simple_evaluate``'s default. From the logged samples it keeps, per task,
-the per-item outcomes (``acc``; ``acc_norm`` where the task has it), so that two models scored on
+tasks' few-shot samplers are seeded with ``FEWSHOT_SEED``, ``simple_evaluate``'s default. From the logged samples it
+keeps, per task, the per-item outcomes (``acc``; ``acc_norm`` where the task has it), so that two models scored on
 the same items can be compared item by item (:mod:`.stats`).
 
 - **Subsample** (``limit``): per leaf task, ``limit`` item indices drawn without replacement by

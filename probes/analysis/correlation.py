@@ -58,8 +58,8 @@ class Correlation:
     freedom of the t quantile (runs − 1, or ν); ``phi_x``, ``phi_y``: bias-corrected lag-1
     autocorrelations within runs; ``p_iid``: scipy's p assuming independent pairs (for comparison
     only); ``inference``: :data:`~.inference.RUN_LEVEL`, :data:`~.inference.EFFECTIVE_N` or
-    :data:`~.inference.DESCRIPTIVE` (no interval, ``p`` NaN); ``note``: why descriptive, what the pooled r means, what was left out;
-    ``covariates``: names of the controls for a partial correlation (empty otherwise).
+    :data:`~.inference.DESCRIPTIVE` (no interval, ``p`` NaN); ``note``: why descriptive, what the pooled r means, what
+    was left out; ``covariates``: names of the controls for a partial correlation (empty otherwise).
     """
 
     r: float

@@ -237,8 +237,8 @@ def check_fits_weights(
         )
         raise ArchitectureMismatchError(
             f"{who}: {config_path} describes a {type(model).__name__} of {_count(need)} parameters "
-            f"({_gb(need * itemsize)} in {str(dtype or torch.float32).replace('torch.', '')}), but its weight files hold "
-            f"{_count(have)} parameters ({_gb(have * itemsize)}): {why}. Nothing was allocated; fix config.json "
-            "(model.config.save_pretrained writes a complete one)."
+            f"({_gb(need * itemsize)} in {str(dtype or torch.float32).replace('torch.', '')}), but its weight "
+            f"files hold {_count(have)} parameters ({_gb(have * itemsize)}): {why}. Nothing was allocated; "
+            "fix config.json (model.config.save_pretrained writes a complete one)."
         )
     match_shapes(model, shapes, who, config_path)

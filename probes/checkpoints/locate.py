@@ -5,7 +5,8 @@ Every command opens its argument here: :func:`open_trajectory` (``losslens sweep
 
 - a **folder**: a trajectory folder (:meth:`Trajectory.from_folder`), a single checkpoint folder
   or a weight file; a llama.cpp ``.gguf`` file is dequantized once into a checkpoint folder
-  (:mod:`probes.checkpoints.gguf`), and a hub revision whose snapshot is one ``.gguf`` file likewise. A single checkpoint that sits in a trajectory folder is returned as that
+  (:mod:`probes.checkpoints.gguf`), and a hub revision whose snapshot is one ``.gguf`` file likewise. A single
+  checkpoint that sits in a trajectory folder is returned as that
   trajectory's reference, so its step, tokens and LR (``trajectory.json``, ``trainer_state.json``)
   and the trajectory's tokenizer come with it;
 - a **hub name** ``hf:ORG/NAME[@REVISIONS]`` (:func:`parse_hub_name`), resolved through the local

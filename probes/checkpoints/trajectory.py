@@ -170,8 +170,8 @@ class Trajectory:
                 return cls([CheckpointRef.from_path(root)], name or root.name, meta)
             raise NoCheckpointsError(
                 f"no checkpoints in {root}: expected sub-folders named by step (step-1000, step1000, step_1000, "
-                "checkpoint-1000, iter_0001000, ...) each with config.json and weights, files like step1000.safetensors, "
-                "or a trajectory.json"
+                "checkpoint-1000, iter_0001000, ...) each with config.json and weights, files like "
+                "step1000.safetensors, or a trajectory.json"
             )
         refs.sort(key=_sort_key)
         if tj_data is not None:

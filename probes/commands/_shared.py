@@ -108,7 +108,8 @@ class MemoryOptions:
 @dataclass(frozen=True)
 class ComputeOptions:
     """How the Hessian-vector products run: the backend (:class:`geometry.HessianOperator`), the
-    compute dtype (:mod:`geometry.operators.precision`), the ranks under torchrun (:mod:`probes.core.distributed`) and torch's threads."""
+    compute dtype (:mod:`geometry.operators.precision`), the ranks under torchrun (:mod:`probes.core.distributed`) and
+    torch's threads."""
 
     backend: Optional[str] = option(
         "reverse",

@@ -58,7 +58,8 @@ def _print(result: dict) -> None:
         if f.quadratic > 0 and ref.quadratic > 0:
             con.print(
                 f"{e.spec} vs {exps[0].spec}: log ½δᵀHδ ratio {math.log(f.quadratic / ref.quadratic):+.3f} = "
-                f"log ‖δ‖² ratio {math.log(f.norm2 / ref.norm2):+.3f} + log κ ratio {math.log(f.kappa / ref.kappa):+.3f}"
+                f"log ‖δ‖² ratio {math.log(f.norm2 / ref.norm2):+.3f} + log κ ratio "
+                f"{math.log(f.kappa / ref.kappa):+.3f}"
             )
         else:
             con.print(f"{e.spec} vs {exps[0].spec}: ½δᵀHδ ≤ 0 for one of them (H is indefinite along δ): no log ratio")

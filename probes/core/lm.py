@@ -50,7 +50,8 @@ def check_batch(model: nn.Module, batch: torch.Tensor) -> None:
         or batch.dtype not in (torch.long, torch.int32, torch.int64)
     ):
         raise LossError(
-            f"a batch must be an integer tensor [batch, seq]; got {getattr(batch, 'dtype', type(batch))} {tuple(getattr(batch, 'shape', ()))}"
+            f"a batch must be an integer tensor [batch, seq]; got {getattr(batch, 'dtype', type(batch))} "
+            f"{tuple(getattr(batch, 'shape', ()))}"
         )
     if batch.shape[1] < 2:
         raise LossError("sequences need at least 2 tokens to have a next-token target")
@@ -58,12 +59,14 @@ def check_batch(model: nn.Module, batch: torch.Tensor) -> None:
     ctx = getattr(config, "max_position_embeddings", None)
     if ctx is not None and batch.shape[1] > ctx:
         raise LossError(
-            f"sequence length {batch.shape[1]} exceeds the model's context of {ctx} tokens; build the token set with seq <= {ctx}"
+            f"sequence length {batch.shape[1]} exceeds the model's context of {ctx} tokens; build the token set "
+            f"with seq <= {ctx}"
         )
     vocab = getattr(config, "vocab_size", None)
     if vocab is not None and batch.numel() and int(batch.max()) >= vocab:
         raise LossError(
-            f"token id {int(batch.max())} is outside the model's vocabulary of {vocab}; was the token set built with another tokenizer?"
+            f"token id {int(batch.max())} is outside the model's vocabulary of {vocab}; was the token set built "
+            f"with another tokenizer?"
         )
 
 

@@ -35,7 +35,8 @@ class TokenSet:
         t = self.tokens
         if not isinstance(t, torch.Tensor) or t.ndim != 3:
             raise TokenSetError(
-                f"token set {self.name!r}: tokens must be a [n_batches, batch, seq] tensor, got {getattr(t, 'shape', type(t))}"
+                f"token set {self.name!r}: tokens must be a [n_batches, batch, seq] tensor, got "
+                f"{getattr(t, 'shape', type(t))}"
             )
         if t.dtype != torch.long:
             object.__setattr__(self, "tokens", t.long())

@@ -6,8 +6,7 @@ a :class:`geometry.HessianOperator` of :func:`probes.core.lm.lm_loss`, built onl
 2×16-token slice carrying every special token (on a float64 miniature of the architecture for
 models over 50M parameters or in half precision) — that the chosen backend's products agree with
 finite differences of the gradient and of the loss. An architecture whose ops lack a forward-AD rule falls back to the
-reverse backend with
-a :class:`~probes.models.second_order.SecondOrderWarning` naming the op; one whose products cannot
+reverse backend with a :class:`~probes.models.second_order.SecondOrderWarning` naming the op; one whose products cannot
 be trusted raises :class:`~probes.models.second_order.SecondOrderError` (recorded as a failed row
 by sweeps) — never a silently wrong number.
 """
@@ -50,8 +49,7 @@ def lm_hessian(
     forwards on 2×16 tokens). With ``max_memory`` every measuring step of the set-up (the check,
     the graph of a batch) is planned first and refused before it runs when it cannot fit
     (:func:`probes.models.setup_budget.plan_lm_setup`). ``lean_head``: with the reverse backend, take the loss through
-    the
-    closed-form chunked LM head (:func:`probes.core.lm_head.lm_loss_lean`: the same loss, no
+    the closed-form chunked LM head (:func:`probes.core.lm_head.lm_loss_lean`: the same loss, no
     ``[tokens, vocab]`` tensor in the double-backward graph; models whose logits are not a plain
     linear head fall back to :func:`~probes.core.lm.lm_loss` by themselves). Extra keyword
     arguments go to :class:`HessianOperator` (``max_memory``, ``chunk_size``, ``data_parallel``, ...);

@@ -18,8 +18,8 @@ softmax upcasts) in float64. Without it a float64 HF model rounds its norms to f
 noise of ~1e-7·``|L|`` into every loss value and, divided by h², swamps a second difference. With it,
 loss values carry ~1e-15 relative noise; on the six seed families (2 seeds, step 0.05 and two
 halvings) vᵀHv agreed with both backends' float64 products to ≤ 7e-9·‖Hv‖ and with their float32
-products to ≤ 5e-8·‖Hv‖ (tests/test_oracles.py asserts 1e-7 and 2e-6). Run the products you check inside the same context (or compare a float32
-model at float32 tolerance).
+products to ≤ 5e-8·‖Hv‖ (tests/test_oracles.py asserts 1e-7 and 2e-6). Run the products you check inside the same
+context (or compare a float32 model at float32 tolerance).
 
 Validity: the loss must be four times differentiable along the segment θ ± step·v̂ for the
 Richardson table to mean anything; an activation with a kink or a jump (Apertus' xIELU has both,

@@ -58,8 +58,8 @@ class AlarmEvent:
 
     def message(self) -> str:
         return (
-            f"quantization alarm at step {self.step}: ΔQ({self.spec}) grew {100 * (self.dq - self.dq_since):+.2f} points "
-            f"(from {100 * self.dq_since:.2f}% to {100 * self.dq:.2f}%) while the FP loss fell "
+            f"quantization alarm at step {self.step}: ΔQ({self.spec}) grew {100 * (self.dq - self.dq_since):+.2f} "
+            f"points (from {100 * self.dq_since:.2f}% to {100 * self.dq:.2f}%) while the FP loss fell "
             f"{self.loss_since - self.loss:.3f} nats since step {self.since_step}: {self.rate:.3f} ΔQ per nat > "
             f"threshold {self.threshold:g}. The quantized model is losing robustness faster than the FP model improves."
         )

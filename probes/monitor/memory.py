@@ -87,8 +87,9 @@ def check_memory(model: nn.Module, settings: MonitorSettings, token_sets: Mappin
     if need > budget:
         q = plan["quantization"]
         raise MonitorMemoryError(
-            f"the monitor needs {format_bytes(need)} beside training (quantization: model copy {format_bytes(q['model_copy'])}"
-            f" + eval forward {format_bytes(q['eval_forward'])}) but only {format_bytes(budget)} is available on {device}; "
+            f"the monitor needs {format_bytes(need)} beside training (quantization: model copy "
+            f"{format_bytes(q['model_copy'])} + eval forward {format_bytes(q['eval_forward'])}) but only "
+            f"{format_bytes(budget)} is available on {device}; "
             "use a smaller eval_set batch, fewer specs, or raise max_memory. Refused before training starts."
         )
     return plan

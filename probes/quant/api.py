@@ -57,7 +57,8 @@ def calibration_batches(calibration, model: nn.Module | None = None) -> list[tor
         batches = list(calibration)
     else:
         raise CalibrationError(
-            f"calibration must be a TokenSet, a LongTensor or a list of [batch, seq] LongTensors, got {type(calibration).__name__}"
+            f"calibration must be a TokenSet, a LongTensor or a list of [batch, seq] LongTensors, got "
+            f"{type(calibration).__name__}"
         )
     if not batches:
         raise CalibrationError("the calibration set is empty")
@@ -111,8 +112,8 @@ def quantize(
     rotation) and rotates the result back; each layer's report then holds ‖Q(WR) − WR‖/‖WR‖, which equals
     ‖Q(WR)Rᵀ − W‖/‖W‖ (R orthogonal), and a note naming the rotation.
 
-    Cost: RTN/INT8 and the formats of :mod:`probes.quant.formats` O(parameters); GPTQ one forward per calibration batch to capture block 0's
-    inputs, then per block (#input groups + 2) block forwards over the calibration set and one
+    Cost: RTN/INT8 and the formats of :mod:`probes.quant.formats` O(parameters); GPTQ one forward per calibration batch
+    to capture block 0's inputs, then per block (#input groups + 2) block forwards over the calibration set and one
     Cholesky + O(out·in²) update per linear (see :mod:`probes.quant.sequential`).
 
     Raises:

@@ -28,7 +28,8 @@ reordering, damp 0.05 + 0.01 steps, float32, its Hessian accumulation); under it
 refused. ``variant`` is ``"reference"`` otherwise.
 
 Examples: ``rtn:4:g128``, ``rtn:3:row``, ``int8``, ``gptq:3:g128:act``, ``gptq:4:g128:act:static``,
-``gptq:4:g128:sym``, ``fp8``, ``mxfp4``, ``gguf:Q4_K``, ``had+rtn:4:g128``, ``had3+gptq:4``. ``str(QuantSpec.parse(s)) == s`` for every canonical string.
+``gptq:4:g128:sym``, ``fp8``, ``mxfp4``, ``gguf:Q4_K``, ``had+rtn:4:g128``, ``had3+gptq:4``.
+``str(QuantSpec.parse(s)) == s`` for every canonical string.
 """
 
 from __future__ import annotations

@@ -154,7 +154,8 @@ def accuracy_note(df, summary_line: str = "") -> str:
     note = (
         f'<p class="note">Tasks: {html.escape(", ".join(tasks))}. Δacc = acc_q − acc_fp of the mean over tasks '
         "(each task weighs the same), with a paired bootstrap 95% interval over items; the relative drop "
-        "(acc_fp − acc_q)/acc_fp is stored as rel_drop. The figure uses acc (acc_norm only where a task has no acc).</p>"
+        "(acc_fp − acc_q)/acc_fp is stored as rel_drop. The figure uses acc "
+        "(acc_norm only where a task has no acc).</p>"
     )
     if summary_line:
         note += f'<p class="note" data-note="accuracy-summary">{html.escape(summary_line)}</p>'

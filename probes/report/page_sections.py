@@ -14,7 +14,8 @@ from geometry.surfaces.surface import Surface
 from .explain_figures import explain_figures
 
 _CSS = """
-body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1200px;padding:16px 24px;color:#222}
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1200px;\
+padding:16px 24px;color:#222}
 h1{font-size:1.6em;margin-bottom:0}h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:32px}
 .sub{color:#666;margin-top:4px}.figure{margin:12px 0 24px 0;border:1px solid #eee;border-radius:4px}
 table{border-collapse:collapse;font-size:.9em;margin:8px 0}th,td{border:1px solid #ddd;padding:3px 8px;text-align:right}

@@ -120,7 +120,8 @@ def build_report(
 
     for j, (label, ldf) in enumerate((live or {}).items()):
         parts = [
-            f'<div class="figure" data-figure="live:{html.escape(str(label))}:{name}">{figure_html(fig, f"live-{j}-{i}")}</div>'
+            f'<div class="figure" '
+            f'data-figure="live:{html.escape(str(label))}:{name}">{figure_html(fig, f"live-{j}-{i}")}</div>'
             for i, (name, fig) in enumerate(trajectory_figures(ldf).items())
             if not name.startswith("scatter")
         ]
@@ -213,7 +214,8 @@ def build_report(
             norms = [{"quantity": k, "value": v} for k, v in (s.plane.get("norms") or {}).items()]
             parts.append(
                 f"<h3>{html.escape(str(label))}</h3>"
-                f'<div class="figure" data-figure="surface:{html.escape(str(label))}">{figure_html(fig, f"surf-{j}")}</div>'
+                f'<div class="figure" '
+                f'data-figure="surface:{html.escape(str(label))}">{figure_html(fig, f"surf-{j}")}</div>'
                 + _table(pts, ["point", "x", "y", "loss"], left=("point",))
                 + _table(norms, left=("quantity",))
                 + (

@@ -1,4 +1,5 @@
-"""Figures of loss surfaces and lines (:class:`geometry.surfaces.surface.Surface`, :class:`~geometry.surfaces.surface.Profile`).
+"""Figures of loss surfaces and lines (:class:`geometry.surfaces.surface.Surface`,
+:class:`~geometry.surfaces.surface.Profile`).
 
 Drawn from the results only (nothing is re-evaluated): :func:`surface_figure` is the 3-D surface
 next to its contour map with the marked points (A, B, C ...); :func:`surface_profile_figure` one

@@ -1,4 +1,5 @@
-"""``python -m probes.sweep ARGS`` = ``losslens ARGS`` (e.g. ``python -m probes.sweep sweep runs/wsd --out r.sqlite``)."""
+"""``python -m probes.sweep ARGS`` = ``losslens ARGS`` (e.g.
+``python -m probes.sweep sweep runs/wsd --out r.sqlite``)."""
 
 from probes.cli import app
 

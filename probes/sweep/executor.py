@@ -99,7 +99,8 @@ def run_sweep(
     """Run ``plan`` over ``trajectory`` and write every probe's row to the store ``out``.
 
     Args:
-        trajectory: a :class:`Trajectory`, a trajectory folder or ``hf:ORG/NAME@REVISIONS`` (:func:`resolve_trajectory`).
+        trajectory: a :class:`Trajectory`, a trajectory folder or ``hf:ORG/NAME@REVISIONS``
+            (:func:`resolve_trajectory`).
         plan: a :class:`Plan`, a .toml/.yaml/.json file, a mapping, or None (:meth:`Plan.default`).
         out: the SQLite file (created if missing) or an open :class:`Store`.
         options: how to run (:class:`~probes.sweep.options.SweepOptions`: executor, workers, threads,

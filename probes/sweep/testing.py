@@ -97,7 +97,8 @@ def tiny_plan_toml(path: str | Path, folder: str | Path, probes: str | None = No
         )
     )
     text = (
-        f'name = "{name}"\nseed = 0\n[data]\neval = [2, 2, {SEQ}]\ncalibration = [2, 2, {SEQ}]\ncurvature = [1, 2, {SEQ}]\n'
+        f'name = "{name}"\nseed = 0\n[data]\neval = [2, 2, {SEQ}]\ncalibration = [2, 2, {SEQ}]\n'
+        f"curvature = [1, 2, {SEQ}]\n"
         f'files = {{ eval = "{folder}/data/eval.safetensors", calibration = "{folder}/data/calibration.safetensors", '
         f'curvature = "{folder}/data/curvature.safetensors" }}\n[probes]\n{body}'
     )

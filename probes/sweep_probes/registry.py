@@ -12,6 +12,16 @@ from .probe import Probe
 
 # One line per probe. The order of the lines is the execution order: never sort them.
 # isort: off
+from .loss import PROBE as loss  # noqa: F401 - registers the probe (REGISTRY reads globals())
+from .kurtosis import PROBE as kurtosis  # noqa: F401 - registers the probe (REGISTRY reads globals())
+from .quant import PROBE as quant  # noqa: F401 - registers the probe (REGISTRY reads globals())
+from .directional import PROBE as directional  # noqa: F401 - registers the probe (REGISTRY reads globals())
+from .grad_norm import PROBE as grad_norm  # noqa: F401 - registers the probe (REGISTRY reads globals())
+from .trace import PROBE as trace  # noqa: F401 - registers the probe (REGISTRY reads globals())
+from .eigen import PROBE as eigen  # noqa: F401 - registers the probe (REGISTRY reads globals())
+from .block_trace import PROBE as block_trace  # noqa: F401 - registers the probe (REGISTRY reads globals())
+from .explain import PROBE as explain  # noqa: F401 - registers the probe (REGISTRY reads globals())
+from .accuracy import PROBE as accuracy  # noqa: F401 - registers the probe (REGISTRY reads globals())
 # isort: on
 
 REGISTRY: tuple[Probe, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Probe))
