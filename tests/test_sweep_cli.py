@@ -179,3 +179,17 @@ def test_sharpness_command_json(traj, runner):
     assert EigenProbe().method == "lanczos"
     r = runner.invoke(app, ["sharpness", str(traj), "--label", "step-000999", "--data", str(data)])
     assert r.exit_code == 2 and "step-000999" in r.output
+
+
+def test_sweep_prints_one_warning_line_for_rows_whose_measured_error_is_over_tolerance(traj, tmp_path, runner):
+    """bf16 weights with bf16 compute and gradient differences (issue #35): the rows carry
+    error_warning and the sweep says so in one warning line; the default float32 compute does not."""
+    plan = tiny_plan_toml(tmp_path / "plan.toml", traj, probes='trace = { method = "hutchinson", num_matvecs = 2 }\n')
+    base = ["sweep", str(traj), "--plan", str(plan), "--quiet", "--threads", "1", "--dtype", "bfloat16"]
+    base += ["--backend", "difference"]
+    half = runner.invoke(app, [*base, "--out", str(tmp_path / "half.sqlite"), "--compute-dtype", "bfloat16"])
+    assert half.exit_code == 0, half.output
+    warnings = [ln for ln in half.output.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 1 and f"{N_CKPT} row(s)" in warnings[0] and "bfloat16" in warnings[0], half.output
+    default = runner.invoke(app, [*base, "--out", str(tmp_path / "default.sqlite")])
+    assert default.exit_code == 0 and "warning:" not in default.output, default.output

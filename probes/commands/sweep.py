@@ -222,7 +222,9 @@ def sweep(
         said = [f"LR from the schedule {sched}"] if sched else []
         said += [f"tokens = step × {tps}"] if tps else []
         typer.echo(f"{traj.name}: {'; '.join(said)}", err=True)
+    flagged: list = []  # rows whose products' measured error is over the tolerance (printed after the sweep)
     run = SweepOptions(
+        on_row=lambda row: flagged.append(row) if (row.extra or {}).get("error_warning") else None,
         executor=executor,
         address=address,
         retry_failed=retry_failed,
@@ -257,6 +259,8 @@ def sweep(
         con.print(f"  note: {note}")
     for ck, probe, spec, err in report.failures[:20]:
         con.print(f"  [red]failed[/red] {ck} {probe} {spec}: {err}")
+    for line in error_warning_lines(flagged):
+        typer.echo(line, err=True)
     with Store(out) as st:
         df = st.results()
         if export is not None:
@@ -356,6 +360,26 @@ def correlate(
     if len(bad) == len(tab) and len(tab):
         typer.echo(f"error: {bad['note'].iloc[0]}", err=True)
         raise typer.Exit(1)
+
+
+def error_warning_lines(rows) -> list[str]:
+    """One ``warning:`` line per cause among sweep rows whose products' measured relative error is over
+    the tolerance (their ``extra["error_warning"]``, :func:`probes.models.curvature.error_warning`):
+    how many rows, which, the range of their errors, the cause and the fix."""
+    by_cause: dict[tuple, list] = {}
+    for row in rows:
+        w = row.extra["error_warning"]
+        by_cause.setdefault((w["cause"], w["fix"], w["tolerance"]), []).append((f"{row.checkpoint}/{row.probe}", w))
+    lines = []
+    for (cause, fix, tol), hits in by_cause.items():
+        where = [h[0] for h in hits]
+        errs = [h[1]["rel_error"] for h in hits]
+        lines.append(
+            f"warning: {len(hits)} row(s) ({', '.join(where[:4])}{', …' if len(where) > 4 else ''}) have Hessian "
+            f"products whose measured relative error is {min(errs):.2g}–{max(errs):.2g} (> {tol:g}): cause: {cause}; "
+            f"fix: {fix}"
+        )
+    return lines
 
 
 def register(app: typer.Typer) -> None:
