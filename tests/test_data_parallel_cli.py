@@ -63,30 +63,19 @@ def _cli_args(ckpt, data) -> list[str]:
     ]
 
 
+def _torchrun_sharpness(args: list[str], mode: str, *extra: str) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node 2 -m probes.cli sharpness ARGS --parallel MODE EXTRA`` (one thread
+    per rank, this checkout on the path)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"]
+    cmd += ["probes.cli", "sharpness", *args, "--parallel", mode, *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
 def test_torchrun_two_ranks_equal_one_process(setup):
     ckpt, data = setup
     one = sharpness(ckpt, data=data, **ARGS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "probes.cli",
-            "sharpness",
-            *_cli_args(ckpt, data),
-            "--parallel",
-            "data",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    r = _torchrun_sharpness(_cli_args(ckpt, data), "data")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count('"checkpoint"') == 1, r.stdout  # rank 0 alone prints
     two = json.loads(r.stdout[r.stdout.index("{") :])
@@ -102,27 +91,7 @@ def test_torchrun_data_parallel_bfloat16_runs_in_float32_like_one_process(setup)
     ckpt, data = setup
     one = sharpness(ckpt, data=data, **{**ARGS, "dtype": "bfloat16"})
     args = [a if a != "float64" else "bfloat16" for a in _cli_args(ckpt, data)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "probes.cli",
-            "sharpness",
-            *args,
-            "--parallel",
-            "data",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    r = _torchrun_sharpness(args, "data")
     assert r.returncode == 0, r.stderr[-3000:]
     two = json.loads(r.stdout[r.stdout.index("{") :])
     assert one["compute_dtype"] == two["compute_dtype"] == "float32" and two["dtype"] == "bfloat16"
@@ -226,27 +195,7 @@ def test_torchrun_fsdp_sharpness_matches_one_process(setup):
     reverse products: without that the float64 step measured float32 rounding (7.5% off)."""
     ckpt, data = setup
     one = sharpness(ckpt, data=data, backend="difference", **ARGS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "probes.cli",
-            "sharpness",
-            *_cli_args(ckpt, data),
-            "--parallel",
-            "fsdp",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    r = _torchrun_sharpness(_cli_args(ckpt, data), "fsdp")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count('"checkpoint"') == 1, r.stdout
     two = json.loads(r.stdout[r.stdout.index("{") :])
@@ -274,29 +223,7 @@ def test_torchrun_fsdp_bfloat16_within_1e3_of_float32_exact_with_its_error_shown
     of the same bfloat16 weights in float32; the measured error is in the output."""
     ckpt, data = setup
     args = [a if a != "float64" else "bfloat16" for a in _cli_args(ckpt, data)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "probes.cli",
-            "sharpness",
-            *args,
-            "--parallel",
-            "fsdp",
-            "--backend",
-            "difference",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    r = _torchrun_sharpness(args, "fsdp", "--backend", "difference")
     assert r.returncode == 0, r.stderr[-3000:]
     two = json.loads(r.stdout[r.stdout.index("{") :])
     exact = sharpness(ckpt, data=data, **{**ARGS, "dtype": "bfloat16"})
