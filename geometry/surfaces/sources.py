@@ -21,7 +21,7 @@ from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
-__all__ = ["PointSource", "DictSource", "MeanSource", "as_source", "row_count", "chunk_rows"]
+__all__ = ["PointSource", "DictSource", "MeanSource", "as_source", "as_rows", "row_count", "chunk_rows"]
 
 
 @runtime_checkable
@@ -60,10 +60,9 @@ def chunk_rows(shape: Sequence[int], chunk_elements: int) -> int:
     return max(1, int(chunk_elements) // per_row)
 
 
-def _as_rows(t: torch.Tensor) -> torch.Tensor:
-    if t.ndim == 0:
-        return t.reshape(1, 1)
-    return t.reshape(t.shape[0], -1)
+def as_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed as the ``[r, m]`` matrix :meth:`PointSource.rows` reads (a scalar as ``[1, 1]``)."""
+    return t.reshape(1, 1) if t.ndim == 0 else t.reshape(t.shape[0], -1)
 
 
 class DictSource:
@@ -83,7 +82,7 @@ class DictSource:
         return self.params[name].dtype
 
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        return _as_rows(self.params[name].detach())[start:stop].cpu()
+        return as_rows(self.params[name].detach())[start:stop].cpu()
 
 
 class MeanSource:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .planes import Plane, PlaneError
-from .sources import PointSource, as_source, chunk_rows, row_count
+from .sources import PointSource, as_rows, as_source, chunk_rows, row_count
 
 __all__ = ["TrajectoryPCA", "ProjectedPoint", "TrajectoryPCAError", "CHUNK_ELEMENTS"]
 
@@ -152,8 +152,8 @@ class TrajectoryPCA:
         for name in names:
             shape = tuple(self.center[name].shape)
             rows = row_count(shape)
-            c_rows = _rows(self.center[name])
-            d_rows = [_rows(d[name]) for d in self.directions]
+            c_rows = as_rows(self.center[name])
+            d_rows = [as_rows(d[name]) for d in self.directions]
             for lo in range(0, rows, chunk_rows(shape, step)):
                 hi = min(rows, lo + chunk_rows(shape, step))
                 diff = src.rows(name, lo, hi).to(torch.float64) - c_rows[lo:hi].to(torch.float64)
@@ -203,10 +203,6 @@ def _check_axes(axes: Sequence[int], k: int) -> tuple[int, int]:
     if a == b or not (0 <= a < k and 0 <= b < k):
         raise TrajectoryPCAError(f"axes must be two different indices below k={k}, got {tuple(axes)}")
     return a, b
-
-
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(1, 1) if t.ndim == 0 else t.reshape(t.shape[0], -1)
 
 
 def _check_same(names: Sequence[str], sources: Sequence[PointSource], ref: Mapping[str, torch.Tensor] | None = None):

@@ -38,8 +38,8 @@ import torch
 from ..base.params import ParamGlobs, iter_names
 from ..memory.model import MemoryEstimate, first_fitting, resolve_budget
 from .random_planes import _filter_normalize_
-from .sources import PointSource, as_source, chunk_rows, row_count
-from .trajectory_axes import CHUNK_ELEMENTS, TrajectoryPCA, TrajectoryPCAError, _check_same, _rows
+from .sources import PointSource, as_rows, as_source, chunk_rows, row_count
+from .trajectory_axes import CHUNK_ELEMENTS, TrajectoryPCA, TrajectoryPCAError, _check_same
 
 __all__ = ["trajectory_pca", "estimate_memory"]
 
@@ -168,7 +168,7 @@ def trajectory_pca(
 
     def centre_and_gram(name, lo, hi, x):
         c = centre_of(x)
-        _rows(ctr[name])[lo:hi] = c.reshape(hi - lo, -1).to(ctr[name].dtype)
+        as_rows(ctr[name])[lo:hi] = c.reshape(hi - lo, -1).to(ctr[name].dtype)
         x -= c
         gram.add_(x @ x.T)
 
@@ -195,7 +195,7 @@ def trajectory_pca(
         x -= centre_of(x)
         e = proj @ x
         for j in range(k):
-            _rows(axes[j][name])[lo:hi] = e[j].reshape(hi - lo, -1).to(axes[j][name].dtype)
+            as_rows(axes[j][name])[lo:hi] = e[j].reshape(hi - lo, -1).to(axes[j][name].dtype)
 
     _stream(names, sources, chunk_elements, directions, progress)
     meta = {
@@ -232,7 +232,7 @@ def _least_squares_fit(out: TrajectoryPCA, names, sources, step, progress, centr
 
     def visit(name, lo, hi, x):
         x -= centre_of(x)
-        e = torch.stack([_rows(d[name])[lo:hi].to(torch.float64).reshape(-1) for d in out.directions])
+        e = torch.stack([as_rows(d[name])[lo:hi].to(torch.float64).reshape(-1) for d in out.directions])
         dots.add_(x @ e.T)
         gram_e.add_(e @ e.T)
 

@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import nn
 
-from geometry.surfaces.sources import MeanSource, PointSource
+from geometry.surfaces.sources import MeanSource, PointSource, as_rows
 from probes.checkpoints.errors import CheckpointError
 from probes.checkpoints.files import file_shapes, load_weight_file, ref_weight_files
 from probes.checkpoints.loader import _rename_legacy_keys
@@ -98,7 +98,7 @@ class CheckpointSource:
         if not self._lazy:
             self._hold()
             t = self._held[key]
-            return (t.reshape(1, 1) if t.ndim == 0 else t.reshape(t.shape[0], -1))[start:stop]
+            return as_rows(t)[start:stop]
         path, offset, dtype = self._where[key]
         shape = self._shapes[name]
         per_row = math.prod(shape[1:]) if len(shape) > 1 else 1
