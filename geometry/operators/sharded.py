@@ -51,7 +51,7 @@ from ..base.modes import module_modes
 from ..memory.graphs import first_rows, itemsize, one_row, peak_new_bytes
 from .backend import ReducedVectors
 from .derivatives import true_derivatives
-from .difference import DifferenceBackend, checkpointing_layers, difference_products
+from .difference import DifferenceBackend, difference_products
 from .interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
 from .precision import compute_dtype_for
 from .data_parallel import DataParallel, global_batch_weights
@@ -231,7 +231,7 @@ class ShardedHessianOperator(CurvatureOperator):
         try:
             with (
                 module_modes(self.model, training=False),
-                checkpointing_layers(self.model),
+                self.product_backend.attention(self.model),  # checkpointed layers flagged, xIELU continuous
                 torch.enable_grad(),
                 true_derivatives(self.model),
             ):
