@@ -77,3 +77,16 @@ def test_a_perturbed_point_in_the_xielu_clamp_window_does_not_break_the_product(
         HessianOperator(model, lambda m, _: m(), [None], params="w").matmat_flat(torch.ones(1, 1, dtype=torch.float64))
     )
     assert reverse == pytest.approx(exact, rel=1e-12)
+
+
+def test_a_warning_names_non_smooth_activations_as_the_cause():
+    from probes.models.curvature import error_warning
+
+    check = {"rel_error": 0.05, "non_smooth_activations": ["ReLU"]}
+    warning = error_warning(check, torch.float32)
+    assert "not smooth (ReLU)" in warning["cause"] and "--backend reverse" in warning["fix"]
+    model = nn.Sequential(nn.Linear(3, 3, dtype=torch.float64), nn.ReLU(), nn.Linear(3, 1, dtype=torch.float64))
+    op = HessianOperator(
+        model, lambda m, x: m(x).square().mean(), [torch.randn(4, 3, dtype=torch.float64)], backend="difference"
+    )
+    assert op.checked()["non_smooth_activations"] == ["ReLU"]

@@ -74,12 +74,14 @@ def measure(op: Any, backend: Any, num_vectors: int = 2, seed: int = 0) -> dict:
     operator's budget. Cost: 2 · num_vectors products of each backend on the check slice (plus one
     reverse graph build)."""
     from .reverse import ReverseBackend
+    from .smoothness import activation_smoothness
 
     batches = list(backend.check_batches) if backend.check_batches is not None else [one_row(op.batches[0])[1]]
     out = {
         "backend": backend.name,
         "step": backend.step(op),
         "richardson": backend.richardson,
+        "non_smooth_activations": activation_smoothness(op.model)[1],
         "num_vectors": num_vectors,
         "seed": seed,
     }

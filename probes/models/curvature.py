@@ -145,17 +145,18 @@ def error_warning(check: dict | None, compute_dtype, tolerance: float = 1e-2) ->
         return None
     half = compute_dtype in (torch.bfloat16, torch.float16)
     name = str(compute_dtype).replace("torch.", "")
-    cause = (
-        f"half-precision compute ({name})"
-        if half
-        else f"the gradient-difference step in {name} (possibly a token whose input-embedding row is zero in the "
-        "batches)"
-    )
-    fix = (
-        "--compute-dtype float32 (the default for half-precision weights)"
-        if half
-        else "--backend reverse where its pass fits, or curvature data without zero-embedding tokens"
-    )
+    kinked = check.get("non_smooth_activations") or []
+    if half:
+        cause, fix = (
+            f"half-precision compute ({name})",
+            "--compute-dtype float32 (the default for half-precision weights)",
+        )
+    elif kinked:
+        cause = f"activations that are not smooth ({', '.join(kinked)}): gradient differences straddle their kinks"
+        fix = "--backend reverse (exact) where its pass fits"
+    else:
+        cause = f"the gradient-difference step in {name} (possibly a token whose input-embedding row is zero)"
+        fix = "--backend reverse where its pass fits, or curvature data without zero-embedding tokens"
     return {
         "rel_error": err,
         "tolerance": tolerance,
