@@ -14,7 +14,14 @@ from typer.testing import CliRunner
 
 from probes.cli import app
 from probes.commands._options import cli, option, option_of
-from probes.commands._shared import CheckpointOptions, ComputeOptions, LoadOptions, MemoryOptions, TrajectoryOptions
+from probes.commands._shared import (
+    CheckpointOptions,
+    ComputeOptions,
+    ErrorOptions,
+    LoadOptions,
+    MemoryOptions,
+    TrajectoryOptions,
+)
 from probes.commands.explain import explain
 from probes.commands.sharpness import sharpness
 from probes.commands.sweep import SWEEP_HELP, sweep
@@ -124,6 +131,9 @@ def test_shared_options_come_from_one_declaration():
     )
     ex = inspect.signature(cli(explain, help={"max_memory": "x"})).parameters
     assert ex["backend"].annotation.__metadata__[0].param_decls == sh["backend"].annotation.__metadata__[0].param_decls
+    for f in dataclasses.fields(ErrorOptions):  # --error-tolerance and --strict: one declaration for both
+        assert ex[f.name].annotation.__metadata__[0].param_decls == f.metadata["losslens.cli_option"].param_decls
+        assert ex[f.name].default == sh[f.name].default == f.default
     assert option_of(CheckpointOptions, "label", help="h").help == "h"
     assert option_of(CheckpointOptions, "label").help != "h"  # a copy: the group's declaration is unchanged
 

@@ -1,8 +1,9 @@
 """Option groups several commands share, each declared once (:mod:`probes.commands._options`): how a
 trajectory or checkpoint is named and dated (:mod:`probes.checkpoints.locate`,
-:mod:`probes.checkpoints.schedule`), how its weights are loaded, the memory budget, and the HVP
-backend and parallelism. A command takes a group as one parameter (``memory: MemoryOptions =
-MemoryOptions()``); ``--help`` lists the group's fields as its options."""
+:mod:`probes.checkpoints.schedule`), how its weights are loaded, the memory budget, the HVP
+backend and parallelism, and the tolerance of the products' measured error. A command takes a group
+as one parameter (``memory: MemoryOptions = MemoryOptions()``); ``--help`` lists the group's fields
+as its options."""
 
 from __future__ import annotations
 
@@ -135,6 +136,35 @@ class ComputeOptions:
     )
 
 
+@dataclass(frozen=True)
+class ErrorOptions:
+    """When a result is flagged for its Hessian products' measured error
+    (:func:`probes.models.curvature.error_warning`), and whether a flagged result fails the command."""
+
+    error_tolerance: float = option(
+        1e-2,
+        "--error-tolerance",
+        help="Relative error of the HVP products (measured against an exact reference) above which a warning is "
+        "printed and the result flagged (error_warning).",
+    )
+    strict: bool = option(
+        False,
+        "--strict",
+        help="Exit with status 1 when the result is flagged (measured product error over --error-tolerance); "
+        "default: warn and exit 0.",
+    )
+
+    def warn(self, warning: dict | None) -> None:
+        """Print a flagged result's one-line warning (error, cause, fix) on stderr; nothing when None."""
+        if warning:
+            typer.echo(f"warning: {warning['message']}", err=True)
+
+    def exit_if_strict(self, warning: dict | None) -> None:
+        """``typer.Exit(1)`` under ``--strict`` when the result is flagged; call it after the output."""
+        if self.strict and warning:
+            raise typer.Exit(1)
+
+
 def apply_strict_memory(strict: bool | None, max_memory: str | None = None) -> bool:
     """``--strict-memory`` (``None``: on when ``max_memory`` was given):
     :func:`geometry.memory.allocator.return_freed_memory` with the 64 kB mmap threshold measured to keep
@@ -176,6 +206,7 @@ __all__ = [
     "TRAJECTORY_HELP",
     "CheckpointOptions",
     "ComputeOptions",
+    "ErrorOptions",
     "LoadOptions",
     "MemoryOptions",
     "TrajectoryOptions",

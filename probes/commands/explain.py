@@ -4,7 +4,9 @@ Why a quantizer hurts a checkpoint, to second order (:mod:`probes.explain`): on 
 ΔL = gᵀδ + ½δᵀHδ + remainder, ½δᵀHδ = ½·‖δ‖²·(tr H/n)·κ (tr H of the quantized matrices, with its
 95% interval carried into κ), and δᵀHδ, gᵀδ, ‖δ‖² per block. Prints one table of factors per spec
 and one table of blocks per spec, and writes everything as JSON (``--out``); ``--json`` prints the
-JSON instead of the tables.
+JSON instead of the tables. The products' measured error (inexact backends) is recorded as ``hvp_check``;
+over ``--error-tolerance`` it is flagged (``error_warning``) and printed as one ``warning:`` line on
+stderr, and ``--strict`` then exits 1.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from ._options import cli, option_of
-from ._shared import CHECKPOINT_HELP, CheckpointOptions, ComputeOptions, MemoryOptions
+from ._shared import CHECKPOINT_HELP, CheckpointOptions, ComputeOptions, ErrorOptions, MemoryOptions
 
 DEFAULT_SPECS = ["rtn:4:g128", "gptq:4:g128"]
 
@@ -81,6 +83,13 @@ def _print(result: dict) -> None:
         con.print(b)
         if e.attribution.within:
             con.print(f"cross-block terms add {e.attribution.cross:+.4g} to δᵀHδ = {e.factors.dHd:+.4g}")
+    check = result.get("hvp_check")
+    if check is not None:  # an inexact backend (difference): its measured error, the largest of its operators
+        err = check.get("rel_error")
+        con.print(
+            f"HVP products in {check.get('compute_dtype')}: measured relative error "
+            f"{'not measured' if err is None else f'{err:.2g}'} ({check.get('reference')})"
+        )
 
 
 EXPLAIN_HELP = {"max_memory": "bytes or e.g. 8GB each curvature step may allocate"}
@@ -125,6 +134,7 @@ def explain(
     memory: MemoryOptions = MemoryOptions(),
     backend: Annotated[str, option_of(ComputeOptions, "backend")] = "reverse",
     compute_dtype: Annotated[Optional[str], option_of(ComputeOptions, "compute_dtype")] = None,
+    errors: ErrorOptions = ErrorOptions(),
 ) -> None:
     """Explain CHECKPOINT's quantization error by factor (‖δ‖², tr H/n, κ), by block and by quantizer."""
     from geometry.base.results import EstimatorError
@@ -159,6 +169,7 @@ def explain(
             tokens_per_step=source.tokens_per_step,
             backend=backend,
             compute_dtype=compute_dtype,
+            error_tolerance=errors.error_tolerance,
         )
     except (ExplainError, BlockError, QuantizeError, EstimatorError) as e:
         typer.echo(f"error: {e}", err=True)
@@ -168,11 +179,13 @@ def explain(
     text = json.dumps(payload, indent=1, default=str)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
+    errors.warn(result["error_warning"])
     if json_out:
         typer.echo(text)
     else:
         _print(result)
         typer.echo(f"wrote {out}")
+    errors.exit_if_strict(result["error_warning"])
 
 
 def register(app: typer.Typer) -> None:

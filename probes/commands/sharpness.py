@@ -14,7 +14,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from ._console import wide_console
-from ._shared import CHECKPOINT_HELP, CheckpointOptions, ComputeOptions, LoadOptions, MemoryOptions
+from ._shared import CHECKPOINT_HELP, CheckpointOptions, ComputeOptions, ErrorOptions, LoadOptions, MemoryOptions
 
 
 def sharpness(
@@ -46,22 +46,7 @@ def sharpness(
     memory: MemoryOptions = MemoryOptions(),
     compute: ComputeOptions = ComputeOptions(),
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    error_tolerance: Annotated[
-        float,
-        typer.Option(
-            "--error-tolerance",
-            help="Relative error of the HVP products (measured against an exact reference) above "
-            "which a warning is printed and the result flagged (error_warning).",
-        ),
-    ] = 1e-2,
-    strict: Annotated[
-        bool,
-        typer.Option(
-            "--strict",
-            help="Exit with status 1 when the result is flagged (measured product error over "
-            "--error-tolerance); default: warn and exit 0.",
-        ),
-    ] = False,
+    errors: ErrorOptions = ErrorOptions(),
 ) -> None:
     """Sharpness of one checkpoint: Hessian trace (95% CI), top eigenvalue(s), HVPs, timing, memory plan."""
     from probes.core.distributed import is_main_rank
@@ -93,7 +78,7 @@ def sharpness(
             parallel=compute.parallel,
             backend=compute.backend,
             compute_dtype=compute.compute_dtype,
-            error_tolerance=error_tolerance,
+            error_tolerance=errors.error_tolerance,
         )
     except one_checkpoint.SharpnessError as exc:
         typer.echo(f"error: {exc}", err=True)  # every rank: a one-line error each
@@ -103,14 +88,12 @@ def sharpness(
     choice = res["backend_choice"] or {}
     if "requested" in choice:  # a backend replaced by another: said out loud, recorded in the result
         typer.echo(f"note: --backend {choice['requested']} -> {choice['chosen']}: {choice['why']}", err=True)
-    if res["error_warning"]:
-        typer.echo(f"warning: {res['error_warning']['message']}", err=True)
+    errors.warn(res["error_warning"])
     if as_json:
         typer.echo(json.dumps(res, indent=2))
     else:
         _print(res)
-    if strict and res["error_warning"]:
-        raise typer.Exit(1)
+    errors.exit_if_strict(res["error_warning"])
 
 
 def _print(res: dict) -> None:

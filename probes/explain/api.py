@@ -26,7 +26,7 @@ from geometry.base.attribution_results import Attribution, QuadraticFactors
 from geometry.base.results import TraceEstimate
 
 from .blocks import PARTITIONS, BlockError, block_members
-from .measure import TRACE_METHODS, DirectionMeasure, ExplainError, direction_trace, measure_direction
+from .measure import TRACE_METHODS, DirectionMeasure, ExplainError, checked_direction_trace, measure_direction
 
 #: Factor metrics of an ``explain`` row of a sweep, in order (see :func:`row_metrics`).
 FACTOR_METRICS = (
@@ -60,6 +60,9 @@ class Explanation:
         trace_source: ``"estimated"`` (by this call), ``"shared"`` (once for several specs), ``"given"``.
         trace_matvecs: HVPs of the trace estimate (0 when given).
         layer_errors: ‖Ŵ − W‖/‖W‖ per quantized linear. seconds: measurement wall time.
+        hvp_check: the measured error of the products behind it (δᵀHδ and tr H; the larger of the
+            two, :func:`worst_check`; None for an exact backend). error_warning: set when that error is
+            over the tolerance (:func:`probes.models.curvature.error_warning`: error, cause, fix, message).
     """
 
     spec: str
@@ -70,6 +73,8 @@ class Explanation:
     trace_matvecs: int = 0
     layer_errors: dict = field(default_factory=dict)
     seconds: float = 0.0
+    hvp_check: dict | None = None
+    error_warning: dict | None = None
 
     @property
     def factors(self) -> QuadraticFactors:
@@ -120,6 +125,8 @@ class Explanation:
                 "trace": self.attribution.trace,
                 "layer_errors": self.layer_errors,
                 "seconds": self.seconds,
+                "hvp_check": self.hvp_check,
+                "error_warning": self.error_warning,
             }
         )
 
@@ -130,8 +137,12 @@ def build_explanation(
     trace: TraceEstimate | float,
     partition: str = "layer",
     trace_source: str = "estimated",
+    trace_check: dict | None = None,
+    error_tolerance: float = 1e-2,
 ) -> Explanation:
-    """An :class:`Explanation` from a measured direction and a trace of its space (no HVP)."""
+    """An :class:`Explanation` from a measured direction and a trace of its space (no HVP);
+    ``trace_check``: the measured error of the trace's products (:func:`probes.explain.measure.product_check`),
+    flagged with the direction's when over ``error_tolerance``."""
     members = block_members(model, m.names, partition)
     a = assemble(
         m.parts,
@@ -143,6 +154,7 @@ def build_explanation(
         seconds=m.seconds,
     )
     spent = trace.num_matvecs if isinstance(trace, TraceEstimate) and trace_source != "given" else 0
+    check = worst_check([m.hvp_check, trace_check])
     return Explanation(
         spec=m.spec,
         partition=partition,
@@ -152,7 +164,31 @@ def build_explanation(
         trace_matvecs=spent,
         layer_errors=dict(m.layer_errors),
         seconds=m.seconds,
+        hvp_check=check,
+        error_warning=product_warning(check, error_tolerance),
     )
+
+
+def worst_check(checks: Sequence[dict | None]) -> dict | None:
+    """The measured product check (:func:`probes.explain.measure.product_check`) with the largest
+    ``rel_error``; one whose error was not measured when none was (its ``reference`` says why);
+    None when every product was exact."""
+    given = [c for c in checks if c is not None]
+    measured = [c for c in given if c.get("rel_error") is not None]
+    if measured:
+        return max(measured, key=lambda c: c["rel_error"])
+    return given[0] if given else None
+
+
+def product_warning(check: dict | None, tolerance: float = 1e-2) -> dict | None:
+    """:func:`probes.models.curvature.error_warning` of a product check that records its compute dtype."""
+    import torch
+
+    from probes.models.curvature import error_warning
+
+    if check is None:
+        return None
+    return error_warning(check, getattr(torch, str(check.get("compute_dtype") or "float32")), tolerance)
 
 
 def _check(partition: str, trace_method: str) -> None:
@@ -177,6 +213,7 @@ def explain_specs(
     max_memory=None,
     backend: str = "reverse",
     compute_dtype: str | None = None,
+    error_tolerance: float = 1e-2,
 ) -> list[Explanation]:
     """Explain every quantizer in ``specs`` on ``model`` (one shared tr H estimate).
 
@@ -191,6 +228,8 @@ def explain_specs(
             estimates it once with ``trace_method`` and ``trace_matvecs`` HVPs, ``seed``.
         backend: HVP backend of every product (reverse, forward, difference, auto); ``compute_dtype``:
             the dtype the products run in (None: float32 for half-precision weights).
+        error_tolerance: the products' measured relative error above which an explanation carries
+            ``error_warning`` (its ``hvp_check`` is recorded either way).
 
     Cost: per spec the quantizer, one gradient, 1 HVP (+ blocks with ``within``) and one forward
     pass over the curvature set; once, ``trace_matvecs`` HVPs for tr H.
@@ -218,13 +257,13 @@ def explain_specs(
     names = {m.names for m in measures}
     if len(names) != 1:
         raise ExplainError("the quantizers moved different sets of matrices; explain them separately")
-    source = "given"
+    source, trace_check = "given", None
     if trace is None:
-        trace = direction_trace(
+        trace, trace_check = checked_direction_trace(
             model, measures[0].names, curvature, trace_matvecs, trace_method, seed, max_memory, backend, compute_dtype
         )
         source = "estimated" if len(specs) == 1 else "shared"
-    return [build_explanation(model, m, trace, blocks, source) for m in measures]
+    return [build_explanation(model, m, trace, blocks, source, trace_check, error_tolerance) for m in measures]
 
 
 def explain(model: nn.Module, spec, curvature, **kwargs) -> Explanation:
@@ -299,6 +338,8 @@ __all__ = [
     "explanations_frame",
     "build_explanation",
     "row_metrics",
+    "worst_check",
+    "product_warning",
     "FACTOR_METRICS",
     "BLOCK_QUANTITIES",
 ]

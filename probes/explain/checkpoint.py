@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .api import explain_specs
+from .api import explain_specs, product_warning, worst_check
 from .measure import ExplainError
 
 
@@ -37,9 +37,12 @@ def explain_checkpoint(
     tokens_per_step: int | None = None,
     backend: str = "reverse",
     compute_dtype: str | None = None,
+    error_tolerance: float = 1e-2,
 ) -> dict:
     """Explanations of ``specs`` on one checkpoint, as ``{"checkpoint", "step", "lr", "data", "explanations"
-    (list of :class:`~probes.explain.api.Explanation`), "seconds", "device"}``.
+    (list of :class:`~probes.explain.api.Explanation`), "seconds", "device", "hvp_check", "error_warning"}``:
+    ``hvp_check`` is the largest measured product error of all explanations (None: exact backend) and
+    ``error_warning`` is set when it is over ``error_tolerance`` (error, cause, fix, message).
 
     ``checkpoint``: a checkpoint folder, a trajectory folder (``label`` picks one; default the last
     real checkpoint) or a hub name ``hf:ORG/NAME@REV``, opened by
@@ -107,7 +110,9 @@ def explain_checkpoint(
             max_memory=max_memory,
             backend=backend,
             compute_dtype=compute_dtype,
+            error_tolerance=error_tolerance,
         )
+    check = worst_check([e.hvp_check for e in exps])
     return {
         "checkpoint": ref.label,
         "step": ref.step,
@@ -123,6 +128,8 @@ def explain_checkpoint(
         "explanations": exps,
         "seconds": time.perf_counter() - t0,
         "device": str(next(model.parameters()).device),
+        "hvp_check": check,
+        "error_warning": product_warning(check, error_tolerance),
     }
 
 

@@ -59,6 +59,8 @@ class DirectionMeasure:
         within_matvecs: HVPs spent on ``within``.
         layer_errors: ‖Ŵ − W‖/‖W‖ per quantized linear.
         quant_seconds, seconds: quantization time, and the whole measurement's.
+        hvp_check: the measured error of the products behind ``parts`` (:func:`product_check`; None
+            for an exact backend).
     """
 
     spec: str
@@ -69,6 +71,7 @@ class DirectionMeasure:
     layer_errors: dict[str, float] = field(default_factory=dict)
     quant_seconds: float = 0.0
     seconds: float = 0.0
+    hvp_check: dict | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -102,6 +105,15 @@ def _grad_enabled(model: nn.Module) -> Iterator[None]:
 def direction_operator(model: nn.Module, names: Sequence[str], curvature, **kwargs):
     """The checked LM Hessian on the curvature batches w.r.t. exactly the parameters ``names``."""
     return lm_hessian(model, list(curvature), params=[literal_glob(n) for n in names], **kwargs)
+
+
+def product_check(op) -> dict | None:
+    """``op``'s measured product error (``op.checked()``: rel_error, reference, step, ...) with the
+    dtype its products ran in (``compute_dtype``), for :func:`probes.models.curvature.error_warning`;
+    None for an exact backend. Measured once per operator (a few exact and inexact products on a check
+    slice); free when the estimators' memory plans measured it already."""
+    check = op.checked()
+    return None if check is None else {**check, "compute_dtype": str(op.param_dtype).replace("torch.", "")}
 
 
 def quantized_direction(model: nn.Module, spec, calibration=None, modules=None):
@@ -234,6 +246,7 @@ def measure_direction(
         layer_errors=errors,
         quant_seconds=quant_seconds,
         seconds=time.perf_counter() - t0,
+        hvp_check=product_check(op),
     )
 
 
@@ -250,6 +263,23 @@ def direction_trace(
 ) -> TraceEstimate:
     """tr H of the LM loss on ``curvature`` w.r.t. the parameters ``names`` (the space of δ):
     Hutch++ or Hutchinson with ``num_matvecs`` HVPs (exact when the budget reaches the dimension)."""
+    return checked_direction_trace(
+        model, names, curvature, num_matvecs, method, seed, max_memory, backend, compute_dtype
+    )[0]
+
+
+def checked_direction_trace(
+    model: nn.Module,
+    names: Sequence[str],
+    curvature,
+    num_matvecs: int = 30,
+    method: str = "hutch++",
+    seed: int = 0,
+    max_memory=None,
+    backend: str = "reverse",
+    compute_dtype: str | None = None,
+) -> tuple[TraceEstimate, dict | None]:
+    """:func:`direction_trace` and the measured error of its products (:func:`product_check`)."""
     from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
 
     if method not in TRACE_METHODS:
@@ -259,7 +289,7 @@ def direction_trace(
             model, names, curvature, max_memory=max_memory, backend=backend, compute_dtype=compute_dtype
         )
         fn = hutchpp_trace if method == "hutch++" else hutchinson_trace
-        return fn(op, num_matvecs=num_matvecs, seed=seed, max_memory=max_memory)
+        return fn(op, num_matvecs=num_matvecs, seed=seed, max_memory=max_memory), product_check(op)
 
 
 __all__ = [
@@ -268,7 +298,9 @@ __all__ = [
     "measure_direction",
     "plan_curvature",
     "direction_trace",
+    "checked_direction_trace",
     "direction_operator",
+    "product_check",
     "quantized_direction",
     "TRACE_METHODS",
 ]

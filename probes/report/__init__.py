@@ -7,7 +7,8 @@
   quantization error with the correlation in its title;
 - :mod:`.figure_parts`    -- their building blocks: series out of the table, lines per run, LR, phases;
 - :mod:`.explain_figures`, :mod:`.accuracy_figures` -- the explain and accuracy probes' figures;
-- :mod:`.flags`           -- values whose estimator did not converge: open red markers, the report's table;
+- :mod:`.flags`           -- values whose estimator did not converge (open red markers) and values whose
+  Hessian products' measured error is over the tolerance (open orange diamonds), the report's tables;
 - :mod:`.surface_figures` -- :func:`~.surface_figures.surface_figure` and the profiles of a
   :class:`geometry.surfaces.surface.Surface` / :class:`~geometry.surfaces.surface.Profile`;
 - :mod:`.pages`           -- :func:`~.pages.build_report` (one offline HTML file per sweep),

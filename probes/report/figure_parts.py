@@ -1,8 +1,8 @@
 """The building blocks of the trajectory figures: reading series out of the tidy results table
 (:func:`metric_rows`, :func:`specs_of`, runs, x = step), and drawing them (one line per run with
-derived checkpoints as stars and unconverged values apart, the LR on a secondary axis, shaded
-phases, an empty figure's message). :mod:`.figures`, :mod:`.explain_figures` and
-:mod:`.accuracy_figures` draw with them."""
+derived checkpoints as stars, unconverged values apart and values of inexact products marked
+(:mod:`.flags`), the LR on a secondary axis, shaded phases, an empty figure's message).
+:mod:`.figures`, :mod:`.explain_figures` and :mod:`.accuracy_figures` draw with them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .flags import add_unconverged_points, unconverged_mask
+from .flags import add_product_error_points, add_unconverged_points, product_error_mask, unconverged_mask
 
 from geometry.base.errors import LosslensError
 
@@ -140,12 +140,15 @@ def _add_series(
         sub = rows[runs == run]
         colour = RUN_COLOURS[(colour_index + r_i) % len(RUN_COLOURS)]
         label = f"{name} · {run}" if multi else name
+        place = {
+            **({"row": row, "col": col or 1} if row is not None else {}),
+            **({"secondary_y": secondary_y} if secondary_y is not None else {}),
+        }
+        inexact = product_error_mask(sub)  # marked where they are: open orange diamonds, error/cause/fix on hover
+        if inexact.any():
+            add_product_error_points(fig, sub[inexact], _x(sub)[inexact], label, place, showlegend=legend)
         flag = unconverged_mask(sub)  # drawn apart as open red markers, off the line
         if flag.any():
-            place = {
-                **({"row": row, "col": col or 1} if row is not None else {}),
-                **({"secondary_y": secondary_y} if secondary_y is not None else {}),
-            }
             n += add_unconverged_points(fig, sub[flag], _x(sub)[flag], label, place)
             sub = sub[~flag]
         entry, group = (str(run), str(run)) if by_run else (label, label)

@@ -1,6 +1,6 @@
 """The parts of a report page: the page's CSS, HTML tables and figure ``<div>`` s, and the sections
 built from results (correlations, phases, the plan, surfaces, the explain section, the accuracy
-verdict). :mod:`.pages` puts them together."""
+verdict, the values of inexact products). :mod:`.pages` puts them together."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 from geometry.surfaces.surface import Surface
 
 from .explain_figures import explain_figures
+from .flags import product_error_table
 
 _CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1200px;\
@@ -201,6 +202,24 @@ def _explain_section(df, check, phases) -> str:
     if check and check.get("notes"):
         parts.append(f'<p class="note">not computed: {html.escape("; ".join(check["notes"]))}</p>')
     return "".join(parts)
+
+
+def _product_error_section(df) -> tuple[str, str] | None:
+    """(heading, html) of the section listing result rows whose Hessian products' measured error is
+    over the tolerance (:func:`probes.report.flags.product_error_table`); None when no row is flagged."""
+    rows = product_error_table(df)
+    if not rows:
+        return None
+    note = (
+        '<p class="note" data-note="product-error">These values come from Hessian-vector products whose relative '
+        "error, measured against an exact reference on a check slice, is over the tolerance (e.g. half-precision "
+        "compute or gradient differences). The figures mark them with open orange diamonds (hover: error, cause, "
+        "fix); they stay in the lines and in the correlations. Rerun them as the fix column says.</p>"
+    )
+    cols = ["run", "checkpoint", "step", "probe", "spec", "rel_error", "tolerance", "cause", "fix"]
+    return f"Product error over the tolerance ({len(rows)})", note + _table(
+        rows, cols, left=("run", "checkpoint", "probe", "spec", "cause", "fix")
+    )
 
 
 def _accuracy_line(df) -> str:

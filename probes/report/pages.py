@@ -3,7 +3,8 @@
 :func:`build_report` writes ONE HTML file: plotly.js is embedded once (inline, no CDN, works
 offline), followed by the trajectory figures of :mod:`probes.report.figures` (with a note that
 AWQ can lose to RTN on held-out data when AWQ specs are present), the correlation table, the values
-whose estimator did not converge (:mod:`probes.report.flags`), the detected phases, quantization
+whose estimator did not converge and those whose Hessian products' measured error is over the
+tolerance (:mod:`probes.report.flags`), the detected phases, quantization
 planes (:mod:`probes.report.surface_figures`), the runs' landscape
 (:mod:`probes.report.landscape_section`), failed probes, the plan and the software versions.
 Figures are built from results; nothing is recomputed.
@@ -41,6 +42,7 @@ from .page_sections import (
     _phase_rows,
     _phases_for_figures,
     _plan_json,
+    _product_error_section,
     _surfaces,
     _table,
     figure_html,
@@ -199,6 +201,9 @@ def build_report(
                 + _table(urows, left=("run", "checkpoint", "probe", "spec", "metric")),
             )
         )
+    inexact = _product_error_section(df)
+    if inexact:
+        sections.append(("product-error", *inexact))
     prows = _phase_rows(phases)
     if prows:
         sections.append(

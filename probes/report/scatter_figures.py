@@ -1,6 +1,7 @@
 """The sharpness-vs-quantization scatter (:func:`sharpness_vs_quant_figure`): one point per checkpoint,
-coloured by step, with the correlation (r, interval, p, n) in its title, and which correlation of a
-mapping or of the :func:`probes.analysis.summary` table goes with which scatter (for
+coloured by step (points of inexact products marked, :mod:`.flags`), with the correlation (r,
+interval, p, n) in its title, and which correlation of a mapping or of the
+:func:`probes.analysis.summary` table goes with which scatter (for
 :func:`probes.report.figures.trajectory_figures`). Nothing is recomputed here.
 """
 
@@ -12,7 +13,7 @@ from typing import Mapping
 import numpy as np
 
 from .figure_parts import _empty, _run_col, metric_rows, specs_of
-from .flags import UNCONVERGED_MARKER, unconverged_mask
+from .flags import PRODUCT_ERROR_MARKER, UNCONVERGED_MARKER, product_error_text, unconverged_mask
 
 
 def _corr_text(correlation) -> str:
@@ -74,11 +75,12 @@ def sharpness_vs_quant_figure(
     xr = xr.assign(run=_run_col(xr)) if "run" in xr else xr
     yr = yr.assign(run=_run_col(yr)) if "run" in yr else yr
     xlab, ylab = _series_label(x), _series_label(y)
-    xr, yr = xr.assign(bad=unconverged_mask(xr)), yr.assign(bad=unconverged_mask(yr))
+    xr = xr.assign(bad=unconverged_mask(xr), inexact=product_error_text(xr))
+    yr = yr.assign(bad=unconverged_mask(yr), inexact=product_error_text(yr))
     merged = (
-        xr[key + ["step", "derived", "value", "bad"]]
+        xr[key + ["step", "derived", "value", "bad", "inexact"]]
         .drop_duplicates(key, keep="last")
-        .merge(yr[key + ["value", "bad"]].drop_duplicates(key, keep="last"), on=key, suffixes=("_x", "_y"))
+        .merge(yr[key + ["value", "bad", "inexact"]].drop_duplicates(key, keep="last"), on=key, suffixes=("_x", "_y"))
     )
     fig = go.Figure()
     if merged.empty:
@@ -137,6 +139,7 @@ def sharpness_vs_quant_figure(
                     "<extra></extra>",
                 )
             )
+        _mark_inexact(fig, merged)
     ct = _corr_text(correlation)
     fig.update_layout(
         title=f"{xlab} vs {ylab}" + (f"<br><sup>{ct}</sup>" if ct else ""),
@@ -149,6 +152,30 @@ def sharpness_vs_quant_figure(
         fig.update_xaxes(type="log")
         fig.update_yaxes(type="log")
     return fig
+
+
+def _mark_inexact(fig, merged) -> None:
+    """Open orange diamonds around the points whose x or y products' measured error is over the
+    tolerance, with the error, cause and fix on hover (:mod:`.flags`)."""
+    import plotly.graph_objects as go
+
+    text = [" ".join(t for t in pair if t) for pair in zip(merged["inexact_x"], merged["inexact_y"])]
+    hit = np.array([bool(t) for t in text], dtype=bool)
+    if not hit.any():
+        return
+    fig.add_trace(
+        go.Scatter(
+            x=merged["value_x"][hit].astype(float).tolist(),
+            y=merged["value_y"][hit].astype(float).tolist(),
+            mode="markers",
+            marker=PRODUCT_ERROR_MARKER,
+            name="product error > tolerance",
+            customdata=merged["checkpoint"][hit].astype(str).tolist(),
+            text=[t for t, h in zip(text, hit) if h],
+            hovertemplate="checkpoint %{customdata}<br>x %{x:.6g}<br>y %{y:.6g}<br><b>PRODUCT ERROR OVER THE "
+            "TOLERANCE</b><br>%{text}<extra></extra>",
+        )
+    )
 
 
 def _series_label(key: tuple[str, str | None, str]) -> str:

@@ -35,13 +35,17 @@ RESULT_COLUMNS = [
     "plan_hash",
     "config_hash",
     "chosen",
+    "error_warning",
 ]
 """Columns of :meth:`Store.results`, in order (CONTRACT.md). ``converged``: the estimator's flag
 for that value (nullable bool; NA when the probe has no stopping criterion). ``chosen``: the
 settings the estimator's memory plan chose that can change its numbers (sketch size, basis, block,
 ...; :func:`geometry.memory.model.identity_settings` of ``extra["memory"]``) as canonical JSON, ""
 when it chose none: with ``config_hash`` it identifies how a value was computed, and analysis
-refuses to pool values whose ``chosen`` differ unless ``allow_mixed``."""
+refuses to pool values whose ``chosen`` differ unless ``allow_mixed``. ``error_warning``: the
+row's flag when its Hessian products' measured relative error was over the tolerance
+(``extra["error_warning"]``, :func:`probes.models.curvature.error_warning`: rel_error, tolerance,
+cause, fix, message) as canonical JSON, "" when the row is not flagged."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

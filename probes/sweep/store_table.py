@@ -1,5 +1,6 @@
 """The tidy results table of a store (:meth:`probes.sweep.store.Store.results`): one row per
-checkpoint × probe × spec × metric, with the ``converged`` flag and the ``chosen`` settings of each value,
+checkpoint × probe × spec × metric, with the ``converged`` flag, the ``chosen`` settings and the
+``error_warning`` flag (products' measured error over the tolerance) of each value,
 and its export to CSV or parquet (:meth:`probes.sweep.store.Store.export`)."""
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def tidy_results(conn: sqlite3.Connection, columns: set[str], include_failed: bo
             plan_hash=ph,
             config_hash=ch,
             chosen=chosen_settings(extra),
+            error_warning=warning_json(extra),
         )
         key = (pos if pos is not None else 1 << 30, order.get(probe, len(order)), rid)
         ms = json.loads(metrics or "[]")
@@ -157,6 +159,19 @@ def chosen_settings(extra: str | dict | None) -> str:
     return json.dumps(chosen, sort_keys=True, default=str) if chosen else ""
 
 
+def warning_json(extra: str | dict | None) -> str:
+    """The ``error_warning`` column of a row: canonical JSON of ``extra["error_warning"]`` (its
+    products' measured error over the tolerance: rel_error, tolerance, cause, fix, message), "" when
+    the row is not flagged."""
+    if isinstance(extra, str):
+        try:
+            extra = json.loads(extra or "{}")
+        except ValueError:
+            return ""
+    warning = extra.get("error_warning") if isinstance(extra, dict) else None
+    return json.dumps(warning, sort_keys=True, default=str) if isinstance(warning, dict) and warning else ""
+
+
 def _metric_flags(probe: str, metrics: list[dict], row_flag, extra: str | None) -> list:
     """Per metric entry: its own ``converged`` flag; else (rows written before per-value flags) the
     eigen/trace flags kept in ``extra``; else the row's flag; None where there is none."""
@@ -172,4 +187,4 @@ def _metric_flags(probe: str, metrics: list[dict], row_flag, extra: str | None) 
     return out
 
 
-__all__ = ["tidy_results", "export_table", "chosen_settings"]
+__all__ = ["tidy_results", "export_table", "chosen_settings", "warning_json"]

@@ -84,15 +84,16 @@ def tasks(plan) -> list:
 
 
 def run(st, task) -> ProbeRow:
-    from probes.explain import direction_trace, row_metrics
+    from probes.explain.api import product_warning, row_metrics, worst_check
+    from probes.explain.measure import checked_direction_trace
 
     o = task.opts
     fresh = not st.has_direction(task.spec)
     m = st.direction(task.spec)
     key = (m.names, o["trace_method"], o["trace_matvecs"], o["seed"])
-    trace, spent = st.traces.get(key), 0
-    if trace is None:
-        trace = direction_trace(
+    trace, spent, trace_check = st.traces.get(key), 0, None
+    if trace is None:  # with the plan's backend and compute dtype, as the direction's products
+        trace, trace_check = checked_direction_trace(
             st.model,
             m.names,
             list(st.data("curvature")),
@@ -100,8 +101,11 @@ def run(st, task) -> ProbeRow:
             o["trace_method"],
             o["seed"],
             st.plan.max_memory,
+            st.plan.backend,
+            st.plan.compute_dtype,
         )
         st.traces[key], spent = trace, int(trace.num_matvecs)
+    warning = product_warning(worst_check([m.hvp_check, trace_check]))  # a reused trace was flagged where made
     ms = [metric(*t) for t in row_metrics(m, trace, st.model, o["blocks"])]
     return ProbeRow(
         st.label,
@@ -117,6 +121,7 @@ def run(st, task) -> ProbeRow:
             "layer_errors": dict(m.layer_errors),
             "within_hvps": m.within_matvecs,
             "memory": trace.memory,
+            **({"error_warning": warning} if warning else {}),
         },
         n_hvp=spent + m.within_matvecs + (int(m.parts.num_matvecs) if fresh else 0),
         seed=o["seed"],
