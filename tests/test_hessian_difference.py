@@ -464,3 +464,27 @@ def test_where_no_exact_product_runs_the_error_is_bounded_on_a_miniature(monkeyp
     check = op.checked()
     assert check["reference"].startswith("bound on a float32 miniature of Olmo2ForCausalLM")
     assert 0 < check["rel_error"] <= 1e-2
+
+
+@pytest.mark.parametrize("method", ["lanczos", "power"])
+def test_eigenvalues_of_a_difference_operator_are_refined_rayleigh_quotients(method):
+    """top_eigenvalues returns vᵀHv/vᵀv of its Ritz vectors under Richardson's stencil at the central
+    step (recomputed here with an operator built for it), keeps the Ritz values, and counts k more
+    products; an exact operator's values are not touched."""
+    model = tiny_model("llama", seed=0, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 96, (2, 16), generator=g) for _ in range(2)]
+    op = HessianOperator(model, lm_loss, batches, backend="difference")
+    res = top_eigenvalues(op, k=2, method=method, max_iter=30, seed=0)
+    assert res.memory["refined"]["stencil"] == "richardson" and len(res.memory["refined"]["ritz_values"]) == 2
+    rich = HessianOperator(
+        model, lm_loss, batches, backend="difference", richardson=True, difference_step=relative_step(torch.float32)
+    )
+    V = res.vectors.double()
+    HV = rich.matmat_flat(V.float()).double()
+    quotients = (V * HV).sum(1) / (V * V).sum(1)
+    assert list(res.values) == pytest.approx(quotients.tolist(), rel=1e-6)
+    assert abs(res.values[0]) >= abs(res.values[1])
+    exact = top_eigenvalues(HessianOperator(model, lm_loss, batches), k=2, method=method, max_iter=30, seed=0)
+    assert "refined" not in exact.memory
+    assert res.values[0] == pytest.approx(exact.values[0], rel=1e-3)

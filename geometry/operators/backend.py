@@ -172,6 +172,11 @@ class ProductBackend(abc.ABC):
         """The products' measured error against an exact reference; None for an exact backend."""
         return None
 
+    def refined(self, op: Any) -> "ProductBackend | None":
+        """A more accurate backend for a few products (an eigen solve's final Rayleigh quotients),
+        or None when there is none (exact backends)."""
+        return None
+
     def step(self, op: Any) -> float | None:
         """The relative step of a finite-difference backend (None for exact ones)."""
         return None

@@ -114,6 +114,22 @@ class CurvatureOperator(abc.ABC):
     def _matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
         """``V`` [k, dim] (validated) -> ``V @ H`` [k, dim] (H symmetric, so rows are H v_i)."""
 
+    def refined_matmat_flat(self, V: torch.Tensor) -> torch.Tensor | None:
+        """More accurate products of a few vectors (an eigen solve's Ritz vectors), or None where
+        this operator's products are already as accurate as it can make them (every exact operator).
+        An operator with a ``product_backend`` runs :meth:`matmat_flat` once with the backend's
+        ``refined(op)`` in its place (the gradient-difference backend: Richardson's stencil at the
+        central step, geometry/operators/difference.py "Eigenvalues"). Costs what that backend costs."""
+        backend = getattr(self, "product_backend", None)
+        refined = None if backend is None else backend.refined(self)
+        if refined is None:
+            return None
+        self.product_backend = refined
+        try:
+            return self.matmat_flat(V)
+        finally:
+            self.product_backend = backend
+
     def matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
         """Apply the operator to k flat vectors: ``V`` [k, dim] -> [k, dim]. Costs k matvecs."""
         if not isinstance(V, torch.Tensor) or V.ndim != 2:
