@@ -43,24 +43,26 @@ is ``‖εv‖ = h · max(1, ‖θ‖) · √(k/n)``, i.e.
 at ``u^(1/5)``). The √(k/n) factor was measured to matter for solvers: with the plain ``‖v‖`` rule,
 Lanczos' λ_max in float32 was off by 2e-3 to 2e-2 (Richardson: up to 220%, a spurious Ritz value)
 while random products were within 4e-4; with it, λ_max is within 5e-4 and the products unchanged
-for Rademacher vectors. ``c`` = :data:`STEP_CONSTANT` is a compromise measured on ten tiny families
-(benchmarks/README.md, "Step constant"): random products are rounding-dominated there (their error
-falls as ``1/c`` up to c ≈ 0.15: 0.6–3.0e-4 at 0.15 against 0.6–1.3e-3 at 0.05), but Lanczos'
-converged vectors are truncation-dominated (λ_max's error grows as ``c²``: 0.9–5e-3 at 0.15 against
-≤ 8e-4 at 0.05), so c stays at 0.05; ``difference_step=h`` overrides h.
+for Rademacher vectors. ``c`` = :data:`STEP_CONSTANT` = 0.1 was measured on ten tiny families
+(benchmarks/README.md, "Step constant"): random products are rounding-dominated there (error ∝
+1/c up to c ≈ 0.15: 0.9e-4–6.6e-4 at 0.1 against 1.8e-4–1.27e-3 at 0.05), while Hutchinson's
+Rademacher probes and the vectors Lanczos converges to are truncation-dominated (error ∝ c²); the
+latter are answered by refined Rayleigh quotients ("Eigenvalues" below). ``difference_step=h``
+overrides h.
 
-A model whose activations are only C¹ (xIELU, ReLU²: :mod:`geometry.operators.smoothness`) has an
-O(ε) truncation error (activations crossing the kink), so its balance is at ``u^(1/2)``:
-``h = c₁ · u^(1/2)``, ``c₁`` = :data:`C1_STEP_CONSTANT`. xIELU's derivative jump on its clamp
+A model whose activations are only C¹ (xIELU, ReLU²: :mod:`geometry.operators.smoothness`) has a
+kink term: each activation the step moves across the kink adds an error, and the number moved
+grows with ε. Measured on tiny Apertus models, its best constant is smaller:
+``h = c₁ · u^(1/3)``, ``c₁`` = :data:`C1_STEP_CONSTANT`. xIELU's derivative jump on its clamp
 window is removed for the products (:func:`~geometry.operators.smoothness.continuous_gradients`).
 
 Eigenvalues. The vectors an eigen solver converges to are concentrated (participation ratio
 k/n ≈ 0.005–0.03 against 1/3 for a Gaussian vector) and their products are truncation-dominated:
 the Ritz vectors of a float32 difference Lanczos are within 1e-6 of the exact eigenvectors' Rayleigh
 quotients, but the Ritz values were up to 2.4e-3 off. So :func:`~geometry.estimators.top_eigenvalues`
-returns the Rayleigh quotients ``vᵀHv`` of its Ritz vectors measured with Richardson's stencil at the
-central step (:meth:`DifferenceBackend.refined`; O(ε⁴) truncation, 3× the central rounding, which
-λ's size makes small): within 1.3e-4 on the tiny families (benchmarks/README.md, "Step constant").
+returns the Rayleigh quotients ``vᵀHv`` of its Ritz vectors measured with Richardson's stencil at
+half the central step (:meth:`DifferenceBackend.refined`; O(ε⁴) truncation, 3× the central rounding,
+which λ's size makes small): within 1.3e-4 on the tiny families (benchmarks/README.md, "Step constant").
 Cost: k products of 4 gradients.
 
 θ comes back **bit-exactly** after every product: it is copied back from the master copy
@@ -103,6 +105,7 @@ from .smoothness import SMOOTH, activation_smoothness, continuous_gradients
 __all__ = [
     "STEP_CONSTANT",
     "C1_STEP_CONSTANT",
+    "REFINED_STEP_FRACTION",
     "DEFAULT_TOLERANCE",
     "relative_step",
     "step_size",
@@ -116,22 +119,25 @@ __all__ = [
 
 #: ``c`` in the step rule ``h = c · u^(1/3)`` (central) / ``c · u^(1/5)`` (Richardson), measured on
 #: ten tiny families (benchmarks/README.md, "Gradient-difference HVPs", "Step constant").
-STEP_CONSTANT = 0.05
-#: ``c₁`` in ``h = c₁ · u^(1/2)`` for models whose activations are only C¹ (xIELU, ReLU²), measured
-#: on tiny Apertus models (benchmarks/README.md, "Step constant").
-C1_STEP_CONSTANT = 0.35
+STEP_CONSTANT = 0.1
+#: ``c₁`` in ``h = c₁ · u^(1/3)`` (either stencil) for models whose activations are only C¹ (xIELU,
+#: ReLU²), measured on tiny Apertus models (benchmarks/README.md, "Step constant").
+C1_STEP_CONSTANT = 0.025
+#: The refined products of an eigen solve (:meth:`DifferenceBackend.refined`) take Richardson's
+#: stencil at this fraction of the central step (benchmarks/README.md, "Step constant").
+REFINED_STEP_FRACTION = 0.5
 #: Default relative error at which ``backend="auto"`` refuses the difference backend.
 DEFAULT_TOLERANCE = 2e-2
 
 
 def relative_step(dtype: torch.dtype, richardson: bool = False, order: int = SMOOTH) -> float:
     """``h`` of the step rule for gradients computed in ``dtype``: ``c · u^(1/3)`` (central) or
-    ``c · u^(1/5)`` (Richardson), ``u = torch.finfo(dtype).eps``; ``c₁ · u^(1/2)`` for either stencil
+    ``c · u^(1/5)`` (Richardson), ``u = torch.finfo(dtype).eps``; ``c₁ · u^(1/3)`` for either stencil
     when the activations are only C¹ or less (``order`` < :data:`~geometry.operators.smoothness.SMOOTH`:
-    the O(ε) kink term, which Richardson does not cancel)."""
+    the kink term, which Richardson does not cancel)."""
     u = float(torch.finfo(dtype).eps)
     if order < SMOOTH:
-        return C1_STEP_CONSTANT * u**0.5
+        return C1_STEP_CONSTANT * u ** (1 / 3)
     return STEP_CONSTANT * u ** (0.2 if richardson else 1 / 3)
 
 
@@ -352,11 +358,12 @@ class DifferenceBackend(ProductBackend):
         return measure(op, self)
 
     def refined(self, op: Any) -> "DifferenceBackend | None":
-        """Richardson's stencil at the central step (module docstring, "Eigenvalues"): the backend of
-        an eigen solve's final Rayleigh quotients. None where the activations are not smooth
-        (Richardson cannot cancel an O(ε) kink term)."""
+        """Richardson's stencil at :data:`REFINED_STEP_FRACTION` of the central step (module docstring,
+        "Eigenvalues"): the backend of an eigen solve's final Rayleigh quotients. None where the
+        activations are not smooth (Richardson cannot cancel a kink term)."""
         order = activation_smoothness(op.model)[0]
         if order < SMOOTH:
             return None
         central = self.difference_step if self.difference_step and not self.richardson else None
-        return DifferenceBackend(central or relative_step(op.param_dtype), True, self.check_batches)
+        step = central or REFINED_STEP_FRACTION * relative_step(op.param_dtype)
+        return DifferenceBackend(step, True, self.check_batches)

@@ -6,9 +6,9 @@ Gradient differences assume a smooth loss. Two kinds of activation are not:
   ``αn·(eˣ − 1 − x) + βx`` below: f'' jumps from ``αn`` to ``2αp`` at 0) and ReLU² (0 to 2). A
   central difference whose step moves an activation across the kink is off for that activation by
   ``(f''₊ − f''₋)·(Δ − |x|)/(2Δ)``; the fraction of activations within ``Δ`` of the kink is ∝ the
-  step, so the truncation error is O(ε), not O(ε²), and Richardson extrapolation cannot cancel it.
-  Balanced against the rounding error ``u·‖∇L‖/ε``, the best step is ∝ ``u^(1/2)``
-  (:func:`geometry.operators.difference.relative_step` with ``order=1``).
+  step, so the truncation error is O(ε), not O(ε²), and Richardson extrapolation cannot cancel it;
+  such a model takes a smaller step (:func:`geometry.operators.difference.relative_step` with
+  ``order=1``).
 * **Not C¹** (the gradient itself jumps: ReLU, ReLU6, LeakyReLU, Hardtanh, Hardswish, PReLU):
   an activation crossing the kink adds ``(f'₊ − f'₋)/(2ε)`` to the difference, so the error does
   not vanish as ε → 0. The difference backend's measured error (``HessianOperator.checked()``)
