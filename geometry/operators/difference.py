@@ -59,7 +59,7 @@ window is removed for the products (:func:`~geometry.operators.smoothness.contin
 Eigenvalues. The vectors an eigen solver converges to are concentrated (participation ratio
 k/n ≈ 0.005–0.03 against 1/3 for a Gaussian vector) and their products are truncation-dominated:
 the Ritz vectors of a float32 difference Lanczos are within 1e-6 of the exact eigenvectors' Rayleigh
-quotients, but the Ritz values were up to 2.4e-3 off. So :func:`~geometry.estimators.top_eigenvalues`
+quotients, but the Ritz values were up to 2.4e-3 off. So :func:`~geometry.estimators.eigen.top_eigenvalues`
 returns the Rayleigh quotients ``vᵀHv`` of its Ritz vectors measured with Richardson's stencil at
 half the central step (:meth:`DifferenceBackend.refined`; O(ε⁴) truncation, 3× the central rounding,
 which λ's size makes small): within 1.3e-4 on the tiny families (benchmarks/README.md, "Step constant").
