@@ -37,14 +37,15 @@ With ``k = ‖v‖₂⁴ / ‖v‖₄⁴`` the number of coordinates v effective
 ratio: n for a Rademacher vector, n/3 for a Gaussian one, k for one spread evenly over k), the move
 is ``‖εv‖ = h · max(1, ‖θ‖) · √(k/n)``, i.e.
 
-    ε = h · max(1, ‖θ‖) · ‖v‖₂ / (√n · ‖v‖₄²),   h = c · u^(1/3)  (central),   h = c · u^(1/5)  (Richardson)
+    ε = h · max(1, ‖θ‖) · ‖v‖₂ / (√n · ‖v‖₄²),   h = c · u^(1/3)  (central),   h = c_R · u^(1/5)  (Richardson)
 
 (``ε = h·max(1,‖θ‖)/‖v‖`` for a Rademacher v; Richardson's truncation is O(ε⁴), so its balance is
 at ``u^(1/5)``). The √(k/n) factor was measured to matter for solvers: with the plain ``‖v‖`` rule,
 Lanczos' λ_max in float32 was off by 2e-3 to 2e-2 (Richardson: up to 220%, a spurious Ritz value)
 while random products were within 4e-4; with it, λ_max is within 5e-4 and the products unchanged
-for Rademacher vectors. ``c`` = :data:`STEP_CONSTANT` = 0.1 was measured on ten tiny families
-(benchmarks/README.md, "Step constant"): random products are rounding-dominated there (error ∝
+for Rademacher vectors. ``c_R`` = :data:`RICHARDSON_STEP_CONSTANT` = 0.05; ``c`` =
+:data:`STEP_CONSTANT` = 0.1 was measured on ten tiny families (benchmarks/README.md, "Step
+constant"): random products are rounding-dominated there (error ∝
 1/c up to c ≈ 0.15: 0.9e-4–6.6e-4 at 0.1 against 1.8e-4–1.27e-3 at 0.05), while Hutchinson's
 Rademacher probes and the vectors Lanczos converges to are truncation-dominated (error ∝ c²); the
 latter are answered by refined Rayleigh quotients ("Eigenvalues" below). ``difference_step=h``
@@ -104,6 +105,7 @@ from .smoothness import SMOOTH, activation_smoothness, continuous_gradients
 
 __all__ = [
     "STEP_CONSTANT",
+    "RICHARDSON_STEP_CONSTANT",
     "C1_STEP_CONSTANT",
     "REFINED_STEP_FRACTION",
     "DEFAULT_TOLERANCE",
@@ -120,6 +122,10 @@ __all__ = [
 #: ``c`` in the step rule ``h = c · u^(1/3)`` (central) / ``c · u^(1/5)`` (Richardson), measured on
 #: ten tiny families (benchmarks/README.md, "Gradient-difference HVPs", "Step constant").
 STEP_CONSTANT = 0.1
+#: ``c`` of Richardson's rule ``h = c · u^(1/5)``: its step is ~8× the central one, and at 0.1 a
+#: float32 Lanczos on it met a spurious Ritz value (12% off, llama seed 2); 0.05 does not
+#: (benchmarks/README.md, "Step constant").
+RICHARDSON_STEP_CONSTANT = 0.05
 #: ``c₁`` in ``h = c₁ · u^(1/3)`` (either stencil) for models whose activations are only C¹ (xIELU,
 #: ReLU²), measured on tiny Apertus models (benchmarks/README.md, "Step constant").
 C1_STEP_CONSTANT = 0.025
@@ -138,7 +144,7 @@ def relative_step(dtype: torch.dtype, richardson: bool = False, order: int = SMO
     u = float(torch.finfo(dtype).eps)
     if order < SMOOTH:
         return C1_STEP_CONSTANT * u ** (1 / 3)
-    return STEP_CONSTANT * u ** (0.2 if richardson else 1 / 3)
+    return RICHARDSON_STEP_CONSTANT * u**0.2 if richardson else STEP_CONSTANT * u ** (1 / 3)
 
 
 def step_size(h: float, theta_norm: float, v_norm: float, v4: float, n: int) -> float:
