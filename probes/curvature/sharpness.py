@@ -75,7 +75,7 @@ def sharpness(
     every rank holds 1/N of θ and of every vector (:mod:`geometry.operators.sharded`, gradient
     differences: an exact ``backend`` is replaced by the difference backend out loud, the reason in
     ``backend_choice``; its error is measured on a miniature of the architecture in the compute
-    dtype against float64, :func:`probes.models.curvature.miniature_bound`). Tokens whose
+    dtype against float64, :func:`probes.models.miniature.miniature_bound`). Tokens whose
     input-embedding row is zero (padding) are left out of the loss; ``excluded`` records which and
     how many positions and targets (:mod:`probes.models.zero_embeddings`).
 

@@ -24,10 +24,11 @@ from geometry.operators.names import backend_named
 from geometry.operators.data_parallel import DataParallel
 from geometry.operators.hessian import HessianOperator
 from geometry.operators.reverse import ReverseBackend
-from probes.core.lm import ExcludingLoss, lm_loss
+from probes.core.lm import lm_loss
 from probes.core.lm_head import head_transient_bytes, lm_loss_lean
 
 from .fidelity import with_float64_fidelity
+from .miniature import miniature_bound
 from .second_order import SecondOrderError, ensure_second_order
 from .setup_budget import UNCHECKED, plan_lm_setup
 from .zero_embeddings import curvature_loss, exclusion_record, zero_embedding_tokens
@@ -69,7 +70,10 @@ def lm_hessian(
     singular there); ``op.excluded`` records which and how many (summed over the ranks).
     """
     batches = list(batches)
-    exclude = zero_embedding_tokens(model)  # left out of the loss, the second-order check's included
+    exclude = zero_embedding_tokens(model)  # found once; every loss below leaves them out, the check's included
+    exact_loss = curvature_loss(lm_loss, exclude)
+    lean_loss = curvature_loss(lm_loss_lean, exclude) if lean_head else exact_loss
+    head_bytes = head_transient_bytes(model, batches) if lean_head else 0  # the lean head's chunk temporaries
     chosen = backend_named(backend)  # an unknown name raises here, before any work
     auto = isinstance(chosen, AutoBackend)
     if (auto or not chosen.exact) and batches:
@@ -77,14 +81,7 @@ def lm_hessian(
     runs_check = bool(check and batches and (auto or chosen.second_order))
     # every measuring step below is planned first, and refused before it runs when it cannot fit max_memory
     precision = plan_lm_setup(
-        model,
-        batches,
-        params,
-        chosen,
-        runs_check,
-        lambda lean: curvature_loss(lm_loss_lean if lean else lm_loss, model, exclude),
-        lean_head,
-        kwargs,
+        model, batches, params, chosen, runs_check, lean_loss, kwargs.get("loss_transient_bytes", head_bytes), kwargs
     )
     if runs_check:
         probe = batches[0][:2, :16]
@@ -96,12 +93,7 @@ def lm_hessian(
                 return exact.name
             try:
                 return ensure_second_order(
-                    model,
-                    probe,
-                    backend=exact.name,
-                    params=params,
-                    loss_fn=curvature_loss(lm_loss, model, exclude),
-                    precision=precision,
+                    model, probe, backend=exact.name, params=params, loss_fn=exact_loss, precision=precision
                 )
             except SecondOrderError:
                 if not auto:
@@ -116,8 +108,8 @@ def lm_hessian(
             backend, chosen, auto = checked, backend_named(checked), False
     lean = lean_head and isinstance(chosen, ReverseBackend)  # the lean head's derivatives are reverse-mode only
     if lean:
-        kwargs.setdefault("loss_transient_bytes", head_transient_bytes(model, batches))
-    loss_fn = curvature_loss(lm_loss_lean if lean else lm_loss, model, exclude)  # zero-embedding tokens left out
+        kwargs.setdefault("loss_transient_bytes", head_bytes)
+    loss_fn = lean_loss if lean else exact_loss  # zero-embedding tokens left out
     if auto or not chosen.exact:  # a float64 model's float32 islands would swamp the float64-sized step
         loss_fn = with_float64_fidelity(loss_fn, model)
     op = HessianOperator(model, loss_fn, batches, params=params, backend=backend, **kwargs)
@@ -127,7 +119,7 @@ def lm_hessian(
             f"backend='auto' chose the exact pass ({why}), but its second-order check does not "
             "fit max_memory; raise max_memory or pass backend='difference'"
         )
-    op.excluded = exclusion_record(ExcludingLoss(lm_loss, exclude), batches, op.parallel)
+    op.excluded = exclusion_record(exclude, batches, op.parallel)
     if not op.product_backend.exact and batches and op.checked()["rel_error"] is None:
         bound = miniature_bound(
             model, op.check_batches or [batches[0][:2, :32]], exclude=exclude, compute_dtype=kwargs.get("compute_dtype")
@@ -164,49 +156,4 @@ def error_warning(check: dict | None, compute_dtype, tolerance: float = 1e-2) ->
         "fix": fix,
         "message": f"the Hessian products' measured relative error is {err:.2g} (> {tolerance:g}): cause: {cause}; "
         f"fix: {fix}",
-    }
-
-
-def miniature_bound(
-    model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0, exclude: Sequence[int] = (), compute_dtype=None
-) -> dict:
-    """The difference backend's error where no exact product can run on the model itself: on a
-    miniature of the architecture (:func:`~probes.models.miniature.miniature`, same class and config
-    pattern) in the model's dtype, its products in ``compute_dtype`` (None: the default policy),
-    against the exact reverse products of its float64 copy (HF's float32 islands in float64,
-    :func:`~probes.models.fidelity.float64_fidelity`), on ``batches``, with the tokens ``exclude``
-    and the miniature's own zero-embedding tokens left out of the loss.
-    Returns ``{"rel_error", "reference"}`` (rel_error None when no miniature can be built). Cost: a
-    miniature (~10⁴–10⁶ parameters) and 2 products of each backend on the check batches."""
-    import copy
-
-    from geometry.operators.product_check import product_error
-
-    from .fidelity import float64_fidelity
-    from .miniature import miniature
-
-    dtype = next(model.parameters()).dtype
-    mini = miniature(model, dtype=dtype)
-    if mini is None:
-        return {"rel_error": None, "reference": "unavailable: no exact product on the model and no miniature of it"}
-    exact = copy.deepcopy(mini).double()
-    loss_fn = curvature_loss(lm_loss, mini, sorted(set(exclude) | set(zero_embedding_tokens(mini))))
-    with float64_fidelity():
-        ref = HessianOperator(exact, loss_fn, list(batches))
-        error = product_error(
-            HessianOperator(mini, loss_fn, list(batches), backend="difference", compute_dtype=compute_dtype),
-            ref,
-            2,
-            seed,
-        )
-    name = str(dtype).replace("torch.", "")
-    from geometry.operators.precision import compute_dtype_for
-
-    computed = str(compute_dtype_for(dtype, compute_dtype)).replace("torch.", "")
-    name = name if computed == name else f"{name} (computed in {computed})"
-    return {
-        "rel_error": error,
-        "reference": f"bound on a {name} miniature of {type(model).__name__} "
-        f"({sum(p.numel() for p in mini.parameters())} parameters) against its float64 reverse products "
-        "(no exact product can run on the model)",
     }

@@ -7,17 +7,25 @@ hidden 32, MLP 64, at most 4 layers; vocabulary, special tokens, attention imple
 settings and per-layer patterns kept), random-initialised on the model's device. A 7B model is
 then checked in milliseconds and a few MB, in float64, where finite differences are exact enough
 (in bfloat16 a useful step is below half an ulp of most weights). :func:`working_model` picks the
-model the check runs on (the model, a float64 copy or a miniature).
+model the check runs on (the model, a float64 copy or a miniature). :func:`miniature_bound` measures
+the difference backend's error on a miniature where no exact product can run on the model itself.
 """
 
 from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
+
+from geometry.operators.hessian import HessianOperator
+from geometry.operators.precision import compute_dtype_for
+from probes.core.lm import lm_loss
+
+from .fidelity import float64_fidelity
+from .zero_embeddings import curvature_loss, zero_embedding_tokens
 
 HEADS, HEAD_DIM, MLP, MAX_LAYERS = 2, 16, 64, 4
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -121,4 +129,43 @@ def fill_zero_embedding_rows(work: nn.Module) -> None:
             weight[zero] = (fill * weight[~zero].double().std()).to(device=weight.device, dtype=weight.dtype)
 
 
-__all__ = ["fill_zero_embedding_rows", "miniature", "working_model"]
+def miniature_bound(
+    model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0, exclude: Sequence[int] = (), compute_dtype=None
+) -> dict:
+    """The difference backend's error where no exact product can run on the model itself: on a
+    miniature of the architecture (:func:`miniature`, same class and config
+    pattern) in the model's dtype, its products in ``compute_dtype`` (None: the default policy),
+    against the exact reverse products of its float64 copy (HF's float32 islands in float64,
+    :func:`~probes.models.fidelity.float64_fidelity`), on ``batches``, with the tokens ``exclude``
+    and the miniature's own zero-embedding tokens left out of the loss.
+    Returns ``{"rel_error", "reference"}`` (rel_error None when no miniature can be built). Cost: a
+    miniature (~10⁴–10⁶ parameters) and 2 products of each backend on the check batches."""
+    from geometry.operators.product_check import product_error
+
+    dtype = next(model.parameters()).dtype
+    mini = miniature(model, dtype=dtype)
+    if mini is None:
+        return {"rel_error": None, "reference": "unavailable: no exact product on the model and no miniature of it"}
+    exact = copy.deepcopy(mini).double()
+    left_out = sorted(set(exclude) | set(zero_embedding_tokens(mini)))  # the model's, and the miniature's own
+    loss_fn = curvature_loss(lm_loss, left_out)
+    with float64_fidelity():
+        ref = HessianOperator(exact, loss_fn, list(batches))
+        error = product_error(
+            HessianOperator(mini, loss_fn, list(batches), backend="difference", compute_dtype=compute_dtype),
+            ref,
+            2,
+            seed,
+        )
+    name = str(dtype).replace("torch.", "")
+    computed = str(compute_dtype_for(dtype, compute_dtype)).replace("torch.", "")
+    name = name if computed == name else f"{name} (computed in {computed})"
+    return {
+        "rel_error": error,
+        "reference": f"bound on a {name} miniature of {type(model).__name__} "
+        f"({sum(p.numel() for p in mini.parameters())} parameters) against its float64 reverse products "
+        "(no exact product can run on the model)",
+    }
+
+
+__all__ = ["fill_zero_embedding_rows", "miniature", "miniature_bound", "working_model"]

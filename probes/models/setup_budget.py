@@ -20,7 +20,7 @@ given its own budget later). An accepted run measures and computes what it did b
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -50,29 +50,27 @@ def plan_lm_setup(
     params: Any,
     exact_backend: Any,
     runs_check: bool,
-    loss_of: Callable[[bool], Any],
-    lean_head: bool,
+    loss_fn: Any,
+    transient: int,
     kwargs: dict,
 ) -> str:
     """Plan :func:`~probes.models.curvature.lm_hessian`'s set-up; returns the second-order check's
     ``precision`` (``"auto"`` or ``"miniature"``; ``"unchecked"`` with ``backend="auto"`` when the
     check cannot fit). ``exact_backend``: the backend the check is for
-    (a reverse one gets the graph bound); ``runs_check``: the check will run; ``loss_of(lean)``: the
-    operator's loss (with the lean head or not), ``lean_head`` as given to ``lm_hessian``;
-    ``kwargs``: the operator's keyword arguments.
+    (a reverse one gets the graph bound); ``runs_check``: the check will run; ``loss_fn``: the
+    operator's loss with the head ``lm_hessian`` was asked for (``lean_head``), ``transient``: its
+    temporaries (bytes: the lean head's chunks, 0 for the plain loss); ``kwargs``: the operator's
+    keyword arguments.
     Raises :class:`~geometry.memory.model.MemoryBudgetError` before any measurement that cannot fit.
     Cost: arithmetic, plus with the reverse backend two gradients of one short row."""
     from geometry.operators.reverse import ReverseBackend
-    from probes.core.lm_head import head_transient_bytes
 
     space = ParamSpace.from_params(select_parameters(model, params))
     plan = plan_setup(model, space.dim, space.dtype, estimator_dtype(space.dtype), kwargs.get("max_memory"))
     if plan.budget is None:
         return "auto"
     if isinstance(exact_backend, ReverseBackend) and batches and kwargs.get("data_parallel") is None:
-        lean = lean_head
-        transient = kwargs.get("loss_transient_bytes", head_transient_bytes(model, batches) if lean else 0)
-        probe = HessianOperator(model, loss_of(lean), batches, params=params, loss_transient_bytes=transient)
+        probe = HessianOperator(model, loss_fn, batches, params=params, loss_transient_bytes=transient)
         check_graph_floor(probe, plan)
     if not runs_check:
         return "auto"
