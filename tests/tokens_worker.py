@@ -87,15 +87,16 @@ def run(rank: int, world: int, port: int, out: str) -> None:
         record(out, "fsdp", rank, fsdp)
         padded = shard_model(zero_row_model())
 
-        def fsdp_zero_row():  # sharded_lm_hessian finds the zero row shard by shard and leaves token PAD out
+        def fsdp_zero_row():  # the zero row found shard by shard; sharded_lm_hessian leaves token PAD out
             from probes.models.sharding import sharded_lm_hessian
             from probes.models.zero_embeddings import zero_embedding_tokens
 
-            op = sharded_lm_hessian(padded, split_batches(padded_batches(), rank, world), richardson=True)
+            found = zero_embedding_tokens(padded)
+            op = sharded_lm_hessian(padded, split_batches(padded_batches(), rank, world), found, richardson=True)
             return {
                 "hv": _global(op.matmat_flat(_local(probes(dim), op)), op),
                 "excluded": op.excluded,
-                "found": zero_embedding_tokens(padded),
+                "found": found,
             }
 
         record(out, "fsdp-zero-row", rank, fsdp_zero_row)

@@ -191,6 +191,15 @@ def gaussian_rows(generator: torch.Generator, k: int, dim: int, dtype: torch.dty
     return _stream_rows(k, dim, draw, dtype, device)
 
 
+def gaussian_unit(generator: torch.Generator, dim: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A Gaussian unit vector ``[dim]``: one row of :func:`gaussian_rows` drawn on the CPU in ``dtype``
+    (chunk by chunk: no float64 copy at model scale; sharded: this rank's columns of the global
+    vector, normalised by the global norm), then moved to ``device``."""
+    x = gaussian_rows(generator, 1, dim, dtype, "cpu")
+    x /= float(row_norms(x)[0])
+    return x[0].to(device=device)
+
+
 def combine_into(out: torch.Tensor, C: torch.Tensor, B: torch.Tensor, alpha: float = 1.0, beta: float = 1.0) -> None:
     """In place: ``out = beta · out + alpha · C @ B`` for ``out`` [a, dim], ``C`` [a, b], ``B`` [b, dim]
     (``B`` may live on another device), chunk by chunk."""

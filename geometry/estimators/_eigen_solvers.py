@@ -1,7 +1,7 @@
 """The two iterations behind :func:`geometry.estimators.eigen.top_eigenvalues`: thick-restart
 Lanczos (``_lanczos_topk``, the restart size ``_kept``) and deflated power iteration
-(``_power_topk``), with what they share (the seeded Gaussian start vector, the ranking by ``|θ|``, the
-round-off floor of a residual).
+(``_power_topk``), with what they share (the ranking by ``|θ|``, the round-off floor of a residual);
+their seeded Gaussian start vectors are ``geometry.base._linalg.gaussian_unit``.
 
 Both take an operator already configured by the memory plan and return the values ranked by magnitude
 (sign kept), their true residuals, the converged flags and the unit vectors ``[k, dim]``; the memory
@@ -16,16 +16,8 @@ import math
 import numpy as np
 import torch
 
-from ..base._linalg import RowBasis, gaussian_rows, project_out, residual_norms, row_norms, rowdot
+from ..base._linalg import RowBasis, gaussian_unit, project_out, residual_norms, row_norms, rowdot
 from ..operators.interface import CurvatureOperator
-
-
-def _gaussian_unit(g: torch.Generator, dim: int, dtype, device) -> torch.Tensor:
-    """A Gaussian unit vector drawn on the CPU in ``dtype`` (chunk by chunk: no float64 copy at model
-    scale; sharded: this rank's columns of the global vector, ``geometry.base._linalg.gaussian_rows``)."""
-    x = gaussian_rows(g, 1, dim, dtype, "cpu")
-    x /= float(row_norms(x)[0])
-    return x[0].to(device=device)
 
 
 def _select(theta: np.ndarray, k: int) -> np.ndarray:
@@ -46,7 +38,7 @@ def _lanczos_topk(op, k, tol, max_iter, g, basis_size, basis_device=None, basis_
     m = max(min(basis_size, steps_total), min(k + 2, dim))
     eps = _breakdown_eps(op)
     Q = RowBasis(dim, basis_dtype or op.dtype, basis_device or op.device)
-    Q.append(_gaussian_unit(g, dim, op.dtype, op.device))
+    Q.append(gaussian_unit(g, dim, op.dtype, op.device))
     T = np.zeros((m + 1, m + 1))
     j, steps, restarts, breakdowns = 0, 0, 0, 0
     tnorm = 0.0
@@ -69,7 +61,7 @@ def _lanczos_topk(op, k, tol, max_iter, g, basis_size, basis_device=None, basis_
         if beta <= eps * max(tnorm, np.finfo(float).tiny):  # invariant subspace: fresh direction
             breakdowns += 1
             del w
-            w = _gaussian_unit(g, dim, op.dtype, op.device).unsqueeze(0)
+            w = gaussian_unit(g, dim, op.dtype, op.device).unsqueeze(0)
             Q.orthogonalize(w)
             nx = float(row_norms(w)[0])
             if not nx > eps:
@@ -148,7 +140,7 @@ def _power_topk(op, k, tol, max_iter, g):
     iters = 0
     for i in range(k):
         B = F[:i] if i else None
-        v = _gaussian_unit(g, op.dim, op.dtype, op.device).unsqueeze(0)
+        v = gaussian_unit(g, op.dim, op.dtype, op.device).unsqueeze(0)
         if B is not None:
             project_out(v, B)
         v = v[0].div_(float(row_norms(v)[0]))

@@ -75,8 +75,9 @@ def format_bytes(n: float) -> str:
 def parse_bytes(value: Any, device: torch.device | str | None = None) -> int:
     """Bytes of a size string (:func:`geometry.memory.sizes.parse_size`, at most the memory of ``device``)
     or an int of bytes; :class:`MemoryBudgetError` otherwise."""
+    limits = _room(device) if isinstance(value, str) else ()  # a size string may not exceed the device's memory
     try:
-        return parse_size(value, *_room(device)) if isinstance(value, str) else parse_size(value)
+        return parse_size(value, *limits)
     except SizeError as exc:
         raise MemoryBudgetError(str(exc)) from exc
 

@@ -69,7 +69,7 @@ def measure(op: Any, backend: Any, num_vectors: int = 2, seed: int = 0) -> dict:
     copy of the first batch), on ``num_vectors`` seeded vectors; ``op.sibling(batches, backend)``
     builds the operators. When the exact product cannot run there (no double-backward rule, or out of
     memory) ``rel_error`` is None and ``reference`` says why: bound it elsewhere (e.g. on a miniature
-    of the architecture, :func:`probes.models.curvature.miniature_bound`); so it is when the check's
+    of the architecture, :func:`probes.models.miniature.miniature_bound`); so it is when the check's
     memory (:func:`check_bytes`: three vectors and the larger single-vector pass) exceeds the
     operator's budget. Cost: 2 · num_vectors products of each backend on the check slice (plus one
     reverse graph build)."""

@@ -16,7 +16,7 @@ first, from what is known without running anything:
   exceeds the budget never refuses a run that would have been accepted;
 - :func:`plan_setup`: that refusal (:class:`~geometry.memory.model.MemoryBudgetError`, one line:
   the bytes needed and available, what to change: :func:`refusal`); the second-order check is
-  planned by its caller from the same budget (:func:`probes.models.setup_budget.plan_lm_setup`);
+  planned by its caller from the same budget (:func:`probes.models.curvature.plan_lm_setup`);
 - :func:`check_graph_floor`: before the one-row graph of a long row is measured, the graph is
   measured on two short prefixes of that row (:data:`PREFIX` and 2 × :data:`PREFIX` tokens: one
   gradient and a few tokens of activations each) and extrapolated to a lower bound of the whole

@@ -286,7 +286,7 @@ class ShardedHessianOperator(CurvatureOperator):
     def checked(self) -> dict:
         """``hvp_check`` when set; else: the product's error is not measured on a sharded model (the exact products
         would need the whole model on one rank): measure it with ``backend="difference"`` in one process on the
-        same checkpoint, or on a miniature (:func:`probes.models.curvature.miniature_bound`)."""
+        same checkpoint, or on a miniature (:func:`probes.models.miniature.miniature_bound`)."""
         if self.hvp_check is not None:  # measured elsewhere (e.g. on the unsharded architecture)
             return self.hvp_check
         return {

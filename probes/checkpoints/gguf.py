@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .errors import CheckpointError
 
-__all__ = ["gguf_cache_root", "gguf_checkpoint_folder", "gguf_in_folder", "is_gguf"]
+__all__ = ["dequantized", "gguf_cache_root", "gguf_checkpoint_folder", "gguf_in_folder", "is_gguf"]
 
 SUFFIX = ".gguf"
 
@@ -33,6 +33,12 @@ def is_gguf(path: str | Path) -> bool:
     """True for an existing file whose name ends in ``.gguf``."""
     p = Path(path)
     return p.suffix.lower() == SUFFIX and p.is_file()
+
+
+def dequantized(path: Path) -> Path:
+    """``path``'s dequantized checkpoint folder when it is a ``.gguf`` file (:func:`gguf_checkpoint_folder`);
+    any other path as it is."""
+    return gguf_checkpoint_folder(path) if is_gguf(path) else path
 
 
 def gguf_cache_root() -> Path:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import CheckpointError, NoCheckpointsError, TrajectoryNameError
-from .files import local_folder
+from .gguf import dequantized
 from .refs import CheckpointRef
 from .schedule import Schedule, read_sidecar
 from .trajectory import Trajectory
@@ -38,7 +38,6 @@ __all__ = [
     "open_checkpoint",
     "open_trajectory",
     "parse_hub_name",
-    "checkpoint_trajectory",
     "HubName",
     "HUB_PREFIX",
     "NAME_HELP",
@@ -60,7 +59,12 @@ class HubName:
     revisions: tuple[str, ...]
 
     def __str__(self) -> str:
-        return f"{HUB_PREFIX}{self.repo_id}@{','.join(self.revisions)}"
+        return f"{HUB_PREFIX}{self.name}"
+
+    @property
+    def name(self) -> str:
+        """``ORG/NAME@REVISIONS``: the name of its trajectory."""
+        return f"{self.repo_id}@{','.join(self.revisions)}"
 
 
 def parse_hub_name(name: "str | Path") -> HubName | None:
@@ -110,20 +114,10 @@ def open_trajectory(
     else:
         hub = parse_hub_name(name)
         if hub is not None:
-            traj = Trajectory.from_hub(
-                hub.repo_id, list(hub.revisions), cache_dir=cache_dir, name=f"{hub.repo_id}@{','.join(hub.revisions)}"
-            )
+            traj = Trajectory.from_hub(hub.repo_id, list(hub.revisions), cache_dir=cache_dir, name=hub.name)
         else:
-            p = _dequantized(Path(name).expanduser())
-            if not p.exists():
-                raise NoCheckpointsError(
-                    f"no trajectory at {p}: the folder does not exist; a trajectory is {NAME_HELP}"
-                )
-            traj = Trajectory.from_folder(p) if p.is_dir() else Trajectory([CheckpointRef.from_path(p)], p.stem)
-    return _with_schedules(traj, schedule, tokens_per_step, sidecars)
-
-
-def _with_schedules(traj: Trajectory, schedule, tokens_per_step, sidecars: Sequence[str | Path] = ()) -> Trajectory:
+            p = _local_path(name, "trajectory", "the folder does not exist; a trajectory is")
+            traj = Trajectory.from_folder(p) if p.is_dir() else Trajectory.from_list([p], p.stem)
     for sidecar in sidecars:
         sched, tps = read_sidecar(sidecar)
         if sched is not None or tps is not None:
@@ -133,28 +127,13 @@ def _with_schedules(traj: Trajectory, schedule, tokens_per_step, sidecars: Seque
     return traj
 
 
-def _dequantized(p: Path) -> Path:
-    """A ``.gguf`` file's dequantized checkpoint folder (:mod:`probes.checkpoints.gguf`); any other path as is."""
-    from .gguf import gguf_checkpoint_folder, is_gguf
-
-    return gguf_checkpoint_folder(p) if is_gguf(p) else p
-
-
-def _same(location: str | None, path: Path) -> bool:
-    return location is not None and Path(location).resolve() == path.resolve()
-
-
-def _pick(traj: Trajectory, label: str | None, where: str) -> CheckpointRef:
-    if label is None:
-        real = traj.real
-        return real[-1] if real else traj[-1]
-    try:
-        return traj[label]
-    except KeyError as exc:
-        raise CheckpointError(
-            f"{where} has no checkpoint {label!r}; labels: {', '.join(traj.labels[:12])}"
-            f"{' ...' if len(traj) > 12 else ''}"
-        ) from exc
+def _local_path(name: "str | Path", what: str, missing: str) -> Path:
+    """``name`` as a local path (a ``.gguf`` file: its dequantized checkpoint folder); raises
+    :class:`NoCheckpointsError` (``no WHAT at PATH: MISSING ...``) when nothing is there."""
+    p = dequantized(Path(name).expanduser())
+    if not p.exists():
+        raise NoCheckpointsError(f"no {what} at {p}: {missing} {NAME_HELP}")
+    return p
 
 
 def open_checkpoint(
@@ -163,46 +142,55 @@ def open_checkpoint(
     cache_dir: str | Path | None = None,
     schedule: "Schedule | str | None" = None,
     tokens_per_step: int | None = None,
+    alone: bool = False,
 ) -> tuple[Trajectory, CheckpointRef]:
-    """``(trajectory, checkpoint)`` for a checkpoint argument given on the command line.
+    """``(trajectory, checkpoint)`` for a checkpoint argument given on the command line, in one pass.
 
     ``path``: a trajectory folder or a hub trajectory ``hf:ORG/NAME@REVISIONS`` (``label`` picks a
-    checkpoint, default the last real one), a checkpoint folder or weight file, or a single hub
-    revision ``hf:ORG/NAME@REV`` (``label``, when given, must name it). ``cache_dir``, ``schedule``,
-    ``tokens_per_step``: as :func:`open_trajectory`. Raises :class:`NoCheckpointsError` when nothing is
-    there and :class:`CheckpointError` for an unknown label (the message lists the labels). Reads
-    names and small JSON files only, never weights.
+    checkpoint, default the last real one), a checkpoint folder or weight file (the trajectory folder
+    around it, when it sits in one, is listed instead, so its step / tokens / LR and tokenizer come
+    with it), or a single hub revision ``hf:ORG/NAME@REV`` (``label``, when given, must name it).
+    ``cache_dir``, ``schedule``, ``tokens_per_step``: as :func:`open_trajectory`. ``alone``: the
+    trajectory returned holds only that checkpoint (:meth:`Trajectory.only`), what a single-checkpoint
+    command loads from. Raises :class:`NoCheckpointsError` when nothing is there and
+    :class:`CheckpointError` for an unknown label (the message lists the labels). Reads names and
+    small JSON files only, never weights (a hub revision with ``alone``: its snapshot is resolved).
     """
-    if parse_hub_name(path) is not None:
-        traj = open_trajectory(path, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step)
-        return traj, _pick(traj, label, str(path))
-    p = _dequantized(Path(path).expanduser())
-    if not p.exists():
-        raise NoCheckpointsError(
-            f"no checkpoint at {p}: the path does not exist; a checkpoint is a checkpoint "
-            f"folder, a weight file, or {NAME_HELP}"
+    hub = parse_hub_name(path)
+    if hub is None:
+        p = _local_path(
+            path, "checkpoint", "the path does not exist; a checkpoint is a checkpoint folder, a weight file, or"
         )
-    traj = open_trajectory(p)
-    single = p.is_file() or (len(traj) == 1 and _same(traj[0].location, p))
-    if single and label in (None, traj[0].label):
-        try:  # the trajectory folder around it knows its step / tokens / LR and tokenizer
-            parent = Trajectory.from_folder(p.parent)
-        except CheckpointError:
-            parent = None
-        hit = next((r for r in parent if _same(r.location, p)), None) if parent is not None else None
-        if hit is not None:
-            traj = _with_schedules(parent, schedule, tokens_per_step)
-            return traj, traj[hit.label]
-    traj = _with_schedules(traj, schedule, tokens_per_step)
-    return traj, _pick(traj, label, str(p))
+        where, here = str(p), p.resolve()
+        traj: Trajectory = Trajectory.from_folder(p) if p.is_dir() else Trajectory.from_list([p], p.stem)
+        single = p.is_file() or (len(traj) == 1 and _at(traj[0], here))
+        if single and label in (None, traj[0].label):
+            try:  # the trajectory folder around it knows its step / tokens / LR and tokenizer
+                parent = Trajectory.from_folder(p.parent)
+            except CheckpointError:
+                parent = None
+            hit = next((r for r in parent if _at(r, here)), None) if parent is not None else None
+            if hit is not None:
+                traj, label = parent, hit.label
+    else:
+        where = str(path)
+        traj = Trajectory.from_hub(hub.repo_id, list(hub.revisions), cache_dir=cache_dir, name=hub.name)
+    if schedule is not None or tokens_per_step is not None:
+        traj = traj.with_schedule(schedule, tokens_per_step, override=True)
+    if label is None:
+        real = traj.real
+        ref = real[-1] if real else traj[-1]
+    else:
+        try:
+            ref = traj[label]
+        except KeyError as exc:
+            raise CheckpointError(
+                f"{where} has no checkpoint {label!r}; labels: {', '.join(traj.labels[:12])}"
+                f"{' ...' if len(traj) > 12 else ''}"
+            ) from exc
+    return (traj.only(ref) if alone else traj), ref
 
 
-def checkpoint_trajectory(traj: Trajectory, ref: CheckpointRef) -> Trajectory:
-    """The one-checkpoint trajectory of ``ref`` with ``traj``'s meta (tokenizer folder, schedule): what a
-    single-checkpoint command builds its token sets and loader from, so that a hub pattern
-    (``hf:ORG/NAME@step*`` with ``--label``) resolves only that revision. A hub revision is resolved
-    here (read from the cache; downloaded when online), so a missing one fails first with
-    :class:`~probes.checkpoints.errors.RevisionNotCachedError` and the command that downloads it."""
-    if ref.kind == "hub":
-        local_folder(ref)
-    return Trajectory([ref], traj.name, traj.meta)
+def _at(ref: CheckpointRef, here: Path) -> bool:
+    """Whether ``ref`` is the checkpoint at the resolved path ``here``."""
+    return ref.location is not None and Path(ref.location).resolve() == here

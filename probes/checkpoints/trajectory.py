@@ -288,6 +288,15 @@ class Trajectory:
             meta["tokens_per_step"] = tps or sched.tokens_per_step
         return Trajectory(refs, self.name, meta)
 
+    def only(self, ref: CheckpointRef) -> "Trajectory":
+        """The one-checkpoint trajectory of ``ref`` with this one's name and meta (tokenizer folder,
+        schedule): what a single-checkpoint command loads from, so that a hub pattern resolves only that
+        revision. A hub revision is resolved here (read from the cache; downloaded when online), so a
+        missing one fails first with :class:`RevisionNotCachedError` and the command that downloads it."""
+        if ref.kind == "hub":
+            local_folder(ref)
+        return Trajectory([ref], self.name, self.meta)
+
     # checks --------------------------------------------------------------------------------
     def validate(self, check_weights: bool = True, raise_errors: bool = False) -> list[CheckpointProblem]:
         """Check every checkpoint: config present and readable, one ``model_type``, weight files

@@ -77,7 +77,6 @@ def accuracy(
         raise typer.Exit(2)
     from probes.accuracy import select_tasks, task_accuracy
     from probes.checkpoints import CheckpointLoader, open_checkpoint
-    from probes.checkpoints.locate import checkpoint_trajectory
     from probes.data import load_tokenizer
     from probes.quant import QuantizeError, QuantSpec
 
@@ -87,8 +86,7 @@ def accuracy(
     except QuantizeError as e:
         raise typer.BadParameter(str(e), param_hint="--spec") from None
     selection = select_tasks(tasks)
-    traj, ref = open_checkpoint(checkpoint, label, cache_dir=cache_dir)
-    traj = checkpoint_trajectory(traj, ref)
+    traj, ref = open_checkpoint(checkpoint, label, cache_dir=cache_dir, alone=True)
     model = CheckpointLoader(traj, device=device, allow_pickle=allow_pickle).load(ref).eval()
     tok = load_tokenizer(ref)
     cal = None

@@ -83,11 +83,9 @@ def quantize(
     except QuantizeError as e:
         raise typer.BadParameter(str(e), param_hint="--spec") from None
     from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
-    from probes.checkpoints.locate import checkpoint_trajectory
 
     try:
-        traj, ref = open_checkpoint(checkpoint, label, cache_dir=cache_dir)
-        traj = checkpoint_trajectory(traj, ref)
+        traj, ref = open_checkpoint(checkpoint, label, cache_dir=cache_dir, alone=True)
         model = CheckpointLoader(traj, device=device, allow_pickle=allow_pickle).load(ref)
     except (CheckpointError, OSError, ValueError) as e:
         raise typer.BadParameter(f"cannot load {checkpoint}: {e}", param_hint="CHECKPOINT") from None

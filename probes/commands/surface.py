@@ -98,7 +98,6 @@ def checkpoint_surface(
     from geometry.surfaces.surface import evaluate_surface
     from probes.checkpoints import ArchitectureMismatchError, CheckpointLoader, open_checkpoint
     from probes.checkpoints.configs import config_differences
-    from probes.checkpoints.locate import checkpoint_trajectory
     from probes.core.lm import lm_loss
     from probes.core.tokenset import TokenSet
     from probes.data import default_token_sets
@@ -106,7 +105,7 @@ def checkpoint_surface(
 
     gs = GridSpec(resolution=grid, margin=margin)  # bad grids fail before any loading
     traj, ref_a = open_checkpoint(checkpoint, label, cache_dir=cache_dir)
-    own = checkpoint_trajectory(traj, ref_a)
+    own = traj.only(ref_a)
     loader = CheckpointLoader(own, device=device, allow_pickle=allow_pickle)
     sets = {"eval": TokenSet.load(data)} if data is not None else default_token_sets(own, quick=quick)
     if calibration is not None:

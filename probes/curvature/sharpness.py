@@ -75,7 +75,7 @@ def sharpness(
     every rank holds 1/N of θ and of every vector (:mod:`geometry.operators.sharded`, gradient
     differences: an exact ``backend`` is replaced by the difference backend out loud, the reason in
     ``backend_choice``; its error is measured on a miniature of the architecture in the compute
-    dtype against float64, :func:`probes.models.curvature.miniature_bound`). Tokens whose
+    dtype against float64, :func:`probes.models.miniature.miniature_bound`). Tokens whose
     input-embedding row is zero (padding) are left out of the loss; ``excluded`` records which and
     how many positions and targets (:mod:`probes.models.zero_embeddings`).
 
@@ -86,8 +86,8 @@ def sharpness(
     and exits non-zero with ``--strict``); an error that could not be measured says why in
     ``hvp_check["reference"]``.
     """
-    from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
-    from probes.checkpoints.locate import checkpoint_trajectory
+    from probes.checkpoints import CheckpointError, CheckpointLoader
+    from probes.checkpoints.locate import open_checkpoint
 
     _check_options(method, eigen_method, num_matvecs, k, max_iter, tol)
     from geometry.operators.auto import AutoBackend
@@ -117,9 +117,8 @@ def sharpness(
             raise SharpnessError(f"--max-memory: {exc}") from exc
     try:
         traj, ref = open_checkpoint(
-            checkpoint, label, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step
+            checkpoint, label, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step, alone=True
         )
-        traj = checkpoint_trajectory(traj, ref)
     except CheckpointError as exc:
         raise SharpnessError(str(exc)) from exc
     t0 = time.perf_counter()

@@ -53,7 +53,6 @@ def explain_checkpoint(
     ``compute_dtype`` the dtype its products run in (None: float32 for half-precision weights).
     """
     from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
-    from probes.checkpoints.locate import checkpoint_trajectory
     from probes.core.threads import torch_threads
     from probes.core.tokenset import TokenSet
 
@@ -67,9 +66,8 @@ def explain_checkpoint(
         raise ExplainError(f"compute dtype {compute_dtype!r} is unknown; valid: {', '.join(COMPUTE_DTYPES)}")
     try:
         traj, ref = open_checkpoint(
-            checkpoint, label, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step
+            checkpoint, label, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step, alone=True
         )
-        traj = checkpoint_trajectory(traj, ref)
     except CheckpointError as exc:
         raise ExplainError(str(exc)) from exc
     from probes.quant import QuantSpec

@@ -34,7 +34,7 @@ from geometry.base.results import TraceEstimate
 from probes.core.lm import evaluate, lm_loss
 from probes.core.modules import select_linears
 from probes.models.curvature import lm_hessian
-from probes.models.zero_embeddings import curvature_loss
+from probes.models.zero_embeddings import curvature_loss, zero_embedding_tokens
 from probes.quant import quantize
 
 from .blocks import block_members, glob_groups
@@ -216,7 +216,7 @@ def measure_direction(
     with _grad_enabled(model):
         delta, qm = quantized_direction(model, spec, calibration, modules)
         # on the loss the curvature operator takes (zero-embedding tokens of θ left out, probes.models.zero_embeddings)
-        q_loss = evaluate(qm.model, list(curvature), loss_fn=curvature_loss(lm_loss, model)).loss
+        q_loss = evaluate(qm.model, list(curvature), loss_fn=curvature_loss(lm_loss, zero_embedding_tokens(model))).loss
         canonical, errors, quant_seconds = (
             str(qm.spec),
             {k: float(v) for k, v in qm.layer_errors.items()},

@@ -9,28 +9,69 @@ finite differences of the gradient and of the loss. An architecture whose ops la
 reverse backend with a :class:`~probes.models.second_order.SecondOrderWarning` naming the op; one whose products cannot
 be trusted raises :class:`~probes.models.second_order.SecondOrderError` (recorded as a failed row
 by sweeps) — never a silently wrong number.
+
+:func:`plan_lm_setup` settles, before anything is measured, what the operator is built from (the
+zero-embedding tokens left out of its loss, found once: :mod:`probes.models.zero_embeddings`; the loss
+with and without the lean head) and refuses (:class:`~geometry.memory.model.MemoryBudgetError`, one
+line) when a measuring step of the set-up cannot fit ``max_memory``, in the order of their cost:
+
+1. the smallest product any estimator makes (:func:`geometry.operators.setup_plan.plan_setup`:
+   two gradients and three vectors, arithmetic only);
+2. with the reverse backend, the smallest pass on a lower bound of the batches' graph measured on a
+   short prefix of one row (:func:`geometry.operators.setup_plan.check_graph_floor`);
+3. the second-order check (:func:`probes.models.second_order.ensure_second_order`), on a float64 copy
+   or on the float64 miniature when it fits (:func:`probes.models.miniature.check_precision`), else
+   refused (``backend="auto"``: ``"unchecked"``, the check is skipped and the choice made without it;
+   :func:`lm_hessian` refuses if the exact backend is chosen).
+
+With ``max_memory=None`` nothing is refused and the check chooses as before (an estimator may be
+given its own budget later). An accepted run measures and computes what it did before.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
+from geometry.base.params import ParamSpace, select_parameters
 from geometry.memory.model import MemoryBudgetError
 from geometry.operators.auto import AutoBackend
 from geometry.operators.names import backend_named
 from geometry.operators.data_parallel import DataParallel
 from geometry.operators.hessian import HessianOperator
+from geometry.operators.interface import estimator_dtype
 from geometry.operators.reverse import ReverseBackend
-from probes.core.lm import ExcludingLoss, lm_loss
+from geometry.operators.setup_plan import check_graph_floor, plan_setup
+from probes.core.lm import lm_loss
 from probes.core.lm_head import head_transient_bytes, lm_loss_lean
 
 from .fidelity import with_float64_fidelity
+from .miniature import check_precision, miniature_bound
 from .second_order import SecondOrderError, ensure_second_order
-from .setup_budget import UNCHECKED, plan_lm_setup
 from .zero_embeddings import curvature_loss, exclusion_record, zero_embedding_tokens
+
+__all__ = ["lm_hessian", "plan_lm_setup", "LmSetup", "error_warning", "UNCHECKED"]
+
+#: The check precision of a ``backend="auto"`` operator whose second-order check cannot fit.
+UNCHECKED = "unchecked"
+
+
+@dataclass(frozen=True)
+class LmSetup:
+    """What :func:`plan_lm_setup` settles before anything is measured: the zero-embedding tokens left
+    out of every loss (``exclude``), the loss without them (``exact_loss``: what the second-order check
+    differentiates) and through the lean head when it was asked for (``lean_loss``, else
+    ``exact_loss``), that head's chunk temporaries (``head_bytes``, 0 without it) and the second-order
+    check's ``precision`` (``"auto"``, ``"miniature"`` or :data:`UNCHECKED`)."""
+
+    exclude: tuple[int, ...]
+    exact_loss: Any
+    lean_loss: Any
+    head_bytes: int
+    precision: str
 
 
 def lm_hessian(
@@ -48,7 +89,7 @@ def lm_hessian(
     copy of models under 50M parameters, else a float64 miniature, plus a few HVPs, gradients and
     forwards on 2×16 tokens). With ``max_memory`` every measuring step of the set-up (the check,
     the graph of a batch) is planned first and refused before it runs when it cannot fit
-    (:func:`probes.models.setup_budget.plan_lm_setup`). ``lean_head``: with the reverse backend, take the loss through
+    (:func:`plan_lm_setup`). ``lean_head``: with the reverse backend, take the loss through
     the closed-form chunked LM head (:func:`probes.core.lm_head.lm_loss_lean`: the same loss, no
     ``[tokens, vocab]`` tensor in the double-backward graph; models whose logits are not a plain
     linear head fall back to :func:`~probes.core.lm.lm_loss` by themselves). Extra keyword
@@ -69,23 +110,14 @@ def lm_hessian(
     singular there); ``op.excluded`` records which and how many (summed over the ranks).
     """
     batches = list(batches)
-    exclude = zero_embedding_tokens(model)  # left out of the loss, the second-order check's included
     chosen = backend_named(backend)  # an unknown name raises here, before any work
     auto = isinstance(chosen, AutoBackend)
     if (auto or not chosen.exact) and batches:
         kwargs.setdefault("check_batches", [batches[0][:2, :32]])
     runs_check = bool(check and batches and (auto or chosen.second_order))
     # every measuring step below is planned first, and refused before it runs when it cannot fit max_memory
-    precision = plan_lm_setup(
-        model,
-        batches,
-        params,
-        chosen,
-        runs_check,
-        lambda lean: curvature_loss(lm_loss_lean if lean else lm_loss, model, exclude),
-        lean_head,
-        kwargs,
-    )
+    setup = plan_lm_setup(model, batches, params, chosen, runs_check, lean_head, kwargs)
+    precision = setup.precision
     if runs_check:
         probe = batches[0][:2, :16]
         parallel = kwargs.get("data_parallel")
@@ -96,12 +128,7 @@ def lm_hessian(
                 return exact.name
             try:
                 return ensure_second_order(
-                    model,
-                    probe,
-                    backend=exact.name,
-                    params=params,
-                    loss_fn=curvature_loss(lm_loss, model, exclude),
-                    precision=precision,
+                    model, probe, backend=exact.name, params=params, loss_fn=setup.exact_loss, precision=precision
                 )
             except SecondOrderError:
                 if not auto:
@@ -116,8 +143,8 @@ def lm_hessian(
             backend, chosen, auto = checked, backend_named(checked), False
     lean = lean_head and isinstance(chosen, ReverseBackend)  # the lean head's derivatives are reverse-mode only
     if lean:
-        kwargs.setdefault("loss_transient_bytes", head_transient_bytes(model, batches))
-    loss_fn = curvature_loss(lm_loss_lean if lean else lm_loss, model, exclude)  # zero-embedding tokens left out
+        kwargs.setdefault("loss_transient_bytes", setup.head_bytes)
+    loss_fn = setup.lean_loss if lean else setup.exact_loss  # zero-embedding tokens left out
     if auto or not chosen.exact:  # a float64 model's float32 islands would swamp the float64-sized step
         loss_fn = with_float64_fidelity(loss_fn, model)
     op = HessianOperator(model, loss_fn, batches, params=params, backend=backend, **kwargs)
@@ -127,13 +154,55 @@ def lm_hessian(
             f"backend='auto' chose the exact pass ({why}), but its second-order check does not "
             "fit max_memory; raise max_memory or pass backend='difference'"
         )
-    op.excluded = exclusion_record(ExcludingLoss(lm_loss, exclude), batches, op.parallel)
+    op.excluded = exclusion_record(setup.exclude, batches, op.parallel)
     if not op.product_backend.exact and batches and op.checked()["rel_error"] is None:
         bound = miniature_bound(
-            model, op.check_batches or [batches[0][:2, :32]], exclude=exclude, compute_dtype=kwargs.get("compute_dtype")
+            model,
+            op.check_batches or [batches[0][:2, :32]],
+            exclude=setup.exclude,
+            compute_dtype=kwargs.get("compute_dtype"),
         )
         op.hvp_check = {**op.hvp_check, **bound}
     return op
+
+
+def plan_lm_setup(
+    model: nn.Module,
+    batches: Sequence[torch.Tensor],
+    params: Any,
+    exact_backend: Any,
+    runs_check: bool,
+    lean_head: bool,
+    kwargs: dict,
+) -> LmSetup:
+    """Settle :func:`lm_hessian`'s set-up before anything is measured (module docstring): the
+    zero-embedding tokens (found once) and the losses without them, the lean head's temporaries
+    (``lean_head`` as given to ``lm_hessian``) and the second-order check's precision, refusing each
+    measuring step that cannot fit ``kwargs["max_memory"]``. ``exact_backend``: the backend the check is
+    for (a reverse one gets the graph bound); ``runs_check``: the check will run; ``kwargs``: the
+    operator's keyword arguments. Raises :class:`~geometry.memory.model.MemoryBudgetError` before any
+    measurement that cannot fit. Cost: one pass over the input embedding and arithmetic, plus with the
+    reverse backend and a budget two gradients of one short row."""
+    exclude = zero_embedding_tokens(model)  # every loss below leaves them out, the check's included
+    exact_loss = curvature_loss(lm_loss, exclude)
+    lean_loss = curvature_loss(lm_loss_lean, exclude) if lean_head else exact_loss
+    head_bytes = head_transient_bytes(model, batches) if lean_head else 0  # the lean head's chunk temporaries
+    space = ParamSpace.from_params(select_parameters(model, params))
+    plan = plan_setup(model, space.dim, space.dtype, estimator_dtype(space.dtype), kwargs.get("max_memory"))
+    precision = "auto"
+    if plan.budget is not None:  # None: nothing is refused, the check chooses as before
+        if isinstance(exact_backend, ReverseBackend) and batches and kwargs.get("data_parallel") is None:
+            transient = kwargs.get("loss_transient_bytes", head_bytes)
+            probe = HessianOperator(model, lean_loss, batches, params=params, loss_transient_bytes=transient)
+            check_graph_floor(probe, plan)
+        if runs_check:
+            try:
+                precision = check_precision(model, plan.budget)
+            except MemoryBudgetError:
+                if not isinstance(exact_backend, AutoBackend):
+                    raise
+                precision = UNCHECKED
+    return LmSetup(tuple(exclude), exact_loss, lean_loss, head_bytes, precision)
 
 
 def error_warning(check: dict | None, compute_dtype, tolerance: float = 1e-2) -> dict | None:
@@ -164,49 +233,4 @@ def error_warning(check: dict | None, compute_dtype, tolerance: float = 1e-2) ->
         "fix": fix,
         "message": f"the Hessian products' measured relative error is {err:.2g} (> {tolerance:g}): cause: {cause}; "
         f"fix: {fix}",
-    }
-
-
-def miniature_bound(
-    model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0, exclude: Sequence[int] = (), compute_dtype=None
-) -> dict:
-    """The difference backend's error where no exact product can run on the model itself: on a
-    miniature of the architecture (:func:`~probes.models.miniature.miniature`, same class and config
-    pattern) in the model's dtype, its products in ``compute_dtype`` (None: the default policy),
-    against the exact reverse products of its float64 copy (HF's float32 islands in float64,
-    :func:`~probes.models.fidelity.float64_fidelity`), on ``batches``, with the tokens ``exclude``
-    and the miniature's own zero-embedding tokens left out of the loss.
-    Returns ``{"rel_error", "reference"}`` (rel_error None when no miniature can be built). Cost: a
-    miniature (~10⁴–10⁶ parameters) and 2 products of each backend on the check batches."""
-    import copy
-
-    from geometry.operators.product_check import product_error
-
-    from .fidelity import float64_fidelity
-    from .miniature import miniature
-
-    dtype = next(model.parameters()).dtype
-    mini = miniature(model, dtype=dtype)
-    if mini is None:
-        return {"rel_error": None, "reference": "unavailable: no exact product on the model and no miniature of it"}
-    exact = copy.deepcopy(mini).double()
-    loss_fn = curvature_loss(lm_loss, mini, sorted(set(exclude) | set(zero_embedding_tokens(mini))))
-    with float64_fidelity():
-        ref = HessianOperator(exact, loss_fn, list(batches))
-        error = product_error(
-            HessianOperator(mini, loss_fn, list(batches), backend="difference", compute_dtype=compute_dtype),
-            ref,
-            2,
-            seed,
-        )
-    name = str(dtype).replace("torch.", "")
-    from geometry.operators.precision import compute_dtype_for
-
-    computed = str(compute_dtype_for(dtype, compute_dtype)).replace("torch.", "")
-    name = name if computed == name else f"{name} (computed in {computed})"
-    return {
-        "rel_error": error,
-        "reference": f"bound on a {name} miniature of {type(model).__name__} "
-        f"({sum(p.numel() for p in mini.parameters())} parameters) against its float64 reverse products "
-        "(no exact product can run on the model)",
     }

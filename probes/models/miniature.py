@@ -7,20 +7,37 @@ hidden 32, MLP 64, at most 4 layers; vocabulary, special tokens, attention imple
 settings and per-layer patterns kept), random-initialised on the model's device. A 7B model is
 then checked in milliseconds and a few MB, in float64, where finite differences are exact enough
 (in bfloat16 a useful step is below half an ulp of most weights). :func:`working_model` picks the
-model the check runs on (the model, a float64 copy or a miniature).
+model the check runs on (the model, a float64 copy or a miniature) and :func:`check_precision` the one
+that fits a memory budget. :func:`miniature_bound` measures
+the difference backend's error on a miniature where no exact product can run on the model itself.
 """
 
 from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
+from geometry.memory.model import format_bytes
+from geometry.operators.hessian import HessianOperator
+from geometry.operators.precision import compute_dtype_for
+from geometry.operators.setup_plan import refusal
+from probes.core.lm import lm_loss
+
+from .fidelity import float64_fidelity
+from .zero_embeddings import curvature_loss, zero_embedding_tokens
+
 HEADS, HEAD_DIM, MLP, MAX_LAYERS = 2, 16, 64, 4
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+
+#: Peak resident memory of the second-order check (2 × 16 tokens) in multiples of the float64
+#: parameters it runs on (8 bytes each): measured 18.2 on a float64 copy of the Pythia 14M shape and
+#: 27.4 on its miniature (3.25M parameters, the 50,304-token vocabulary kept, whose logits dominate),
+#: float32 model, glibc's defaults (benchmarks/README.md, "Refusals"). Validated on that shape only.
+CHECK_FACTOR = 28
 
 
 def _shrunk_config(config: Any) -> Any:
@@ -88,8 +105,7 @@ def working_model(model: nn.Module, precision, messages: list[str]) -> tuple[nn.
         )
     if precision not in ("auto", "miniature"):
         raise ValueError(f"precision must be 'auto', 'miniature', 'native' or a torch dtype, got {precision!r}")
-    small = n_params < 50_000_000 and precision == "auto"
-    if small and model_dtype not in (torch.float16, torch.bfloat16):
+    if precision == "auto" and _copy_checked(n_params, model_dtype):
         return (model, "model") if model_dtype == torch.float64 else (copy.deepcopy(model).double(), "float64 copy")
     mini = miniature(model)
     if mini is not None:
@@ -103,6 +119,37 @@ def working_model(model: nn.Module, precision, messages: list[str]) -> tuple[nn.
         messages.append("no miniature of this architecture could be built; checked a float32 copy of the model")
         return copy.deepcopy(model).float(), "float32 copy"
     return model, "model"
+
+
+def _copy_checked(n_params: int, dtype: torch.dtype) -> bool:
+    """``precision="auto"``'s rule: a model under 50M parameters, not in half precision, is checked
+    on a float64 copy (or itself, when float64); any other on a float64 miniature."""
+    return n_params < 50_000_000 and dtype not in (torch.float16, torch.bfloat16)
+
+
+def check_precision(model: nn.Module, budget: int) -> str:
+    """The :func:`working_model` precision whose second-order check fits ``budget`` bytes
+    (:data:`CHECK_FACTOR` × 8 bytes × the parameters it runs on): ``"auto"`` when the float64 copy (or
+    the model itself, already float64) fits, else ``"miniature"`` when the miniature's check fits;
+    else :class:`~geometry.memory.model.MemoryBudgetError` (one line). Cost: a miniature built to
+    count its parameters."""
+    n = sum(p.numel() for p in model.parameters())
+    if _copy_checked(n, next(model.parameters()).dtype) and CHECK_FACTOR * 8 * n <= budget:
+        return "auto"
+    mini = miniature(model)
+    if mini is None:  # no miniature: the check runs on the model itself, as before (not bounded here)
+        return "auto"
+    need = CHECK_FACTOR * 8 * sum(p.numel() for p in mini.parameters())
+    del mini
+    if need > budget:
+        raise refusal(
+            "the second-order check",
+            int(need),
+            budget,
+            f"{CHECK_FACTOR} × its float64 miniature's parameters; the float64 copy would need "
+            f"{format_bytes(CHECK_FACTOR * 8 * n)}",
+        )
+    return "miniature"
 
 
 def fill_zero_embedding_rows(work: nn.Module) -> None:
@@ -121,4 +168,50 @@ def fill_zero_embedding_rows(work: nn.Module) -> None:
             weight[zero] = (fill * weight[~zero].double().std()).to(device=weight.device, dtype=weight.dtype)
 
 
-__all__ = ["fill_zero_embedding_rows", "miniature", "working_model"]
+def miniature_bound(
+    model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0, exclude: Sequence[int] = (), compute_dtype=None
+) -> dict:
+    """The difference backend's error where no exact product can run on the model itself: on a
+    miniature of the architecture (:func:`miniature`, same class and config
+    pattern) in the model's dtype, its products in ``compute_dtype`` (None: the default policy),
+    against the exact reverse products of its float64 copy (HF's float32 islands in float64,
+    :func:`~probes.models.fidelity.float64_fidelity`), on ``batches``, with the tokens ``exclude``
+    and the miniature's own zero-embedding tokens left out of the loss.
+    Returns ``{"rel_error", "reference"}`` (rel_error None when no miniature can be built). Cost: a
+    miniature (~10⁴–10⁶ parameters) and 2 products of each backend on the check batches."""
+    from geometry.operators.product_check import product_error
+
+    dtype = next(model.parameters()).dtype
+    mini = miniature(model, dtype=dtype)
+    if mini is None:
+        return {"rel_error": None, "reference": "unavailable: no exact product on the model and no miniature of it"}
+    exact = copy.deepcopy(mini).double()
+    left_out = sorted(set(exclude) | set(zero_embedding_tokens(mini)))  # the model's, and the miniature's own
+    loss_fn = curvature_loss(lm_loss, left_out)
+    with float64_fidelity():
+        ref = HessianOperator(exact, loss_fn, list(batches))
+        error = product_error(
+            HessianOperator(mini, loss_fn, list(batches), backend="difference", compute_dtype=compute_dtype),
+            ref,
+            2,
+            seed,
+        )
+    name = str(dtype).replace("torch.", "")
+    computed = str(compute_dtype_for(dtype, compute_dtype)).replace("torch.", "")
+    name = name if computed == name else f"{name} (computed in {computed})"
+    return {
+        "rel_error": error,
+        "reference": f"bound on a {name} miniature of {type(model).__name__} "
+        f"({sum(p.numel() for p in mini.parameters())} parameters) against its float64 reverse products "
+        "(no exact product can run on the model)",
+    }
+
+
+__all__ = [
+    "CHECK_FACTOR",
+    "check_precision",
+    "fill_zero_embedding_rows",
+    "miniature",
+    "miniature_bound",
+    "working_model",
+]

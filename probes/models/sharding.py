@@ -9,8 +9,8 @@ group. Tied input/output embeddings stay one parameter. :func:`sharded_lm_hessia
 
 The difference backend's accuracy cannot be measured against an exact product on the sharded model
 (double backward does not run under FSDP2), so :func:`sharded_lm_hessian` accepts the error measured
-beforehand on the unsharded architecture (a float64 miniature: see ``probes.models.curvature``) and
-records it on the operator (``op.hvp_check``).
+beforehand on the unsharded architecture (a float64 miniature: :func:`probes.models.miniature.miniature_bound`) and
+records it on the operator (``op.hvp_check``), with the zero-embedding tokens found once on the whole model.
 """
 
 from __future__ import annotations
@@ -62,19 +62,26 @@ def shard_model(model: nn.Module, device: str | torch.device | None = None, comp
 
 
 def sharded_lm_hessian(
-    model: nn.Module, batches: Sequence[torch.Tensor], max_memory: Any = None, hvp_check: dict | None = None, **kwargs
+    model: nn.Module,
+    batches: Sequence[torch.Tensor],
+    exclude: Sequence[int],
+    max_memory: Any = None,
+    hvp_check: dict | None = None,
+    **kwargs,
 ) -> ShardedHessianOperator:
     """The sharded Hessian of the mean LM loss over this rank's ``batches`` ([b, s] token tensors) of
-    an FSDP2 model (:func:`shard_model`). ``hvp_check``: the difference backend's measured error on
-    the unsharded architecture, recorded as ``op.hvp_check``. Extra keywords go to the operator
-    (``difference_step``, ``richardson``). Tokens whose input-embedding row is zero are left out of
-    the loss as in :func:`probes.models.curvature.lm_hessian` (``op.excluded`` records them)."""
-    loss_fn = curvature_loss(lm_loss, model)  # zero-embedding tokens left out, as lm_hessian (a collective)
+    an FSDP2 model (:func:`shard_model`). ``exclude``: the tokens whose input-embedding row is zero,
+    left out of the loss as in :func:`probes.models.curvature.lm_hessian` (``op.excluded`` records
+    them): :func:`~probes.models.zero_embeddings.zero_embedding_tokens` of the model, found once by
+    the caller (on the sharded model it is a collective). ``hvp_check``: the difference backend's
+    measured error on the unsharded architecture, recorded as ``op.hvp_check``. Extra keywords go to
+    the operator (``difference_step``, ``richardson``)."""
+    loss_fn = curvature_loss(lm_loss, exclude)  # zero-embedding tokens left out, as lm_hessian
     op = ShardedHessianOperator(
         model, with_float64_fidelity(loss_fn, model), list(batches), max_memory=max_memory, **kwargs
     )  # float64 fidelity: as lm_hessian's difference backend
     op.hvp_check = hvp_check
-    op.excluded = exclusion_record(loss_fn, list(batches), op.parallel)
+    op.excluded = exclusion_record(exclude, list(batches), op.parallel)
     return op
 
 
@@ -86,22 +93,27 @@ def fsdp_lm_hessian(
     compute_dtype: Any = None,
     max_memory: Any = None,
 ) -> ShardedHessianOperator:
-    """``sharpness --parallel fsdp``: the sharded Hessian of ``model`` (loaded whole on this rank, then
-    sharded in ``compute_dtype`` by :func:`shard_model`) with its error measured first on a miniature
-    of the architecture in the compute dtype against its float64 exact products
-    (:func:`probes.models.curvature.miniature_bound`, the same on every rank). FSDP2 runs first-order
-    gradients only: an exact ``backend`` (reverse, forward, auto) is replaced by the difference backend
-    out loud (``op.backend_choice`` says why; the CLI prints it)."""
+    """``sharpness --parallel fsdp``: the sharded Hessian of ``model`` (loaded whole on this rank, cast
+    to the compute dtype, then sharded by :func:`shard_model`) with its error measured first on a
+    miniature of the architecture in the compute dtype against its float64 exact products
+    (:func:`probes.models.miniature.miniature_bound`, the same on every rank). The zero-embedding
+    tokens are found once, on the whole model, for both. FSDP2 runs first-order gradients only: an
+    exact ``backend`` (reverse, forward, auto) is replaced by the difference backend out loud
+    (``op.backend_choice`` says why; the CLI prints it)."""
     from geometry.operators.auto import AutoBackend
     from geometry.operators.names import backend_named
     from geometry.operators.precision import compute_dtype_for
-    from .curvature import miniature_bound
+    from .miniature import miniature_bound
 
     dtype = compute_dtype_for(next(model.parameters()).dtype, compute_dtype)
+    model.to(dtype)  # the products run in it: on the miniature and on the shards
+    exclude = zero_embedding_tokens(model)
     mini = {"rel_error": None, "reference": "unavailable: no batch to measure on"}
     if batches:
-        mini = miniature_bound(model.to(dtype), [batches[0][:2, :32]], exclude=zero_embedding_tokens(model))
-    op = sharded_lm_hessian(shard_model(model, device, dtype), batches, max_memory=max_memory, compute_dtype=dtype)
+        mini = miniature_bound(model, [batches[0][:2, :32]], exclude=exclude)
+    op = sharded_lm_hessian(
+        shard_model(model, device, dtype), batches, exclude, max_memory=max_memory, compute_dtype=dtype
+    )
     op.hvp_check = {**op.checked(), **mini}
     requested = backend_named(backend)
     if isinstance(requested, AutoBackend) or requested.exact:

@@ -10,7 +10,8 @@ while the exact Hessian there is dominated by an artefact of a row that is never
 
 So every LM curvature operator (:func:`~probes.models.curvature.lm_hessian`,
 :func:`~probes.models.sharding.sharded_lm_hessian`) takes its loss without these tokens, as training
-does: :func:`zero_embedding_tokens` finds the rows (on the unperturbed weights, once), and
+does: :func:`zero_embedding_tokens` finds the rows (on the unperturbed weights, once per operator, by
+the function that builds it, which hands the ids to :func:`curvature_loss` and :func:`exclusion_record`), and
 :class:`probes.core.lm.ExcludingLoss` hides them from every position with an attention mask and
 counts a target only when it and its input are kept; batches are weighted by the kept targets.
 :func:`exclusion_record` is what results record (``excluded`` in ``losslens sharpness`` and in
@@ -67,19 +68,18 @@ def zero_embedding_tokens(model: nn.Module) -> tuple[int, ...]:
     return tuple(sorted(i for ids in found for i in ids))
 
 
-def curvature_loss(loss_fn, model: nn.Module, exclude: Sequence[int] | None = None):
+def curvature_loss(loss_fn, exclude: Sequence[int]):
     """``loss_fn`` (:func:`probes.core.lm.lm_loss` or the lean head's loss) without the tokens of
-    ``exclude`` (default: :func:`zero_embedding_tokens` of ``model``): an
+    ``exclude`` (:func:`zero_embedding_tokens` of the model, found once by the caller): an
     :class:`~probes.core.lm.ExcludingLoss`, or ``loss_fn`` itself when there is nothing to exclude."""
-    ids = zero_embedding_tokens(model) if exclude is None else tuple(exclude)
-    return ExcludingLoss(loss_fn, ids) if ids else loss_fn
+    return ExcludingLoss(loss_fn, exclude) if exclude else loss_fn
 
 
-def exclusion_record(loss_fn, batches: Sequence[torch.Tensor], parallel: Any = None) -> dict:
-    """What a result records about excluded tokens over ``batches``: the token ids, the positions
-    holding them and the targets the loss does not count (0s when none); with ``parallel`` (a
+def exclusion_record(exclude: Sequence[int], batches: Sequence[torch.Tensor], parallel: Any = None) -> dict:
+    """What a result records about the tokens ``exclude`` left out over ``batches``: the token ids, the
+    positions holding them and the targets the loss does not count (0s when none); with ``parallel`` (a
     :class:`~geometry.operators.data_parallel.DataParallel`, a collective) summed over every rank's batches."""
-    ids = tuple(getattr(loss_fn, "exclude", ()))
+    ids = tuple(int(i) for i in exclude)
     positions = (
         sum(int(torch.isin(b, torch.as_tensor(ids, dtype=b.dtype, device=b.device)).sum()) for b in batches)
         if ids
