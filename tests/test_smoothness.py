@@ -1,7 +1,7 @@
-"""Activation smoothness and the gradient-difference step (geometry/operators/smoothness.py).
+"""Piecewise activations and gradient differences (geometry/operators/smoothness.py, branches.py).
 
-The oracle for the xIELU window is the activation's analytic second derivative αn·eˣ (x < 0),
-written out here, not taken from the code under test.
+Oracles: the activation's analytic second derivative αn·eˣ (x < 0) for the xIELU window, and the
+exact reverse-over-reverse products for frozen branches; neither goes through the difference code.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from geometry import HessianOperator
-from geometry.operators.difference import relative_step
-from geometry.operators.smoothness import C1, NOT_C1, SMOOTH, activation_smoothness, continuous_gradients
+from geometry.operators.branches import FrozenBranches
+from geometry.operators.product_check import product_error
+from geometry.operators.smoothness import NOT_SMOOTH, SMOOTH, activation_smoothness, continuous_gradients
 from probes.models.families import tiny_model
 
 transformers = pytest.importorskip("transformers")
@@ -41,10 +42,9 @@ class _Shifted(nn.Module):
 
 def test_smoothness_orders_of_models():
     assert activation_smoothness(tiny_model("llama", seed=0)) == (SMOOTH, [])
-    assert activation_smoothness(tiny_model("apertus", seed=0)) == (C1, ["XIELUActivation"])
-    assert activation_smoothness(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), _xielu())) == (NOT_C1, ["ReLU"])
-    h = relative_step(torch.float32)
-    assert relative_step(torch.float32, order=C1) < h  # the O(ε) kink balances at a smaller step
+    assert activation_smoothness(tiny_model("apertus", seed=0)) == (SMOOTH, [])  # xIELU: frozen
+    assert activation_smoothness(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), _xielu())) == (SMOOTH, [])
+    assert activation_smoothness(nn.Sequential(nn.Linear(2, 2), nn.Hardswish())) == (NOT_SMOOTH, ["Hardswish"])
 
 
 def test_continuous_gradients_closes_the_clamp_window_and_restores_it_bit_exactly():
@@ -82,11 +82,58 @@ def test_a_perturbed_point_in_the_xielu_clamp_window_does_not_break_the_product(
 def test_a_warning_names_non_smooth_activations_as_the_cause():
     from probes.models.curvature import error_warning
 
-    check = {"rel_error": 0.05, "non_smooth_activations": ["ReLU"]}
+    check = {"rel_error": 0.05, "non_smooth_activations": ["Hardswish"]}
     warning = error_warning(check, torch.float32)
-    assert "not smooth (ReLU)" in warning["cause"] and "--backend reverse" in warning["fix"]
-    model = nn.Sequential(nn.Linear(3, 3, dtype=torch.float64), nn.ReLU(), nn.Linear(3, 1, dtype=torch.float64))
-    op = HessianOperator(
-        model, lambda m, x: m(x).square().mean(), [torch.randn(4, 3, dtype=torch.float64)], backend="difference"
-    )
-    assert op.checked()["non_smooth_activations"] == ["ReLU"]
+    assert "not smooth (Hardswish)" in warning["cause"] and "--backend reverse" in warning["fix"]
+    model = nn.Sequential(nn.Linear(3, 3, dtype=torch.float64), nn.Hardswish(), nn.Linear(3, 1, dtype=torch.float64))
+    batches = [torch.randn(4, 3, dtype=torch.float64)]
+    op = HessianOperator(model, lambda m, x: m(x).square().mean(), batches, backend="difference")
+    assert op.checked()["non_smooth_activations"] == ["Hardswish"]
+
+
+def _kinked_mlp(act: nn.Module) -> tuple[nn.Module, list[torch.Tensor]]:
+    """Linear(4, 16) → act → Linear(16, 1) in float64 with the first row's pre-activations 2–4e-6 from
+    the kink at 0 (outside xIELU's clamp window), so that a step of 1e-5 moves some across it."""
+    g = torch.Generator().manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), act, nn.Linear(16, 1)).double()
+    x = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        pre = x @ model[0].weight.T  # [6, 16]
+        offset = (2 + 2 * torch.rand(16, generator=g, dtype=torch.float64)) * 1e-6
+        sign = torch.randint(0, 2, (16,), generator=g).double() * 2 - 1
+        model[0].bias.copy_(-pre[0] + sign * offset)
+    return model, [x]
+
+
+@pytest.mark.parametrize("act", [nn.ReLU(), nn.LeakyReLU(0.1), nn.Hardtanh(0.0, 6.0), _xielu()], ids=str)
+def test_frozen_branches_make_difference_products_of_a_kinked_model_exact(act, monkeypatch):
+    model, batches = _kinked_mlp(act)
+    loss = lambda m, x: m(x).square().mean()  # noqa: E731
+    exact = HessianOperator(model, loss, batches, params=["0.*", "2.*"])
+    frozen = HessianOperator(model, loss, batches, params=["0.*", "2.*"], backend="difference", difference_step=1e-5)
+    assert product_error(frozen, exact, 2, seed=0) <= 1e-8
+    monkeypatch.setattr(FrozenBranches, "__bool__", lambda self: False)  # the same products, not frozen
+    plain = HessianOperator(model, loss, batches, params=["0.*", "2.*"], backend="difference", difference_step=1e-5)
+    assert product_error(plain, exact, 2, seed=0) > 1e-3
+
+
+def test_frozen_branches_are_dropped_after_the_call_and_leave_the_model_as_it_was():
+    model, batches = _kinked_mlp(nn.ReLU())
+    x = batches[0]
+    before, bias = model(x), model[0].bias.detach().clone()
+    branches = FrozenBranches(model)
+    with branches.active():
+        branches.record(0, lambda: model(x))
+        assert branches.mask_bytes == x.shape[0] * 16
+        with torch.no_grad():
+            model[0].bias.add_(1.0)  # moves every pre-activation across the kink ...
+        with branches.replay(0):
+            replayed = model(x)
+        with torch.no_grad():
+            model[0].bias.copy_(bias)
+        # ... the replayed forward keeps each unit's piece at θ: ReLU units that were off stay off
+        mask = (x @ model[0].weight.T + bias) > 0
+        expected = model[2](((x @ model[0].weight.T + bias) + 1.0) * mask)
+        assert torch.allclose(replayed, expected)
+    assert not branches.masks and torch.equal(model(x), before)
+    assert not model[1]._forward_hooks

@@ -51,11 +51,11 @@ Rademacher probes and the vectors Lanczos converges to are truncation-dominated 
 latter are answered by refined Rayleigh quotients ("Eigenvalues" below). ``difference_step=h``
 overrides h.
 
-A model whose activations are only C¹ (xIELU, ReLU²: :mod:`geometry.operators.smoothness`) has a
-kink term: each activation the step moves across the kink adds an error, and the number moved
-grows with ε. Measured on tiny Apertus models, its best constant is smaller:
-``h = c₁ · u^(1/3)``, ``c₁`` = :data:`C1_STEP_CONSTANT`. xIELU's derivative jump on its clamp
-window is removed for the products (:func:`~geometry.operators.smoothness.continuous_gradients`).
+Piecewise activations (ReLU, LeakyReLU, Hardtanh, ReLU², xIELU) are frozen on their branch at θ
+for the products (:mod:`geometry.operators.branches`: one forward at θ per batch records the masks),
+so the function differenced is smooth and has the Hessian of the model at θ: on tiny Apertus models
+(xIELU) this took the float32 products from 1–8e-3 (a kink crossed) to the other families' level.
+xIELU's clamp window is closed as well (:func:`~geometry.operators.smoothness.continuous_gradients`).
 
 Eigenvalues. The vectors an eigen solver converges to are concentrated (participation ratio
 k/n ≈ 0.005–0.03 against 1/3 for a Gaussian vector) and their products are truncation-dominated:
@@ -101,12 +101,12 @@ from torch import nn
 from ..memory.graphs import first_rows, itemsize, one_row, peak_new_bytes
 from .backend import LOCAL, ProductBackend, VectorSpace
 from .product_check import measure
+from .branches import FrozenBranches
 from .smoothness import SMOOTH, activation_smoothness, continuous_gradients
 
 __all__ = [
     "STEP_CONSTANT",
     "RICHARDSON_STEP_CONSTANT",
-    "C1_STEP_CONSTANT",
     "REFINED_STEP_FRACTION",
     "DEFAULT_TOLERANCE",
     "relative_step",
@@ -126,9 +126,6 @@ STEP_CONSTANT = 0.1
 #: float32 Lanczos on it met a spurious Ritz value (12% off, llama seed 2); 0.05 does not
 #: (benchmarks/README.md, "Step constant").
 RICHARDSON_STEP_CONSTANT = 0.05
-#: ``c₁`` in ``h = c₁ · u^(1/3)`` (either stencil) for models whose activations are only C¹ (xIELU,
-#: ReLU²), measured on tiny Apertus models (benchmarks/README.md, "Step constant").
-C1_STEP_CONSTANT = 0.025
 #: The refined products of an eigen solve (:meth:`DifferenceBackend.refined`) take Richardson's
 #: stencil at this fraction of the central step (benchmarks/README.md, "Step constant").
 REFINED_STEP_FRACTION = 0.5
@@ -136,14 +133,10 @@ REFINED_STEP_FRACTION = 0.5
 DEFAULT_TOLERANCE = 2e-2
 
 
-def relative_step(dtype: torch.dtype, richardson: bool = False, order: int = SMOOTH) -> float:
+def relative_step(dtype: torch.dtype, richardson: bool = False) -> float:
     """``h`` of the step rule for gradients computed in ``dtype``: ``c · u^(1/3)`` (central) or
-    ``c · u^(1/5)`` (Richardson), ``u = torch.finfo(dtype).eps``; ``c₁ · u^(1/3)`` for either stencil
-    when the activations are only C¹ or less (``order`` < :data:`~geometry.operators.smoothness.SMOOTH`:
-    the kink term, which Richardson does not cancel)."""
+    ``c_R · u^(1/5)`` (Richardson), ``u = torch.finfo(dtype).eps``."""
     u = float(torch.finfo(dtype).eps)
-    if order < SMOOTH:
-        return C1_STEP_CONSTANT * u ** (1 / 3)
     return RICHARDSON_STEP_CONSTANT * u**0.2 if richardson else STEP_CONSTANT * u ** (1 / 3)
 
 
@@ -188,6 +181,7 @@ def difference_products(
     space: VectorSpace = LOCAL,
     tensors: Sequence[torch.Tensor] | None = None,
     grad_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    replay: Callable[[int], contextlib.AbstractContextManager] | None = None,
 ) -> int:
     """``outs[j][r] += Σ_b w_b (H_b v_r)_j`` by gradient differences; returns the gradients computed.
 
@@ -204,6 +198,8 @@ def difference_products(
             the local shards), restored bit-exactly from a master copy, also on error.
         grad_of: reads a parameter's ``.grad`` as a tensor shaped like its ``tensors`` entry
             (default: ``.grad`` itself; FSDP2: its local shard).
+        replay: ``replay(index)`` -> the context each gradient of batch ``index`` runs in
+            (:meth:`FrozenBranches.replay <geometry.operators.branches.FrozenBranches.replay>`).
 
     Cost: k · (2 or 4) · len(items) gradients (forward + ``loss.backward()``).
     """
@@ -230,7 +226,8 @@ def difference_products(
                 for index, w, batch in items:
                     for p in params:
                         p.grad = None
-                    loss_of(batch, index).backward()
+                    with replay(index) if replay is not None else contextlib.nullcontext():
+                        loss_of(batch, index).backward()
                     count += 1
                     for p, o in zip(params, outs):
                         if p.grad is not None:
@@ -314,31 +311,35 @@ class DifferenceBackend(ProductBackend):
             yield
 
     def step(self, op: Any) -> float:
-        """The relative step h: ``difference_step``, else :func:`relative_step` of the parameters'
-        dtype and the model's activation smoothness."""
-        return self.difference_step or relative_step(
-            op.param_dtype, self.richardson, activation_smoothness(op.model)[0]
-        )
+        """The relative step h: ``difference_step``, else :func:`relative_step` of the parameters' dtype."""
+        return self.difference_step or relative_step(op.param_dtype, self.richardson)
 
     def products(
         self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]
     ) -> None:
         items = [(i, w, b) for i, (w, b) in op.batch_items("hvp")]
-        op.num_gradients += difference_products(
-            list(params.values()),
-            items,
-            lambda b, i: op.batch_loss(params, b, i),
-            vs,
-            outs,
-            self.step(op),
-            self.richardson,
-        )
+        branches = FrozenBranches(op.model)
+        with branches.active():
+            for i, _, b in items if branches else ():  # the branch of every piecewise activation at θ
+                branches.record(i, lambda: op.batch_loss(params, b, i, graph=False))
+            op.num_gradients += difference_products(
+                list(params.values()),
+                items,
+                lambda b, i: op.batch_loss(params, b, i),
+                vs,
+                outs,
+                self.step(op),
+                self.richardson,
+                replay=branches.replay if branches else None,
+            )
 
     def pass_bytes(self, op: Any, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         """:func:`pass_bytes`, the largest over the operator's batches, each batch shape's gradient
-        pass measured once on a one-row and a two-row copy (cost: two small gradients per shape)."""
+        pass measured once on a one-row and a two-row copy (cost: two small gradients per shape);
+        plus the branch masks of every batch (:mod:`geometry.operators.branches`: one byte per
+        input element of each frozen activation, measured on the one-row copy, times the rows)."""
         largest = max(math.prod(s) for s in op.space.shapes)
-        out = 0
+        out = masks = 0
         for i, batch in enumerate(op.batches):
             rows, sliced, key = one_row(batch)
             key = ("first-order", key)
@@ -350,10 +351,16 @@ class DifferenceBackend(ProductBackend):
                         if rows < 2
                         else gradient_pass_bytes(lambda: op.batch_loss(params, first_rows(batch, 2), i), params)
                     )
+                    branches = FrozenBranches(op.model)
+                    with branches.active():
+                        if branches:
+                            branches.record(i, lambda: op.batch_loss(params, sliced, i, graph=False))
+                        op.measured_passes[("branch masks", key)] = branches.mask_bytes
                 op.measured_passes[key] = (one, two)
             one, two = op.measured_passes[key]
+            masks += rows * op.measured_passes[("branch masks", key)]
             out = max(out, pass_bytes(one, two, rows, op.dim, op.param_dtype, largest, op.loss_transient_bytes))
-        return out
+        return out + masks
 
     def pass_options(self, op: Any, k: int, calls: int, hvps: int) -> list[tuple[dict[str, Any], int, float]]:
         """One option: 2 gradients per vector (4 with Richardson); the measured error is recorded."""
@@ -365,10 +372,9 @@ class DifferenceBackend(ProductBackend):
 
     def refined(self, op: Any) -> "DifferenceBackend | None":
         """Richardson's stencil at :data:`REFINED_STEP_FRACTION` of the central step (module docstring,
-        "Eigenvalues"): the backend of an eigen solve's final Rayleigh quotients. None where the
-        activations are not smooth (Richardson cannot cancel a kink term)."""
-        order = activation_smoothness(op.model)[0]
-        if order < SMOOTH:
+        "Eigenvalues"): the backend of an eigen solve's final Rayleigh quotients. None where some
+        activations are not smooth (Richardson cannot cancel a kink)."""
+        if activation_smoothness(op.model)[0] < SMOOTH:
             return None
         central = self.difference_step if self.difference_step and not self.richardson else None
         step = central or REFINED_STEP_FRACTION * relative_step(op.param_dtype)

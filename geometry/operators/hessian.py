@@ -347,11 +347,12 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
             self.model, self.space, (backend or self.product_backend).attention(self.model), self.compute_dtype
         )
 
-    def batch_loss(self, params: dict[str, torch.Tensor], batch: Any, index: int) -> torch.Tensor:
-        """``loss_fn(model, batch)`` of batch ``index``, checked: a finite scalar with a graph."""
+    def batch_loss(self, params: dict[str, torch.Tensor], batch: Any, index: int, graph: bool = True) -> torch.Tensor:
+        """``loss_fn(model, batch)`` of batch ``index``, checked: a finite scalar, with a graph
+        unless ``graph`` is False (a forward under ``torch.no_grad()``)."""
         loss = self.loss_fn(self.model, cast_inputs(batch, self.compute_dtype))
         check_loss(loss, index)
-        if not loss.requires_grad:
+        if graph and not loss.requires_grad:
             raise OperatorError(
                 f"the loss of batch {index} has no autograd graph: it does not depend on the selected "
                 "parameters, or loss_fn detaches it / runs under torch.no_grad()"

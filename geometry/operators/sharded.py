@@ -51,6 +51,7 @@ from ..base.modes import module_modes
 from ..memory.graphs import first_rows, itemsize, one_row, peak_new_bytes
 from .backend import ReducedVectors
 from .derivatives import true_derivatives
+from .branches import FrozenBranches
 from .difference import DifferenceBackend, difference_products
 from .interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
 from .precision import compute_dtype_for
@@ -261,7 +262,10 @@ class ShardedHessianOperator(CurvatureOperator):
             return loss * scale
 
         def local() -> None:
-            with self._call_context():
+            branches = FrozenBranches(self.model)
+            with self._call_context(), branches.active():
+                for i, _, batch in items if branches else ():  # piecewise activations' branches at θ
+                    branches.record(i, lambda: loss_of(batch, i))
                 self.num_gradients += difference_products(
                     list(self.params.values()),
                     items,
@@ -273,6 +277,7 @@ class ShardedHessianOperator(CurvatureOperator):
                     space,
                     tensors=self.locals,
                     grad_of=lambda g: g.to_local(),
+                    replay=branches.replay if branches else None,
                 )
 
         # a rank that raises mid-product would leave the others in a collective: the backward passes

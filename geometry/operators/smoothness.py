@@ -1,24 +1,20 @@
-"""How smooth a model's activations are, as the gradient-difference backend needs to know.
+"""Which of a model's activations are not smooth, for the gradient-difference backend.
 
-Gradient differences assume a smooth loss. Two kinds of activation are not:
-
-* **C¹ only** (the second derivative jumps): xIELU (Apertus; ``αp·x² + βx`` above 0,
-  ``αn·(eˣ − 1 − x) + βx`` below: f'' jumps from ``αn`` to ``2αp`` at 0) and ReLU² (0 to 2). A
-  central difference whose step moves an activation across the kink is off for that activation by
-  ``(f''₊ − f''₋)·(Δ − |x|)/(2Δ)``; the fraction of activations within ``Δ`` of the kink is ∝ the
-  step, so the truncation error is O(ε), not O(ε²), and Richardson extrapolation cannot cancel it;
-  such a model takes a smaller step (:func:`geometry.operators.difference.relative_step` with
-  ``order=1``).
-* **Not C¹** (the gradient itself jumps: ReLU, ReLU6, LeakyReLU, Hardtanh, Hardswish, PReLU):
-  an activation crossing the kink adds ``(f'₊ − f'₋)/(2ε)`` to the difference, so the error does
-  not vanish as ε → 0. The difference backend's measured error (``HessianOperator.checked()``)
-  shows it; prefer an exact backend.
+Gradient differences assume a smooth loss. The piecewise activations that LMs use (ReLU,
+LeakyReLU, Hardtanh/ReLU6, ReLU², HF's xIELU) are frozen on their branch at θ during the products
+(:mod:`geometry.operators.branches`), which makes the differenced function smooth with the same
+Hessian at θ. The ones it does not cover (Hardswish, Hardsigmoid, PReLU, RReLU: a gradient that
+jumps at a kink) are reported by :func:`activation_smoothness`: an input crossing the kink adds
+``(f'₊ − f'₋)/(2ε)`` to the product, so the error does not vanish as ε → 0; the measured error
+(``HessianOperator.checked()``) shows it, the warning names the activation, and an exact backend
+is the fix.
 
 HF's xIELU also clamps its negative branch at ``eps = −1e-6`` (``expm1(min(x, eps))``), which makes
 its *derivative* jump by ``αn`` on ``(eps, 0]``: a perturbed point that puts one activation in that
 window adds ``αn/(2ε)`` to the product (measured on a tiny bfloat16 Apertus: relative error 1.54
-instead of 3e-3). :func:`continuous_gradients` sets that clamp to 0 for the products: xIELU is
-then C¹, and its value moves by at most ``αn·|eps|`` ≈ 1e-6 per activation, only inside the window.
+instead of 3e-3). The frozen pieces are evaluated without the clamp; where a module cannot be frozen
+(called twice per forward), :func:`continuous_gradients` sets the clamp to 0 for the products: its
+value then moves by at most ``αn·|eps|`` ≈ 1e-6 per activation, only inside the window.
 
 Detection is by module class (HF registers activations as modules: ``ACT2CLS``); an activation
 applied as a plain function is not seen, and the model then counts as smooth.
@@ -32,30 +28,24 @@ from typing import Iterator
 import torch
 from torch import nn
 
-__all__ = ["SMOOTH", "C1", "NOT_C1", "activation_smoothness", "continuous_gradients"]
+__all__ = ["SMOOTH", "NOT_SMOOTH", "activation_smoothness", "continuous_gradients"]
 
-#: Orders of smoothness: every detected activation C² (or none detected), C¹ only, not C¹.
-SMOOTH, C1, NOT_C1 = 2, 1, 0
+#: Orders of smoothness: every detected activation smooth (or frozen on its branch), or not.
+SMOOTH, NOT_SMOOTH = 2, 0
 
-_C1_CLASSES = ("XIELUActivation", "ReLUSquaredActivation")
-_NOT_C1_CLASSES = ("ReLU", "ReLU6", "LeakyReLU", "Hardtanh", "Hardswish", "Hardsigmoid", "PReLU", "RReLU")
+_NOT_SMOOTH_CLASSES = ("Hardswish", "Hardsigmoid", "PReLU", "RReLU")
 
 
 def activation_smoothness(model: nn.Module) -> tuple[int, list[str]]:
-    """``(order, names)``: the lowest smoothness order of ``model``'s activation modules
-    (:data:`SMOOTH`, :data:`C1` or :data:`NOT_C1`) and the sorted class names that set it
-    (empty when smooth). Cost: one walk over the modules."""
-    found: dict[int, set[str]] = {C1: set(), NOT_C1: set()}
-    for module in model.modules():
-        name = type(module).__name__
-        if name in _NOT_C1_CLASSES and type(module).__module__.startswith(("torch.nn", "transformers")):
-            found[NOT_C1].add(name)
-        elif name in _C1_CLASSES:
-            found[C1].add(name)
-    for order in (NOT_C1, C1):
-        if found[order]:
-            return order, sorted(found[order])
-    return SMOOTH, []
+    """``(order, names)``: :data:`NOT_SMOOTH` and the sorted class names of ``model``'s activation
+    modules whose gradient jumps and which :mod:`geometry.operators.branches` does not freeze, or
+    ``(SMOOTH, [])``. Cost: one walk over the modules."""
+    found = {
+        type(m).__name__
+        for m in model.modules()
+        if type(m).__name__ in _NOT_SMOOTH_CLASSES and type(m).__module__.startswith("torch.nn")
+    }
+    return (NOT_SMOOTH, sorted(found)) if found else (SMOOTH, [])
 
 
 @contextlib.contextmanager
