@@ -4,10 +4,10 @@
 
 For the tiny bfloat16 models of :mod:`benchmarks.precision` (float32 compute), the worst relative
 error over 3 Gaussian vectors of the central difference products with the step
-``f · relative_step(float32, order=...)`` for each factor f, against the float64 reverse products of
+``f · relative_step(float32)`` for each factor f, against the float64 reverse products of
 the same weights (HF's float32 islands in float64); ``--lanczos`` adds λ_max (80 Lanczos steps) of a
-float32 copy against float64 Lanczos. Factors multiply the model's own rule (the C¹ rule for
-Apertus). One thread; errors only. One JSON row per model.
+float32 copy against float64 Lanczos (the refined Rayleigh quotient). Factors multiply the default
+rule. One thread; errors only. One JSON row per model.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import torch
 
 from geometry import HessianOperator, top_eigenvalues
 from geometry.operators.difference import relative_step
-from geometry.operators.smoothness import activation_smoothness
 from probes.core.lm import lm_loss
 from probes.models.families import FAMILIES
 from probes.models.fidelity import float64_fidelity
@@ -36,7 +35,7 @@ def product_errors(family: str, seed: int, factors: list[float]) -> list[float]:
         exact = HessianOperator(copy.deepcopy(model).double(), lm_loss, batches)
         V = torch.randn(3, exact.dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         ref = exact.matmat_flat(V)
-    h = relative_step(torch.float32, order=activation_smoothness(model)[0])
+    h = relative_step(torch.float32)
     out = []
     for f in factors:
         got = HessianOperator(model, lm_loss, batches, backend="difference", difference_step=f * h)
@@ -54,7 +53,7 @@ def lambda_errors(family: str, seed: int, factors: list[float]) -> list[float]:
         ref = top_eigenvalues(
             HessianOperator(model, lm_loss, batches), k=1, method="lanczos", max_iter=80, tol=1e-7, seed=0
         ).values[0]
-    h = relative_step(torch.float32, order=activation_smoothness(model)[0])
+    h = relative_step(torch.float32)
     out = []
     for f in factors:
         op = HessianOperator(
