@@ -45,8 +45,8 @@ Lanczos' λ_max in float32 was off by 2e-3 to 2e-2 (Richardson: up to 220%, a sp
 while random products were within 4e-4; with it, λ_max is within 5e-4 and the products unchanged
 for Rademacher vectors. ``c_R`` = :data:`RICHARDSON_STEP_CONSTANT` = 0.05; ``c`` =
 :data:`STEP_CONSTANT` = 0.1 was measured on ten tiny families (benchmarks/README.md, "Step
-constant"): random products are rounding-dominated there (error ∝
-1/c up to c ≈ 0.15: 0.9e-4–6.6e-4 at 0.1 against 1.8e-4–1.27e-3 at 0.05), while Hutchinson's
+constant"): random products are rounding-dominated there (error ∝ 1/c up to c ≈ 0.15:
+0.9e-4–6.6e-4 at 0.1 against 1.8e-4–1.27e-3 at 0.05), while Hutchinson's
 Rademacher probes and the vectors Lanczos converges to are truncation-dominated (error ∝ c²); the
 latter are answered by refined Rayleigh quotients ("Eigenvalues" below). ``difference_step=h``
 overrides h.
@@ -60,10 +60,10 @@ xIELU's clamp window is closed as well (:func:`~geometry.operators.smoothness.co
 Eigenvalues. The vectors an eigen solver converges to are concentrated (participation ratio
 k/n ≈ 0.005–0.03 against 1/3 for a Gaussian vector) and their products are truncation-dominated:
 the Ritz vectors of a float32 difference Lanczos are within 1e-6 of the exact eigenvectors' Rayleigh
-quotients, but the Ritz values were up to 2.4e-3 off. So :func:`~geometry.estimators.eigen.top_eigenvalues`
+quotients, but the Ritz values were up to 9.6e-3 off (c = 0.1). So :func:`~geometry.estimators.eigen.top_eigenvalues`
 returns the Rayleigh quotients ``vᵀHv`` of its Ritz vectors measured with Richardson's stencil at
 half the central step (:meth:`DifferenceBackend.refined`; O(ε⁴) truncation, 3× the central rounding,
-which λ's size makes small): within 1.3e-4 on the tiny families (benchmarks/README.md, "Step constant").
+which λ's size makes small): within 1.8e-4 on the tiny families (benchmarks/README.md, "Step constant").
 Cost: k products of 4 gradients.
 
 θ comes back **bit-exactly** after every product: it is copied back from the master copy
@@ -76,8 +76,10 @@ Memory beyond the input and output vectors (:func:`pass_bytes`): the master copy
 the parameters' dtype: the θ backup), one gradient pass
 of the largest batch (its activations, with checkpointing where on, and ``.grad`` in the
 parameters' dtype, measured once per batch shape on one and two rows by :func:`gradient_pass_bytes`), and one
-parameter tensor in float32 (the perturbation's cast). The first gradient of the pair is held,
-weighted, in the product's output row while the second is computed, so it takes no extra memory.
+parameter tensor in float32 (the perturbation's cast), plus the branch masks of every batch (one
+byte per input element of each frozen activation, :mod:`geometry.operators.branches`). The first
+gradient of the pair is held, weighted, in the product's output row while the second is computed,
+so it takes no extra memory.
 
 Error is measured, not assumed: :func:`product_error` compares the products with the exact
 reverse-over-reverse products on a check slice (``HessianOperator.checked()``), and every
@@ -119,7 +121,7 @@ __all__ = [
     "DifferenceBackend",
 ]
 
-#: ``c`` in the step rule ``h = c · u^(1/3)`` (central) / ``c · u^(1/5)`` (Richardson), measured on
+#: ``c`` in the central rule ``h = c · u^(1/3)``, measured on
 #: ten tiny families (benchmarks/README.md, "Gradient-difference HVPs", "Step constant").
 STEP_CONSTANT = 0.1
 #: ``c`` of Richardson's rule ``h = c · u^(1/5)``: its step is ~8× the central one, and at 0.1 a

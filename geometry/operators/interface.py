@@ -118,7 +118,7 @@ class CurvatureOperator(abc.ABC):
         """More accurate products of a few vectors (an eigen solve's Ritz vectors), or None where
         this operator's products are already as accurate as it can make them (every exact operator).
         An operator with a ``product_backend`` runs :meth:`matmat_flat` once with the backend's
-        ``refined(op)`` in its place (the gradient-difference backend: Richardson's stencil at the
+        ``refined(op)`` in its place (the gradient-difference backend: Richardson's stencil at half the
         central step, geometry/operators/difference.py "Eigenvalues"). Costs what that backend costs."""
         backend = getattr(self, "product_backend", None)
         refined = None if backend is None else backend.refined(self)
