@@ -13,7 +13,7 @@ from tests.gloo_ranks import gloo_group, record
 from tests.tiny_models import lm_loss, micro_gptneox, micro_llama, random_batches
 
 SIZES = [3, 5, 2]  # 3 batches of uneven rows: split 2 + 1 over 2 ranks
-FAMILIES = {"neox": micro_gptneox, "llama": micro_llama}
+FAMILIES = {"neox": micro_gptneox, "llama": micro_llama, "llama-relu": lambda seed: micro_llama(seed=seed, act="relu")}
 
 
 def lm_batches() -> list[torch.Tensor]:
@@ -29,7 +29,12 @@ def estimates(op) -> dict:
 
 
 def run(rank: int, world: int, port: int, out: str) -> None:
+    from geometry.operators.branches import FrozenBranches
     from geometry.operators.sharded import ShardedHessianOperator
+
+    recorded = []  # the batch rounds whose piecewise activations were frozen (ReLU family only)
+    original_record = FrozenBranches.record
+    FrozenBranches.record = lambda self, index, forward: (recorded.append(index), original_record(self, index, forward))
 
     with gloo_group(rank, world, port, timeout_s=120):
         mine = split_batches(lm_batches(), rank, world)
@@ -38,9 +43,11 @@ def run(rank: int, world: int, port: int, out: str) -> None:
             before = {n: p.to_local().clone() for n, p in model.named_parameters()}
 
             def run_family():
+                recorded.clear()
                 op = ShardedHessianOperator(model, lm_loss, mine)
                 res = estimates(op)
                 res.update(
+                    recorded=len(recorded),
                     local_dim=op.local_dim,
                     dim=op.dim,
                     global_dim=op.global_dim,

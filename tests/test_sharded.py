@@ -30,6 +30,8 @@ def test_sharded_estimates_equal_the_unsharded_difference_backend(ranks, family)
         for key in ("trace", "hutchpp", "lanczos", "power"):
             assert got[key] == pytest.approx(single[key], rel=1e-8), key
         assert got["global_dim"] == n and got["unchanged"]
+        # the ReLU model's branches are recorded at θ on every rank, for every round of every call
+        assert (got["recorded"] > 0) == (family == "llama-relu")
     # each rank holds its own shard: the shards partition the vector, padded to one common length
     assert sum(r["local_dim"] for r in results) == n
     assert all(r["dim"] == max(x["local_dim"] for x in results) for r in results)

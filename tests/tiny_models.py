@@ -169,11 +169,17 @@ def micro_gptneox(
 
 
 def micro_llama(
-    seed: int = 0, dtype: torch.dtype = torch.float64, attn: str = "eager", layers: int = 2, exact64: bool = True
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    attn: str = "eager",
+    layers: int = 2,
+    exact64: bool = True,
+    act: str = "silu",
 ) -> nn.Module:
     """A 444-parameter HF ``LlamaForCausalLM`` (RMSNorm, SiLU-gated MLP, GQA 2:1), vocab 17, context 32.
 
-    ``attn`` is ``"eager"`` or ``"sdpa"``; ``exact64`` see the float64 note above.
+    ``attn`` is ``"eager"`` or ``"sdpa"``; ``exact64`` see the float64 note above; ``act`` the MLP's
+    gate activation (HF ``hidden_act``: ``"relu"`` gives a piecewise one).
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -187,6 +193,7 @@ def micro_llama(
         max_position_embeddings=CONTEXT,
         tie_word_embeddings=False,
         use_cache=False,
+        hidden_act=act,
         attn_implementation=_attn(attn, dtype, exact64),
     )
     with torch.random.fork_rng(devices=[]):

@@ -266,6 +266,8 @@ class ShardedHessianOperator(CurvatureOperator):
             with self._call_context(), branches.active():
                 for i, _, batch in items if branches else ():  # piecewise activations' branches at θ
                     branches.record(i, lambda: loss_of(batch, i))
+                if branches:
+                    _reshard(self.model)  # a forward without backward leaves the root's gathered θ in place
                 self.num_gradients += difference_products(
                     list(self.params.values()),
                     items,
@@ -340,3 +342,14 @@ class ShardedHessianOperator(CurvatureOperator):
 
 
 __all__ = ["ShardedHessianOperator", "sharded_parameters"]
+
+
+def _reshard(model: nn.Module) -> None:
+    """Free every FSDP2 module's gathered parameters (``FSDPModule.reshard``): after a forward with
+    no backward the root keeps them (``reshard_after_forward`` is off for the root), and the next
+    forward would reuse them instead of gathering the shards that were perturbed since."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
