@@ -9,7 +9,6 @@ arithmetic stays available as an explicit choice, its error measured and flagged
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
@@ -18,47 +17,12 @@ from geometry import HessianOperator, hutchinson_trace, top_eigenvalues
 from geometry.operators.interface import OperatorError
 from geometry.operators.precision import compute_copy_bytes, compute_dtype_for
 from probes.core.lm import lm_loss
-from probes.models.families import FAMILIES, tiny_model
+from benchmarks.precision import OTHERS, batches_of, bf16_model
+from probes.models.families import FAMILIES
 from probes.models.fidelity import float64_fidelity
 
-OTHERS = {
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=1)),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(num_key_value_heads=1)),
-    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16, num_key_value_heads=1, pad_token_id=1)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=1, bos_token_id=0, eos_token_id=2)),
-}
-
-
-def _model(family: str, seed: int) -> torch.nn.Module:
-    if family in FAMILIES:
-        return tiny_model(family, seed=seed, dtype=torch.bfloat16)
-    import transformers
-
-    cfg_name, cls_name, extra = OTHERS[family]
-    config = getattr(transformers, cfg_name)(
-        vocab_size=96,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        use_cache=False,
-        attn_implementation="sdpa",
-        **extra,
-    )
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.manual_seed(seed)
-        return getattr(transformers, cls_name)(config).to(torch.bfloat16).eval()
-
-
-def _batches(model, seed: int) -> list[torch.Tensor]:
-    """Two 2×16 batches of tokens whose input-embedding row is not zero (a zero row is issue #35
-    item 4, another change)."""
-    weight = model.get_input_embeddings().weight
-    ids = (weight.abs().sum(1) != 0).nonzero().reshape(-1)
-    g = torch.Generator().manual_seed(200 + seed)
-    return [ids[torch.randint(0, len(ids), (2, 16), generator=g)] for _ in range(2)]
+#: the tiny bfloat16 models and batches are the precision benchmark's (one definition for both)
+_model, _batches = bf16_model, batches_of
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

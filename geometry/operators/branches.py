@@ -107,6 +107,15 @@ class FrozenBranches:
         finally:
             self._mode = self._index = None
 
+    def record_all(self, items, forward: Callable[[Any, int], Any]):
+        """:meth:`record` every ``(index, weight, batch)`` of ``items`` with ``forward(batch, index)``;
+        returns :meth:`replay` for the products, or None when the model has no covered module."""
+        if not self:
+            return None
+        for index, _, batch in items:
+            self.record(index, lambda: forward(batch, index))
+        return self.replay
+
     @contextlib.contextmanager
     def replay(self, index: int) -> Iterator[None]:
         """Forwards in the block evaluate the pieces recorded for batch ``index``."""

@@ -321,9 +321,8 @@ class DifferenceBackend(ProductBackend):
     ) -> None:
         items = [(i, w, b) for i, (w, b) in op.batch_items("hvp")]
         branches = FrozenBranches(op.model)
-        with branches.active():
-            for i, _, b in items if branches else ():  # the branch of every piecewise activation at θ
-                branches.record(i, lambda: op.batch_loss(params, b, i, graph=False))
+        with branches.active():  # the branch of every piecewise activation at θ, replayed at θ ± εv
+            replay = branches.record_all(items, lambda b, i: op.batch_loss(params, b, i, graph=False))
             op.num_gradients += difference_products(
                 list(params.values()),
                 items,
@@ -332,7 +331,7 @@ class DifferenceBackend(ProductBackend):
                 outs,
                 self.step(op),
                 self.richardson,
-                replay=branches.replay if branches else None,
+                replay=replay,
             )
 
     def pass_bytes(self, op: Any, k: int, cached: bool | None = None, chunk: int | None = None) -> int:

@@ -264,9 +264,8 @@ class ShardedHessianOperator(CurvatureOperator):
         def local() -> None:
             branches = FrozenBranches(self.model)
             with self._call_context(), branches.active():
-                for i, _, batch in items if branches else ():  # piecewise activations' branches at θ
-                    branches.record(i, lambda: loss_of(batch, i))
-                if branches:
+                replay = branches.record_all(items, loss_of)  # piecewise activations' branches at θ
+                if replay is not None:
                     _reshard(self.model)  # a forward without backward leaves the root's gathered θ in place
                 self.num_gradients += difference_products(
                     list(self.params.values()),
@@ -279,7 +278,7 @@ class ShardedHessianOperator(CurvatureOperator):
                     space,
                     tensors=self.locals,
                     grad_of=lambda g: g.to_local(),
-                    replay=branches.replay if branches else None,
+                    replay=replay,
                 )
 
         # a rank that raises mid-product would leave the others in a collective: the backward passes
