@@ -6,7 +6,7 @@ Trains (or reuses, cached) the embedded trajectory at the demo's size (:class:`T
 defaults: 0.17M-parameter GPT-NeoX, WSD, peak LR 3e-3, 800 steps, 8 checkpoints; quick:
 ``TrainConfig.tiny()``), then scores every checkpoint on the embedded task ``losslens_pydoc_mc``
 (every item, or ``--limit`` N of them, seeded; quick: 200) under FP and the demo's headline quantizer
-``rtn:2:g32``, through :func:`probes.accuracy.task_accuracy`. Rows:
+``rtn:2:g32``, through :func:`losslens.measure.accuracy.task_accuracy`. Rows:
 
 - ``baseline``: the length-only rules (always the longest / shortest choice) and chance;
 - one row per checkpoint: step, FP loss (validation), acc ± stderr and acc_norm (FP), Δacc with its
@@ -37,8 +37,8 @@ def _cache_dir(cache: str | None) -> Path:
 
 
 def trajectory(quick: bool, cache: str | None = None):
-    from probes.train.config import TrainConfig
-    from probes.train.tiny import train_tiny
+    from losslens.lm.train.config import TrainConfig
+    from losslens.lm.train.tiny import train_tiny
 
     cfg = TrainConfig.tiny(steps=120, checkpoints=4) if quick else TrainConfig()
     out = _cache_dir(cache) / f"bench-accuracy-{cfg.run_name}-{'tiny' if quick else 'demo'}"
@@ -49,11 +49,11 @@ def run(quick: bool = False, threads: int = 1, cache: str | None = None, limit: 
     import torch
     from scipy.stats import spearmanr
 
-    from probes.accuracy import TASK_NAME, embedded_items, length_baselines, prepare_tasks, select_tasks
-    from probes.accuracy.api import evaluate_variants
-    from probes.checkpoints import CheckpointLoader
-    from probes.core.threads import torch_threads
-    from probes.data import load_tokenizer
+    from losslens.measure.accuracy import TASK_NAME, embedded_items, length_baselines, prepare_tasks, select_tasks
+    from losslens.measure.accuracy.variants import evaluate_variants
+    from losslens.lm.checkpoints import CheckpointLoader
+    from losslens.lm.core.threads import torch_threads
+    from losslens.lm.data import load_tokenizer
 
     limit = limit if limit is not None else 200 if quick else None
     rows: list[dict] = [{"row": "baseline", **length_baselines(embedded_items())}]

@@ -42,9 +42,9 @@ def _measure(rank: int, world: int, port: int, out: str, size: str, n_batches: i
     """One rank (or the single process when world = 1): time matmat and Hutchinson, save to ``out``."""
     torch.set_num_threads(1)
     from benchmarks.hvp_models import SIZES, build_model
-    from geometry import HessianOperator, hutchinson_trace
-    from geometry.operators.data_parallel import split_batches
-    from probes.core.lm import lm_loss
+    from losslens.geometry import HessianOperator, hutchinson_trace
+    from losslens.geometry.operators.data_parallel import split_batches
+    from losslens.lm.core.next_token_loss import lm_loss
 
     parallel = world > 1
     if parallel:

@@ -2,15 +2,15 @@
 
 ``python -m benchmarks.difference [--seeds 0,1,2,3,4] [--threads 1] [--json PATH]``
 
-Models: the six seed families as tiny random-init models (:func:`probes.models.families.tiny_model`,
+Models: the six seed families as tiny random-init models (:func:`losslens.lm.models.families.tiny_model`,
 hidden 32, 2 layers, vocab 96; curvature tokens drawn from the rows of the input embedding that are
 not zero, :func:`_batches`) and one trained tiny model (the gpt_neox family trained here for
 300 Adam steps on a seeded order-1 Markov-chain corpus, "gpt_neox-trained"), seeds 0–4 (model
-initialisation and data); two curvature batches of 2 × 16 tokens; loss :func:`probes.core.lm.lm_loss`;
+initialisation and data); two curvature batches of 2 × 16 tokens; loss :func:`losslens.lm.core.next_token_loss.lm_loss`;
 every parameter.
 
 Reference: the reverse-over-reverse product of a **float64** copy of the same weights run under
-:func:`probes.models.fidelity.float64_fidelity` (HF's float32 islands computed in float64), i.e. the
+:func:`losslens.lm.models.fidelity.float64_fidelity` (HF's float32 islands computed in float64), i.e. the
 exact Hessian of the weights each dtype holds. Rows, per family, dtype and stencil:
 
 - ``product``: max over 3 seeded Gaussian vectors of ‖Hv − H_ref v‖ / ‖H_ref v‖;
@@ -21,7 +21,7 @@ exact Hessian of the weights each dtype holds. Rows, per family, dtype and stenc
 
 float64 (central) runs the difference backend on the float64 copy under float64_fidelity; float32
 (central and Richardson) on a float32 copy; bfloat16 (central) on a bfloat16 copy (the reference is then the float64
-Hessian *of the bfloat16-rounded weights*), with the float32 master (:mod:`geometry.operators.difference`).
+Hessian *of the bfloat16-rounded weights*), with the float32 master (:mod:`losslens.geometry.operators.difference`).
 The default step rule is used throughout. Max and median over the seeds are printed.
 """
 
@@ -36,11 +36,11 @@ import time
 
 import torch
 
-from geometry import HessianOperator, hutchinson_trace, top_eigenvalues
-from probes.core.lm import lm_loss
-from probes.core.threads import torch_threads
-from probes.models.families import FAMILIES, tiny_model
-from probes.models.fidelity import float64_fidelity
+from losslens.geometry import HessianOperator, hutchinson_trace, top_eigenvalues
+from losslens.lm.core.next_token_loss import lm_loss
+from losslens.lm.core.threads import torch_threads
+from losslens.lm.models.families import FAMILIES, tiny_model
+from losslens.lm.models.fidelity import float64_fidelity
 
 VARIANTS = (
     ("float64", torch.float64, False),

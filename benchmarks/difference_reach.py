@@ -8,7 +8,7 @@ checkpointing on (``gradient_checkpointing_enable()``), one batch of 1 × ``seq`
 parameter. Steps, each recorded:
 
 1. the **exact plan**: the reverse backend's Hutchinson plan at the same length and budget
-   (:func:`geometry.estimators.trace.estimate_memory`). Its double-backward graph at ``seq`` tokens is
+   (:func:`losslens.geometry.estimators.trace.estimate_memory`). Its double-backward graph at ``seq`` tokens is
    extrapolated (per sequence a·s + c·s², the attention's square term) from the graph measured at
    s/8 and s/4 tokens, because measuring it at ``seq`` would allocate it (≈ 13 GB for Pythia-410m
    at 2048); the row says whether that plan fits or is refused (its one-line message);
@@ -35,11 +35,11 @@ from benchmarks.shapes import SHAPES, build
 
 def _exact_plan(model, batch, budget: str, probes: int) -> dict:
     """The reverse backend's Hutchinson plan at ``batch``'s length, its graph extrapolated from s/8 and s/4."""
-    from geometry import HessianOperator
-    from geometry.estimators.trace import estimate_memory
-    from geometry.memory.graphs import one_row
-    from geometry.memory.model import MemoryBudgetError
-    from probes.core.lm import lm_loss
+    from losslens.geometry import HessianOperator
+    from losslens.geometry.estimators.trace import estimate_memory
+    from losslens.geometry.memory.graphs import one_row
+    from losslens.geometry.memory.model import MemoryBudgetError
+    from losslens.lm.core.next_token_loss import lm_loss
 
     s = batch.shape[1]
     short = {}
@@ -67,8 +67,8 @@ def _exact_plan(model, batch, budget: str, probes: int) -> dict:
 
 
 def run(shape: str, seq: int, budget: str, probes: int, steps: int) -> dict:
-    from geometry import HessianOperator, hutchinson_trace, top_eigenvalues
-    from probes.core.lm import lm_loss
+    from losslens.geometry import HessianOperator, hutchinson_trace, top_eigenvalues
+    from losslens.lm.core.next_token_loss import lm_loss
 
     t_start = time.perf_counter()
     model = build(shape, torch.bfloat16)

@@ -18,11 +18,11 @@ import json
 
 import torch
 
-from geometry import HessianOperator, top_eigenvalues
-from geometry.operators.difference import relative_step
-from probes.core.lm import lm_loss
-from probes.models.families import FAMILIES
-from probes.models.fidelity import float64_fidelity
+from losslens.geometry import HessianOperator, top_eigenvalues
+from losslens.geometry.operators.difference import relative_step
+from losslens.lm.core.next_token_loss import lm_loss
+from losslens.lm.models.families import FAMILIES
+from losslens.lm.models.fidelity import float64_fidelity
 
 from .precision import OTHERS, batches_of, bf16_model
 

@@ -5,7 +5,7 @@
 [--json PATH]``
 
 Each row: HVPs until the true residual ‖Hv − λv‖ ≤ tol·|λ| (the convergence rule of
-:func:`geometry.estimators.eigen.top_eigenvalues`), or ``max_iter`` unconverged; the value, the
+:func:`losslens.geometry.estimators.eigen.top_eigenvalues`), or ``max_iter`` unconverged; the value, the
 relative residual, the basis the memory plan chose, restarts and seconds. Shapes are the
 random-init GPT-NeoX models of :mod:`benchmarks.shapes` (Pythia's published sizes) on its curvature
 data (2 batches of 4 × 64 random tokens, the ``--quick`` set of ``losslens sharpness``).
@@ -26,7 +26,7 @@ from benchmarks import emit
 
 
 def _row(name: str, op, method: str, tol: float, max_iter: int, max_memory, max_basis: int | None = None) -> dict:
-    from geometry.estimators.eigen import top_eigenvalues
+    from losslens.geometry.estimators.eigen import top_eigenvalues
 
     t0 = time.perf_counter()
     res = top_eigenvalues(
@@ -96,7 +96,7 @@ def run(
     bases: tuple[int, ...] = (6,),
 ) -> list[dict]:
     from benchmarks.shapes import BATCH, BATCHES, SEQ, SHAPES, build
-    from probes.models.curvature import lm_hessian
+    from losslens.lm.models.curvature import lm_hessian
 
     old = torch.get_num_threads()
     if threads:
@@ -104,7 +104,7 @@ def run(
     rows = []
     try:
         if trained:
-            from geometry.operators.hessian import HessianOperator
+            from losslens.geometry.operators.hessian import HessianOperator
             from tests.tiny_models import lm_loss
 
             model, batches, loss = _trained_micro()

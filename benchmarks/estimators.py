@@ -2,16 +2,16 @@
 
 ``python -m benchmarks.estimators [--quick] [--seeds N] [--neox 1M|micro|none] [--device cpu|cuda] [--json PATH]``
 
-Two problems, every estimator through :mod:`geometry.estimators.trace`:
+Two problems, every estimator through :mod:`losslens.geometry.estimators.trace`:
 
 - ``mlp-exact``: a small MLP (10-24-12-4, tanh, 616 parameters, float64) trained briefly on a
   synthetic 4-class task, cross-entropy over 128 examples; its exact Hessian is built with
-  :func:`geometry.operators.dense.exact_hessian` and wrapped in a :class:`~geometry.operators.dense.DenseOperator`;
+  :func:`losslens.geometry.operators.dense.exact_hessian` and wrapped in a :class:`~losslens.geometry.operators.dense.DenseOperator`;
   the reference is the exact trace.
 - ``neox-1M``: a randomly initialised HF GPT-NeoX causal LM (hidden 128, 4 layers, 4 heads, MLP 512,
   vocab 1024, untied embeddings: 1,055,488 parameters, float32, eager attention), one batch of
-  2 × 32 random tokens, :func:`probes.core.lm.lm_loss`, through
-  :class:`geometry.operators.hessian.HessianOperator`; the reference is a long Hutchinson run (2,000 HVPs,
+  2 × 32 random tokens, :func:`losslens.lm.core.next_token_loss.lm_loss`, through
+  :class:`losslens.geometry.operators.hessian.HessianOperator`; the reference is a long Hutchinson run (2,000 HVPs,
   seed 10,000, its own relative standard error is reported as ``ref_rel_se``: errors below it are
   not resolved). ``--quick`` skips it (the MLP part alone runs in well under a minute on 2 cores);
   ``--neox micro`` replaces it by a micro NeoX (hidden 32, 2 layers, vocab 128, 25,344 parameters)
@@ -40,9 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geometry.operators.dense import DenseOperator, exact_hessian
-from geometry.estimators.trace import _hutchinson_samples, hutchinson_trace, hutchpp_trace
-from probes.core.numerics import rel_error
+from losslens.geometry.operators.dense import DenseOperator, exact_hessian
+from losslens.geometry.estimators.trace import _hutchinson_samples, hutchinson_trace, hutchpp_trace
+from losslens.lm.core.numerics import rel_error
 
 BUDGETS = (10, 30, 100, 300)
 
@@ -67,8 +67,8 @@ def _mlp_problem(seed: int = 0):
 def _neox_problem(micro: bool, device: str = "cpu"):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    from geometry.operators.hessian import HessianOperator
-    from probes.core.lm import lm_loss
+    from losslens.geometry.operators.hessian import HessianOperator
+    from losslens.lm.core.next_token_loss import lm_loss
 
     if micro:
         cfg = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)

@@ -131,7 +131,7 @@ def tiny_dir(work: Path, given: str | None) -> Path:
         cmd = [
             sys.executable,
             "-m",
-            "probes.sweep",
+            "losslens.study.sweep",
             "train-tiny",
             "--tiny",
             "--hidden",
@@ -180,8 +180,8 @@ def pythia70m_dir(work: Path, tokenizer_from: Path) -> Path:
 
 def blocks(tokenizer_dir: Path, n_cal: int, n_eval: int, seq: int):
     """(calibration [n_cal, seq], evaluation [n_eval, seq]) LongTensors, disjoint corpus windows."""
-    from probes.data.corpus import TextSource
-    from probes.data.token_sets import build_token_sets
+    from losslens.lm.data.corpus import TextSource
+    from losslens.lm.data.token_sets import build_token_sets
 
     sets = build_token_sets(
         tokenizer_dir,
@@ -257,7 +257,7 @@ def run_one(label: str, model_dir: Path, py: Path, bits: int, group: int, cal, e
     import torch
     from transformers import AutoModelForCausalLM
 
-    from probes.quant import quantize
+    from losslens.lm.quant import quantize
 
     calib_path = work / f"{label}-calib.pt"
     torch.save(cal, calib_path)

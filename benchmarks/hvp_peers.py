@@ -1,6 +1,6 @@
 """The peers of the HVP benchmarks, behind one call shape: ``call(V [k, dim]) -> [k, dim]`` Hessian-
 vector products of the mean next-token cross-entropy of an HF causal LM over its batches (the loss
-of :func:`probes.core.lm.lm_loss`), w.r.t. every parameter. PyHessian 0.1 (:func:`_pyhessian`;
+of :func:`losslens.lm.core.next_token_loss.lm_loss`), w.r.t. every parameter. PyHessian 0.1 (:func:`_pyhessian`;
 ``call.charged``: the seconds to charge instead of the call's wall time, when the graph build is not
 charged) and curvlinops 3.x (:func:`_curvlinops`), with the adapters they need (the model as
 ``ids -> logits``, the shifted cross-entropy as a criterion). Used by :mod:`benchmarks.hvp_throughput`

@@ -5,13 +5,13 @@
 Models: randomly initialised HF GPT-NeoX (LayerNorm, GELU) and Llama (RMSNorm, SiLU) causal LMs
 with eager attention in float32, ~1M parameters (hidden 128, 4 layers, vocab 512) and ~9M
 parameters (hidden 256, 6 layers, vocab 8192); batches of 8 sequences × 128 tokens; loss
-:func:`probes.core.lm.lm_loss`; curvature w.r.t. every parameter.
+:func:`losslens.lm.core.next_token_loss.lm_loss`; curvature w.r.t. every parameter.
 
 Methods (each timing is paired with a gradient of the same batches measured just before it, so
 machine-load drift cancels; the reported ratio is the median over repeats of
 ``t_call / (k · t_gradient)``):
 
-- ``ours-reverse-vec`` / ``ours-reverse-seq``: :class:`geometry.operators.hessian.HessianOperator`, reverse
+- ``ours-reverse-vec`` / ``ours-reverse-seq``: :class:`losslens.geometry.operators.hessian.HessianOperator`, reverse
   backend, ``vectorize=True`` / ``False``, one ``matmat`` of k vectors (graph build included);
 - ``ours-forward``: forward backend (jvp of grad, vmapped), one ``matmat`` of k vectors;
 - ``ours-difference``: gradient-difference backend (two ``loss.backward()`` per vector and batch,
@@ -48,10 +48,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from geometry.operators.hessian import HessianOperator
-from probes.core.lm import lm_loss
-from probes.core.numerics import rel_error
-from probes.core.threads import torch_threads
+from losslens.geometry.operators.hessian import HessianOperator
+from losslens.lm.core.next_token_loss import lm_loss
+from losslens.lm.core.numerics import rel_error
+from losslens.lm.core.threads import torch_threads
 
 from benchmarks.hvp_models import BATCH, SEQ, SIZES, build_model
 from benchmarks.hvp_peers import _curvlinops, _pyhessian
@@ -184,17 +184,17 @@ def oracle_verdict(
     size: str = "1M", seed: int = 0, shape: tuple[int, int] = (BATCH, SEQ), threads: int | None = 1
 ) -> dict:
     """Who is right where ours and curvlinops disagree? One product of each on the NeoX model in
-    float64, judged by :class:`probes.models.oracles.LossOracle` (loss values only, no autograd).
+    float64, judged by :class:`losslens.lm.models.oracles.LossOracle` (loss values only, no autograd).
 
     u = (Hv_curvlinops − Hv_ours)/‖·‖ is the direction of the disagreement: uᵀHv from the oracle
     says which product is right along it (``*_along_gap``: (uᵀHv_x − oracle)/‖Hv_ours − Hv_curvlinops‖,
     0 = agrees with the oracle, ±1 = off by the whole gap). Also the product's own direction and a
     random one (errors relative to ‖Hv‖). Everything runs inside
-    :func:`~probes.models.oracles.float64_everywhere` (the eager softmax's float32 upcast made
+    :func:`~losslens.lm.models.oracles.float64_everywhere` (the eager softmax's float32 upcast made
     exact) and, for comparison, the products once more without it (``plain_rel_gap``).
     Cost: 2 HVPs, ~45 float64 forwards.
     """
-    from probes.models.oracles import LossOracle, float64_everywhere
+    from losslens.lm.models.oracles import LossOracle, float64_everywhere
 
     with torch_threads(threads):
         model = build_model("neox", size, seed).double()
@@ -233,10 +233,10 @@ def oracle_verdict(
 
 
 def fingerprint_cost(sizes: tuple[str, ...] = ("1M", "10M"), threads: int | None = 1, repeats: int = 5) -> list[dict]:
-    """Seconds of the graph cache's model fingerprint (:func:`geometry.operators.fingerprint.model_fingerprint`,
+    """Seconds of the graph cache's model fingerprint (:func:`losslens.geometry.operators.fingerprint.model_fingerprint`,
     one read of every parameter and buffer, paid once per product call with ``cache_graphs``)
     ÷ one gradient of a batch of 8 × 128 tokens (best of ``repeats``)."""
-    from geometry.operators.fingerprint import model_fingerprint
+    from losslens.geometry.operators.fingerprint import model_fingerprint
 
     rows = []
     with torch_threads(threads):

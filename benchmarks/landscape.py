@@ -7,10 +7,10 @@ Writes N checkpoints of a random-init model of the shape (a random walk from one
 writes them) into DIR (kept and reused), then, in a fresh process per row with ``--strict-memory``'s
 allocator setting (glibc mmap threshold 64 kB), loads the model once (the resident baseline),
 resets the kernel's peak (``/proc/self/clear_refs``) and runs
-:func:`geometry.surfaces.trajectory_pca.trajectory_pca` over the N checkpoints through
-:func:`probes.landscape.sources.checkpoint_source` (positioned reads). The row reports the peak
+:func:`losslens.geometry.surfaces.trajectory_pca.trajectory_pca` over the N checkpoints through
+:func:`losslens.study.landscape.sources.checkpoint_source` (positioned reads). The row reports the peak
 resident memory above the baseline (``VmHWM``) divided by the plan
-(:func:`geometry.surfaces.trajectory_pca.estimate_memory`), and the seconds. Threads: 2 (``torch.set_num_threads``
+(:func:`losslens.geometry.surfaces.trajectory_pca.estimate_memory`), and the seconds. Threads: 2 (``torch.set_num_threads``
 in the child; the parent only writes files).
 """
 
@@ -51,10 +51,10 @@ def prepare(folder: Path, shape: str, n: int, dtype: torch.dtype) -> Path:
 def child(folder: str, max_memory: str, k: int) -> dict:
     """One measured run in this (fresh) process."""
     from benchmarks.scale import _reset_peak, _rss
-    from geometry.memory.model import STRICT_MMAP_THRESHOLD, return_freed_memory, trim
-    from geometry.surfaces.trajectory_pca import estimate_memory, trajectory_pca
-    from probes.checkpoints import CheckpointLoader, Trajectory
-    from probes.landscape.sources import checkpoint_source
+    from losslens.geometry.memory.model import STRICT_MMAP_THRESHOLD, return_freed_memory, trim
+    from losslens.geometry.surfaces.trajectory_pca import estimate_memory, trajectory_pca
+    from losslens.lm.checkpoints import CheckpointLoader, Trajectory
+    from losslens.study.landscape.sources import checkpoint_source
 
     return_freed_memory(STRICT_MMAP_THRESHOLD)
     torch.set_num_threads(2)

@@ -1,7 +1,7 @@
 """The robustness monitor's alarm on the demo's configuration (issue #29).
 
-Trains the demo's four runs (WSD and cosine, peak LR 3e-3 and 1e-2; ``probes/demo.py: DEFAULT``)
-for each seed given, with a :class:`probes.monitor.RobustnessMonitor` measuring ΔQ (RTN INT3,
+Trains the demo's four runs (WSD and cosine, peak LR 3e-3 and 1e-2; ``probes/cli/demo_study.py: DEFAULT``)
+for each seed given, with a :class:`losslens.study.monitor.RobustnessMonitor` measuring ΔQ (RTN INT3,
 INT2-g32) and the FP loss every ``--every`` steps on a held-out set of the embedded corpus
 (curvature off: the alarm reads ΔQ and loss only), one store per run. Prints, per run, the step at
 which the alarm fires and the LR phase of that step. Threads: 1 per process (set here).
@@ -28,11 +28,11 @@ def run_one(run, seed: int, out: Path, every: int, eval_shape, settings_kw: dict
     import torch
     from safetensors.torch import load_file
 
-    from probes.data import token_sets_from_stream
-    from probes.demo_settings import DEFAULT
-    from probes.monitor import RobustnessMonitor
-    from probes.train.tiny import train_tiny
-    from probes.train.tiny_data import prepare_data
+    from losslens.lm.data import token_sets_from_stream
+    from losslens.cli.demo_settings import DEFAULT
+    from losslens.study.monitor import RobustnessMonitor
+    from losslens.lm.train.tiny import train_tiny
+    from losslens.lm.train.tiny_data import prepare_data
 
     torch.set_num_threads(1)
     from dataclasses import replace
@@ -76,11 +76,11 @@ def run_one(run, seed: int, out: Path, every: int, eval_shape, settings_kw: dict
 
 
 def replay(path: Path, settings=None) -> list[dict]:
-    """The alarm of :class:`~probes.monitor.MonitorSettings` (default: today's defaults) replayed
+    """The alarm of :class:`~losslens.study.monitor.MonitorSettings` (default: today's defaults) replayed
     on the stored (step, loss, ΔQ) histories of a results file (or a folder of per-run files): the same :class:`Alarm`
     the monitor updates live, fed the same measurements in order. Returns per run the step it fires at."""
-    from probes.demo_settings import DEFAULT
-    from probes.monitor import Alarm, MonitorSettings
+    from losslens.cli.demo_settings import DEFAULT
+    from losslens.study.monitor import Alarm, MonitorSettings
 
     s = settings or MonitorSettings()
     out = []
@@ -96,7 +96,7 @@ def replay(path: Path, settings=None) -> list[dict]:
         run = next(x for x in DEFAULT.runs if x.schedule == r["schedule"] and x.peak_lr == r["peak_lr"])
         from dataclasses import replace
 
-        from probes.train.config import lr_at
+        from losslens.lm.train.config import lr_at
 
         cfg = replace(DEFAULT.train_config(run), seed=r["seed"])
         for step, loss, dq in r["history"]:
@@ -121,7 +121,7 @@ def replay(path: Path, settings=None) -> list[dict]:
 def main(argv=None) -> None:
     from concurrent.futures import ProcessPoolExecutor
 
-    from probes.demo_settings import DEFAULT
+    from losslens.cli.demo_settings import DEFAULT
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--replay", default=None, help="a results JSON of an earlier run: the alarm with today's settings")

@@ -2,7 +2,7 @@
 
 A tiny GPT-NeoX on the embedded corpus (the run's config below: `MODEL`), ``--steps`` optimizer
 steps, evaluation every ``--eval-every`` steps on a held-out validation set, trained ``--reps``
-times without and with :class:`probes.monitor.RobustnessCallback` at its default settings
+times without and with :class:`losslens.study.monitor.RobustnessCallback` at its default settings
 (alternating, so machine load hits both alike). Prints per pair: wall time of ``trainer.train()``
 without / with, the extra cost in %, whether the final weights and every logged loss are
 bit-identical, the store rows per evaluation, and the precision floor (trace relative CI
@@ -51,9 +51,9 @@ def setup(out: Path):
     import torch
     from safetensors.torch import load_file
 
-    from probes.data import token_sets_from_stream
-    from probes.train.config import TrainConfig
-    from probes.train.tiny_data import prepare_data
+    from losslens.lm.data import token_sets_from_stream
+    from losslens.lm.train.config import TrainConfig
+    from losslens.lm.train.tiny_data import prepare_data
 
     cfg = TrainConfig(**MODEL)
     tok, train, _ = prepare_data(cfg, out / "prep", out / "data")
@@ -68,7 +68,7 @@ def setup(out: Path):
 def one_run(cfg, tok, train_ds, val_ds, out: Path, steps: int, eval_every: int, callback=None):
     from transformers import Trainer, TrainingArguments
 
-    from probes.train.tiny import build_model
+    from losslens.lm.train.tiny import build_model
 
     args = TrainingArguments(
         output_dir=str(out),
@@ -111,8 +111,8 @@ def one_run(cfg, tok, train_ds, val_ds, out: Path, steps: int, eval_every: int, 
 def main(argv=None) -> None:
     import torch
 
-    from probes.monitor import RobustnessCallback
-    from probes.sweep import Store
+    from losslens.study.monitor import RobustnessCallback
+    from losslens.study.sweep import Store
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/losslens-monitor-trainer")

@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.precision [--seeds 3]``
 
-For tiny random-init bfloat16 models of the six seed families (:data:`probes.models.families.FAMILIES`)
+For tiny random-init bfloat16 models of the six seed families (:data:`losslens.lm.models.families.FAMILIES`)
 and four others (Qwen2, Mistral, Gemma, Phi-3 configs of the same sizes), two 2 × 16 batches of tokens
 whose input-embedding row is not zero: the relative error ‖H̃V − HV‖/‖HV‖ over two Gaussian vectors of
 the default operators (float32 compute: reverse, difference, difference with Richardson) and of the
@@ -19,10 +19,10 @@ import warnings
 
 import torch
 
-from geometry import HessianOperator
-from probes.core.lm import lm_loss
-from probes.models.families import FAMILIES, tiny_model
-from probes.models.fidelity import float64_fidelity
+from losslens.geometry import HessianOperator
+from losslens.lm.core.next_token_loss import lm_loss
+from losslens.lm.models.families import FAMILIES, tiny_model
+from losslens.lm.models.fidelity import float64_fidelity
 
 OTHERS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=1)),

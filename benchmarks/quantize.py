@@ -6,7 +6,7 @@ Rows (``run(quick) -> list[dict]``):
 
 - ``tiny``: a randomly initialised 2-layer GPT-NeoX (hidden 64, MLP 256, vocab 512, float32),
   calibration 8 × 4 × 64 random tokens, ``gptq:4:g32``, end-to-end wall time of
-  :func:`probes.quant.quantize` (capture, per-block forwards, GPTQ, copy) — and the same through
+  :func:`losslens.lm.quant.quantize` (capture, per-block forwards, GPTQ, copy) — and the same through
   the ``gptqmodel`` backend when GPTQModel is installed (``ratio`` = GPTQModel s ÷ native s; the
   goal is ≥ 3). Without GPTQModel the peer row says ``not installed``.
 - ``neox-10M``: a randomly initialised GPT-NeoX with ~10M parameters (hidden 256, 8 layers,
@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from probes.core.threads import torch_threads
+from losslens.lm.core.threads import torch_threads
 
 
 def _neox(hidden, layers, inter, vocab, ctx, seed=0):
@@ -92,8 +92,8 @@ class _PeakRSS:
 
 
 def _tiny_rows() -> list[dict]:
-    from probes.quant import quantize
-    from probes.quant.backends import available
+    from losslens.lm.quant import quantize
+    from losslens.lm.quant.backends import available
 
     model = _neox(64, 2, 256, 512, 128)
     calib = torch.randint(0, 512, (8, 4, 64), generator=torch.Generator().manual_seed(1))
@@ -137,7 +137,7 @@ def _tiny_rows() -> list[dict]:
 
 
 def _neox10m_rows(quick: bool) -> list[dict]:
-    from probes.quant import quantize
+    from losslens.lm.quant import quantize
 
     model = _neox(256, 8, 1024, 8192, 128)
     n_params = sum(p.numel() for p in model.parameters())

@@ -11,10 +11,10 @@ the loaded model runs with ``max_memory=budget`` until it is refused (``MemoryBu
 command's own error wrapping it). The row reports the peak above the resident memory after the
 model was built, in MB, and whether it stayed within the budget + 64 MB (the issue's bound).
 
-- ``sharpness``: :func:`probes.models.curvature.lm_hessian`, then the trace (Hutch++, 100 HVPs)
+- ``sharpness``: :func:`losslens.lm.models.curvature.lm_hessian`, then the trace (Hutch++, 100 HVPs)
   and eigen (Lanczos, k=1) plans, as ``losslens sharpness`` runs them after loading;
-- ``explain``: :func:`probes.explain.api.explain_specs` with ``rtn:4:g128`` (trace planned);
-- ``surface``: :func:`geometry.surfaces.surface.evaluate_surface` on a random plane around the
+- ``explain``: :func:`losslens.measure.explain.explanation.explain_specs` with ``rtn:4:g128`` (trace planned);
+- ``surface``: :func:`losslens.geometry.surfaces.surface.evaluate_surface` on a random plane around the
   model (the plane built before the reset: it is an input, like the model), a 5 × 5 grid.
 """
 
@@ -42,14 +42,14 @@ vocab = SHAPES[shape][4]
 batches = [torch.randint(0, vocab, (BATCH, SEQ), generator=torch.Generator().manual_seed(i)) for i in range(BATCHES)]
 plane = None
 if command == "surface":
-    from geometry.surfaces.random_planes import random_plane
+    from losslens.geometry.surfaces.random_planes import random_plane
     plane = random_plane({n: p.detach().clone() for n, p in model.named_parameters()}, seed=0)
-from geometry.estimators.eigen import estimate_memory as eigen_memory  # the library is loaded with the model
-from geometry.estimators.trace import estimate_memory as trace_memory
-from geometry.surfaces.surface import evaluate_surface
-from probes.core.lm import lm_loss
-from probes.explain.api import explain_specs
-from probes.models.curvature import lm_hessian
+from losslens.geometry.estimators.eigen import estimate_memory as eigen_memory  # the library is loaded with the model
+from losslens.geometry.estimators.trace import estimate_memory as trace_memory
+from losslens.geometry.surfaces.surface import evaluate_surface
+from losslens.lm.core.next_token_loss import lm_loss
+from losslens.measure.explain.explanation import explain_specs
+from losslens.lm.models.curvature import lm_hessian
 gc.collect()
 base = status("VmRSS")
 with open("/proc/self/clear_refs", "w") as f:
@@ -88,7 +88,7 @@ def measure(shape: str, dtype: str, command: str, budget: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from geometry.memory.sizes import parse_size
+    from losslens.geometry.memory.sizes import parse_size
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="pythia-14m,pythia-70m,pythia-160m")

@@ -14,12 +14,12 @@ seconds per gradient, per graph build (``create_graph``) and per HVP (sequential
 on a kept graph), and their ratios to the gradient.
 
 ``--probes hutchinson+tracked`` (any probe + ``+tracked``) also tracks every tensor allocation of
-the run (geometry.memory.graphs.peak_new_bytes: ``tracked_GB``, the live tensors' peak, beside the
+the run (losslens.geometry.memory.graphs.peak_new_bytes: ``tracked_GB``, the live tensors' peak, beside the
 RSS); ``LOSSLENS_BENCH_ALLOCATOR=cli`` (or ``cli:BYTES``) runs the children with
-geometry.memory.allocator.return_freed_memory (default: glibc's defaults, as losslens runs). ``--factors`` measures one
+losslens.geometry.memory.allocator.return_freed_memory (default: glibc's defaults, as losslens runs). ``--factors`` measures one
 product of one vector (peak RSS) on small GPT-NeoX, Llama and OLMo-2
 shapes with both backends: the second-backward and forward-backend factors of the memory model
-(geometry.memory.graphs). ``--project`` measures, on 1- and 2-layer slices of the 1B and 7B shapes (bfloat16, one
+(losslens.geometry.memory.graphs). ``--project`` measures, on 1- and 2-layer slices of the 1B and 7B shapes (bfloat16, one
 sequence of 128 and 256 tokens), the bytes autograd saves per token, and projects what Hutchinson, Hutch++
 and Lanczos need on one 80 GB GPU (memory from the memory model; time from FLOP counts at an
 assumed fraction of the GPU's bf16 peak, with the HVP/gradient ratio measured here), for the
@@ -71,7 +71,7 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     """One probe in this (fresh) process; returns the measured row."""
     import gc
 
-    from geometry import (
+    from losslens.geometry import (
         directional_curvature,
         evaluate_surface,
         hutchinson_trace,
@@ -80,14 +80,14 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
         spectral_density,
         top_eigenvalues,
     )
-    from geometry.surfaces.grid import GridSpec
-    from geometry.surfaces.moving import estimate_memory as surface_memory
-    from geometry.surfaces.moving import planned_forward_bytes
-    from geometry.estimators.blocks import block_traces
-    from geometry.memory.graphs import peak_new_bytes
-    from geometry.memory.allocator import trim
-    from probes.core.lm import lm_loss
-    from probes.models.curvature import lm_hessian
+    from losslens.geometry.surfaces.grid import GridSpec
+    from losslens.geometry.surfaces.moving import estimate_memory as surface_memory
+    from losslens.geometry.surfaces.moving import planned_forward_bytes
+    from losslens.geometry.estimators.blocks import block_traces
+    from losslens.geometry.memory.graphs import peak_new_bytes
+    from losslens.geometry.memory.allocator import trim
+    from losslens.lm.core.next_token_loss import lm_loss
+    from losslens.lm.models.curvature import lm_hessian
 
     track = probe.endswith("+tracked") or os.environ.get("LOSSLENS_BENCH_TRACK") == "1"  # also track allocations
     probe = probe.removesuffix("+tracked")
@@ -190,7 +190,7 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
 
 def _one_pass(op) -> dict:
     """Peak RSS of one product of one vector (graph rebuilt) against the pass the memory model
-    plans, and the factor it implies (geometry.memory.graphs: SECOND_BACKWARD_FACTOR for the
+    plans, and the factor it implies (losslens.geometry.memory.graphs: SECOND_BACKWARD_FACTOR for the
     reverse backend, FORWARD_FACTOR for the forward one)."""
     import gc
 
@@ -206,7 +206,7 @@ def _one_pass(op) -> dict:
     measured = _rss()[1] - base - out_bytes  # the product's output is not the pass
     saved = G - grad
     conv = grad if op.dtype != op.param_dtype else 0
-    from geometry.operators.forward import ForwardBackend
+    from losslens.geometry.operators.forward import ForwardBackend
 
     forward = isinstance(op.product_backend, ForwardBackend)
     rest = measured - (3 * grad if forward else G + grad + conv) - op.loss_transient_bytes
@@ -292,7 +292,7 @@ def run(
     rows = [_run_child(s, p, d, max_memory, threads) for s in shapes for d in dtypes for p in probes]
     if with_projection and not quick:
         from benchmarks.scale_projection import project, sharded_project
-        from probes.core.threads import torch_threads
+        from losslens.lm.core.threads import torch_threads
 
         with torch_threads(threads):
             rows += project()
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         torch.set_num_threads(int(os.environ.get("LOSSLENS_BENCH_THREADS", "1")))
         alloc = os.environ.get("LOSSLENS_BENCH_ALLOCATOR", "glibc")  # "glibc" (as losslens runs), "cli", "cli:BYTES"
         if alloc.startswith("cli"):  # return_freed_memory's settings
-            from geometry.memory.allocator import MMAP_THRESHOLD, return_freed_memory
+            from losslens.geometry.memory.allocator import MMAP_THRESHOLD, return_freed_memory
 
             return_freed_memory(int(alloc[4:]) if alloc.startswith("cli:") else MMAP_THRESHOLD)
         print(json.dumps(child(*argv[1:5]), default=str))

@@ -3,7 +3,7 @@ autograd saves per token measured on 1- and 2-layer slices (:func:`graph_measure
 through the memory model to one 80 GB GPU for the reverse and gradient-difference backends
 (:func:`project`, :func:`difference_need`), and per rank of a sharded run (:func:`sharded_project`).
 
-Compute precision (issue #35, :mod:`geometry.operators.precision`): each configuration is projected
+Compute precision (issue #35, :mod:`losslens.geometry.operators.precision`): each configuration is projected
 for the default **float32 compute** of a bfloat16 checkpoint and for explicit bfloat16 compute
 (``compute`` column). Float32 compute holds, beyond the resident bfloat16 model (2 B / param), its
 float32 copy (4 B / param; on the sharded path the shards themselves are float32), float32
@@ -22,11 +22,11 @@ COMPUTE = {"float32": 4, "bfloat16": 2}
 
 def saved_bytes_per_sequence(shape: str, seq: int, layers: int, dtype: torch.dtype = torch.bfloat16) -> int:
     """Bytes autograd saves (forward + ``create_graph`` backward) for one sequence of ``seq`` tokens
-    on a ``layers``-layer slice of ``shape`` (geometry.memory.graphs.saved_graph_bytes), through the
-    loss the curvature probes use (the lean LM head, :func:`probes.core.lm_head.lm_loss_lean`)."""
-    from geometry.operators.attention import second_order_attention
-    from geometry.memory.graphs import saved_graph_bytes
-    from probes.core.lm_head import lm_loss_lean as lm_loss
+    on a ``layers``-layer slice of ``shape`` (losslens.geometry.memory.graphs.saved_graph_bytes), through the
+    loss the curvature probes use (the lean LM head, :func:`losslens.lm.core.lm_head.lm_loss_lean`)."""
+    from losslens.geometry.operators.attention import second_order_attention
+    from losslens.geometry.memory.graphs import saved_graph_bytes
+    from losslens.lm.core.lm_head import lm_loss_lean as lm_loss
 
     model = build(shape, dtype, layers=layers)
     ids = torch.randint(0, SHAPES[shape][4], (1, seq))
@@ -50,7 +50,7 @@ CONFIGS = (
     ("all parameters, 1×512 tokens", "all", 1, 512),
     ("last 2 blocks, 8×512 tokens", "last2", 8, 512),
 )
-#: estimator -> full-dim float32 vectors it holds (k = 1; see geometry.estimators.trace / geometry.estimators.eigen)
+#: estimator -> full-dim float32 vectors it holds (k = 1; see losslens.geometry.estimators.trace / losslens.geometry.estimators.eigen)
 VECTORS = {"hutchinson (block 1)": 2, "power": 2, "lanczos (basis 8)": 9, "hutch++ (sketch 8)": 10}
 
 
@@ -75,15 +75,15 @@ def project(
 ) -> list[dict]:
     """On-paper requirements of each shape (a bfloat16 checkpoint) on one GPU of ``gpu_bytes`` for
     the :data:`CONFIGS` and each compute dtype of ``computes``: memory from the memory model
-    (geometry.memory.graphs) with the graph measured on 1- and 2-layer slices in bfloat16
+    (losslens.geometry.memory.graphs) with the graph measured on 1- and 2-layer slices in bfloat16
     (:func:`graph_measurements`; per layer a·s + c·s² per sequence, outside the layers linear in s;
     × 2 for float32 compute), the model resident in bf16 plus, for float32 compute, its float32
     copy, gradients in the compute dtype, float32 estimator vectors; the largest Hutch++ sketch that
     fits; time from 6·N·T FLOPs per gradient at ``mfu`` of ``peak_flops`` and ``hvp_ratio``
     gradients per HVP (measured on CPU here)."""
-    from geometry.memory.graphs import pass_bytes
-    from geometry.operators.linear_ce import transient_bytes
-    from geometry.memory.model import temporaries_bytes
+    from losslens.geometry.memory.graphs import pass_bytes
+    from losslens.geometry.operators.linear_ce import transient_bytes
+    from losslens.geometry.memory.model import temporaries_bytes
 
     rows = []
     for shape in shapes:
@@ -153,7 +153,7 @@ def difference_need(
     compute: str = "float32",
 ) -> dict:
     """The gradient-difference backend's projection for the whole model (a bfloat16 checkpoint)
-    with activation checkpointing (:func:`geometry.operators.difference.pass_bytes`), numbers in the
+    with activation checkpointing (:func:`losslens.geometry.operators.difference.pass_bytes`), numbers in the
     ``compute`` dtype (w bytes): the model resident in bf16 (2·dim) plus, for float32 compute, its
     float32 copy (4·dim), the kept θ (w·dim), the ``.grad`` (w·dim), the checkpointed layer inputs (b·L·s·h·w), one
     layer's recompute (bounded by the measured double-backward graph of one layer, ``layer_s`` per
@@ -161,7 +161,7 @@ def difference_need(
     final norm, logits and the loss), one embedding matrix in float32 (the perturbation's cast);
     the estimators' float32 vectors on top; 2 gradients per HVP, each with a recomputed forward (4/3 of a
     gradient without checkpointing)."""
-    from geometry.memory.model import temporaries_bytes
+    from losslens.geometry.memory.model import temporaries_bytes
 
     h, L, heads, ff, vocab = SHAPES[shape]
     w = COMPUTE[compute]

@@ -4,15 +4,15 @@
 (also ``losslens bench sharded``; ``--project`` adds the 8 × 80 GB projection rows).
 
 Model: a random-init GPT-NeoX of the shape (``benchmarks.shapes.SHAPES``), float32, every decoder
-block and the root ``fully_shard``-ed on a 1-D CPU mesh (:func:`probes.models.sharding.shard_model`);
+block and the root ``fully_shard``-ed on a 1-D CPU mesh (:func:`losslens.lm.models.sharding.shard_model`);
 curvature data: 2 batches of 2 × 64 random tokens, split over the ranks. Each process runs one
 torch thread. For 1 rank and for N ranks (``torch.multiprocessing`` spawn, gloo), each rank runs
 Hutchinson (``--probes`` probes) and Lanczos (``--steps`` steps) on a
-:class:`~geometry.operators.sharded.ShardedHessianOperator` and records:
+:class:`~losslens.geometry.operators.sharded.ShardedHessianOperator` and records:
 
 - the estimates (every rank's are equal; N ranks against 1: float32 summation order);
 - ``peak_tracked``: the peak of tensors allocated during the estimator call
-  (:func:`geometry.memory.graphs.peak_new_bytes`: vectors, estimator state, master copy, the pass),
+  (:func:`losslens.geometry.memory.graphs.peak_new_bytes`: vectors, estimator state, master copy, the pass),
   the largest over the ranks; ``plan``: the estimator's predicted bytes; their ratio;
 - ``state``: the plan's vector parts (the estimator's own state), which shard as 1/N.
 
@@ -47,11 +47,11 @@ def _rank(rank: int, world: int, port: int, out: str, shape: str, probes: int, s
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=1800))
     try:
         from benchmarks.shapes import SHAPES, build
-        from geometry import hutchinson_trace, top_eigenvalues
-        from geometry.memory.graphs import peak_new_bytes
-        from geometry.operators.data_parallel import split_batches
-        from probes.models.sharding import shard_model, sharded_lm_hessian
-        from probes.models.zero_embeddings import zero_embedding_tokens
+        from losslens.geometry import hutchinson_trace, top_eigenvalues
+        from losslens.geometry.memory.graphs import peak_new_bytes
+        from losslens.geometry.operators.data_parallel import split_batches
+        from losslens.lm.models.sharding import shard_model, sharded_lm_hessian
+        from losslens.lm.models.zero_embeddings import zero_embedding_tokens
 
         model = shard_model(build(shape, torch.float32), "cpu")
         g = torch.Generator().manual_seed(0)

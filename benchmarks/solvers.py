@@ -8,8 +8,8 @@
    it fits) and rebuilt per step (the previous behaviour). Each step is one HVP.
 2. **Lean LM head** (a 2-layer GPT-NeoX with Pythia's vocabulary of 50,304, hidden 128, and the
    Pythia-160m shape): bytes of one batch's double-backward graph and seconds per HVP, through
-   autograd's cross-entropy (:func:`probes.core.lm.lm_loss`) and through the closed-form chunked
-   head (:func:`probes.core.lm_head.lm_loss_lean`), with the products' relative difference.
+   autograd's cross-entropy (:func:`losslens.lm.core.next_token_loss.lm_loss`) and through the closed-form chunked
+   head (:func:`losslens.lm.core.lm_head.lm_loss_lean`), with the products' relative difference.
 3. **torch.compile of the forward backend** on CPU: whether it compiles, and its per-vector time
    against the uncompiled forward backend and the reverse backend.
 
@@ -29,11 +29,11 @@ import torch
 from benchmarks import emit
 
 from benchmarks.hvp_models import build_model
-from geometry import HessianOperator, spectral_density, top_eigenvalues
-from geometry.memory.graphs import peak_new_bytes
-from probes.core.lm import lm_loss
-from probes.core.lm_head import lm_loss_lean
-from probes.core.threads import torch_threads
+from losslens.geometry import HessianOperator, spectral_density, top_eigenvalues
+from losslens.geometry.memory.graphs import peak_new_bytes
+from losslens.lm.core.next_token_loss import lm_loss
+from losslens.lm.core.lm_head import lm_loss_lean
+from losslens.lm.core.threads import torch_threads
 
 
 def _timed(fn, n=3):
@@ -151,7 +151,7 @@ def compile_rows(quick: bool = False) -> list[dict]:
         "forward_gradients_per_hvp": _timed(lambda: fwd.matmat_flat(V), 2) / 8 / t_grad,
     }
     try:
-        import geometry.operators.forward as fw
+        import losslens.geometry.operators.forward as fw
 
         eager = fw.forward_over_reverse
         compiled = torch.compile(eager, dynamic=False)

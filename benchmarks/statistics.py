@@ -12,8 +12,8 @@ truth every interval should cover). Variants:
 - ``lr``: a shared, trend-free cyclic LR, cos(2π · 3t/m), added to x (× 1.5 sd) and to y (× −1.0
   sd), controlled by the partial correlation (the row's truth is still ρ).
 
-For each cell, ``reps`` replicates go through :func:`probes.analysis.inference.infer_within` —
-the function every table row of :func:`probes.analysis.summary` calls — vectorised over the
+For each cell, ``reps`` replicates go through :func:`losslens.study.analysis.inference.infer_within` —
+the function every table row of :func:`losslens.study.analysis.summary` calls — vectorised over the
 replicates. Reported per cell: the share of replicates whose row is descriptive; among the others
 the coverage of the 95% interval (ρ inside), the rejection rate of p < 0.05 (the size at ρ = 0,
 the power at ρ ≠ 0), and the median interval width. ``--check-reps`` replicates of one cell (4 runs
@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from probes.analysis import inference as inf
+from losslens.study.analysis import inference as inf
 
 PHIS = (0.5, 0.8, 0.9, 0.95)
 RUNS = (2, 4, 8)
@@ -96,7 +96,7 @@ def check_through_summary(reps: int, seed: int = 1) -> dict:
     p-values, and the coverage/rejection of the summary rows."""
     import pandas as pd
 
-    from probes.analysis import summary
+    from losslens.study.analysis import summary
 
     runs, m, phi = 4, 30, 0.9
     x, y, lr = simulate(np.random.default_rng(seed), reps, runs, m, phi, 0.0, "lr")

@@ -4,12 +4,12 @@
 
 Model: a 1.06M-parameter HF GPT-NeoX (hidden 128, 4 layers, 4 heads, MLP 512, vocab 1024 -- the
 shape of the embedded tiny model, docs/science.md §8), random weights, float32, CPU. Data: 4 evaluation
-batches of 4×64 tokens (``probes.data.QUICK_SHAPES["eval"]``), identical for every contender.
+batches of 4×64 tokens (``losslens.lm.data.QUICK_SHAPES["eval"]``), identical for every contender.
 The plane: A = the model, B = A + a small perturbation (a "previous checkpoint"), C = A rounded
 per row to 16 levels (an RTN-like "quantized A").
 
 Rows (one "point" = the loss over all 4 batches at one set of weights):
-- ``forward``: ``probes.core.lm.evaluate`` on the unchanged model, points/s -- the plain-forward ceiling.
+- ``forward``: ``losslens.lm.core.next_token_loss.evaluate`` on the unchanged model, points/s -- the plain-forward ceiling.
 - ``losslens``: ``evaluate_surface`` batch by batch (``merge_batches=False``), in-place moves.
 - ``losslens-merged``: ``evaluate_surface(merge_batches=True)`` (one forward per point; what
   ``losslens surface`` uses).
@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from probes.core.threads import torch_threads
+from losslens.lm.core.threads import torch_threads
 
 N_BATCHES, BATCH, SEQ = 4, 4, 64
 
@@ -77,10 +77,10 @@ def _with(model, weights):
 
 
 def run(quick: bool = False, repeats: int | None = None) -> list[dict]:
-    from geometry.surfaces.grid import GridSpec
-    from geometry.surfaces.point_planes import plane_through_points
-    from geometry.surfaces.surface import evaluate_surface
-    from probes.core.lm import evaluate, lm_loss
+    from losslens.geometry.surfaces.grid import GridSpec
+    from losslens.geometry.surfaces.point_planes import plane_through_points
+    from losslens.geometry.surfaces.surface import evaluate_surface
+    from losslens.lm.core.next_token_loss import evaluate, lm_loss
 
     repeats = repeats or (2 if quick else 3)
     steps = 3 if quick else 6  # grid side for the throughput comparison

@@ -2,12 +2,12 @@
 
 ``python -m benchmarks.sweep [--quick] [--checkpoints N] [--no-ray] [--cache DIR] [--json PATH]``
 
-1. The embedded trajectory is trained once with :func:`probes.train.tiny.train_tiny` and cached
+1. The embedded trajectory is trained once with :func:`losslens.lm.train.tiny.train_tiny` and cached
    (``--cache``, default ``$LOSSLENS_CACHE`` or ``~/.cache/losslens``): full mode the default
    ``TrainConfig`` (GPT-NeoX, hidden 128, 4 layers, 1.06M parameters, 600 steps, WSD) with 20
    checkpoints; ``--quick`` the ``TrainConfig.tiny`` preset (hidden 32, 2 layers) with 20
    checkpoints. Training time is reported, not counted.
-2. The token sets are built once (:func:`probes.sweep.build_data`) and passed to every sweep, so
+2. The token sets are built once (:func:`losslens.study.sweep.build_data`) and passed to every sweep, so
    sweep times exclude tokenization.
 3. Local sweep of the plan — FP loss, RTN 3/4-bit g128, GPTQ 3/4-bit g128, Hutch++ trace
    (100 HVPs; quick: 30), λ_max (Lanczos, tol 1e-3, ≤ 100 steps; quick ≤ 20), weight kurtosis;
@@ -49,8 +49,8 @@ def _cache_dir(cache: str | None) -> Path:
 
 def embedded_trajectory(quick: bool, checkpoints: int, cache: str | None = None):
     """(trajectory, training seconds; 0 when cached)."""
-    from probes.train.config import TrainConfig
-    from probes.train.tiny import train_tiny
+    from losslens.lm.train.config import TrainConfig
+    from losslens.lm.train.tiny import train_tiny
 
     # full mode: the 1.06M-parameter model of the recorded benchmark (benchmarks/README.md), pinned
     # here so that a change of train-tiny's defaults does not silently change what is measured
@@ -74,7 +74,7 @@ def embedded_trajectory(quick: bool, checkpoints: int, cache: str | None = None)
 
 
 def bench_plan(quick: bool):
-    from probes.sweep import DataSpec, EigenProbe, Plan, TraceProbe
+    from losslens.study.sweep import DataSpec, EigenProbe, Plan, TraceProbe
 
     # the curvature set is one batch of 16 x 128 (the same 2,048 tokens as the earlier (2, 8, 128)),
     # λ_max by Lanczos, as Plan.default does since issue #14
@@ -118,8 +118,8 @@ def run(
     worker processes; the breakdown comes from the first (1 worker)."""
     import torch
 
-    from probes.sweep import Store, build_data, run_sweep
-    from probes.sweep.executor import with_plan_checkpoints
+    from losslens.study.sweep import Store, build_data, run_sweep
+    from losslens.study.sweep.executor import with_plan_checkpoints
 
     n_ck = checkpoints or (QUICK_CHECKPOINTS if quick else FULL_CHECKPOINTS)
     traj, train_s = embedded_trajectory(quick, n_ck, cache)
@@ -151,14 +151,14 @@ def run(
         with Store(local_store) as st:
             df = st.results()
         try:
-            from probes.checkpoints import CheckpointLoader
+            from losslens.lm.checkpoints import CheckpointLoader
 
             n_params = sum(p.numel() for p in CheckpointLoader(traj).load(traj[0]).parameters())
         except Exception:
             pass
         same = {}
         if len(local_runs) > 1:  # workers must not change a single value
-            from probes.sweep import Store as _Store
+            from losslens.study.sweep import Store as _Store
 
             cols = ["checkpoint", "probe", "spec", "metric"]
             base = _Store(local_store).results().sort_values(cols)["value"].fillna(-1.0).to_numpy()
@@ -247,7 +247,7 @@ def run(
 
 
 def _warm():
-    import probes.sweep.runner  # noqa: F401
+    import losslens.study.sweep.runner  # noqa: F401
 
     return None
 

@@ -2,12 +2,12 @@
 
 ``python -m benchmarks.zero_embedding [--seeds 0] [--json PATH]``
 
-Models: the six seed families as tiny random-init models (:func:`probes.models.families.tiny_model`,
+Models: the six seed families as tiny random-init models (:func:`losslens.lm.models.families.tiny_model`,
 hidden 32, 2 layers, vocab 96), float64, with the input-embedding row of the padding token (the
 config's ``pad_token_id``, else token 1) set to zero as HF's initialiser does for ``padding_idx``;
 two curvature batches of 2 × 16 tokens drawn from the other rows, then the padding token written
 into them (the last 4 positions of the first row, right padding, and one position inside the
-second batch). Every parameter; loss :func:`probes.core.lm.lm_loss`.
+second batch). Every parameter; loss :func:`losslens.lm.core.next_token_loss.lm_loss`.
 
 Rows, per family and seed (max over 3 seeded Gaussian vectors of ‖Hv − H_ref v‖ / ‖H_ref v‖):
 
@@ -17,14 +17,14 @@ Rows, per family and seed (max over 3 seeded Gaussian vectors of ‖Hv − H_ref
   backend computed before the fix) against the reverse (double backward) products of the same loss;
 - ``exact vs pooled``: the reverse backend's products on the plain loss against a double backward
   of the mean over the concatenated per-token losses written here (the exact backends are right);
-- ``zero row, fixed``: :func:`probes.models.curvature.lm_hessian` with the difference backend (the
-  padding token left out of the loss as input and target, :mod:`probes.models.zero_embeddings`)
-  against the reverse products of the same loss (:class:`probes.core.lm.ExcludingLoss`);
+- ``zero row, fixed``: :func:`losslens.lm.models.curvature.lm_hessian` with the difference backend (the
+  padding token left out of the loss as input and target, :mod:`losslens.lm.models.zero_embeddings`)
+  against the reverse products of the same loss (:class:`losslens.lm.core.next_token_loss.ExcludingLoss`);
 - ``λ_max clean / plain / fixed``: the exact (reverse) Hessian's largest-magnitude eigenvalue
   (Lanczos, ≤ 60 steps) on the clean batches, on the padded ones with every token, and with the
   padding token left out: how much of the exact curvature the zero row itself contributes.
 
-All difference products run under :func:`probes.models.fidelity.float64_fidelity`.
+All difference products run under :func:`losslens.lm.models.fidelity.float64_fidelity`.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ import platform
 import torch
 import torch.nn.functional as F
 
-from geometry import HessianOperator, top_eigenvalues
-from geometry.operators.attention import second_order_attention
-from geometry.operators.product_check import product_error
-from probes.core.lm import ExcludingLoss, lm_loss
-from probes.models.curvature import lm_hessian
-from probes.models.families import FAMILIES, tiny_model
-from probes.models.fidelity import float64_fidelity
+from losslens.geometry import HessianOperator, top_eigenvalues
+from losslens.geometry.operators.attention import second_order_attention
+from losslens.geometry.operators.product_check import product_error
+from losslens.lm.core.next_token_loss import ExcludingLoss, lm_loss
+from losslens.lm.models.curvature import lm_hessian
+from losslens.lm.models.families import FAMILIES, tiny_model
+from losslens.lm.models.fidelity import float64_fidelity
 
 SEQ, BATCH = 16, 2
 

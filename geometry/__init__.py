@@ -14,27 +14,40 @@ of batches, curvature is taken w.r.t. a declared parameter set (name globs).
   :func:`evaluate_surface`, :func:`evaluate_line`, :class:`Surface`.
 """
 
-from .operators.attention import second_order_attention
-from .estimators.attribution import assemble, attribute, direction_parts, factorise, within_block_curvature
-from .base.batches import default_batch_weight
-from .base.errors import LosslensError
-from .operators.dense import DenseOperator, exact_hessian
-from .estimators.density import spectral_density
-from .estimators.directional import directional_curvature
-from .estimators.eigen import top_eigenvalues
-from .surfaces.grid import GridError, GridSpec
-from .operators.hessian import HessianOperator
-from .base.modes import module_modes
-from .operators.interface import CurvatureOperator, OperatorError
-from .base.params import ParameterSelectionError, ParamSpace, select_parameters
-from .surfaces.planes import Line, Plane, PlaneError, orthonormality
-from .surfaces.point_planes import line, plane_through_points
-from .surfaces.random_planes import filter_normalize, random_plane
-from .base.attribution_results import Attribution, DirectionParts, QuadraticFactors
-from .base.results import BlockTraces, DirectionalCurvature, EigenResult, EstimatorError, SpectralDensity, TraceEstimate
-from .surfaces.surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
-from .estimators.blocks import block_traces
-from .estimators.trace import hutchinson_trace, hutchpp_trace
+from losslens.geometry.operators.attention import second_order_attention
+from losslens.geometry.estimators.attribution import (
+    assemble,
+    attribute,
+    direction_parts,
+    factorise,
+    within_block_curvature,
+)
+from losslens.geometry.base.batches import default_batch_weight
+from losslens.geometry.base.errors import LosslensError
+from losslens.geometry.operators.dense import DenseOperator, exact_hessian
+from losslens.geometry.estimators.density import spectral_density
+from losslens.geometry.estimators.directional import directional_curvature
+from losslens.geometry.estimators.eigen import top_eigenvalues
+from losslens.geometry.surfaces.grid import GridError, GridSpec
+from losslens.geometry.operators.hessian import HessianOperator
+from losslens.geometry.base.modes import module_modes
+from losslens.geometry.operators.interface import CurvatureOperator, OperatorError
+from losslens.geometry.base.params import ParameterSelectionError, ParamSpace, select_parameters
+from losslens.geometry.surfaces.planes import Line, Plane, PlaneError, orthonormality
+from losslens.geometry.surfaces.point_planes import line, plane_through_points
+from losslens.geometry.surfaces.random_planes import filter_normalize, random_plane
+from losslens.geometry.base.attribution_results import Attribution, DirectionParts, QuadraticFactors
+from losslens.geometry.base.results import (
+    BlockTraces,
+    DirectionalCurvature,
+    EigenResult,
+    EstimatorError,
+    SpectralDensity,
+    TraceEstimate,
+)
+from losslens.geometry.surfaces.surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
+from losslens.geometry.estimators.blocks import block_traces
+from losslens.geometry.estimators.trace import hutchinson_trace, hutchpp_trace
 
 __all__ = [
     "second_order_attention",

@@ -24,10 +24,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PACKAGES = ("geometry", "probes", "benchmarks")
+PACKAGES = {"geometry": "losslens.geometry", "probes": "losslens", "benchmarks": "benchmarks"}
+"""Folder -> its import name: the distribution maps probes/ to ``losslens`` and geometry/ to
+``losslens.geometry`` (pyproject.toml's package-dir)."""
 MAX_LINES = 400
-FORBIDDEN = {"geometry": ("probes", "transformers", "plotly")}
-# package -> room -> the other rooms it may import (rule 4)
+# folder -> top-level import names it may not import (its own package excepted)
+FORBIDDEN = {"geometry": ("losslens", "transformers", "plotly")}
+# folder -> room -> the other rooms it may import (rule 4)
 ROOMS = {
     "geometry": {
         "base": (),
@@ -35,34 +38,47 @@ ROOMS = {
         "operators": ("base", "memory"),
         "estimators": ("base", "memory", "operators"),
         "surfaces": ("base", "memory"),
-    }
+    },
+    "probes": {
+        "lm": (),
+        "measure": ("lm",),
+        "study": ("lm", "measure"),
+        "cli": ("lm", "measure", "study"),
+    },
 }
+# folder -> modules at its root besides the package's __init__ (the front door)
+FRONT_DOOR = {"probes": ("__main__",)}
 
 
 @dataclass
 class Module:
-    name: str  # dotted module name; a package is named by its __init__
+    name: str  # dotted import name; a package is named by its __init__
     path: Path
     is_package: bool
     lines: int
+    folder: str = ""  # the top folder it lives in (a key of PACKAGES)
     imports: list[tuple[str, int]] = field(default_factory=list)  # (dotted target, line number)
 
 
-def discover(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Module]:
-    """Every ``.py`` file under ``root/<package>`` for each package that exists, by dotted name."""
+def _as_map(packages) -> dict[str, str]:
+    return dict(packages) if isinstance(packages, dict) else {p: p for p in packages}
+
+
+def discover(root: Path, packages=PACKAGES) -> dict[str, Module]:
+    """Every ``.py`` file under ``root/<folder>`` for each folder that exists, by dotted import name
+    (``packages``: folder -> import name, or a tuple of folders named as they are imported)."""
     modules: dict[str, Module] = {}
-    for pkg in packages:
-        base = root / pkg
+    for folder, prefix in _as_map(packages).items():
+        base = root / folder
         if not base.is_dir():
             continue
         for path in sorted(base.rglob("*.py")):
-            rel = path.relative_to(root).with_suffix("")
-            parts = list(rel.parts)
+            parts = list(path.relative_to(base).with_suffix("").parts)
             is_package = parts[-1] == "__init__"
             if is_package:
                 parts = parts[:-1]
             text = path.read_text(encoding="utf-8")
-            mod = Module(".".join(parts), path, is_package, len(text.splitlines()))
+            mod = Module(".".join([prefix, *parts]), path, is_package, len(text.splitlines()), folder)
             mod.imports = _imports(text, mod, path)
             modules[mod.name] = mod
     return modules
@@ -165,7 +181,7 @@ def _cycle_path(comp: list[str], edges: dict[str, dict[str, int]]) -> list[str]:
 
 def check(
     root: str | Path,
-    packages: tuple[str, ...] = PACKAGES,
+    packages=PACKAGES,
     max_lines: int = MAX_LINES,
     forbidden: dict[str, tuple[str, ...]] | None = None,
     rooms: dict[str, dict[str, tuple[str, ...]]] | None = None,
@@ -178,36 +194,62 @@ def check(
         max_lines,
         FORBIDDEN if forbidden is None else forbidden,
         ROOMS if rooms is None else rooms,
+        _as_map(packages),
     )
 
 
-def room_problems(root: Path, modules: dict[str, Module], rooms: dict[str, dict[str, tuple[str, ...]]]) -> list[str]:
-    """Rule 4: every module of a roomed package lives in a room and imports only the rooms it may.
-    A package counts as roomed once one of its rooms exists (a tree without them, such as a test's
-    miniature house, is checked by rules 1-3 alone)."""
+def _package_of(target: str, packages: dict[str, str]) -> tuple[str, str] | None:
+    """(folder, import prefix) of the project package a dotted name lies in (the longest prefix)."""
+    best = None
+    for folder, prefix in packages.items():
+        if (target == prefix or target.startswith(prefix + ".")) and (best is None or len(prefix) > len(best[1])):
+            best = (folder, prefix)
+    return best
+
+
+def room_problems(
+    root: Path,
+    modules: dict[str, Module],
+    rooms: dict[str, dict[str, tuple[str, ...]]],
+    packages: dict[str, str] | None = None,
+) -> list[str]:
+    """Rule 4: every module of a roomed package lives in a room and imports only the rooms it may
+    (never its package's front door). A package counts as roomed once one of its rooms exists (a
+    tree without them, such as a test's miniature house, is checked by rules 1-3 alone)."""
+    packages = PACKAGES if packages is None else packages
     problems: list[str] = []
     roomed = {pkg for pkg, order in rooms.items() if any((root / pkg / r).is_dir() for r in order)}
     for name, mod in sorted(modules.items()):
-        parts = name.split(".")
-        order = rooms.get(parts[0])
-        if parts[0] not in roomed or name == parts[0]:
-            continue  # not a roomed package, or its __init__ (the public names)
-        room = parts[1]
+        folder = mod.folder
+        prefix = packages.get(folder, folder)
+        order = rooms.get(folder)
+        rel = name[len(prefix) + 1 :].split(".") if name != prefix else []
+        if folder not in roomed or not rel or rel[0] in FRONT_DOOR.get(folder, ()):
+            continue  # not a roomed package, or its front door (the public names)
+        room = rel[0]
         if room not in order:
             problems.append(
                 f"outside the rooms: {mod.path.relative_to(root)} (put it in one of "
-                f"{', '.join(f'{parts[0]}/{r}/' for r in order)})"
+                f"{', '.join(f'{folder}/{r}/' for r in order)})"
             )
             continue
         for target, line in mod.imports:
-            tparts = target.split(".")
-            if tparts[0] != parts[0] or len(tparts) < 2 or tparts[1] == room or tparts[1] not in order:
+            if _package_of(target, packages) != (folder, prefix):
                 continue
-            if tparts[1] not in order[room]:
+            trel = target[len(prefix) + 1 :].split(".") if target != prefix else []
+            if not trel:
+                problems.append(
+                    f"room order: {mod.path.relative_to(root)}:{line} imports the front door {prefix} "
+                    f"(import the room that defines the name)"
+                )
+                continue
+            if trel[0] == room or trel[0] not in order:
+                continue
+            if trel[0] not in order[room]:
                 allowed = ", ".join(order[room]) or "no other room"
                 problems.append(
-                    f"room order: {mod.path.relative_to(root)}:{line} imports {parts[0]}.{tparts[1]} "
-                    f"({parts[0]}/{room}/ may import {allowed})"
+                    f"room order: {mod.path.relative_to(root)}:{line} imports {prefix}.{trel[0]} "
+                    f"({folder}/{room}/ may import {allowed})"
                 )
     return problems
 
@@ -218,7 +260,9 @@ def _problems(
     max_lines: int,
     forbidden: dict[str, tuple[str, ...]],
     rooms: dict[str, dict[str, tuple[str, ...]]],
+    packages: dict[str, str] | None = None,
 ) -> list[str]:
+    packages = PACKAGES if packages is None else packages
     problems: list[str] = []
     for mod in modules.values():
         if mod.lines > max_lines:
@@ -229,15 +273,17 @@ def _problems(
         where = ", ".join(f"{a} -> {b} (line {edges[a][b]})" for a, b in zip(circle, circle[1:]))
         problems.append(f"import circle among {', '.join(comp)}: {where}")
     for name, mod in sorted(modules.items()):
-        top = name.split(".")[0]
+        folder = mod.folder
+        own = packages.get(folder, folder)
         for target, line in mod.imports:
             bad = target.split(".")[0]
-            if bad in forbidden.get(top, ()):
+            if bad in forbidden.get(folder, ()) and not (target == own or target.startswith(own + ".")):
+                shown = ".".join(target.split(".")[:2]) if bad == own.split(".")[0] else bad
                 problems.append(
-                    f"forbidden import: {mod.path.relative_to(root)}:{line} imports {bad} "
-                    f"({top}/ may not import {', '.join(forbidden[top])})"
+                    f"forbidden import: {mod.path.relative_to(root)}:{line} imports {shown} "
+                    f"({folder}/ may not import {', '.join(forbidden[folder])}, its own package aside)"
                 )
-    problems.extend(room_problems(root, modules, rooms))
+    problems.extend(room_problems(root, modules, rooms, packages))
     return sorted(set(problems))
 
 
@@ -245,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     root = Path(args[0]) if args else Path(__file__).resolve().parent.parent
     modules = discover(root)
-    problems = _problems(root, modules, MAX_LINES, FORBIDDEN, ROOMS)
+    problems = _problems(root, modules, MAX_LINES, FORBIDDEN, ROOMS, PACKAGES)
     for p in problems:
         print(p)
     n = len(modules)

@@ -42,7 +42,7 @@ def _allocator_settings_stay_out_of_the_test_process(monkeypatch):
     process and the processes it starts; in-process CLI tests must not leave them on for the rest
     of the suite. The real setting is tested in subprocesses (tests/test_memory_allocator.py,
     tests/test_sweep_cli.py::test_strict_memory_changes_the_allocator_not_the_numbers)."""
-    import geometry.memory.allocator as memory_allocator
+    import losslens.geometry.memory.allocator as memory_allocator
 
     monkeypatch.setattr(memory_allocator, "return_freed_memory", lambda *args, **kwargs: True)
     yield

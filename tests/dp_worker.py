@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from geometry import HessianOperator, hutchinson_trace, top_eigenvalues
-from geometry.operators.data_parallel import split_batches
+from losslens.geometry import HessianOperator, hutchinson_trace, top_eigenvalues
+from losslens.geometry.operators.data_parallel import split_batches
 from tests.gloo_ranks import gloo_group, record
 from tests.tiny_models import lm_loss, micro_gptneox, random_batches
 

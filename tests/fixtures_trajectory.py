@@ -4,7 +4,7 @@ Use it from any test module::
 
     from tests.fixtures_trajectory import tiny_trajectory  # noqa: F401  (pytest fixture)
 
-    def test_something(tiny_trajectory):          # a probes.checkpoints.Trajectory
+    def test_something(tiny_trajectory):          # a losslens.lm.checkpoints.Trajectory
         folder = tiny_trajectory.meta["folder"]   # step-000020/ step-000040/ step-000060/ trajectory.json
 
 or call :func:`tiny_trajectory_dir` directly. The run is ``TrainConfig.tiny()`` (GPT-NeoX, hidden 32,
@@ -32,8 +32,8 @@ def data_cache_dir() -> Path:
 
 def tiny_trajectory_dir(**overrides) -> Path:
     """Folder of a finished ``TrainConfig.tiny(**overrides)`` run, trained on first use (per process)."""
-    from probes.train.config import TrainConfig
-    from probes.train.tiny import train_tiny
+    from losslens.lm.train.config import TrainConfig
+    from losslens.lm.train.tiny import train_tiny
 
     key = repr(sorted(overrides.items()))
     if key not in _CACHE:
@@ -46,6 +46,6 @@ def tiny_trajectory_dir(**overrides) -> Path:
 @pytest.fixture(scope="session")
 def tiny_trajectory():
     """``Trajectory.from_folder`` of the shared tiny run (3 checkpoints: steps 20, 40, 60)."""
-    from probes.checkpoints import Trajectory
+    from losslens.lm.checkpoints import Trajectory
 
     return Trajectory.from_folder(tiny_trajectory_dir())

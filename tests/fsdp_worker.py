@@ -1,14 +1,14 @@
 """Worker of tests/test_sharded.py: one rank of a 2-process gloo group (spawned, one thread) that
 shards a tiny model with FSDP2 ``fully_shard`` and runs the estimators on a
-:class:`~geometry.operators.sharded.ShardedHessianOperator`; each scenario saves what the rank
+:class:`~losslens.geometry.operators.sharded.ShardedHessianOperator`; each scenario saves what the rank
 computed, or the error it raised, to ``out/<scenario>-<rank>.pt``."""
 
 from __future__ import annotations
 
 import torch
-from geometry import hutchinson_trace, hutchpp_trace, spectral_density, top_eigenvalues
-from geometry.operators.data_parallel import split_batches
-from probes.models.sharding import shard_model
+from losslens.geometry import hutchinson_trace, hutchpp_trace, spectral_density, top_eigenvalues
+from losslens.geometry.operators.data_parallel import split_batches
+from losslens.lm.models.sharding import shard_model
 from tests.gloo_ranks import gloo_group, record
 from tests.tiny_models import lm_loss, micro_gptneox, micro_llama, random_batches
 
@@ -29,8 +29,8 @@ def estimates(op) -> dict:
 
 
 def run(rank: int, world: int, port: int, out: str) -> None:
-    from geometry.operators.branches import FrozenBranches
-    from geometry.operators.sharded import ShardedHessianOperator
+    from losslens.geometry.operators.branches import FrozenBranches
+    from losslens.geometry.operators.sharded import ShardedHessianOperator
 
     recorded = []  # the batch rounds whose piecewise activations were frozen (ReLU family only)
     original_record = FrozenBranches.record

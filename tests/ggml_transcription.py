@@ -1,7 +1,7 @@
 """A scalar transcription of llama.cpp's ``quantize_row_q4_K_ref`` (ggml-quants.c) that writes real Q4_K
 blocks (144 bytes: fp16 d, fp16 dmin, 12 bytes of packed 6-bit scales/mins, 128 bytes of nibbles).
 
-Independent of :mod:`probes.quant.ggml_kquants` on purpose: element-by-element loops over
+Independent of :mod:`losslens.lm.quant.ggml_kquants` on purpose: element-by-element loops over
 ``numpy.float32`` scalars (every operation rounds to float32 as the C code does), no torch, no
 vectorisation; the packed blocks are then decoded by the ``gguf`` package's own dequantizer.
 """

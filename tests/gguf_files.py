@@ -52,9 +52,9 @@ def train_tiny_llama(steps: int = 20):
     """(model, tokenizer): a tiny LlamaForCausalLM trained ``steps`` AdamW steps on embedded text."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from probes.core.lm import lm_loss
-    from probes.data.corpus import embedded_corpus
-    from probes.data.tokenizers import train_bpe_tokenizer
+    from losslens.lm.core.next_token_loss import lm_loss
+    from losslens.lm.data.corpus import embedded_corpus
+    from losslens.lm.data.tokenizers import train_bpe_tokenizer
 
     text = embedded_corpus()[:200_000]
     tok = train_bpe_tokenizer(text, vocab_size=320)

@@ -1,6 +1,6 @@
 """GPTQ transcribed from the paper's equations and the IST-DASLab ``gptq.py`` structure (test oracle).
 
-Written independently of :mod:`probes.quant.gptq` (no import from it, its own grid code) so that the
+Written independently of :mod:`losslens.lm.quant.gptq` (no import from it, its own grid code) so that the
 native implementation can be checked against the published algorithm at float64 rounding level.
 
 Frantar, Ashkboos, Hoefler, Alistarh, "GPTQ: Accurate Post-Training Quantization for Generative

@@ -1,6 +1,6 @@
 """GPTQModel 7.7.0's default GPTQ transcribed from its source (test oracle of the ``gptqmodel`` preset).
 
-Written independently of :mod:`probes.quant.gptq_preset` and :mod:`probes.quant.rtn` (no import
+Written independently of :mod:`losslens.lm.quant.gptq_preset` and :mod:`losslens.lm.quant.rtn` (no import
 from either; its own quantizer, permutation, damping and column loop) from these GPTQModel
 functions, keeping their float32 operation order so the two agree to float32 rounding:
 

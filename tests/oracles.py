@@ -1,7 +1,7 @@
 """A Hessian written by hand: one-hidden-layer tanh MLP with mean softmax cross-entropy (test oracle).
 
 Test-only (no library code or benchmark needs it), so it lives with the tests; the loss-value
-oracle that benchmarks also use is :mod:`probes.models.oracles`. No autograd anywhere below.
+oracle that benchmarks also use is :mod:`losslens.lm.models.oracles`. No autograd anywhere below.
 
 Model: z₁ = W₁x + b₁ [h], a = tanh(z₁), z₂ = W₂a + b₂ [C], p = softmax(z₂), ℓ = −log p_y,
 L = (1/N) Σ_n ℓ_n. Parameters θ = (W₁ [h, d], b₁ [h], W₂ [C, h], b₂ [C]) flattened row-major in that

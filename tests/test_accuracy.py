@@ -1,4 +1,4 @@
-"""Task accuracy through lm-evaluation-harness (probes.accuracy, issue #28).
+"""Task accuracy through lm-evaluation-harness (losslens.measure.accuracy, issue #28).
 
 The independent check: lm-eval's per-item log-likelihoods (log_samples) equal the ones the
 project's own ``lm_loss`` gives on the same tokens, for an FP and a quantized model. ``lm_loss`` is
@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("lm_eval")
 
-from probes.accuracy import (
+from losslens.measure.accuracy import (
     TASK_NAME,
     AccuracyError,
     TaskUnavailable,
@@ -33,10 +33,10 @@ from probes.accuracy import (
     subsample,
     task_accuracy,
 )
-from probes.accuracy.embedded import CONTEXT_TOKENS, reference_tokenizer
-from probes.core.lm import lm_loss
-from probes.data import embedded_documents, is_heldout, train_bpe_tokenizer
-from probes.models.families import tiny_model
+from losslens.measure.accuracy.embedded import CONTEXT_TOKENS, reference_tokenizer
+from losslens.lm.core.next_token_loss import lm_loss
+from losslens.lm.data import embedded_documents, is_heldout, train_bpe_tokenizer
+from losslens.lm.models.families import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def _lm_loss_loglik(model, tok, context: str, continuation: str) -> float:
     ],
 )
 def test_lm_eval_logliks_equal_lm_loss(tok, dtype, family, spec):
-    from probes.quant import quantize
+    from losslens.lm.quant import quantize
 
     model = _model(seed=1, dtype=dtype, family=family)
     if spec is not None:

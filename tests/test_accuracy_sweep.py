@@ -7,11 +7,11 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from probes.accuracy import TASK_NAME, task_accuracy
-from probes.analysis import series
-from probes.checkpoints import CheckpointLoader, Trajectory
-from probes.data import load_tokenizer
-from probes.sweep import AccuracyProbe, DataSpec, Plan, PlanError, Store, run_sweep
+from losslens.measure.accuracy import TASK_NAME, task_accuracy
+from losslens.study.analysis import series
+from losslens.lm.checkpoints import CheckpointLoader, Trajectory
+from losslens.lm.data import load_tokenizer
+from losslens.study.sweep import AccuracyProbe, DataSpec, Plan, PlanError, Store, run_sweep
 from tests.fixtures_trajectory import tiny_trajectory_dir
 
 SPEC = "rtn:2:g32"
@@ -60,9 +60,9 @@ def test_accuracy_rows_match_the_function_and_resume(traj, tmp_path):
     s = series(df, f"accuracy/{SPEC}/delta_acc")  # correlate's series key for Δacc
     assert len(s) == len(traj) and np.isfinite(s.to_numpy()).all()
     assert np.allclose(series(df, f"delta_acc:{SPEC}").to_numpy(), s.to_numpy())
-    from probes.analysis.accuracy import accuracy_verdict
-    from probes.report.accuracy_figures import accuracy_pairs
-    from probes.report.pages import build_report
+    from losslens.study.analysis.accuracy_verdict import accuracy_verdict
+    from losslens.study.report.accuracy_figures import accuracy_pairs
+    from losslens.study.report.pages import build_report
 
     pairs = accuracy_pairs(df)
     assert len(pairs) == len(traj) + 1 and set(pairs["spec"]) == {q}  # + the LAWA checkpoint (its tokenizer: the run's)
@@ -115,7 +115,7 @@ def test_cli_accuracy_json(traj):
 
     from typer.testing import CliRunner
 
-    from probes.cli import app
+    from losslens.cli.app import app
 
     ck = traj[-1].location
     res = CliRunner().invoke(
@@ -137,8 +137,8 @@ def test_accuracy_verdict_says_whether_accuracy_falls_where_dq_rises(sign, answe
     import numpy as np
     import pandas as pd
 
-    from probes.analysis.accuracy import accuracy_verdict
-    from probes.report.figures import synthetic_results
+    from losslens.study.analysis.accuracy_verdict import accuracy_verdict
+    from losslens.study.report.figures import synthetic_results
 
     df = synthetic_results(n_checkpoints=10, specs=("rtn:4:g128",), runs=("r0", "r1", "r2", "r3"))
     q = df[(df["probe"] == "quant") & (df["metric"] == "rel_loss_error")].copy()

@@ -1,4 +1,4 @@
-"""probes.analysis: correlations vs scipy, bootstrap intervals, partial correlation, phases, series."""
+"""losslens.study.analysis: correlations vs scipy, bootstrap intervals, partial correlation, phases, series."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from probes.analysis import (
+from losslens.study.analysis import (
     AnalysisError,
     convergence_onset,
     correlate,
@@ -39,7 +39,7 @@ def test_correlate_matches_scipy(xy, method, ref):
     assert c.r == pytest.approx(want.statistic, abs=1e-12)
     assert c.p_iid == pytest.approx(want.pvalue, rel=1e-9)
     # one run: the within-run correlation is the correlation (issue 37 replaced the circular-shift
-    # test, whose p = 1/40 this test used to assert, by the inference of probes.analysis.inference)
+    # test, whose p = 1/40 this test used to assert, by the inference of losslens.study.analysis.inference)
     assert c.r_within == pytest.approx(c.r, abs=1e-12) and c.n_runs == 1
     assert c.n == 40 and c.n_excluded == 0 and c.method == method
     if method == "kendall":  # one run, Kendall: no effective-n interval

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes.analysis import correlate, partial_correlation, summary
-from probes.analysis.correlation import DESCRIPTIVE, EFFECTIVE_N
-from probes.analysis.dependence import autocorrelation, effective_n, run_index
+from losslens.study.analysis import correlate, partial_correlation, summary
+from losslens.study.analysis.correlation import DESCRIPTIVE, EFFECTIVE_N
+from losslens.study.analysis.dependence import autocorrelation, effective_n, run_index
 
 
 def _ar1(rng, runs: int, m: int, phi: float) -> np.ndarray:

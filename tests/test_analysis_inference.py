@@ -1,4 +1,4 @@
-"""probes.analysis.inference (issue 37): the run-level t, the AR(1) persistence and effective n, the
+"""losslens.study.analysis.inference (issue 37): the run-level t, the AR(1) persistence and effective n, the
 effective-n fallback and its 'descriptive' gate, each against a hand computation; and a small
 calibration at the issue's cell (4 runs × 30 checkpoints, φ = 0.9, a shared cyclic LR controlled),
 asserting the nominal rates within 3 binomial standard errors (benchmarks/statistics.py is the full
@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from benchmarks.statistics import simulate
-from probes.analysis import inference as inf
+from losslens.study.analysis import inference as inf
 
 
 def test_run_level_t_matches_one_sample_t_and_is_vectorised():
@@ -112,7 +112,7 @@ def test_monotone_runs_and_fully_explained_controls():
     the rank bound 1 − 6/(m(m² − 1)), and when every run sits at it there is no spread: descriptive,
     r_within 1. A control that explains x within every run (x a linear function of it): no run
     has a correlation of its own, r_within NaN, descriptive — never a correlation of rounding noise."""
-    from probes.analysis import correlate, partial_correlation
+    from losslens.study.analysis import correlate, partial_correlation
 
     assert inf.rank_bound("spearman", 8) == pytest.approx(1 - 6 / (8 * 63))
     assert inf.rank_bound("kendall", 8) == pytest.approx(1 - 2 / 56) and inf.rank_bound("pearson", 8) > 1 - 1e-8

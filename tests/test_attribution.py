@@ -1,4 +1,4 @@
-"""geometry.estimators.attribution: the factorisation ½dᵀHd = ½‖d‖²(tr H/n)κ and per-block parts, against exact
+"""losslens.geometry.estimators.attribution: the factorisation ½dᵀHd = ½‖d‖²(tr H/n)κ and per-block parts, against exact
 Hessians."""
 
 from __future__ import annotations
@@ -11,11 +11,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geometry.estimators.attribution import attribute, direction_parts, factorise, group_parts, within_block_curvature
-from geometry.operators.dense import DenseOperator, exact_hessian
-from geometry.estimators.directional import directional_curvature
-from geometry.operators.hessian import HessianOperator
-from geometry.base.results import EstimatorError, TraceEstimate
+from losslens.geometry.estimators.attribution import (
+    attribute,
+    direction_parts,
+    factorise,
+    group_parts,
+    within_block_curvature,
+)
+from losslens.geometry.operators.dense import DenseOperator, exact_hessian
+from losslens.geometry.estimators.directional import directional_curvature
+from losslens.geometry.operators.hessian import HessianOperator
+from losslens.geometry.base.results import EstimatorError, TraceEstimate
 from tests.tiny_models import lm_loss, micro_gptneox, mlp_batches, mlp_loss, random_batches, tiny_mlp
 
 

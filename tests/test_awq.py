@@ -1,4 +1,4 @@
-"""AWQ (probes.quant.awq) against a direct, loop-by-loop implementation of its search, its output
+"""AWQ (losslens.lm.quant.awq) against a direct, loop-by-loop implementation of its search, its output
 error against RTN's on the calibration inputs, the spec, and the fake-quantization identity."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import warnings
 import pytest
 import torch
 
-from probes.models.families import FAMILIES, tiny_model
-from probes.quant import CalibrationError, QuantSpec, quantize, rtn_quantize
-from probes.quant.awq import awq_model
+from losslens.lm.models.families import FAMILIES, tiny_model
+from losslens.lm.quant import CalibrationError, QuantSpec, quantize, rtn_quantize
+from losslens.lm.quant.awq import awq_model
 
 BITS, G = 4, 8
 VOCAB = 96
@@ -142,7 +142,7 @@ def test_awq_matches_direct_search():
     names = [f"model.layers.{layer}.{n}" for layer in range(2) for grp in LLAMA_GROUPS for n in grp]
     X = _inputs(model, calib, names)
     results = []
-    from probes.core.modules import select_linears
+    from losslens.lm.core.modules import select_linears
 
     target = __import__("copy").deepcopy(model)
     awq_model(target, list(calib), select_linears(target), QuantSpec.parse(f"awq:{BITS}:g{G}"), on_group=results.append)
@@ -190,7 +190,7 @@ def test_awq_output_error_le_rtn_on_calibration():
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_awq_le_rtn_every_family(family):
-    from probes.core.modules import select_linears
+    from losslens.lm.core.modules import select_linears
 
     model = tiny_model(family)
     calib = _calib(seed=9)
@@ -229,7 +229,7 @@ def test_awq_spec_and_options():
 
 
 def test_awq_outside_blocks_and_sweep_spec():
-    from probes.sweep.plan import canonical_spec
+    from losslens.study.sweep.plan import canonical_spec
 
     assert canonical_spec("awq:4") == "awq:4:g128"
     model = _small(torch.float32, layers=1)
@@ -246,7 +246,7 @@ def test_awq_objective_recorded_and_le_rtn_measured_directly(family, seed):
     measured directly (hooks on the FP model, weights of the returned models), for AWQ and for plain
     RTN, and AWQ's is <= RTN's per group, for every family and several seeds; quantization_error
     summarises it as the mean ratio (<= 1), None for other methods."""
-    from probes.quant import CalibObjective, quantization_error
+    from losslens.lm.quant import CalibObjective, quantization_error
 
     model = tiny_model(family, seed=seed)
     calib = _calib(seed=9 + seed)

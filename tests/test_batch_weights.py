@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from geometry import HessianOperator
-from geometry.base.batches import default_batch_weight, normalise_batch_weights
+from losslens.geometry import HessianOperator
+from losslens.geometry.base.batches import default_batch_weight, normalise_batch_weights
 from tests import tokens_worker
 from tests.gloo_ranks import run_ranks
 from tests.tiny_models import lm_loss, micro_llama
@@ -59,9 +59,9 @@ def ranks(tmp_path_factory):
 
 
 def test_probes_losses_carry_their_target_count():
-    from probes.core.lm import lm_loss as probe_loss, target_count
-    from probes.core.lm_head import lm_loss_lean
-    from probes.models.fidelity import FidelityLoss
+    from losslens.lm.core.next_token_loss import lm_loss as probe_loss, target_count
+    from losslens.lm.core.lm_head import lm_loss_lean
+    from losslens.lm.models.fidelity import FidelityLoss
 
     batch = torch.zeros(3, 7, dtype=torch.long)
     for loss in (probe_loss, lm_loss_lean, FidelityLoss(probe_loss), lm_loss):
@@ -84,7 +84,7 @@ def test_one_process_hessian_is_the_pooled_token_mean_hessian(setting, backend):
 
 
 def test_the_operators_loss_is_what_evaluate_reports(setting):
-    from probes.core.lm import evaluate, lm_loss as probe_loss
+    from losslens.lm.core.next_token_loss import evaluate, lm_loss as probe_loss
 
     model, batches, _, _ = setting
     loss, _ = HessianOperator(model, probe_loss, batches).gradient()
@@ -112,8 +112,8 @@ def test_distributed_lm_hessians_leave_zero_embedding_tokens_out(ranks, scenario
     """Issue #35's zero-row exclusion over 2 ranks: the row is found (on the sharded embedding for
     FSDP2, every rank agreeing), the counts are summed over the ranks, and the products are those of
     the loss without the token (a single-process reverse operator of the same loss, 1e-8)."""
-    from probes.core.lm import ExcludingLoss, lm_loss as probe_loss
-    from probes.models.fidelity import float64_fidelity
+    from losslens.lm.core.next_token_loss import ExcludingLoss, lm_loss as probe_loss
+    from losslens.lm.models.fidelity import float64_fidelity
 
     results = [res.get("ok") for res in ranks[scenario]]
     assert all(r is not None for r in results), [res.get("trace") for res in ranks[scenario]]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from probes.checkpoints import (
+from losslens.lm.checkpoints import (
     ArchitectureMismatchError,
     CheckpointLoader,
     CheckpointRef,

@@ -13,10 +13,10 @@ import torch
 
 pytest.importorskip("gguf")
 
-from probes.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
-from probes.core.lm import lm_loss
-from probes.quant import quantize
-from probes.quant.ggml import gguf_quantize
+from losslens.lm.checkpoints import CheckpointError, CheckpointLoader, open_checkpoint
+from losslens.lm.core.next_token_loss import lm_loss
+from losslens.lm.quant import quantize
+from losslens.lm.quant.ggml import gguf_quantize
 from tests.gguf_files import train_tiny_llama, write_gguf
 
 
@@ -31,7 +31,7 @@ def written(tmp_path_factory):
 
 
 def test_loads_dequantized_with_its_tokenizer(written):
-    from probes.data.tokenizers import load_tokenizer
+    from losslens.lm.data.tokenizers import load_tokenizer
 
     model, tok, path = written
     traj, ref = open_checkpoint(path)
@@ -57,7 +57,7 @@ def test_loads_dequantized_with_its_tokenizer(written):
 def test_cli_quantize_sharpness_accuracy(written):
     from typer.testing import CliRunner
 
-    from probes.cli import app
+    from losslens.cli.app import app
 
     _, _, path = written
     run = CliRunner()

@@ -12,9 +12,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from probes.cli import app
-from probes.commands._options import cli, option, option_of
-from probes.commands._shared import (
+from losslens.cli.app import app
+from losslens.cli.option_parsing import cli, option, option_of
+from losslens.cli.option_groups import (
     CheckpointOptions,
     ComputeOptions,
     ErrorOptions,
@@ -22,11 +22,11 @@ from probes.commands._shared import (
     MemoryOptions,
     TrajectoryOptions,
 )
-from probes.commands.explain import explain
-from probes.commands.sharpness import sharpness
-from probes.commands.sweep import SWEEP_HELP, sweep
-from probes.sweep import Store
-from probes.sweep.testing import tiny_plan_toml, tiny_trajectory
+from losslens.cli.explain_command import explain
+from losslens.cli.sharpness_command import sharpness
+from losslens.cli.sweep_command import SWEEP_HELP, sweep
+from losslens.study.sweep import Store
+from losslens.study.sweep.testing import tiny_plan_toml, tiny_trajectory
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from probes.analysis import series, summary, unconverged
-from probes.cli import app
-from probes.report.figures import curvature_figure, synthetic_results
-from probes.report.pages import build_report
-from probes.report.scatter_figures import sharpness_vs_quant_figure
-from probes.sweep import Plan, Store, run_sweep
-from probes.sweep.testing import tiny_plan_toml, tiny_trajectory
+from losslens.study.analysis import series, summary, unconverged
+from losslens.cli.app import app
+from losslens.study.report.figures import curvature_figure, synthetic_results
+from losslens.study.report.pages import build_report
+from losslens.study.report.scatter_figures import sharpness_vs_quant_figure
+from losslens.study.sweep import Plan, Store, run_sweep
+from losslens.study.sweep.testing import tiny_plan_toml, tiny_trajectory
 
 N_CKPT = 4
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from geometry.operators.dense import DenseOperator
-from geometry.operators.interface import OperatorError
-from geometry.base.params import ParameterSelectionError, ParamSpace, select_parameters
-from probes.core.lm import LossError, evaluate, lm_loss
-from probes.core.modules import ModuleSelectionError, find_blocks, select_linears
-from probes.core.tokenset import TokenSet, TokenSetError
+from losslens.geometry.operators.dense import DenseOperator
+from losslens.geometry.operators.interface import OperatorError
+from losslens.geometry.base.params import ParameterSelectionError, ParamSpace, select_parameters
+from losslens.lm.core.next_token_loss import LossError, evaluate, lm_loss
+from losslens.lm.core.modules import ModuleSelectionError, find_blocks, select_linears
+from losslens.lm.core.tokenset import TokenSet, TokenSetError
 
 
 def _mlp():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from probes.data import (
+from losslens.lm.data import (
     ByteTokenizer,
     DataError,
     TextSource,
@@ -24,7 +24,7 @@ from probes.data import (
     tokenizer_fingerprint,
     train_bpe_tokenizer,
 )
-from probes.core.tokenset import TokenSet
+from losslens.lm.core.tokenset import TokenSet
 
 TEXT = "\n\n".join(
     f"Paragraph {i}: the quick brown fox number {i * 7 % 13} jumps over the lazy dog. " * 3 for i in range(60)
@@ -122,7 +122,7 @@ def test_hash_stable_across_runs_and_sensitive_to_data(tmp_path):
     h1 = build_token_sets("bytes", TEXT, shapes, seed=0)["eval"].content_hash
     assert build_token_sets("bytes", TEXT, shapes, seed=0)["eval"].content_hash == h1
     code = (
-        "from tests.test_data import TEXT; from probes.data import build_token_sets; "
+        "from tests.test_data import TEXT; from losslens.lm.data import build_token_sets; "
         "print(build_token_sets('bytes', TEXT, {'eval': (2, 2, 16)}, seed=0)['eval'].content_hash)"
     )
     out = subprocess.run(

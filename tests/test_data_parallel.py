@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from geometry import HessianOperator
-from geometry.operators.data_parallel import split_batches
+from losslens.geometry import HessianOperator
+from losslens.geometry.operators.data_parallel import split_batches
 from tests import dp_worker
 from tests.gloo_ranks import run_ranks
 from tests.tiny_models import lm_loss, micro_gptneox
@@ -64,7 +64,7 @@ def test_split_batches_is_contiguous_and_refuses_too_few():
 
 
 def test_data_parallel_without_a_process_group_says_what_to_do():
-    from geometry import OperatorError
+    from losslens.geometry import OperatorError
     from tests.tiny_models import random_batches
 
     with pytest.raises(OperatorError, match="initialised torch.distributed process group"):

@@ -1,4 +1,4 @@
-"""`torchrun --nproc_per_node 2 -m probes.cli sharpness … --parallel data` (issue #26): the same
+"""`torchrun --nproc_per_node 2 -m losslens sharpness … --parallel data` (issue #26): the same
 trace and λ_max as one process over all the curvature batches (float64 weights, 3 batches over 2
 ranks), one JSON object printed (rank 0 only), and one-line errors outside torchrun."""
 
@@ -12,9 +12,9 @@ import sys
 import pytest
 import torch
 
-from probes.core.tokenset import TokenSet
-from probes.curvature.sharpness import SharpnessError, sharpness
-from probes.sweep.testing import SEQ, VOCAB, tiny_trajectory
+from losslens.lm.core.tokenset import TokenSet
+from losslens.measure.sharpness import SharpnessError, sharpness
+from losslens.study.sweep.testing import SEQ, VOCAB, tiny_trajectory
 
 ARGS = dict(
     num_matvecs=6,
@@ -64,11 +64,11 @@ def _cli_args(ckpt, data) -> list[str]:
 
 
 def _torchrun_sharpness(args: list[str], mode: str, *extra: str) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node 2 -m probes.cli sharpness ARGS --parallel MODE EXTRA`` (one thread
+    """``torchrun --nproc_per_node 2 -m losslens sharpness ARGS --parallel MODE EXTRA`` (one thread
     per rank, this checkout on the path)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"]
-    cmd += ["probes.cli", "sharpness", *args, "--parallel", mode, *extra]
+    cmd += ["losslens.cli.app", "sharpness", *args, "--parallel", mode, *extra]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -116,7 +116,7 @@ def test_the_error_outside_torchrun_names_the_mode_and_command_given(setup, monk
     """The line names the --parallel mode and the command the user ran (issue #36: fsdp said "data")."""
     from typer.testing import CliRunner
 
-    from probes.cli import app
+    from losslens.cli.app import app
 
     ckpt, data = setup
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
@@ -125,19 +125,21 @@ def test_the_error_outside_torchrun_names_the_mode_and_command_given(setup, monk
     assert r.exit_code == 2, r.output
     (line,) = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
     other = {"data": "fsdp", "fsdp": "data"}[mode]
-    assert f"--parallel {mode} runs under torchrun" in line and "probes.cli sharpness … --parallel " + mode in line
+    assert (
+        f"--parallel {mode} runs under torchrun" in line and "losslens.cli.app sharpness … --parallel " + mode in line
+    )
     assert f"--parallel {other}" not in line
     r = CliRunner().invoke(
         app, ["sweep", str(ckpt.parent), "--out", str(ckpt.parent / "r.sqlite"), "--quick", "--parallel", "data"]
     )
-    assert r.exit_code == 2 and "probes.cli sweep … --parallel data" in r.output, r.output
+    assert r.exit_code == 2 and "losslens.cli.app sweep … --parallel data" in r.output, r.output
 
 
 def test_torchrun_sweep_writes_once_and_resumes(setup, tmp_path):
     """`sweep --parallel data` under torchrun: rank 0 writes every row once; the trace equals a
     one-process sweep's (float64); a rerun finds nothing left to do."""
-    from probes.sweep import Store, run_sweep
-    from probes.sweep.testing import tiny_plan_toml
+    from losslens.study.sweep import Store, run_sweep
+    from losslens.study.sweep.testing import tiny_plan_toml
 
     ckpt, data = setup
     traj = ckpt.parent
@@ -159,7 +161,7 @@ def test_torchrun_sweep_writes_once_and_resumes(setup, tmp_path):
         "--nproc_per_node",
         "2",
         "-m",
-        "probes.cli",
+        "losslens.cli.app",
         "sweep",
         str(traj),
         "--plan",
@@ -191,7 +193,7 @@ def test_torchrun_fsdp_sharpness_matches_one_process(setup):
     """`sharpness --parallel fsdp`: the model, every vector and the estimators' state sharded over 2
     ranks (FSDP2, gradient differences); the estimates match one process's difference backend
     (the same products up to summation order), and the ranks' elements partition the parameters.
-    Both run HF's float32 RMSNorm in float64 (probes.models.fidelity), so they also match the exact
+    Both run HF's float32 RMSNorm in float64 (losslens.lm.models.fidelity), so they also match the exact
     reverse products: without that the float64 step measured float32 rounding (7.5% off)."""
     ckpt, data = setup
     one = sharpness(ckpt, data=data, backend="difference", **ARGS)

@@ -7,9 +7,9 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from probes.cli import app
-from probes.demo_settings import QUICK
-from probes.sweep import Store
+from losslens.cli.app import app
+from losslens.cli.demo_settings import QUICK
+from losslens.study.sweep import Store
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_demo_scores_the_embedded_task_along_its_trajectories(demo_dir):
 
 
 def test_demo_report_shows_the_monitored_run_live(demo_dir):
-    """The first run is trained under probes.monitor: its store holds rows taken while it trained
+    """The first run is trained under losslens.study.monitor: its store holds rows taken while it trained
     (at multiples of monitor_every, the first always), and the report draws them."""
     out, _ = demo_dir
     html = (out / "report.html").read_text()

@@ -58,13 +58,13 @@ def _inventory(site: Path) -> set[str]:
 
 def _rooms_with_all() -> dict[str, list[str]]:
     """geometry and every room of probes whose package defines ``__all__`` -> its names."""
-    import geometry
-    import probes
+    import losslens.geometry
+    import losslens
 
-    rooms = {"geometry": list(geometry.__all__)}
-    for info in pkgutil.iter_modules(probes.__path__):
+    rooms = {"geometry": list(losslens.geometry.__all__)}
+    for info in pkgutil.iter_modules(losslens.__path__):
         if info.ispkg:
-            mod = importlib.import_module(f"probes.{info.name}")
+            mod = importlib.import_module(f"losslens.{info.name}")
             if hasattr(mod, "__all__"):
                 rooms[mod.__name__] = list(mod.__all__)
     return rooms
@@ -79,17 +79,17 @@ def test_strict_offline_build(site):
 def test_every_public_name_is_in_the_reference(site):
     inventory = _inventory(site)
     rooms = _rooms_with_all()
-    assert {"geometry", "probes.quant", "probes.sweep", "probes.core"} <= set(rooms)
+    assert {"geometry", "losslens.lm.quant", "losslens.study.sweep", "losslens.lm.core"} <= set(rooms)
     missing = [f"{room}.{name}" for room, names in rooms.items() for name in names if f"{room}.{name}" not in inventory]
     assert not missing, f"public names missing from the API reference: {missing}"
 
 
 def test_geometry_names_are_grouped_by_room(site):
-    """Each name of geometry.__all__ is documented on the page of the room that defines it."""
-    import geometry
+    """Each name of losslens.geometry.__all__ is documented on the page of the room that defines it."""
+    import losslens.geometry
 
-    for name in geometry.__all__:
-        room = ".".join(getattr(geometry, name).__module__.split(".")[:2])
+    for name in losslens.geometry.__all__:
+        room = ".".join(getattr(losslens.geometry, name).__module__.split(".")[:3])
         page = (site / "reference" / f"{room}.html").read_text()
         assert f'id="geometry.{name}"' in page, (name, room)
 

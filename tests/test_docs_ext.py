@@ -41,12 +41,12 @@ def test_prose_type_fields_go_back_to_the_description():
 
 
 def test_short_names_are_qualified_in_the_docstrings_module():
-    from geometry.estimators import density
+    from losslens.geometry.estimators import density
 
     lines = ["memory: :func:`estimate_memory`; :class:`~CurvatureOperator`; :func:`!literal`; :mod:`.x`"]
-    rooms._record(None, "function", "geometry.spectral_density", density.spectral_density, {}, lines)
-    assert ":func:`estimate_memory <geometry.estimators.density.estimate_memory>`" in lines[0]
-    assert ":class:`CurvatureOperator <geometry.operators.interface.CurvatureOperator>`" in lines[0]
+    rooms._record(None, "function", "losslens.geometry.spectral_density", density.spectral_density, {}, lines)
+    assert ":func:`estimate_memory <losslens.geometry.estimators.density.estimate_memory>`" in lines[0]
+    assert ":class:`CurvatureOperator <losslens.geometry.operators.interface.CurvatureOperator>`" in lines[0]
     assert ":func:`!literal`" in lines[0] and ":mod:`.x`" in lines[0]
 
 
@@ -62,8 +62,8 @@ def _build(tmp: Path, body: str) -> subprocess.CompletedProcess:
         " (r'py:(class|obj|data)', r'.*[^\\w.].*')]\n"
     )
     (src / "index.rst").write_text(
-        "T\n=\n\n.. autoclass:: geometry.Plane\n   :no-members:\n\n"
-        ".. autoclass:: geometry.Line\n   :no-members:\n\n" + body + "\n"
+        "T\n=\n\n.. autoclass:: losslens.geometry.Plane\n   :no-members:\n\n"
+        ".. autoclass:: losslens.geometry.Line\n   :no-members:\n\n" + body + "\n"
     )
     return subprocess.run(
         [sys.executable, "-m", "sphinx", "-E", "-n", "-q", "-b", "html", str(src), str(tmp / "out")],
@@ -77,9 +77,9 @@ def test_existing_references_resolve_and_broken_ones_fail(tmp_path):
     """One nitpicky build, three references: two that exist resolve (no warning), the missing member warns."""
     out = _build(
         tmp_path,
-        ":attr:`geometry.Plane.coords` (a field without a docstring), "
-        ":class:`geometry.surfaces.planes.Plane` (where it is defined), "
-        ":attr:`geometry.Plane.no_such_member`.",
+        ":attr:`losslens.geometry.Plane.coords` (a field without a docstring), "
+        ":class:`losslens.geometry.surfaces.planes.Plane` (where it is defined), "
+        ":attr:`losslens.geometry.Plane.no_such_member`.",
     )
     warnings = [ln for ln in out.stderr.splitlines() if "WARNING" in ln or "ERROR" in ln]
     assert len(warnings) == 1 and "no_such_member" in warnings[0], out.stderr[-3000:]

@@ -1,5 +1,5 @@
 """One base class for the errors a user can cause (issue #36): every exception class of geometry/ and
-probes/ derives from :class:`geometry.base.errors.LosslensError`, and the CLI prints any of them as
+probes/ derives from :class:`losslens.geometry.base.errors.LosslensError`, and the CLI prints any of them as
 one ``error: …`` line with exit status 2 — no list of names to forget one in."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pkgutil
 import pytest
 from typer.testing import CliRunner
 
-import geometry
-import probes
-from geometry.base.errors import LosslensError
-from probes.cli import EXIT_INTERNAL, EXIT_USAGE, app
+import losslens
+import losslens.geometry
+from losslens.geometry.base.errors import LosslensError
+from losslens.cli.app import EXIT_INTERNAL, EXIT_USAGE, app
 
 # Optional dependencies (pyproject extras) a module may import at its top: a module that fails to import
 # only because one of these is missing is skipped by name; any other import failure fails the test.
@@ -24,12 +24,12 @@ OPTIONAL = {"ray", "accelerate", "lightning", "bitsandbytes", "lm_eval", "kaleid
 NOT_USER_ERRORS = {
     # a control-flow signal of the sequential quantizer: raised and caught inside one function, never
     # seen outside it
-    "probes.quant.sequential._Stop",
+    "losslens.lm.quant.sequential._Stop",
 }
 
 
 def _modules():
-    for pkg in (geometry, probes):
+    for pkg in (losslens, losslens.geometry):  # geometry/ is mapped into losslens, not below probes/
         yield pkg.__name__
         for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
             yield info.name
@@ -63,14 +63,14 @@ def _name(cls: type) -> str:
 def test_the_walk_finds_the_error_classes_of_every_room():
     names = {_name(c) for c in ERRORS}
     for expected in (
-        "probes.models.sharding.ShardingError",
-        "probes.explain.measure.ExplainError",
-        "probes.explain.blocks.BlockError",
-        "probes.core.distributed.DistributedError",
-        "geometry.memory.model.MemoryBudgetError",
-        "geometry.surfaces.planes.PlaneError",
-        "probes.sweep.lock.StoreLockedError",
-        "probes.checkpoints.errors.MissingWeightsError",
+        "losslens.lm.models.sharding.ShardingError",
+        "losslens.measure.explain.direction.ExplainError",
+        "losslens.measure.explain.blocks.BlockError",
+        "losslens.lm.core.distributed.DistributedError",
+        "losslens.geometry.memory.model.MemoryBudgetError",
+        "losslens.geometry.surfaces.planes.PlaneError",
+        "losslens.study.sweep.lock.StoreLockedError",
+        "losslens.lm.checkpoints.errors.MissingWeightsError",
     ):
         assert expected in names
     assert len(ERRORS) >= 40, len(ERRORS)
@@ -79,25 +79,27 @@ def test_the_walk_finds_the_error_classes_of_every_room():
 
 def test_every_exception_class_of_geometry_and_probes_is_a_losslens_error():
     outside = sorted(_name(c) for c in ERRORS if not issubclass(c, LosslensError) and _name(c) not in NOT_USER_ERRORS)
-    assert outside == [], f"derive these from geometry.base.errors.LosslensError (or allow-list a bug class): {outside}"
+    assert outside == [], (
+        f"derive these from losslens.geometry.base.errors.LosslensError (or allow-list a bug class): {outside}"
+    )
 
 
 def test_the_specific_classes_keep_their_builtin_bases():
-    from geometry.memory.model import MemoryBudgetError
-    from probes.checkpoints.errors import CheckpointError, MissingWeightsError
-    from probes.models.sharding import ShardingError
+    from losslens.geometry.memory.model import MemoryBudgetError
+    from losslens.lm.checkpoints.errors import CheckpointError, MissingWeightsError
+    from losslens.lm.models.sharding import ShardingError
 
     assert issubclass(ShardingError, ValueError) and issubclass(MemoryBudgetError, ValueError)
     assert issubclass(CheckpointError, RuntimeError) and issubclass(MissingWeightsError, FileNotFoundError)
 
 
 def test_the_base_class_is_a_public_name_of_both_packages():
-    assert geometry.LosslensError is LosslensError and "LosslensError" in geometry.__all__
-    assert probes.LosslensError is LosslensError and "LosslensError" in probes.__all__
+    assert losslens.geometry.LosslensError is LosslensError and "LosslensError" in losslens.geometry.__all__
+    assert losslens.LosslensError is LosslensError and "LosslensError" in losslens.__all__
 
 
 def test_the_cli_keeps_no_list_of_error_names():
-    import probes.cli as cli
+    import losslens.cli.app as cli
 
     assert not hasattr(cli, "_USER_ERRORS")
     assert LosslensError in cli.user_errors()
@@ -108,7 +110,7 @@ def _planted(monkeypatch, exc: BaseException):
     loaded probes module that holds it, wherever the command imports it from)."""
     import sys
 
-    import probes.checkpoints  # noqa: F401
+    import losslens.lm.checkpoints  # noqa: F401
 
     def opener(*args, **kwargs):
         raise exc
@@ -124,7 +126,7 @@ def _error_lines(output: str) -> list[str]:
 
 
 def test_a_planted_sharding_error_exits_2_with_one_line(monkeypatch):
-    from probes.models.sharding import ShardingError
+    from losslens.lm.models.sharding import ShardingError
 
     r = _planted(monkeypatch, ShardingError("no decoder blocks found in LlamaForCausalLM\npass a model with layers"))
     assert r.exit_code == EXIT_USAGE, r.output

@@ -10,15 +10,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geometry.operators.dense import DenseOperator, exact_hessian
-from geometry.estimators.density import spectral_density
-from geometry.estimators.directional import directional_curvature
-from geometry.estimators.eigen import top_eigenvalues
-from geometry.operators.hessian import HessianOperator
-from geometry.base.params import ParamSpace, select_parameters
-from geometry.base.results import BlockTraces, EstimatorError
-from geometry.estimators.blocks import block_traces
-from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
+from losslens.geometry.operators.dense import DenseOperator, exact_hessian
+from losslens.geometry.estimators.density import spectral_density
+from losslens.geometry.estimators.directional import directional_curvature
+from losslens.geometry.estimators.eigen import top_eigenvalues
+from losslens.geometry.operators.hessian import HessianOperator
+from losslens.geometry.base.params import ParamSpace, select_parameters
+from losslens.geometry.base.results import BlockTraces, EstimatorError
+from losslens.geometry.estimators.blocks import block_traces
+from losslens.geometry.estimators.trace import hutchinson_trace, hutchpp_trace
 
 
 def loss_fn(model, batch):

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.operators.dense import DenseOperator
-from geometry.estimators.density import spectral_density
-from geometry.base.results import EstimatorError
-from geometry.estimators.sampling import rademacher
-from geometry.estimators.trace import hutchinson_trace
+from losslens.geometry.operators.dense import DenseOperator
+from losslens.geometry.estimators.density import spectral_density
+from losslens.geometry.base.results import EstimatorError
+from losslens.geometry.estimators.sampling import rademacher
+from losslens.geometry.estimators.trace import hutchinson_trace
 from tests.tiny_models import classifier_mlp_hessian, sym_with_spectrum
 
 
@@ -133,8 +133,8 @@ def test_density_of_identity_is_one_atom():
 def test_lock_step_runs_that_stop_early_leave_the_others_unchanged(reorth):
     """Runs in one group whose Krylov spaces become invariant at different steps (2, 4, 8) give the
     tridiagonals each run gives alone: the runs that go on move up in place (no copy of the rest)."""
-    from geometry.estimators._lanczos import lanczos
-    from geometry.operators.dense import DenseOperator
+    from losslens.geometry.estimators._lanczos import lanczos
+    from losslens.geometry.operators.dense import DenseOperator
 
     H = torch.diag(torch.tensor([1.0, 2.0, 3.5, 5.0, 6.0, 7.5, 9.0, 10.0] + [0.0] * 12, dtype=torch.float64))
     g = torch.Generator().manual_seed(0)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.operators.dense import DenseOperator
-from geometry.estimators.eigen import top_eigenvalues
-from geometry.base.results import EstimatorError
+from losslens.geometry.operators.dense import DenseOperator
+from losslens.geometry.estimators.eigen import top_eigenvalues
+from losslens.geometry.base.results import EstimatorError
 from tests.tiny_models import classifier_mlp_hessian, sym_with_spectrum
 
 

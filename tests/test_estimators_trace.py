@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.operators.dense import DenseOperator
-from geometry.operators.interface import OperatorError
-from geometry.base.results import EstimatorError, TraceEstimate
-from geometry.estimators.sampling import rademacher, t_quantile
-from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
+from losslens.geometry.operators.dense import DenseOperator
+from losslens.geometry.operators.interface import OperatorError
+from losslens.geometry.base.results import EstimatorError, TraceEstimate
+from losslens.geometry.estimators.sampling import rademacher, t_quantile
+from losslens.geometry.estimators.trace import hutchinson_trace, hutchpp_trace
 from tests.tiny_models import classifier_mlp_hessian, sym_with_spectrum
 
 

@@ -1,4 +1,4 @@
-"""probes.explain: blocks of an LM, the explanation of a quantizer against the exact Hessian, the CLI."""
+"""losslens.measure.explain: blocks of an LM, the explanation of a quantizer against the exact Hessian, the CLI."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from geometry.operators.dense import exact_hessian
-from geometry.base.params import literal_glob
-from probes.core.lm import evaluate, lm_loss
-from probes.explain import (
+from losslens.geometry.operators.dense import exact_hessian
+from losslens.geometry.base.params import literal_glob
+from losslens.lm.core.next_token_loss import evaluate, lm_loss
+from losslens.measure.explain import (
     BlockError,
     ExplainError,
     block_members,
@@ -21,7 +21,7 @@ from probes.explain import (
     explanations_frame,
     module_kind,
 )
-from probes.explain.measure import quantized_direction
+from losslens.measure.explain.direction import quantized_direction
 from tests.tiny_models import micro_gptneox, micro_llama, random_batches
 
 
@@ -121,7 +121,7 @@ def test_refusals(neox, monkeypatch):
         explain(model, "rtn:2:row", batches, trace_method="lanczos")
     with pytest.raises(ExplainError, match="no quantizer spec"):
         explain_specs(model, [], batches)
-    from probes.explain import measure
+    from losslens.measure.explain import measure
 
     real = measure.quantize
 
@@ -137,8 +137,8 @@ def test_refusals(neox, monkeypatch):
 
 
 def test_explain_command_prints_tables_and_writes_json(tmp_path):
-    from probes.cli import app
-    from probes.sweep.testing import tiny_trajectory
+    from losslens.cli.app import app
+    from losslens.study.sweep.testing import tiny_trajectory
 
     traj = tiny_trajectory(tmp_path / "t", n=1, hidden=32, layers=2)
     ckpt = traj / "step-000100"

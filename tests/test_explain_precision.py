@@ -11,11 +11,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from probes.explain import explain_specs
+from losslens.measure.explain import explain_specs
 
 
 def _model_and_batches():
-    from probes.models.families import tiny_model
+    from losslens.lm.models.families import tiny_model
 
     model = tiny_model("llama", seed=5, dtype=torch.bfloat16)
     weight = model.get_input_embeddings().weight
@@ -45,14 +45,14 @@ def test_half_compute_flags_the_explanation_and_float32_does_not():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from probes.sweep.testing import tiny_trajectory
+    from losslens.study.sweep.testing import tiny_trajectory
 
     traj = tiny_trajectory(tmp_path_factory.mktemp("t"), n=1, hidden=32, layers=2)
     return traj / "step-000100", traj / "data" / "curvature.safetensors"
 
 
 def _explain(checkpoint, tmp_path, *extra):
-    from probes.cli import app
+    from losslens.cli.app import app
 
     ckpt, curvature = checkpoint
     out = tmp_path / "e.json"

@@ -8,12 +8,19 @@ import math
 import pandas as pd
 import pytest
 
-from probes.analysis import AnalysisError, series
-from probes.analysis.explain import TERMS, decay_window, decompose_change, factor_table, format_check, science_check
-from probes.report.explain_figures import explain_heatmap_figure, synthetic_explain
-from probes.report.figures import synthetic_results
-from probes.sweep import ExplainProbe, Plan, PlanError, Store, run_sweep
-from probes.sweep.testing import tiny_token_sets, tiny_trajectory
+from losslens.study.analysis import AnalysisError, series
+from losslens.study.analysis.explain_shares import (
+    TERMS,
+    decay_window,
+    decompose_change,
+    factor_table,
+    format_check,
+    science_check,
+)
+from losslens.study.report.explain_figures import explain_heatmap_figure, synthetic_explain
+from losslens.study.report.figures import synthetic_results
+from losslens.study.sweep import ExplainProbe, Plan, PlanError, Store, run_sweep
+from losslens.study.sweep.testing import tiny_token_sets, tiny_trajectory
 
 DATA = {"eval": [2, 2, 16], "calibration": [2, 2, 16], "curvature": [1, 2, 16]}
 
@@ -181,7 +188,7 @@ def test_science_check_and_report_section(synth, tmp_path):
     wsd = synth[(synth.run == "wsd") & ~synth.derived & (synth.probe == "explain") & (synth.spec == "rtn:4:g128")]
     want = 0.5 * wsd[wsd.metric == "dHd[layer:layer1]"]["value"].to_numpy()
     assert fig.data[0].y == ("layer0", "layer1") and list(fig.data[0].z[1]) == pytest.approx(want)
-    from probes.report.pages import build_report
+    from losslens.study.report.pages import build_report
 
     html = build_report(synth, tmp_path / "r.html").read_text()
     assert ">Why quantization error changes</h2>" in html

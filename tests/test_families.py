@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch import nn
 
-from probes.models.families import FAMILIES, tiny_model
-from probes.models.second_order import check_second_order, ensure_second_order
+from losslens.lm.models.families import FAMILIES, tiny_model
+from losslens.lm.models.second_order import check_second_order, ensure_second_order
 
 HAS_BNB = importlib.util.find_spec("bitsandbytes") is not None
-HAS_SURFACE = importlib.util.find_spec("geometry.surfaces.surface") is not None
-HAS_SWEEP = importlib.util.find_spec("probes.sweep") is not None
+HAS_SURFACE = importlib.util.find_spec("losslens.geometry.surfaces.surface") is not None
+HAS_SWEEP = importlib.util.find_spec("losslens.study.sweep") is not None
 VOCAB = 96
 G = 16  # group size: hidden 32 -> 2 groups per row on the attention/MLP-in matrices
 
@@ -30,7 +30,7 @@ def _quiet_warnings():
 
 
 def _sets():
-    from probes.core.tokenset import TokenSet
+    from losslens.lm.core.tokenset import TokenSet
 
     g = torch.Generator().manual_seed(123)
     return {
@@ -66,11 +66,11 @@ def _perturbed(model: nn.Module, seed: int, scale: float = 0.02) -> nn.Module:
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_end_to_end(family, tmp_path):
-    from geometry.operators.hessian import HessianOperator
-    from geometry.estimators.trace import hutchpp_trace
-    from probes.core.lm import evaluate, lm_loss
-    from probes.core.modules import find_blocks, select_linears
-    from probes.quant import quantization_error, quantize
+    from losslens.geometry.operators.hessian import HessianOperator
+    from losslens.geometry.estimators.trace import hutchpp_trace
+    from losslens.lm.core.next_token_loss import evaluate, lm_loss
+    from losslens.lm.core.modules import find_blocks, select_linears
+    from losslens.lm.quant import quantization_error, quantize
 
     sets = _sets()
     batch = sets["curvature"].tokens[0]
@@ -136,8 +136,8 @@ def test_family_end_to_end(family, tmp_path):
 
     # ---- quantization plane: A = model, B = perturbed, C = quantized -------------------------------
     if HAS_SURFACE:
-        from geometry.surfaces.point_planes import plane_through_points
-        from geometry.surfaces.surface import evaluate_surface
+        from losslens.geometry.surfaces.point_planes import plane_through_points
+        from losslens.geometry.surfaces.surface import evaluate_surface
 
         A = {n: p.detach().clone() for n, p in model.named_parameters()}
         B = dict(_perturbed(model, 7).named_parameters())
@@ -151,9 +151,9 @@ def test_family_end_to_end(family, tmp_path):
 
     # ---- 3-checkpoint sweep --------------------------------------------------------------------
     if HAS_SWEEP:
-        from probes.checkpoints import Trajectory
-        from probes.sweep import Plan, Store, run_sweep
-        from probes.sweep.plan import TraceProbe
+        from losslens.lm.checkpoints import Trajectory
+        from losslens.study.sweep import Plan, Store, run_sweep
+        from losslens.study.sweep.plan import TraceProbe
 
         folder = tmp_path / "traj"
         for step in (1, 2, 3):
@@ -217,7 +217,7 @@ def _with_act(fn):
 
 
 def test_missing_forward_ad_rule_falls_back_to_reverse():
-    from probes.models.second_order import SecondOrderWarning
+    from losslens.lm.models.second_order import SecondOrderWarning
 
     model = _with_act(_NoJvpSiLU)
     batch = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
@@ -233,7 +233,7 @@ def test_missing_forward_ad_rule_falls_back_to_reverse():
 
 
 def test_silently_wrong_double_backward_is_caught():
-    from probes.models.second_order import SecondOrderError
+    from losslens.lm.models.second_order import SecondOrderError
 
     model = _with_act(_DetachedSiLU)
     batch = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
@@ -251,7 +251,7 @@ def test_curvature_safe_switches_attention_and_restores():
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from probes.models.second_order import SecondOrderWarning, curvature_safe
+    from losslens.lm.models.second_order import SecondOrderWarning, curvature_safe
 
     AttentionInterface.register("fused_test_kernel", sdpa_attention_forward)
     model = tiny_model("olmo2", attn="fused_test_kernel")
@@ -275,8 +275,8 @@ def test_curvature_safe_switches_attention_and_restores():
 def test_lm_hessian_checks_the_architecture_before_any_product():
     """Sweeps and `losslens sharpness` build their operator through lm_hessian: a silently wrong
     double backward is refused, a missing forward-AD rule falls back to the reverse backend."""
-    from probes.models.curvature import lm_hessian
-    from probes.models.second_order import SecondOrderError, SecondOrderWarning
+    from losslens.lm.models.curvature import lm_hessian
+    from losslens.lm.models.second_order import SecondOrderError, SecondOrderWarning
 
     batches = [torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))]
     with pytest.raises(SecondOrderError, match="_DetachedSiLU"):

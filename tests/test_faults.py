@@ -23,11 +23,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from probes.cli import app
-from probes.sweep import Plan, Store, StoreError, run_sweep
-from probes.sweep.lock import StoreLock, StoreLockedError, lock_path
-from probes.sweep_probes.rows import ProbeRow, metric
-from probes.sweep.testing import tiny_plan_toml, tiny_token_sets, tiny_trajectory
+from losslens.cli.app import app
+from losslens.study.sweep import Plan, Store, StoreError, run_sweep
+from losslens.study.sweep.lock import StoreLock, StoreLockedError, lock_path
+from losslens.measure.probes.rows import ProbeRow, metric
+from losslens.study.sweep.testing import tiny_plan_toml, tiny_token_sets, tiny_trajectory
 
 CHEAP = 'loss = true\nquant = ["rtn:4"]\n'
 N_CKPT = 4
@@ -95,7 +95,7 @@ def _edit_config(folder: Path, **changes) -> None:
 def _save_llama(folder: Path, hidden: int, seed: int = 0, vocab: int = 96) -> None:
     from transformers import LlamaForCausalLM
 
-    from probes.sweep.testing import tiny_config
+    from losslens.study.sweep.testing import tiny_config
 
     torch.manual_seed(seed)
     LlamaForCausalLM(tiny_config(hidden=hidden, vocab=vocab)).save_pretrained(folder, safe_serialization=True)
@@ -105,8 +105,8 @@ def _save_llama(folder: Path, hidden: int, seed: int = 0, vocab: int = 96) -> No
 # every checkpoint under its own config
 # ------------------------------------------------------------------------------------------------
 def test_each_checkpoint_is_evaluated_under_its_own_config(pristine, traj, plan_file, reference, tmp_path):
-    from probes.checkpoints import load_model
-    from probes.core.lm import evaluate
+    from losslens.lm.checkpoints import load_model
+    from losslens.lm.core.next_token_loss import evaluate
 
     _edit_config(traj / "step-000300", hidden_act="relu")
     out = tmp_path / "r.sqlite"
@@ -219,7 +219,7 @@ def test_same_seed_gives_bit_identical_rows(pristine, tmp_path):
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("moment", [1, 4, 7])
 def test_interrupted_sweep_keeps_every_finished_row(traj, plan_file, reference, tmp_path, monkeypatch, moment):
-    from probes.sweep import runner
+    from losslens.study.sweep import runner
 
     calls = {"n": 0}
     real = runner.PROBE_FUNCS["loss"], runner.PROBE_FUNCS["quant"]
@@ -299,7 +299,7 @@ def test_the_plan_check_runs_in_the_transaction_of_the_first_write(tmp_path):
 
 
 def test_analysis_refuses_to_pool_different_data_unless_asked(pristine, plan_file, tmp_path):
-    from probes.core.tokenset import TokenSet
+    from losslens.lm.core.tokenset import TokenSet
 
     other = tmp_path / "other"
     g = torch.Generator().manual_seed(99)
@@ -325,7 +325,7 @@ def test_analysis_refuses_to_pool_different_data_unless_asked(pristine, plan_fil
 def test_analysis_refuses_a_series_computed_with_different_settings():
     import pandas as pd
 
-    from probes.analysis import AnalysisError, series
+    from losslens.study.analysis import AnalysisError, series
 
     rows = [
         dict(
@@ -380,8 +380,8 @@ def test_sharpness_bad_options_are_one_line_errors(pristine, args, message):
 
 
 def test_debug_shows_the_traceback_and_internal_errors_say_so(pristine, monkeypatch):
-    from geometry.base.params import ParameterSelectionError
-    from probes.curvature import sharpness as sharp_mod
+    from losslens.geometry.base.params import ParameterSelectionError
+    from losslens.measure import sharpness as sharp_mod
 
     args = [
         "sharpness",

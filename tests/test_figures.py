@@ -1,4 +1,4 @@
-"""probes.report.figures and probes.report.pages: traces and markers from results, the HTML report, `losslens
+"""losslens.study.report.figures and losslens.study.report.pages: traces and markers from results, the HTML report, `losslens
 report`."""
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from probes import analysis, sweep
-from probes.sweep_probes.rows import ProbeRow
-from probes.report.figures import (
+from losslens import analysis, sweep
+from losslens.measure.probes.rows import ProbeRow
+from losslens.study.report.figures import (
     curvature_figure,
     loss_figure,
     quant_error_figure,
     synthetic_results,
     trajectory_figures,
 )
-from probes.report.pages import build_report, export_png, surface_page
-from probes.report.scatter_figures import sharpness_vs_quant_figure
-from probes.report.surface_figures import surface_figure
+from losslens.study.report.pages import build_report, export_png, surface_page
+from losslens.study.report.scatter_figures import sharpness_vs_quant_figure
+from losslens.study.report.surface_figures import surface_figure
 
 PHASES = [
     {"name": "FP convergence", "step": 400, "lr": 1e-3},
@@ -134,7 +134,7 @@ def test_figures_never_crash_on_missing_probes():
 
 
 def _tiny_surface():
-    from geometry.surfaces.surface import Surface
+    from losslens.geometry.surfaces.surface import Surface
 
     x, y = np.linspace(-1, 2, 5), np.linspace(-1, 2, 4)
     loss = 3 + np.add.outer(y**2, x**2)
@@ -171,7 +171,7 @@ def test_build_report_is_one_self_contained_file(df, tmp_path):
 def test_report_says_awq_can_lose_to_rtn_on_held_out_data(tmp_path):
     """Issue #12: where the report shows AWQ results it says that AWQ's guarantee is on its
     calibration objective only; without AWQ specs there is no such note."""
-    from probes.quant.awq import HELD_OUT_NOTE
+    from losslens.lm.quant.awq import HELD_OUT_NOTE
 
     with_awq = synthetic_results(n_checkpoints=4, specs=("rtn:4:g128", "awq:4:g128"))
     text = build_report(with_awq, tmp_path / "a.html").read_text()
@@ -265,7 +265,7 @@ def test_png_export_writes_the_figure(tmp_path):
 def test_report_command_on_a_store(df, tmp_path):
     from typer.testing import CliRunner
 
-    from probes.cli import app
+    from losslens.cli.app import app
 
     path = tmp_path / "results.sqlite"
     wsd = df[df.run == "wsd"]

@@ -2,7 +2,7 @@
 
 :mod:`tests.gptq_transcription` writes GPTQ from the paper's equations and the IST-DASLab reference's
 structure (blocks of 128 with lazy batch updates, dead columns, damping, act-order, static groups,
-group grids refitted at group boundaries on the outer matrix). Here :func:`probes.quant.gptq_quantize`
+group grids refitted at group boundaries on the outer matrix). Here :func:`losslens.lm.quant.gptq_quantize`
 must equal it to 1e-12 (max abs difference relative to max |W|) in float64 over seeds, bit widths,
 group sizes, act-order, static groups, symmetric grids, block sizes and in-features that are not a
 multiple of the block size.
@@ -15,8 +15,8 @@ import itertools
 import pytest
 import torch
 
-from probes.quant import gptq_quantize
-from probes.quant.sequential import _HessianHook
+from losslens.lm.quant import gptq_quantize
+from losslens.lm.quant.sequential import _HessianHook
 from tests.gptq_transcription import HessianAccumulator, transcribed_gptq
 
 TOL = 1e-12

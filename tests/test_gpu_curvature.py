@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from geometry import HessianOperator, hutchpp_trace, spectral_density, top_eigenvalues
-from probes.core.lm import lm_loss
-from probes.models.families import tiny_model
+from losslens.geometry import HessianOperator, hutchpp_trace, spectral_density, top_eigenvalues
+from losslens.lm.core.next_token_loss import lm_loss
+from losslens.lm.models.families import tiny_model
 
 pytestmark = pytest.mark.gpu
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.surfaces.point_planes import plane_through_points
-from geometry.surfaces.random_planes import random_plane
-from geometry.surfaces.surface import evaluate_surface
-from probes.core.lm import evaluate, lm_loss
-from probes.models.families import FAMILIES, tiny_model
-from probes.quant import quantization_error, quantize
+from losslens.geometry.surfaces.point_planes import plane_through_points
+from losslens.geometry.surfaces.random_planes import random_plane
+from losslens.geometry.surfaces.surface import evaluate_surface
+from losslens.lm.core.next_token_loss import evaluate, lm_loss
+from losslens.lm.models.families import FAMILIES, tiny_model
+from losslens.lm.quant import quantization_error, quantize
 
 pytestmark = pytest.mark.gpu
 DEVICE = "cuda"

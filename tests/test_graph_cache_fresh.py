@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from geometry.operators.fingerprint import CHUNK, content_checksum, model_fingerprint
-from geometry.operators.hessian import HessianOperator
-from probes.core.lm import lm_loss
-from probes.quant import quantize
+from losslens.geometry.operators.fingerprint import CHUNK, content_checksum, model_fingerprint
+from losslens.geometry.operators.hessian import HessianOperator
+from losslens.lm.core.next_token_loss import lm_loss
+from losslens.lm.quant import quantize
 from tests.tiny_models import micro_gptneox, random_batches
 
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from geometry.operators.derivatives import padding_modules
-from geometry.operators.hessian import HessianOperator
-from geometry.operators.interface import OperatorError
-from probes.models.families import FAMILIES, tiny_model
-from probes.core.lm import lm_loss
+from losslens.geometry.operators.derivatives import padding_modules
+from losslens.geometry.operators.hessian import HessianOperator
+from losslens.geometry.operators.interface import OperatorError
+from losslens.lm.models.families import FAMILIES, tiny_model
+from losslens.lm.core.next_token_loss import lm_loss
 from tests.fixtures_trajectory import tiny_trajectory  # noqa: F401  (pytest fixture)
 
 
@@ -186,10 +186,10 @@ def test_half_precision_model_gets_float32_estimator_vectors():
 
 def test_bf16_model_trace_and_lambda_max_within_half_a_percent_of_float32(tiny_trajectory):
     """Same weights, seed and data: products in bfloat16, estimator algebra in float32."""
-    from geometry.estimators.eigen import top_eigenvalues
-    from geometry.estimators.trace import hutchinson_trace, hutchpp_trace
-    from probes.checkpoints import CheckpointLoader
-    from probes.data import default_token_sets
+    from losslens.geometry.estimators.eigen import top_eigenvalues
+    from losslens.geometry.estimators.trace import hutchinson_trace, hutchpp_trace
+    from losslens.lm.checkpoints import CheckpointLoader
+    from losslens.lm.data import default_token_sets
 
     ref = tiny_trajectory[-1]
     curv = list(default_token_sets(tiny_trajectory, quick=True)["curvature"])

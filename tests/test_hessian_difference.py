@@ -1,4 +1,4 @@
-"""The gradient-difference HVP backend (geometry.operators.difference) against the exact reverse
+"""The gradient-difference HVP backend (losslens.geometry.operators.difference) against the exact reverse
 products: accuracy in float64 and float32 on every family, θ and .grad restored bit-exactly,
 checkpointing, fused attention kernels, fused first-order losses, the plan and backend="auto"."""
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from geometry import HessianOperator, OperatorError, hutchinson_trace, top_eigenvalues
-from geometry.memory.graphs import peak_new_bytes
-from geometry.operators.difference import relative_step, step_size, stencil
-from probes.models.families import FAMILIES, tiny_model
-from probes.models.fidelity import float64_fidelity
+from losslens.geometry import HessianOperator, OperatorError, hutchinson_trace, top_eigenvalues
+from losslens.geometry.memory.graphs import peak_new_bytes
+from losslens.geometry.operators.difference import relative_step, step_size, stencil
+from losslens.lm.models.families import FAMILIES, tiny_model
+from losslens.lm.models.fidelity import float64_fidelity
 from tests.tiny_models import lm_loss, micro_gptneox, micro_llama, mlp_batches, mlp_loss, random_batches, tiny_mlp
 
 FAMILY_BATCHES = [torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(s)) for s in range(2)]
@@ -316,7 +316,7 @@ def test_error_check_is_planned_within_the_budget():
 
 
 def test_product_error_one_vector_at_a_time_equals_the_direct_formula():
-    from geometry.operators.product_check import product_error
+    from losslens.geometry.operators.product_check import product_error
 
     model = micro_gptneox(seed=2, dtype=torch.float64)
     batches = random_batches(n_batches=1, batch=2, seq=8, seed=4)
@@ -337,7 +337,7 @@ def test_bad_backend_is_refused():
 # ------------------------------------------------------------------------------ CLI and plans
 @pytest.fixture(scope="module")
 def trajectory(tmp_path_factory):
-    from probes.sweep.testing import tiny_trajectory
+    from losslens.study.sweep.testing import tiny_trajectory
 
     return tiny_trajectory(tmp_path_factory.mktemp("difference") / "tiny", n=2, seed=3)
 
@@ -345,7 +345,7 @@ def trajectory(tmp_path_factory):
 def _cli(*args):
     from typer.testing import CliRunner
 
-    from probes.cli import app
+    from losslens.cli.app import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
 
@@ -387,7 +387,7 @@ def test_sharpness_backend_option_records_backend_and_error(trajectory):
 
 
 def test_plan_backend_is_validated_and_keeps_old_hashes():
-    from probes.sweep import Plan, PlanError
+    from losslens.study.sweep import Plan, PlanError
 
     plain = Plan.default(quick=True)
     assert "backend" not in plain.to_dict()  # reverse: hash of earlier plans unchanged
@@ -399,7 +399,7 @@ def test_plan_backend_is_validated_and_keeps_old_hashes():
 
 
 def test_lm_hessian_auto_picks_the_difference_backend_only_when_the_exact_pass_does_not_fit():
-    from probes.models.curvature import lm_hessian
+    from losslens.lm.models.curvature import lm_hessian
 
     model = tiny_model("llama", seed=0, dtype=torch.float32)
     batches = [torch.randint(0, 96, (4, 64), generator=torch.Generator().manual_seed(0))]
@@ -430,7 +430,7 @@ def test_float32_lanczos_lambda_max_matches_the_exact_one(richardson):
 
 @pytest.mark.parametrize("scale", [1e-20, 1.0, 1e20])
 def test_vector_norms_of_the_step_rule_neither_overflow_nor_underflow(scale):
-    from geometry.operators.backend import LOCAL
+    from losslens.geometry.operators.backend import LOCAL
 
     parts = [torch.randn(7, 3, generator=torch.Generator().manual_seed(0)) * scale, torch.randn(5) * scale]
     flat = torch.cat([p.reshape(-1) for p in parts]).double()
@@ -440,8 +440,8 @@ def test_vector_norms_of_the_step_rule_neither_overflow_nor_underflow(scale):
 
 
 def test_where_no_exact_product_runs_the_error_is_bounded_on_a_miniature(monkeypatch):
-    from geometry.operators.difference import DifferenceBackend
-    from probes.models.curvature import lm_hessian
+    from losslens.geometry.operators.difference import DifferenceBackend
+    from losslens.lm.models.curvature import lm_hessian
 
     model = tiny_model("olmo2", seed=0, dtype=torch.float32)
     batches = _family_batches(0, model)

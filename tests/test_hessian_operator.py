@@ -1,4 +1,4 @@
-"""HessianOperator against oracles: exact row-by-row Hessians (geometry.operators.dense.exact_hessian) and
+"""HessianOperator against oracles: exact row-by-row Hessians (losslens.geometry.operators.dense.exact_hessian) and
 PyHessian, on a tiny MLP, a micro GPT-NeoX (LayerNorm) and a micro Llama (RMSNorm/SiLU), float64."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from geometry.operators.attention import second_order_attention
-from geometry.operators.dense import DenseOperator, exact_hessian
-from geometry.operators.hessian import HessianOperator
+from losslens.geometry.operators.attention import second_order_attention
+from losslens.geometry.operators.dense import DenseOperator, exact_hessian
+from losslens.geometry.operators.hessian import HessianOperator
 from tests.tiny_models import (
     lm_loss,
     micro_gptneox,

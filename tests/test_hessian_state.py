@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from geometry.operators.hessian import HessianOperator
-from geometry.operators.interface import OperatorError
-from geometry.base.params import ParameterSelectionError
+from losslens.geometry.operators.hessian import HessianOperator
+from losslens.geometry.operators.interface import OperatorError
+from losslens.geometry.base.params import ParameterSelectionError
 from tests.tiny_models import lm_loss, micro_gptneox, micro_llama, mlp_batches, mlp_loss, random_batches, tiny_mlp
 
 

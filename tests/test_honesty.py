@@ -51,8 +51,8 @@ def importorskips_of_own_modules(source: str) -> list[str]:
 
 
 def test_the_detector_finds_importorskip_of_own_modules():
-    src = 'import pytest\nh = pytest.importorskip("geometry.operators.hessian")\nray = pytest.importorskip("ray")\n'
-    assert importorskips_of_own_modules(src) == ["geometry.operators.hessian"]
+    src = 'import pytest\nh = pytest.importorskip("losslens.geometry.operators.hessian")\nray = pytest.importorskip("ray")\n'
+    assert importorskips_of_own_modules(src) == ["losslens.geometry.operators.hessian"]
 
 
 def test_no_test_skips_on_an_import_error_of_losslens():

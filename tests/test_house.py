@@ -37,22 +37,24 @@ def _messy_house(root: Path) -> None:
     _write(root, "probes/__init__.py")
     # a circle hidden behind a function-local import
     _write(root, "probes/x.py", "def f():\n    from . import y\n    return y\n")
-    _write(root, "probes/y.py", "import probes.x\n")
-    # a circle through a package __init__: importing probes.data.tokens runs probes/data/__init__.py
-    _write(root, "probes/data/__init__.py", "from .sets import build\n")
-    _write(root, "probes/data/sets.py", "from probes.models.loader import load\n\n\ndef build():\n    return load\n")
+    _write(root, "probes/y.py", "import losslens.x\n")
+    # a circle through a package __init__: importing losslens.lm.data.tokens runs probes/lm/data/__init__.py
+    _write(root, "probes/lm/data/__init__.py", "from .sets import build\n")
+    _write(
+        root, "probes/data/sets.py", "from losslens.lm.models.loader import load\n\n\ndef build():\n    return load\n"
+    )
     _write(root, "probes/data/tokens.py", "TOKENS = 1\n")
-    _write(root, "probes/models/__init__.py")
+    _write(root, "probes/lm/models/__init__.py")
     _write(
         root,
         "probes/models/loader.py",
         "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
-        "    from probes.data.tokens import TOKENS\n\n\ndef load():\n    return 1\n",
+        "    from losslens.lm.data.tokens import TOKENS\n\n\ndef load():\n    return 1\n",
     )
     _write(root, "probes/long.py", "x = 1\n" * 401)
-    _write(root, "probes/clean.py", "import os\nfrom probes.data import tokens\n" + "y = 2\n" * 398)
+    _write(root, "probes/clean.py", "import os\nfrom losslens.lm.data import tokens\n" + "y = 2\n" * 398)
     _write(root, "benchmarks/__init__.py")
-    _write(root, "benchmarks/b.py", "from probes.x import f\n")
+    _write(root, "benchmarks/b.py", "from losslens.x import f\n")
 
 
 def test_the_repository_follows_the_house_rules():
@@ -66,8 +68,8 @@ def test_the_checker_finds_every_broken_rule(tmp_path):
     problems = ch.check(tmp_path)
     circles = [p for p in problems if p.startswith("import circle")]
     assert len(circles) == 2, problems
-    assert any("probes.x, probes.y:" in p for p in circles)
-    assert any("probes.data, probes.data.sets, probes.models.loader:" in p for p in circles)
+    assert any("losslens.x, losslens.y:" in p for p in circles)
+    assert any("losslens.lm.data, losslens.lm.data.sets, losslens.lm.models.loader:" in p for p in circles)
     assert [p for p in problems if p.startswith("too long")] == ["too long: probes/long.py has 401 lines (limit 400)"]
     forbidden = sorted(p for p in problems if p.startswith("forbidden import"))
     assert len(forbidden) == 2, problems
@@ -95,7 +97,9 @@ def _roomed_house(root: Path) -> None:
     _write(root, "geometry/estimators/__init__.py")
     _write(root, "geometry/estimators/trace.py", "from ..operators.hessian import R\n\n\ndef t():\n    return R\n")
     _write(root, "geometry/surfaces/__init__.py")
-    _write(root, "geometry/surfaces/planes.py", "from geometry.estimators.trace import t\n")  # surfaces may not
+    _write(
+        root, "geometry/surfaces/planes.py", "from losslens.geometry.estimators.trace import t\n"
+    )  # surfaces may not
     _write(root, "geometry/stray.py", "X = 1\n")
 
 
@@ -106,7 +110,7 @@ def test_the_checker_enforces_geometrys_room_order(tmp_path):
     assert problems == [
         "outside the rooms: geometry/stray.py (put it in one of geometry/base/, geometry/memory/, "
         "geometry/operators/, geometry/estimators/, geometry/surfaces/)",
-        "room order: geometry/surfaces/planes.py:1 imports geometry.estimators (geometry/surfaces/ may import "
+        "room order: geometry/surfaces/planes.py:1 imports losslens.geometry.estimators (geometry/surfaces/ may import "
         "base, memory)",
     ], problems
 
@@ -147,10 +151,12 @@ def test_no_old_geometry_module_path_is_importable_or_named():
 
     for old in OLD_GEOMETRY_MODULES:
         assert importlib.util.find_spec(f"geometry.{old}") is None, f"geometry.{old} still importable"
-    # geometry.memory is now a room: its __init__ holds none of the old module's names
-    memory_room = importlib.import_module("geometry.memory")
+    # losslens.geometry.memory is now a room: its __init__ holds none of the old module's names
+    memory_room = importlib.import_module("losslens.geometry.memory")
     for name in ("MemoryEstimate", "available_bytes", "resolve_budget", "default_budget"):
-        assert not hasattr(memory_room, name), f"geometry.memory re-exports {name}: import geometry.memory.model"
+        assert not hasattr(memory_room, name), (
+            f"losslens.geometry.memory re-exports {name}: import losslens.geometry.memory.model"
+        )
     old = "|".join(OLD_GEOMETRY_MODULES)
     pattern = re.compile(
         rf"(?<![\w.])geometry[./](?:(?:{old})(?![\w/])|"

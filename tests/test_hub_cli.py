@@ -12,10 +12,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from probes.checkpoints import CheckpointLoader, open_checkpoint, open_trajectory
-from probes.checkpoints.schedule import PRESETS
-from probes.cli import app
-from probes.sweep import Store
+from losslens.lm.checkpoints import CheckpointLoader, open_checkpoint, open_trajectory
+from losslens.lm.checkpoints.schedule import PRESETS
+from losslens.cli.app import app
+from losslens.study.sweep import Store
 from tests.hub_cache import add_ref_only, add_revision
 
 REPO = "org/tiny"
@@ -41,7 +41,7 @@ def hub(tmp_path_factory):
     each saved with save_pretrained and its BPE tokenizer, plus a `main` ref whose snapshot is missing."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    from probes.data.tokenizers import train_bpe_tokenizer
+    from losslens.lm.data.tokenizers import train_bpe_tokenizer
 
     root = tmp_path_factory.mktemp("hub")
     cache = root / "cache"
@@ -120,7 +120,7 @@ def test_sweep_hub_trajectory_with_schedule_then_correlate_on_lr(hub, tmp_path):
     )
     assert r.exit_code == 0, r.output
     part = next(row for row in json.loads(r.output) if row["controls"] == "lr")
-    from probes.analysis import series
+    from losslens.study.analysis import series
 
     x, y = series(df, "trace").to_numpy(float), series(df, "rtn:4:g128").to_numpy(float)
     A = np.column_stack([np.ones(len(lr)), lr])
@@ -175,7 +175,7 @@ def test_schedule_sidecar_in_the_sweep_output(hub, tmp_path):
 
 def test_folder_sidecar_fills_and_the_option_overrides(tmp_path):
     """trajectory.json's "schedule" fills what its checkpoint entries lack; --schedule replaces both."""
-    from probes.checkpoints import Trajectory
+    from losslens.lm.checkpoints import Trajectory
 
     for step in (100, 200, 300):
         (tmp_path / f"step-{step:06d}").mkdir()
@@ -232,8 +232,8 @@ def test_commands_open_hub_names(hub, tmp_path):
     row = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("{")))
     assert row["label"] == "step2000" and row["step"] == 2000
     traj = open_trajectory(f"hf:{REPO}@step2000", cache_dir=hub)
-    from probes.core.lm import evaluate
-    from probes.data import default_token_sets
+    from losslens.lm.core.next_token_loss import evaluate
+    from losslens.lm.data import default_token_sets
 
     ev = default_token_sets(traj, quick=True)["eval"]
     assert row["fp_loss"] == pytest.approx(evaluate(CheckpointLoader(traj).load(traj[0]), ev).loss, rel=1e-6)
@@ -260,7 +260,7 @@ def test_commands_open_hub_names(hub, tmp_path):
     got = json.loads((tmp_path / "e.json").read_text())
     assert got["checkpoint"] == "step2000" and got["lr"] == pytest.approx(cosine(2000), rel=1e-12)
     # surface: B is the revision before A in the hub trajectory, or given as a hub name
-    from geometry.surfaces.surface import Surface
+    from losslens.geometry.surfaces.surface import Surface
 
     points = []
     for args in (

@@ -1,4 +1,4 @@
-"""A run's landscape (probes.landscape) on real tiny trajectories: grid values against direct loss
+"""A run's landscape (losslens.study.landscape) on real tiny trajectories: grid values against direct loss
 evaluation at marked points, checkpoints on their own plane where their loss is, quantized points
 projected with their residuals, and the figure."""
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from probes.checkpoints import CheckpointLoader, Trajectory
-from probes.core.lm import evaluate
-from probes.data import default_token_sets
-from probes.landscape.landscape import residual_flags, trajectory_landscape
-from probes.quant.api import quantize
+from losslens.lm.checkpoints import CheckpointLoader, Trajectory
+from losslens.lm.core.next_token_loss import evaluate
+from losslens.lm.data import default_token_sets
+from losslens.study.landscape.trajectory_landscape import residual_flags, trajectory_landscape
+from losslens.lm.quant.dispatch import quantize
 from tests.fixtures_trajectory import tiny_trajectory_dir
 
 
@@ -76,7 +76,7 @@ def test_grid_values_equal_direct_evaluation_and_quantized_points_are_projected(
 
 
 def test_landscape_figure_draws_every_run_and_the_quantized_points(runs):
-    from probes.report.landscape_figures import landscape_figure
+    from losslens.study.report.landscape_figures import landscape_figure
 
     a, b, ev = runs
     land = trajectory_landscape([a, b], ev, spec="rtn:2:g32", grid=4)
@@ -92,8 +92,8 @@ def test_landscape_figure_draws_every_run_and_the_quantized_points(runs):
 def test_checkpoint_source_reads_slices_equal_to_safetensors_and_torch_files(tmp_path, runs):
     from safetensors.torch import load_file, save_file
 
-    from probes.checkpoints import CheckpointRef
-    from probes.landscape.sources import checkpoint_source
+    from losslens.lm.checkpoints import CheckpointRef
+    from losslens.study.landscape.sources import checkpoint_source
 
     a, _, _ = runs
     model = CheckpointLoader(a).load(a[0])

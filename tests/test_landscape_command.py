@@ -1,4 +1,4 @@
-"""`losslens landscape` (probes.commands.landscape) on the tiny trajectories: called as a function and
+"""`losslens landscape` (losslens.cli.landscape_command) on the tiny trajectories: called as a function and
 through the CLI, its JSON against the Python API and direct loss evaluations, its page, its
 progress lines, and bad input refused in one line with exit status 2."""
 
@@ -11,11 +11,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from probes.checkpoints import CheckpointLoader, Trajectory
-from probes.cli import app
-from probes.commands.landscape import landscape
-from probes.core.lm import evaluate
-from probes.data import default_token_sets
+from losslens.lm.checkpoints import CheckpointLoader, Trajectory
+from losslens.cli.app import app
+from losslens.cli.landscape_command import landscape
+from losslens.lm.core.next_token_loss import evaluate
+from losslens.lm.data import default_token_sets
 from tests.fixtures_trajectory import tiny_trajectory_dir
 
 
@@ -25,7 +25,7 @@ def folders():
 
 
 def test_function_prints_json_equal_to_the_api_and_direct_losses(folders, tmp_path, capsys):
-    from probes.landscape.landscape import trajectory_landscape
+    from losslens.study.landscape.trajectory_landscape import trajectory_landscape
 
     a, b = folders
     page = tmp_path / "land.html"
@@ -117,10 +117,10 @@ def test_report_section_lists_variance_and_exactly_the_points_off_the_plane(fold
     first checkpoints' ~32-41% and the others' 10-26%), the others not."""
     import re
 
-    from probes.landscape.landscape import residual_flags, trajectory_landscape
-    from probes.report.figures import synthetic_results
-    from probes.report import landscape_section
-    from probes.report.pages import build_report
+    from losslens.study.landscape.trajectory_landscape import residual_flags, trajectory_landscape
+    from losslens.study.report.figures import synthetic_results
+    from losslens.study.report import landscape_section
+    from losslens.study.report.pages import build_report
 
     a, b = folders
     trajs = [Trajectory.from_folder(a), Trajectory.from_folder(b)]

@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from geometry.operators.dense import exact_hessian
-from geometry.operators.hessian import HessianOperator
-from geometry.operators.linear_ce import linear_cross_entropy
-from probes.core.lm import lm_loss
-from probes.core.lm_head import lean_head_status, lm_loss_lean
-from probes.models.families import FAMILIES, tiny_model
+from losslens.geometry.operators.dense import exact_hessian
+from losslens.geometry.operators.hessian import HessianOperator
+from losslens.geometry.operators.linear_ce import linear_cross_entropy
+from losslens.lm.core.next_token_loss import lm_loss
+from losslens.lm.core.lm_head import lean_head_status, lm_loss_lean
+from losslens.lm.models.families import FAMILIES, tiny_model
 from tests.tiny_models import micro_gptneox, micro_llama, random_batches
 
 
@@ -96,8 +96,8 @@ def test_half_precision_lean_loss_matches_the_plain_loss():
 def test_the_head_allocates_no_weight_sized_temporary_beyond_its_gradients(bias):
     """Every allocation of a gradient build and one HVP through the head, tracked op by op: the
     gradients themselves plus at most transient_bytes (the [chunk, vocab] temporaries)."""
-    from geometry.memory.graphs import peak_new_bytes
-    from geometry.operators.linear_ce import transient_bytes
+    from losslens.geometry.memory.graphs import peak_new_bytes
+    from losslens.geometry.operators.linear_ce import transient_bytes
 
     T, d, V, chunk = 96, 256, 4096, 32
     g = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""geometry.memory.allocator: with its settings, freed tensor memory leaves the process's resident
+"""losslens.geometry.memory.allocator: with its settings, freed tensor memory leaves the process's resident
 memory (the mechanism; benchmarks/README.md "Scale" measures what it does to peak RSS against the
 plan, and why ``--strict-memory`` uses a 64 kB threshold and is not the default)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from geometry.memory.allocator import _libc
+from losslens.geometry.memory.allocator import _libc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,11 +22,11 @@ def rss():
         if line.startswith("VmRSS"):
             return int(line.split()[1]) * 1024
 if sys.argv[1] == "cli":
-    from geometry.memory.allocator import return_freed_memory
+    from losslens.geometry.memory.allocator import return_freed_memory
     assert return_freed_memory()
 if sys.argv[1] == "strict":                   # what `losslens sharpness/sweep/explain --strict-memory` does
     import os
-    from probes.commands._shared import apply_strict_memory
+    from losslens.cli.option_groups import apply_strict_memory
     apply_strict_memory(True)
     assert os.environ["MALLOC_MMAP_THRESHOLD_"] == "65536"   # for the workers it starts
 size = int(sys.argv[2])
@@ -81,6 +81,6 @@ def test_strict_memory_returns_activation_sized_blocks_that_the_cli_settings_kee
     ],
 )
 def test_strict_memory_is_on_when_a_budget_is_given(strict, max_memory, on):
-    from probes.commands._shared import apply_strict_memory
+    from losslens.cli.option_groups import apply_strict_memory
 
     assert apply_strict_memory(strict, max_memory) is on  # (conftest keeps the real setting out of this process)

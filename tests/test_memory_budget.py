@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.operators.dense import DenseOperator
-from geometry.estimators.density import spectral_density
-from geometry.estimators.directional import directional_curvature
-from geometry.estimators.eigen import top_eigenvalues
-from geometry.memory.graphs import peak_new_bytes
-from geometry.operators.hessian import HessianOperator
-from geometry.operators.reverse import ReverseBackend
-from geometry.operators.interface import CurvatureOperator
-from geometry.memory.model import MemoryBudgetError, format_bytes, parse_bytes, temporaries_bytes, vector_bytes
-from geometry.estimators.trace import estimate_memory, hutchinson_trace, hutchpp_trace
+from losslens.geometry.operators.dense import DenseOperator
+from losslens.geometry.estimators.density import spectral_density
+from losslens.geometry.estimators.directional import directional_curvature
+from losslens.geometry.estimators.eigen import top_eigenvalues
+from losslens.geometry.memory.graphs import peak_new_bytes
+from losslens.geometry.operators.hessian import HessianOperator
+from losslens.geometry.operators.reverse import ReverseBackend
+from losslens.geometry.operators.interface import CurvatureOperator
+from losslens.geometry.memory.model import MemoryBudgetError, format_bytes, parse_bytes, temporaries_bytes, vector_bytes
+from losslens.geometry.estimators.trace import estimate_memory, hutchinson_trace, hutchpp_trace
 from tests.tiny_models import lm_loss, micro_gptneox, random_batches, sym_with_spectrum
 
 EIGS = np.concatenate([[40.0, 25.0, -15.0, 9.0, 6.0], np.linspace(-1, 3, 195)])
@@ -208,7 +208,7 @@ def test_a_bfloat16_basis_halves_the_basis_memory_at_a_stated_accuracy():
 
 
 def test_the_default_budget_is_a_fraction_of_total_memory_and_can_be_shared(monkeypatch):
-    from geometry.memory.model import CPU_FRACTION, MEMORY_FRACTION_ENV, default_budget, total_bytes
+    from losslens.geometry.memory.model import CPU_FRACTION, MEMORY_FRACTION_ENV, default_budget, total_bytes
 
     monkeypatch.delenv(MEMORY_FRACTION_ENV, raising=False)
     total = total_bytes("cpu")
@@ -222,7 +222,7 @@ def test_the_default_budget_is_a_fraction_of_total_memory_and_can_be_shared(monk
 
 
 def test_curvature_of_the_last_block_keeps_only_that_part_of_the_graph():
-    from geometry.operators.dense import exact_hessian
+    from losslens.geometry.operators.dense import exact_hessian
 
     model = micro_gptneox(seed=4, dtype=torch.float64, layers=2)
     batches = random_batches(n_batches=1, seed=4)
@@ -331,8 +331,8 @@ class _PlanOnly(CurvatureOperator):
 def test_lanczos_planner_gives_convergence_its_basis_before_the_graph_cache():
     """Below max(16, 4k) vectors a larger basis comes before keeping the graphs; from there on the
     graphs are kept; a basis below k + 4 is refused (power iteration is the advice)."""
-    from geometry.estimators.eigen import ENOUGH_BASIS, SMALLEST_EXTRA
-    from geometry.estimators.eigen import estimate_memory as eigen_memory
+    from losslens.geometry.estimators.eigen import ENOUGH_BASIS, SMALLEST_EXTRA
+    from losslens.geometry.estimators.eigen import estimate_memory as eigen_memory
 
     op = _PlanOnly()
     one, cache_extra = vector_bytes(op.dim, op.dtype), 400 * 10**6  # the cache costs 10 basis vectors
@@ -360,7 +360,7 @@ def test_chunk_temporaries_are_at_most_51_MB():
     import re
     from pathlib import Path
 
-    from geometry.memory.model import CHUNK_TEMPORARIES, temporaries_bytes
+    from losslens.geometry.memory.model import CHUNK_TEMPORARIES, temporaries_bytes
 
     counts = {
         int(c or CHUNK_TEMPORARIES)

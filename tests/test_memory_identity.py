@@ -9,13 +9,13 @@ import json
 import pytest
 import torch
 
-import geometry.memory.model as mm
-from geometry.memory.model import MEMORY_FRACTION_ENV, default_budget, identity_settings, total_bytes
-from probes.analysis.inputs import AnalysisError
-from probes.analysis.series import series
-from probes.models.curvature import lm_hessian
-from probes.sweep import Store, run_sweep
-from probes.sweep.testing import tiny_plan_toml, tiny_trajectory
+import losslens.geometry.memory.model as mm
+from losslens.geometry.memory.model import MEMORY_FRACTION_ENV, default_budget, identity_settings, total_bytes
+from losslens.study.analysis.inputs import AnalysisError
+from losslens.study.analysis.series import series
+from losslens.lm.models.curvature import lm_hessian
+from losslens.study.sweep import Store, run_sweep
+from losslens.study.sweep.testing import tiny_plan_toml, tiny_trajectory
 from tests.tiny_models import micro_gptneox, random_batches
 
 PROBES = 'trace = { method = "hutch++", num_matvecs = 30 }\n'

@@ -33,10 +33,10 @@ def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
-from geometry.estimators.trace import estimate_memory as trace_memory
-from geometry.memory.model import MemoryBudgetError
-from probes.explain.api import explain_specs
-from probes.models.curvature import lm_hessian
+from losslens.geometry.estimators.trace import estimate_memory as trace_memory
+from losslens.geometry.memory.model import MemoryBudgetError
+from losslens.measure.explain.explanation import explain_specs
+from losslens.lm.models.curvature import lm_hessian
 case, dtype, budget = sys.argv[1], getattr(torch, sys.argv[2]), sys.argv[3]
 torch.manual_seed(0)
 cfg = transformers.GPTNeoXConfig(vocab_size=50304, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,

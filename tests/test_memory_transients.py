@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CHUNK_F64 = (1 << 21) * 8  # one float64 chunk temporary (geometry.base._linalg.CHUNK)
+CHUNK_F64 = (1 << 21) * 8  # one float64 chunk temporary (losslens.geometry.base._linalg.CHUNK)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self (Linux)")
 
@@ -40,7 +40,7 @@ def reset():
         f.write("5")
 case = sys.argv[1]
 if case == "is_finite":
-    from geometry.operators.interface import is_finite
+    from losslens.geometry.operators.interface import is_finite
     n, layout = int(sys.argv[2]), (sys.argv[4] if len(sys.argv) > 4 else "flat")
     x = torch.randn(n, dtype=getattr(torch, sys.argv[3]))
     if layout == "view":  # a parameter's [k, *shape] view of a row-major [k, dim] block of products
@@ -55,7 +55,7 @@ if case == "is_finite":
     bad = is_finite(x)
     print(json.dumps({"grew": hwm() - base, "finite": ok, "nan_seen": not bad}))
 elif case == "power_sums":
-    from geometry.base._linalg import power_sums
+    from losslens.geometry.base._linalg import power_sums
     x = torch.randn(int(sys.argv[2]), dtype=getattr(torch, sys.argv[3]))
     ref = x.double()
     want = (float((ref / 3.0).square().sum()), float((ref / 3.0).pow(4).sum()))
@@ -65,9 +65,9 @@ elif case == "power_sums":
     print(json.dumps({"grew": hwm() - base, "got": got, "want": want}))
 else:
     import transformers
-    from geometry import hutchinson_trace
-    from geometry.memory.graphs import peak_new_bytes
-    from probes.models.curvature import lm_hessian
+    from losslens.geometry import hutchinson_trace
+    from losslens.geometry.memory.graphs import peak_new_bytes
+    from losslens.lm.models.curvature import lm_hessian
     torch.manual_seed(0)
     cfg = transformers.GPTNeoXConfig(vocab_size=50304, hidden_size=256, num_hidden_layers=1, num_attention_heads=4,
                                      intermediate_size=1024, rotary_pct=0.25, tie_word_embeddings=False,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from geometry.memory.model import MemoryBudgetError
-from geometry.surfaces.moving import estimate_memory, forward_bytes, planned_forward_bytes
-from geometry.surfaces.random_planes import random_plane
-from geometry.surfaces.surface import evaluate_surface
-from probes.core.lm import lm_loss
+from losslens.geometry.memory.model import MemoryBudgetError
+from losslens.geometry.surfaces.moving import estimate_memory, forward_bytes, planned_forward_bytes
+from losslens.geometry.surfaces.random_planes import random_plane
+from losslens.geometry.surfaces.surface import evaluate_surface
+from losslens.lm.core.next_token_loss import lm_loss
 from tests.tiny_models import micro_gptneox, micro_llama, random_batches
 
 
@@ -49,8 +49,8 @@ def test_a_surface_is_refused_before_the_model_moves_or_any_grid_point_runs():
 
 
 def test_explain_refuses_before_the_quantizer_runs(monkeypatch):
-    import probes.explain.measure as measure
-    from probes.explain import explain_specs
+    import losslens.measure.explain.direction as measure
+    from losslens.measure.explain import explain_specs
 
     model = micro_llama(seed=0, dtype=torch.float32)
     curvature = random_batches(n_batches=2, batch=2, seq=8, seed=1)

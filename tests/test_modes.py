@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from geometry.base.modes import module_modes
-from geometry.surfaces.random_planes import random_plane
-from geometry.surfaces.surface import evaluate_surface
-from probes.core.lm import evaluate, lm_loss
-from probes.models.families import tiny_model
-from probes.quant import quantize
+from losslens.geometry.base.modes import module_modes
+from losslens.geometry.surfaces.random_planes import random_plane
+from losslens.geometry.surfaces.surface import evaluate_surface
+from losslens.lm.core.next_token_loss import evaluate, lm_loss
+from losslens.lm.models.families import tiny_model
+from losslens.lm.quant import quantize
 
 VOCAB = 96
 

@@ -1,4 +1,4 @@
-"""The robustness monitor (probes.monitor, issue #29): training continues bit-identically with it
+"""The robustness monitor (losslens.study.monitor, issue #29): training continues bit-identically with it
 (a real transformers.Trainer, Lightning, the plain loop), its rows are a sweep store's, the memory
 check refuses before training, the alarm fires once with a marker and a hook.
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from probes.monitor import (
+from losslens.study.monitor import (
     Alarm,
     MonitorError,
     MonitorMemoryError,
@@ -27,7 +27,7 @@ from probes.monitor import (
     alarm_rate,
     preserved,
 )
-from probes.sweep import Store
+from losslens.study.sweep import Store
 
 VOCAB, SEQ = 64, 16
 
@@ -114,7 +114,7 @@ def test_plain_loop_bit_identical_and_rows(tmp_path):
 def test_control_without_restoring_state_training_changes(tmp_path, monkeypatch):
     """The bit-identity test can fail: the same monitor with the state restoration switched off
     changes the training (its probes draw from the RNG, its evaluation flips the modes)."""
-    import probes.monitor.monitor as mm
+    import losslens.study.monitor.monitor as mm
 
     ref_w, _ = _plain_loop(8)
 
@@ -206,7 +206,7 @@ def _losses(trainer):
 
 def test_hf_trainer_bit_identical_rows_lr_and_logs(tmp_path):
     pytest.importorskip("transformers")
-    from probes.monitor import RobustnessCallback
+    from losslens.study.monitor import RobustnessCallback
 
     ref = _trainer(tmp_path, name="ref")
     ref.train()
@@ -232,7 +232,7 @@ def test_hf_without_trainer_handle_values_in_history_and_on_log(tmp_path):
     pytest.importorskip("transformers")
     from transformers import TrainerCallback
 
-    from probes.monitor import RobustnessCallback
+    from losslens.study.monitor import RobustnessCallback
 
     seen = []
 
@@ -250,7 +250,7 @@ def test_hf_without_trainer_handle_values_in_history_and_on_log(tmp_path):
 
 def test_hf_memory_refused_before_training(tmp_path):
     pytest.importorskip("transformers")
-    from probes.monitor import RobustnessCallback
+    from losslens.study.monitor import RobustnessCallback
 
     ev, cv = _sets()
     cb = RobustnessCallback(tmp_path / "hf.sqlite", ev, cv, max_memory=1000)
@@ -300,7 +300,7 @@ def _lightning_run(tmp_path, callbacks=(), name="a"):
 
 def test_lightning_bit_identical_and_logged(tmp_path):
     pytest.importorskip("lightning")
-    from probes.monitor import LightningRobustnessCallback
+    from losslens.study.monitor import LightningRobustnessCallback
 
     ref, _ = _lightning_run(tmp_path, name="ref")
     ev, cv = _sets()
@@ -317,7 +317,7 @@ def test_lightning_bit_identical_and_logged(tmp_path):
 
 # --------------------------------------------------------------------------- store, resume, report
 def test_rows_are_a_sweep_store_resumable_and_reportable(tmp_path):
-    from probes.report.pages import build_report, load_store
+    from losslens.study.report.pages import build_report, load_store
 
     path = tmp_path / "m.sqlite"
     mon = _monitor(path, every=4, run="r")
@@ -334,7 +334,7 @@ def test_rows_are_a_sweep_store_resumable_and_reportable(tmp_path):
     assert build_report(df, tmp_path / "r.html").is_file()
     from typer.testing import CliRunner
 
-    from probes.cli import app
+    from losslens.cli.app import app
 
     again.measure(model, 12, lr=1e-3)
     r = CliRunner().invoke(app, ["report", str(path), "--out", str(tmp_path / "cli.html"), "--n-boot", "200"])
@@ -417,7 +417,7 @@ def test_train_tiny_monitor_cli_same_checkpoints(tmp_path):
     from safetensors.torch import load_file
     from typer.testing import CliRunner
 
-    from probes.cli import app
+    from losslens.cli.app import app
 
     data = tmp_path / "data"
     base = ["train-tiny", "--tiny", "--steps", "20", "--checkpoints", "2", "-q", "--data-dir", str(data)]

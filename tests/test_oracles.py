@@ -2,11 +2,11 @@
 
 - :func:`tests.oracles.mlp_hessian`: the Hessian of a tanh MLP with softmax cross-entropy written
   by hand (closed form, no autograd);
-- :class:`probes.models.oracles.LossOracle`: second differences of the loss (forward passes only),
+- :class:`losslens.lm.models.oracles.LossOracle`: second differences of the loss (forward passes only),
   Richardson-extrapolated in float64; uᵀHv by polarisation; entries and blocks.
 
-Every seed family (:data:`probes.models.families.FAMILIES`) is checked in float64 (products and oracle
-inside :func:`~probes.models.oracles.float64_everywhere`, so HF's float32 upcasts are exact) and in
+Every seed family (:data:`losslens.lm.models.families.FAMILIES`) is checked in float64 (products and oracle
+inside :func:`~losslens.lm.models.oracles.float64_everywhere`, so HF's float32 upcasts are exact) and in
 float32 (the model's own products against the float64 oracle), with two seeds each.
 """
 
@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geometry.operators.dense import exact_hessian
-from geometry.operators.hessian import HessianOperator
-from probes.core.lm import lm_loss
-from probes.models.families import FAMILIES, tiny_model
-from probes.models.fd_references import fd_hvp, probe_vectors
-from probes.models.oracles import LossOracle, float64_everywhere
+from losslens.geometry.operators.dense import exact_hessian
+from losslens.geometry.operators.hessian import HessianOperator
+from losslens.lm.core.next_token_loss import lm_loss
+from losslens.lm.models.families import FAMILIES, tiny_model
+from losslens.lm.models.fd_references import fd_hvp, probe_vectors
+from losslens.lm.models.oracles import LossOracle, float64_everywhere
 from tests.oracles import mlp_hessian, mlp_parameters
 
 D, HID, C, N = 5, 7, 4, 24

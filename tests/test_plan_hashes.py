@@ -8,11 +8,11 @@ from __future__ import annotations
 import hashlib
 import json
 
-from probes.sweep.plan import Plan
+from losslens.study.sweep.plan import Plan
 
 
 def _plans():
-    from probes.sweep.plan import AccuracyProbe, BlockTraceProbe, DataSpec, EigenProbe, ExplainProbe, TraceProbe
+    from losslens.study.sweep.plan import AccuracyProbe, BlockTraceProbe, DataSpec, EigenProbe, ExplainProbe, TraceProbe
 
     return {
         "default": Plan.default(),

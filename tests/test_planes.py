@@ -1,4 +1,4 @@
-"""geometry.surfaces.planes: exact coordinates, orthonormal bases, filter normalisation, grids, bad input."""
+"""losslens.geometry.surfaces.planes: exact coordinates, orthonormal bases, filter normalisation, grids, bad input."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.surfaces.grid import GridError, GridSpec
-from geometry.surfaces.random_planes import filter_normalize, random_plane
-from geometry.surfaces.planes import PlaneError, orthonormality
-from geometry.surfaces.point_planes import line, plane_through_points
+from losslens.geometry.surfaces.grid import GridError, GridSpec
+from losslens.geometry.surfaces.random_planes import filter_normalize, random_plane
+from losslens.geometry.surfaces.planes import PlaneError, orthonormality
+from losslens.geometry.surfaces.point_planes import line, plane_through_points
 
 
 def _point(seed: int, scale: float = 1.0, dtype=torch.float32) -> dict[str, torch.Tensor]:

@@ -13,13 +13,13 @@ import copy
 import pytest
 import torch
 
-from geometry import HessianOperator, hutchinson_trace, top_eigenvalues
-from geometry.operators.interface import OperatorError
-from geometry.operators.precision import compute_copy_bytes, compute_dtype_for
-from probes.core.lm import lm_loss
+from losslens.geometry import HessianOperator, hutchinson_trace, top_eigenvalues
+from losslens.geometry.operators.interface import OperatorError
+from losslens.geometry.operators.precision import compute_copy_bytes, compute_dtype_for
+from losslens.lm.core.next_token_loss import lm_loss
 from benchmarks.precision import OTHERS, batches_of, bf16_model
-from probes.models.families import FAMILIES
-from probes.models.fidelity import float64_fidelity
+from losslens.lm.models.families import FAMILIES
+from losslens.lm.models.fidelity import float64_fidelity
 
 #: the tiny bfloat16 models and batches are the precision benchmark's (one definition for both)
 _model, _batches = bf16_model, batches_of
@@ -91,7 +91,7 @@ def test_trace_and_lambda_max_of_a_bfloat16_model_within_1e3(family):
 
 
 def test_half_compute_is_an_explicit_choice_and_its_error_is_flagged():
-    from probes.models.curvature import error_warning
+    from losslens.lm.models.curvature import error_warning
 
     model = _model("qwen2", 5)
     batches = _batches(model, 5)
@@ -103,7 +103,7 @@ def test_half_compute_is_an_explicit_choice_and_its_error_is_flagged():
     assert "half-precision compute (bfloat16)" in warning["message"] and "--compute-dtype float32" in warning["fix"]
     default = HessianOperator(model, lm_loss, batches, backend="difference")
     assert default.checked()["rel_error"] <= 1e-3 and error_warning(default.checked(), default.param_dtype) is None
-    from probes.sweep_probes.rows import hvp_error_flag
+    from losslens.measure.probes.rows import hvp_error_flag
 
     assert hvp_error_flag(half)["error_warning"]["rel_error"] == check["rel_error"]  # a sweep row's flag
     assert hvp_error_flag(default) == {} and hvp_error_flag(HessianOperator(model, lm_loss, batches)) == {}

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from probes.sweep import Plan, PlanError, Store, run_sweep
-from probes.sweep.testing import SEQ, tiny_token_sets, tiny_trajectory
+from losslens.study.sweep import Plan, PlanError, Store, run_sweep
+from losslens.study.sweep.testing import SEQ, tiny_token_sets, tiny_trajectory
 
 QUANTIZED = "model.layers.*_proj.weight"
 
@@ -48,7 +48,7 @@ def _direct(checkpoint, batches, params: str | None) -> tuple[float, float]:
 
 @pytest.mark.parametrize("params", [None, QUANTIZED])
 def test_grad_norm_rows_equal_a_direct_computation(tmp_path, params):
-    from probes.core.tokenset import TokenSet
+    from losslens.lm.core.tokenset import TokenSet
 
     traj = tiny_trajectory(tmp_path / "t", n=2, seed=5)
     sets = tiny_token_sets(traj)
@@ -75,8 +75,8 @@ def test_grad_norm_rows_equal_a_direct_computation(tmp_path, params):
 def test_grad_norm_series_and_figure():
     import pandas as pd
 
-    from probes.analysis import series
-    from probes.report.figures import synthetic_results, trajectory_figures
+    from losslens.study.analysis import series
+    from losslens.study.report.figures import synthetic_results, trajectory_figures
 
     df = synthetic_results(n_checkpoints=4, lawa=False)
     extra = df[(df.probe == "loss") & (df.metric == "loss")]

@@ -8,8 +8,8 @@ import warnings
 import pytest
 import torch
 
-from probes.quant import BackendUnavailable, int8_quantize, quantize
-from probes.quant.backends import available
+from losslens.lm.quant import BackendUnavailable, int8_quantize, quantize
+from losslens.lm.quant.backends import available
 
 HAS_BNB = importlib.util.find_spec("bitsandbytes") is not None
 HAS_GPTQMODEL = importlib.util.find_spec("gptqmodel") is not None

@@ -16,9 +16,9 @@ import math
 import pytest
 import torch
 
-from probes.core.lm import evaluate, lm_loss
-from probes.quant import CalibrationError, QuantError, quantization_error
-from probes.core.tokenset import TokenSet
+from losslens.lm.core.next_token_loss import evaluate, lm_loss
+from losslens.lm.quant import CalibrationError, QuantError, quantization_error
+from losslens.lm.core.tokenset import TokenSet
 
 V, HIDDEN = 128, 32
 
@@ -62,7 +62,7 @@ def trained(tmp_path_factory):
         loss.backward()
         opt.step()
     model.eval()
-    from probes.train.run_files import save_checkpoint
+    from losslens.lm.train.run_files import save_checkpoint
 
     folder = tmp_path_factory.mktemp("ckpt") / "step-000080"
     save_checkpoint(folder, model, None)  # config.json + model.safetensors, as the project writes them
@@ -116,7 +116,7 @@ def test_bad_data(trained):
 def test_cli_json_and_table(trained):
     from typer.testing import CliRunner
 
-    from probes.cli import app
+    from losslens.cli.app import app
 
     model, ev, cal, folder = trained
     runner = CliRunner()
@@ -177,9 +177,9 @@ def test_cli_default_token_sets(tmp_path):
     """A checkpoint with its tokenizer (helper C's tiny trainer): default held-out token sets."""
     from typer.testing import CliRunner
 
-    from probes.cli import app
-    from probes.train.config import TrainConfig
-    from probes.train.tiny import train_tiny
+    from losslens.cli.app import app
+    from losslens.lm.train.config import TrainConfig
+    from losslens.lm.train.tiny import train_tiny
 
     traj = train_tiny(TrainConfig.tiny(steps=4, checkpoints=1), tmp_path / "run", progress=False)
     ckpt = traj.checkpoints[-1].location

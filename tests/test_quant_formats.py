@@ -15,10 +15,10 @@ import math
 import pytest
 import torch
 
-from probes.quant import QuantSpec, SpecError, quantize
-from probes.quant.errors import QuantizeError
-from probes.quant.microscaling import mx_quantize, nvfp4_quantize
-from probes.quant.minifloat import E2M1, E4M3, E5M2, fp8_quantize, round_minifloat
+from losslens.lm.quant import QuantSpec, SpecError, quantize
+from losslens.lm.quant.quant_errors import QuantizeError
+from losslens.lm.quant.microscaling import mx_quantize, nvfp4_quantize
+from losslens.lm.quant.minifloat import E2M1, E4M3, E5M2, fp8_quantize, round_minifloat
 
 SEEDS = (0, 1, 2)
 
@@ -210,9 +210,9 @@ def tiny(hidden=64, inter=256):
 
 
 def test_rotation_preserves_the_function_and_is_orthogonal():
-    from probes.core.lm import lm_loss
-    from probes.core.modules import select_linears
-    from probes.quant.hadamard import Rotation, rotated_inputs
+    from losslens.lm.core.next_token_loss import lm_loss
+    from losslens.lm.core.modules import select_linears
+    from losslens.lm.quant.hadamard import Rotation, rotated_inputs
 
     for n in (64, 96):  # 96 = 3 · 32: block-diagonal
         R = Rotation(n, seed=1)
@@ -238,8 +238,8 @@ def test_rotation_preserves_the_function_and_is_orthogonal():
 
 
 def test_had_quantize_is_q_of_rotated_weight_rotated_back():
-    from probes.quant.hadamard import Rotation
-    from probes.quant.rtn import rtn_quantize
+    from losslens.lm.quant.hadamard import Rotation
+    from losslens.lm.quant.rtn import rtn_quantize
 
     model = tiny()
     qm = quantize(model, "had2+rtn:3:g32")
@@ -264,8 +264,8 @@ def test_every_format_runs_through_quantize():
 
 
 def test_sweep_plans_and_the_explain_probe_take_the_new_specs():
-    from probes.explain import explain_specs
-    from probes.sweep.plan import canonical_spec
+    from losslens.measure.explain import explain_specs
+    from losslens.study.sweep.plan import canonical_spec
 
     assert canonical_spec("GGUF:q4_k") == "gguf:Q4_K" and canonical_spec("had2+mxfp4") == "had2+mxfp4"
     model = tiny()
@@ -278,7 +278,7 @@ def test_sweep_plans_and_the_explain_probe_take_the_new_specs():
 
 
 def test_had_wraps_calibrated_quantizers_on_rotated_inputs():
-    from probes.core.lm import lm_loss
+    from losslens.lm.core.next_token_loss import lm_loss
 
     model = tiny()
     g = torch.Generator().manual_seed(4)
@@ -295,8 +295,8 @@ def test_had_wraps_calibrated_quantizers_on_rotated_inputs():
 
 
 def test_had_refuses_a_tied_weight():
-    from probes.core.modules import select_linears
-    from probes.quant.hadamard import rotated_inputs
+    from losslens.lm.core.modules import select_linears
+    from losslens.lm.quant.hadamard import rotated_inputs
 
     model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 10, bias=False))
     model[1].weight = model[0].weight

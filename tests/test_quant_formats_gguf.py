@@ -1,7 +1,7 @@
 """llama.cpp's GGUF types bit for bit against the ``gguf`` package (skipped only without it).
 
 * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (every type our specs offer that ``gguf.quants`` can *quantize*):
-  ``gguf.quants.quantize`` → ``dequantize`` must equal :func:`probes.quant.ggml.gguf_quantize` in
+  ``gguf.quants.quantize`` → ``dequantize`` must equal :func:`losslens.lm.quant.ggml.gguf_quantize` in
   every bit, on 3 seeds of random rows (with zero, constant and tie rows) and on a trained tiny
   model's weights.
 * Q4_K (``gguf`` only dequantizes it): a scalar transcription of ``quantize_row_q4_K_ref``
@@ -18,9 +18,9 @@ import torch
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType
 
-from probes.quant import QuantizeError, quantize  # noqa: E402 - after the gguf skip
-from probes.quant.formats import GGUF_TYPES  # noqa: E402 - after the gguf skip
-from probes.quant.ggml import TYPES, gguf_quantize  # noqa: E402 - after the gguf skip
+from losslens.lm.quant import QuantizeError, quantize  # noqa: E402 - after the gguf skip
+from losslens.lm.quant.formats import GGUF_TYPES  # noqa: E402 - after the gguf skip
+from losslens.lm.quant.ggml import TYPES, gguf_quantize  # noqa: E402 - after the gguf skip
 from tests.ggml_transcription import quantize_row_q4_k  # noqa: E402 - after the gguf skip
 
 LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
@@ -43,7 +43,7 @@ def trained_weights():
     """The weights of every linear of a tiny GPT-NeoX trained 40 AdamW steps on a token chain."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    from probes.core.lm import lm_loss
+    from losslens.lm.core.next_token_loss import lm_loss
 
     cfg = GPTNeoXConfig(
         vocab_size=64,

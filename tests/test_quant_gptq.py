@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probes.quant import CholeskyError, gptq_quantize, rtn_quantize
+from losslens.lm.quant import CholeskyError, gptq_quantize, rtn_quantize
 
 
 def grid(w: torch.Tensor, bits: int, sym: bool):

@@ -6,8 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probes.quant import QuantSpec, SpecError, quantize
-from probes.quant.gptq_preset import SequenceHessian, gptqmodel_inverse_factor, gptqmodel_quantize, group_aware_order
+from losslens.lm.quant import QuantSpec, SpecError, quantize
+from losslens.lm.quant.gptq_preset import (
+    SequenceHessian,
+    gptqmodel_inverse_factor,
+    gptqmodel_quantize,
+    group_aware_order,
+)
 from tests import gptqmodel_transcription as oracle
 
 
@@ -121,7 +126,7 @@ def test_spec_strings_of_the_preset():
 
 
 def _tiny(seed=0):
-    from probes.models.families import tiny_model
+    from losslens.lm.models.families import tiny_model
 
     return tiny_model("gpt_neox", seed=seed)
 
@@ -151,7 +156,7 @@ def test_model_level_preset_uses_gptqmodel_per_layer_on_the_first_group():
 def _table(chosen: list[str]):
     import pandas as pd
 
-    from probes.sweep.store import RESULT_COLUMNS
+    from losslens.study.sweep.store import RESULT_COLUMNS
 
     nan = float("nan")
     rows = [
@@ -187,9 +192,9 @@ def _table(chosen: list[str]):
 
 
 def test_rows_record_the_variant_and_series_refuse_to_pool_variants():
-    from probes.analysis.inputs import AnalysisError
-    from probes.analysis.series import series
-    from probes.sweep.store_table import chosen_settings
+    from losslens.study.analysis.inputs import AnalysisError
+    from losslens.study.analysis.series import series
+    from losslens.study.sweep.store_table import chosen_settings
 
     pre, ref = QuantSpec.parse("gptq:4:g128:gptqmodel"), QuantSpec.parse("gptq:4:g128")
     assert pre.row_settings == {"gptq_variant": "gptqmodel"} and ref.row_settings == {"gptq_variant": "reference"}

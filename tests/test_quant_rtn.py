@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from probes.quant import int8_quantize, rtn_quantize
+from losslens.lm.quant import int8_quantize, rtn_quantize
 
 
 def rtn_loop(W: torch.Tensor, bits: int, g: int) -> torch.Tensor:

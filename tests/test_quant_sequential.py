@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probes.quant import (
+from losslens.lm.quant import (
     CalibrationError,
     ModuleSelectionError,
     QuantizedModel,
@@ -16,9 +16,9 @@ from probes.quant import (
     quantize,
     rtn_quantize,
 )
-from probes.quant.sequential import capture_block_inputs, discover_groups, _run_block
-from probes.core.modules import find_blocks
-from probes.core.tokenset import TokenSet
+from losslens.lm.quant.sequential import capture_block_inputs, discover_groups, _run_block
+from losslens.lm.core.modules import find_blocks
+from losslens.lm.core.tokenset import TokenSet
 
 VOCAB, HIDDEN, CTX = 61, 32, 48
 

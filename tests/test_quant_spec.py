@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from probes.quant import QuantSpec, SpecError
+from losslens.lm.quant import QuantSpec, SpecError
 
 CANONICAL = [
     "rtn:4:g128",

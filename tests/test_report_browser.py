@@ -29,7 +29,7 @@ ARTIFACTS = ROOT / "test-artifacts"
 
 
 def _tiny_surface():
-    from geometry.surfaces.surface import Surface
+    from losslens.geometry.surfaces.surface import Surface
 
     x = np.linspace(-0.5, 1.5, 9)
     y = np.linspace(-0.5, 1.5, 8)
@@ -169,11 +169,11 @@ def _check_page(driver, path: Path, screenshot: Path, timeout: float = 45.0) -> 
 
 
 def test_report_renders_in_chromium(driver, tmp_path):
-    from probes import analysis
-    from probes.report.figures import synthetic_results
-    from probes.report.pages import build_report
+    from losslens import analysis
+    from losslens.study.report.figures import synthetic_results
+    from losslens.study.report.pages import build_report
 
-    from probes.report.explain_figures import synthetic_explain
+    from losslens.study.report.explain_figures import synthetic_explain
 
     df = synthetic_explain(synthetic_results(n_checkpoints=8, runs=("wsd", "cosine")))
     wsd = df[df["run"] == "wsd"]
@@ -199,7 +199,7 @@ def test_report_renders_in_chromium(driver, tmp_path):
 
 
 def test_surface_page_renders_in_chromium(driver, tmp_path):
-    from probes.report.pages import surface_page
+    from losslens.study.report.pages import surface_page
 
     out = surface_page(_tiny_surface(), tmp_path / "surface.html", title="tiny surface")
     assert _check_page(driver, out, ARTIFACTS / "surface.png") == 3

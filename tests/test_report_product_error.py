@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from probes.report.figures import trajectory_figures
-from probes.report.flags import PRODUCT_ERROR_MARKER, product_error_table
-from probes.report.pages import build_report, load_store
-from probes.sweep import Store
-from probes.sweep_probes.rows import ProbeRow, hvp_error_flag, metric
+from losslens.study.report.figures import trajectory_figures
+from losslens.study.report.flags import PRODUCT_ERROR_MARKER, product_error_table
+from losslens.study.report.pages import build_report, load_store
+from losslens.study.sweep import Store
+from losslens.measure.probes.rows import ProbeRow, hvp_error_flag, metric
 
 STEPS = (100, 200, 300, 400)
 FLAGGED = "step-000300"
@@ -89,7 +89,7 @@ def test_the_flagged_row_is_in_the_table_and_marked_in_the_figures(flagged):
 def test_the_report_has_a_section_for_it(flagged, tmp_path):
     from typer.testing import CliRunner
 
-    from probes.cli import app
+    from losslens.cli.app import app
 
     out = tmp_path / "report.html"
     res = CliRunner().invoke(app, ["report", str(flagged), "--out", str(out), "--n-boot", "50"])

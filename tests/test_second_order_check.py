@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from probes.models.families import FAMILIES, tiny_model
-from probes.models.fd_references import special_token_ids, with_special_tokens
-from probes.models.miniature import miniature
-from probes.models.second_order import SecondOrderError, check_second_order, ensure_second_order
+from losslens.lm.models.families import FAMILIES, tiny_model
+from losslens.lm.models.fd_references import special_token_ids, with_special_tokens
+from losslens.lm.models.miniature import miniature
+from losslens.lm.models.second_order import SecondOrderError, check_second_order, ensure_second_order
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from geometry import HessianOperator
+from losslens.geometry import HessianOperator
 from tests import fsdp_worker
 from tests.gloo_ranks import WORLD, run_ranks
 from tests.tiny_models import lm_loss

@@ -1,5 +1,5 @@
 """Strict sizes (issue #36): one parser for every size a user writes (--max-memory, a plan's
-max_memory), geometry.memory.sizes.parse_size behind geometry.memory.model.parse_bytes. A bad size is
+max_memory), losslens.geometry.memory.sizes.parse_size behind losslens.geometry.memory.model.parse_bytes. A bad size is
 one line, exit 2, saying what was read and what is accepted; a good one parses to its exact bytes."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from geometry.memory.model import MemoryBudgetError, _room, parse_bytes
-from geometry.memory.sizes import MIN_SIZE, SizeError, parse_size
-from probes.cli import app
+from losslens.geometry.memory.model import MemoryBudgetError, _room, parse_bytes
+from losslens.geometry.memory.sizes import MIN_SIZE, SizeError, parse_size
+from losslens.cli.app import app
 
 RAM = _room("cpu")[0]
 OVER_RAM = f"{RAM // 10**6 + 1000}MB"  # more than this machine has
@@ -152,8 +152,8 @@ def test_the_cap_is_the_gpu_memory_on_a_cuda_device(monkeypatch):
 
 
 def test_an_estimator_refuses_a_bad_size_before_any_product():
-    from geometry.estimators.trace import hutchinson_trace
-    from geometry.operators.dense import DenseOperator
+    from losslens.geometry.estimators.trace import hutchinson_trace
+    from losslens.geometry.operators.dense import DenseOperator
 
     op = DenseOperator(torch.eye(4, dtype=torch.float64))
     for bad in ("0.5", "1e99TB", OVER_RAM):
@@ -176,7 +176,7 @@ def test_an_estimator_refuses_a_bad_size_before_any_product():
     ],
 )
 def test_a_plan_file_size_is_read_by_the_same_parser(tmp_path, value, ok):
-    from probes.sweep import Plan, PlanError
+    from losslens.study.sweep import Plan, PlanError
 
     path = tmp_path / "plan.toml"
     path.write_text(f'name = "p"\nmax_memory = {value}\n[probes]\nloss = true\n')
@@ -189,7 +189,7 @@ def test_a_plan_file_size_is_read_by_the_same_parser(tmp_path, value, ok):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from probes.sweep.testing import tiny_trajectory
+    from losslens.study.sweep.testing import tiny_trajectory
 
     return tiny_trajectory(tmp_path_factory.mktemp("sizes") / "tiny", n=2, seed=3)
 

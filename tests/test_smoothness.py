@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from geometry import HessianOperator
-from geometry.operators.branches import FrozenBranches
-from geometry.operators.product_check import product_error
-from geometry.operators.smoothness import NOT_SMOOTH, SMOOTH, activation_smoothness, continuous_gradients
-from probes.models.families import tiny_model
+from losslens.geometry import HessianOperator
+from losslens.geometry.operators.branches import FrozenBranches
+from losslens.geometry.operators.product_check import product_error
+from losslens.geometry.operators.smoothness import NOT_SMOOTH, SMOOTH, activation_smoothness, continuous_gradients
+from losslens.lm.models.families import tiny_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -80,7 +80,7 @@ def test_a_perturbed_point_in_the_xielu_clamp_window_does_not_break_the_product(
 
 
 def test_a_warning_names_non_smooth_activations_as_the_cause():
-    from probes.models.curvature import error_warning
+    from losslens.lm.models.curvature import error_warning
 
     check = {"rel_error": 0.05, "non_smooth_activations": ["Hardswish"]}
     warning = error_warning(check, torch.float32)

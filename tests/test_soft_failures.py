@@ -10,20 +10,22 @@ import pandas as pd
 import pytest
 import torch
 
-from geometry.surfaces.grid import GridSpec
-from geometry.surfaces.point_planes import plane_through_points
-from geometry.surfaces.surface import SurfaceError, evaluate_surface
-from probes.analysis import AnalysisError, analyse
-from probes.checkpoints import Trajectory
-from probes.checkpoints.errors import CorruptCheckpointError
-from probes.core.lm import lm_loss
+from losslens.geometry.surfaces.grid import GridSpec
+from losslens.geometry.surfaces.point_planes import plane_through_points
+from losslens.geometry.surfaces.surface import SurfaceError, evaluate_surface
+from losslens.study.analysis import AnalysisError, analyse
+from losslens.lm.checkpoints import Trajectory
+from losslens.lm.checkpoints.errors import CorruptCheckpointError
+from losslens.lm.core.next_token_loss import lm_loss
 from tests.test_analysis import _tidy
 from tests.tiny_models import micro_gptneox, random_batches
 
 
 def test_analyse_raises_a_bug_and_notes_a_data_problem(monkeypatch):
     """summary.analyse turned *any* exception into "correlations unavailable"; a bug must surface."""
-    summary_mod = importlib.import_module("probes.analysis.summary")  # the module (the package exports the function)
+    summary_mod = importlib.import_module(
+        "losslens.study.analysis.summary"
+    )  # the module (the package exports the function)
     df = _tidy()
 
     def broken(*a, **k):
@@ -51,7 +53,7 @@ def test_analyse_pools_runs_with_runs_as_groups():
 
 def test_sweep_summary_says_why_there_is_no_lr_control(monkeypatch):
     """commands/sweep.correlation_summary dropped the partial correlation on LR silently."""
-    from probes.commands import sweep as cmd
+    from losslens.cli import sweep as cmd
 
     df = _tidy()
     df["lr"] = 1e-3  # constant LR: no partial correlation on it
@@ -68,7 +70,7 @@ def test_sweep_summary_says_why_there_is_no_lr_control(monkeypatch):
     def broken(*a, **k):
         raise KeyError("a bug")
 
-    monkeypatch.setattr("probes.analysis.series", broken)
+    monkeypatch.setattr("losslens.study.analysis.series", broken)
     with pytest.raises(KeyError):  # not swallowed into "no control"
         cmd.correlation_summary(_tidy(), n_boot=50)
 
@@ -92,7 +94,7 @@ def test_unreadable_trainer_state_is_an_error(tmp_path):
 def test_get_loader_does_not_swallow_a_failed_trajectory_update(monkeypatch):
     """runner.get_loader had a bare `except Exception: pass` around giving the cached loader the
     trajectory (with its new LAWA checkpoints): a loader that cannot take it would load stale refs."""
-    from probes.sweep import runner
+    from losslens.study.sweep import runner
 
     class Stubborn:
         @property

@@ -1,4 +1,4 @@
-"""geometry.surfaces.surface: grid evaluation on a plane of a tiny HF GPT-NeoX, exactness at A/B/C, exact
+"""losslens.geometry.surfaces.surface: grid evaluation on a plane of a tiny HF GPT-NeoX, exactness at A/B/C, exact
 restore of the model, NaN holes, resuming, figures and (de)serialisation."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.surfaces.grid import GridSpec
-from geometry.surfaces.point_planes import line, plane_through_points
-from geometry.surfaces.random_planes import random_plane
-from geometry.surfaces.surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
-from probes.core.lm import evaluate, lm_loss
-from probes.report.surface_figures import profile_figure, surface_figure, surface_profile_figure
+from losslens.geometry.surfaces.grid import GridSpec
+from losslens.geometry.surfaces.point_planes import line, plane_through_points
+from losslens.geometry.surfaces.random_planes import random_plane
+from losslens.geometry.surfaces.surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
+from losslens.lm.core.next_token_loss import evaluate, lm_loss
+from losslens.study.report.surface_figures import profile_figure, surface_figure, surface_profile_figure
 from tests.tiny_models import micro_gptneox, random_batches
 
 NB = 2  # batches per point
@@ -245,9 +245,9 @@ def test_surface_command_end_to_end(tmp_path):
     """`losslens surface CHECKPOINT --previous PREV --spec ... --grid N --out page.html` on tiny checkpoints."""
     from typer.testing import CliRunner
 
-    from probes.sweep import testing
+    from losslens.study.sweep import testing
 
-    from probes.cli import app
+    from losslens.cli.app import app
 
     folder = testing.tiny_trajectory(tmp_path / "traj", n=2, hidden=16, layers=1)
     out, js = tmp_path / "surface.html", tmp_path / "surface.json"
@@ -273,8 +273,8 @@ def test_surface_command_end_to_end(tmp_path):
     s = Surface.load(js)
     assert s.loss.shape == (3, 3) and set(s.points) == {"A", "B", "C"} and s.plane["kind"] == "points"
     # A's loss on the page equals a direct evaluation of the checkpoint
-    from probes.checkpoints import load_model
-    from probes.core.tokenset import TokenSet
+    from losslens.lm.checkpoints import load_model
+    from losslens.lm.core.tokenset import TokenSet
 
     direct = evaluate(load_model(folder / "step-000200"), TokenSet.load(folder / "data" / "eval.safetensors")).loss
     assert s.points["A"][2] == pytest.approx(direct, rel=1e-6)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from probes.cli import app
-from probes.sweep import Plan, Store, run_sweep
-from probes.sweep.testing import tiny_plan_toml, tiny_trajectory
+from losslens.cli.app import app
+from losslens.study.sweep import Plan, Store, run_sweep
+from losslens.study.sweep.testing import tiny_plan_toml, tiny_trajectory
 
 CHEAP = 'loss = true\nquant = ["rtn:4"]\ntrace = { method = "hutchinson", num_matvecs = 2 }\n'
 N_CKPT = 4
@@ -60,7 +60,7 @@ def test_sweep_command_bad_plan(traj, tmp_path, runner):
     bad.write_text("[probes]\nloss = true\nsharpness = true\n")
     r = runner.invoke(app, ["sweep", str(traj), "--out", str(tmp_path / "x.sqlite"), "--plan", str(bad), "--quiet"])
     assert r.exit_code == 2
-    from probes.sweep_probes.registry import PROBES
+    from losslens.measure.probes.registry import PROBES
 
     assert f"unknown probe(s) ['sharpness']; valid probes: {', '.join(PROBES)}\n" in r.output
     bad.write_text('[probes]\nquant = ["rtn:9"]\n')
@@ -115,7 +115,7 @@ def test_strict_memory_changes_the_allocator_not_the_numbers(traj, runner):
     import subprocess
     import sys
 
-    from geometry.memory.allocator import _libc
+    from losslens.geometry.memory.allocator import _libc
 
     if not sys.platform.startswith("linux") or _libc() is None:
         pytest.skip("--strict-memory needs glibc's malloc")
@@ -138,7 +138,7 @@ def test_strict_memory_changes_the_allocator_not_the_numbers(traj, runner):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
     done = subprocess.run(
-        [sys.executable, "-m", "probes.cli", *args, "--strict-memory"],
+        [sys.executable, "-m", "losslens", *args, "--strict-memory"],
         env=env,
         capture_output=True,
         text=True,
@@ -174,7 +174,7 @@ def test_sharpness_command_json(traj, runner):
     assert out["trace"]["ci_low"] <= out["trace"]["value"] <= out["trace"]["ci_high"]
     assert len(out["eigen"]["values"]) == 1 and out["dim"] > 0 and out["trace"]["seconds"] > 0
     assert out["eigen"]["method"] == "lanczos" and len(out["eigen"]["residuals"]) == 1  # the default (#23)
-    from probes.sweep_probes.eigen import EigenProbe
+    from losslens.measure.probes.eigen import EigenProbe
 
     assert EigenProbe().method == "lanczos"
     r = runner.invoke(app, ["sharpness", str(traj), "--label", "step-000999", "--data", str(data)])

@@ -6,8 +6,8 @@ from dataclasses import fields
 
 import pytest
 
-from probes.sweep import Plan, Store, SweepOptions, run_sweep
-from probes.sweep.testing import tiny_token_sets, tiny_trajectory
+from losslens.study.sweep import Plan, Store, SweepOptions, run_sweep
+from losslens.study.sweep.testing import tiny_token_sets, tiny_trajectory
 
 FORMER_KEYWORDS = [
     "executor",

@@ -1,4 +1,4 @@
-"""probes.sweep plan validation/hashing and the SQLite store (no models needed)."""
+"""losslens.study.sweep plan validation/hashing and the SQLite store (no models needed)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from dataclasses import dataclass
 import pandas as pd
 import pytest
 
-from probes.sweep import DataSpec, Plan, PlanError, Store, StoreError, TraceProbe
-from probes.sweep import RESULT_COLUMNS
-from probes.sweep_probes.rows import ProbeRow, metric
+from losslens.study.sweep import DataSpec, Plan, PlanError, Store, StoreError, TraceProbe
+from losslens.study.sweep import RESULT_COLUMNS
+from losslens.measure.probes.rows import ProbeRow, metric
 
 
 # --------------------------------------------------------------------------- plan
 def test_plan_validation_messages(tmp_path):
-    from probes.sweep_probes.registry import PROBES
+    from losslens.measure.probes.registry import PROBES
 
     assert {"loss", "quant", "trace", "eigen", "block_trace", "directional", "kurtosis", "explain", "accuracy"} <= set(
         PROBES
@@ -225,9 +225,9 @@ def test_one_store_holds_several_runs_with_the_same_labels(tmp_path):
 
 
 def test_a_calibration_set_too_short_for_gptq_gets_more_batches(tmp_path):
-    from probes.checkpoints import Trajectory
-    from probes.sweep.datasets import _calibration_for, _first_config, _widest_input
-    from probes.sweep.testing import tiny_trajectory
+    from losslens.lm.checkpoints import Trajectory
+    from losslens.study.sweep.datasets import _calibration_for, _first_config, _widest_input
+    from losslens.study.sweep.testing import tiny_trajectory
 
     assert _calibration_for((2, 4, 64), 3072) == (12, 4, 64)  # Pythia-160m's MLP: 3,072 inputs
     assert _calibration_for((12, 4, 64), 3072) == (12, 4, 64)  # already enough: unchanged

@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
-from probes.sweep import Plan, Store, run_sweep
-from probes.sweep.testing import tiny_plan_toml, tiny_trajectory
+from losslens.study.sweep import Plan, Store, run_sweep
+from losslens.study.sweep.testing import tiny_plan_toml, tiny_trajectory
 
 ray = pytest.importorskip("ray")
 

@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes.sweep import Plan, Store, run_sweep
-from probes.sweep.testing import tiny_plan_toml, tiny_trajectory
+from losslens.study.sweep import Plan, Store, run_sweep
+from losslens.study.sweep.testing import tiny_plan_toml, tiny_trajectory
 
 REPO = Path(__file__).resolve().parents[1]
 CHEAP = 'loss = true\nquant = ["rtn:4", "int8"]\nkurtosis = true\ntrace = { method = "hutchinson", num_matvecs = 2 }\n'
@@ -55,7 +55,7 @@ def _count(path: Path) -> int:
 
 
 def _cli(*args) -> list[str]:
-    return [sys.executable, "-m", "probes.sweep", *map(str, args)]
+    return [sys.executable, "-m", "losslens", *map(str, args)]
 
 
 def _children(pid: int) -> list:
@@ -123,7 +123,7 @@ def test_sigkill_mid_sweep_then_resume(traj, tmp_path, workers):
 
 @pytest.mark.timeout(240)
 def test_ctrl_c_with_workers_keeps_every_finished_row_then_resumes(traj, tmp_path):
-    from probes.sweep.lock import lock_path
+    from losslens.study.sweep.lock import lock_path
 
     plan_file = tiny_plan_toml(tmp_path / "plan.toml", traj, probes=SLOWER)
     total = N_CKPT * ROWS_PER_CKPT

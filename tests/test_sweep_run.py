@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from probes.sweep import Plan, PlanError, Store, StoreError, run_sweep
-from probes.sweep.testing import tiny_plan_toml, tiny_token_sets, tiny_trajectory
+from losslens.study.sweep import Plan, PlanError, Store, StoreError, run_sweep
+from losslens.study.sweep.testing import tiny_plan_toml, tiny_token_sets, tiny_trajectory
 
 CHEAP = 'loss = true\nquant = ["rtn:4", "int8"]\nkurtosis = true\ntrace = { method = "hutchinson", num_matvecs = 2 }\n'
 N_CKPT = 4
@@ -46,8 +46,8 @@ def test_local_sweep_values_resume_and_mixed(traj, cheap_plan, tmp_path):
     assert (df.status == "ok").all() and df.value.notna().all()
     assert df.lr.notna().all() and list(df.drop_duplicates("checkpoint").step) == [100, 200, 300, 400]
     # the FP loss equals a direct evaluation; rel_loss_error is consistent with q_loss
-    from probes.checkpoints import CheckpointLoader, Trajectory
-    from probes.core.lm import evaluate
+    from losslens.lm.checkpoints import CheckpointLoader, Trajectory
+    from losslens.lm.core.next_token_loss import evaluate
 
     tr = Trajectory.from_folder(traj)
     sets = tiny_token_sets(traj)
@@ -78,7 +78,7 @@ def test_local_sweep_values_resume_and_mixed(traj, cheap_plan, tmp_path):
 
 
 def test_probe_failure_is_isolated_and_retried_on_request(traj, cheap_plan, tmp_path, monkeypatch):
-    from probes.sweep import runner
+    from losslens.study.sweep import runner
 
     def boom(st, task):
         raise RuntimeError("kurtosis exploded")

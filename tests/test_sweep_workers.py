@@ -12,14 +12,14 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from probes.cli import app
-from probes.core import workers as pool_mod
-from probes.core import worker_loop
-from probes.core.worker_loop import WorkerError
-from probes.core.workers import WorkerPool
-from probes.sweep import Plan, Store, run_sweep
-from probes.sweep import local_workers
-from probes.sweep.testing import tiny_plan_toml, tiny_trajectory
+from losslens.cli.app import app
+from losslens.lm.core import workers as pool_mod
+from losslens.lm.core import worker_loop
+from losslens.lm.core.worker_loop import WorkerError
+from losslens.lm.core.workers import WorkerPool
+from losslens.study.sweep import Plan, Store, run_sweep
+from losslens.study.sweep import local_workers
+from losslens.study.sweep.testing import tiny_plan_toml, tiny_trajectory
 
 N_CKPT = 4
 EVERY_PROBE = (
@@ -82,7 +82,7 @@ def test_two_workers_write_the_rows_of_one_process_bit_for_bit(traj, tmp_path, m
     def not_here(*_a, **_k):
         raise AssertionError("with workers no checkpoint is loaded in the parent process")
 
-    monkeypatch.setattr("probes.sweep.executors.get_loader", not_here)  # the workers load their own models
+    monkeypatch.setattr("losslens.study.sweep.executors.get_loader", not_here)  # the workers load their own models
     r2 = run_sweep(traj, plan, out=two, progress=False, num_threads=1, num_workers=2)
     assert (r1.workers, r2.workers) == (1, 2) and "2 workers" in str(r2)
     assert r1.n_failed == r2.n_failed == len(plan.tasks())  # the damaged checkpoint, as failed rows
@@ -144,13 +144,13 @@ def test_the_default_worker_count(monkeypatch):
 
 
 def test_workers_whose_models_exceed_the_memory_are_refused_or_lowered(traj, tmp_path, monkeypatch):
-    import geometry.memory.model
-    from probes.checkpoints import Trajectory, load_model
-    from probes.checkpoints.files import weights_bytes
+    import losslens.geometry.memory.model
+    from losslens.lm.checkpoints import Trajectory, load_model
+    from losslens.lm.checkpoints.files import weights_bytes
 
     size = weights_bytes(Trajectory.from_folder(traj)[0])
     assert size == 4 * sum(p.numel() for p in load_model(traj / "step-000100").parameters())  # float32, from the header
-    monkeypatch.setattr(geometry.memory.model, "available_bytes", lambda device: int(2.5 * size))
+    monkeypatch.setattr(losslens.geometry.memory.model, "available_bytes", lambda device: int(2.5 * size))
     plan = tiny_plan_toml(tmp_path / "p.toml", traj, probes="loss = true\n")
     out = tmp_path / "r.sqlite"
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from probes.checkpoints import Trajectory
-from probes.train import schedules as S
-from probes.train.config import TrainError
-from probes.train.fork_compare import compare_forks, find_forks, fork_wins, wins_summary
-from probes.train.fork_schedule import ForkSchedule, lr_function
-from probes.train.forks import fork_trajectory
+from losslens.lm.checkpoints import Trajectory
+from losslens.lm.train import schedules as S
+from losslens.lm.train.config import TrainError
+from losslens.lm.train.fork_compare import compare_forks, find_forks, fork_wins, wins_summary
+from losslens.lm.train.fork_schedule import ForkSchedule, lr_function
+from losslens.lm.train.forks import fork_trajectory
 from tests.fixtures_trajectory import data_cache_dir, tiny_trajectory_dir
 
 PARENT = dict(steps=24, checkpoints=3, save_optimizer=True)  # checkpoints at steps 8, 16, 24 (with AdamW state)
@@ -208,7 +208,7 @@ def test_fork_wins_pairings():
 def test_cli_fork_and_compare(forks, tmp_path):
     from typer.testing import CliRunner
 
-    from probes.cli import app
+    from losslens.cli.app import app
 
     out, cos, _ = forks
     res = CliRunner().invoke(

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from probes.train import schedules as S
-from probes.train.config import TrainConfig, TrainError, lr_at
-from probes.train.fork_schedule import ForkSchedule, lr_function
+from losslens.lm.train import schedules as S
+from losslens.lm.train.config import TrainConfig, TrainError, lr_at
+from losslens.lm.train.fork_schedule import ForkSchedule, lr_function
 
 
 def test_base_schedules_at_known_steps():

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-import probes.train.grid as tt
-from probes.checkpoints import Trajectory
-from probes.train.config import TrainConfig, TrainError, format_value
-from probes.train.grid import parse_sweep, plan_sweep, sweep_run_name, train_sweep
+import losslens.lm.train.grid as tt
+from losslens.lm.checkpoints import Trajectory
+from losslens.lm.train.config import TrainConfig, TrainError, format_value
+from losslens.lm.train.grid import parse_sweep, plan_sweep, sweep_run_name, train_sweep
 from tests.fixtures_trajectory import data_cache_dir
 
 
@@ -99,7 +99,7 @@ def test_train_sweep_skips_finished_runs_and_records_failures(tmp_path, monkeypa
 def test_cli_sweep(tmp_path):
     from typer.testing import CliRunner
 
-    from probes.cli import app
+    from losslens.cli.app import app
 
     args = [
         "train-tiny",

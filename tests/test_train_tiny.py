@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from probes.checkpoints import CheckpointLoader, Trajectory
-from probes.data import default_token_sets, load_tokenizer, tokenizer_fingerprint
-from probes.core.lm import evaluate
-from probes.core.tokenset import TokenSetError
-from probes.train.config import TrainConfig, TrainError, lr_at
-from probes.train.tiny import train_tiny
+from losslens.lm.checkpoints import CheckpointLoader, Trajectory
+from losslens.lm.data import default_token_sets, load_tokenizer, tokenizer_fingerprint
+from losslens.lm.core.next_token_loss import evaluate
+from losslens.lm.core.tokenset import TokenSetError
+from losslens.lm.train.config import TrainConfig, TrainError, lr_at
+from losslens.lm.train.tiny import train_tiny
 from tests.fixtures_trajectory import data_cache_dir, tiny_trajectory  # noqa: F401
 
 
@@ -133,7 +133,7 @@ def test_resume_is_exact(tmp_path):
 def test_cli_train_tiny(tmp_path):
     from typer.testing import CliRunner
 
-    from probes.cli import app
+    from losslens.cli.app import app
 
     out = tmp_path / "cli"
     res = CliRunner().invoke(

@@ -1,4 +1,4 @@
-"""Trajectory PCA (geometry.surfaces.trajectory_pca) against a float64 SVD of the stacked, centred
+"""Trajectory PCA (losslens.geometry.surfaces.trajectory_pca) against a float64 SVD of the stacked, centred
 weights (numpy, not the Gram trick), on random points of several shapes, seeds and sizes."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from geometry.memory.model import MemoryBudgetError
-from geometry.surfaces.sources import DictSource, MeanSource
-from geometry.surfaces.trajectory_axes import TrajectoryPCAError
-from geometry.surfaces.trajectory_pca import trajectory_pca
+from losslens.geometry.memory.model import MemoryBudgetError
+from losslens.geometry.surfaces.sources import DictSource, MeanSource
+from losslens.geometry.surfaces.trajectory_axes import TrajectoryPCAError
+from losslens.geometry.surfaces.trajectory_pca import trajectory_pca
 
 SHAPES = {
     "emb.weight": (11, 6),

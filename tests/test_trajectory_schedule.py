@@ -1,4 +1,4 @@
-"""Schedules attached to trajectories (probes.checkpoints.schedule) and hub trajectory names (issue #17)."""
+"""Schedules attached to trajectories (losslens.lm.checkpoints.schedule) and hub trajectory names (issue #17)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from probes.checkpoints import CheckpointRef, Trajectory, TrajectoryNameError, parse_hub_name
-from probes.checkpoints.errors import NoCheckpointsError, ScheduleError
-from probes.checkpoints.schedule import PRESETS, apply_schedule, parse_schedule
+from losslens.lm.checkpoints import CheckpointRef, Trajectory, TrajectoryNameError, parse_hub_name
+from losslens.lm.checkpoints.errors import NoCheckpointsError, ScheduleError
+from losslens.lm.checkpoints.schedule import PRESETS, apply_schedule, parse_schedule
 
 
 def neox_v1_lr(

@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy import stats
 
-from probes.models.weights import KurtosisResult, WeightStatsError, excess_kurtosis, weight_kurtosis
+from losslens.lm.models.weights import KurtosisResult, WeightStatsError, excess_kurtosis, weight_kurtosis
 from tests.tiny_models import micro_gptneox
 
 
@@ -43,7 +43,7 @@ def test_weight_kurtosis_per_matrix_and_pooled():
         model.gpt_neox.layers[0].mlp.dense_h_to_4h.weight[0, 0] = 5.0
     res = weight_kurtosis(model)
     assert isinstance(res, KurtosisResult)
-    from probes.core.modules import select_linears
+    from losslens.lm.core.modules import select_linears
 
     lin = select_linears(model)
     assert tuple(res.per_matrix) == tuple(lin) and res.modules == tuple(lin)

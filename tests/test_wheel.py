@@ -99,7 +99,7 @@ def test_build_gives_wheel_and_sdist_that_twine_accepts(dist):
     assert {"pyproject.toml", "README.md", "CHANGELOG.md", "geometry/py.typed", "probes/py.typed"} <= in_sdist
     assert {f for f in _source_files()} <= in_sdist
     assert sorted(top_level) == ["geometry", "probes"]
-    assert "losslens = probes.cli:app" in entry_points
+    assert "losslens = losslens.cli.app:app" in entry_points
 
 
 def _venv_with_test_packages(where: Path) -> Path:
@@ -124,7 +124,7 @@ def test_wheel_runs_from_a_fresh_venv(dist, tmp_path):
     env["PATH"] = f"{tmp_path / 'venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
 
     where = _run(
-        [str(py), "-c", "import geometry, probes; print(geometry.__file__); print(probes.__file__)"],
+        [str(py), "-c", "import geometry, probes; print(losslens.geometry.__file__); print(losslens.__file__)"],
         cwd=run_dir,
         env=env,
     )

@@ -1,5 +1,5 @@
 """Tokens whose input-embedding row is zero are left out of curvature losses (issue #35,
-probes/models/zero_embeddings.py). On the six seed families (float64, the padding row zeroed, the
+probes/lm/models/zero_embeddings.py). On the six seed families (float64, the padding row zeroed, the
 padding token in the batches) the difference backend through ``lm_hessian`` agrees with the exact
 products of the same loss at the clean level (≤ 1e-8; benchmarks/README.md "Zero embedding rows"),
 the loss is what it says (right padding: the mean over the unpadded sequences' targets, computed
@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from geometry import HessianOperator
-from geometry.operators.product_check import product_error
-from probes.core.lm import ExcludingLoss, LossError, evaluate, lm_loss
-from probes.models.curvature import lm_hessian
-from probes.models.families import FAMILIES, tiny_model
-from probes.models.fidelity import float64_fidelity
-from probes.models.zero_embeddings import curvature_loss, row_extra, zero_embedding_tokens
+from losslens.geometry import HessianOperator
+from losslens.geometry.operators.product_check import product_error
+from losslens.lm.core.next_token_loss import ExcludingLoss, LossError, evaluate, lm_loss
+from losslens.lm.models.curvature import lm_hessian
+from losslens.lm.models.families import FAMILIES, tiny_model
+from losslens.lm.models.fidelity import float64_fidelity
+from losslens.lm.models.zero_embeddings import curvature_loss, row_extra, zero_embedding_tokens
 
 SEQ = 10
 

@@ -1,7 +1,7 @@
 """Tiny, seeded models and data shared by the whole test suite.
 
 Every factory is deterministic in its ``seed`` and small enough that an exact Hessian (one double
-backward per parameter, :func:`geometry.operators.dense.exact_hessian`) builds in about a second:
+backward per parameter, :func:`losslens.geometry.operators.dense.exact_hessian`) builds in about a second:
 
 ==================  ============================================  ==========
 factory             architecture                                  parameters
@@ -15,7 +15,7 @@ factory             architecture                                  parameters
 ==================  ============================================  ==========
 
 LM batches are ``[batch, seq]`` LongTensors from :func:`random_batches`; the LM loss is :func:`lm_loss`
-(:func:`probes.core.lm.lm_loss`, kept in float64 for float64 models). MLP batches are ``(x [b, 5], y [b])`` tuples from
+(:func:`losslens.lm.core.next_token_loss.lm_loss`, kept in float64 for float64 models). MLP batches are ``(x [b, 5], y [b])`` tuples from
 :func:`mlp_batches` with :func:`mlp_loss` (mean cross-entropy). Models are returned in eval mode.
 """
 
@@ -216,13 +216,13 @@ def random_batches(
 
 
 def lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    """:func:`probes.core.lm.lm_loss` (mean next-token cross-entropy, nats), kept in float64 for float64 models.
+    """:func:`losslens.lm.core.next_token_loss.lm_loss` (mean next-token cross-entropy, nats), kept in float64 for float64 models.
 
-    Delegates to ``probes.core.lm.lm_loss`` unless that returns a lower precision than the logits (it
+    Delegates to ``losslens.lm.core.next_token_loss.lm_loss`` unless that returns a lower precision than the logits (it
     upcasts with ``.float()``, which *down*casts float64 logits to float32 and limits Hessian checks
     to ~1e-7); then the same formula is evaluated in the logits' dtype.
     """
-    from probes.core.lm import _logits, lm_loss as probe_loss
+    from losslens.lm.core.next_token_loss import _logits, lm_loss as probe_loss
 
     dtype = next(model.parameters()).dtype
     if dtype != torch.float64:
@@ -247,7 +247,7 @@ def sym_with_spectrum(eigs, seed: int = 0) -> torch.Tensor:
 def classifier_mlp_hessian(seed: int = 0):
     """Exact Hessian (float64, [87, 87]) and its ParamSpace of a 4-6-3 tanh MLP's cross-entropy on
     32 random examples: a small dense oracle for the estimator tests (singular, mixed-sign)."""
-    from geometry.operators.dense import exact_hessian
+    from losslens.geometry.operators.dense import exact_hessian
 
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()

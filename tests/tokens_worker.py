@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from geometry import HessianOperator
-from geometry.operators.data_parallel import split_batches
+from losslens.geometry import HessianOperator
+from losslens.geometry.operators.data_parallel import split_batches
 from tests.gloo_ranks import gloo_group, record
 from tests.tiny_models import lm_loss, micro_llama, random_batches
 
@@ -65,8 +65,8 @@ def _global(HV: torch.Tensor, op) -> torch.Tensor:
 
 
 def run(rank: int, world: int, port: int, out: str) -> None:
-    from geometry.operators.sharded import ShardedHessianOperator
-    from probes.models.sharding import shard_model
+    from losslens.geometry.operators.sharded import ShardedHessianOperator
+    from losslens.lm.models.sharding import shard_model
 
     with gloo_group(rank, world, port, timeout_s=120):
         mine = split_batches(unequal_batches(), rank, world)
@@ -88,8 +88,8 @@ def run(rank: int, world: int, port: int, out: str) -> None:
         padded = shard_model(zero_row_model())
 
         def fsdp_zero_row():  # the zero row found shard by shard; sharded_lm_hessian leaves token PAD out
-            from probes.models.sharding import sharded_lm_hessian
-            from probes.models.zero_embeddings import zero_embedding_tokens
+            from losslens.lm.models.sharding import sharded_lm_hessian
+            from losslens.lm.models.zero_embeddings import zero_embedding_tokens
 
             found = zero_embedding_tokens(padded)
             op = sharded_lm_hessian(padded, split_batches(padded_batches(), rank, world), found, richardson=True)
@@ -102,8 +102,8 @@ def run(rank: int, world: int, port: int, out: str) -> None:
         record(out, "fsdp-zero-row", rank, fsdp_zero_row)
 
         def data_zero_row():  # lm_hessian, data-parallel: the counts summed over the ranks
-            from geometry.operators.data_parallel import DataParallel
-            from probes.models.curvature import lm_hessian
+            from losslens.geometry.operators.data_parallel import DataParallel
+            from losslens.lm.models.curvature import lm_hessian
 
             op = lm_hessian(
                 zero_row_model(),

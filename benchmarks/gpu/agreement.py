@@ -1,7 +1,7 @@
 """Sections 1 and 2 of the GPU check: the device agrees with the CPU, and fused attention with MATH.
 
 Each backend on the device is compared with the same backend on the CPU (float64 tiny models,
-HF's float32 islands kept in float64 by :func:`probes.models.fidelity.with_float64_fidelity`, so
+HF's float32 islands kept in float64 by :func:`losslens.lm.models.fidelity.with_float64_fidelity`, so
 the tolerances bound rounding only): relative ‖device − CPU‖ / ‖CPU‖ ≤ 1e-9 for the exact
 backends, 1e-6 for the difference backend (a step of ~1e-5 relative amplifies gradient rounding);
 estimators 1e-7 (the same seeds and the same products up to rounding); bf16 checkpoints with
@@ -26,17 +26,23 @@ def _batches(vocab: int, rows: int, seq: int, n: int = 2, seed: int = 0) -> list
 
 
 def _supports(param: str) -> bool:
-    from geometry import HessianOperator
+    from losslens.geometry import HessianOperator
 
     return param in inspect.signature(HessianOperator).parameters
 
 
 def agreement(ctx: Context) -> list[dict]:
     """Device vs CPU products and estimators on the six seed families (float64, tiny)."""
-    from geometry import HessianOperator, directional_curvature, hutchpp_trace, spectral_density, top_eigenvalues
-    from probes.core.lm import lm_loss
-    from probes.models.families import FAMILIES, tiny_model
-    from probes.models.fidelity import with_float64_fidelity
+    from losslens.geometry import (
+        HessianOperator,
+        directional_curvature,
+        hutchpp_trace,
+        spectral_density,
+        top_eigenvalues,
+    )
+    from losslens.lm.core.next_token_loss import lm_loss
+    from losslens.lm.models.families import FAMILIES, tiny_model
+    from losslens.lm.models.fidelity import with_float64_fidelity
 
     rows: list[dict] = []
     backends = (
@@ -73,9 +79,9 @@ def agreement(ctx: Context) -> list[dict]:
 
 def _compute_policy(ctx: Context) -> list[dict]:
     """A bfloat16 checkpoint's products with float32 arithmetic: device vs CPU, both backends."""
-    from geometry import HessianOperator
-    from probes.core.lm import lm_loss
-    from probes.models.families import tiny_model
+    from losslens.geometry import HessianOperator
+    from losslens.lm.core.next_token_loss import lm_loss
+    from losslens.lm.models.families import tiny_model
 
     if not _supports("compute_dtype"):
         return [
@@ -126,9 +132,9 @@ def _kernel_names(model, batch) -> list[str]:
 
 def attention(ctx: Context) -> list[dict]:
     """Difference backend with default (fused) SDPA vs reverse backend under MATH, same batches."""
-    from geometry import HessianOperator
-    from probes.core.lm import lm_loss
-    from probes.models.families import tiny_model
+    from losslens.geometry import HessianOperator
+    from losslens.lm.core.next_token_loss import lm_loss
+    from losslens.lm.models.families import tiny_model
 
     seq = 64 if ctx.quick else 1024
     dtype = torch.float32

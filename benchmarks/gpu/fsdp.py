@@ -2,7 +2,7 @@
 
 One process joins a one-rank group (NCCL on CUDA, gloo on the CPU: the same code path as
 ``torchrun --parallel fsdp``), shards a tiny float64 model of two families with ``fully_shard``
-(:func:`probes.models.sharding.shard_model`) and runs Hutchinson (6 products) and Lanczos λ_max on
+(:func:`losslens.lm.models.sharding.shard_model`) and runs Hutchinson (6 products) and Lanczos λ_max on
 the sharded operator; the unsharded difference backend on a copy gives the reference (both with
 HF's float32 islands kept in float64). Tolerance 1e-8 relative (float64; the two differ by
 summation order only).
@@ -43,7 +43,7 @@ def one_rank_group(device: torch.device):
 
 
 def _estimates(op) -> dict[str, float]:
-    from geometry import hutchinson_trace, top_eigenvalues
+    from losslens.geometry import hutchinson_trace, top_eigenvalues
 
     return {
         "hutchinson": hutchinson_trace(op, num_matvecs=6, seed=3).value,
@@ -53,12 +53,12 @@ def _estimates(op) -> dict[str, float]:
 
 def fsdp(ctx: Context) -> list[dict]:
     """Sharded (world size 1) vs unsharded difference-backend estimates on two tiny families."""
-    from geometry import HessianOperator
-    from geometry.operators.sharded import ShardedHessianOperator
-    from probes.core.lm import lm_loss
-    from probes.models.families import tiny_model
-    from probes.models.fidelity import with_float64_fidelity
-    from probes.models.sharding import shard_model
+    from losslens.geometry import HessianOperator
+    from losslens.geometry.operators.sharded import ShardedHessianOperator
+    from losslens.lm.core.next_token_loss import lm_loss
+    from losslens.lm.models.families import tiny_model
+    from losslens.lm.models.fidelity import with_float64_fidelity
+    from losslens.lm.models.sharding import shard_model
 
     g = torch.Generator().manual_seed(7)
     batches = [torch.randint(3, 96, (rows, 12), generator=g) for rows in (3, 2)]

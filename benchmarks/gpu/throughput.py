@@ -34,8 +34,8 @@ def _model(shape: str, dtype: torch.dtype, device: torch.device):
 
 
 def _operator(model, batches, dtype: torch.dtype, **kw):
-    from geometry import HessianOperator
-    from probes.core.lm import lm_loss
+    from losslens.geometry import HessianOperator
+    from losslens.lm.core.next_token_loss import lm_loss
 
     if dtype != torch.float32 and "compute_dtype" in inspect.signature(HessianOperator).parameters:
         kw["compute_dtype"] = torch.float32
@@ -49,7 +49,7 @@ def _pyhessian_seconds(model, batch, device, k: int) -> float:
 
     from benchmarks.hvp_peers import _Logits, _shifted_ce
 
-    from geometry.operators.attention import second_order_attention
+    from losslens.geometry.operators.attention import second_order_attention
 
     vs = [[torch.randn_like(p) for p in model.parameters() if p.requires_grad] for _ in range(k)]
 
@@ -126,7 +126,7 @@ def throughput(ctx: Context) -> list[dict]:
 def memory(ctx: Context) -> list[dict]:
     """Hutch++ and Lanczos peak memory against their plans on the first shape."""
     from benchmarks.shapes import SHAPES
-    from geometry import hutchpp_trace, top_eigenvalues
+    from losslens.geometry import hutchpp_trace, top_eigenvalues
 
     shape = "pythia-14m" if ctx.quick else ctx.shapes[0]
     rows_, seq = (1, 64) if ctx.quick else (8, 512)

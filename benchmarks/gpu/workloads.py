@@ -27,8 +27,8 @@ QUANT_TOL, LOGLIK_TOL = 0.02, 1e-4
 def _tiny_run(ctx: Context) -> Path:
     """A tiny trained trajectory (``losslens train-tiny --tiny``), trained once per check on the CPU."""
     if "tiny_run" not in ctx.notes:
-        from probes.train.config import TrainConfig
-        from probes.train.tiny import train_tiny
+        from losslens.lm.train.config import TrainConfig
+        from losslens.lm.train.tiny import train_tiny
 
         out = Path(tempfile.mkdtemp(prefix="losslens-gpu-check-"))
         train_tiny(TrainConfig.tiny(), out / "run", progress=False, data_dir=out / "data")
@@ -39,7 +39,7 @@ def _tiny_run(ctx: Context) -> Path:
 def quant(ctx: Context) -> list[dict]:
     """GPTQ and AWQ of one layer stack: device vs CPU seconds and ΔQ."""
     from benchmarks.shapes import SHAPES, build
-    from probes.quant import quantization_error
+    from losslens.lm.quant import quantization_error
 
     shape = "pythia-14m" if ctx.quick else "olmo-2-1b"
     seq = 64 if ctx.quick else 512
@@ -76,8 +76,8 @@ def quant(ctx: Context) -> list[dict]:
 
 def accuracy(ctx: Context) -> list[dict]:
     """The accuracy probe on the embedded task: device vs CPU."""
-    from probes.accuracy import task_accuracy
-    from probes.checkpoints import CheckpointLoader, Trajectory, tokenizer_folder
+    from losslens.measure.accuracy import task_accuracy
+    from losslens.lm.checkpoints import CheckpointLoader, Trajectory, tokenizer_folder
     from transformers import AutoTokenizer
 
     traj = Trajectory.from_folder(_tiny_run(ctx))
@@ -124,8 +124,8 @@ def _logliks(report, variant: str):
 
 def sweep(ctx: Context) -> list[dict]:
     """A three-checkpoint sweep on the device and its report."""
-    from probes.report.pages import build_report
-    from probes.sweep import Store, run_sweep
+    from losslens.study.report.pages import build_report
+    from losslens.study.sweep import Store, run_sweep
 
     run_dir = _tiny_run(ctx)
     out = run_dir.parent / f"sweep-{ctx.device.type}.sqlite"

@@ -1,16 +1,16 @@
 """The API reference, one page per room, generated from the code (no hand-kept lists of names).
 
-``.. room:: geometry.operators`` documents, in this order:
+``.. room:: losslens.geometry.operators`` documents, in this order:
 
 1. the room's docstring;
-2. its public names: for a ``geometry`` room, the names of ``geometry.__all__`` whose object is defined in
-   that room, under the path users import them from (``geometry.HessianOperator``); for a ``probes``
-   room with an ``__all__``, every name of it (``probes.quant.quantize``);
+2. its public names: for a ``geometry`` room, the names of ``losslens.geometry.__all__`` whose object is defined in
+   that room, under the path users import them from (``losslens.geometry.HessianOperator``); for a ``probes``
+   room with an ``__all__``, every name of it (``losslens.lm.quant.quantize``);
 3. every public module of the room (not starting with ``_``) with its docstring and the members it
    defines that step 2 has not documented already.
 
-A cross-reference to where an object is defined (``geometry.operators.hessian.HessianOperator``,
-``probes.quant.spec.QuantSpec``, or a short name inside that module's docstrings) resolves to where it
+A cross-reference to where an object is defined (``losslens.geometry.operators.hessian.HessianOperator``,
+``losslens.lm.quant.spec.QuantSpec``, or a short name inside that module's docstrings) resolves to where it
 is documented (``missing-reference`` below), so docstrings may name either.
 """
 
@@ -85,8 +85,8 @@ def _home(obj, room: str) -> bool:
 
 
 def _public_home(obj, canonical: str) -> str:
-    """The name under which a re-exported object is documented in its own room (``probes.core.TokenSet``
-    for ``probes.core.tokenset.TokenSet``), else its canonical name."""
+    """The name under which a re-exported object is documented in its own room (``losslens.lm.core.TokenSet``
+    for ``losslens.lm.core.tokenset.TokenSet``), else its canonical name."""
     parts = canonical.split(".")
     for depth in (2, 1):
         room = ".".join(parts[:depth])
@@ -161,7 +161,7 @@ class RoomDirective(SphinxDirective):
         for mod in mods:
             lines += [mod, "^" * len(mod), "", f".. automodule:: {mod}", "   :members:"]
             if mod.rsplit(".", 1)[1] in exported_names:
-                # a public name equal to the module's (probes.analysis.series): the name is the function's
+                # a public name equal to the module's (losslens.study.analysis.series): the name is the function's
                 lines += ["   :no-index:"]
             lines += [""]
         content = StringList(lines, source=f"<room {room}>")
@@ -172,8 +172,8 @@ class RoomDirective(SphinxDirective):
 
     @staticmethod
     def _geometry_index() -> list[str]:
-        """``geometry.__all__`` by the room that defines each name, each a link to its entry."""
-        import geometry
+        """``losslens.geometry.__all__`` by the room that defines each name, each a link to its entry."""
+        import losslens.geometry
 
         lines = ["Public names by room", "~~~~~~~~~~~~~~~~~~~~", ""]
         for sub in room_modules("geometry"):
@@ -181,11 +181,11 @@ class RoomDirective(SphinxDirective):
             if names:
                 refs = ", ".join(f":py:obj:`~{n}`" for n, _ in names)
                 lines += [f"- :doc:`{sub}`: {refs}", ""]
-        missing = set(geometry.__all__) - {
+        missing = set(losslens.geometry.__all__) - {
             n.split(".")[-1] for sub in room_modules("geometry") for n, _ in public_names(sub)
         }
         if missing:
-            raise ValueError(f"geometry.__all__ names defined outside every room: {sorted(missing)}")
+            raise ValueError(f"losslens.geometry.__all__ names defined outside every room: {sorted(missing)}")
         return lines
 
 
@@ -337,7 +337,7 @@ def _has_member(cls, member: str) -> bool:
 
 
 def _by_last_name(domain, target: str, module: str) -> list[str]:
-    """A short name in a docstring (``:class:`CurvatureOperator``` in ``geometry.operators``): the one
+    """A short name in a docstring (``:class:`CurvatureOperator``` in ``losslens.geometry.operators``): the one
     documented object of that name in the same room, else in the same package; none when ambiguous."""
     if not module:
         return []

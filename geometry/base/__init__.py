@@ -1,4 +1,4 @@
-"""geometry.base: the shared pieces every other room builds on; imports no other room.
+"""losslens.geometry.base: the shared pieces every other room builds on; imports no other room.
 
 - ``results``: the result dataclasses of every estimator and :class:`EstimatorError`;
 - ``attribution_results``: the result dataclasses of an attribution along a direction;
@@ -8,6 +8,6 @@
 - ``modes``: eval/train mode for a while, every module's own mode restored after;
 - ``jsonable``: plain JSON-ready data from results.
 
-This ``__init__`` imports nothing: import the module you need (``from geometry.base.results import …``),
+This ``__init__`` imports nothing: import the module you need (``from losslens.geometry.base.results import …``),
 or the public names from ``geometry``.
 """

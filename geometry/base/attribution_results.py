@@ -1,7 +1,7 @@
-"""Result records of an attribution along a direction d (:mod:`geometry.estimators.attribution`):
+"""Result records of an attribution along a direction d (:mod:`losslens.geometry.estimators.attribution`):
 the factors of ½dᵀHd (:class:`QuadraticFactors`), the per-parameter parts of gᵀd, dᵀHd and ‖d‖²
 (:class:`DirectionParts`) and both by block (:class:`Attribution`). Frozen dataclasses, plain data;
-``to_dict()`` as every result of :mod:`geometry.base.results`.
+``to_dict()`` as every result of :mod:`losslens.geometry.base.results`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .results import TraceEstimate, _ToDict
+from losslens.geometry.base.results import TraceEstimate, _ToDict
 
 __all__ = ["QuadraticFactors", "DirectionParts", "Attribution"]
 
@@ -83,7 +83,7 @@ class DirectionParts(_ToDict):
         gTd, dHd, norm2: per-parameter parts (tuples aligned with ``names``).
         loss: L(θ) on the operator's data.
         num_matvecs, num_gradients, seconds: cost (1 HVP, 1 gradient) and wall time.
-        memory: the memory plan (as :func:`geometry.estimators.directional.estimate_memory`).
+        memory: the memory plan (as :func:`losslens.geometry.estimators.directional.estimate_memory`).
     """
 
     names: tuple[str, ...]

@@ -1,11 +1,11 @@
-"""Batch weights: how a loss over several batches is averaged (by :class:`~geometry.operators.hessian.HessianOperator`,
-the data-parallel and sharded operators, :func:`~geometry.surfaces.surface.evaluate_surface` and the loss oracle alike).
+"""Batch weights: how a loss over several batches is averaged (by :class:`~losslens.geometry.operators.hessian.HessianOperator`,
+the data-parallel and sharded operators, :func:`~losslens.geometry.surfaces.surface.evaluate_surface` and the loss oracle alike).
 
 The mean loss over batches b_1..b_n is Σ_i w_i L(b_i) with weights normalised to sum 1. When each
 L(b_i) is itself a mean over terms (tokens, examples), the pooled mean over all terms needs
 w_i ∝ the number of terms of b_i. geometry knows no loss, so the loss says it: a ``loss_fn`` may carry
 a method or attribute ``batch_weight(batch) -> float`` (the number of loss terms of the batch, e.g. the
-predicted tokens that are not ignored: ``probes.core.lm.lm_loss`` does), and the default weight is
+predicted tokens that are not ignored: ``losslens.lm.core.next_token_loss.lm_loss`` does), and the default weight is
 that. A ``loss_fn`` without it gets the batch size (rows: ``batch.shape[0]``, or the first element's
 for an ``(inputs, targets)`` tuple), an example-weighted mean, equal to the token-weighted one only
 for equal-shaped batches.

@@ -15,7 +15,7 @@ from typing import Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
-from .errors import LosslensError
+from losslens.geometry.base.errors import LosslensError
 
 ParamGlobs = str | Sequence[str] | None
 

@@ -1,9 +1,9 @@
 """Result records of the curvature estimators: small frozen dataclasses, plain data.
 
-Every estimator in :mod:`geometry.estimators.trace`, :mod:`geometry.estimators.blocks`,
-:mod:`geometry.estimators.eigen`, :mod:`geometry.estimators.density` and
-:mod:`geometry.estimators.directional` returns one of these instead of a bare float (the records of an
-attribution are in :mod:`geometry.base.attribution_results`). Each carries the value(s), error bars
+Every estimator in :mod:`losslens.geometry.estimators.trace`, :mod:`losslens.geometry.estimators.blocks`,
+:mod:`losslens.geometry.estimators.eigen`, :mod:`losslens.geometry.estimators.density` and
+:mod:`losslens.geometry.estimators.directional` returns one of these instead of a bare float (the records of an
+attribution are in :mod:`losslens.geometry.base.attribution_results`). Each carries the value(s), error bars
 where the method has them, ``num_matvecs`` (Hessian-vector products actually spent, read from the
 operator's counter), ``seconds`` (wall time of the call) and ``seed``.
 ``to_dict()`` gives JSON-ready builtins (floats, ints, bools, strings, lists, dicts); arrays and
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import LosslensError
-from .jsonable import jsonable
+from losslens.geometry.base.errors import LosslensError
+from losslens.geometry.base.jsonable import jsonable
 
 __all__ = [
     "EstimatorError",
@@ -68,7 +68,7 @@ class TraceEstimate(_ToDict):
             without ``tol`` (nothing to reach) and for Hutch++: ``True``.
         num_samples: number of Rademacher samples behind ``stderr`` (Hutch++: the residual part).
         dim: dimension of the operator.
-        memory: the memory plan it ran with (:meth:`geometry.memory.model.MemoryEstimate.to_dict`:
+        memory: the memory plan it ran with (:meth:`losslens.geometry.memory.model.MemoryEstimate.to_dict`:
             predicted bytes, budget, and the settings chosen: block size, Hutch++ sketch size, ...).
     """
 
@@ -101,7 +101,7 @@ class EigenResult(_ToDict):
         values: k eigenvalue estimates sorted by magnitude, largest first, sign kept.
         residuals: ``‖H v_i − λ_i v_i‖`` for the unit eigenvector estimate v_i (same units as λ).
         converged: per value, whether the method's stopping criterion was met (see
-            :func:`geometry.estimators.eigen.top_eigenvalues`).
+            :func:`losslens.geometry.estimators.eigen.top_eigenvalues`).
         num_matvecs, seconds, seed: cost, wall time, seed of the random start.
         method: ``"lanczos"`` or ``"power"``.
         iterations: Lanczos steps taken, or power iterations summed over the k values.

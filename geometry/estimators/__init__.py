@@ -1,5 +1,5 @@
-"""geometry.estimators: numbers computed from Hessian-vector products; imports ``geometry.base``,
-``geometry.memory`` and ``geometry.operators``.
+"""losslens.geometry.estimators: numbers computed from Hessian-vector products; imports ``losslens.geometry.base``,
+``losslens.geometry.memory`` and ``losslens.geometry.operators``.
 
 - ``trace``: Hutchinson and Hutch++ traces and their memory plan; ``blocks``: per-block traces;
 - ``sampling``: Rademacher probes, their Student-t statistics, the memory plan of probes in blocks;

@@ -8,16 +8,16 @@ from typing import Callable, Mapping, TypeVar
 import numpy as np
 import torch
 
-from ..base._linalg import sharded_vectors
-from ..operators.interface import CurvatureOperator, is_finite
-from ..base.results import EstimatorError
+from losslens.geometry.base._linalg import sharded_vectors
+from losslens.geometry.operators.interface import CurvatureOperator, is_finite
+from losslens.geometry.base.results import EstimatorError
 
 F = TypeVar("F", bound=Callable)
 
 
 def on_operator_vectors(fn: F) -> F:
     """Decorate an estimator ``fn(op, ...)`` that supports sharded operators: it runs with the
-    operator's ``ShardLayout`` (``geometry.base._linalg``) in force (``op.layout``; None for whole
+    operator's ``ShardLayout`` (``losslens.geometry.base._linalg``) in force (``op.layout``; None for whole
     vectors), so its inner products, norms, Gram matrices and random probes are those of the global
     vectors on every rank (docs/science.md §4, "Sharded vectors")."""
 
@@ -39,7 +39,7 @@ def refuse_sharded(op, what: str) -> None:
 
 
 def check_op(op) -> None:
-    """Raise unless ``op`` is a :class:`~geometry.operators.interface.CurvatureOperator`."""
+    """Raise unless ``op`` is a :class:`~losslens.geometry.operators.interface.CurvatureOperator`."""
     if not isinstance(op, CurvatureOperator):
         raise EstimatorError(
             f"op must be a CurvatureOperator (e.g. HessianOperator, DenseOperator), got {type(op).__name__}"

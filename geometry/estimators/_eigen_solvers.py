@@ -1,11 +1,11 @@
-"""The two iterations behind :func:`geometry.estimators.eigen.top_eigenvalues`: thick-restart
+"""The two iterations behind :func:`losslens.geometry.estimators.eigen.top_eigenvalues`: thick-restart
 Lanczos (``_lanczos_topk``, the restart size ``_kept``) and deflated power iteration
 (``_power_topk``), with what they share (the ranking by ``|θ|``, the round-off floor of a residual);
-their seeded Gaussian start vectors are ``geometry.base._linalg.gaussian_unit``.
+their seeded Gaussian start vectors are ``losslens.geometry.base._linalg.gaussian_unit``.
 
 Both take an operator already configured by the memory plan and return the values ranked by magnitude
 (sign kept), their true residuals, the converged flags and the unit vectors ``[k, dim]``; the memory
-each holds is stated in the :mod:`geometry.estimators.eigen` module docstring (and planned by its
+each holds is stated in the :mod:`losslens.geometry.estimators.eigen` module docstring (and planned by its
 ``estimate_memory``).
 """
 
@@ -16,8 +16,8 @@ import math
 import numpy as np
 import torch
 
-from ..base._linalg import RowBasis, gaussian_unit, project_out, residual_norms, row_norms, rowdot
-from ..operators.interface import CurvatureOperator
+from losslens.geometry.base._linalg import RowBasis, gaussian_unit, project_out, residual_norms, row_norms, rowdot
+from losslens.geometry.operators.interface import CurvatureOperator
 
 
 def _select(theta: np.ndarray, k: int) -> np.ndarray:

@@ -1,11 +1,11 @@
 """Lanczos tridiagonalisation for quadrature: several independent runs in lock-step.
 
-The core of :func:`geometry.estimators.density.spectral_density`. Each step applies the operator to the
+The core of :func:`losslens.geometry.estimators.density.spectral_density`. Each step applies the operator to the
 current Lanczos vector of every active run in ONE ``matmat_flat`` call (k = number of active
 runs). Two re-orthogonalisation modes:
 
 ``"full"``
-    each run keeps its basis (:class:`~geometry.base._linalg.RowBasis`, grown as used; on the host or
+    each run keeps its basis (:class:`~losslens.geometry.base._linalg.RowBasis`, grown as used; on the host or
     in a lower precision on request) and every new vector is orthogonalised against all of it
     twice (classical Gram–Schmidt, "twice is enough"), as PyHessian does. Memory: runs × steps ×
     dim numbers.
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..base._linalg import RowBasis, gram, rowdot
-from ..operators.interface import CurvatureOperator
+from losslens.geometry.base._linalg import RowBasis, gram, rowdot
+from losslens.geometry.operators.interface import CurvatureOperator
 
 REORTH_MODES = ("full", "none")
 

@@ -2,7 +2,7 @@
 
 For a step d (e.g. quantization, d = θ̂ − θ) the second-order model of the loss change is
 ΔL ≈ gᵀd + ½ dᵀHd (docs/science.md §4). This module explains it two ways, from the one gradient and the
-one HVP that :func:`geometry.estimators.directional.directional_curvature` spends:
+one HVP that :func:`losslens.geometry.estimators.directional.directional_curvature` spends:
 
 * **by factor** (:func:`factorise`): with n = dim,
   ``½ dᵀHd = ½ · ‖d‖² · (tr H / n) · κ``, ``κ = (dᵀHd / ‖d‖²) / (tr H / n)``.
@@ -27,15 +27,15 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ._checks import check_int, check_op, flat_direction, refuse_sharded
-from ..base._linalg import rowdot
-from .directional import estimate_memory as _direction_memory
-from ..operators.interface import CurvatureOperator
-from ..base.params import ParamGlobs
-from ..base.attribution_results import Attribution, DirectionParts, QuadraticFactors
-from ..base.results import EstimatorError, TraceEstimate
-from .sampling import plan_probe_blocks
-from .trace import hutchpp_trace
+from losslens.geometry.estimators._checks import check_int, check_op, flat_direction, refuse_sharded
+from losslens.geometry.base._linalg import rowdot
+from losslens.geometry.estimators.directional import estimate_memory as _direction_memory
+from losslens.geometry.operators.interface import CurvatureOperator
+from losslens.geometry.base.params import ParamGlobs
+from losslens.geometry.base.attribution_results import Attribution, DirectionParts, QuadraticFactors
+from losslens.geometry.base.results import EstimatorError, TraceEstimate
+from losslens.geometry.estimators.sampling import plan_probe_blocks
+from losslens.geometry.estimators.trace import hutchpp_trace
 
 __all__ = ["factorise", "direction_parts", "group_parts", "within_block_curvature", "attribute", "assemble"]
 
@@ -122,10 +122,10 @@ def direction_parts(
 
     Args:
         op: an operator with ``gradient() -> (loss, flat grad [dim])`` and a parameter space
-            (e.g. :class:`~geometry.operators.hessian.HessianOperator`); one without a space counts as one
+            (e.g. :class:`~losslens.geometry.operators.hessian.HessianOperator`); one without a space counts as one
             parameter named ``"all"``.
         direction: d as a dict (the keys of ``op.space``) or a flat ``[dim]`` tensor.
-        max_memory: as :func:`geometry.estimators.directional.directional_curvature` (same memory: three
+        max_memory: as :func:`losslens.geometry.estimators.directional.directional_curvature` (same memory: three
             full-dim vectors plus one operator pass).
 
     Returns:
@@ -270,7 +270,7 @@ def attribute(
         direction: d as a dict (keys of ``op.space``) or a flat ``[dim]`` tensor.
         groups: the blocks, as :meth:`ParamSpace.groups` accepts (default one per module).
         trace: tr H of ``op``'s space (a :class:`TraceEstimate` or an exact float) to reuse; None
-            estimates it here with :func:`~geometry.estimators.trace.hutchpp_trace` (``trace_matvecs`` HVPs, ``seed``).
+            estimates it here with :func:`~losslens.geometry.estimators.trace.hutchpp_trace` (``trace_matvecs`` HVPs, ``seed``).
         within: also compute ``d_bᵀ H_bb d_b`` per block (one more HVP per block).
         actual: the measured L(θ + d) − L(θ) on the operator's data (for the remainder).
         max_memory: bytes (or ``"8GB"``) for each step (see the module docstring).

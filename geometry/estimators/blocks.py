@@ -1,7 +1,7 @@
 """Per-block traces: Hutchinson estimates of tr(H_gg) for each parameter group g, from one set of
-probes (the same probes as :func:`~geometry.estimators.trace.hutchinson_trace` with the same seed).
+probes (the same probes as :func:`~losslens.geometry.estimators.trace.hutchinson_trace` with the same seed).
 
-Memory and cost as Hutchinson's (:func:`~geometry.estimators.sampling.plan_probe_blocks`): one block of
+Memory and cost as Hutchinson's (:func:`~losslens.geometry.estimators.sampling.plan_probe_blocks`): one block of
 probes and its products plus one operator pass; m probes cost m HVPs.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 from typing import Mapping
 
-from ._checks import check_int, check_op, refuse_sharded
-from .sampling import _finite, _interval, _mean_stderr, plan_probe_blocks
-from .trace import _hutchinson_samples
-from ..operators.interface import CurvatureOperator
-from ..base.params import ParamGlobs
-from ..base.results import BlockTraces, EstimatorError, TraceEstimate
+from losslens.geometry.estimators._checks import check_int, check_op, refuse_sharded
+from losslens.geometry.estimators.sampling import _finite, _interval, _mean_stderr, plan_probe_blocks
+from losslens.geometry.estimators.trace import _hutchinson_samples
+from losslens.geometry.operators.interface import CurvatureOperator
+from losslens.geometry.base.params import ParamGlobs
+from losslens.geometry.base.results import BlockTraces, EstimatorError, TraceEstimate
 
 __all__ = ["block_traces"]
 
@@ -31,14 +31,14 @@ def block_traces(
     """Hutchinson estimates of tr(H_gg) for each parameter group g, from one set of probes.
 
     Args:
-        op: a curvature operator with a :class:`~geometry.base.params.ParamSpace` in ``op.space``.
+        op: a curvature operator with a :class:`~losslens.geometry.base.params.ParamSpace` in ``op.space``.
         groups: as :meth:`ParamSpace.groups` accepts: a mapping ``{group: glob(s)}`` (unmatched
             parameters form ``"other"``), ``"module"`` or ``"parameter"``. The groups partition
             the parameters.
         num_matvecs: number of probes m ≥ 1 (= HVPs spent); seed: seed of the probes (the same
-            probes as :func:`~geometry.estimators.trace.hutchinson_trace` with the same seed).
+            probes as :func:`~losslens.geometry.estimators.trace.hutchinson_trace` with the same seed).
         block_size: probes per ``matmat`` call (default: the fastest that fits ``max_memory``).
-        max_memory: as :func:`~geometry.estimators.trace.hutchinson_trace`. Memory: as Hutchinson's.
+        max_memory: as :func:`~losslens.geometry.estimators.trace.hutchinson_trace`. Memory: as Hutchinson's.
 
     Returns:
         :class:`BlockTraces`; block g's estimate is ``mean_i v_{i,g}ᵀ (H v_i)_g`` and the blocks

@@ -18,10 +18,10 @@ import time
 import numpy as np
 import torch
 
-from ._checks import check_int, check_op, refuse_sharded
-from ._lanczos import lanczos, ritz
-from ..base._linalg import RowBasis
-from ..memory.model import (
+from losslens.geometry.estimators._checks import check_int, check_op, refuse_sharded
+from losslens.geometry.estimators._lanczos import lanczos, ritz
+from losslens.geometry.base._linalg import RowBasis
+from losslens.geometry.memory.model import (
     Candidate,
     MemoryEstimate,
     basis_storage,
@@ -34,9 +34,9 @@ from ..memory.model import (
     vector_bytes,
     with_basis,
 )
-from ..operators.interface import CurvatureOperator
-from ..base.results import EstimatorError, SpectralDensity
-from .sampling import rademacher
+from losslens.geometry.operators.interface import CurvatureOperator
+from losslens.geometry.base.results import EstimatorError, SpectralDensity
+from losslens.geometry.estimators.sampling import rademacher
 
 __all__ = ["spectral_density", "estimate_memory"]
 
@@ -58,7 +58,7 @@ def estimate_memory(
     """The memory plan :func:`spectral_density` would run with: how many runs go in lock-step and
     whether they keep their bases (``reorth="full"``) or not (``"none"``). Full
     re-orthogonalisation is preferred; ``"auto"`` falls back to ``"none"`` only when not even one
-    run's basis fits. Raises :class:`~geometry.memory.model.MemoryBudgetError` when nothing fits."""
+    run's basis fits. Raises :class:`~losslens.geometry.memory.model.MemoryBudgetError` when nothing fits."""
     if reorth not in ("auto", "full", "none"):
         raise EstimatorError(f"reorth must be 'auto', 'full' or 'none', got {reorth!r}")
     budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
@@ -132,7 +132,7 @@ def spectral_density(
             PyHessian's kernel width (its "sigma_squared" = 1e-5 · max(1, span)) unless that is
             narrower than the grid can resolve. The grid spans [min node − 4σ, max node + 4σ].
         max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
-            :func:`geometry.memory.model.default_budget`).
+            :func:`losslens.geometry.memory.model.default_budget`).
         reorth: ``"full"`` (each run keeps its Lanczos basis; as PyHessian), ``"none"`` (three-term
             recurrence, 3 vectors per run; see ``geometry/estimators/_lanczos.py`` for its accuracy cost) or
             ``"auto"`` (full when at least one run's basis fits, with as many runs in lock-step as

@@ -12,9 +12,9 @@ from typing import Mapping
 
 import torch
 
-from ._checks import check_op, flat_direction, refuse_sharded
-from ..base._linalg import rowdot
-from ..memory.model import (
+from losslens.geometry.estimators._checks import check_op, flat_direction, refuse_sharded
+from losslens.geometry.base._linalg import rowdot
+from losslens.geometry.memory.model import (
     TEMPORARIES_PART,
     MemoryEstimate,
     first_fitting,
@@ -22,8 +22,8 @@ from ..memory.model import (
     temporaries_bytes,
     vector_bytes,
 )
-from ..operators.interface import CurvatureOperator
-from ..base.results import DirectionalCurvature, EstimatorError
+from losslens.geometry.operators.interface import CurvatureOperator
+from losslens.geometry.base.results import DirectionalCurvature, EstimatorError
 
 __all__ = ["directional_curvature", "estimate_memory"]
 
@@ -58,7 +58,7 @@ def directional_curvature(
 
     Args:
         op: a curvature operator with a ``gradient() -> (loss, flat grad [dim])`` method, e.g.
-            :class:`~geometry.operators.hessian.HessianOperator`.
+            :class:`~losslens.geometry.operators.hessian.HessianOperator`.
         direction: d as a dict ``{name: tensor of the parameter's shape}`` with exactly the keys of
             ``op.space`` (e.g. ``{n: q[n] - p[n]}`` for a quantized copy), or a flat ``[dim]``
             tensor in the space's order. Cast to the operator's dtype and device; not scaled.

@@ -32,10 +32,10 @@ import time
 
 import torch
 
-from ._checks import check_int, check_op, on_operator_vectors
-from ._eigen_solvers import _lanczos_topk, _power_topk
-from ..base._linalg import RowBasis, rowdot
-from ..memory.model import (
+from losslens.geometry.estimators._checks import check_int, check_op, on_operator_vectors
+from losslens.geometry.estimators._eigen_solvers import _lanczos_topk, _power_topk
+from losslens.geometry.base._linalg import RowBasis, rowdot
+from losslens.geometry.memory.model import (
     MemoryEstimate,
     basis_storage,
     default_budget,
@@ -47,8 +47,8 @@ from ..memory.model import (
     vector_bytes,
     with_basis,
 )
-from ..operators.interface import CurvatureOperator
-from ..base.results import EigenResult, EstimatorError
+from losslens.geometry.operators.interface import CurvatureOperator
+from losslens.geometry.base.results import EigenResult, EstimatorError
 
 __all__ = ["top_eigenvalues", "estimate_memory"]
 
@@ -79,7 +79,7 @@ def estimate_memory(
     basis_dtype: torch.dtype | None = None,
 ) -> MemoryEstimate:
     """The memory plan :func:`top_eigenvalues` would run with, without running it (raises
-    :class:`~geometry.memory.model.MemoryBudgetError` when nothing fits)."""
+    :class:`~losslens.geometry.memory.model.MemoryBudgetError` when nothing fits)."""
     if k > op.dim:
         raise EstimatorError(f"k must be <= the operator dimension {op.dim}, got k={k}")
     budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
@@ -200,7 +200,7 @@ def top_eigenvalues(
         max_iter: Lanczos steps, or power iterations per eigenvalue, ≥ 1.
         seed: seed of the random start vector(s).
         max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
-            :func:`geometry.memory.model.default_budget`); see the module docstring.
+            :func:`losslens.geometry.memory.model.default_budget`); see the module docstring.
         max_basis: Lanczos basis size, ≥ k + 2 (default: the steps wanted, or what fits; see the
             module docstring). Accuracy cost of a small basis: none at convergence, but more steps:
             k = 1 on a top eigenvalue over a cluster at 0.95–0.99 of it took ≤ 1.8× (basis 6) and
@@ -269,7 +269,7 @@ def top_eigenvalues(
 
 def _refined_values(op: CurvatureOperator, values: list[float], vectors) -> tuple[list[float], dict | None]:
     """The Rayleigh quotients ``vᵢᵀHvᵢ / vᵢᵀvᵢ`` of the Ritz vectors ``vectors`` [k, dim] with the
-    operator's refined products (:meth:`~geometry.operators.interface.CurvatureOperator.refined_matmat_flat`:
+    operator's refined products (:meth:`~losslens.geometry.operators.interface.CurvatureOperator.refined_matmat_flat`:
     an inexact operator's more accurate stencil), in place of ``values``; unchanged (and None) for an
     operator whose products are already exact. Returns ``(values, {"ritz_values", "stencil"})``.
     Cost: k refined products. Residuals and ``converged`` stay those of the solve."""

@@ -1,6 +1,6 @@
 """Rademacher probes, their statistics and the memory plan of probes in blocks: what the stochastic
-estimators (:mod:`geometry.estimators.trace`, :mod:`geometry.estimators.blocks`,
-:mod:`geometry.estimators.density`, :mod:`geometry.estimators.attribution`) share.
+estimators (:mod:`losslens.geometry.estimators.trace`, :mod:`losslens.geometry.estimators.blocks`,
+:mod:`losslens.geometry.estimators.density`, :mod:`losslens.geometry.estimators.attribution`) share.
 
 Probes are Rademacher (±1 entries), drawn from ``op.generator(seed)`` (a CPU generator; probes are
 moved to the operator's device) in blocks: the stream does not depend on the block size, so the same
@@ -19,8 +19,8 @@ import math
 import numpy as np
 import torch
 
-from ..base._linalg import rademacher_rows
-from ..memory.model import (
+from losslens.geometry.base._linalg import rademacher_rows
+from losslens.geometry.memory.model import (
     Candidate,
     MemoryEstimate,
     choose,
@@ -30,8 +30,8 @@ from ..memory.model import (
     temporaries_bytes,
     vector_bytes,
 )
-from ..operators.interface import CurvatureOperator
-from ..base.results import EstimatorError
+from losslens.geometry.operators.interface import CurvatureOperator
+from losslens.geometry.base.results import EstimatorError
 
 __all__ = ["rademacher", "t_quantile", "plan_probe_blocks"]
 
@@ -46,7 +46,7 @@ _ADVICE = (
 def rademacher(generator: torch.Generator, k: int, dim: int, dtype: torch.dtype, device) -> torch.Tensor:
     """``[k, dim]`` i.i.d. ±1 entries from a CPU ``generator``, cast to ``dtype`` on ``device``.
     Drawing k rows at once or in several calls gives the same numbers; with sharded vectors, this
-    rank's columns of them (``geometry.base._linalg.rademacher_rows``)."""
+    rank's columns of them (``losslens.geometry.base._linalg.rademacher_rows``)."""
     return rademacher_rows(generator, k, dim, dtype, device)
 
 

@@ -1,18 +1,18 @@
 """Stochastic trace estimators of the whole Hessian: Hutchinson and Hutch++ (exact for small problems).
 
-All of them run on any :class:`~geometry.operators.interface.CurvatureOperator` through
+All of them run on any :class:`~losslens.geometry.operators.interface.CurvatureOperator` through
 ``op.matmat_flat(V[k, dim])`` and apply the probes in blocks of k vectors, so a batched HVP
 backend (one gradient graph reused for k vectors) pays off. Probes are Rademacher
-(:func:`~geometry.estimators.sampling.rademacher`: a CPU generator's stream, independent of the block
+(:func:`~losslens.geometry.estimators.sampling.rademacher`: a CPU generator's stream, independent of the block
 size, so the same seed gives bit-identical probes on every device, run and memory plan). Per-probe
 quadratic forms are accumulated in float64. Per-block traces from the same probes are in
-:mod:`geometry.estimators.blocks`.
+:mod:`losslens.geometry.estimators.blocks`.
 
 Memory (n = dim, b = bytes of ``op.dtype``, float32 at least): Hutchinson and block traces hold
 one block of probes and its products, ``2 · block · n · b``; Hutch++ holds its sketch basis,
 ``s · n · b`` (``s`` = sketch size), plus one block of ``2 · block · n · b``; each adds one
-operator pass (:meth:`~geometry.operators.hessian.HessianOperator.pass_bytes`). Within ``max_memory``
-(see :mod:`geometry.memory.model`) they pick the fastest block size and graph cache, and Hutch++ the
+operator pass (:meth:`~losslens.geometry.operators.hessian.HessianOperator.pass_bytes`). Within ``max_memory``
+(see :mod:`losslens.geometry.memory.model`) they pick the fastest block size and graph cache, and Hutch++ the
 largest sketch up to m/3, and record the choice in the result's ``memory``.
 
 Cost is counted in Hessian-vector products (HVPs, ≈ 2 gradients each with the reverse backend)
@@ -27,10 +27,18 @@ import time
 import numpy as np
 import torch
 
-from ._checks import check_int, check_op, on_operator_vectors
-from .sampling import _ADVICE, _blocks, _finite, _interval, _mean_stderr, plan_probe_blocks, rademacher
-from ..base._linalg import orthonormalize_rows, project_out, rowdot
-from ..memory.model import (
+from losslens.geometry.estimators._checks import check_int, check_op, on_operator_vectors
+from losslens.geometry.estimators.sampling import (
+    _ADVICE,
+    _blocks,
+    _finite,
+    _interval,
+    _mean_stderr,
+    plan_probe_blocks,
+    rademacher,
+)
+from losslens.geometry.base._linalg import orthonormalize_rows, project_out, rowdot
+from losslens.geometry.memory.model import (
     Candidate,
     MemoryEstimate,
     basis_storage,
@@ -43,8 +51,8 @@ from ..memory.model import (
     vector_bytes,
     with_basis,
 )
-from ..operators.interface import CurvatureOperator
-from ..base.results import EstimatorError, TraceEstimate
+from losslens.geometry.operators.interface import CurvatureOperator
+from losslens.geometry.base.results import EstimatorError, TraceEstimate
 
 __all__ = ["hutchinson_trace", "hutchpp_trace", "estimate_memory"]
 
@@ -59,9 +67,9 @@ def estimate_memory(
     basis_dtype: torch.dtype | None = None,
 ) -> MemoryEstimate:
     """The memory plan :func:`hutchinson_trace` / :func:`hutchpp_trace` /
-    :func:`~geometry.estimators.blocks.block_traces` would run with (``method`` ``"hutchinson"``,
+    :func:`~losslens.geometry.estimators.blocks.block_traces` would run with (``method`` ``"hutchinson"``,
     ``"hutch++"`` or ``"blocks"``), without running it. Raises
-    :class:`~geometry.memory.model.MemoryBudgetError` when nothing fits."""
+    :class:`~losslens.geometry.memory.model.MemoryBudgetError` when nothing fits."""
     if method == "hutch++":
         return _plan_hutchpp(op, num_matvecs, max_memory, basis_device, basis_dtype)
     if method in ("hutchinson", "blocks"):
@@ -121,7 +129,7 @@ def hutchinson_trace(
         block_size: probes per ``matmat`` call (default: the fastest of 16, 8, 4, 2, 1 that fits
             ``max_memory``). Memory: ``2 · block_size · dim`` numbers plus one operator pass.
         max_memory: bytes (or ``"8GB"``) the call may allocate; default ``op.max_memory`` or
-            :func:`geometry.memory.model.default_budget`.
+            :func:`losslens.geometry.memory.model.default_budget`.
 
     Returns:
         :class:`TraceEstimate` with ``stderr = std(samples, ddof=1)/√m`` and a 95% Student-t
@@ -250,7 +258,7 @@ def hutchpp_trace(
     Args:
         op: any curvature operator; num_matvecs: budget m ≥ 3; seed: seed of S and G;
         max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
-            :func:`geometry.memory.model.default_budget`).
+            :func:`losslens.geometry.memory.model.default_budget`).
         basis_device: ``"cpu"`` keeps the sketch basis in host RAM when the operator is on a GPU
             (no accuracy cost; projections move it through PCIe chunk by chunk).
         basis_dtype: e.g. ``torch.bfloat16`` halves the basis (arithmetic stays float32). Accuracy

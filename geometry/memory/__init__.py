@@ -1,4 +1,4 @@
-"""geometry.memory: the memory model; imports ``geometry.base`` only.
+"""losslens.geometry.memory: the memory model; imports ``losslens.geometry.base`` only.
 
 - ``model``: the budget (``max_memory``), :class:`MemoryEstimate`, and the parts every plan counts
   (vectors, chunk temporaries, one operator pass);
@@ -6,5 +6,5 @@
 - ``graphs``: measuring a batch's autograd graph (saved-tensor hooks on one row) and the peak of
   tracked allocations (``peak_new_bytes``).
 
-This ``__init__`` imports nothing: import the module you need (``from geometry.memory.model import …``).
+This ``__init__`` imports nothing: import the module you need (``from losslens.geometry.memory.model import …``).
 """

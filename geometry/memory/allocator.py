@@ -1,6 +1,6 @@
 """The host allocator's retention, and ``--strict-memory`` (glibc ``mallopt``).
 
-The memory plan (:mod:`geometry.memory.model`) counts the bytes of live tensors. On Linux, torch's
+The memory plan (:mod:`losslens.geometry.memory.model`) counts the bytes of live tensors. On Linux, torch's
 CPU tensors come from glibc ``malloc``, which serves requests below a *dynamic* mmap threshold
 (128 kB, raised up to 32 MB each time a larger mapped block is freed) from heaps that keep freed
 space: resident memory can exceed the live tensors. :func:`return_freed_memory` fixes the

@@ -1,6 +1,6 @@
 """How much memory one Hessian-vector product takes: the double-backward graph, measured.
 
-:meth:`geometry.operators.hessian.HessianOperator.pass_bytes` predicts the peak of one product from the
+:meth:`losslens.geometry.operators.hessian.HessianOperator.pass_bytes` predicts the peak of one product from the
 bytes autograd saves for a batch's forward and ``create_graph`` backward, counted with saved-tensor
 hooks on a one-row copy of the batch (parameters and buffers excluded: they are resident) and
 scaled by the rows. The transient of the second backward is a fitted multiple of that graph

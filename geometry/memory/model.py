@@ -6,10 +6,10 @@ Every estimator in losslens states its peak memory as a formula and checks it be
          + state   (the full-dim vectors the estimator holds, n · dim · bytes(dtype))
          + pass    (one operator product on k vectors: the double-backward graph of one batch,
                     or of every batch when graphs are kept between calls, plus the transient
-                    of the second backward; see :meth:`geometry.operators.hessian.HessianOperator.pass_bytes`)
+                    of the second backward; see :meth:`losslens.geometry.operators.hessian.HessianOperator.pass_bytes`)
 
 ``max_memory`` is the number of bytes an estimator may add on top of what is resident. It is an
-int (bytes), a size string such as ``"8GB"``/``"512MiB"`` (:mod:`geometry.memory.sizes`: a unit, 1 MB up to the
+int (bytes), a size string such as ``"8GB"``/``"512MiB"`` (:mod:`losslens.geometry.memory.sizes`: a unit, 1 MB up to the
 device's memory), or None for :func:`default_budget`: a fixed
 fraction of the device's *total* memory (host RAM, or the GPU's memory less what this process's
 tensors hold), never of what happens to be free at call time, so the same machine and settings
@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from ..base._linalg import CHUNK
-from ..base.results import EstimatorError
-from .sizes import SizeError, parse_size
+from losslens.geometry.base._linalg import CHUNK
+from losslens.geometry.base.results import EstimatorError
+from losslens.geometry.memory.sizes import SizeError, parse_size
 
 __all__ = [
     "MemoryBudgetError",
@@ -55,7 +55,7 @@ CPU_FRACTION = 1 / 3
 #: The same for a GPU, whose free memory is ours.
 CUDA_FRACTION = 0.8
 #: Environment variable overriding the default fraction (of total host RAM or GPU memory). Worker
-#: processes that share one machine get ``CPU_FRACTION / N`` each (probes.core.workers).
+#: processes that share one machine get ``CPU_FRACTION / N`` each (losslens.lm.core.workers).
 MEMORY_FRACTION_ENV = "LOSSLENS_MEMORY_FRACTION"
 
 
@@ -73,7 +73,7 @@ def format_bytes(n: float) -> str:
 
 
 def parse_bytes(value: Any, device: torch.device | str | None = None) -> int:
-    """Bytes of a size string (:func:`geometry.memory.sizes.parse_size`, at most the memory of ``device``)
+    """Bytes of a size string (:func:`losslens.geometry.memory.sizes.parse_size`, at most the memory of ``device``)
     or an int of bytes; :class:`MemoryBudgetError` otherwise."""
     limits = _room(device) if isinstance(value, str) else ()  # a size string may not exceed the device's memory
     try:
@@ -198,7 +198,7 @@ def resolve_budget(max_memory: Any, device: torch.device | str) -> int:
 
 
 #: float64 chunk temporaries alive at once in the chunked reductions and orthonormalisations of
-#: geometry.base._linalg (``CHUNK`` numbers each), measured with graph_memory.peak_new_bytes on diagonal
+#: losslens.geometry.base._linalg (``CHUNK`` numbers each), measured with graph_memory.peak_new_bytes on diagonal
 #: operators (tests/test_memory_budget.py): 3 (a norm of float32 rows: two float64 copies of a chunk
 #: and their product) in the traces, power iteration, directional curvature, Lanczos and SLQ (whose
 #: Gram-Schmidt passes against a basis work in the vectors' dtype, in smaller chunks). Float64
@@ -328,7 +328,7 @@ def pass_options(op: Any, k: int, calls: int, hvps: int | None = None) -> list[t
     """``(settings, pass bytes, cost)`` of the ways ``op`` can run ``calls`` products of at most
     ``k`` vectors each (``hvps`` vectors in all, default ``k · calls``): graphs rebuilt per call or
     kept (``cache_graphs``), vmapped chunk sizes, as its product backend offers them
-    (:meth:`geometry.operators.backend.ProductBackend.pass_options`).
+    (:meth:`losslens.geometry.operators.backend.ProductBackend.pass_options`).
 
     Cost in gradient-equivalents over the whole data: 1.5 per graph build of every batch, 2 per
     vector (the reverse backend's measured shape); 4 per vector for the forward backend; 2 (4 with

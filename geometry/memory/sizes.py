@@ -12,7 +12,7 @@ that says what was read and what is accepted: a bare number (bytes or gigabytes?
 ``8000000000B``), a single-letter unit (``8G``: tools disagree whether that is 10⁹ or 2³⁰ bytes),
 signs, exponents (``1e9``), NaN and infinities, words, anything below :data:`MIN_SIZE` (1 MB) and
 anything above ``limit`` (the caller passes the machine's memory:
-:func:`geometry.memory.model.parse_bytes`).
+:func:`losslens.geometry.memory.model.parse_bytes`).
 
 An ``int`` is a number of bytes computed by code (a budget derived from a measurement, a test that
 forces a plan): exact, at least 1, with no upper bound (a budget is a bound, not an allocation).
@@ -25,7 +25,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from ..base.errors import LosslensError
+from losslens.geometry.base.errors import LosslensError
 
 __all__ = ["SizeError", "parse_size", "MIN_SIZE", "UNITS", "ACCEPTED"]
 

@@ -1,4 +1,4 @@
-"""geometry.operators: curvature operators; imports ``geometry.base`` and ``geometry.memory``.
+"""losslens.geometry.operators: curvature operators; imports ``losslens.geometry.base`` and ``losslens.geometry.memory``.
 
 - ``interface``: :class:`CurvatureOperator` (``matvec``, batched ``matmat``, scipy ``LinearOperator``)
   and :class:`OperatorError`;

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..memory.graphs import itemsize
-from .difference import DEFAULT_TOLERANCE, DifferenceBackend
-from .interface import OperatorError
-from .backend import ProductBackend
-from .reverse import ReverseBackend
+from losslens.geometry.memory.graphs import itemsize
+from losslens.geometry.operators.difference import DEFAULT_TOLERANCE, DifferenceBackend
+from losslens.geometry.operators.interface import OperatorError
+from losslens.geometry.operators.backend import ProductBackend
+from losslens.geometry.operators.reverse import ReverseBackend
 
 __all__ = ["AutoBackend"]
 
@@ -42,7 +42,7 @@ class AutoBackend:
         else the difference backend when its pass fits and its measured error is ≤ ``tolerance``
         (with that measurement), else :class:`OperatorError` (one line); the reverse backend when
         neither pass fits (the estimators then refuse with the bytes needed)."""
-        from ..memory.model import format_bytes, resolve_budget
+        from losslens.geometry.memory.model import format_bytes, resolve_budget
 
         budget = resolve_budget(op.max_memory, op.device)
         state = 3 * op.dim * itemsize(op.dtype)

@@ -1,4 +1,4 @@
-"""Product backends: the ways a :class:`~geometry.operators.hessian.HessianOperator` computes ``H V``.
+"""Product backends: the ways a :class:`~losslens.geometry.operators.hessian.HessianOperator` computes ``H V``.
 
 A backend is an object behind one small interface (:class:`ProductBackend`):
 
@@ -8,11 +8,11 @@ A backend is an object behind one small interface (:class:`ProductBackend`):
   :meth:`~ProductBackend.pass_options`: the settings an estimator's memory plan may choose from;
 - :meth:`~ProductBackend.check`: its error against an exact reference (None for exact backends).
 
-The backends: :class:`~geometry.operators.reverse.ReverseBackend` (reverse-over-reverse, the
-default), :class:`~geometry.operators.forward.ForwardBackend` (forward-over-reverse) and
-:class:`~geometry.operators.difference.DifferenceBackend` (gradient differences, first order only).
-``"auto"`` is :class:`~geometry.operators.auto.AutoBackend`: it prices the exact and the difference
-pass and returns one of them with its reason. :func:`geometry.operators.names.backend_named` is the
+The backends: :class:`~losslens.geometry.operators.reverse.ReverseBackend` (reverse-over-reverse, the
+default), :class:`~losslens.geometry.operators.forward.ForwardBackend` (forward-over-reverse) and
+:class:`~losslens.geometry.operators.difference.DifferenceBackend` (gradient differences, first order only).
+``"auto"`` is :class:`~losslens.geometry.operators.auto.AutoBackend`: it prices the exact and the difference
+pass and returns one of them with its reason. :func:`losslens.geometry.operators.names.backend_named` is the
 one place where a backend's name is read: everywhere else a backend is an object, asked what it does.
 
 The backends, in detail (each computes the Hessian of the operator's weighted mean loss):
@@ -24,19 +24,19 @@ The backends, in detail (each computes the Hessian of the operator's weighted me
     the retained graph (``vectorize=False``). Only one batch's graph is alive at a time (batches
     outer, chunks of vectors inner), unless graphs are kept between calls (``cache_graphs``): then
     every batch's graph stays alive until a parameter or buffer changes (its identity, version or
-    content: :mod:`geometry.operators.fingerprint`, one read of the model per call) or
-    :meth:`~geometry.operators.hessian.HessianOperator.release_graphs`, so an
+    content: :mod:`losslens.geometry.operators.fingerprint`, one read of the model per call) or
+    :meth:`~losslens.geometry.operators.hessian.HessianOperator.release_graphs`, so an
     iterative solver (power iteration, Lanczos, SLQ) pays the graph build once, not every step.
 ``"forward"``, forward-over-reverse
     ``torch.func.jvp`` of ``torch.func.grad`` over ``torch.func.functional_call``, vmapped over the
     k tangents (chunked). Non-selected parameters and buffers enter as constants. It rebuilds the
     forward and gradient for every chunk, so it costs more per vector than ``"reverse"`` on CPU.
 
-``"difference"``, gradient differences (:mod:`geometry.operators.difference`)
+``"difference"``, gradient differences (:mod:`losslens.geometry.operators.difference`)
     ``(∇L(θ+εv) − ∇L(θ−εv))/2ε`` from ``loss.backward()`` and ``.grad`` with θ perturbed in place
     and restored bit-exactly: first order only (fused attention, activation checkpointing, fused losses);
     2 gradients per product (4 with ``richardson=True``); its error against the exact products is
-    measured on a check slice (:meth:`~geometry.operators.hessian.HessianOperator.checked`) and recorded
+    measured on a check slice (:meth:`~losslens.geometry.operators.hessian.HessianOperator.checked`) and recorded
     in every estimator plan.
 ``"auto"``
     ``"reverse"`` when its pass fits ``max_memory``, else ``"difference"`` when its pass fits and its
@@ -56,7 +56,7 @@ from typing import Any, Callable, ClassVar, ContextManager, Sequence
 import torch
 from torch import nn
 
-from ..base._linalg import power_sums
+from losslens.geometry.base._linalg import power_sums
 
 __all__ = ["ProductBackend", "VectorSpace", "LocalVectors", "ReducedVectors", "LOCAL"]
 
@@ -128,7 +128,7 @@ LOCAL = LocalVectors()
 
 
 class ProductBackend(abc.ABC):
-    """One way to compute Hessian-vector products of a :class:`~geometry.operators.hessian.HessianOperator`.
+    """One way to compute Hessian-vector products of a :class:`~losslens.geometry.operators.hessian.HessianOperator`.
 
     ``op`` below is the operator; a backend reads its public surface only (``model``, ``space``,
     ``batches``, ``batch_items``, ``batch_loss``, ``call_context``, ``graph_bytes``, dtypes,
@@ -137,7 +137,7 @@ class ProductBackend(abc.ABC):
     several operators.
     """
 
-    #: the name :func:`~geometry.operators.names.backend_named` knows it by; recorded in results (``"backend"``)
+    #: the name :func:`~losslens.geometry.operators.names.backend_named` knows it by; recorded in results (``"backend"``)
     name: ClassVar[str]
     #: products are exact up to rounding (no measured error needed)
     exact: ClassVar[bool] = True
@@ -148,7 +148,7 @@ class ProductBackend(abc.ABC):
 
     def attention(self, model: nn.Module) -> ContextManager:
         """The attention context of a product (default: SDPA's twice-differentiable MATH kernel)."""
-        from .attention import second_order_attention
+        from losslens.geometry.operators.attention import second_order_attention
 
         return second_order_attention()
 
@@ -165,7 +165,7 @@ class ProductBackend(abc.ABC):
 
     def pass_options(self, op: Any, k: int, calls: int, hvps: int) -> list[tuple[dict[str, Any], int, float]]:
         """``(settings, pass bytes, cost in gradient-equivalents)`` of the ways to run ``calls``
-        products of at most ``k`` vectors (``hvps`` in all): ``geometry.memory.model.pass_options``."""
+        products of at most ``k`` vectors (``hvps`` in all): ``losslens.geometry.memory.model.pass_options``."""
         return [({"cache_graphs": False}, op.pass_bytes(k, cached=False), 2.0 * hvps)]
 
     def check(self, op: Any) -> dict | None:

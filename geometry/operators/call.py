@@ -1,11 +1,11 @@
 """The conventions, side effects and guarantees of every product call of a
-:class:`~geometry.operators.hessian.HessianOperator`.
+:class:`~losslens.geometry.operators.hessian.HessianOperator`.
 
 :func:`product_call` is the context every product, gradient and memory measurement runs in:
 
 - attention runs under the backend's context: for the exact backends
-  :func:`geometry.operators.attention.second_order_attention` (SDPA MATH backend); embeddings'
-  ``padding_idx`` is cleared (:func:`geometry.operators.derivatives.true_derivatives`), so the
+  :func:`losslens.geometry.operators.attention.second_order_attention` (SDPA MATH backend); embeddings'
+  ``padding_idx`` is cleared (:func:`losslens.geometry.operators.derivatives.true_derivatives`), so the
   products are those of the loss the forward computes;
 - the model is put in **eval mode** for the call, and every submodule's previous mode is restored;
 - ``.grad`` of every parameter is left as it was (exact backends use ``torch.autograd.grad``; the
@@ -15,11 +15,11 @@
   values are restored;
 - grad mode is switched on internally, so calls work inside ``torch.no_grad()``;
 - every floating parameter and buffer runs in the operator's compute dtype (float32 for a
-  half-precision model by default: :mod:`geometry.operators.precision`), the stored tensors
+  half-precision model by default: :mod:`losslens.geometry.operators.precision`), the stored tensors
   untouched and put back after;
 - the selected parameters are looked up in the model at each call (weights may have been
   replaced); one that vanished or changed shape, dtype or device raises
-  :class:`~geometry.operators.interface.OperatorError`.
+  :class:`~losslens.geometry.operators.interface.OperatorError`.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import ContextManager, Iterator
 import torch
 from torch import nn
 
-from ..base.modes import module_modes
-from ..base.params import ParamSpace
-from .derivatives import true_derivatives
-from .interface import OperatorError
-from .precision import computed_in
+from losslens.geometry.base.modes import module_modes
+from losslens.geometry.base.params import ParamSpace
+from losslens.geometry.operators.derivatives import true_derivatives
+from losslens.geometry.operators.interface import OperatorError
+from losslens.geometry.operators.precision import computed_in
 
 __all__ = ["product_call", "current_parameters"]
 
@@ -61,7 +61,7 @@ def product_call(
     enabled, parameters outside the selection frozen (``requires_grad=False``: autograd then keeps
     no graph for the layers that lead to no selected parameter, and the Hessian is w.r.t. the
     selection with the rest constant, as defined), every floating tensor in ``compute_dtype``
-    (:func:`~geometry.operators.precision.computed_in`); restores modes,
+    (:func:`~losslens.geometry.operators.precision.computed_in`); restores modes,
     ``requires_grad``, ``.grad`` and the stored tensors."""
     grads = [(p, p.grad) for p in model.parameters()]
     params = current_parameters(model, space)

@@ -15,7 +15,7 @@ Failures never hang and never stay on one rank: each rank's local work is wrappe
 :meth:`DataParallel.agree`, which exchanges an ok/failed flag (one small ``all_reduce``) before any
 data collective; when a rank failed, every rank raises :class:`RankError` naming the rank and its
 one-line message. A rank that dies outright is caught by the process group's timeout (set by
-whoever initialises it: ``probes.core.distributed.init_data_parallel``). The same code runs on
+whoever initialises it: ``losslens.lm.core.distributed.init_data_parallel``). The same code runs on
 gloo (CPU) and NCCL (GPUs): collectives take tensors on the operator's device.
 
 Cost per ``matmat`` of k vectors: the local products, plus one ``all_reduce`` of k·dim numbers in the
@@ -30,9 +30,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..base.batches import raw_batch_weights
-from ..memory.model import default_budget
-from .interface import OperatorError
+from losslens.geometry.base.batches import raw_batch_weights
+from losslens.geometry.memory.model import default_budget
+from losslens.geometry.operators.interface import OperatorError
 
 
 class RankError(OperatorError):
@@ -178,7 +178,7 @@ def global_batch_weights(
 
 
 def join_data_parallel(op: Any, spec: Any, weights: Sequence[float] | None) -> DataParallel:
-    """Make a just-built :class:`~geometry.operators.hessian.HessianOperator` data-parallel
+    """Make a just-built :class:`~losslens.geometry.operators.hessian.HessianOperator` data-parallel
     (collectives: every rank calls this). ``spec``: ``True`` (the default group), a process group
     or a :class:`DataParallel`. Checks every rank built the same operator, sets ``op.weights`` to
     this rank's weights normalised over all ranks' batches, and ``op.max_memory`` (when None) to

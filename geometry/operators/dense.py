@@ -13,9 +13,9 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from .interface import CurvatureOperator, OperatorError
-from ..base.batches import normalise_batch_weights
-from ..base.params import ParamGlobs, ParamSpace, select_parameters
+from losslens.geometry.operators.interface import CurvatureOperator, OperatorError
+from losslens.geometry.base.batches import normalise_batch_weights
+from losslens.geometry.base.params import ParamGlobs, ParamSpace, select_parameters
 
 
 class DenseOperator(CurvatureOperator):
@@ -53,16 +53,16 @@ def exact_hessian(
 ) -> tuple[torch.Tensor, ParamSpace]:
     """Dense Hessian [dim, dim] of the weighted mean loss over ``batches``, row by row.
 
-    Weights default to :func:`~geometry.base.batches.default_batch_weight` of each batch, as
-    :class:`~geometry.operators.hessian.HessianOperator`'s (``loss_fn.batch_weight`` when the loss
+    Weights default to :func:`~losslens.geometry.base.batches.default_batch_weight` of each batch, as
+    :class:`~losslens.geometry.operators.hessian.HessianOperator`'s (``loss_fn.batch_weight`` when the loss
     carries it, else the batch size), normalised. Cost: one gradient plus ``dim``
     second backwards per batch. Returns the matrix and the :class:`ParamSpace` fixing its order.
     Attention runs under the MATH SDPA backend so every op has a double-backward rule, and
-    embeddings' ``padding_idx`` is cleared (:func:`geometry.operators.derivatives.true_derivatives`) so the
+    embeddings' ``padding_idx`` is cleared (:func:`losslens.geometry.operators.derivatives.true_derivatives`) so the
     rows are those of the loss's Hessian (a padding row's zeroed gradient would make it P·H).
     """
-    from .attention import second_order_attention
-    from .derivatives import true_derivatives
+    from losslens.geometry.operators.attention import second_order_attention
+    from losslens.geometry.operators.derivatives import true_derivatives
 
     sel = select_parameters(model, params)
     space = ParamSpace.from_params(sel)

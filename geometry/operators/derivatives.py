@@ -10,7 +10,7 @@ row: 3–1,300× relative disagreement between the two backends, issue #12). The
 is a training rule, not part of the function, so curvature code runs under
 :func:`true_derivatives`, which clears ``padding_idx`` for the call (the forward is unchanged) and
 restores it afterwards. ``F.embedding(..., padding_idx=...)`` called directly inside a custom module
-cannot be reached this way; :func:`probes.models.second_order.check_second_order` catches such ops by
+cannot be reached this way; :func:`losslens.lm.models.second_order.check_second_order` catches such ops by
 comparing both backends on a probe batch that contains every special token.
 """
 
@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from .interface import OperatorError
+from losslens.geometry.operators.interface import OperatorError
 
 __all__ = ["true_derivatives", "padding_modules", "check_dead_rows"]
 
@@ -51,7 +51,7 @@ def true_derivatives(model: nn.Module) -> Iterator[None]:
 
 
 def check_dead_rows(loss: Callable[[], torch.Tensor], params: dict[str, torch.Tensor], dead: list[int]) -> None:
-    """Raise :class:`~geometry.operators.interface.OperatorError` when the gradient changes as the tensors
+    """Raise :class:`~losslens.geometry.operators.interface.OperatorError` when the gradient changes as the tensors
     ``dead`` (indices into ``params``) move, although their gradients have no autograd graph.
 
     A gradient without a graph means a zero Hessian row: right for a loss linear in that tensor,

@@ -15,7 +15,7 @@ dropout included, stay in eval mode), a model's own fused losses, and hooks that
 (data-parallel all-reduce, FSDP2 reduce-scatter).
 
 Precision. By default a float16/bfloat16 model's products run in float32 (its weights upcast for
-the call: :mod:`geometry.operators.precision`), so θ, the step and the gradients are float32 and
+the call: :mod:`losslens.geometry.operators.precision`), so θ, the step and the gradients are float32 and
 what follows applies to an explicit ``compute_dtype="bfloat16"`` (or float16). The perturbed point
 is built from a kept **master copy** of θ, taken in float32 for float16/bfloat16 parameters:
 ``θ_master + s·ε·v`` is computed in float32 and cast once to the parameters' dtype. (A
@@ -52,15 +52,15 @@ latter are answered by refined Rayleigh quotients ("Eigenvalues" below). ``diffe
 overrides h.
 
 Piecewise activations (ReLU, LeakyReLU, Hardtanh, ReLU², xIELU) are frozen on their branch at θ
-for the products (:mod:`geometry.operators.branches`: one forward at θ per batch records the masks),
+for the products (:mod:`losslens.geometry.operators.branches`: one forward at θ per batch records the masks),
 so the function differenced is smooth and has the Hessian of the model at θ: on tiny Apertus models
 (xIELU) this took the float32 products from 1–8e-3 (a kink crossed) to the other families' level.
-xIELU's clamp window is closed as well (:func:`~geometry.operators.smoothness.continuous_gradients`).
+xIELU's clamp window is closed as well (:func:`~losslens.geometry.operators.smoothness.continuous_gradients`).
 
 Eigenvalues. The vectors an eigen solver converges to are concentrated (participation ratio
 k/n ≈ 0.005–0.03 against 1/3 for a Gaussian vector) and their products are truncation-dominated:
 the Ritz vectors of a float32 difference Lanczos are within 1e-6 of the exact eigenvectors' Rayleigh
-quotients, but the Ritz values were up to 9.6e-3 off (c = 0.1). So :func:`~geometry.estimators.eigen.top_eigenvalues`
+quotients, but the Ritz values were up to 9.6e-3 off (c = 0.1). So :func:`~losslens.geometry.estimators.eigen.top_eigenvalues`
 returns the Rayleigh quotients ``vᵀHv`` of its Ritz vectors measured with Richardson's stencil at
 half the central step (:meth:`DifferenceBackend.refined`; O(ε⁴) truncation, 3× the central rounding,
 which λ's size makes small): within 1.8e-4 on the tiny families (benchmarks/README.md, "Step constant").
@@ -71,13 +71,13 @@ Cost: k products of 4 gradients.
 subtracting εv. The caller's ``.grad`` (and ``requires_grad``, modes) are restored by the operator.
 
 Cost per product: 2 gradients (central) or 4 (Richardson) per batch, plus the read-out. The
-error check against exact products is :mod:`geometry.operators.product_check`.
+error check against exact products is :mod:`losslens.geometry.operators.product_check`.
 Memory beyond the input and output vectors (:func:`pass_bytes`): the master copy (dim numbers in
 the parameters' dtype: the θ backup), one gradient pass
 of the largest batch (its activations, with checkpointing where on, and ``.grad`` in the
 parameters' dtype, measured once per batch shape on one and two rows by :func:`gradient_pass_bytes`), and one
 parameter tensor in float32 (the perturbation's cast), plus the branch masks of every batch (one
-byte per input element of each frozen activation, :mod:`geometry.operators.branches`). The first
+byte per input element of each frozen activation, :mod:`losslens.geometry.operators.branches`). The first
 gradient of the pair is held, weighted, in the product's output row while the second is computed,
 so it takes no extra memory.
 
@@ -86,8 +86,8 @@ reverse-over-reverse products on a check slice (``HessianOperator.checked()``), 
 estimator plan records the result (``memory["settings"]["hvp_check"]``).
 
 One loop (:func:`difference_products`) serves one process, data-parallel ranks (each rank's
-batches, then the operator all-reduces) and FSDP2 shards (:mod:`geometry.operators.sharded`): the
-norms of the step rule go through a :class:`~geometry.operators.backend.VectorSpace`, whole or
+batches, then the operator all-reduces) and FSDP2 shards (:mod:`losslens.geometry.operators.sharded`): the
+norms of the step rule go through a :class:`~losslens.geometry.operators.backend.VectorSpace`, whole or
 all-reduced.
 """
 
@@ -100,11 +100,11 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..memory.graphs import first_rows, itemsize, one_row, peak_new_bytes
-from .backend import LOCAL, ProductBackend, VectorSpace
-from .product_check import measure
-from .branches import FrozenBranches
-from .smoothness import SMOOTH, activation_smoothness, continuous_gradients
+from losslens.geometry.memory.graphs import first_rows, itemsize, one_row, peak_new_bytes
+from losslens.geometry.operators.backend import LOCAL, ProductBackend, VectorSpace
+from losslens.geometry.operators.product_check import measure
+from losslens.geometry.operators.branches import FrozenBranches
+from losslens.geometry.operators.smoothness import SMOOTH, activation_smoothness, continuous_gradients
 
 __all__ = [
     "STEP_CONSTANT",
@@ -195,13 +195,13 @@ def difference_products(
         vs, outs: per parameter ``[k, *shape]`` vectors and outputs in the operator's vector dtype.
         h: relative step (:func:`relative_step`); ``richardson``: 4 gradients per product.
         space: how ‖θ‖, ‖v‖₂, ‖v‖₄ and n are measured: this rank's whole vectors
-            (:data:`~geometry.operators.backend.LOCAL`) or shards summed over ranks.
+            (:data:`~losslens.geometry.operators.backend.LOCAL`) or shards summed over ranks.
         tensors: the storage perturbed in place, one per parameter (default: ``params``; FSDP2:
             the local shards), restored bit-exactly from a master copy, also on error.
         grad_of: reads a parameter's ``.grad`` as a tensor shaped like its ``tensors`` entry
             (default: ``.grad`` itself; FSDP2: its local shard).
         replay: ``replay(index)`` -> the context each gradient of batch ``index`` runs in
-            (:meth:`FrozenBranches.replay <geometry.operators.branches.FrozenBranches.replay>`).
+            (:meth:`FrozenBranches.replay <losslens.geometry.operators.branches.FrozenBranches.replay>`).
 
     Cost: k · (2 or 4) · len(items) gradients (forward + ``loss.backward()``).
     """
@@ -248,7 +248,7 @@ def gradient_pass_bytes(loss_of: Callable[[], torch.Tensor], params: dict[str, t
     """Peak bytes of one ``loss_of().backward()`` beyond what is resident: activations (as the
     model saves them: with checkpointing, the layer inputs plus one layer's recompute), the loss's
     temporaries and the ``.grad`` tensors it allocates (measured with
-    :func:`geometry.memory.graphs.peak_new_bytes`; cost: one gradient). ``.grad`` is cleared after."""
+    :func:`losslens.geometry.memory.graphs.peak_new_bytes`; cost: one gradient). ``.grad`` is cleared after."""
     tensors = list(params.values())
     saved = [p.grad for p in tensors]
     try:
@@ -308,7 +308,7 @@ class DifferenceBackend(ProductBackend):
     @contextlib.contextmanager
     def attention(self, model: nn.Module) -> Iterator[None]:
         """Whatever attention the model runs (first order only), checkpointed layers flagged,
-        xIELU's clamp window closed (:func:`~geometry.operators.smoothness.continuous_gradients`)."""
+        xIELU's clamp window closed (:func:`~losslens.geometry.operators.smoothness.continuous_gradients`)."""
         with checkpointing_layers(model), continuous_gradients(model):
             yield
 
@@ -337,7 +337,7 @@ class DifferenceBackend(ProductBackend):
     def pass_bytes(self, op: Any, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         """:func:`pass_bytes`, the largest over the operator's batches, each batch shape's gradient
         pass measured once on a one-row and a two-row copy (cost: two small gradients per shape);
-        plus the branch masks of every batch (:mod:`geometry.operators.branches`: one byte per
+        plus the branch masks of every batch (:mod:`losslens.geometry.operators.branches`: one byte per
         input element of each frozen activation, measured on the one-row copy, times the rows)."""
         largest = max(math.prod(s) for s in op.space.shapes)
         out = masks = 0

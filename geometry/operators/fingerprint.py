@@ -1,6 +1,6 @@
 """When may a kept gradient graph be reused? A fingerprint of a model's tensors.
 
-:class:`~geometry.operators.hessian.HessianOperator` keeps every batch's double-backward graph
+:class:`~losslens.geometry.operators.hessian.HessianOperator` keeps every batch's double-backward graph
 between calls when ``cache_graphs`` is on. The graph is the Hessian *at the weights it was built
 on*, so it must be dropped as soon as any parameter or buffer of the model changes. Autograd's
 version counter (``t._version``) does not see every change a user can make:

@@ -1,7 +1,7 @@
 """The first-order pass of a Hessian operator: the weighted mean loss and its gradient.
 
-:func:`loss_and_gradient` is :meth:`geometry.operators.hessian.HessianOperator.gradient`: one
-gradient per batch in the operator's product call (:mod:`geometry.operators.call`: eval mode,
+:func:`loss_and_gradient` is :meth:`losslens.geometry.operators.hessian.HessianOperator.gradient`: one
+gradient per batch in the operator's product call (:mod:`losslens.geometry.operators.call`: eval mode,
 compute dtype, ``.grad`` untouched), weighted by the batch weights, summed over the ranks of a
 data-parallel operator.
 """
@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
-from .interface import OperatorError, is_finite
+from losslens.geometry.operators.interface import OperatorError, is_finite
 
 __all__ = ["loss_and_gradient"]
 
 
 def loss_and_gradient(op: Any) -> tuple[float, torch.Tensor]:
-    """``(L, ∇L)`` of ``op`` (a :class:`~geometry.operators.hessian.HessianOperator`): the weighted
+    """``(L, ∇L)`` of ``op`` (a :class:`~losslens.geometry.operators.hessian.HessianOperator`): the weighted
     mean loss (float) and its gradient, flat ``Tensor[op.dim]`` in ``op.space`` order and ``op.dtype``.
     Cost: one gradient per batch (data-parallel: of this rank's batches, then one all-reduce).
     Memory: one ``[dim]`` vector plus one gradient pass."""

@@ -1,6 +1,6 @@
 """The forward-over-reverse Hessian-vector product: ``torch.func.jvp`` of ``torch.func.grad``.
 
-:class:`ForwardBackend` (``backend="forward"`` of :class:`geometry.operators.hessian.HessianOperator`):
+:class:`ForwardBackend` (``backend="forward"`` of :class:`losslens.geometry.operators.hessian.HessianOperator`):
 the loss is written
 as a function of the selected parameters with :func:`torch.func.functional_call` (the other
 parameters and buffers enter as constants), and the jvp of its gradient is vmapped over the k
@@ -14,11 +14,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..memory.graphs import forward_pass_bytes, itemsize
-from .backend import ProductBackend
-from .interface import OperatorError
-from .precision import cast_inputs
-from .reverse import _chunks, _option, check_loss, converted_bytes
+from losslens.geometry.memory.graphs import forward_pass_bytes, itemsize
+from losslens.geometry.operators.backend import ProductBackend
+from losslens.geometry.operators.interface import OperatorError
+from losslens.geometry.operators.precision import cast_inputs
+from losslens.geometry.operators.reverse import _chunks, _option, check_loss, converted_bytes
 
 
 class _LossModule(nn.Module):
@@ -85,7 +85,7 @@ def forward_over_reverse(
 class ForwardBackend(ProductBackend):
     """Forward-over-reverse products, vmapped over chunks of tangents. It rebuilds the forward and
     the gradient for every chunk (≈ 4 gradients per vector on CPU); memory per chunk:
-    :func:`~geometry.memory.graphs.forward_pass_bytes`."""
+    :func:`~losslens.geometry.memory.graphs.forward_pass_bytes`."""
 
     name = "forward"
 

@@ -5,34 +5,34 @@
     L(θ) = Σ_b w_b · loss_fn(model, batch_b),      Σ_b w_b = 1,
 
 with respect to a declared parameter set θ (globs over parameter names), applied to blocks of k
-vectors without ever forming H. A product backend computes them (:mod:`geometry.operators.backend`):
-``"reverse"`` (default, reverse-over-reverse, :mod:`~geometry.operators.reverse`), ``"forward"``
-(forward-over-reverse, :mod:`~geometry.operators.forward`), ``"difference"`` (gradient differences,
-first order only, its error measured: :mod:`~geometry.operators.difference`); ``"auto"`` picks
+vectors without ever forming H. A product backend computes them (:mod:`losslens.geometry.operators.backend`):
+``"reverse"`` (default, reverse-over-reverse, :mod:`~losslens.geometry.operators.reverse`), ``"forward"``
+(forward-over-reverse, :mod:`~losslens.geometry.operators.forward`), ``"difference"`` (gradient differences,
+first order only, its error measured: :mod:`~losslens.geometry.operators.difference`); ``"auto"`` picks
 the exact one when it fits ``max_memory``, else the measured difference one
-(:mod:`~geometry.operators.auto`; why: ``backend_choice``).
+(:mod:`~losslens.geometry.operators.auto`; why: ``backend_choice``).
 
 ``vectorize="auto"`` picks the sequential second backwards on CPU (measured faster there, see
 benchmarks/README.md, "HVP throughput") and the vectorized one on CUDA.
 
 Precision: products run in ``compute_dtype``, float32 by default for a float16/bfloat16 model
-(weights upcast for each call, the stored half weights untouched: :mod:`geometry.operators.precision`),
+(weights upcast for each call, the stored half weights untouched: :mod:`losslens.geometry.operators.precision`),
 the model's dtype otherwise; ``compute_dtype="bfloat16"`` keeps half arithmetic as an explicit
 choice. Vectors in and out of :meth:`matmat_flat` and all accumulation over batches are in
 :attr:`HessianOperator.dtype` (float32 at least), so estimator linear algebra never runs in half precision.
 
 Memory: :meth:`HessianOperator.pass_bytes` predicts the peak of one product of k vectors beyond the vectors
 themselves, from the double-backward graph of the largest batch measured once (saved-tensor
-hooks on one row of each batch shape): see :mod:`geometry.memory.model` and benchmarks/README.md
+hooks on one row of each batch shape): see :mod:`losslens.geometry.memory.model` and benchmarks/README.md
 ("Scale") for the check against measured peaks.
 
-Conventions, side effects and guarantees of every call: :mod:`geometry.operators.call` (eval mode,
+Conventions, side effects and guarantees of every call: :mod:`losslens.geometry.operators.call` (eval mode,
 MATH attention for exact backends, true embedding derivatives, ``.grad`` / ``requires_grad`` /
 modes restored, parameters outside the selection frozen for the call); a selected parameter whose
 gradient has no graph (a zero Hessian row) is checked once with a finite difference of gradients
-(:func:`~geometry.operators.derivatives.check_dead_rows`); with ``data_parallel`` each rank passes its
+(:func:`~losslens.geometry.operators.derivatives.check_dead_rows`); with ``data_parallel`` each rank passes its
 share of the batches and products, gradients and memory plans are those of all ranks' batches
-together (:mod:`geometry.operators.data_parallel`).
+together (:mod:`losslens.geometry.operators.data_parallel`).
 """
 
 from __future__ import annotations
@@ -43,19 +43,19 @@ from typing import Any, Callable, ContextManager, Iterator, Literal, Sequence
 import torch
 from torch import nn
 
-from ..base.batches import normalise_batch_weights
-from ..base.params import ParamGlobs, ParamSpace, select_parameters
-from .auto import AutoBackend
-from .backend import ProductBackend
-from .names import backend_named
-from .precision import cast_inputs, compute_copy_bytes, compute_dtype_for
-from .param_dicts import ParamDictProducts
-from .data_parallel import DataParallel, join_data_parallel
-from .call import product_call
-from .difference import DEFAULT_TOLERANCE
-from .first_order import loss_and_gradient
-from .interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
-from .reverse import GraphCache, ReverseBackend, check_loss, graph_bytes
+from losslens.geometry.base.batches import normalise_batch_weights
+from losslens.geometry.base.params import ParamGlobs, ParamSpace, select_parameters
+from losslens.geometry.operators.auto import AutoBackend
+from losslens.geometry.operators.backend import ProductBackend
+from losslens.geometry.operators.names import backend_named
+from losslens.geometry.operators.precision import cast_inputs, compute_copy_bytes, compute_dtype_for
+from losslens.geometry.operators.param_dicts import ParamDictProducts
+from losslens.geometry.operators.data_parallel import DataParallel, join_data_parallel
+from losslens.geometry.operators.call import product_call
+from losslens.geometry.operators.difference import DEFAULT_TOLERANCE
+from losslens.geometry.operators.first_order import loss_and_gradient
+from losslens.geometry.operators.interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
+from losslens.geometry.operators.reverse import GraphCache, ReverseBackend, check_loss, graph_bytes
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 Backend = Literal["reverse", "forward", "difference", "auto"]
@@ -71,14 +71,14 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
     Args:
         model: any ``nn.Module``; read live at each call (weights copied into it later are used).
         loss_fn: ``loss_fn(model, batch) -> scalar tensor`` (mean loss of the batch), e.g.
-            :func:`probes.core.lm.lm_loss`.
+            :func:`losslens.lm.core.next_token_loss.lm_loss`.
         batches: non-empty sequence of batches (anything ``loss_fn`` accepts).
         params: ``None`` (every parameter with ``requires_grad``), a glob or a list of globs over
-            parameter names (:func:`geometry.base.params.select_parameters`).
+            parameter names (:func:`losslens.geometry.base.params.select_parameters`).
         weights: one non-negative weight per batch, normalised to sum 1; default
-            :func:`~geometry.base.batches.default_batch_weight` (``loss_fn.batch_weight``: tokens; else rows).
+            :func:`~losslens.geometry.base.batches.default_batch_weight` (``loss_fn.batch_weight``: tokens; else rows).
         backend: ``"reverse"`` (default), ``"forward"``, ``"difference"`` or ``"auto"`` (module docstring),
-            or a backend object (:mod:`geometry.operators.backend`: ``ReverseBackend()``,
+            or a backend object (:mod:`losslens.geometry.operators.backend`: ``ReverseBackend()``,
             ``DifferenceBackend(step, richardson, check_batches)``, ``AutoBackend(...)``, ...).
         chunk_size: most vectors per pass. ``None``: :data:`DEFAULT_CHUNK` for vmapped passes
             (memory grows linearly in the chunk); sequential reverse passes take one at a time anyway.
@@ -94,18 +94,18 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
             step h, 4-gradient Richardson stencil, error-check batches (default: a one-row copy of
             the first batch) and the error above which ``"auto"`` refuses it (:mod:`.difference`); read
             when ``backend`` is a name.
-        compute_dtype: the dtype the products run in (:mod:`geometry.operators.precision`): None
+        compute_dtype: the dtype the products run in (:mod:`losslens.geometry.operators.precision`): None
             (default) float32 for float16/bfloat16 weights, the weights' dtype otherwise; a dtype
             or ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"``. The weights stay stored
             in their dtype; a different compute dtype runs on copies made for each call.
         max_memory: default memory budget of the estimators run on this operator (bytes or
-            ``"8GB"``; None: :func:`geometry.memory.model.default_budget` at each estimator call).
+            ``"8GB"``; None: :func:`losslens.geometry.memory.model.default_budget` at each estimator call).
         loss_transient_bytes: bytes ``loss_fn`` allocates for a moment beyond what autograd saves,
             whatever the batch size (e.g. the chunk temporaries of the lean LM head,
-            ``probes.core.lm_head.head_transient_bytes``); added to every pass of the memory model.
+            ``losslens.lm.core.lm_head.head_transient_bytes``); added to every pass of the memory model.
         data_parallel: ``True`` (the default ``torch.distributed`` group), a process group, or a
-            :class:`~geometry.operators.data_parallel.DataParallel`: ``batches`` are this rank's share, and
-            every product is over all ranks' batches (:mod:`geometry.operators.data_parallel`). Every rank
+            :class:`~losslens.geometry.operators.data_parallel.DataParallel`: ``batches`` are this rank's share, and
+            every product is over all ranks' batches (:mod:`losslens.geometry.operators.data_parallel`). Every rank
             must build the same operator (model, selection, dtype) and run the same estimator calls.
             ``max_memory=None`` becomes the smallest default budget over the ranks, so every rank
             makes the same memory plan.
@@ -214,7 +214,7 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
     def can_keep_graphs(self) -> bool:
         """Whether gradient graphs can be kept between calls: the backend keeps graphs and the products
         run in the stored dtype (a compute copy gets new gradient accumulators each call:
-        :mod:`geometry.operators.precision`)."""
+        :mod:`losslens.geometry.operators.precision`)."""
         return self.product_backend.keeps_graphs and self.compute_dtype == self.space.dtype
 
     @property
@@ -260,12 +260,12 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
     def graph_bytes(self, index: int) -> int:
         """Bytes of batch ``index``'s double-backward graph: the tensors autograd saves for the
         forward and the ``create_graph`` backward, plus the first-order gradients. Measured once per
-        batch shape on a one-row copy (:mod:`geometry.memory.graphs`; cost: one small gradient)."""
+        batch shape on a one-row copy (:mod:`losslens.geometry.memory.graphs`; cost: one small gradient)."""
         return graph_bytes(self, index)
 
     def pass_bytes(self, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         """Predicted peak bytes of one :meth:`matmat_flat` of ``k`` vectors beyond its input and
-        output ``[k, dim]`` tensors (:func:`geometry.memory.graphs.pass_bytes`), with graphs kept
+        output ``[k, dim]`` tensors (:func:`losslens.geometry.memory.graphs.pass_bytes`), with graphs kept
         between calls when ``cached`` (default: ``cache_graphs``)."""
         need = self.product_backend.pass_bytes(self, k, cached, chunk)
         need += compute_copy_bytes(self.model, self.compute_dtype)  # the compute-dtype copy of the weights
@@ -295,7 +295,7 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
 
     def checked(self) -> dict | None:
         """The backend's measured error against an exact reference, measured once
-        (:meth:`~geometry.operators.backend.ProductBackend.check`); None for exact backends."""
+        (:meth:`~losslens.geometry.operators.backend.ProductBackend.check`); None for exact backends."""
         if self.hvp_check is None:
             self.hvp_check = self.product_backend.check(self)
         return self.hvp_check
@@ -341,7 +341,7 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
                 yield i, (w, batch)
 
     def call_context(self, backend: ProductBackend | None = None) -> ContextManager[dict[str, torch.Tensor]]:
-        """:func:`~geometry.operators.call.product_call` of this operator (yields the selected
+        """:func:`~losslens.geometry.operators.call.product_call` of this operator (yields the selected
         parameters) with ``backend``'s attention (default: this operator's backend)."""
         return product_call(
             self.model, self.space, (backend or self.product_backend).attention(self.model), self.compute_dtype

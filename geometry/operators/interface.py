@@ -1,8 +1,8 @@
 """The interface every curvature estimator consumes: a symmetric linear operator on flat vectors.
 
 Estimators (trace, eigenvalues, density, ...) only need ``matmat`` on flat ``[k, dim]`` blocks plus
-a few attributes, so they run unchanged on the exact :class:`~geometry.operators.dense.DenseOperator` (tests,
-tiny problems) and on the Hessian-vector-product :class:`~geometry.operators.hessian.HessianOperator`.
+a few attributes, so they run unchanged on the exact :class:`~losslens.geometry.operators.dense.DenseOperator` (tests,
+tiny problems) and on the Hessian-vector-product :class:`~losslens.geometry.operators.hessian.HessianOperator`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ..base._linalg import CHUNK
-from ..base.params import ParamSpace
-from ..base.errors import LosslensError
+from losslens.geometry.base._linalg import CHUNK
+from losslens.geometry.base.params import ParamSpace
+from losslens.geometry.base.errors import LosslensError
 
 
 class OperatorError(LosslensError, ValueError):
@@ -68,11 +68,11 @@ class CurvatureOperator(abc.ABC):
 
     space: ParamSpace | None = None
     #: where this rank's columns sit in the global vector when vectors are sharded over ranks: a
-    #: ``geometry.base._linalg.ShardLayout`` (:class:`~geometry.operators.sharded.ShardedHessianOperator`);
+    #: ``losslens.geometry.base._linalg.ShardLayout`` (:class:`~losslens.geometry.operators.sharded.ShardedHessianOperator`);
     #: None: whole vectors
     layout = None
     num_matvecs: int = 0
-    #: default memory budget of estimators on this operator (None: geometry.memory.model.default_budget)
+    #: default memory budget of estimators on this operator (None: losslens.geometry.memory.model.default_budget)
     max_memory: int | str | None = None
 
     @property

@@ -39,7 +39,7 @@ def default_chunk(vocab: int) -> int:
 
 
 #: ``[chunk, vocab]`` temporaries alive at once: about 1 while the gradient is built and 2.5 in
-#: the second backward (geometry.memory.graphs.peak_new_bytes on the head alone), 4 in a whole
+#: the second backward (losslens.geometry.memory.graphs.peak_new_bytes on the head alone), 4 in a whole
 #: model's HVP (the head's input gradient chunks besides; GPT-NeoX 14M–160M shapes)
 CHUNK_TEMPORARIES = 4
 

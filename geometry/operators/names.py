@@ -1,7 +1,7 @@
 """Backend names → backend objects: the one place where a product backend's name is read.
 
 ``HessianOperator(backend="difference")``, the CLI's ``--backend`` and a plan's ``backend`` field
-give a name; :func:`backend_named` turns it into the object (:mod:`geometry.operators.backend`).
+give a name; :func:`backend_named` turns it into the object (:mod:`losslens.geometry.operators.backend`).
 Everywhere else a backend is an object, asked what it does (``exact``, ``second_order``, ...).
 """
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .auto import AutoBackend
-from .backend import ProductBackend
-from .difference import DEFAULT_TOLERANCE, DifferenceBackend
-from .forward import ForwardBackend
-from .interface import OperatorError
-from .reverse import ReverseBackend
+from losslens.geometry.operators.auto import AutoBackend
+from losslens.geometry.operators.backend import ProductBackend
+from losslens.geometry.operators.difference import DEFAULT_TOLERANCE, DifferenceBackend
+from losslens.geometry.operators.forward import ForwardBackend
+from losslens.geometry.operators.interface import OperatorError
+from losslens.geometry.operators.reverse import ReverseBackend
 
 __all__ = ["BACKENDS", "DEFAULT_BACKEND", "backend_named", "is_default_backend"]
 
@@ -32,8 +32,8 @@ def backend_named(
     difference_tolerance: float | None = None,
 ) -> Any:
     """The backend object for ``name`` (one of :data:`BACKENDS`) with the difference backend's
-    settings; a :class:`ProductBackend` or :class:`~geometry.operators.auto.AutoBackend` passes
-    through unchanged. Raises :class:`~geometry.operators.interface.OperatorError` for anything else."""
+    settings; a :class:`ProductBackend` or :class:`~losslens.geometry.operators.auto.AutoBackend` passes
+    through unchanged. Raises :class:`~losslens.geometry.operators.interface.OperatorError` for anything else."""
     if isinstance(name, (ProductBackend, AutoBackend)):
         return name
     difference = lambda: DifferenceBackend(difference_step, richardson, check_batches)  # noqa: E731

@@ -1,7 +1,7 @@
 """Products on parameter dicts: ``matvec`` / ``matmat`` taking ``{name: Tensor}`` as well as flat tensors.
 
 :class:`ParamDictProducts` gives an operator whose coordinates are model parameters (a
-:class:`~geometry.base.params.ParamSpace` in ``space``) the dict form of its products, without
+:class:`~losslens.geometry.base.params.ParamSpace` in ``space``) the dict form of its products, without
 flattening: the vectors of each parameter are passed to the operator's ``_accumulate`` as
 ``[k, *shape]`` blocks. Cost: the operator's products; memory: the input and output dicts.
 """
@@ -12,13 +12,13 @@ from typing import Mapping
 
 import torch
 
-from .interface import OperatorError
+from losslens.geometry.operators.interface import OperatorError
 
 __all__ = ["ParamDictProducts"]
 
 
 class ParamDictProducts:
-    """Mixin for a :class:`~geometry.operators.interface.CurvatureOperator` with ``space`` and
+    """Mixin for a :class:`~losslens.geometry.operators.interface.CurvatureOperator` with ``space`` and
     ``_accumulate(vs, outs, reduce)`` (``outs[j] += (H V)_j`` per parameter, outputs reduced over ranks)."""
 
     def matvec(self, v: Mapping[str, torch.Tensor] | torch.Tensor) -> dict[str, torch.Tensor] | torch.Tensor:

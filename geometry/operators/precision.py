@@ -30,7 +30,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from .interface import OperatorError
+from losslens.geometry.operators.interface import OperatorError
 
 __all__ = ["COMPUTE_DTYPES", "HALF_DTYPES", "compute_dtype_for", "compute_copy_bytes", "computed_in", "cast_inputs"]
 

@@ -1,7 +1,7 @@
 """The gradient-difference backend's error, measured against exact products (docs/science.md §4 (c)).
 
 :func:`product_error` compares two operators on seeded vectors; :func:`measure` runs it for a
-:class:`~geometry.operators.difference.DifferenceBackend` against the exact reverse-over-reverse
+:class:`~losslens.geometry.operators.difference.DifferenceBackend` against the exact reverse-over-reverse
 products of the same loss on a check slice, planned against the operator's budget first
 (:func:`check_bytes`); an error that cannot be measured is recorded with the reason, never assumed.
 """
@@ -13,10 +13,10 @@ from typing import Any, Sequence
 
 import torch
 
-from ..base._linalg import CHUNK
-from ..memory.graphs import itemsize, one_row
-from ..memory.model import temporaries_bytes
-from .interface import CurvatureOperator, OperatorError
+from losslens.geometry.base._linalg import CHUNK
+from losslens.geometry.memory.graphs import itemsize, one_row
+from losslens.geometry.memory.model import temporaries_bytes
+from losslens.geometry.operators.interface import CurvatureOperator, OperatorError
 
 __all__ = ["product_error", "check_bytes", "measure"]
 
@@ -69,12 +69,12 @@ def measure(op: Any, backend: Any, num_vectors: int = 2, seed: int = 0) -> dict:
     copy of the first batch), on ``num_vectors`` seeded vectors; ``op.sibling(batches, backend)``
     builds the operators. When the exact product cannot run there (no double-backward rule, or out of
     memory) ``rel_error`` is None and ``reference`` says why: bound it elsewhere (e.g. on a miniature
-    of the architecture, :func:`probes.models.miniature.miniature_bound`); so it is when the check's
+    of the architecture, :func:`losslens.lm.models.miniature.miniature_bound`); so it is when the check's
     memory (:func:`check_bytes`: three vectors and the larger single-vector pass) exceeds the
     operator's budget. Cost: 2 · num_vectors products of each backend on the check slice (plus one
     reverse graph build)."""
-    from .reverse import ReverseBackend
-    from .smoothness import activation_smoothness
+    from losslens.geometry.operators.reverse import ReverseBackend
+    from losslens.geometry.operators.smoothness import activation_smoothness
 
     batches = list(backend.check_batches) if backend.check_batches is not None else [one_row(op.batches[0])[1]]
     out = {
@@ -87,7 +87,7 @@ def measure(op: Any, backend: Any, num_vectors: int = 2, seed: int = 0) -> dict:
     }
     diff = op.sibling(batches, type(backend)(backend.difference_step, backend.richardson))
     try:
-        from ..memory.model import format_bytes, resolve_budget
+        from losslens.geometry.memory.model import format_bytes, resolve_budget
 
         reference = op.sibling(batches, ReverseBackend())
         need = check_bytes(op, diff.pass_bytes(1), reference.pass_bytes(1, cached=False))

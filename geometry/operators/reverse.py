@@ -1,11 +1,11 @@
 """Reverse-over-reverse Hessian-vector products on one batch's retained gradient graph.
 
 :class:`ReverseBackend` (``backend="reverse"``, the default of
-:class:`geometry.operators.hessian.HessianOperator`): the
+:class:`losslens.geometry.operators.hessian.HessianOperator`): the
 gradient ``g = ∇L_b`` is built once with ``create_graph=True`` (:class:`GradientGraph`), then
 ``H_b v = ∇(g · v)`` is one more backward per vector (``vectorize=False``) or one vmapped
 backward per chunk of vectors (``vectorize=True``, ``is_grads_batched``). Memory: the graph
-plus one chunk's second-backward intermediates (:func:`geometry.memory.graphs.pass_bytes`).
+plus one chunk's second-backward intermediates (:func:`losslens.geometry.memory.graphs.pass_bytes`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from ..memory.graphs import itemsize, one_row, pass_bytes, saved_graph_bytes
-from .backend import ProductBackend
-from .derivatives import check_dead_rows
-from .fingerprint import model_fingerprint
-from .interface import OperatorError
+from losslens.geometry.memory.graphs import itemsize, one_row, pass_bytes, saved_graph_bytes
+from losslens.geometry.operators.backend import ProductBackend
+from losslens.geometry.operators.derivatives import check_dead_rows
+from losslens.geometry.operators.fingerprint import model_fingerprint
+from losslens.geometry.operators.interface import OperatorError
 
 
 @dataclass
@@ -105,7 +105,7 @@ def check_loss(loss: Any, index: int, finite: bool = True) -> None:
 @dataclass
 class GraphCache:
     """An operator's kept gradient graphs (``cache_graphs``): per batch index, valid while the model's
-    :func:`~geometry.operators.fingerprint.model_fingerprint` is ``fingerprint``; ``dead_checked``:
+    :func:`~losslens.geometry.operators.fingerprint.model_fingerprint` is ``fingerprint``; ``dead_checked``:
     the dead-row check ran once."""
 
     graphs: dict[int, GradientGraph] = field(default_factory=dict)
@@ -121,7 +121,7 @@ class ReverseBackend(ProductBackend):
     """Reverse-over-reverse products: per batch one ``create_graph`` gradient, then one second backward
     per vector (``op.vectorize=False``) or per chunk (vmapped). Memory: the graph of the largest batch
     (of every batch when graphs are kept) plus the second backward's transient
-    (:func:`geometry.memory.graphs.pass_bytes`)."""
+    (:func:`losslens.geometry.memory.graphs.pass_bytes`)."""
 
     name = "reverse"
     keeps_graphs = True
@@ -190,7 +190,7 @@ class ReverseBackend(ProductBackend):
 def graph_bytes(op: Any, index: int) -> int:
     """Bytes of batch ``index``'s double-backward graph: the tensors autograd saves for the forward
     and the ``create_graph`` backward, plus the first-order gradients. Measured once per batch shape
-    on a one-row copy, under the exact backends' attention (:mod:`geometry.memory.graphs`; cost: one
+    on a one-row copy, under the exact backends' attention (:mod:`losslens.geometry.memory.graphs`; cost: one
     small gradient) and kept in ``op.measured_passes``."""
     rows, sliced, key = one_row(op.batches[index])
     if key not in op.measured_passes:

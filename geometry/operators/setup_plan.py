@@ -1,9 +1,9 @@
 """The memory of an operator's set-up, planned before it runs (issue #36: measure inside the budget).
 
 Before any estimator plans, a Hessian operator's set-up measures things by running them: the
-second-order check (:func:`probes.models.second_order.ensure_second_order`: a float64 copy of the
+second-order check (:func:`losslens.lm.models.second_order.ensure_second_order`: a float64 copy of the
 model, or a miniature), the double-backward graph of one row of each batch shape
-(:func:`geometry.operators.reverse.graph_bytes`), the difference backend's error check. Each holds
+(:func:`losslens.geometry.operators.reverse.graph_bytes`), the difference backend's error check. Each holds
 at least one gradient of every selected parameter, so a run whose budget is far below that used to
 allocate it all before its refusal (9.1× a 60 MB budget on a 56.6M model). This module plans them
 first, from what is known without running anything:
@@ -14,9 +14,9 @@ first, from what is known without running anything:
   difference backend's kept θ and its gradient) plus three vectors in the vector dtype, plus the
   loss's own temporaries. Every estimator's smallest plan is at least this, so refusing when it
   exceeds the budget never refuses a run that would have been accepted;
-- :func:`plan_setup`: that refusal (:class:`~geometry.memory.model.MemoryBudgetError`, one line:
+- :func:`plan_setup`: that refusal (:class:`~losslens.geometry.memory.model.MemoryBudgetError`, one line:
   the bytes needed and available, what to change: :func:`refusal`); the second-order check is
-  planned by its caller from the same budget (:func:`probes.models.curvature.plan_lm_setup`);
+  planned by its caller from the same budget (:func:`losslens.lm.models.curvature.plan_lm_setup`);
 - :func:`check_graph_floor`: before the one-row graph of a long row is measured, the graph is
   measured on two short prefixes of that row (:data:`PREFIX` and 2 × :data:`PREFIX` tokens: one
   gradient and a few tokens of activations each) and extrapolated to a lower bound of the whole
@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from ..memory.graphs import itemsize, pass_bytes, saved_graph_bytes
-from ..memory.model import MemoryBudgetError, format_bytes, resolve_budget
+from losslens.geometry.memory.graphs import itemsize, pass_bytes, saved_graph_bytes
+from losslens.geometry.memory.model import MemoryBudgetError, format_bytes, resolve_budget
 
 __all__ = ["SetupPlan", "setup_floor", "plan_setup", "check_graph_floor", "refusal", "PREFIX"]
 
@@ -80,7 +80,7 @@ def plan_setup(
 ) -> SetupPlan:
     """Plan an operator's set-up on ``model`` for ``dim`` selected numbers before anything runs.
 
-    Raises :class:`~geometry.memory.model.MemoryBudgetError` when :func:`setup_floor` exceeds
+    Raises :class:`~losslens.geometry.memory.model.MemoryBudgetError` when :func:`setup_floor` exceeds
     ``max_memory`` (None: nothing is refused, the set-up is as before: estimators may still be
     given their own budget). Returns a :class:`SetupPlan`. Cost: none (arithmetic)."""
     floor = setup_floor(dim, param_dtype, vector_dtype, transient)
@@ -107,7 +107,7 @@ def check_graph_floor(op: Any, plan: SetupPlan) -> None:
     2 × :data:`PREFIX` tokens, extended linearly with the slope between them to the row's tokens,
     times the rows. Only ``[rows, tokens]`` tensor batches longer than 2 × :data:`PREFIX` are
     checked (others are measured whole, as before). Cost: two gradients with graph of one short row."""
-    from .reverse import ReverseBackend, converted_bytes
+    from losslens.geometry.operators.reverse import ReverseBackend, converted_bytes
 
     if plan.budget is None or not op.product_backend.keeps_graphs or not op.batches:
         return

@@ -8,7 +8,7 @@ for a model whose parameters were sharded with ``torch.distributed.fsdp.fully_sh
 ``DTensor`` parameters, ``Shard(0)``). Nothing is ever gathered whole: every vector, the estimators'
 state and the master copy of θ hold this rank's shards only (1/N of the elements).
 
-The product is the gradient-difference backend (:mod:`geometry.operators.difference`): the local
+The product is the gradient-difference backend (:mod:`losslens.geometry.operators.difference`): the local
 shards are set to ``θ_master ± ε·v`` in place, every rank runs ``loss.backward()`` on its own batch,
 FSDP2 all-gathers the layers for the forward and reduce-scatters the gradient into each rank's
 ``.grad`` shard, which is read and differenced. The step ε follows the same rule as the unsharded
@@ -17,14 +17,14 @@ difference product up to the order of floating-point summation.
 
 Batches and weights. FSDP2 averages gradients uniformly over the ranks, while the operator weights
 batches by their loss terms (``loss_fn.batch_weight``, e.g. the predicted tokens of ``lm_loss``; rows
-for a loss without it: :mod:`geometry.base.batches`): each rank scales its loss by ``w_b · N``, so the reduce-scatter's
+for a loss without it: :mod:`losslens.geometry.base.batches`): each rank scales its loss by ``w_b · N``, so the reduce-scatter's
 mean is ``Σ_r Σ_b w_b ∇L_b`` whatever the split. Every backward is a collective, so the ranks run
 the same number of rounds: a rank with fewer batches runs zero-weighted passes of its first batch
 (the cost of an uneven split).
 
 Vectors. Rows are ``[k, dim]`` with ``dim`` the largest local shard size over the ranks (the same on
 every rank, so every memory plan and decision agrees); columns past this rank's shard are zero.
-:attr:`layout` (``geometry.base._linalg.ShardLayout``) tells the estimators' linear algebra
+:attr:`layout` (``losslens.geometry.base._linalg.ShardLayout``) tells the estimators' linear algebra
 where the columns sit in the global vector: inner products, norms and Gram matrices are summed
 over the ranks, random probes are this rank's columns of the global stream. Estimators that support
 sharded operators (Hutchinson, Hutch++, power iteration, Lanczos) run unchanged; the others refuse
@@ -45,17 +45,17 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..base._linalg import ShardLayout
-from ..base.batches import raw_batch_weights
-from ..base.modes import module_modes
-from ..memory.graphs import first_rows, itemsize, one_row, peak_new_bytes
-from .backend import ReducedVectors
-from .derivatives import true_derivatives
-from .branches import FrozenBranches
-from .difference import DifferenceBackend, difference_products
-from .interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
-from .precision import compute_dtype_for
-from .data_parallel import DataParallel, global_batch_weights
+from losslens.geometry.base._linalg import ShardLayout
+from losslens.geometry.base.batches import raw_batch_weights
+from losslens.geometry.base.modes import module_modes
+from losslens.geometry.memory.graphs import first_rows, itemsize, one_row, peak_new_bytes
+from losslens.geometry.operators.backend import ReducedVectors
+from losslens.geometry.operators.derivatives import true_derivatives
+from losslens.geometry.operators.branches import FrozenBranches
+from losslens.geometry.operators.difference import DifferenceBackend, difference_products
+from losslens.geometry.operators.interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
+from losslens.geometry.operators.precision import compute_dtype_for
+from losslens.geometry.operators.data_parallel import DataParallel, global_batch_weights
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -94,13 +94,13 @@ class ShardedHessianOperator(CurvatureOperator):
             loss carries it, else its rows), normalised over all ranks.
         max_memory: default budget of the estimators (bytes or ``"8GB"``; None: the smallest default
             budget over the ranks).
-        difference_step: the relative step h (default :func:`~geometry.operators.difference.relative_step`
+        difference_step: the relative step h (default :func:`~losslens.geometry.operators.difference.relative_step`
             of the parameters' dtype); ``richardson``: 4 gradients per product, O(ε⁴).
         progress: unused (kept for symmetry with HessianOperator); only rank 0 would print.
         compute_dtype: the dtype the products run in; it must be the dtype the model was sharded in
             (FSDP2's shards cannot be upcast in place): None accepts float32/float64 shards and
             refuses half-precision ones (shard a float32 copy:
-            ``probes.models.sharding.shard_model(model, compute_dtype=torch.float32)``, or pass
+            ``losslens.lm.models.sharding.shard_model(model, compute_dtype=torch.float32)``, or pass
             ``compute_dtype="bfloat16"`` to keep half arithmetic, its error measured elsewhere).
 
     Attributes: ``dim`` (padded local length, the same on every rank), ``local_dim`` (this rank's
@@ -138,7 +138,7 @@ class ShardedHessianOperator(CurvatureOperator):
             stored, wanted = (str(d).replace("torch.", "") for d in (self._param_dtype, wanted))
             raise OperatorError(
                 f"the model was sharded in {stored} but the products should run in {wanted}: shard a "
-                "copy cast to it first (probes.models.sharding.shard_model(model, compute_dtype=...)), "
+                "copy cast to it first (losslens.lm.models.sharding.shard_model(model, compute_dtype=...)), "
                 f"or pass compute_dtype={stored!r} to keep that arithmetic"
             )
         self.local_dim = sum(t.numel() for t in self.locals)
@@ -158,7 +158,7 @@ class ShardedHessianOperator(CurvatureOperator):
         self.rounds = self.parallel.max_int(len(self.batches), self._device)
         self.max_memory = max_memory
         if max_memory is None:
-            from ..memory.model import default_budget
+            from losslens.geometry.memory.model import default_budget
 
             self.max_memory = self.parallel.min_int(default_budget(self._device), self._device)
         self.product_backend = DifferenceBackend(difference_step, richardson)
@@ -226,7 +226,7 @@ class ShardedHessianOperator(CurvatureOperator):
     @contextlib.contextmanager
     def _call_context(self) -> Iterator[None]:
         """Eval mode (checkpointed layers flagged for HF), grad on, true embedding derivatives
-        (``padding_idx`` cleared: :func:`~geometry.operators.derivatives.true_derivatives`);
+        (``padding_idx`` cleared: :func:`~losslens.geometry.operators.derivatives.true_derivatives`);
         the caller's ``.grad`` restored after."""
         grads = [(p, p.grad) for p in self.params.values()]
         try:
@@ -292,7 +292,7 @@ class ShardedHessianOperator(CurvatureOperator):
     def checked(self) -> dict:
         """``hvp_check`` when set; else: the product's error is not measured on a sharded model (the exact products
         would need the whole model on one rank): measure it with ``backend="difference"`` in one process on the
-        same checkpoint, or on a miniature (:func:`probes.models.miniature.miniature_bound`)."""
+        same checkpoint, or on a miniature (:func:`losslens.lm.models.miniature.miniature_bound`)."""
         if self.hvp_check is not None:  # measured elsewhere (e.g. on the unsharded architecture)
             return self.hvp_check
         return {

@@ -2,7 +2,7 @@
 
 Gradient differences assume a smooth loss. The piecewise activations that LMs use (ReLU,
 LeakyReLU, Hardtanh/ReLU6, ReLU², HF's xIELU) are frozen on their branch at θ during the products
-(:mod:`geometry.operators.branches`), which makes the differenced function smooth with the same
+(:mod:`losslens.geometry.operators.branches`), which makes the differenced function smooth with the same
 Hessian at θ. The ones it does not cover (Hardswish, Hardsigmoid, PReLU, RReLU: a gradient that
 jumps at a kink) are reported by :func:`activation_smoothness`: an input crossing the kink adds
 ``(f'₊ − f'₋)/(2ε)`` to the product, so the error does not vanish as ε → 0; the measured error
@@ -38,7 +38,7 @@ _NOT_SMOOTH_CLASSES = ("Hardswish", "Hardsigmoid", "PReLU", "RReLU")
 
 def activation_smoothness(model: nn.Module) -> tuple[int, list[str]]:
     """``(order, names)``: :data:`NOT_SMOOTH` and the sorted class names of ``model``'s activation
-    modules whose gradient jumps and which :mod:`geometry.operators.branches` does not freeze, or
+    modules whose gradient jumps and which :mod:`losslens.geometry.operators.branches` does not freeze, or
     ``(SMOOTH, [])``. Cost: one walk over the modules."""
     found = {
         type(m).__name__

@@ -1,4 +1,4 @@
-"""geometry.surfaces: loss surfaces; imports ``geometry.base`` and ``geometry.memory``, no operator
+"""losslens.geometry.surfaces: loss surfaces; imports ``losslens.geometry.base`` and ``losslens.geometry.memory``, no operator
 and no estimator.
 
 - ``planes``: the :class:`Plane` / :class:`Line` data, their memory plan and orthonormality check;
@@ -10,7 +10,7 @@ and no estimator.
 - ``resume``: the fingerprint and row file that make a surface evaluation resumable;
 - ``sources``: points of parameter space read a slice at a time;
 - ``trajectory_pca``: the principal axes of N checkpoints; ``trajectory_axes``: those axes as data
-  (:class:`~geometry.surfaces.trajectory_axes.TrajectoryPCA`) and points projected onto them.
+  (:class:`~losslens.geometry.surfaces.trajectory_axes.TrajectoryPCA`) and points projected onto them.
 
 This ``__init__`` imports nothing: import the module you need, or the public names from ``geometry``.
 """

@@ -1,9 +1,9 @@
 """The grid of plane coordinates a surface is evaluated on (docs/science.md §5).
 
-:class:`GridSpec` covers every marked point of a :class:`~geometry.surfaces.planes.Plane` (or
-:class:`~geometry.surfaces.planes.Line`) with a margin, or explicit ranges; :meth:`GridSpec.axes` gives the
+:class:`GridSpec` covers every marked point of a :class:`~losslens.geometry.surfaces.planes.Plane` (or
+:class:`~losslens.geometry.surfaces.planes.Line`) with a margin, or explicit ranges; :meth:`GridSpec.axes` gives the
 float64 x and y axes; :func:`grid_axes` reads the ``grid`` argument of
-:func:`~geometry.surfaces.surface.evaluate_surface` (a spec, a resolution or explicit axes).
+:func:`~losslens.geometry.surfaces.surface.evaluate_surface` (a spec, a resolution or explicit axes).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .moving import SurfaceError
-from .planes import Line, Plane
-from ..base.errors import LosslensError
+from losslens.geometry.surfaces.moving import SurfaceError
+from losslens.geometry.surfaces.planes import Line, Plane
+from losslens.geometry.base.errors import LosslensError
 
 
 class GridError(LosslensError, ValueError):
@@ -95,7 +95,7 @@ class GridSpec:
 def grid_axes(grid: GridSpec | int | tuple, plane: Plane) -> tuple[np.ndarray, np.ndarray]:
     """(x[nx], y[ny]) float64 axes of ``grid`` on ``plane``: a :class:`GridSpec`, an int resolution,
     ``(nx, ny)`` or explicit ``(x_axis, y_axis)`` arrays (non-empty, finite; else
-    :class:`~geometry.surfaces.moving.SurfaceError`)."""
+    :class:`~losslens.geometry.surfaces.moving.SurfaceError`)."""
     if isinstance(grid, GridSpec):
         return grid.axes(plane)
     if isinstance(grid, int):

@@ -1,5 +1,5 @@
 """Moving a model along a plane and evaluating a loss there -- the machinery of
-:func:`geometry.surfaces.surface.evaluate_surface` (docs/science.md §5).
+:func:`losslens.geometry.surfaces.surface.evaluate_surface` (docs/science.md §5).
 
 :class:`PlaneMover` writes θ(x, y) = origin + x·e₁ + y·e₂ into the model's own tensors in place
 (``t.copy_(origin).add_(e1, alpha=x).add_(e2, alpha=y)``) and copies the originals, cloned once,
@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..memory.graphs import first_rows, one_row, peak_new_bytes
-from ..memory.model import MemoryEstimate, first_fitting, resolve_budget
-from ..base.modes import module_modes
-from ..base.params import ParamGlobs, iter_names
-from .planes import Plane
-from ..base.errors import LosslensError
+from losslens.geometry.memory.graphs import first_rows, one_row, peak_new_bytes
+from losslens.geometry.memory.model import MemoryEstimate, first_fitting, resolve_budget
+from losslens.geometry.base.modes import module_modes
+from losslens.geometry.base.params import ParamGlobs, iter_names
+from losslens.geometry.surfaces.planes import Plane
+from losslens.geometry.base.errors import LosslensError
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -37,7 +37,7 @@ class SurfaceError(LosslensError, ValueError):
 def forward_bytes(model: nn.Module, loss_fn, batch) -> int:
     """Peak bytes one no-grad, eval-mode ``loss_fn(model, batch)`` allocates beyond the model
     (activations, logits, the loss's temporaries), measured by running it once
-    (:func:`geometry.memory.graphs.peak_new_bytes`); every module's mode is restored."""
+    (:func:`losslens.geometry.memory.graphs.peak_new_bytes`); every module's mode is restored."""
     with module_modes(model, training=False), torch.no_grad():
         return peak_new_bytes(lambda: loss_fn(model, batch))[1]
 
@@ -80,8 +80,8 @@ def estimate_memory(
     tensors that restores them, the plane's tensors converted when their dtype or device differ
     from the model's (3 dicts), ``points_per_forward`` stacked copies when vmapping several
     points (> 1), and ``forward``: the peak bytes of one evaluation's forwards (of all its
-    points, measured: :func:`forward_bytes` or :func:`~geometry.memory.graphs.peak_new_bytes`; 0
-    leaves it out). Raises :class:`~geometry.memory.model.MemoryBudgetError` when over
+    points, measured: :func:`forward_bytes` or :func:`~losslens.geometry.memory.graphs.peak_new_bytes`; 0
+    leaves it out). Raises :class:`~losslens.geometry.memory.model.MemoryBudgetError` when over
     ``max_memory``."""
     targets = dict(model.named_parameters(remove_duplicate=False))
     targets.update(dict(model.named_buffers(remove_duplicate=False)))

@@ -4,12 +4,12 @@ Points are parameter dicts ``{name: Tensor}`` (state-dict-like pytrees). Nothing
 a :class:`Plane` is an origin plus two direction dicts, a :class:`Line` an origin plus one.
 They are built by
 
-- :func:`~geometry.surfaces.point_planes.plane_through_points` -- the *quantization plane* through
-  A = Θ_K, B = Θ_{K−1}, C = Θ̂_K, and :func:`~geometry.surfaces.point_planes.line` -- a 1-D slice
-  origin + x·e₁ (:mod:`geometry.surfaces.point_planes`);
-- :func:`~geometry.surfaces.random_planes.random_plane` -- two seeded Gaussian directions,
-  filter-normalised (Li et al. 2018): :mod:`geometry.surfaces.random_planes`;
-- :meth:`geometry.surfaces.trajectory_axes.TrajectoryPCA.plane` -- the top principal axes of a
+- :func:`~losslens.geometry.surfaces.point_planes.plane_through_points` -- the *quantization plane* through
+  A = Θ_K, B = Θ_{K−1}, C = Θ̂_K, and :func:`~losslens.geometry.surfaces.point_planes.line` -- a 1-D slice
+  origin + x·e₁ (:mod:`losslens.geometry.surfaces.point_planes`);
+- :func:`~losslens.geometry.surfaces.random_planes.random_plane` -- two seeded Gaussian directions,
+  filter-normalised (Li et al. 2018): :mod:`losslens.geometry.surfaces.random_planes`;
+- :meth:`losslens.geometry.surfaces.trajectory_axes.TrajectoryPCA.plane` -- the top principal axes of a
   trajectory.
 
 Memory: a plane holds three dicts the size of the model (origin, e₁, e₂), a line two;
@@ -25,9 +25,9 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from ..base.jsonable import jsonable
-from ..memory.model import MemoryEstimate, first_fitting, resolve_budget
-from ..base.errors import LosslensError
+from losslens.geometry.base.jsonable import jsonable
+from losslens.geometry.memory.model import MemoryEstimate, first_fitting, resolve_budget
+from losslens.geometry.base.errors import LosslensError
 
 Params = Mapping[str, torch.Tensor]
 
@@ -191,8 +191,8 @@ def estimate_memory(A: Params, max_memory=None, kind: str = "points") -> MemoryE
     """Memory of building a plane (``kind`` ``"points"``/``"random"``) or line (``"line"``) from
     points like ``A``: the result holds the origin and one direction per axis in A's dtypes
     (3 model-size dicts for a plane, 2 for a line); temporaries are float64 copies of one tensor at
-    a time (three of the largest). Raises :class:`~geometry.memory.model.MemoryBudgetError` when over
-    ``max_memory`` (default: :func:`geometry.memory.model.default_budget` of A's device)."""
+    a time (three of the largest). Raises :class:`~losslens.geometry.memory.model.MemoryBudgetError` when over
+    ``max_memory`` (default: :func:`losslens.geometry.memory.model.default_budget` of A's device)."""
     keys = [k for k, t in A.items() if torch.is_floating_point(t)]
     if not keys:
         raise PlaneError("the point has no floating-point parameters")

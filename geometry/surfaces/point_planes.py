@@ -1,6 +1,6 @@
 """Planes and lines through given points of parameter space (docs/science.md §5); the data they
-return (:class:`~geometry.surfaces.planes.Plane`, :class:`~geometry.surfaces.planes.Line`) and their
-memory plan (:func:`~geometry.surfaces.planes.estimate_memory`) are in :mod:`geometry.surfaces.planes`.
+return (:class:`~losslens.geometry.surfaces.planes.Plane`, :class:`~losslens.geometry.surfaces.planes.Line`) and their
+memory plan (:func:`~losslens.geometry.surfaces.planes.estimate_memory`) are in :mod:`losslens.geometry.surfaces.planes`.
 
 - :func:`plane_through_points` -- the *quantization plane* through A = Θ_K, B = Θ_{K−1},
   C = Θ̂_K: u = B − A, v = C − A over the flattened vector of all floating-point keys,
@@ -11,7 +11,7 @@ memory plan (:func:`~geometry.surfaces.planes.estimate_memory`) are in :mod:`geo
 
 Cost: a constant number of passes over the parameters, one key at a time (float64 temporaries of one
 tensor at a time); the directions are stored in the dtype of the origin. Memory: checked against
-``max_memory`` first (:func:`~geometry.surfaces.planes.estimate_memory`).
+``max_memory`` first (:func:`~losslens.geometry.surfaces.planes.estimate_memory`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from .planes import Line, Params, Plane, PlaneError, _float_keys, _norm, estimate_memory
+from losslens.geometry.surfaces.planes import Line, Params, Plane, PlaneError, _float_keys, _norm, estimate_memory
 
 __all__ = ["plane_through_points", "line"]
 
@@ -53,7 +53,7 @@ def plane_through_points(
     tol : degeneracy threshold: ‖u‖ ≤ tol·max(‖A‖, tiny) means A = B; ‖v − (v·e₁)e₁‖ ≤ tol·‖v‖ means
         C is on the line through A and B (float32 points carry ~1e-7 relative rounding).
     max_memory : bytes (or ``"8GB"``) the construction may allocate
-        (:func:`~geometry.surfaces.planes.estimate_memory`).
+        (:func:`~losslens.geometry.surfaces.planes.estimate_memory`).
     copy_origin : ``False`` makes A's tensors the plane's origin without a copy (saves one model of
         memory when the caller owns A and will not modify it).
 
@@ -65,7 +65,7 @@ def plane_through_points(
 
     Cost: four passes over the parameters, each in float64 one tensor at a time; e₁ and e₂ are
     formed in float64 per tensor and stored in A's dtype. Memory:
-    :func:`~geometry.surfaces.planes.estimate_memory`.
+    :func:`~losslens.geometry.surfaces.planes.estimate_memory`.
     """
     labels = tuple(labels)
     if len(labels) != 3:
@@ -98,7 +98,7 @@ def plane_through_points(
                 f"degenerate plane: {lb!r} equals {la!r} (‖{lb}−{la}‖ = {nu:.3g}, ‖{la}‖ = {norm_a:.3g})"
                 + (f" and {lc!r} equals {la!r} too" if c_eq_a else "")
                 + "; the three points do not span a plane. Pass fallback='random' to use a random second "
-                "direction, or use geometry.surfaces.point_planes.line for a 1-D slice."
+                "direction, or use losslens.geometry.surfaces.point_planes.line for a 1-D slice."
             )
 
         def e1_64(k):
@@ -121,7 +121,7 @@ def plane_through_points(
                 raise PlaneError(
                     f"degenerate plane: {what} (distance from the line {nw:.3g}, ‖{lc}−{la}‖ = {nv:.3g}); "
                     "the three points do not span a plane. Pass fallback='random' to use a random second "
-                    "direction, or use geometry.surfaces.point_planes.line for a 1-D slice."
+                    "direction, or use losslens.geometry.surfaces.point_planes.line for a 1-D slice."
                 )
             e2 = _random_orthogonal(A, keys, e1, seed)
             kind = "points+random"
@@ -187,7 +187,7 @@ def line(
     point: direction = end − origin). With ``normalize=True`` (default) e₁ is unit-norm and x is a
     Euclidean distance in parameter space; with ``normalize=False`` e₁ = direction (x = 1 reaches
     ``end``). ``coords`` holds {labels[0]: 0} and, when ``end`` is given, {labels[1]: x of end}.
-    Memory: two model-size dicts (:func:`~geometry.surfaces.planes.estimate_memory`), checked against
+    Memory: two model-size dicts (:func:`~losslens.geometry.surfaces.planes.estimate_memory`), checked against
     ``max_memory`` first.
     """
     if (direction is None) == (end is None):

@@ -6,7 +6,7 @@
 
 Cost: two Gaussian draws and a constant number of passes over the parameters, one tensor at a time
 (float64 temporaries of one tensor). Memory: the plane's three model-size dicts
-(:func:`geometry.surfaces.planes.estimate_memory`), checked against ``max_memory`` first.
+(:func:`losslens.geometry.surfaces.planes.estimate_memory`), checked against ``max_memory`` first.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from .planes import Params, Plane, PlaneError, _dot, _float_keys, _norm, estimate_memory
+from losslens.geometry.surfaces.planes import Params, Plane, PlaneError, _dot, _float_keys, _norm, estimate_memory
 
 __all__ = ["random_plane", "filter_normalize"]
 

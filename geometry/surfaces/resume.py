@@ -1,8 +1,8 @@
-"""Resuming a surface evaluation (:func:`geometry.surfaces.surface.evaluate_surface` with
+"""Resuming a surface evaluation (:func:`losslens.geometry.surfaces.surface.evaluate_surface` with
 ``checkpoint_path``): every finished grid row is written atomically to a ``.npz`` file together with
 a fingerprint of the plane, the grid axes, the data and the evaluation settings; a rerun with the same
 fingerprint skips the finished rows, and a file written for anything else raises
-:class:`~geometry.surfaces.moving.SurfaceError` rather than being overwritten.
+:class:`~losslens.geometry.surfaces.moving.SurfaceError` rather than being overwritten.
 
 Cost: the fingerprint hashes the axes, the plane's description and every batch tensor once (SHA-256);
 each save writes the whole ``[ny, nx]`` float64 loss array and the ``[ny]`` row flags.
@@ -19,8 +19,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .moving import SurfaceError
-from .planes import Plane
+from losslens.geometry.surfaces.moving import SurfaceError
+from losslens.geometry.surfaces.planes import Plane
 
 __all__ = ["surface_fingerprint", "load_rows", "save_rows"]
 
@@ -46,7 +46,7 @@ def surface_fingerprint(
 
 def load_rows(path: str, fp: str, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """(loss ``[ny, nx]`` float64, done ``[ny]`` bool) from the row file at ``path`` (all NaN and none done
-    when there is no file); raises :class:`~geometry.surfaces.moving.SurfaceError` when the file holds
+    when there is no file); raises :class:`~losslens.geometry.surfaces.moving.SurfaceError` when the file holds
     another fingerprint ``fp`` or another ``shape`` (ny, nx)."""
     ny, nx = shape
     if not os.path.exists(path):

@@ -1,4 +1,4 @@
-"""Points of parameter space read a slice at a time (for :mod:`geometry.surfaces.trajectory_pca`).
+"""Points of parameter space read a slice at a time (for :mod:`losslens.geometry.surfaces.trajectory_pca`).
 
 A *point source* is one point θ of parameter space (a checkpoint, an average of checkpoints, a
 quantized model) that can hand out any rows of any of its tensors without holding the others:

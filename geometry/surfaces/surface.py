@@ -4,9 +4,9 @@
 point and evaluates ``loss_fn`` over a fixed set of batches. The model is never copied: the moved
 tensors are written in place (``t.copy_(origin).add_(e1, alpha=x).add_(e2, alpha=y)``) and the
 original tensors -- cloned once before the first point -- are copied back at the end (also on
-error or Ctrl-C), so the model is restored bit-exactly (the machinery: :mod:`geometry.surfaces.moving`).
+error or Ctrl-C), so the model is restored bit-exactly (the machinery: :mod:`losslens.geometry.surfaces.moving`).
 :class:`Surface` and :class:`Profile` are plain data; their figures are drawn in
-:mod:`probes.report.surface_figures`.
+:mod:`losslens.study.report.surface_figures`.
 
 Batching work per forward (the measured throughput, and the machine it was measured on, are in
 ``benchmarks/README.md``, section "Loss surfaces"):
@@ -25,7 +25,7 @@ The marked points are always evaluated in place, batch by batch, like a direct e
 Resuming. With ``checkpoint_path`` (a ``.npz`` file) every finished grid row is written atomically;
 a rerun with the same plane, grid and data skips the finished rows. A file written for a different
 plane/grid/data raises :class:`SurfaceError` rather than being overwritten
-(:mod:`geometry.surfaces.resume`).
+(:mod:`losslens.geometry.surfaces.resume`).
 
 NaN. A non-finite loss at a grid point is kept (NaN/inf in ``Surface.loss``), counted in
 ``Surface.n_nonfinite``, reported with a warning, and drawn as a hole (never interpolated). A
@@ -51,10 +51,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..base.batches import normalise_batch_weights
-from .grid import GridSpec, grid_axes
-from ..base.modes import module_modes
-from .moving import (
+from losslens.geometry.base.batches import normalise_batch_weights
+from losslens.geometry.surfaces.grid import GridSpec, grid_axes
+from losslens.geometry.base.modes import module_modes
+from losslens.geometry.surfaces.moving import (
     LossFn,
     PlaneMover,
     SurfaceError,
@@ -64,9 +64,9 @@ from .moving import (
     evaluate_stacked,
     planned_forward_bytes,
 )
-from ..base.params import ParamGlobs
-from .planes import Line, Plane
-from .resume import load_rows, save_rows, surface_fingerprint
+from losslens.geometry.base.params import ParamGlobs
+from losslens.geometry.surfaces.planes import Line, Plane
+from losslens.geometry.surfaces.resume import load_rows, save_rows, surface_fingerprint
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,7 +216,7 @@ def evaluate_surface(
     ----------
     model : the model whose tensors named in ``plane`` are moved (parameters or buffers; tied
         names are written consistently). Restored bit-exactly on return (and on error).
-    loss_fn : ``loss_fn(model, batch) -> scalar`` mean loss (e.g. :func:`probes.core.lm.lm_loss`).
+    loss_fn : ``loss_fn(model, batch) -> scalar`` mean loss (e.g. :func:`losslens.lm.core.next_token_loss.lm_loss`).
     batches : a non-empty sequence (or iterable, e.g. a TokenSet) of batches, reused at every point.
     plane : a :class:`Plane` (or a :class:`Line`, evaluated with y = 0).
     grid : :class:`GridSpec`, an int resolution, ``(nx, ny)``, or explicit ``(x_axis, y_axis)`` arrays.
@@ -227,34 +227,36 @@ def evaluate_surface(
     progress : tqdm progress bar over the points.
     checkpoint_path : ``.npz`` file to which finished rows are written; a rerun resumes there.
     weights : per-batch weights of the mean, normalised (default: ``loss_fn.batch_weight(batch)``
-        when the loss carries it -- the predicted tokens of :func:`probes.core.lm.lm_loss`, so the
-        pooled token mean --, else the batch size ``len(batch)``: :mod:`geometry.base.batches`).
+        when the loss carries it -- the predicted tokens of :func:`losslens.lm.core.next_token_loss.lm_loss`, so the
+        pooled token mean --, else the batch size ``len(batch)``: :mod:`losslens.geometry.base.batches`).
     points_per_forward : grid points per vmapped forward (see module docstring; default 1).
     merge_batches : ``True`` concatenates all batches (``k``: groups of k) along dim 0 into one
         forward per grid node -- fewer, larger forwards (faster on CPU for small batches; measured in
         ``benchmarks/README.md``).
-        Valid only when ``loss_fn`` is a mean over the rows of a batch (as :func:`probes.core.lm.lm_loss`
+        Valid only when ``loss_fn`` is a mean over the rows of a batch (as :func:`losslens.lm.core.next_token_loss.lm_loss`
         with equal sequence lengths) and ``weights`` is None; the grid values then differ from
         batch-by-batch evaluation by float rounding only (~1e-7 relative). The marked points are
         always evaluated batch by batch, exactly as a direct evaluation would.
 
     max_memory : bytes (or ``"8GB"``) the evaluation may allocate beyond the model and the plane
-        (:func:`geometry.surfaces.moving.estimate_memory`: one copy of the moved tensors, more when the plane's
+        (:func:`losslens.geometry.surfaces.moving.estimate_memory`: one copy of the moved tensors, more when the plane's
         dtype/device differ or several points are vmapped, checked before any forward; then with the
         peak of one grid evaluation's forwards, planned from forwards of 1 and 2 rows of the largest
-        batch at the model's own weights (:func:`geometry.surfaces.moving.planned_forward_bytes`),
+        batch at the model's own weights (:func:`losslens.geometry.surfaces.moving.planned_forward_bytes`),
         checked before the model is moved or any grid point is evaluated).
 
     Notes
     -----
     Returns a :class:`Surface`. Cost: (nx·ny + #points) × len(batches) forward passes. The model is
     in eval mode during the call (every module's own mode is restored after,
-    :func:`geometry.base.modes.module_modes`). Autograd is off.
+    :func:`losslens.geometry.base.modes.module_modes`). Autograd is off.
     """
     if isinstance(plane, Line):
         plane = plane.as_plane()
     if not isinstance(plane, Plane):
-        raise SurfaceError(f"plane must be a geometry.surfaces.planes.Plane or Line, got {type(plane).__name__}")
+        raise SurfaceError(
+            f"plane must be a losslens.geometry.surfaces.planes.Plane or Line, got {type(plane).__name__}"
+        )
     batches = list(batches)
     if not batches:
         raise SurfaceError("no batches: the loss needs at least one batch")

@@ -1,8 +1,8 @@
 """The principal axes of a trajectory as data (:class:`TrajectoryPCA`, computed by
-:func:`geometry.surfaces.trajectory_pca.trajectory_pca`; every definition is in that module's
+:func:`losslens.geometry.surfaces.trajectory_pca.trajectory_pca`; every definition is in that module's
 docstring) and further points projected onto them (:class:`ProjectedPoint`).
 
-:meth:`TrajectoryPCA.plane` gives the :class:`~geometry.surfaces.planes.Plane` of two axes (sharing
+:meth:`TrajectoryPCA.plane` gives the :class:`~losslens.geometry.surfaces.planes.Plane` of two axes (sharing
 the centre and axes, no copy); :meth:`TrajectoryPCA.project` projects a point (a quantized Θ̂, a LAWA
 checkpoint): coordinates (θ − c)·e_j and its residual from the plane, or the least-squares fit on
 filter-normalised axes. Cost of a projection: one pass over the point, one slice of at most
@@ -17,8 +17,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from .planes import Plane, PlaneError
-from .sources import PointSource, as_rows, as_source, chunk_rows, row_count
+from losslens.geometry.surfaces.planes import Plane, PlaneError
+from losslens.geometry.surfaces.sources import PointSource, as_rows, as_source, chunk_rows, row_count
 
 __all__ = ["TrajectoryPCA", "ProjectedPoint", "TrajectoryPCAError", "CHUNK_ELEMENTS"]
 
@@ -119,7 +119,7 @@ class TrajectoryPCA:
         return np.sqrt(np.clip((self.eigenvectors**2) @ lam, 0.0, None))
 
     def plane(self, axes: tuple[int, int] = (0, 1), points: Sequence[ProjectedPoint] = ()) -> Plane:
-        """The :class:`~geometry.surfaces.planes.Plane` c + x·e_a + y·e_b, its marked points the
+        """The :class:`~losslens.geometry.surfaces.planes.Plane` c + x·e_a + y·e_b, its marked points the
         checkpoints (and ``points``). Shares the centre and axes (no copy)."""
         a, b = _check_axes(axes, self.k)
         xy = self.plane_coords((a, b))

@@ -14,9 +14,9 @@ exactly the right singular vectors and scores of a float64 SVD of X.
   √(Σ_{j∉{a,b}} λ_j u_ij²) (from the full decomposition, no cancellation); divided by ‖θ_i − c‖ it
   says whether the point's place on the plane means anything (0: on the plane; 1: orthogonal).
 - **Further points** (a quantized Θ̂, a LAWA checkpoint) are projected with
-  :meth:`~geometry.surfaces.trajectory_axes.TrajectoryPCA.project`: coordinates (θ − c)·e_j, and the
+  :meth:`~losslens.geometry.surfaces.trajectory_axes.TrajectoryPCA.project`: coordinates (θ − c)·e_j, and the
   same residual.
-- **Filter normalisation** (optional, as in :func:`~geometry.surfaces.random_planes.random_plane`): each
+- **Filter normalisation** (optional, as in :func:`~losslens.geometry.surfaces.random_planes.random_plane`): each
   axis is rescaled row by row to the centre's row norms after the PCA; the axes are then no longer
   orthonormal, coordinates are the least-squares coefficients on the chosen pair of axes, and the
   residuals are those of that least-squares fit (one more pass).
@@ -35,11 +35,11 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..base.params import ParamGlobs, iter_names
-from ..memory.model import MemoryEstimate, first_fitting, resolve_budget
-from .random_planes import _filter_normalize_
-from .sources import PointSource, as_rows, as_source, chunk_rows, row_count
-from .trajectory_axes import CHUNK_ELEMENTS, TrajectoryPCA, TrajectoryPCAError, _check_same
+from losslens.geometry.base.params import ParamGlobs, iter_names
+from losslens.geometry.memory.model import MemoryEstimate, first_fitting, resolve_budget
+from losslens.geometry.surfaces.random_planes import _filter_normalize_
+from losslens.geometry.surfaces.sources import PointSource, as_rows, as_source, chunk_rows, row_count
+from losslens.geometry.surfaces.trajectory_axes import CHUNK_ELEMENTS, TrajectoryPCA, TrajectoryPCAError, _check_same
 
 __all__ = ["trajectory_pca", "estimate_memory"]
 
@@ -61,7 +61,7 @@ def estimate_memory(
     the centre and ``k`` axes (float32, or the checkpoints' dtype when wider), G and U (N² float64
     each), three float64 ``[N, chunk]`` slice matrices, and ``held_bytes`` that sources hold whole
     (a source's ``held_bytes`` attribute, e.g. torch-file checkpoints). Raises
-    :class:`~geometry.memory.model.MemoryBudgetError` when over ``max_memory`` (default: the host's
+    :class:`~losslens.geometry.memory.model.MemoryBudgetError` when over ``max_memory`` (default: the host's
     default budget)."""
     vec = sum(int(np.prod(s)) * _storage_dtype(dtypes[n]).itemsize for n, s in shapes.items())
     chunk = max(min(chunk_elements, max(int(np.prod(s)) if s else 1, 1)) for s in shapes.values())
@@ -112,13 +112,13 @@ def trajectory_pca(
 
     Parameters
     ----------
-    points : N point sources (:class:`~geometry.surfaces.sources.PointSource`) or dicts of tensors.
+    points : N point sources (:class:`~losslens.geometry.surfaces.sources.PointSource`) or dicts of tensors.
     k : number of axes (≥ 2; at most the rank of the centred checkpoints, ≤ N − 1).
     center : ``"mean"`` or the index / label of the checkpoint used as centre.
     params : globs selecting the floating-point tensors that span the space (default: all).
     filter_normalize : after the PCA, rescale the axes row by row to the centre's row norms.
     ignore, one_d : the rules of that rescaling, as in
-        :func:`~geometry.surfaces.random_planes.filter_normalize`.
+        :func:`~losslens.geometry.surfaces.random_planes.filter_normalize`.
     labels : the points' labels (default: each source's ``label``).
     max_memory : budget of :func:`estimate_memory`, checked before any read.
     chunk_elements : numbers per slice read from each source.

@@ -1,0 +1,236 @@
+"""The curvature operator of a language model's loss, with its second-order capability checked.
+
+:func:`lm_hessian` is what every LM-level curvature probe uses (sweeps, ``losslens sharpness``):
+a :class:`losslens.geometry.HessianOperator` of :func:`losslens.lm.core.next_token_loss.lm_loss`, built only after
+:func:`losslens.lm.models.second_order.ensure_second_order` has checked — once per architecture, on a
+2×16-token slice carrying every special token (on a float64 miniature of the architecture for
+models over 50M parameters or in half precision) — that the chosen backend's products agree with
+finite differences of the gradient and of the loss. An architecture whose ops lack a forward-AD rule falls back to the
+reverse backend with a :class:`~losslens.lm.models.second_order.SecondOrderWarning` naming the op; one whose products cannot
+be trusted raises :class:`~losslens.lm.models.second_order.SecondOrderError` (recorded as a failed row
+by sweeps) — never a silently wrong number.
+
+:func:`plan_lm_setup` settles, before anything is measured, what the operator is built from (the
+zero-embedding tokens left out of its loss, found once: :mod:`losslens.lm.models.zero_embeddings`; the loss
+with and without the lean head) and refuses (:class:`~losslens.geometry.memory.model.MemoryBudgetError`, one
+line) when a measuring step of the set-up cannot fit ``max_memory``, in the order of their cost:
+
+1. the smallest product any estimator makes (:func:`losslens.geometry.operators.setup_plan.plan_setup`:
+   two gradients and three vectors, arithmetic only);
+2. with the reverse backend, the smallest pass on a lower bound of the batches' graph measured on a
+   short prefix of one row (:func:`losslens.geometry.operators.setup_plan.check_graph_floor`);
+3. the second-order check (:func:`losslens.lm.models.second_order.ensure_second_order`), on a float64 copy
+   or on the float64 miniature when it fits (:func:`losslens.lm.models.miniature.check_precision`), else
+   refused (``backend="auto"``: ``"unchecked"``, the check is skipped and the choice made without it;
+   :func:`lm_hessian` refuses if the exact backend is chosen).
+
+With ``max_memory=None`` nothing is refused and the check chooses as before (an estimator may be
+given its own budget later). An accepted run measures and computes what it did before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from losslens.geometry.base.params import ParamSpace, select_parameters
+from losslens.geometry.memory.model import MemoryBudgetError
+from losslens.geometry.operators.auto import AutoBackend
+from losslens.geometry.operators.names import backend_named
+from losslens.geometry.operators.data_parallel import DataParallel
+from losslens.geometry.operators.hessian import HessianOperator
+from losslens.geometry.operators.interface import estimator_dtype
+from losslens.geometry.operators.reverse import ReverseBackend
+from losslens.geometry.operators.setup_plan import check_graph_floor, plan_setup
+from losslens.lm.core.next_token_loss import lm_loss
+from losslens.lm.core.lm_head import head_transient_bytes, lm_loss_lean
+
+from losslens.lm.models.fidelity import with_float64_fidelity
+from losslens.lm.models.miniature import check_precision, miniature_bound
+from losslens.lm.models.second_order import SecondOrderError, ensure_second_order
+from losslens.lm.models.zero_embeddings import curvature_loss, exclusion_record, zero_embedding_tokens
+
+__all__ = ["lm_hessian", "plan_lm_setup", "LmSetup", "error_warning", "UNCHECKED"]
+
+#: The check precision of a ``backend="auto"`` operator whose second-order check cannot fit.
+UNCHECKED = "unchecked"
+
+
+@dataclass(frozen=True)
+class LmSetup:
+    """What :func:`plan_lm_setup` settles before anything is measured: the zero-embedding tokens left
+    out of every loss (``exclude``), the loss without them (``exact_loss``: what the second-order check
+    differentiates) and through the lean head when it was asked for (``lean_loss``, else
+    ``exact_loss``), that head's chunk temporaries (``head_bytes``, 0 without it) and the second-order
+    check's ``precision`` (``"auto"``, ``"miniature"`` or :data:`UNCHECKED`)."""
+
+    exclude: tuple[int, ...]
+    exact_loss: Any
+    lean_loss: Any
+    head_bytes: int
+    precision: str
+
+
+def lm_hessian(
+    model: nn.Module,
+    batches: Sequence[torch.Tensor],
+    params=None,
+    backend: str = "reverse",
+    check: bool = True,
+    lean_head: bool = True,
+    **kwargs,
+) -> HessianOperator:
+    """Hessian of the mean LM loss over ``batches`` ([b, s] token tensors) w.r.t. ``params`` globs.
+
+    ``check``: run the cached second-order check first (cost, once per architecture: a float64
+    copy of models under 50M parameters, else a float64 miniature, plus a few HVPs, gradients and
+    forwards on 2×16 tokens). With ``max_memory`` every measuring step of the set-up (the check,
+    the graph of a batch) is planned first and refused before it runs when it cannot fit
+    (:func:`plan_lm_setup`). ``lean_head``: with the reverse backend, take the loss through
+    the closed-form chunked LM head (:func:`losslens.lm.core.lm_head.lm_loss_lean`: the same loss, no
+    ``[tokens, vocab]`` tensor in the double-backward graph; models whose logits are not a plain
+    linear head fall back to :func:`~losslens.lm.core.next_token_loss.lm_loss` by themselves). Extra keyword
+    arguments go to :class:`HessianOperator` (``max_memory``, ``chunk_size``, ``data_parallel``, ...);
+    with a :class:`~losslens.geometry.operators.data_parallel.DataParallel` as ``data_parallel`` the check is agreed
+    over the ranks (a failure on one rank is raised on all).
+
+    ``backend="difference"`` (gradient differences, :mod:`losslens.geometry.operators.difference`) needs no
+    second-order rule: the second-order check is skipped and the operator measures its own error
+    against the exact reverse products on ``batches[0][:2, :32]`` (:meth:`HessianOperator.checked`).
+    ``backend="auto"``: the reverse backend when its pass fits ``max_memory``, else the difference
+    backend when its measured error is within ``difference_tolerance``. With either, a float64
+    model's loss runs under :func:`~losslens.lm.models.fidelity.float64_fidelity` (HF's float32 norms and
+    softmax in float64), so the float64 step measures the method, not float32 rounding.
+
+    Tokens whose input-embedding row is zero (padding) are left out of the loss as inputs and
+    targets, with every backend (:mod:`losslens.lm.models.zero_embeddings`: the first normalisation is
+    singular there); ``op.excluded`` records which and how many (summed over the ranks).
+    """
+    batches = list(batches)
+    chosen = backend_named(backend)  # an unknown name raises here, before any work
+    auto = isinstance(chosen, AutoBackend)
+    if (auto or not chosen.exact) and batches:
+        kwargs.setdefault("check_batches", [batches[0][:2, :32]])
+    runs_check = bool(check and batches and (auto or chosen.second_order))
+    # every measuring step below is planned first, and refused before it runs when it cannot fit max_memory
+    setup = plan_lm_setup(model, batches, params, chosen, runs_check, lean_head, kwargs)
+    precision = setup.precision
+    if runs_check:
+        probe = batches[0][:2, :16]
+        parallel = kwargs.get("data_parallel")
+        exact = ReverseBackend() if auto else chosen
+
+        def second_order() -> str:
+            if precision == UNCHECKED:  # backend="auto", the check cannot fit: the exact backend is refused below
+                return exact.name
+            try:
+                return ensure_second_order(
+                    model, probe, backend=exact.name, params=params, loss_fn=setup.exact_loss, precision=precision
+                )
+            except SecondOrderError:
+                if not auto:
+                    raise
+                return chosen.difference.name  # no exact backend is trustworthy: only the first-order one can run
+
+        if isinstance(parallel, DataParallel):  # a check failing on one rank fails on every rank, never hangs
+            checked = parallel.agree(second_order, "the second-order check", batches[0].device)
+        else:
+            checked = second_order()
+        if not auto or not backend_named(checked).second_order:
+            backend, chosen, auto = checked, backend_named(checked), False
+    lean = lean_head and isinstance(chosen, ReverseBackend)  # the lean head's derivatives are reverse-mode only
+    if lean:
+        kwargs.setdefault("loss_transient_bytes", setup.head_bytes)
+    loss_fn = setup.lean_loss if lean else setup.exact_loss  # zero-embedding tokens left out
+    if auto or not chosen.exact:  # a float64 model's float32 islands would swamp the float64-sized step
+        loss_fn = with_float64_fidelity(loss_fn, model)
+    op = HessianOperator(model, loss_fn, batches, params=params, backend=backend, **kwargs)
+    if precision == UNCHECKED and op.product_backend.second_order:
+        why = op.backend_choice["why"]
+        raise MemoryBudgetError(
+            f"backend='auto' chose the exact pass ({why}), but its second-order check does not "
+            "fit max_memory; raise max_memory or pass backend='difference'"
+        )
+    op.excluded = exclusion_record(setup.exclude, batches, op.parallel)
+    if not op.product_backend.exact and batches and op.checked()["rel_error"] is None:
+        bound = miniature_bound(
+            model,
+            op.check_batches or [batches[0][:2, :32]],
+            exclude=setup.exclude,
+            compute_dtype=kwargs.get("compute_dtype"),
+        )
+        op.hvp_check = {**op.hvp_check, **bound}
+    return op
+
+
+def plan_lm_setup(
+    model: nn.Module,
+    batches: Sequence[torch.Tensor],
+    params: Any,
+    exact_backend: Any,
+    runs_check: bool,
+    lean_head: bool,
+    kwargs: dict,
+) -> LmSetup:
+    """Settle :func:`lm_hessian`'s set-up before anything is measured (module docstring): the
+    zero-embedding tokens (found once) and the losses without them, the lean head's temporaries
+    (``lean_head`` as given to ``lm_hessian``) and the second-order check's precision, refusing each
+    measuring step that cannot fit ``kwargs["max_memory"]``. ``exact_backend``: the backend the check is
+    for (a reverse one gets the graph bound); ``runs_check``: the check will run; ``kwargs``: the
+    operator's keyword arguments. Raises :class:`~losslens.geometry.memory.model.MemoryBudgetError` before any
+    measurement that cannot fit. Cost: one pass over the input embedding and arithmetic, plus with the
+    reverse backend and a budget two gradients of one short row."""
+    exclude = zero_embedding_tokens(model)  # every loss below leaves them out, the check's included
+    exact_loss = curvature_loss(lm_loss, exclude)
+    lean_loss = curvature_loss(lm_loss_lean, exclude) if lean_head else exact_loss
+    head_bytes = head_transient_bytes(model, batches) if lean_head else 0  # the lean head's chunk temporaries
+    space = ParamSpace.from_params(select_parameters(model, params))
+    plan = plan_setup(model, space.dim, space.dtype, estimator_dtype(space.dtype), kwargs.get("max_memory"))
+    precision = "auto"
+    if plan.budget is not None:  # None: nothing is refused, the check chooses as before
+        if isinstance(exact_backend, ReverseBackend) and batches and kwargs.get("data_parallel") is None:
+            transient = kwargs.get("loss_transient_bytes", head_bytes)
+            probe = HessianOperator(model, lean_loss, batches, params=params, loss_transient_bytes=transient)
+            check_graph_floor(probe, plan)
+        if runs_check:
+            try:
+                precision = check_precision(model, plan.budget)
+            except MemoryBudgetError:
+                if not isinstance(exact_backend, AutoBackend):
+                    raise
+                precision = UNCHECKED
+    return LmSetup(tuple(exclude), exact_loss, lean_loss, head_bytes, precision)
+
+
+def error_warning(check: dict | None, compute_dtype, tolerance: float = 1e-2) -> dict | None:
+    """The warning a result carries when its products' measured relative error exceeds ``tolerance``:
+    ``{"rel_error", "tolerance", "cause", "fix", "message"}`` (one line); None when the error is within
+    it, or not measured (``check["reference"]`` then says why) or the backend is exact (``check`` None)."""
+    err = None if check is None else check.get("rel_error")
+    if err is None or err <= tolerance:
+        return None
+    half = compute_dtype in (torch.bfloat16, torch.float16)
+    name = str(compute_dtype).replace("torch.", "")
+    kinked = check.get("non_smooth_activations") or []
+    if half:
+        cause, fix = (
+            f"half-precision compute ({name})",
+            "--compute-dtype float32 (the default for half-precision weights)",
+        )
+    elif kinked:
+        cause = f"activations that are not smooth ({', '.join(kinked)}): gradient differences straddle their kinks"
+        fix = "--backend reverse (exact) where its pass fits"
+    else:
+        cause = f"the gradient-difference step in {name} (possibly a token whose input-embedding row is zero)"
+        fix = "--backend reverse where its pass fits, or curvature data without zero-embedding tokens"
+    return {
+        "rel_error": err,
+        "tolerance": tolerance,
+        "cause": cause,
+        "fix": fix,
+        "message": f"the Hessian products' measured relative error is {err:.2g} (> {tolerance:g}): cause: {cause}; "
+        f"fix: {fix}",
+    }

@@ -1,0 +1,263 @@
+"""Sharpness of one checkpoint (``losslens sharpness``): Hessian trace with its interval and λ_max.
+
+Curvature of :func:`losslens.lm.core.next_token_loss.lm_loss` on the curvature token set (docs/science.md §4): the default
+set of :func:`losslens.lm.data.default_token_sets` (held-out embedded corpus, the checkpoint's
+tokenizer) or a saved :class:`TokenSet` file. Cost: ``num_matvecs`` HVPs for the trace plus the
+eigen solver's HVPs (≤ ``max_iter`` per eigenvalue).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+from losslens.geometry.base.errors import LosslensError
+
+TRACE_METHODS = ("hutch++", "hutchinson")
+"""Hessian trace estimators a caller may name (the sweep's plans, ``losslens sharpness``): Hutch++ and Hutchinson."""
+EIGEN_METHODS = ("power", "lanczos")
+"""Top-eigenvalue solvers a caller may name: power iteration and Lanczos."""
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "float64": "float64"}
+
+
+class SharpnessError(LosslensError, ValueError):
+    """Bad checkpoint path/label or options."""
+
+
+def sharpness(
+    checkpoint: str | Path,
+    label: str | None = None,
+    num_matvecs: int = 100,
+    method: str = "hutch++",
+    k: int = 1,
+    eigen_method: str = "lanczos",
+    tol: float = 1e-3,
+    max_iter: int = 100,
+    params: Sequence[str] | None = None,
+    seed: int = 0,
+    quick: bool = False,
+    device=None,
+    data: str | Path | None = None,
+    num_threads: int | None = None,
+    allow_pickle: bool = False,
+    max_memory=None,
+    dtype: str | None = None,
+    cache_dir: str | Path | None = None,
+    schedule: str | None = None,
+    tokens_per_step: int | None = None,
+    parallel: str = "none",
+    backend: str = "reverse",
+    compute_dtype: str | None = None,
+    error_tolerance: float = 1e-2,
+) -> dict:
+    """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint as a dict.
+
+    ``checkpoint``: a checkpoint folder or weight file (its step / tokens / LR are read from the
+    trajectory folder around it), a trajectory folder (``label`` picks one; default the last real
+    checkpoint), or a hub name ``hf:ORG/NAME@REV`` (``hf:ORG/NAME@step*`` with ``label``), opened by
+    :func:`losslens.lm.checkpoints.open_checkpoint` with ``cache_dir`` (hub cache), ``schedule`` and
+    ``tokens_per_step`` (:mod:`losslens.lm.checkpoints.schedule`: the LR / tokens reported). ``data``: a saved
+    TokenSet file for the curvature set (default: built). ``num_threads``: torch threads for the
+    estimators (None: torch's default). ``allow_pickle``: load torch files that need full pickle.
+    ``max_memory``: bytes or ``"8GB"`` each estimator may allocate beyond the model (default: a
+    third of the total RAM, 80% of the GPU memory this process's tensors do not hold; never what
+    happens to be free, so reruns choose the same settings: :mod:`losslens.geometry.memory.model`); what each chose
+    (sketch size, block, basis, graph cache) is returned under ``memory``. ``dtype``: ``float32``
+    (default), ``bfloat16``, ``float16`` or ``float64`` to load the weights in; products run in it,
+    estimator algebra in float32 at least. ``backend``: the HVP backend (``reverse``, ``forward``,
+    ``difference`` or ``auto``, :class:`losslens.geometry.HessianOperator`); the result records it, the
+    difference backend's measured error (``hvp_check``) and, for ``auto``, the choice and why
+    (``backend_choice``). Bad options raise :class:`SharpnessError` before anything is loaded; a
+    plan that cannot fit raises it before any product. ``parallel="data"`` (under ``torchrun``):
+    every rank loads the model, takes its contiguous share of the curvature batches and runs the
+    same estimators; products are all-reduced (:mod:`losslens.geometry.operators.data_parallel`), so the numbers
+    are one process's over all batches; every rank returns the same dict. ``parallel="fsdp"``:
+    every rank holds 1/N of θ and of every vector (:mod:`losslens.geometry.operators.sharded`, gradient
+    differences: an exact ``backend`` is replaced by the difference backend out loud, the reason in
+    ``backend_choice``; its error is measured on a miniature of the architecture in the compute
+    dtype against float64, :func:`losslens.lm.models.miniature.miniature_bound`). Tokens whose
+    input-embedding row is zero (padding) are left out of the loss; ``excluded`` records which and
+    how many positions and targets (:mod:`losslens.lm.models.zero_embeddings`).
+
+    ``compute_dtype``: the dtype the products run in (None: float32 for bfloat16/float16 weights,
+    the weights' dtype otherwise; :mod:`losslens.geometry.operators.precision`); recorded as ``compute_dtype``,
+    ``dtype`` is the weights'. ``error_tolerance``: the products' measured relative error above which
+    the result carries ``error_warning`` (the error, its likely cause and the fix; the CLI prints it
+    and exits non-zero with ``--strict``); an error that could not be measured says why in
+    ``hvp_check["reference"]``.
+    """
+    from losslens.lm.checkpoints import CheckpointError, CheckpointLoader
+    from losslens.lm.checkpoints.locate import open_checkpoint
+
+    _check_options(method, eigen_method, num_matvecs, k, max_iter, tol)
+    from losslens.geometry.operators.auto import AutoBackend
+    from losslens.geometry.operators.names import BACKENDS, backend_named
+    from losslens.lm.core.distributed import PARALLEL_MODES, DistributedError, init_data_parallel
+
+    if parallel not in PARALLEL_MODES:
+        raise SharpnessError(f"--parallel {parallel!r} is unknown; valid: {', '.join(PARALLEL_MODES)}")
+    if backend not in BACKENDS:
+        raise SharpnessError(f"--backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")
+    if parallel != "none" and isinstance(backend_named(backend), AutoBackend):
+        raise SharpnessError(
+            f"--backend auto is not available with --parallel {parallel}: pass --backend reverse or difference"
+        )
+    from losslens.geometry.operators.precision import COMPUTE_DTYPES
+
+    if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
+        raise SharpnessError(f"--compute-dtype {compute_dtype!r} is unknown; valid: {', '.join(COMPUTE_DTYPES)}")
+    if dtype is not None and dtype not in _DTYPES:
+        raise SharpnessError(f"--dtype {dtype!r} is unknown; valid: {', '.join(_DTYPES)}")
+    if max_memory is not None:
+        from losslens.geometry.memory.model import MemoryBudgetError, parse_bytes
+
+        try:
+            parse_bytes(max_memory, device)
+        except MemoryBudgetError as exc:
+            raise SharpnessError(f"--max-memory: {exc}") from exc
+    try:
+        traj, ref = open_checkpoint(
+            checkpoint, label, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step, alone=True
+        )
+    except CheckpointError as exc:
+        raise SharpnessError(str(exc)) from exc
+    t0 = time.perf_counter()
+    if data is not None:
+        from losslens.lm.core.tokenset import TokenSet
+
+        curv = TokenSet.load(data)
+    else:
+        from losslens.lm.data import default_token_sets
+
+        curv = default_token_sets(traj, quick=quick, seed=seed)["curvature"]
+    import torch
+
+    dev = device or ("cuda" if torch.cuda.is_available() else None)
+    batches, pg = list(curv), None
+    if parallel in ("data", "fsdp"):
+        from losslens.geometry.operators.data_parallel import DataParallel, split_batches
+
+        if parallel == "fsdp" and params:
+            raise SharpnessError(
+                "--params is not supported with --parallel fsdp yet: sharded curvature is w.r.t. "
+                "every parameter (or use --parallel data with a selection)"
+            )
+        try:
+            rank, world, dev = init_data_parallel(device=device, mode=parallel)
+            batches = split_batches(batches, rank, world)
+        except (DistributedError, ValueError) as exc:
+            raise SharpnessError(str(exc)) from exc
+        pg = DataParallel()
+    try:
+        model = CheckpointLoader(
+            traj, device=dev, dtype=getattr(torch, dtype) if dtype else None, allow_pickle=allow_pickle
+        ).load(ref)
+    except CheckpointError as exc:
+        raise SharpnessError(f"cannot load {ref.label!r}: {exc}") from exc
+    model.requires_grad_(True)
+    model.eval()
+    from losslens.geometry.estimators.eigen import estimate_memory as eigen_memory
+    from losslens.geometry.estimators.eigen import top_eigenvalues
+    from losslens.geometry.memory.model import MemoryBudgetError
+    from losslens.geometry.operators.interface import OperatorError
+    from losslens.geometry.estimators.trace import estimate_memory as trace_memory
+    from losslens.geometry.estimators.trace import hutchinson_trace, hutchpp_trace
+    from losslens.lm.core.threads import torch_threads
+    from losslens.lm.models.curvature import error_warning, lm_hessian
+
+    try:
+        if parallel == "fsdp":  # every rank holds 1/N of θ, of every vector and of the estimators' state
+            from losslens.lm.models.sharding import fsdp_lm_hessian
+
+            op = fsdp_lm_hessian(model, batches, dev, backend, compute_dtype, max_memory)
+        else:
+            op = lm_hessian(
+                model,
+                batches,
+                params=list(params) if params else None,
+                max_memory=max_memory,
+                backend=backend,
+                compute_dtype=compute_dtype,
+                **({"data_parallel": pg} if pg is not None else {}),
+            )
+        # both plans are checked before any product: a plan that cannot fit fails here, in one line
+        trace_memory(op, method, num_matvecs)
+        eigen_memory(op, k, eigen_method, max_iter)
+        with torch_threads(num_threads):
+            est = (hutchpp_trace if method == "hutch++" else hutchinson_trace)(op, num_matvecs=num_matvecs, seed=seed)
+            ev = top_eigenvalues(op, k=k, method=eigen_method, tol=tol, max_iter=max_iter, seed=seed)
+    except (MemoryBudgetError, OperatorError) as exc:
+        raise SharpnessError(str(exc)) from exc
+    return {
+        "checkpoint": ref.label,
+        "step": ref.step,
+        "tokens": ref.tokens,
+        "lr": ref.lr,
+        "location": ref.location,
+        "dim": getattr(op, "global_dim", op.dim),
+        "params": list(params) if params else None,
+        "data": {"shape": list(curv.tokens.shape), "content_hash": curv.content_hash},
+        "dtype": dtype or str(getattr(op, "storage_dtype", op.param_dtype)).replace("torch.", ""),
+        "compute_dtype": str(op.param_dtype).replace("torch.", ""),
+        "trace": {
+            "value": est.value,
+            "stderr": est.stderr,
+            "ci_low": est.ci_low,
+            "ci_high": est.ci_high,
+            "method": est.method,
+            "num_matvecs": est.num_matvecs,
+            "seconds": est.seconds,
+            "seed": seed,
+            "memory": est.memory,
+        },
+        "eigen": {
+            "values": list(ev.values),
+            "residuals": list(ev.residuals),
+            "converged": list(ev.converged),
+            "method": ev.method,
+            "num_matvecs": ev.num_matvecs,
+            "iterations": ev.iterations,
+            "seconds": ev.seconds,
+            "memory": ev.memory,
+        },
+        "seconds": time.perf_counter() - t0,
+        "device": str(op.device),
+        "parallel": {
+            "mode": parallel,
+            "world_size": pg.world_size if pg else 1,
+            "backend": pg.backend if pg else None,
+            "batches_per_rank": pg.gather_objects(len(batches)) if pg else [len(batches)],
+            **({"elements_per_rank": pg.gather_objects(op.local_dim)} if parallel == "fsdp" else {}),
+        },
+        "backend": op.backend,
+        "hvp_check": op.checked(),
+        "backend_choice": op.backend_choice,
+        "excluded": getattr(
+            op, "excluded", None
+        ),  # zero-embedding tokens left out (losslens.lm.models.zero_embeddings)
+        "error_warning": error_warning(op.checked(), op.param_dtype, error_tolerance),
+    }
+
+
+def _check_options(method: str, eigen_method: str, num_matvecs, k, max_iter, tol) -> None:
+    """Refuse bad options up front (before data and weights are loaded), naming the valid range."""
+    if method not in TRACE_METHODS:
+        raise SharpnessError(f"trace method {method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
+    if eigen_method not in EIGEN_METHODS:
+        raise SharpnessError(f"eigen method {eigen_method!r} is unknown; valid: {', '.join(EIGEN_METHODS)}")
+    least = 3 if method == "hutch++" else 1
+    if not isinstance(num_matvecs, int) or isinstance(num_matvecs, bool) or num_matvecs < least:
+        raise SharpnessError(
+            f"num_matvecs (--num-matvecs) must be an integer >= {least} for {method} (its HVP budget"
+            f"{'; Hutch++ splits it in three parts' if method == 'hutch++' else ''}), got {num_matvecs!r}"
+        )
+    for name, v in (("k (--k)", k), ("max_iter", max_iter)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise SharpnessError(f"{name} must be an integer >= 1, got {v!r}")
+    if not (isinstance(tol, (int, float)) and tol > 0):
+        raise SharpnessError(f"tol must be a positive number, got {tol!r}")
+
+
+__all__ = ["sharpness", "SharpnessError"]

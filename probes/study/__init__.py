@@ -1,0 +1,10 @@
+"""losslens.study: a whole trajectory studied.
+
+- :mod:`losslens.study.sweep` -- plans, executors and the resumable store;
+- :mod:`losslens.study.analysis` -- series, correlations with intervals, phases, summaries;
+- :mod:`losslens.study.report` -- Plotly figures and the self-contained HTML report;
+- :mod:`losslens.study.monitor` -- the training-time robustness monitor;
+- :mod:`losslens.study.landscape` -- principal planes through whole trajectories.
+
+The room imports nothing at package level.
+"""
