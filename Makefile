@@ -5,6 +5,7 @@
 #   make docs   -> the docs site (Sphinx, offline, strict) in docs/_build/html
 #   make check  -> the house rules (ARCHITECTURE.md): module sizes, no import circles, geometry's imports;
 #                  every measured number / "exact" claim of README.md names its test or benchmark row;
+#                  the docs name only modules, files and imports that exist (scripts/check_docs_stale.py);
 #                  ruff format --check and ruff check (one line length, 120)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -61,6 +62,7 @@ docs: $(VENV)/.installed-dev
 check: $(VENV)/.installed-dev
 	$(PYTHON) scripts/check_house.py
 	$(PYTHON) scripts/check_doc_claims.py README.md
+	$(PYTHON) scripts/check_docs_stale.py
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 

@@ -6,7 +6,8 @@ Two problems, every estimator through :mod:`losslens.geometry.estimators.trace`:
 
 - ``mlp-exact``: a small MLP (10-24-12-4, tanh, 616 parameters, float64) trained briefly on a
   synthetic 4-class task, cross-entropy over 128 examples; its exact Hessian is built with
-  :func:`losslens.geometry.operators.dense.exact_hessian` and wrapped in a :class:`~losslens.geometry.operators.dense.DenseOperator`;
+  :func:`losslens.geometry.operators.dense.exact_hessian` and wrapped in a
+  :class:`~losslens.geometry.operators.dense.DenseOperator`;
   the reference is the exact trace.
 - ``neox-1M``: a randomly initialised HF GPT-NeoX causal LM (hidden 128, 4 layers, 4 heads, MLP 512,
   vocab 1024, untied embeddings: 1,055,488 parameters, float32, eager attention), one batch of

@@ -233,7 +233,8 @@ def oracle_verdict(
 
 
 def fingerprint_cost(sizes: tuple[str, ...] = ("1M", "10M"), threads: int | None = 1, repeats: int = 5) -> list[dict]:
-    """Seconds of the graph cache's model fingerprint (:func:`losslens.geometry.operators.fingerprint.model_fingerprint`,
+    """Seconds of the graph cache's model fingerprint
+    (:func:`losslens.geometry.operators.fingerprint.model_fingerprint`,
     one read of every parameter and buffer, paid once per product call with ``cache_graphs``)
     ÷ one gradient of a batch of 8 × 128 tokens (best of ``repeats``)."""
     from losslens.geometry.operators.fingerprint import model_fingerprint

@@ -10,7 +10,8 @@ resets the kernel's peak (``/proc/self/clear_refs``) and runs
 :func:`losslens.geometry.surfaces.trajectory_pca.trajectory_pca` over the N checkpoints through
 :func:`losslens.study.landscape.sources.checkpoint_source` (positioned reads). The row reports the peak
 resident memory above the baseline (``VmHWM``) divided by the plan
-(:func:`losslens.geometry.surfaces.trajectory_pca.estimate_memory`), and the seconds. Threads: 2 (``torch.set_num_threads``
+(:func:`losslens.geometry.surfaces.trajectory_pca.estimate_memory`), and the seconds. Threads: 2
+(``torch.set_num_threads``
 in the child; the parent only writes files).
 """
 
@@ -51,7 +52,7 @@ def prepare(folder: Path, shape: str, n: int, dtype: torch.dtype) -> Path:
 def child(folder: str, max_memory: str, k: int) -> dict:
     """One measured run in this (fresh) process."""
     from benchmarks.scale import _reset_peak, _rss
-    from losslens.geometry.memory.model import STRICT_MMAP_THRESHOLD, return_freed_memory, trim
+    from losslens.geometry.memory.allocator import STRICT_MMAP_THRESHOLD, return_freed_memory, trim
     from losslens.geometry.surfaces.trajectory_pca import estimate_memory, trajectory_pca
     from losslens.lm.checkpoints import CheckpointLoader, Trajectory
     from losslens.study.landscape.sources import checkpoint_source

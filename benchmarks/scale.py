@@ -16,10 +16,12 @@ on a kept graph), and their ratios to the gradient.
 ``--probes hutchinson+tracked`` (any probe + ``+tracked``) also tracks every tensor allocation of
 the run (losslens.geometry.memory.graphs.peak_new_bytes: ``tracked_GB``, the live tensors' peak, beside the
 RSS); ``LOSSLENS_BENCH_ALLOCATOR=cli`` (or ``cli:BYTES``) runs the children with
-losslens.geometry.memory.allocator.return_freed_memory (default: glibc's defaults, as losslens runs). ``--factors`` measures one
+losslens.geometry.memory.allocator.return_freed_memory (default: glibc's defaults, as losslens runs). ``--factors``
+measures one
 product of one vector (peak RSS) on small GPT-NeoX, Llama and OLMo-2
 shapes with both backends: the second-backward and forward-backend factors of the memory model
-(losslens.geometry.memory.graphs). ``--project`` measures, on 1- and 2-layer slices of the 1B and 7B shapes (bfloat16, one
+(losslens.geometry.memory.graphs). ``--project`` measures, on 1- and 2-layer slices of the 1B and 7B shapes (bfloat16,
+one
 sequence of 128 and 256 tokens), the bytes autograd saves per token, and projects what Hutchinson, Hutch++
 and Lanczos need on one 80 GB GPU (memory from the memory model; time from FLOP counts at an
 assumed fraction of the GPU's bf16 peak, with the HVP/gradient ratio measured here), for the
@@ -296,7 +298,7 @@ def run(
 
         with torch_threads(threads):
             rows += project()
-        rows += sharded_project()  # OLMo-2-7B and a 32B shape over 8 x 80 GB, FSDP2-sharded (issue #27)
+        rows += sharded_project()  # OLMo-2 7B/32B on 8 x 80 GB, Llama-3-70B on 16, FSDP2-sharded (#27, #48)
     return rows
 
 

@@ -50,7 +50,8 @@ CONFIGS = (
     ("all parameters, 1×512 tokens", "all", 1, 512),
     ("last 2 blocks, 8×512 tokens", "last2", 8, 512),
 )
-#: estimator -> full-dim float32 vectors it holds (k = 1; see losslens.geometry.estimators.trace / losslens.geometry.estimators.eigen)
+#: estimator -> full-dim float32 vectors it holds (k = 1; see losslens.geometry.estimators.trace /
+# losslens.geometry.estimators.eigen)
 VECTORS = {"hutchinson (block 1)": 2, "power": 2, "lanczos (basis 8)": 9, "hutch++ (sketch 8)": 10}
 
 
@@ -204,53 +205,10 @@ def _param_count(shape: str) -> int:
     return int(2 * vocab * h + L * per_layer + 2 * h)
 
 
-#: OLMo-2-0325-32B's published shape: (hidden, layers, heads, intermediate, vocab)
-SHAPE_32B = (5120, 64, 40, 27648, 100352)
+def sharded_project(gpu_bytes: float = 80e9, seq: int = 2048, computes: tuple[str, ...] = ("float32", "bfloat16")):
+    """Per-rank bytes of sharded curvature: OLMo-2-7B and OLMo-2-32B on 8 × 80 GB, a Llama-3-70B shape
+    on 16 × 80 GB, before and after issue #48's layout, each part named
+    (:func:`benchmarks.sharded_projection.project`)."""
+    from benchmarks.sharded_projection import project as sharded
 
-
-def sharded_project(
-    gpus: int = 8,
-    gpu_bytes: float = 80e9,
-    seq: int = 2048,
-    vectors: dict | None = None,
-    computes: tuple[str, ...] = ("float32", "bfloat16"),
-) -> list[dict]:
-    """Per-rank bytes of sharded curvature over ``gpus`` GPUs (a bfloat16 checkpoint, float32 vectors),
-    per compute dtype (w bytes: float32 compute shards a float32 cast of the model):
-
-    θ shard (w B / param / N) + master shard (w B / N) + one float32 cast of the largest local
-    tensor (the embedding's shard, ``vocab · h · 4 B / N``) + ``.grad`` shard (w B / N) + the
-    estimator's float32 vectors (4 B / N each) + two all-gathered decoder blocks (current and
-    prefetched, w B / block param each) + the reduce-scatter of one block's gradient (w B / block
-    param) + activations of one sequence with checkpointing (the blocks' inputs, ``L · s · h · w``,
-    plus one block's recompute, ≈ ``s · (14 h + 2 ff) · w``) + the loss's float32 logits
-    (``s · vocab · 4 B`` twice: logits and their gradient). Parameter counts as ``benchmarks.scale``.
-    """
-    vectors = vectors or {"hutchinson (block 1)": 2, "lanczos (basis 8)": 9, "hutch++ (sketch 8)": 10}
-    rows = []
-    shapes = (("olmo-2-7b", SHAPES["olmo-2-7b"]), ("olmo-2-32b", SHAPE_32B))
-    for (name, (h, L, heads, ff, vocab)), compute in ((sh, cd) for sh in shapes for cd in computes):
-        w = COMPUTE[compute]
-        per_layer = 4 * h * h + 3 * h * ff + 4 * h
-        dim = _param_count("olmo-2-7b") if name == "olmo-2-7b" else int(2 * vocab * h + L * per_layer + h)
-        shard = dim / gpus
-        fixed = shard * (w + w + w) + vocab * h * 4 / gpus + 2 * w * per_layer + w * per_layer
-        acts = L * seq * h * w + seq * (14 * h + 2 * ff) * w + 2 * seq * vocab * 4
-        row = {
-            "kind": "sharded projection",
-            "shape": name,
-            "compute": compute,
-            "params": dim,
-            "gpus": gpus,
-            "tokens": f"1x{seq}",
-            "checkpointing": True,
-            "fixed_GB": fixed / 1e9,
-            "activations_GB": acts / 1e9,
-            "vector_shard_GB": 4 * shard / 1e9,
-        }
-        for est, n in vectors.items():
-            need = fixed + acts + n * 4 * shard
-            row[f"{est}_GB"] = need / 1e9
-            row[f"{est}_fits"] = bool(need <= gpu_bytes)
-        rows.append(row)
-    return rows
+    return sharded(gpu_bytes=gpu_bytes, seq=seq, computes=computes)

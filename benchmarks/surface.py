@@ -9,7 +9,8 @@ The plane: A = the model, B = A + a small perturbation (a "previous checkpoint")
 per row to 16 levels (an RTN-like "quantized A").
 
 Rows (one "point" = the loss over all 4 batches at one set of weights):
-- ``forward``: ``losslens.lm.core.next_token_loss.evaluate`` on the unchanged model, points/s -- the plain-forward ceiling.
+- ``forward``: ``losslens.lm.core.next_token_loss.evaluate`` on the unchanged model, points/s -- the plain-forward
+ceiling.
 - ``losslens``: ``evaluate_surface`` batch by batch (``merge_batches=False``), in-place moves.
 - ``losslens-merged``: ``evaluate_surface(merge_batches=True)`` (one forward per point; what
   ``losslens surface`` uses).

@@ -81,6 +81,7 @@ _EXTERNAL = [
     "functools",
     "json",
     "importlib",
+    "inspect",
     "warnings",
     "types",
     "abc",

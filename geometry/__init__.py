@@ -1,4 +1,4 @@
-"""losslens.geometry: curvature and loss surfaces of any differentiable loss.
+"""losslens.geometry: curvature and loss surfaces of any differentiable loss (names imported on first use).
 
 Model-agnostic (no transformers, no files): a loss is ``loss_fn(model, batch)`` over a fixed list
 of batches, curvature is taken w.r.t. a declared parameter set (name globs).
@@ -14,87 +14,77 @@ of batches, curvature is taken w.r.t. a declared parameter set (name globs).
   :func:`evaluate_surface`, :func:`evaluate_line`, :class:`Surface`.
 """
 
-from losslens.geometry.operators.attention import second_order_attention
-from losslens.geometry.estimators.attribution import (
-    assemble,
-    attribute,
-    direction_parts,
-    factorise,
-    within_block_curvature,
-)
-from losslens.geometry.base.batches import default_batch_weight
-from losslens.geometry.base.errors import LosslensError
-from losslens.geometry.operators.dense import DenseOperator, exact_hessian
-from losslens.geometry.estimators.density import spectral_density
-from losslens.geometry.estimators.directional import directional_curvature
-from losslens.geometry.estimators.eigen import top_eigenvalues
-from losslens.geometry.surfaces.grid import GridError, GridSpec
-from losslens.geometry.operators.hessian import HessianOperator
-from losslens.geometry.base.modes import module_modes
-from losslens.geometry.operators.interface import CurvatureOperator, OperatorError
-from losslens.geometry.base.params import ParameterSelectionError, ParamSpace, select_parameters
-from losslens.geometry.surfaces.planes import Line, Plane, PlaneError, orthonormality
-from losslens.geometry.surfaces.point_planes import line, plane_through_points
-from losslens.geometry.surfaces.random_planes import filter_normalize, random_plane
-from losslens.geometry.base.attribution_results import Attribution, DirectionParts, QuadraticFactors
-from losslens.geometry.base.results import (
-    BlockTraces,
-    DirectionalCurvature,
-    EigenResult,
-    EstimatorError,
-    SpectralDensity,
-    TraceEstimate,
-)
-from losslens.geometry.surfaces.surface import Profile, Surface, SurfaceError, evaluate_line, evaluate_surface
-from losslens.geometry.estimators.blocks import block_traces
-from losslens.geometry.estimators.trace import hutchinson_trace, hutchpp_trace
+from __future__ import annotations
 
-__all__ = [
-    "second_order_attention",
-    "DenseOperator",
-    "exact_hessian",
-    "spectral_density",
-    "directional_curvature",
-    "top_eigenvalues",
-    "HessianOperator",
-    "module_modes",
-    "default_batch_weight",
-    "CurvatureOperator",
-    "OperatorError",
-    "ParameterSelectionError",
-    "ParamSpace",
-    "select_parameters",
-    "GridError",
-    "GridSpec",
-    "Line",
-    "Plane",
-    "PlaneError",
-    "filter_normalize",
-    "line",
-    "orthonormality",
-    "plane_through_points",
-    "random_plane",
-    "BlockTraces",
-    "DirectionalCurvature",
-    "EigenResult",
-    "EstimatorError",
-    "SpectralDensity",
-    "TraceEstimate",
-    "Profile",
-    "Surface",
-    "SurfaceError",
-    "evaluate_line",
-    "evaluate_surface",
-    "block_traces",
-    "hutchinson_trace",
-    "hutchpp_trace",
-    "assemble",
-    "attribute",
-    "direction_parts",
-    "factorise",
-    "within_block_curvature",
-    "Attribution",
-    "DirectionParts",
-    "QuadraticFactors",
-    "LosslensError",
-]
+import importlib
+
+_WHERE = {  # public name -> the module that defines it (imported on first use: PEP 562)
+    "second_order_attention": "losslens.geometry.operators.attention",
+    "DenseOperator": "losslens.geometry.operators.dense",
+    "exact_hessian": "losslens.geometry.operators.dense",
+    "spectral_density": "losslens.geometry.estimators.density",
+    "directional_curvature": "losslens.geometry.estimators.directional",
+    "top_eigenvalues": "losslens.geometry.estimators.eigen",
+    "HessianOperator": "losslens.geometry.operators.hessian",
+    "module_modes": "losslens.geometry.base.modes",
+    "default_batch_weight": "losslens.geometry.base.batches",
+    "CurvatureOperator": "losslens.geometry.operators.interface",
+    "OperatorError": "losslens.geometry.operators.interface",
+    "ParameterSelectionError": "losslens.geometry.base.params",
+    "ParamSpace": "losslens.geometry.base.params",
+    "select_parameters": "losslens.geometry.base.params",
+    "GridError": "losslens.geometry.surfaces.grid",
+    "GridSpec": "losslens.geometry.surfaces.grid",
+    "Line": "losslens.geometry.surfaces.planes",
+    "Plane": "losslens.geometry.surfaces.planes",
+    "PlaneError": "losslens.geometry.surfaces.planes",
+    "filter_normalize": "losslens.geometry.surfaces.random_planes",
+    "line": "losslens.geometry.surfaces.point_planes",
+    "orthonormality": "losslens.geometry.surfaces.planes",
+    "plane_through_points": "losslens.geometry.surfaces.point_planes",
+    "random_plane": "losslens.geometry.surfaces.random_planes",
+    "BlockTraces": "losslens.geometry.base.results",
+    "DirectionalCurvature": "losslens.geometry.base.results",
+    "EigenResult": "losslens.geometry.base.results",
+    "EstimatorError": "losslens.geometry.base.results",
+    "SpectralDensity": "losslens.geometry.base.results",
+    "TraceEstimate": "losslens.geometry.base.results",
+    "Profile": "losslens.geometry.surfaces.surface",
+    "Surface": "losslens.geometry.surfaces.surface",
+    "SurfaceError": "losslens.geometry.surfaces.surface",
+    "evaluate_line": "losslens.geometry.surfaces.surface",
+    "evaluate_surface": "losslens.geometry.surfaces.surface",
+    "block_traces": "losslens.geometry.estimators.blocks",
+    "hutchinson_trace": "losslens.geometry.estimators.trace",
+    "hutchpp_trace": "losslens.geometry.estimators.trace",
+    "assemble": "losslens.geometry.estimators.attribution",
+    "attribute": "losslens.geometry.estimators.attribution",
+    "direction_parts": "losslens.geometry.estimators.attribution",
+    "factorise": "losslens.geometry.estimators.attribution",
+    "within_block_curvature": "losslens.geometry.estimators.attribution",
+    "Attribution": "losslens.geometry.base.attribution_results",
+    "DirectionParts": "losslens.geometry.base.attribution_results",
+    "QuadraticFactors": "losslens.geometry.base.attribution_results",
+    "LosslensError": "losslens.geometry.base.errors",
+    "LosslensWarning": "losslens.geometry.base.errors",
+    "ProductErrorWarning": "losslens.geometry.base.errors",
+    "ZeroEmbeddingWarning": "losslens.geometry.base.errors",
+}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+    """The public ``name``, imported from its module on first use and kept (``import losslens.geometry``
+    imports no room, and so no torch, until a name is used)."""
+    try:
+        where = _WHERE[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from losslens.cli.app import app
-from losslens.cli.option_parsing import cli, option, option_of
+from losslens.cli.option_parsing import cli, flag_of, option, option_of
 from losslens.cli.option_groups import (
     CheckpointOptions,
     ComputeOptions,
@@ -25,6 +25,8 @@ from losslens.cli.option_groups import (
 from losslens.cli.explain_command import explain
 from losslens.cli.sharpness_command import sharpness
 from losslens.cli.sweep_command import SWEEP_HELP, sweep
+from losslens.measure.sharpness import SharpnessSettings
+from losslens.study.trajectory_sweep import SweepSettings
 from losslens.study.sweep import Store
 from losslens.study.sweep.testing import tiny_plan_toml, tiny_trajectory
 
@@ -69,9 +71,7 @@ def test_sharpness_called_as_a_function_equals_the_cli(traj, capsys):
     sharpness(
         ckpt,
         source=CheckpointOptions(label="step-000100"),
-        num_matvecs=3,
-        data=data,
-        max_iter=5,
+        settings=SharpnessSettings(num_matvecs=3, data=data, max_iter=5),
         memory=MemoryOptions(max_memory="64MB", strict_memory=False),
         compute=ComputeOptions(threads=1),
         as_json=True,
@@ -85,7 +85,7 @@ def test_sharpness_called_as_a_function_equals_the_cli(traj, capsys):
     assert {k: v for k, v in by_call.items() if k != "seconds"} == {k: v for k, v in by_cli.items() if k != "seconds"}
     # a bad option fails the same way from Python: the CLI's one-line error and exit status 2
     with pytest.raises(typer.Exit) as exc:
-        sharpness(ckpt, source=CheckpointOptions(label="step-000999"), data=data)
+        sharpness(ckpt, source=CheckpointOptions(label="step-000999"), settings=SharpnessSettings(data=data))
     assert exc.value.exit_code == 2 and "step-000999" in capsys.readouterr().err
 
 
@@ -98,9 +98,7 @@ def test_sweep_called_as_a_function_writes_the_store(traj, tmp_path, capsys):
     out = tmp_path / "r.sqlite"
     sweep(
         str(traj),
-        out=out,
-        plan=plan,
-        quiet=True,
+        settings=SweepSettings(out=out, plan=plan, quiet=True),
         compute=ComputeOptions(backend=None, threads=1),
         load=LoadOptions(device="cpu"),
     )
@@ -125,14 +123,11 @@ def test_shared_options_come_from_one_declaration():
         assert (a.default, a.param_decls, a.min) == (b.default, b.param_decls, b.min)
     assert sw["backend"].default is None and sh["backend"].default == "reverse"  # ComputeOptions(backend=None)
     assert sw["max_memory"].annotation.__metadata__[0].help == SWEEP_HELP["max_memory"]
-    assert (
-        sh["max_memory"].annotation.__metadata__[0].help
-        == dataclasses.fields(MemoryOptions)[0].metadata["losslens.cli_option"].help
-    )
+    assert sh["max_memory"].annotation.__metadata__[0].help == flag_of(MemoryOptions, "max_memory").help
     ex = inspect.signature(cli(explain, help={"max_memory": "x"})).parameters
     assert ex["backend"].annotation.__metadata__[0].param_decls == sh["backend"].annotation.__metadata__[0].param_decls
     for f in dataclasses.fields(ErrorOptions):  # --error-tolerance and --strict: one declaration for both
-        assert ex[f.name].annotation.__metadata__[0].param_decls == f.metadata["losslens.cli_option"].param_decls
+        assert ex[f.name].annotation.__metadata__[0].param_decls == flag_of(ErrorOptions, f.name).param_decls
         assert ex[f.name].default == sh[f.name].default == f.default
     assert option_of(CheckpointOptions, "label", help="h").help == "h"
     assert option_of(CheckpointOptions, "label").help != "h"  # a copy: the group's declaration is unchanged

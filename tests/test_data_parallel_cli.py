@@ -23,7 +23,7 @@ ARGS = dict(
     max_iter=40,
     tol=1e-6,
     dtype="float64",
-    num_threads=1,
+    threads=1,
     seed=2,
 )
 
@@ -68,7 +68,7 @@ def _torchrun_sharpness(args: list[str], mode: str, *extra: str) -> subprocess.C
     per rank, this checkout on the path)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"]
-    cmd += ["losslens.cli.app", "sharpness", *args, "--parallel", mode, *extra]
+    cmd += ["losslens", "sharpness", *args, "--parallel", mode, *extra]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -125,14 +125,12 @@ def test_the_error_outside_torchrun_names_the_mode_and_command_given(setup, monk
     assert r.exit_code == 2, r.output
     (line,) = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
     other = {"data": "fsdp", "fsdp": "data"}[mode]
-    assert (
-        f"--parallel {mode} runs under torchrun" in line and "losslens.cli.app sharpness … --parallel " + mode in line
-    )
+    assert f"--parallel {mode} runs under torchrun" in line and "-m losslens sharpness … --parallel " + mode in line
     assert f"--parallel {other}" not in line
     r = CliRunner().invoke(
         app, ["sweep", str(ckpt.parent), "--out", str(ckpt.parent / "r.sqlite"), "--quick", "--parallel", "data"]
     )
-    assert r.exit_code == 2 and "losslens.cli.app sweep … --parallel data" in r.output, r.output
+    assert r.exit_code == 2 and "-m losslens sweep … --parallel data" in r.output, r.output
 
 
 def test_torchrun_sweep_writes_once_and_resumes(setup, tmp_path):
@@ -161,7 +159,7 @@ def test_torchrun_sweep_writes_once_and_resumes(setup, tmp_path):
         "--nproc_per_node",
         "2",
         "-m",
-        "losslens.cli.app",
+        "losslens",
         "sweep",
         str(traj),
         "--plan",

@@ -56,32 +56,78 @@ def _inventory(site: Path) -> set[str]:
     return {name for entries in inv.values() for name in entries}
 
 
-def _rooms_with_all() -> dict[str, list[str]]:
-    """geometry and every room of probes whose package defines ``__all__`` -> its names."""
-    import losslens.geometry
+def _rooms() -> tuple[list[str], list[str]]:
+    """(rooms, modules), from the code. Rooms have a reference page each: the front door, losslens.geometry
+    and its rooms, the group packages (losslens.lm, .measure, .study) and each of their packages, and
+    losslens.cli. Modules are the public one-module members of a group (losslens.measure.sharpness):
+    documented on the group's page, or on a page of their own where docs/reference has one."""
     import losslens
+    import losslens.geometry
 
-    rooms = {"geometry": list(losslens.geometry.__all__)}
-    for info in pkgutil.iter_modules(losslens.__path__):
-        if info.ispkg:
-            mod = importlib.import_module(f"losslens.{info.name}")
-            if hasattr(mod, "__all__"):
-                rooms[mod.__name__] = list(mod.__all__)
-    return rooms
+    rooms = ["losslens", "losslens.geometry"]
+    rooms += [f"losslens.geometry.{i.name}" for i in pkgutil.iter_modules(losslens.geometry.__path__) if i.ispkg]
+    modules = []
+    for group in pkgutil.iter_modules(losslens.__path__):
+        if not group.ispkg or group.name.startswith("_"):
+            continue
+        rooms.append(f"losslens.{group.name}")
+        if group.name == "cli":  # one page: the commands are modules of the room
+            continue
+        pkg = importlib.import_module(f"losslens.{group.name}")
+        for info in pkgutil.iter_modules(pkg.__path__):
+            if not info.name.startswith("_"):
+                (rooms if info.ispkg else modules).append(f"{pkg.__name__}.{info.name}")
+    return rooms, modules
+
+
+def _rooms_with_all() -> dict[str, list[str]]:
+    """The front door, losslens.geometry and every room or group module that defines ``__all__`` -> its
+    names (a geometry room's names are losslens.geometry's)."""
+    rooms, modules = _rooms()
+    found = {}
+    for room in rooms + modules:
+        mod = importlib.import_module(room)
+        if hasattr(mod, "__all__") and not room.startswith("losslens.geometry."):
+            found[room] = list(mod.__all__)
+    return found
 
 
 def test_strict_offline_build(site):
-    for page in ("index", "getting-started", "science", "howto/index", "reference/index", "reference/geometry"):
+    for page in ("index", "getting-started", "science", "howto/index", "reference/index"):
         assert (site / f"{page}.html").is_file(), page
     assert "sphinx.ext.intersphinx" not in (DOCS / "conf.py").read_text()
 
 
+def test_every_room_has_its_page(site):
+    """One page per room, named by its import name; a new room without a page fails here."""
+    rooms, modules = _rooms()
+    assert {"losslens", "losslens.geometry.operators", "losslens.lm", "losslens.lm.quant", "losslens.cli"} <= set(rooms)
+    assert {"losslens.measure.probes", "losslens.study.sweep"} <= set(rooms)
+    assert "losslens.measure.sharpness" in modules
+    missing = [room for room in rooms if not (site / "reference" / f"{room}.html").is_file()]
+    assert not missing, f"rooms without a reference page (add docs/reference/ROOM.rst with .. room:: ROOM): {missing}"
+    pages = {p.stem for p in (DOCS / "reference").glob("*.rst")} - {"index"}
+    assert pages <= set(rooms) | set(modules), f"pages of nothing: {sorted(pages - set(rooms) - set(modules))}"
+
+
 def test_every_public_name_is_in_the_reference(site):
+    """Every name of every ``__all__`` (the front door's included, whatever it holds when built)."""
     inventory = _inventory(site)
     rooms = _rooms_with_all()
-    assert {"geometry", "losslens.lm.quant", "losslens.study.sweep", "losslens.lm.core"} <= set(rooms)
+    assert {"losslens", "losslens.geometry", "losslens.lm.quant", "losslens.study.sweep", "losslens.lm.core"} <= set(
+        rooms
+    )
     missing = [f"{room}.{name}" for room, names in rooms.items() for name in names if f"{room}.{name}" not in inventory]
     assert not missing, f"public names missing from the API reference: {missing}"
+
+
+def test_the_front_door_points_at_the_rooms(site):
+    """Each name of ``losslens.__all__`` is on the front door's page, as the same object as its room's entry."""
+    import losslens
+
+    page = (site / "reference" / "losslens.html").read_text()
+    for name in losslens.__all__:
+        assert f'id="losslens.{name}"' in page, name
 
 
 def test_geometry_names_are_grouped_by_room(site):
@@ -91,18 +137,18 @@ def test_geometry_names_are_grouped_by_room(site):
     for name in losslens.geometry.__all__:
         room = ".".join(getattr(losslens.geometry, name).__module__.split(".")[:3])
         page = (site / "reference" / f"{room}.html").read_text()
-        assert f'id="geometry.{name}"' in page, (name, room)
+        assert f'id="losslens.geometry.{name}"' in page, (name, room)
 
 
 def test_included_sources_are_rendered(site):
-    """science.md and the README's ten-line example are included, not copied: their text is on the pages."""
+    """science.md and the README's Python section are included, not copied: their text is on the pages."""
     science = (site / "science.html").read_text()
     for heading in re.findall(r"^## (.+)$", (ROOT / "docs" / "science.md").read_text(), flags=re.M):
         assert heading.split("(")[0].strip().split()[-1] in science, heading
     readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Python API in ten lines", 1)[1].split("## The command line", 1)[0]
+    section = readme.split("## Python API", 1)[1].split("## The command line", 1)[0]
     first_code = re.search(r"```python\n(.+?)\n", section).group(1)
     html = re.sub(r"<[^>]+>", "", (site / "getting-started.html").read_text()).replace("&quot;", '"')
-    assert first_code.split()[-1] in html and "Trajectory.from_folder" in html
+    assert first_code.split()[-1] in html and "losslens.open_trajectory" in html
     bench = (site / "howto" / "benchmarks.html").read_text()
     assert "HVP throughput" in bench

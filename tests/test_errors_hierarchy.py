@@ -116,7 +116,7 @@ def _planted(monkeypatch, exc: BaseException):
         raise exc
 
     for name, module in list(sys.modules.items()):
-        if name.startswith("probes") and callable(getattr(module, "open_checkpoint", None)):
+        if name.startswith("losslens.") and callable(getattr(module, "open_checkpoint", None)):
             monkeypatch.setattr(module, "open_checkpoint", opener)
     return CliRunner().invoke(app, ["sharpness", "nowhere", "--num-matvecs", "3"])
 

@@ -121,7 +121,7 @@ def test_refusals(neox, monkeypatch):
         explain(model, "rtn:2:row", batches, trace_method="lanczos")
     with pytest.raises(ExplainError, match="no quantizer spec"):
         explain_specs(model, [], batches)
-    from losslens.measure.explain import measure
+    from losslens.measure.explain import direction as measure
 
     real = measure.quantize
 
@@ -185,7 +185,7 @@ def test_explain_command_prints_tables_and_writes_json(tmp_path):
         ],
     )
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["explanations"][0]["spec"] == "rtn:3:row"
+    assert json.loads(res.stdout)["explanations"][0]["spec"] == "rtn:3:row"
     bad = CliRunner().invoke(
         app, ["explain", str(ckpt), "--spec", "gptq:3:row", "--curvature-set", str(data / "curvature.safetensors")]
     )

@@ -153,7 +153,7 @@ def test_family_end_to_end(family, tmp_path):
     if HAS_SWEEP:
         from losslens.lm.checkpoints import Trajectory
         from losslens.study.sweep import Plan, Store, run_sweep
-        from losslens.study.sweep.plan import TraceProbe
+        from losslens.study.sweep import TraceProbe
 
         folder = tmp_path / "traj"
         for step in (1, 2, 3):

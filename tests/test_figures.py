@@ -1,4 +1,5 @@
-"""losslens.study.report.figures and losslens.study.report.pages: traces and markers from results, the HTML report, `losslens
+"""losslens.study.report.figures and losslens.study.report.pages: traces and markers from results, the HTML report,
+`losslens
 report`."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from losslens import analysis, sweep
+from losslens.study import analysis, sweep
 from losslens.measure.probes.rows import ProbeRow
 from losslens.study.report.figures import (
     curvature_figure,

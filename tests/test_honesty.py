@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OWN = ("geometry", "probes", "benchmarks", "tests")
+OWN = ("losslens", "benchmarks", "tests")
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".ipynb", ".sh", ".txt", ".cfg", ".yaml", ".yml"}
 # Files allowed to name SCIENCE.md anyway (none: every reference points at docs/science.md).
 SCIENCE_PENDING: set[str] = set()
@@ -51,7 +51,10 @@ def importorskips_of_own_modules(source: str) -> list[str]:
 
 
 def test_the_detector_finds_importorskip_of_own_modules():
-    src = 'import pytest\nh = pytest.importorskip("losslens.geometry.operators.hessian")\nray = pytest.importorskip("ray")\n'
+    src = (
+        'import pytest\nh = pytest.importorskip("losslens.geometry.operators.hessian")\n'
+        'ray = pytest.importorskip("ray")\n'
+    )
     assert importorskips_of_own_modules(src) == ["losslens.geometry.operators.hessian"]
 
 

@@ -16,6 +16,7 @@ from losslens.cli.app import app
 from losslens.cli.landscape_command import landscape
 from losslens.lm.core.next_token_loss import evaluate
 from losslens.lm.data import default_token_sets
+from losslens.study.landscape.trajectory_landscapes import LandscapeSettings
 from tests.fixtures_trajectory import tiny_trajectory_dir
 
 
@@ -29,7 +30,8 @@ def test_function_prints_json_equal_to_the_api_and_direct_losses(folders, tmp_pa
 
     a, b = folders
     page = tmp_path / "land.html"
-    landscape([str(a), str(b)], spec="rtn:2:g32", grid=3, quick=True, out=page, as_json=True, quiet=True)
+    settings = LandscapeSettings(spec="rtn:2:g32", grid=3, quick=True, out=page, quiet=True)
+    landscape([str(a), str(b)], settings=settings, as_json=True)
     out = json.loads(capsys.readouterr().out)
     trajs = [Trajectory.from_folder(a), Trajectory.from_folder(b)]
     ev = default_token_sets(trajs[0], quick=True)["eval"]
@@ -93,7 +95,7 @@ def test_too_few_checkpoints_is_one_line_and_exit_2(folders, tmp_path):
     assert len(err) == 1 and err[0].startswith("error: 2 checkpoint(s)") and "--k 2 needs 3" in err[0]
     assert not (tmp_path / "x.html").exists()
     with pytest.raises(typer.Exit) as info:  # the function itself: the same exit
-        landscape([str(two)], grid=3, quick=True, out=tmp_path / "x.html", quiet=True)
+        landscape([str(two)], settings=LandscapeSettings(grid=3, quick=True, out=tmp_path / "x.html", quiet=True))
     assert info.value.exit_code == 2
 
 

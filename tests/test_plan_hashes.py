@@ -12,7 +12,7 @@ from losslens.study.sweep.plan import Plan
 
 
 def _plans():
-    from losslens.study.sweep.plan import AccuracyProbe, BlockTraceProbe, DataSpec, EigenProbe, ExplainProbe, TraceProbe
+    from losslens.study.sweep import AccuracyProbe, BlockTraceProbe, DataSpec, EigenProbe, ExplainProbe, TraceProbe
 
     return {
         "default": Plan.default(),

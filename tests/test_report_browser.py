@@ -169,7 +169,7 @@ def _check_page(driver, path: Path, screenshot: Path, timeout: float = 45.0) -> 
 
 
 def test_report_renders_in_chromium(driver, tmp_path):
-    from losslens import analysis
+    from losslens.study import analysis
     from losslens.study.report.figures import synthetic_results
     from losslens.study.report.pages import build_report
 

@@ -53,7 +53,7 @@ def test_analyse_pools_runs_with_runs_as_groups():
 
 def test_sweep_summary_says_why_there_is_no_lr_control(monkeypatch):
     """commands/sweep.correlation_summary dropped the partial correlation on LR silently."""
-    from losslens.cli import sweep as cmd
+    from losslens.cli import sweep_command as cmd
 
     df = _tidy()
     df["lr"] = 1e-3  # constant LR: no partial correlation on it

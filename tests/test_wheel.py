@@ -61,14 +61,16 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return out
 
 
-def _source_files() -> set[str]:
-    """What the wheel must hold: every module, py.typed and lm-eval task YAML of geometry/ and probes/
-    in the checkout."""
+def _source_files(installed: bool = False) -> set[str]:
+    """What the sdist (``installed=False``: the checkout's paths) or the wheel (``installed=True``: the
+    paths under ``losslens/``, probes/ mapped to ``losslens/`` and geometry/ to ``losslens/geometry/``)
+    must hold: every module, py.typed and lm-eval task YAML of geometry/ and probes/."""
     files = set()
-    for pkg in ("geometry", "probes"):
+    for pkg, target in (("geometry", "losslens/geometry"), ("probes", "losslens")):
         for p in (ROOT / pkg).rglob("*"):
             if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".typed", ".yaml"):
-                files.add(p.relative_to(ROOT).as_posix())
+                rel = p.relative_to(ROOT / pkg).as_posix()
+                files.add(f"{target}/{rel}" if installed else f"{pkg}/{rel}")
     return files
 
 
@@ -93,12 +95,12 @@ def test_build_gives_wheel_and_sdist_that_twine_accepts(dist):
         names = {n for n in zf.namelist() if not n.startswith("losslens-")}
         top_level = zf.read(f"losslens-{VERSION}.dist-info/top_level.txt").decode().split()
         entry_points = zf.read(f"losslens-{VERSION}.dist-info/entry_points.txt").decode()
-    assert names == _source_files()  # nothing missing (py.typed included), nothing stale
+    assert names == _source_files(installed=True)  # nothing missing (py.typed included), nothing stale
     with tarfile.open(sdists[0]) as tf:
         in_sdist = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
     assert {"pyproject.toml", "README.md", "CHANGELOG.md", "geometry/py.typed", "probes/py.typed"} <= in_sdist
     assert {f for f in _source_files()} <= in_sdist
-    assert sorted(top_level) == ["geometry", "probes"]
+    assert top_level == ["losslens"]  # one top-level package, named after the distribution
     assert "losslens = losslens.cli.app:app" in entry_points
 
 
@@ -124,15 +126,22 @@ def test_wheel_runs_from_a_fresh_venv(dist, tmp_path):
     env["PATH"] = f"{tmp_path / 'venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
 
     where = _run(
-        [str(py), "-c", "import geometry, probes; print(losslens.geometry.__file__); print(losslens.__file__)"],
+        [
+            str(py),
+            "-c",
+            "import losslens, losslens.geometry; print(losslens.geometry.__file__); print(losslens.__file__)",
+        ],
         cwd=run_dir,
         env=env,
     )
+    for old in ("geometry", "probes"):  # the generic names of the first releases are not installed
+        gone = subprocess.run([str(py), "-c", f"import {old}"], cwd=run_dir, env=env, capture_output=True, text=True)
+        assert gone.returncode != 0 and "ModuleNotFoundError" in gone.stderr, (old, gone.stderr)
     venv = (tmp_path / "venv").resolve()
     files = [Path(line).resolve() for line in where.stdout.split()]
     assert len(files) == 2 and all(venv in f.parents for f in files), (files, venv)
     assert not any(ROOT in f.parents for f in files)
-    assert where.stderr == "", where.stderr  # no namespace-clash warning for losslens's own packages
+    assert where.stderr == "", where.stderr
 
     losslens = tmp_path / "venv" / "bin" / "losslens"
     assert _run([str(losslens), "--version"], cwd=run_dir, env=env).stdout.strip() == VERSION

@@ -15,7 +15,8 @@ factory             architecture                                  parameters
 ==================  ============================================  ==========
 
 LM batches are ``[batch, seq]`` LongTensors from :func:`random_batches`; the LM loss is :func:`lm_loss`
-(:func:`losslens.lm.core.next_token_loss.lm_loss`, kept in float64 for float64 models). MLP batches are ``(x [b, 5], y [b])`` tuples from
+(:func:`losslens.lm.core.next_token_loss.lm_loss`, kept in float64 for float64 models). MLP batches are ``(x [b, 5], y
+[b])`` tuples from
 :func:`mlp_batches` with :func:`mlp_loss` (mean cross-entropy). Models are returned in eval mode.
 """
 
@@ -216,7 +217,8 @@ def random_batches(
 
 
 def lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    """:func:`losslens.lm.core.next_token_loss.lm_loss` (mean next-token cross-entropy, nats), kept in float64 for float64 models.
+    """:func:`losslens.lm.core.next_token_loss.lm_loss` (mean next-token cross-entropy, nats), kept in float64 for
+    float64 models.
 
     Delegates to ``losslens.lm.core.next_token_loss.lm_loss`` unless that returns a lower precision than the logits (it
     upcasts with ``.float()``, which *down*casts float64 logits to float32 and limits Hessian checks

@@ -24,9 +24,15 @@ error; the next section still runs) and each skipped with a row when the budget 
 8. ``fsdp``: FSDP2 at world size 1 (NCCL on CUDA, gloo on the CPU), equal to the unsharded
    difference backend.
 
-Output: one JSON row per line (``--json``: all rows in a file) and a markdown table
-(:func:`markdown`) ready for benchmarks/README.md. Exit status (``python -m``): 0 when every row
-is ``ok``/``info``/``skipped``, 1 when a check mismatched or a section failed.
+A section that needs an absent optional package (``lm_eval`` for ``accuracy``, see :data:`NEEDS`)
+records a ``skipped`` row with the reason and the install line (``pip install 'losslens[eval]'``);
+any other exception, an ``ImportError`` from losslens itself included, is ``failed``.
+
+Output: one JSON row per line (``--json``: all rows in a file), then the rows as a plain-text
+table that fits the terminal (80 columns in a pipe; :func:`.table.terminal_table`: the few
+columns that matter), and with ``--markdown FILE`` the full table (:func:`markdown`) for
+benchmarks/README.md. Exit status (``python -m``): 0 when every row is ``ok``/``info``/``skipped``,
+1 when a check mismatched or a section failed.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ import torch
 
 from benchmarks import emit
 
-from ._common import Context, one_line
+from ._common import Context, absent_optional, is_absent, one_line, skipped_for_missing
+from .table import terminal_table
 
 #: (name, share of the budget, module, function): sections in the order they run.
 SECTIONS: tuple[tuple[str, float, str, str], ...] = (
@@ -54,6 +61,10 @@ SECTIONS: tuple[tuple[str, float, str, str], ...] = (
     ("fsdp", 0.10, "fsdp", "fsdp"),
 )
 DEFAULT_BUDGET_S = 480.0
+#: Optional packages a section cannot run without (checked before it starts: a ``skipped`` row with
+#: the install line instead of a failure). A section that meets another absent optional package
+#: (``ModuleNotFoundError`` naming it) is skipped the same way; every other exception is ``failed``.
+NEEDS: dict[str, tuple[str, ...]] = {"accuracy": ("lm_eval",)}
 
 
 def _section(module: str, function: str) -> Callable[[Context], list[dict]]:
@@ -109,10 +120,15 @@ def run(
         if progress:
             progress(f"== gpu check: {name} ({left:.0f} s of the budget left)")
         t0 = time.monotonic()
+        missing = [p for p in NEEDS.get(name, ()) if is_absent(p)]
         try:
-            out = _section(module, function)(ctx)
+            out = [skipped_for_missing(name, p) for p in missing] or _section(module, function)(ctx)
         except Exception as exc:  # a failure must not hide the other sections
-            out = [{"section": name, "what": "section failed", "status": "failed", "error": one_line(exc)}]
+            package = absent_optional(exc)
+            if package:
+                out = [skipped_for_missing(name, package)]
+            else:
+                out = [{"section": name, "what": "section failed", "status": "failed", "error": one_line(exc)}]
         for r in out:
             r.setdefault("section", name)
         out.append({"section": name, "what": "section seconds", "status": "info", "seconds": time.monotonic() - t0})
@@ -170,11 +186,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         tuple(args.shapes.split(",")),
     )
     emit(rows, args.json)
-    table = markdown(rows)
-    print(table)
+    print(terminal_table(rows))
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(table + "\n")
+            f.write(markdown(rows) + "\n")
     if failures(rows) and argv is None:
         sys.exit(1)
     return rows

@@ -133,3 +133,59 @@ def _reset_cpu_peak() -> None:
 def one_line(exc: BaseException) -> str:
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     return f"{type(exc).__name__}: {'; '.join(lines)[:400]}" if lines else type(exc).__name__
+
+
+#: Optional packages a section may need, and the line that installs each (pyproject.toml's extras;
+#: PyHessian is a benchmark peer in the ``dev`` extra; GPTQModel is not an extra: installed on its own).
+OPTIONAL_INSTALL: dict[str, str] = {
+    "lm_eval": "pip install 'losslens[eval]'",
+    "gguf": "pip install 'losslens[gguf]'",
+    "accelerate": "pip install 'losslens[monitor]'",
+    "lightning": "pip install 'losslens[monitor]'",
+    "bitsandbytes": "pip install 'losslens[quant]'",
+    "ray": "pip install 'losslens[ray]'",
+    "pyhessian": "pip install 'losslens[dev]'",
+    "gptqmodel": "pip install gptqmodel",
+}
+
+
+def is_absent(package: str) -> bool:
+    """True when the top-level ``package`` cannot be imported because it is not installed.
+
+    A package that is installed but fails on import is *not* absent (that is a failure to report).
+    ``sys.modules[package] is None`` (how tests hide a package) counts as absent.
+    """
+    import importlib.util
+    import sys
+
+    top = package.split(".")[0]
+    if top in sys.modules:
+        return sys.modules[top] is None
+    try:
+        return importlib.util.find_spec(top) is None
+    except (ImportError, ValueError):  # a parent package that raises, or a module without a spec
+        return False
+
+
+def absent_optional(exc: BaseException) -> str | None:
+    """The optional package whose absence raised ``exc``, or None when ``exc`` is anything else.
+
+    Only a ``ModuleNotFoundError`` naming a package of :data:`OPTIONAL_INSTALL` that is really not
+    installed counts: an ``ImportError`` from losslens itself, or from an installed optional package
+    whose submodule is missing (a version mismatch), is a failure.
+    """
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    top = exc.name.split(".")[0]
+    return top if top in OPTIONAL_INSTALL and is_absent(top) else None
+
+
+def skipped_for_missing(section: str, package: str, what: str | None = None) -> dict:
+    """A ``skipped`` row for a section that needs the optional ``package``, with its install line."""
+    return {
+        "section": section,
+        "what": what or f"not run: needs {package}",
+        "status": "skipped",
+        "reason": f"the optional package {package!r} is not installed",
+        "install": OPTIONAL_INSTALL[package],
+    }

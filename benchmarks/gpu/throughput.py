@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from ._common import Context, PeakMemory, info, timed
+from ._common import OPTIONAL_INSTALL, Context, PeakMemory, absent_optional, info, timed
 
 #: (batch rows, sequence length) layouts; quick: one toy layout.
 LAYOUTS, QUICK_LAYOUTS = ((8, 512), (1, 2048)), ((1, 64),)
@@ -112,10 +112,11 @@ def throughput(ctx: Context) -> list[dict]:
                 try:
                     t_py = _pyhessian_seconds(model, batch, ctx.device, k)
                     row.update(pyhessian_s=t_py, pyhessian_grads=t_py / t_grad, reverse_vs_pyhessian=t_py / t_rev)
-                except ImportError:
-                    row.update(pyhessian="not installed")
-                except Exception as exc:  # PyHessian's own failure is recorded, not fatal
-                    row.update(pyhessian=f"failed: {type(exc).__name__}: {str(exc)[:120]}")
+                except Exception as exc:  # PyHessian absent or failing is recorded, not fatal
+                    if absent_optional(exc) == "pyhessian":
+                        row.update(pyhessian="not installed", install=OPTIONAL_INSTALL["pyhessian"])
+                    else:
+                        row.update(pyhessian=f"failed: {type(exc).__name__}: {str(exc)[:120]}")
                 rows.append(row)
                 del model, rev, diff, V
                 if ctx.cuda:
@@ -143,7 +144,13 @@ def memory(ctx: Context) -> list[dict]:
         ):
             if time.monotonic() > ctx.notes["section_deadline"]:
                 rows.append(
-                    {"section": "memory", "what": f"{what}: the section's budget is spent", "status": "skipped"}
+                    {
+                        "section": "memory",
+                        "what": f"{what}: the section's budget is spent",
+                        "status": "skipped",
+                        "shape": shape,
+                        "dtype": str(dtype).split(".")[-1],
+                    }
                 )
                 continue
             with PeakMemory(ctx.device) as peak:

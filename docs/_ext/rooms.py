@@ -3,23 +3,28 @@
 ``.. room:: losslens.geometry.operators`` documents, in this order:
 
 1. the room's docstring;
-2. its public names: for a ``geometry`` room, the names of ``losslens.geometry.__all__`` whose object is defined in
-   that room, under the path users import them from (``losslens.geometry.HessianOperator``); for a ``probes``
-   room with an ``__all__``, every name of it (``losslens.lm.quant.quantize``);
+2. its public names: for a geometry room, the names of ``losslens.geometry.__all__`` whose object is
+   defined in that room, under the path users import them from (``losslens.geometry.HessianOperator``);
+   for any other room with an ``__all__``, every name of it (``losslens.lm.quant.quantize``); for the
+   front door ``losslens``, every name of its ``__all__``, each a one-line pointer to where its room
+   documents it;
 3. every public module of the room (not starting with ``_``) with its docstring and the members it
-   defines that step 2 has not documented already.
+   defines that step 2 has not documented already; a module with a reference page of its own (the
+   rooms of a group package such as ``losslens.lm``) is a link to that page instead. A room that is one
+   module (``losslens.measure.sharpness``) adds its public names outside ``__all__``.
 
 A cross-reference to where an object is defined (``losslens.geometry.operators.hessian.HessianOperator``,
 ``losslens.lm.quant.spec.QuantSpec``, or a short name inside that module's docstrings) resolves to where it
-is documented (``missing-reference`` below), so docstrings may name either.
+is documented (references.py), so docstrings may name either; autodoc_fixes.py puts right what autodoc
+and napoleon get wrong on this project's docstrings and signatures.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
-import re
 import sys
 
 from docutils import nodes
@@ -28,19 +33,11 @@ from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
 from sphinx.util.nodes import nested_parse_with_titles
 
-# canonical name (module.qualname where defined) -> documented name; filled while reading
-_ALIASES: dict[str, str] = {}
-# id() of objects documented as a public name, and the names documented: submodules skip them
-_EXPORTED: dict[int, str] = {}
-# names documented as one-line pointers to another room's object
-_REEXPORTED: set[str] = set()
+from autodoc_fixes import _keep_set_signatures, _plain_typer_signature, _prose_not_type, _prose_types
+from references import _ALIASES, _EXPORTED, _REEXPORTED, _canonical, _record, _resolve
 
-
-def _canonical(obj) -> str | None:
-    mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    if not isinstance(mod, str) or not isinstance(qual, str) or "<locals>" in qual:
-        return None
-    return f"{mod}.{qual}"
+FRONT = "losslens"  # the front door: its __all__ points at the rooms
+GEOMETRY = "losslens.geometry"  # its rooms' public names are imported from here
 
 
 def _kind(obj) -> str:
@@ -53,16 +50,15 @@ def _kind(obj) -> str:
 
 def public_names(room: str) -> list[tuple[str, object]]:
     """(documented name, object) of the room's public names (step 2 of the module docstring)."""
-    top = room.split(".")[0]
-    if top == "geometry" and room != "geometry":
-        pkg = importlib.import_module("geometry")
+    if room.startswith(GEOMETRY + "."):
+        pkg = importlib.import_module(GEOMETRY)
         return [
-            (f"geometry.{n}", getattr(pkg, n))
+            (f"{GEOMETRY}.{n}", getattr(pkg, n))
             for n in pkg.__all__
             if str(getattr(getattr(pkg, n), "__module__", "")).startswith(room + ".")
         ]
     mod = importlib.import_module(room)
-    if top == "geometry":
+    if room == GEOMETRY:
         return []
     return [(f"{room}.{n}", getattr(mod, n)) for n in getattr(mod, "__all__", [])]
 
@@ -79,25 +75,62 @@ def room_modules(room: str) -> list[str]:
     ]
 
 
+def _scope(room: str) -> str | None:
+    """The package whose objects a room's page documents in full (the front door documents none)."""
+    if room == FRONT:
+        return None
+    return GEOMETRY if room.startswith(GEOMETRY) else room
+
+
 def _home(obj, room: str) -> bool:
-    """Whether ``obj`` is defined inside ``room`` (else the room re-exports another room's object)."""
-    return str(getattr(obj, "__module__", room)).startswith(room)
+    """Whether ``obj`` is defined inside the room's scope (else the room re-exports another room's object)."""
+    scope = _scope(room)
+    mod = str(getattr(obj, "__module__", scope))
+    return scope is not None and (mod == scope or mod.startswith(scope + "."))
 
 
 def _public_home(obj, canonical: str) -> str:
     """The name under which a re-exported object is documented in its own room (``losslens.lm.core.TokenSet``
-    for ``losslens.lm.core.tokenset.TokenSet``), else its canonical name."""
+    for ``losslens.lm.core.tokenset.TokenSet``, ``losslens.geometry.Plane`` for
+    ``losslens.geometry.surfaces.planes.Plane``), else its canonical name."""
     parts = canonical.split(".")
-    for depth in (2, 1):
-        room = ".".join(parts[:depth])
+    short = getattr(obj, "__name__", parts[-1])
+    rooms = [GEOMETRY] if canonical.startswith(GEOMETRY + ".") else [".".join(parts[:3])]
+    for room in rooms:
         try:
             mod = importlib.import_module(room)
         except ImportError:
             continue
-        short = getattr(obj, "__name__", parts[-1])
         if short in getattr(mod, "__all__", ()) and getattr(mod, short) is obj:
             return f"{room}.{short}"
     return canonical
+
+
+def _data_home(obj, short: str) -> str | None:
+    """Where a constant of the front door is documented: the room whose ``__all__`` holds the same object."""
+    for modname, mod in sorted(sys.modules.items()):
+        if modname == GEOMETRY or (modname.count(".") == 2 and not modname.startswith(GEOMETRY + ".")):
+            if short in getattr(mod, "__all__", ()) and getattr(mod, short, None) is obj:
+                return f"{modname}.{short}"
+    return None
+
+
+def _module_extras(room: str) -> list[str]:
+    """A one-module room's public names outside its ``__all__`` that it defines (its constants, read from
+    the source: a constant has no ``__module__``)."""
+    mod = importlib.import_module(room)
+    if hasattr(mod, "__path__") or not hasattr(mod, "__all__") or not getattr(mod, "__file__", None):
+        return []
+    tree = ast.parse(open(mod.__file__, encoding="utf-8").read())
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.append(node.target.id)
+    return [n for n in dict.fromkeys(names) if not n.startswith("_") and n not in mod.__all__ and hasattr(mod, n)]
 
 
 class RoomDirective(SphinxDirective):
@@ -108,62 +141,17 @@ class RoomDirective(SphinxDirective):
     def run(self) -> list[nodes.Node]:
         room = self.arguments[0]
         lines = [f".. automodule:: {room}", "   :no-members:", ""]
-        if room == "geometry":
+        if room == GEOMETRY:
             lines += self._geometry_index()
         names = public_names(room)
         if names:
             lines += ["Public names", "~~~~~~~~~~~~", ""]
-            if room.startswith("geometry."):
-                lines += [
-                    f"Imported from ``geometry``, e.g. ``from geometry import {names[0][0].split('.')[-1]}``.",
-                    "",
-                ]
+            imported_from = GEOMETRY if room.startswith(GEOMETRY + ".") else room
+            example = names[0][0].split(".")[-1]
+            lines += [f"Imported from ``{imported_from}``, e.g. ``from {imported_from} import {example}``.", ""]
         for name, obj in names:
-            kind = _kind(obj)
-            canonical = _canonical(obj)
-            if (
-                kind != "autodata"
-                and canonical
-                and not _home(obj, room.split(".")[0] if room.startswith("geometry") else room)
-            ):
-                # another room's object, re-exported here: one line pointing to its home
-                directive = {"autoclass": "py:class", "autoexception": "py:exception"}.get(kind, "py:function")
-                role = {"py:class": "class", "py:exception": "exc"}.get(directive, "func")
-                mod, short = name.rsplit(".", 1)
-                _REEXPORTED.add(name)
-                home = _public_home(obj, canonical)
-                lines += [
-                    f".. {directive}:: {short}",
-                    f"   :module: {mod}",
-                    "",
-                    f"   The same object as :{role}:`{home}`, re-exported here.",
-                    "",
-                ]
-                continue
-            _EXPORTED[id(obj)] = name
-            if kind == "autodata":  # data has no __module__: alias every room module that holds this object
-                for modname, mod in list(sys.modules.items()):
-                    if (
-                        modname.startswith(room.split(".")[0] + ".")
-                        and getattr(mod, name.rsplit(".", 1)[1], None) is obj
-                    ):
-                        _ALIASES.setdefault(f"{modname}.{name.rsplit('.', 1)[1]}", name)
-            lines += [f".. {kind}:: {name}"]
-            if kind in ("autoclass", "autoexception"):
-                lines += ["   :members:"]
-            if kind == "autodata":
-                lines += ["   :no-value:"]
-            lines += [""]
-        mods = room_modules(room) if room != "geometry" else []
-        if mods:
-            lines += ["Modules", "~~~~~~~", ""]
-        exported_names = {n.rsplit(".", 1)[1] for n, _ in names}
-        for mod in mods:
-            lines += [mod, "^" * len(mod), "", f".. automodule:: {mod}", "   :members:"]
-            if mod.rsplit(".", 1)[1] in exported_names:
-                # a public name equal to the module's (losslens.study.analysis.series): the name is the function's
-                lines += ["   :no-index:"]
-            lines += [""]
+            lines += self._public_name(room, name, obj)
+        lines += self._modules(room, {n.rsplit(".", 1)[1] for n, _ in names})
         content = StringList(lines, source=f"<room {room}>")
         node = nodes.section()
         node.document = self.state.document
@@ -171,18 +159,84 @@ class RoomDirective(SphinxDirective):
         return node.children
 
     @staticmethod
+    def _public_name(room: str, name: str, obj) -> list[str]:
+        """The entry of one public name: documented in full, or a pointer to its room's entry."""
+        kind = _kind(obj)
+        canonical = _canonical(obj)
+        mod, short = name.rsplit(".", 1)
+        home = None
+        if kind != "autodata" and canonical and not _home(obj, room):
+            home = _public_home(obj, canonical)
+        elif kind == "autodata" and room == FRONT:
+            home = _data_home(obj, short)
+        if home is not None:
+            # another room's object, re-exported here: one line pointing to its home
+            directive = {"autoclass": "py:class", "autoexception": "py:exception", "autodata": "py:data"}.get(
+                kind, "py:function"
+            )
+            role = {"py:class": "class", "py:exception": "exc", "py:data": "data"}.get(directive, "func")
+            _REEXPORTED.add(name)
+            return [
+                f".. {directive}:: {short}",
+                f"   :module: {mod}",
+                "",
+                f"   The same object as :{role}:`{home}`, re-exported here.",
+                "",
+            ]
+        _EXPORTED[id(obj)] = name
+        if kind == "autodata":  # data has no __module__: alias every module that holds this object
+            for modname, module in list(sys.modules.items()):
+                if modname.startswith(FRONT + ".") and getattr(module, short, None) is obj:
+                    _ALIASES.setdefault(f"{modname}.{short}", name)
+        lines = [f".. {kind}:: {name}"]
+        if kind in ("autoclass", "autoexception"):
+            lines += ["   :members:"]
+        if kind == "autodata":
+            lines += ["   :no-value:"]
+        return lines + [""]
+
+    def _modules(self, room: str, exported_names: set[str]) -> list[str]:
+        """Step 3: the room's modules (a link for one with a page of its own), or a one-module room's extras."""
+        if room in (GEOMETRY, FRONT):
+            return []
+        extras = _module_extras(room)
+        if extras:
+            lines = ["Other names", "~~~~~~~~~~~", ""]
+            module = importlib.import_module(room)
+            for short in extras:
+                kind = _kind(getattr(module, short))
+                lines += [f".. {kind}:: {room}.{short}"] + (["   :no-value:"] if kind == "autodata" else []) + [""]
+            return lines
+        mods = room_modules(room)
+        pages = [m for m in mods if f"reference/{m}" in self.env.found_docs]
+        lines = []
+        if pages:
+            lines += ["Pages", "~~~~~", ""]
+            lines += [", ".join(f":doc:`{mod}`" for mod in pages), ""]
+        mods = [m for m in mods if m not in pages]
+        if mods:
+            lines += ["Modules", "~~~~~~~", ""]
+        for mod in mods:
+            lines += [mod, "^" * len(mod), "", f".. automodule:: {mod}", "   :members:"]
+            if mod.rsplit(".", 1)[1] in exported_names:
+                # a public name equal to the module's (losslens.study.analysis.series): the name is the function's
+                lines += ["   :no-index:"]
+            lines += [""]
+        return lines
+
+    @staticmethod
     def _geometry_index() -> list[str]:
         """``losslens.geometry.__all__`` by the room that defines each name, each a link to its entry."""
         import losslens.geometry
 
         lines = ["Public names by room", "~~~~~~~~~~~~~~~~~~~~", ""]
-        for sub in room_modules("geometry"):
+        for sub in room_modules(GEOMETRY):
             names = public_names(sub)
             if names:
                 refs = ", ".join(f":py:obj:`~{n}`" for n, _ in names)
                 lines += [f"- :doc:`{sub}`: {refs}", ""]
         missing = set(losslens.geometry.__all__) - {
-            n.split(".")[-1] for sub in room_modules("geometry") for n, _ in public_names(sub)
+            n.split(".")[-1] for sub in room_modules(GEOMETRY) for n, _ in public_names(sub)
         }
         if missing:
             raise ValueError(f"losslens.geometry.__all__ names defined outside every room: {sorted(missing)}")
@@ -191,239 +245,16 @@ class RoomDirective(SphinxDirective):
 
 def _skip_exported(app, what, name, obj, skip, options):
     """A submodule's member documented as a public name already is not documented twice."""
-    if what == "module" and id(obj) in _EXPORTED and not name.startswith("_"):
+    # the same object under the same name: a small int (MIN_NU = 10) shares its id with every other 10
+    if what == "module" and _EXPORTED.get(id(obj), "").rsplit(".", 1)[-1] == name and not name.startswith("_"):
         # the module being documented is a submodule (the public names are written with autoclass etc.)
         return True
     return None
 
 
-_ROLE = re.compile(r":(py:)?(func|meth|class|exc|attr|data|obj|mod|const):`(?:([^`<]*?)\s*<)?([~!]?)([\w.]+)(>?)`")
-
-
-def _record(app, what, name, obj, options, lines):
-    canonical = _canonical(obj)
-    if what in ("attribute", "property", "method", "classmethod", "staticmethod"):
-        owner = _lookup(name.rsplit(".", 1)[0])
-        if inspect.isclass(owner) and _canonical(owner):
-            canonical = f"{_canonical(owner)}.{name.rsplit('.', 1)[1]}"
-    if canonical and canonical != name:
-        _ALIASES.setdefault(canonical, name)
-    if (
-        what in ("data", "attribute")
-        and getattr(obj, "__doc__", None) is not None
-        and obj.__doc__ == getattr(type(obj), "__doc__", None)
-    ):
-        lines[:] = []  # a constant without a docstring of its own: not dict's or tuple's docstring
-    scopes = _scopes(what, name, obj)
-    if scopes:
-        lines[:] = [_ROLE.sub(lambda m: _qualified(m, scopes), line) for line in lines]
-
-
-def _scopes(what, name, obj) -> list:
-    """Where a short name in this docstring is looked up, innermost first: the class (for a class or
-    one of its members), then the module the object was written in, as Python would."""
-    out = []
-    if what == "module":
-        return [obj]
-    owner = obj if inspect.isclass(obj) else None
-    if owner is None and what in ("method", "attribute", "property", "classmethod", "staticmethod"):
-        owner = _lookup(name.rsplit(".", 1)[0])
-    if owner is not None:
-        out.append(owner)
-    modname = getattr(owner if owner is not None else obj, "__module__", None)
-    if isinstance(modname, str) and modname in sys.modules:
-        out.append(sys.modules[modname])
-    return out
-
-
-def _lookup(dotted: str):
-    parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except Exception:  # noqa: BLE001 - not a module path
-            continue
-        try:
-            for attr in parts[cut:]:
-                obj = getattr(obj, attr)
-        except AttributeError:
-            return None
-        return obj
-    return None
-
-
-def _qualified(m: re.Match, scopes: list) -> str:
-    """A short target rewritten to its full name where the docstring's own scope defines it."""
-    prefix, role, title, mark, target, close = m.groups()
-    if target.startswith(".") or mark == "!":
-        return m.group(0)
-    head, *rest = target.split(".")
-    for scope in scopes:
-        if not hasattr(scope, head):
-            continue
-        found = getattr(scope, head)
-        full = _full_name(found, scope, head)
-        if full is None:
-            return m.group(0)
-        try:
-            for attr in rest:
-                found = getattr(found, attr)
-        except AttributeError:
-            return m.group(0)
-        full = ".".join([full, *rest])
-        shown = title if title else (target.rsplit(".", 1)[-1] if mark == "~" else target)
-        return f":{prefix or ''}{role}:`{shown} <{full}>`"
-    return m.group(0)
-
-
-def _full_name(found, scope, head: str) -> str | None:
-    if inspect.ismodule(found):
-        return found.__name__
-    canonical = _canonical(found) if (inspect.isclass(found) or inspect.isfunction(found)) else None
-    if canonical:
-        return canonical
-    if inspect.isclass(scope):
-        return f"{_canonical(scope)}.{head}"
-    if inspect.ismodule(scope):
-        return f"{scope.__name__}.{head}"
-    return None
-
-
-def _resolve(app: Sphinx, env, node, contnode):
-    """Resolve a Python reference to where its object is defined to where it is documented."""
-    if node.get("refdomain") != "py":
-        return None
-    target = node["reftarget"].lstrip("~.")
-    candidates = [target]
-    for ctx in (node.get("py:class"), node.get("py:module")):
-        if ctx:
-            candidates.append(f"{ctx}.{target}")
-    if node.get("py:module") and node.get("py:class"):
-        candidates.append(f"{node['py:module']}.{node['py:class']}.{target}")
-    domain = env.get_domain("py")
-    candidates += _by_last_name(domain, target, node.get("py:module") or "")
-    for cand in candidates:
-        documented = cand if cand in domain.objects else None
-        documented = documented or _ALIASES.get(cand) or _ALIASES.get(_canonical_of(cand) or "")
-        if documented:
-            new = node.deepcopy()
-            new["reftarget"] = documented
-            for role in (node["reftype"], "obj"):
-                ref = domain.resolve_xref(env, node["refdoc"], app.builder, role, documented, new, contnode)
-                if ref is not None:
-                    return ref
-    # an undocumented member that exists (a dataclass field, a property without a docstring): link to
-    # its class; a member the class does not have stays unresolved (and fails the strict build)
-    if "." in target and node["reftype"] in ("attr", "meth", "obj"):
-        owner, member = target.rsplit(".", 1)
-        owner_node = node.deepcopy()
-        owner_node["reftarget"] = owner
-        owner_node["reftype"] = "class"
-        ref = _resolve(app, env, owner_node, contnode) or domain.resolve_xref(
-            env, node["refdoc"], app.builder, "class", owner, owner_node, contnode
-        )
-        cls = _lookup(ref.get("reftitle", "")) if ref is not None else None
-        if inspect.isclass(cls) and _has_member(cls, member):
-            return ref
-    return None
-
-
-def _has_member(cls, member: str) -> bool:
-    return (
-        hasattr(cls, member)
-        or any(member in getattr(c, "__annotations__", {}) for c in cls.__mro__)
-        or member in getattr(cls, "__dataclass_fields__", {})
-    )
-
-
-def _by_last_name(domain, target: str, module: str) -> list[str]:
-    """A short name in a docstring (``:class:`CurvatureOperator``` in ``losslens.geometry.operators``): the one
-    documented object of that name in the same room, else in the same package; none when ambiguous."""
-    if not module:
-        return []
-    found = {}
-    for name, entry in domain.objects.items():
-        if name.endswith("." + target) and not entry.aliased and name not in _REEXPORTED:
-            found[name] = entry
-    parts = module.split(".")
-    for depth in (len(parts), 2, 1, 0):
-        scope = ".".join(parts[:depth]) + "." if depth else ""
-        near = [n for n in found if n.startswith(scope)]
-        if len(near) == 1:
-            return near
-        if len(near) > 1:
-            return []
-    return []
-
-
-def _canonical_of(dotted: str) -> str | None:
-    """The canonical name of the object at a dotted path (importing its module), or None."""
-    obj = _lookup(dotted)
-    return None if obj is None else _canonical(obj)
-
-
-_TYPE = re.compile(r"^\s*[\w.]+(\[[\w., \[\]|]*\])?(\s*\|\s*[\w.]+(\[[\w., \[\]|]*\])?)*\s*$")
-
-
-def _prose_not_type(app, what, name, obj, options, lines):
-    """napoleon reads "text: more" on the first line of an attribute's docstring as "type: description";
-    when the text before the colon is prose ("Steps at which checkpoints are written: ..."), a blank
-    first line keeps it prose (runs before napoleon)."""
-    if what in ("attribute", "data", "property") and lines and ":" in lines[0]:
-        head = lines[0].split(":", 1)[0]
-        if "`" not in head and not _TYPE.match(head):
-            lines.insert(0, "")
-
-
-def _type_like(text: str) -> bool:
-    """Whether a numpy-style type field holds a type (``int``, ``dict[str, Tensor]``, ``str or None``,
-    ``bool, optional``, a role) rather than the start of a description."""
-    text = re.sub(r",?\s*optional$", "", text.strip().rstrip("."))
-    pieces = [p for p in re.split(r"\s+or\s+|\s*\|\s*", text) if p]
-    return bool(pieces) and all(re.fullmatch(r"[\w.]+(\[.*\])?|:[\w:]+:`[^`]+`|``[^`]+``", p) for p in pieces)
-
-
-def _prose_types(app, what, name, obj, options, lines):
-    """This project's numpy docstrings often write ``name : what it is`` (a description, not a type).
-    After napoleon (which made it a ``:type:`` field), put such text back at the start of the
-    description, so it renders as written and its words are not taken for class names."""
-    out: list[str] = []
-    pending: dict[str, str] = {}
-    for line in lines:
-        m = re.match(r"^(\s*):type (.+?): (.*)$", line)
-        if m and not _type_like(m.group(3)):
-            pending[m.group(2)] = m.group(3)
-            continue
-        out.append(line)
-    for i, line in enumerate(out):
-        m = re.match(r"^(\s*):param (.+?):\s?(.*)$", line)
-        if m and m.group(2) in pending:
-            out[i] = f"{m.group(1)}:param {m.group(2)}: {pending.pop(m.group(2))} {m.group(3)}".rstrip()
-    out += [f":param {k}: {v}" for k, v in pending.items()]
-    # attributes: napoleon writes ".. attribute:: x", the description, then "   :type: prose"; the
-    # prose goes back to the front of the description
-    attr = None
-    i = 0
-    while i < len(out):
-        line = out[i]
-        if line.lstrip().startswith(".. attribute::"):
-            attr = i
-        m = re.match(r"^(\s+):type: (.*)$", line)
-        if m and attr is not None and not _type_like(m.group(2)):
-            del out[i]
-            first = next((k for k in range(attr + 1, i) if out[k].strip()), None)
-            if first is None:
-                out.insert(attr + 1, "")
-                out.insert(attr + 2, f"{m.group(1)}{m.group(2)}")
-            else:
-                out.insert(first, f"{m.group(1)}{m.group(2)}")
-            attr = None
-            continue
-        i += 1
-    lines[:] = out
-
-
 def setup(app: Sphinx) -> dict:
+    _keep_set_signatures()
+    app.connect("autodoc-process-signature", _plain_typer_signature)
     app.add_directive("room", RoomDirective)
     app.connect("autodoc-process-docstring", _prose_not_type, priority=400)
     app.connect("autodoc-process-docstring", _prose_types, priority=600)

@@ -29,6 +29,8 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from losslens.geometry.base.state_store import DISK, state_rows
+
 
 @dataclass(frozen=True)
 class ShardLayout:
@@ -270,7 +272,9 @@ class RowBasis:
 
     Blocks hold :meth:`block_rows` rows: 16 for small vectors, fewer as rows grow, one row at a
     time once a row exceeds 4 MB, so at most 64 MB sit allocated but unused.
-    Memory: :meth:`allocated_rows` ``(n) · dim`` numbers of ``dtype`` on ``device``.
+    Memory: :meth:`allocated_rows` ``(n) · dim`` numbers of ``dtype`` on ``device``: a torch device, or
+    ``"disk"`` (:mod:`losslens.geometry.base.state_store`: memory-mapped, used as CPU tensors); ``pin``:
+    host blocks page-locked (an operator on a GPU).
     """
 
     @staticmethod
@@ -285,8 +289,10 @@ class RowBasis:
         b = RowBasis.block_rows(dim, dtype)
         return -(-n // b) * b
 
-    def __init__(self, dim: int, dtype: torch.dtype, device):
-        self.dim, self.dtype, self.device = dim, dtype, torch.device(device)
+    def __init__(self, dim: int, dtype: torch.dtype, device, pin: bool = False):
+        self.where, self.pin = device, pin
+        self.dim, self.dtype = dim, dtype
+        self.device = torch.device("cpu") if device == DISK else torch.device(device)
         self.BLOCK = self.block_rows(dim, dtype)
         self.blocks: list[torch.Tensor] = []
         self.n = 0
@@ -299,7 +305,7 @@ class RowBasis:
 
     def append(self, v: torch.Tensor) -> None:
         if self.n == len(self.blocks) * self.BLOCK:
-            self.blocks.append(torch.empty(self.BLOCK, self.dim, dtype=self.dtype, device=self.device))
+            self.blocks.append(state_rows(self.BLOCK, self.dim, self.dtype, self.where, self.pin))
         self.row(self.n).copy_(v)
         self.n += 1
 

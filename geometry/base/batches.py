@@ -1,5 +1,7 @@
-"""Batch weights: how a loss over several batches is averaged (by :class:`~losslens.geometry.operators.hessian.HessianOperator`,
-the data-parallel and sharded operators, :func:`~losslens.geometry.surfaces.surface.evaluate_surface` and the loss oracle alike).
+"""Batch weights: how a loss over several batches is averaged (by
+:class:`~losslens.geometry.operators.hessian.HessianOperator`,
+the data-parallel and sharded operators, :func:`~losslens.geometry.surfaces.surface.evaluate_surface` and the loss
+oracle alike).
 
 The mean loss over batches b_1..b_n is Σ_i w_i L(b_i) with weights normalised to sum 1. When each
 L(b_i) is itself a mean over terms (tokens, examples), the pooled mean over all terms needs

@@ -5,7 +5,8 @@ different modes (a frozen backbone in eval under a head in train, MC-dropout lay
 train): every module ends in the top module's mode. :func:`module_modes` records each module's
 ``training`` flag and writes it back one by one (without the recursion of ``nn.Module.train``).
 Every place that switches a user's model to eval for a while uses it: surfaces
-(:func:`losslens.geometry.surfaces.surface.evaluate_surface`), ``losslens.lm.core.next_token_loss.evaluate`` and the GPTQ and AWQ drivers;
+(:func:`losslens.geometry.surfaces.surface.evaluate_surface`), ``losslens.lm.core.next_token_loss.evaluate`` and the
+GPTQ and AWQ drivers;
 :class:`losslens.geometry.operators.hessian.HessianOperator` restores per-module modes the same way.
 """
 

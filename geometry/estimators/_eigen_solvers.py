@@ -37,7 +37,8 @@ def _lanczos_topk(op, k, tol, max_iter, g, basis_size, basis_device=None, basis_
     steps_total = min(dim, max(max_iter, k))
     m = max(min(basis_size, steps_total), min(k + 2, dim))
     eps = _breakdown_eps(op)
-    Q = RowBasis(dim, basis_dtype or op.dtype, basis_device or op.device)
+    pin = torch.device(op.device).type == "cuda"  # host blocks page-locked for the chunks' copies
+    Q = RowBasis(dim, basis_dtype or op.dtype, basis_device or op.device, pin=pin)
     Q.append(gaussian_unit(g, dim, op.dtype, op.device))
     T = np.zeros((m + 1, m + 1))
     j, steps, restarts, breakdowns = 0, 0, 0, 0

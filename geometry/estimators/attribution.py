@@ -270,7 +270,8 @@ def attribute(
         direction: d as a dict (keys of ``op.space``) or a flat ``[dim]`` tensor.
         groups: the blocks, as :meth:`ParamSpace.groups` accepts (default one per module).
         trace: tr H of ``op``'s space (a :class:`TraceEstimate` or an exact float) to reuse; None
-            estimates it here with :func:`~losslens.geometry.estimators.trace.hutchpp_trace` (``trace_matvecs`` HVPs, ``seed``).
+            estimates it here with :func:`~losslens.geometry.estimators.trace.hutchpp_trace` (``trace_matvecs`` HVPs,
+            ``seed``).
         within: also compute ``d_bᵀ H_bb d_b`` per block (one more HVP per block).
         actual: the measured L(θ + d) − L(θ) on the operator's data (for the remainder).
         max_memory: bytes (or ``"8GB"``) for each step (see the module docstring).

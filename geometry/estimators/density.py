@@ -26,7 +26,7 @@ from losslens.geometry.memory.model import (
     MemoryEstimate,
     basis_storage,
     choose,
-    default_budget,
+    state_budget,
     pass_options,
     resolve_budget,
     TEMPORARIES_PART,
@@ -65,7 +65,7 @@ def estimate_memory(
     steps = min(num_steps, op.dim)
     vec = vector_bytes(op.dim, op.dtype)
     bdev, bdtype, on_host = basis_storage(op.device, basis_device, basis_dtype, op.dtype)
-    host_budget = default_budget("cpu") if on_host else 0
+    host_budget = state_budget(bdev) if on_host else 0
     groups = sorted({num_runs, *[g for g in (16, 8, 4, 2, 1) if g < num_runs]}, reverse=True)
     modes = ("full", "none") if reorth == "auto" else (reorth,)
     for mode in modes:

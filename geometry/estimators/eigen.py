@@ -35,13 +35,14 @@ import torch
 from losslens.geometry.estimators._checks import check_int, check_op, on_operator_vectors
 from losslens.geometry.estimators._eigen_solvers import _lanczos_topk, _power_topk
 from losslens.geometry.base._linalg import RowBasis, rowdot
+from losslens.geometry.base.state_store import state_transfer
 from losslens.geometry.memory.model import (
     MemoryEstimate,
     basis_storage,
-    default_budget,
     first_fitting,
     pass_options,
     resolve_budget,
+    state_budget,
     TEMPORARIES_PART,
     temporaries_bytes,
     vector_bytes,
@@ -85,9 +86,11 @@ def estimate_memory(
     budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
     vec = vector_bytes(op.dim, op.dtype)
     bdev, bdtype, on_host = basis_storage(op.device, basis_device, basis_dtype, op.dtype)
-    host_budget = default_budget("cpu") if on_host else 0
+    host_budget = state_budget(bdev) if on_host else 0
     bvec = vector_bytes(op.dim, bdtype)
     steps = min(op.dim, max(max_iter, k))
+    # a basis off a GPU: each product's input is a copy of a basis row on the device
+    copied = vec if on_host and torch.device(op.device).type != "cpu" else 0
     cands = []
     if method == "power":
         for settings, pass_b, _ in pass_options(op, 1, steps):
@@ -129,7 +132,7 @@ def estimate_memory(
         # reductions' temporaries; at the end the k Ritz vectors are formed beside the basis, which
         # is then freed before their k products: the larger phase counts
         temps = temporaries_bytes(op.dim)
-        state = max(basis_here + vec + temps, basis_here + k * vec, 2 * k * vec + temps)
+        state = max(basis_here + vec + copied + temps, basis_here + k * vec, 2 * k * vec + temps)
         parts, host = with_basis(
             {
                 "residual (or the Ritz vectors and products at the end)": state - basis_here - temps,
@@ -153,6 +156,9 @@ def estimate_memory(
                 },
                 host,
                 host_budget,
+                # off the device: per step the row in, and two Gram-Schmidt passes that each read the
+                # basis twice (its projections, then the update), at most m rows
+                state_transfer(steps * (1 + 4 * m) * bvec, bdev, op.device) if on_host else {},
             )
         )
     return first_fitting(cands, "top_eigenvalues (lanczos)", _ADVICE)
@@ -205,8 +211,10 @@ def top_eigenvalues(
             module docstring). Accuracy cost of a small basis: none at convergence, but more steps:
             k = 1 on a top eigenvalue over a cluster at 0.95–0.99 of it took ≤ 1.8× (basis 6) and
             ≤ 1.4× (basis 8) the HVPs of an unrestarted run (tests/test_estimators_eigen.py).
-        basis_device: ``"cpu"`` keeps the Lanczos basis in host RAM when the operator is on a GPU
-            (no accuracy cost; each step moves the basis through PCIe).
+        basis_device: ``"cpu"`` keeps the Lanczos basis in host RAM (pinned) when the operator is on a
+            GPU, ``"disk"`` on local disk, memory-mapped (:mod:`losslens.geometry.base.state_store`);
+            no accuracy cost; each step streams the basis to the device chunk by chunk (the plan's
+            ``transfer``: bytes and seconds at the assumed rate).
         basis_dtype: store the basis in e.g. ``torch.bfloat16`` (half the memory; arithmetic stays
             float32). Accuracy cost: orthogonality only to ~4e-3, so Ritz values settle at about
             that relative accuracy and ``tol`` below it is not reached.

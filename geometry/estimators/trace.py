@@ -38,14 +38,15 @@ from losslens.geometry.estimators.sampling import (
     rademacher,
 )
 from losslens.geometry.base._linalg import orthonormalize_rows, project_out, rowdot
+from losslens.geometry.base.state_store import state_rows, state_transfer
 from losslens.geometry.memory.model import (
     Candidate,
     MemoryEstimate,
     basis_storage,
     choose,
-    default_budget,
     pass_options,
     resolve_budget,
+    state_budget,
     TEMPORARIES_PART,
     temporaries_bytes,
     vector_bytes,
@@ -177,7 +178,7 @@ def _plan_hutchpp(op: CurvatureOperator, m: int, max_memory, basis_device=None, 
     budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
     vec = vector_bytes(op.dim, op.dtype)
     bdev, bdtype, on_host = basis_storage(op.device, basis_device, basis_dtype, op.dtype)
-    host_budget = default_budget("cpu") if on_host else 0
+    host_budget = state_budget(bdev) if on_host else 0
     bvec = vector_bytes(op.dim, bdtype)
     target = m // 3
     sizes = sorted(
@@ -217,6 +218,10 @@ def _plan_hutchpp(op: CurvatureOperator, m: int, max_memory, basis_device=None, 
                             },
                             host,
                             host_budget,
+                            # off the device: Y written, read for QᵀHQ, 4 times per residual block (2 passes)
+                            state_transfer((2 * s + 4 * s * math.ceil(r / b)) * bvec, bdev, op.device)
+                            if on_host and s
+                            else {},
                         ),
                         cost,
                     )
@@ -259,8 +264,9 @@ def hutchpp_trace(
         op: any curvature operator; num_matvecs: budget m ≥ 3; seed: seed of S and G;
         max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
             :func:`losslens.geometry.memory.model.default_budget`).
-        basis_device: ``"cpu"`` keeps the sketch basis in host RAM when the operator is on a GPU
-            (no accuracy cost; projections move it through PCIe chunk by chunk).
+        basis_device: ``"cpu"`` keeps the sketch basis in host RAM (pinned) when the operator is on a
+            GPU, ``"disk"`` on local disk, memory-mapped (:mod:`losslens.geometry.base.state_store`);
+            no accuracy cost; projections stream it chunk by chunk (the plan's ``transfer``).
         basis_dtype: e.g. ``torch.bfloat16`` halves the basis (arithmetic stays float32). Accuracy
             cost: Q is orthonormal only to ~4e-3, so P = I − QQᵀ is not an exact projector and the
             estimate carries a bias of that relative order on the low-rank part.
@@ -281,7 +287,7 @@ def hutchpp_trace(
     low = 0.0
     with op.configured(**plan.operator_settings):
         if s > 0:
-            Q = torch.empty(s, dim, dtype=bdtype, device=bdev)
+            Q = state_rows(s, dim, bdtype, bdev, pin=torch.device(op.device).type == "cuda")
             for start in range(0, s, b):  # Y = H S, block by block, into Q
                 stop = min(start + b, s)
                 Q[start:stop] = op.matmat_flat(rademacher(g, stop - start, dim, op.dtype, op.device))

@@ -30,6 +30,7 @@ import torch
 
 from losslens.geometry.base._linalg import CHUNK
 from losslens.geometry.base.results import EstimatorError
+from losslens.geometry.base.state_store import DISK, disk_free_bytes
 from losslens.geometry.memory.sizes import SizeError, parse_size
 
 __all__ = [
@@ -232,6 +233,9 @@ class MemoryEstimate:
     settings: dict[str, Any] = field(default_factory=dict)
     host_parts: dict[str, int] = field(default_factory=dict)
     host_budget: int = 0
+    #: state kept off the device (issue #48): ``{"bytes": moved between it and the device over the
+    #: run, "seconds": at the assumed rate, "where": "cpu" or "disk"}``; empty when on the device
+    transfer: dict[str, Any] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -253,7 +257,12 @@ class MemoryEstimate:
         out = f"{format_bytes(self.total)} ({inner}) of a {format_bytes(self.budget)} budget"
         if self.host_parts:
             host = " + ".join(f"{k} {format_bytes(v)}" for k, v in self.host_parts.items())
-            out += f", and {format_bytes(self.host_total)} of host RAM ({host}) of {format_bytes(self.host_budget)}"
+            where = "local disk" if self.transfer.get("where") == "disk" else "host RAM"
+            out += f", and {format_bytes(self.host_total)} of {where} ({host}) of {format_bytes(self.host_budget)}"
+        if self.transfer.get("seconds"):
+            out += (
+                f"; moving {format_bytes(self.transfer['bytes'])} to the device takes ~{self.transfer['seconds']:.3g} s"
+            )
         return out
 
     @property
@@ -274,6 +283,8 @@ class MemoryEstimate:
                 host_budget_bytes=self.host_budget,
                 host_parts={k: int(v) for k, v in self.host_parts.items()},
             )
+        if self.transfer:
+            out["transfer"] = dict(self.transfer)
         return out
 
 
@@ -359,14 +370,24 @@ def basis_storage(
 ) -> tuple[torch.device, torch.dtype, bool]:
     """``(device, dtype, on_host)`` where an estimator keeps a large basis: the operator's device
     and the vectors' dtype by default; ``basis_device="cpu"`` keeps it in host RAM when the
-    operator is on a GPU (counted against the host budget); ``basis_dtype`` (e.g. bfloat16) stores
-    it in lower precision (arithmetic still in float32)."""
-    op_dev = torch.device(op_device)
-    dev = op_dev if basis_device is None else torch.device(basis_device)
+    operator is on a GPU (counted against the host budget); ``basis_device="disk"`` on local disk,
+    memory-mapped (:mod:`losslens.geometry.base.state_store`; counted against the free disk space,
+    ``device`` is then the string ``"disk"``); ``basis_dtype`` (e.g. bfloat16) stores it in lower
+    precision (arithmetic still in float32)."""
     if basis_dtype is not None and basis_dtype not in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
         raise MemoryBudgetError(f"basis_dtype must be a floating dtype, got {basis_dtype}")
+    if basis_device == DISK:
+        return DISK, basis_dtype or vector_dtype, True  # type: ignore[return-value]
+    op_dev = torch.device(op_device)
+    dev = op_dev if basis_device is None else torch.device(basis_device)
     same = dev.type == op_dev.type and (dev.index or 0) == (op_dev.index or 0)
     return (op_dev if same else dev), basis_dtype or vector_dtype, not same
+
+
+def state_budget(where: Any) -> int:
+    """The budget of state kept off the device at ``where``: the free space of the state directory for
+    ``"disk"``, else :func:`default_budget` of the host's RAM."""
+    return disk_free_bytes() if where == DISK else default_budget("cpu")
 
 
 def with_basis(parts: dict[str, int], name: str, nbytes: int, on_host: bool) -> tuple[dict[str, int], dict[str, int]]:

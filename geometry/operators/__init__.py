@@ -1,4 +1,5 @@
-"""losslens.geometry.operators: curvature operators; imports ``losslens.geometry.base`` and ``losslens.geometry.memory``.
+"""losslens.geometry.operators: curvature operators; imports ``losslens.geometry.base`` and
+``losslens.geometry.memory``.
 
 - ``interface``: :class:`CurvatureOperator` (``matvec``, batched ``matmat``, scipy ``LinearOperator``)
   and :class:`OperatorError`;
@@ -18,7 +19,9 @@
 - ``fingerprint``: when kept gradient graphs are still valid (identity, version, content checksum);
 - ``derivatives``: true derivatives (``padding_idx`` cleared) and the dead-row check;
 - ``attention``: attention in the MATH SDPA kernel for second-order passes;
-- ``linear_ce``: the lean linear + softmax cross-entropy head (closed-form derivatives).
+- ``linear_ce``: the lean linear + softmax cross-entropy head (closed-form derivatives);
+- ``guarantees``: what an operator says before its first product leaves (``ProductErrorWarning`` over
+  its tolerance, ``ZeroEmbeddingWarning`` for zero-embedding tokens its loss counts).
 
 This ``__init__`` imports nothing: import the module you need, or the public names from ``geometry``.
 """

@@ -28,6 +28,13 @@ class AutoBackend:
     """
 
     name = "auto"
+    #: the flags of :class:`~losslens.geometry.operators.backend.ProductBackend`, before the choice: neither
+    #: backend it may choose is known to be exact, to hold graphs, to take the lean head or to run sharded
+    exact = False
+    keeps_graphs = False
+    lean_head = False
+    shardable = False
+    summary = f"{ReverseBackend.name} when its pass fits --max-memory, else {DifferenceBackend.name}"
 
     def __init__(self, difference: DifferenceBackend | None = None, tolerance: float = DEFAULT_TOLERANCE):
         self.difference = difference or DifferenceBackend()
@@ -83,9 +90,9 @@ class AutoBackend:
         if err is None or not err <= self.tolerance:
             measured = "could not be measured (no exact product on the check slice)" if err is None else f"is {err:.2g}"
             raise OperatorError(
-                f"backend='auto': {why_not} and the difference backend's error {measured}, above "
+                f"backend={self.name!r}: {why_not} and the difference backend's error {measured}, above "
                 f"difference_tolerance={self.tolerance:g}; raise max_memory, loosen the tolerance or "
-                "pass backend='difference'"
+                f"pass backend={self.difference.name!r}"
             )
         return (
             self.difference,

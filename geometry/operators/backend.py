@@ -137,7 +137,8 @@ class ProductBackend(abc.ABC):
     several operators.
     """
 
-    #: the name :func:`~losslens.geometry.operators.names.backend_named` knows it by; recorded in results (``"backend"``)
+    #: the name :func:`~losslens.geometry.operators.names.backend_named` knows it by; recorded in results
+    # (``"backend"``)
     name: ClassVar[str]
     #: products are exact up to rounding (no measured error needed)
     exact: ClassVar[bool] = True
@@ -145,6 +146,13 @@ class ProductBackend(abc.ABC):
     second_order: ClassVar[bool] = True
     #: keeps gradient graphs between calls when ``cache_graphs`` is on
     keeps_graphs: ClassVar[bool] = False
+    #: may differentiate the lean closed-form LM head (:func:`losslens.lm.core.lm_head.lm_loss_lean`), whose
+    #: second derivative has a reverse-mode rule only
+    lean_head: ClassVar[bool] = False
+    #: runs on FSDP2-sharded parameters (first-order gradients only: no double backward there)
+    shardable: ClassVar[bool] = False
+    #: what it is, in a few words (the CLI's ``--backend`` help)
+    summary: ClassVar[str] = ""
 
     def attention(self, model: nn.Module) -> ContextManager:
         """The attention context of a product (default: SDPA's twice-differentiable MATH kernel)."""

@@ -25,7 +25,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager, Iterator
+from typing import Any, ContextManager, Iterator
 
 import torch
 from torch import nn
@@ -36,7 +36,7 @@ from losslens.geometry.operators.derivatives import true_derivatives
 from losslens.geometry.operators.interface import OperatorError
 from losslens.geometry.operators.precision import computed_in
 
-__all__ = ["product_call", "current_parameters"]
+__all__ = ["product_call", "current_parameters", "batch_items"]
 
 
 def current_parameters(model: nn.Module, space: ParamSpace) -> dict[str, torch.Tensor]:
@@ -79,3 +79,17 @@ def product_call(
         for p, g in grads:
             if p.grad is not g:
                 p.grad = g
+
+
+def batch_items(op: Any, desc: str) -> Iterator[tuple[int, tuple[float, Any]]]:
+    """``(index, (weight, batch))`` of every batch of ``op`` with a positive weight (a tqdm bar on rank 0
+    with ``op.progress``)."""
+    pairs = list(zip(op.weights, op.batches))
+    items: Any = enumerate(pairs)
+    if op.progress and (op.parallel is None or op.parallel.rank == 0):
+        from tqdm.auto import tqdm
+
+        items = tqdm(items, total=len(pairs), desc=desc, leave=False)
+    for i, (w, batch) in items:
+        if w > 0:
+            yield i, (w, batch)

@@ -60,7 +60,8 @@ xIELU's clamp window is closed as well (:func:`~losslens.geometry.operators.smoo
 Eigenvalues. The vectors an eigen solver converges to are concentrated (participation ratio
 k/n ≈ 0.005–0.03 against 1/3 for a Gaussian vector) and their products are truncation-dominated:
 the Ritz vectors of a float32 difference Lanczos are within 1e-6 of the exact eigenvectors' Rayleigh
-quotients, but the Ritz values were up to 9.6e-3 off (c = 0.1). So :func:`~losslens.geometry.estimators.eigen.top_eigenvalues`
+quotients, but the Ritz values were up to 9.6e-3 off (c = 0.1). So
+:func:`~losslens.geometry.estimators.eigen.top_eigenvalues`
 returns the Rayleigh quotients ``vᵀHv`` of its Ritz vectors measured with Richardson's stencil at
 half the central step (:meth:`DifferenceBackend.refined`; O(ε⁴) truncation, 3× the central rounding,
 which λ's size makes small): within 1.8e-4 on the tiny families (benchmarks/README.md, "Step constant").
@@ -296,6 +297,8 @@ class DifferenceBackend(ProductBackend):
     name = "difference"
     exact = False
     second_order = False
+    shardable = True
+    summary = "gradient differences, first order only; error measured and recorded"
 
     def __init__(
         self, difference_step: float | None = None, richardson: bool = False, check_batches: Sequence[Any] | None = None

@@ -88,6 +88,7 @@ class ForwardBackend(ProductBackend):
     :func:`~losslens.geometry.memory.graphs.forward_pass_bytes`."""
 
     name = "forward"
+    summary = "exact"
 
     def products(
         self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]

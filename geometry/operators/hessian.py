@@ -47,18 +47,19 @@ from losslens.geometry.base.batches import normalise_batch_weights
 from losslens.geometry.base.params import ParamGlobs, ParamSpace, select_parameters
 from losslens.geometry.operators.auto import AutoBackend
 from losslens.geometry.operators.backend import ProductBackend
-from losslens.geometry.operators.names import backend_named
+from losslens.geometry.operators.names import DEFAULT_BACKEND, backend_named
 from losslens.geometry.operators.precision import cast_inputs, compute_copy_bytes, compute_dtype_for
 from losslens.geometry.operators.param_dicts import ParamDictProducts
 from losslens.geometry.operators.data_parallel import DataParallel, join_data_parallel
-from losslens.geometry.operators.call import product_call
+from losslens.geometry.operators.call import batch_items, product_call
 from losslens.geometry.operators.difference import DEFAULT_TOLERANCE
 from losslens.geometry.operators.first_order import loss_and_gradient
+from losslens.geometry.operators.guarantees import before_products, warn_product_error
 from losslens.geometry.operators.interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
 from losslens.geometry.operators.reverse import GraphCache, ReverseBackend, check_loss, graph_bytes
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
-Backend = Literal["reverse", "forward", "difference", "auto"]
+Backend = str  # a name of losslens.geometry.operators.names.BACKEND_NAMES
 
 #: Default bound on k per pass for the vmapped passes (vectorized reverse, forward). A vmapped
 #: pass holds ~k copies of the backward's intermediates, so memory grows linearly with the chunk.
@@ -92,8 +93,8 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
             it fits their memory budget (:meth:`configured`).
         difference_step, richardson, check_batches, difference_tolerance: the difference backend's
             step h, 4-gradient Richardson stencil, error-check batches (default: a one-row copy of
-            the first batch) and the error above which ``"auto"`` refuses it (:mod:`.difference`); read
-            when ``backend`` is a name.
+            the first batch) and the error above which ``"auto"`` refuses it (:mod:`.difference`; read
+            when ``backend`` is a name) and a measured error warns (``error_tolerance``, below).
         compute_dtype: the dtype the products run in (:mod:`losslens.geometry.operators.precision`): None
             (default) float32 for float16/bfloat16 weights, the weights' dtype otherwise; a dtype
             or ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"``. The weights stay stored
@@ -116,8 +117,13 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
     is paid once per batch overall when graphs are cached); forward ≈ B · k · ≈4. Memory:
     :meth:`pass_bytes`. Measurements: benchmarks/README.md ("HVP throughput", "Solver steps").
 
+    Never silent (:mod:`~losslens.geometry.operators.guarantees`): an inexact backend's error is measured before
+    the first product; over ``error_tolerance`` it warns once (``ProductErrorWarning``); so do zero-embedding tokens.
+
     Attributes:
         space: the :class:`ParamSpace` fixing names, shapes and flat order of the parameters.
+        error_tolerance: measured relative product error above which the operator warns
+            (``difference_tolerance``; :func:`losslens.lm.models.curvature.lm_hessian` sets the CLI's).
         weights: normalised batch weights (tuple of floats).
         num_matvecs: number of Hessian-vector products computed so far.
         num_graph_builds: number of per-batch gradient graphs built so far.
@@ -130,7 +136,7 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         batches: Sequence[Any],
         params: ParamGlobs = None,
         weights: Sequence[float] | None = None,
-        backend: Backend | ProductBackend | AutoBackend = "reverse",
+        backend: Backend | ProductBackend | AutoBackend = DEFAULT_BACKEND,
         chunk_size: int | None = None,
         progress: bool = False,
         vectorize: bool | Literal["auto"] = "auto",
@@ -186,12 +192,15 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         if parallel:
             self.parallel = join_data_parallel(self, data_parallel, weights)
         self.hvp_check: dict | None = None
+        self.error_tolerance = float(difference_tolerance)
+        self.verify_products = True  # False: the caller measures the error (the error check's own operators)
         self.num_gradients = 0
         self.backend_choice: dict | None = None
         if isinstance(chosen, AutoBackend):
             if self.parallel is not None:  # each rank would measure its own check slice and could choose differently
                 raise OperatorError(
-                    "backend='auto' is not available with data_parallel: pass backend='reverse' or 'difference'"
+                    f"backend={chosen.name!r} is not available with data_parallel: pass "
+                    f"backend={ReverseBackend.name!r} or {chosen.difference.name!r}"
                 )
             self.product_backend, self.backend_choice, self.hvp_check = chosen.choose(self)
 
@@ -298,12 +307,14 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         (:meth:`~losslens.geometry.operators.backend.ProductBackend.check`); None for exact backends."""
         if self.hvp_check is None:
             self.hvp_check = self.product_backend.check(self)
+        warn_product_error(self)  # a ProductErrorWarning, once, when over error_tolerance
         return self.hvp_check
 
     def sibling(self, batches: Sequence[Any], backend: Any) -> "HessianOperator":
         """An operator of the same model, loss and parameter selection on other ``batches`` with
-        ``backend`` (a name or object): the error checks' operators (default budget, no transients)."""
-        return HessianOperator(
+        ``backend`` (a name or object): the error checks' operators (default budget, no transients;
+        ``verify_products`` off: their error is what the check measures)."""
+        op = HessianOperator(
             self.model,
             self.loss_fn,
             batches,
@@ -311,6 +322,8 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
             backend=backend,
             compute_dtype=self.compute_dtype,
         )
+        op.verify_products = False
+        return op
 
     def release_graphs(self) -> None:
         """Free the gradient graphs kept between calls."""
@@ -328,17 +341,8 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
 
     # ------------------------------------------------------------------ internals
     def batch_items(self, desc: str) -> Iterator[tuple[int, tuple[float, Any]]]:
-        """``(index, (weight, batch))`` of every batch with a positive weight (a tqdm bar on rank 0
-        with ``progress``)."""
-        pairs = list(zip(self.weights, self.batches))
-        items: Any = enumerate(pairs)
-        if self.progress and (self.parallel is None or self.parallel.rank == 0):
-            from tqdm.auto import tqdm
-
-            items = tqdm(items, total=len(pairs), desc=desc, leave=False)
-        for i, (w, batch) in items:
-            if w > 0:
-                yield i, (w, batch)
+        """:func:`~losslens.geometry.operators.call.batch_items` of this operator."""
+        return batch_items(self, desc)
 
     def call_context(self, backend: ProductBackend | None = None) -> ContextManager[dict[str, torch.Tensor]]:
         """:func:`~losslens.geometry.operators.call.product_call` of this operator (yields the selected
@@ -373,6 +377,7 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         ``outs``) are all-reduced, after every rank reported success."""
 
         def local() -> None:
+            before_products(self)  # the zero-embedding check and an inexact backend's error, once
             with self.call_context() as params:
                 self.product_backend.products(self, params, vs, outs)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -68,10 +68,13 @@ class CurvatureOperator(abc.ABC):
 
     space: ParamSpace | None = None
     #: where this rank's columns sit in the global vector when vectors are sharded over ranks: a
-    #: ``losslens.geometry.base._linalg.ShardLayout`` (:class:`~losslens.geometry.operators.sharded.ShardedHessianOperator`);
+    #: ``losslens.geometry.base._linalg.ShardLayout``
+    # (:class:`~losslens.geometry.operators.sharded.ShardedHessianOperator`);
     #: None: whole vectors
     layout = None
     num_matvecs: int = 0
+    #: called with k after every product of k vectors (a progress display's ``update``; None: nothing)
+    on_products: Callable[[int], Any] | None = None
     #: default memory budget of estimators on this operator (None: losslens.geometry.memory.model.default_budget)
     max_memory: int | str | None = None
 
@@ -140,6 +143,8 @@ class CurvatureOperator(abc.ABC):
             raise OperatorError(f"vectors have length {V.shape[1]}, the operator has dim {self.dim}")
         out = self._matmat_flat(V.to(device=self.device, dtype=self.dtype))
         self.num_matvecs += V.shape[0]
+        if self.on_products is not None:
+            self.on_products(V.shape[0])
         if not is_finite(out):
             raise OperatorError("the operator returned NaN/Inf; check the loss and the model's weights")
         return out

@@ -5,9 +5,11 @@ in 16-bit arithmetic is off by percents (bfloat16 gradient differences: 35–39%
 Qwen2 / Mistral shapes; the exact reverse backend in bfloat16: 2%; issue #35). So by default the
 curvature of a half-precision model is computed in **float32 arithmetic**: for each product call
 every floating parameter and buffer stored in another dtype holds a float32 copy (``.data``
-swapped), and the stored half tensors come back after the call untouched — they are never written,
-so they stay the exact restore source. The Hessian is then that of the loss of the same half
-weights (a bfloat16 number converts to float32 exactly), computed in float32.
+swapped; rotary tables such as ``inv_freq`` recomputed from their definition in float32:
+:mod:`losslens.geometry.operators.rotary`), and the stored half tensors come back after the call
+untouched — they are never written, so they stay the exact restore source. The Hessian is then
+that of the loss of the same half weights (a bfloat16 number converts to float32 exactly), computed
+in float32.
 
 ``compute_dtype="bfloat16"`` (or ``float16``) keeps half-precision arithmetic as an explicit
 choice for speed or memory; its measured error is recorded and shown. ``float64`` is for
@@ -31,6 +33,7 @@ import torch
 from torch import nn
 
 from losslens.geometry.operators.interface import OperatorError
+from losslens.geometry.operators.rotary import rotary_tables
 
 __all__ = ["COMPUTE_DTYPES", "HALF_DTYPES", "compute_dtype_for", "compute_copy_bytes", "computed_in", "cast_inputs"]
 
@@ -97,15 +100,19 @@ def compute_copy_bytes(model: nn.Module, dtype: torch.dtype) -> int:
 @contextlib.contextmanager
 def computed_in(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
     """Within the block every floating parameter and buffer of ``model`` stored in another dtype holds
-    a ``dtype`` copy (``.data`` swapped; the Parameter objects stay the same); the stored tensors are
-    put back afterwards, never written; the copies are freed."""
+    a ``dtype`` copy (``.data`` swapped; the Parameter objects stay the same), and every rotary table
+    of a known rotary embedding holds its definition recomputed in ``dtype``
+    (:func:`~losslens.geometry.operators.rotary.rotary_tables`: a bfloat16-rounded ``inv_freq`` would
+    otherwise put attention on bf16-rounded positions; float32 and float64 only); the stored tensors
+    are put back afterwards, never written; the copies are freed."""
     swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
+    tables = rotary_tables(model, dtype)
     try:
         for _module, _name, t, _is_param in _tensors(model):
-            if t.dtype == dtype:
+            if t.dtype == dtype and id(t) not in tables:
                 continue
             stored = t.data
-            t.data = stored.to(dtype)
+            t.data = tables[id(t)] if id(t) in tables else stored.to(dtype)
             swapped.append((t, stored))
         yield
     finally:

@@ -125,6 +125,8 @@ class ReverseBackend(ProductBackend):
 
     name = "reverse"
     keeps_graphs = True
+    lean_head = True
+    summary = "exact"
 
     def products(
         self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]

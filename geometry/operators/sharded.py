@@ -8,18 +8,20 @@ for a model whose parameters were sharded with ``torch.distributed.fsdp.fully_sh
 ``DTensor`` parameters, ``Shard(0)``). Nothing is ever gathered whole: every vector, the estimators'
 state and the master copy of θ hold this rank's shards only (1/N of the elements).
 
-The product is the gradient-difference backend (:mod:`losslens.geometry.operators.difference`): the local
-shards are set to ``θ_master ± ε·v`` in place, every rank runs ``loss.backward()`` on its own batch,
-FSDP2 all-gathers the layers for the forward and reduce-scatters the gradient into each rank's
-``.grad`` shard, which is read and differenced. The step ε follows the same rule as the unsharded
-backend with *global* ‖θ‖, ‖v‖₂, ‖v‖₄ and n (all-reduced), so the sharded product equals the unsharded
-difference product up to the order of floating-point summation.
+The product is the gradient-difference backend (:mod:`losslens.geometry.operators.difference`), its loop
+for shards in :mod:`losslens.geometry.operators.sharded_products`: the local shards are set to
+``θ_master ± ε·v`` in place, every rank runs ``loss.backward()`` on its own batch, FSDP2 all-gathers
+the layers for the forward and reduce-scatters each unit's gradient, which a hook adds straight into
+the output vector (no ``.grad`` shards are kept); the master copy of θ is kept in the narrowest dtype
+that holds it exactly (bfloat16 for a float32 cast of a bfloat16 checkpoint). The step ε follows the
+same rule as the unsharded backend with *global* ‖θ‖, ‖v‖₂, ‖v‖₄ and n (all-reduced), so the sharded
+product equals the unsharded difference product up to the order of floating-point summation.
 
 Batches and weights. FSDP2 averages gradients uniformly over the ranks, while the operator weights
 batches by their loss terms (``loss_fn.batch_weight``, e.g. the predicted tokens of ``lm_loss``; rows
-for a loss without it: :mod:`losslens.geometry.base.batches`): each rank scales its loss by ``w_b · N``, so the reduce-scatter's
-mean is ``Σ_r Σ_b w_b ∇L_b`` whatever the split. Every backward is a collective, so the ranks run
-the same number of rounds: a rank with fewer batches runs zero-weighted passes of its first batch
+for a loss without it: :mod:`losslens.geometry.base.batches`): each rank scales its loss by ``w_b · N``,
+so the reduce-scatter's mean is ``Σ_r Σ_b w_b ∇L_b`` whatever the split. Every backward is a collective, so the ranks
+run the same number of rounds: a rank with fewer batches runs zero-weighted passes of its first batch
 (the cost of an uneven split).
 
 Vectors. Rows are ``[k, dim]`` with ``dim`` the largest local shard size over the ranks (the same on
@@ -30,10 +32,13 @@ over the ranks, random probes are this rank's columns of the global stream. Esti
 sharded operators (Hutchinson, Hutch++, power iteration, Lanczos) run unchanged; the others refuse
 in one line.
 
-Memory per rank (:meth:`pass_bytes`): the master copy of the local shards (in the parameters' dtype), the
-``.grad`` shards, and one sharded gradient pass of the largest batch measured once at one and two
-rows (the all-gathered parameters of the live FSDP units, activations, reduce-scatter buffers),
-extrapolated linearly in the rows. Cost per product: (2 or 4 with Richardson) × rounds gradients.
+Memory per rank (:meth:`pass_bytes`, issue #48): the master copy of the local shards (in its narrowest
+exact dtype, plus one cast of the largest local tensor to the vectors' dtype), and one sharded
+gradient pass of the largest batch measured once at one and two rows with the gradients going
+where the products put them (the all-gathered parameters of the live FSDP units, activations, one
+unit's reduce-scatter output), extrapolated linearly in the rows. Solver state that does not fit
+(a Lanczos basis, a Hutch++ sketch) goes to host RAM or local disk (``basis_device``), planned by the
+memory model. Cost per product: (2 or 4 with Richardson) × rounds gradients.
 """
 
 from __future__ import annotations
@@ -48,13 +53,15 @@ from torch import nn
 from losslens.geometry.base._linalg import ShardLayout
 from losslens.geometry.base.batches import raw_batch_weights
 from losslens.geometry.base.modes import module_modes
-from losslens.geometry.memory.graphs import first_rows, itemsize, one_row, peak_new_bytes
+from losslens.geometry.memory.graphs import first_rows, one_row, peak_new_bytes
 from losslens.geometry.operators.backend import ReducedVectors
 from losslens.geometry.operators.derivatives import true_derivatives
 from losslens.geometry.operators.branches import FrozenBranches
-from losslens.geometry.operators.difference import DifferenceBackend, difference_products
+from losslens.geometry.operators.difference import DifferenceBackend
+from losslens.geometry.operators.guarantees import warn_product_error
 from losslens.geometry.operators.interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
 from losslens.geometry.operators.precision import compute_dtype_for
+from losslens.geometry.operators.sharded_products import master_bytes, master_dtypes, sharded_difference_products
 from losslens.geometry.operators.data_parallel import DataParallel, global_batch_weights
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -102,6 +109,8 @@ class ShardedHessianOperator(CurvatureOperator):
             refuses half-precision ones (shard a float32 copy:
             ``losslens.lm.models.sharding.shard_model(model, compute_dtype=torch.float32)``, or pass
             ``compute_dtype="bfloat16"`` to keep half arithmetic, its error measured elsewhere).
+        master_device: ``"cpu"`` keeps the copy of θ that restores it in host RAM (pinned on a GPU),
+            not on the device: its bytes leave :meth:`pass_bytes`; each perturbation moves it in.
 
     Attributes: ``dim`` (padded local length, the same on every rank), ``local_dim`` (this rank's
     elements), ``global_dim``, ``layout``, ``parallel`` (the mesh's group), ``rounds``.
@@ -118,6 +127,7 @@ class ShardedHessianOperator(CurvatureOperator):
         richardson: bool = False,
         progress: bool = False,
         compute_dtype: Any = None,
+        master_device: Any = None,
     ):
         if not isinstance(model, nn.Module):
             raise OperatorError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -163,6 +173,8 @@ class ShardedHessianOperator(CurvatureOperator):
             self.max_memory = self.parallel.min_int(default_budget(self._device), self._device)
         self.product_backend = DifferenceBackend(difference_step, richardson)
         self.progress = progress
+        self.master_device = master_device
+        self._master_on_host = master_device is not None and torch.device(master_device) != self._device
         self.num_matvecs = 0
         self.num_gradients = 0
         self.backend_choice, self.hvp_check = None, None
@@ -252,7 +264,7 @@ class ShardedHessianOperator(CurvatureOperator):
         out = torch.zeros_like(V)
         vs, outs = self._views(V), self._views(out)
         space = ReducedVectors(lambda values: self.parallel.sum_floats(values, self._device), self.global_dim)
-        items = [(i, 1.0, i) for i in range(self.rounds)]  # the weight is folded into the loss: FSDP2 averages
+        rounds = [(i, i) for i in range(self.rounds)]  # the weight is folded into the loss: FSDP2 averages
 
         def loss_of(_batch: Any, i: int) -> torch.Tensor:
             scale, batch = self._round(i)
@@ -264,21 +276,21 @@ class ShardedHessianOperator(CurvatureOperator):
         def local() -> None:
             branches = FrozenBranches(self.model)
             with self._call_context(), branches.active():
-                replay = branches.record_all(items, loss_of)  # piecewise activations' branches at θ
+                replay = branches.record_all([(i, 1.0, b) for i, b in rounds], loss_of)  # branches at θ
                 if replay is not None:
                     _reshard(self.model)  # a forward without backward leaves the root's gathered θ in place
-                self.num_gradients += difference_products(
+                self.num_gradients += sharded_difference_products(
                     list(self.params.values()),
-                    items,
+                    self.locals,
+                    rounds,
                     loss_of,
                     vs,
                     outs,
                     self.product_backend.step(self),
                     self.richardson,
                     space,
-                    tensors=self.locals,
-                    grad_of=lambda g: g.to_local(),
                     replay=replay,
+                    master_device=self.master_device,
                 )
 
         # a rank that raises mid-product would leave the others in a collective: the backward passes
@@ -294,6 +306,7 @@ class ShardedHessianOperator(CurvatureOperator):
         would need the whole model on one rank): measure it with ``backend="difference"`` in one process on the
         same checkpoint, or on a miniature (:func:`losslens.lm.models.miniature.miniature_bound`)."""
         if self.hvp_check is not None:  # measured elsewhere (e.g. on the unsharded architecture)
+            warn_product_error(self)  # a ProductErrorWarning, once, over error_tolerance
             return self.hvp_check
         return {
             "backend": self.backend,
@@ -311,36 +324,47 @@ class ShardedHessianOperator(CurvatureOperator):
 
         def run() -> None:
             with self._call_context():
-                for p in self.params.values():
-                    p.grad = None
-                self.loss_fn(self.model, sliced).backward()
-                for p in self.params.values():
-                    p.grad = None
+                handles = [p.register_post_accumulate_grad_hook(_drop_grad) for p in self.params.values()]
+                try:
+                    for p in self.params.values():
+                        p.grad = None
+                    self.loss_fn(self.model, sliced).backward()  # gradients dropped as the products add them
+                finally:
+                    for handle in handles:
+                        handle.remove()
+                    for p in self.params.values():
+                        p.grad = None
 
         _, peak = peak_new_bytes(run)
         return self.parallel.max_int(int(peak), self._device)
 
     def pass_bytes(self, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         """Predicted peak bytes of one product on this rank beyond its ``[k, dim]`` input and output:
-        the master copy of the local shards (parameters' dtype; plus one float32 cast of the largest
-        local tensor for half precision), one sharded gradient pass of the
-        largest batch (measured at one and two rows of the first batch — all-gathered units,
-        activations, ``.grad`` shards, reduce-scatter buffers — and extrapolated in the rows), the
-        same over every rank (collective: every rank calls it). Cost, once: 3 small gradients."""
+        the master copy of the local shards in its narrowest exact dtype, plus one cast of the largest
+        local tensor to the vectors' dtype when that is narrower
+        (:func:`~losslens.geometry.operators.sharded_products.master_bytes`), and one sharded gradient
+        pass of the largest batch (measured at one and two rows of the first batch, gradients
+        dropped as they are reduce-scattered: all-gathered units, activations, one unit's
+        reduce-scatter output; extrapolated in the rows), the same over every rank (collective:
+        every rank calls it). Cost, once: 3 small gradients; per call one cast-and-compare of θ.
+        """
         if self._pass_fit is None:
             self._measure_pass(1)  # the first pass allocates FSDP's lasting buffers: not part of a product
             one, two = self._measure_pass(1), self._measure_pass(2)
             self._pass_fit = (float(2 * one - two), float(max(0, two - one)))
         fixed, per_row = self._pass_fit
         rows = max(one_row(b)[0] for b in self.batches)
-        master = self.local_dim * itemsize(self._param_dtype)
-        if self.dtype != self._param_dtype:  # θ_master + s·ε·v is formed in float32, one tensor at a time
-            master += max(t.numel() for t in self.locals) * itemsize(self.dtype)
+        master = master_bytes(self.locals, master_dtypes(self.locals), self.dtype, self._master_on_host)
         need = int(master + max(fixed, 0.0) + per_row * rows)
         return self.parallel.max_int(need, self._device)
 
 
 __all__ = ["ShardedHessianOperator", "sharded_parameters"]
+
+
+def _drop_grad(p: Any) -> None:
+    """A post-accumulate-grad hook: the gradient is not kept (as the products consume it)."""
+    p.grad = None
 
 
 def _reshard(model: nn.Module) -> None:

@@ -1,4 +1,5 @@
-"""losslens.geometry.surfaces: loss surfaces; imports ``losslens.geometry.base`` and ``losslens.geometry.memory``, no operator
+"""losslens.geometry.surfaces: loss surfaces; imports ``losslens.geometry.base`` and ``losslens.geometry.memory``, no
+operator
 and no estimator.
 
 - ``planes``: the :class:`Plane` / :class:`Line` data, their memory plan and orthonormality check;

@@ -1,6 +1,7 @@
 """Planes and lines through given points of parameter space (docs/science.md §5); the data they
 return (:class:`~losslens.geometry.surfaces.planes.Plane`, :class:`~losslens.geometry.surfaces.planes.Line`) and their
-memory plan (:func:`~losslens.geometry.surfaces.planes.estimate_memory`) are in :mod:`losslens.geometry.surfaces.planes`.
+memory plan (:func:`~losslens.geometry.surfaces.planes.estimate_memory`) are in
+:mod:`losslens.geometry.surfaces.planes`.
 
 - :func:`plane_through_points` -- the *quantization plane* through A = Θ_K, B = Θ_{K−1},
   C = Θ̂_K: u = B − A, v = C − A over the flattened vector of all floating-point keys,

@@ -65,6 +65,7 @@ from losslens.geometry.surfaces.moving import (
     planned_forward_bytes,
 )
 from losslens.geometry.base.params import ParamGlobs
+from losslens.geometry.base.progress import ProgressArg
 from losslens.geometry.surfaces.planes import Line, Plane
 from losslens.geometry.surfaces.resume import load_rows, save_rows, surface_fingerprint
 
@@ -203,7 +204,7 @@ def evaluate_surface(
     grid: GridSpec | int | tuple = 21,
     params: ParamGlobs = None,
     points: Mapping[str, tuple[float, float]] | None = None,
-    progress: bool = False,
+    progress: ProgressArg = False,
     checkpoint_path: str | os.PathLike | None = None,
     weights: Sequence[float] | None = None,
     points_per_forward: int = 1,
@@ -224,7 +225,9 @@ def evaluate_surface(
     points : extra marked points ``{label: (x, y)}`` evaluated directly, in addition to the plane's
         marked points (``plane.coords``: A, B, C). Their losses equal direct evaluation of the
         model at those weights to float rounding of origin + x·e₁ + y·e₂.
-    progress : tqdm progress bar over the points.
+    progress : the points done / planned with an ETA on stderr (True; a live bar on a terminal, plain
+        lines in a pipe), or a :class:`~losslens.geometry.base.progress.Progress` / ``callable(n)``
+        (:func:`losslens.geometry.base.progress.progress_bar`).
     checkpoint_path : ``.npz`` file to which finished rows are written; a rerun resumes there.
     weights : per-batch weights of the mean, normalised (default: ``loss_fn.batch_weight(batch)``
         when the loss carries it -- the predicted tokens of :func:`losslens.lm.core.next_token_loss.lm_loss`, so the
@@ -233,7 +236,8 @@ def evaluate_surface(
     merge_batches : ``True`` concatenates all batches (``k``: groups of k) along dim 0 into one
         forward per grid node -- fewer, larger forwards (faster on CPU for small batches; measured in
         ``benchmarks/README.md``).
-        Valid only when ``loss_fn`` is a mean over the rows of a batch (as :func:`losslens.lm.core.next_token_loss.lm_loss`
+        Valid only when ``loss_fn`` is a mean over the rows of a batch (as
+        :func:`losslens.lm.core.next_token_loss.lm_loss`
         with equal sequence lengths) and ``weights`` is None; the grid values then differ from
         batch-by-batch evaluation by float rounding only (~1e-7 relative). The marked points are
         always evaluated batch by batch, exactly as a direct evaluation would.
@@ -288,11 +292,11 @@ def evaluate_surface(
         loss, done = np.full((ny, nx), np.nan), np.zeros(ny, dtype=bool)
     resumed_rows = int(done.sum())
 
-    from tqdm.auto import tqdm
+    from losslens.geometry.base.progress import progress_bar
 
     t0 = time.perf_counter()
     todo = int((~done).sum()) * nx + len(marked)
-    bar = tqdm(total=todo, desc="surface", disable=not progress, unit="pt")
+    bar = progress_bar(progress, todo, what="loss surface", unit="point")
     point_losses: dict[str, tuple[float, float, float]] = {}
     n_eval = 0
     try:

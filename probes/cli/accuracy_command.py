@@ -10,19 +10,43 @@ for a task without ``acc``); ``acc_norm`` is printed beside it.
 shipped with losslens) or ``seed-12`` (the seeds' twelve tasks, 5-shot; MMLU counts as one task).
 Offline (``HF_DATASETS_OFFLINE=1``) a task whose data is not cached is reported on one line with
 how to cache it, and the other tasks still run (exit status 1 then). GPTQ/AWQ specs are calibrated on
-:func:`losslens.lm.data.default_token_sets`'s calibration set.
+:func:`losslens.lm.data.default_token_sets`'s calibration set. The work is
+:func:`losslens.measure.accuracy.checkpoint_accuracy.checkpoint_accuracy` (``losslens.accuracy`` from
+Python: the records ``--json`` prints).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated
 
 import typer
 
-from losslens.cli.option_parsing import option_of
 from losslens.cli.option_groups import CHECKPOINT_HELP, CheckpointOptions
+from losslens.cli.option_parsing import cli, flags, option_of
+from losslens.lm.shared_settings import SettingsError
+from losslens.measure.accuracy.checkpoint_accuracy import AccuracySettings
+
+flags(
+    AccuracySettings,
+    tasks=typer.Option(
+        "--tasks",
+        "-t",
+        help="task names, YAML paths/folders, 'embedded', 'seed-12' (repeatable or comma-separated)",
+    ),
+    spec=typer.Option("--spec", "-s", help="quantizer spec, repeatable (rtn:4:g128, gptq:4, ...)"),
+    limit=typer.Option("--limit", min=1, help="a seeded random subsample of N items per task"),
+    num_fewshot=typer.Option(
+        "--num-fewshot", min=0, help="few-shot examples (default: the preset's or the task's own; seed-12: 5)"
+    ),
+    seed=typer.Option("--seed", help="seed of the subsample and of the bootstrap"),
+    n_boot=typer.Option("--n-boot", min=0, help="paired bootstrap resamples for the Δacc intervals"),
+    batch_size=typer.Option("--batch-size", min=1, help="sequences per forward pass"),
+    device=typer.Option("--device", help="torch device (default: cpu)"),
+    allow_pickle=typer.Option("--allow-pickle", help="load a .bin/.pt checkpoint that needs full pickle"),
+    label=option_of(CheckpointOptions, "label"),
+    cache_dir=option_of(CheckpointOptions, "cache_dir"),
+)
 
 
 def _fmt(v, pct=False):
@@ -34,118 +58,23 @@ def _fmt(v, pct=False):
 def accuracy(
     checkpoint: Annotated[str, typer.Argument(help=CHECKPOINT_HELP)],
     *,
-    tasks: Annotated[
-        List[str],
-        typer.Option(
-            "--tasks",
-            "-t",
-            help="task names, YAML paths/folders, 'embedded', 'seed-12' (repeatable or comma-separated)",
-        ),
-    ] = ["embedded"],
-    spec: Annotated[
-        Optional[List[str]], typer.Option("--spec", "-s", help="quantizer spec, repeatable (rtn:4:g128, gptq:4, ...)")
-    ] = None,
-    limit: Annotated[
-        Optional[int], typer.Option("--limit", min=1, help="a seeded random subsample of N items per task")
-    ] = None,
-    num_fewshot: Annotated[
-        Optional[int],
-        typer.Option(
-            "--num-fewshot", min=0, help="few-shot examples (default: the preset's or the task's own; seed-12: 5)"
-        ),
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="seed of the subsample and of the bootstrap")] = 0,
-    n_boot: Annotated[
-        int, typer.Option("--n-boot", min=0, help="paired bootstrap resamples for the Δacc intervals")
-    ] = 2000,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="sequences per forward pass")] = 32,
-    device: Annotated[Optional[str], typer.Option("--device", help="torch device (default: cpu)")] = None,
+    settings: AccuracySettings = AccuracySettings(),
     json_out: Annotated[
         bool, typer.Option("--json", help="print one JSON record per (variant, task) and mean")
     ] = False,
-    allow_pickle: Annotated[
-        bool, typer.Option("--allow-pickle", help="load a .bin/.pt checkpoint that needs full pickle")
-    ] = False,
-    label: Annotated[Optional[str], option_of(CheckpointOptions, "label")] = None,
-    cache_dir: Annotated[Optional[Path], option_of(CheckpointOptions, "cache_dir")] = None,
 ) -> None:
     """Task accuracy (lm-eval) of CHECKPOINT, FP and quantized, with paired Δacc intervals."""
-    try:
-        import lm_eval  # noqa: F401
-    except ImportError:
-        typer.echo("error: `losslens accuracy` needs lm-evaluation-harness: pip install 'losslens[eval]'", err=True)
-        raise typer.Exit(2)
-    from losslens.measure.accuracy import select_tasks, task_accuracy
-    from losslens.lm.checkpoints import CheckpointLoader, open_checkpoint
-    from losslens.lm.data import load_tokenizer
-    from losslens.lm.quant import QuantizeError, QuantSpec
+    from losslens.measure.accuracy import checkpoint_accuracy
 
-    specs = list(spec or [])
     try:
-        specs = [str(QuantSpec.parse(s)) for s in specs]
-    except QuantizeError as e:
-        raise typer.BadParameter(str(e), param_hint="--spec") from None
-    selection = select_tasks(tasks)
-    traj, ref = open_checkpoint(checkpoint, label, cache_dir=cache_dir, alone=True)
-    model = CheckpointLoader(traj, device=device, allow_pickle=allow_pickle).load(ref).eval()
-    tok = load_tokenizer(ref)
-    cal = None
-    if any(QuantSpec.parse(s).needs_calibration for s in specs):
-        from losslens.lm.data import default_token_sets
-
-        cal = default_token_sets(traj)["calibration"]
-    rep = task_accuracy(
-        model,
-        tok,
-        selection,
-        specs,
-        calibration=cal,
-        limit=limit,
-        num_fewshot=num_fewshot,
-        seed=seed,
-        batch_size=batch_size,
-        n_boot=n_boot,
-    )
-    records = rep.records()
-    for r in records:
-        r.update(checkpoint=str(checkpoint), label=ref.label, step=ref.step)
+        records = checkpoint_accuracy.accuracy(checkpoint, settings=settings)
+    except SettingsError as exc:
+        raise typer.BadParameter(str(exc).removeprefix("--spec: "), param_hint="--spec") from None
     if json_out:
         for r in records:
-            typer.echo(json.dumps(r, default=str))
+            typer.echo(json.dumps(r))
     else:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(
-            title=f"task accuracy of {checkpoint} (limit {limit or 'all'}, seed {seed}; Δ in points, paired 95% CI)"
-        )
-        for c in ("variant", "task", "n", "acc", "± se", "acc_norm", "Δacc", "95% CI", "rel. drop", "McNemar p"):
-            table.add_column(c, justify="left" if c in ("variant", "task") else "right")
-        for r in records:
-            if "error" in r:
-                table.add_row(r["variant"], r["task"], "", "failed", "", "", "", "", "", "")
-                continue
-            ci = (
-                f"[{100 * r['delta_ci_low']:+.1f}, {100 * r['delta_ci_high']:+.1f}]"
-                if r.get("delta_ci_low") is not None
-                else ""
-            )
-            table.add_row(
-                r["variant"],
-                r["task"],
-                str(r["n"]),
-                _fmt(r["acc"]),
-                _fmt(r["acc_stderr"]),
-                _fmt(r.get("acc_norm")),
-                _fmt(r.get("delta_acc"), pct=True),
-                ci,
-                _fmt(r.get("rel_drop"), pct=True),
-                f"{r['p_mcnemar']:.3g}" if r.get("p_mcnemar") is not None else "",
-            )
-        Console().print(table)
-        typer.echo(
-            "acc: lm-eval's acc (acc_norm where a task has no acc); mean: each task weighs the same (MMLU is one task)"
-        )
+        _print(records, checkpoint, settings)
     failed = [r for r in records if "error" in r]
     for r in failed:
         typer.echo(f"error: {r['variant']} {r['task']}: {r['error']}", err=True)
@@ -153,6 +82,44 @@ def accuracy(
         raise typer.Exit(1)
 
 
+def _print(records: list[dict], checkpoint: str, settings: AccuracySettings) -> None:
+    """The records as one table, and what ``acc`` and the mean are."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"task accuracy of {checkpoint} (limit {settings.limit or 'all'}, seed {settings.seed}; "
+        "Δ in points, paired 95% CI)"
+    )
+    for c in ("variant", "task", "n", "acc", "± se", "acc_norm", "Δacc", "95% CI", "rel. drop", "McNemar p"):
+        table.add_column(c, justify="left" if c in ("variant", "task") else "right")
+    for r in records:
+        if "error" in r:
+            table.add_row(r["variant"], r["task"], "", "failed", "", "", "", "", "", "")
+            continue
+        ci = (
+            f"[{100 * r['delta_ci_low']:+.1f}, {100 * r['delta_ci_high']:+.1f}]"
+            if r.get("delta_ci_low") is not None
+            else ""
+        )
+        table.add_row(
+            r["variant"],
+            r["task"],
+            str(r["n"]),
+            _fmt(r["acc"]),
+            _fmt(r["acc_stderr"]),
+            _fmt(r.get("acc_norm")),
+            _fmt(r.get("delta_acc"), pct=True),
+            ci,
+            _fmt(r.get("rel_drop"), pct=True),
+            f"{r['p_mcnemar']:.3g}" if r.get("p_mcnemar") is not None else "",
+        )
+    Console().print(table)
+    typer.echo(
+        "acc: lm-eval's acc (acc_norm where a task has no acc); mean: each task weighs the same (MMLU is one task)"
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the `losslens` app."""
-    app.command()(accuracy)
+    app.command()(cli(accuracy))

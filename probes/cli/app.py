@@ -13,6 +13,7 @@ import importlib
 import os
 import pkgutil
 import sys
+import warnings
 
 import typer
 from typer.core import TyperGroup
@@ -63,7 +64,8 @@ def _debug(ctx: typer.Context) -> bool:
 
 
 class LosslensGroup(TyperGroup):
-    """The top-level command group: accepts ``--debug`` anywhere and turns failures into one line."""
+    """The top-level command group: accepts ``--debug`` and ``--help-all`` (``--help`` with each option's
+    long help) anywhere, and turns failures into one line."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         args = list(args)
@@ -71,6 +73,12 @@ class LosslensGroup(TyperGroup):
         if "--debug" in args[:cut]:
             ctx.meta[_DEBUG] = True
             args = [a for i, a in enumerate(args) if not (i < cut and a == "--debug")]
+        if "--help-all" in args[:cut]:  # --help with every option's long help (details moved out of --help)
+            from losslens.cli.option_parsing import show_details
+
+            for command in self.commands.values():
+                show_details(command)
+            args = [("--help" if i < cut and a == "--help-all" else a) for i, a in enumerate(args)]
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: typer.Context):
@@ -108,10 +116,14 @@ class LosslensGroup(TyperGroup):
 
 app = typer.Typer(
     cls=LosslensGroup,
-    help="losslens: loss geometry (curvature, quantization error, loss surfaces) of LM training trajectories.",
+    help="losslens: loss geometry (curvature, quantization error, loss surfaces) of LM training trajectories. "
+    "`losslens COMMAND --help-all`: every option's long help.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    # plain click help: rich's boxed table gives each option ~18 columns of description at 80 columns
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 100},
 )
 
 
@@ -142,6 +154,14 @@ def _main(
 ) -> None:
     if debug:
         ctx.meta[_DEBUG] = True
+    from losslens.geometry.base.errors import ProductErrorWarning
+
+    # each command prints a flagged result's measured product error as its own one `warning:` line
+    # (error_warning, --error-tolerance, --strict): the library's Python warning would say it twice
+    warnings.filterwarnings("ignore", category=ProductErrorWarning)
+    from losslens.geometry.base.progress import plain_warnings
+
+    plain_warnings()  # losslens' warnings (a quantization alarm) as one `warning: …` line, no file:line
 
 
 @app.command()

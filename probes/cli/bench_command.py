@@ -76,6 +76,9 @@ def bench(
         str, typer.Option("--device", help="gpu: the device to check (default cuda; cpu with --quick is the smoke run)")
     ] = None,
     budget: Annotated[float, typer.Option("--budget", help="gpu: seconds for all its sections [480]")] = None,
+    markdown_out: Annotated[
+        Path, typer.Option("--markdown", help="gpu: also write its full table as markdown (for benchmarks/README.md)")
+    ] = None,
 ) -> None:
     """Run benchmarks (HVP throughput, estimator accuracy, GPTQ, surface, sweep against peers; difference: the
     gradient-difference backend against the exact products; scale: memory model against measured peaks on
@@ -85,6 +88,8 @@ def bench(
     unknown = [n for n in names if n not in SUITE]
     if unknown:
         raise typer.BadParameter(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(SUITE)}, hvp or all")
+    if markdown_out and "gpu" not in names:
+        raise typer.BadParameter("--markdown applies to the gpu benchmark only")
     everything = {}
     for n in names:
         typer.echo(f"== benchmark {n}{' (quick)' if quick else ''}")
@@ -94,7 +99,13 @@ def bench(
             raise typer.BadParameter(f"--device and --budget apply to the gpu benchmark only, not {n!r}")
         rows = module.run(quick=quick, **extra)
         everything[n] = rows
-        _print_rows(n, rows)
+        if hasattr(module, "terminal_table"):  # a table that fits the terminal (80 columns in a pipe)
+            typer.echo(module.terminal_table(rows))
+        else:
+            _print_rows(n, rows)
+        if markdown_out and hasattr(module, "markdown"):
+            markdown_out.write_text(module.markdown(rows) + "\n")
+            typer.echo(f"wrote {markdown_out}")
     if json_out:
         json_out.write_text(json.dumps(everything, indent=2, default=str))
         typer.echo(f"wrote {json_out}")

@@ -113,7 +113,8 @@ def draw_planes(settings, trajectories: dict, sets: dict, out: Path, progress: b
 
 
 def draw_landscape(settings, trajectories: dict, sets: dict, out: Path, progress: bool, echo, seconds: dict):
-    """The runs in one principal plane (:func:`losslens.study.landscape.trajectory_landscape.trajectory_landscape`): every
+    """The runs in one principal plane (:func:`losslens.study.landscape.trajectory_landscape.trajectory_landscape`):
+    every
     real checkpoint of every run, each one's ``headline_spec`` point projected onto the plane, the
     loss on a ``landscape_grid``² grid. The grid is resumable (``out/landscape/grid.npz``); the PCA,
     the quantized points and the marked points are recomputed on a rerun (seconds at the demo's size).

@@ -75,18 +75,7 @@ class DemoResult:
                 "(docs/science.md §6):"
             )
             for _, r in head.iterrows():
-                ctrl = f" | {r['controls']}" if r["controls"] else ""
-                ci = (
-                    f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] p={r['p']:.2g}"
-                    if math.isfinite(r["p"])
-                    else "descriptive"
-                )
-                lines.append(
-                    f"  {r['method']:>8} r({r['x']}, ΔQ {r['y']}{ctrl}) = {r['r']:+.3f}, "
-                    f"within {r['r_within']:+.3f} "
-                    f"{ci} ({r['inference']}) n={int(r['n'])} n_eff={r['n_eff']:.1f}"
-                    + (f" ({r['note']})" if r["note"] else "")
-                )
+                lines.append(_correlation_line(r))
         if self.accuracy:
             lines += ["", "Loss vs task accuracy (embedded task, accuracy probe):", "  " + self.accuracy]
         if self.explain:
@@ -366,3 +355,23 @@ def _driver_lines(check: dict | None) -> str:
             f"{r['log_kappa_ratio']:+.2f} (κ {r['kappa_calibrated']:.2f} vs {r['kappa_rtn']:.2f}, n = {r['n']})"
         )
     return "\n".join(lines)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _correlation_line(r) -> str:
+    """One correlation row of the summary; a descriptive row (no interval, no p) says why instead of
+    printing NaNs: ``descriptive: <reason>``."""
+    ctrl = f" | {r['controls']}" if r["controls"] else ""
+    head = f"  {r['method']:>8} r({r['x']}, ΔQ {r['y']}{ctrl}) = {r['r']:+.3f}, n={int(r['n'])}"
+    within = f", within {r['r_within']:+.3f}" if _finite(r["r_within"]) else ""
+    note = str(r["note"] or "")
+    if _finite(r["p"]):
+        return (
+            f"{head}{within} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] p={r['p']:.2g} ({r['inference']}), "
+            f"n_eff={r['n_eff']:.1f}" + (f" ({note})" if note else "")
+        )
+    reason = note.replace("descriptive: ", "") or "no interval and no p (too few independent pairs)"
+    return f"{head}{within}; descriptive: {reason}"

@@ -6,22 +6,51 @@ Why a quantizer hurts a checkpoint, to second order (:mod:`losslens.measure.expl
 and one table of blocks per spec, and writes everything as JSON (``--out``); ``--json`` prints the
 JSON instead of the tables. The products' measured error (inexact backends) is recorded as ``hvp_check``;
 over ``--error-tolerance`` it is flagged (``error_warning``) and printed as one ``warning:`` line on
-stderr, and ``--strict`` then exits 1.
+stderr, and ``--strict`` then exits 1. The work is
+:func:`losslens.measure.checkpoint_explanation.explain_measure` (``losslens.explain`` from Python: the
+JSON ``--json`` prints).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated
 
 import typer
 
-from losslens.cli.option_parsing import cli, option_of
-from losslens.cli.option_groups import CHECKPOINT_HELP, CheckpointOptions, ComputeOptions, ErrorOptions, MemoryOptions
+from losslens.cli.option_groups import (
+    CHECKPOINT_HELP,
+    CheckpointOptions,
+    ComputeOptions,
+    ErrorOptions,
+    MemoryOptions,
+    exit_if_strict,
+    warn_flagged,
+)
+from losslens.cli.option_parsing import cli, flags, option_of
+from losslens.measure.checkpoint_explanation import DEFAULT_SPECS, ExplainSettings
 
-DEFAULT_SPECS = ["rtn:4:g128", "gptq:4:g128"]
+flags(
+    ExplainSettings,
+    spec=typer.Option("--spec", "-s", help=f"quantizer spec, repeatable (default: {' '.join(DEFAULT_SPECS)})"),
+    blocks=typer.Option("--blocks", help="block partition: layer, kind, layer_kind, module, parameter"),
+    within=typer.Option("--within", help="also δ_bᵀH_bbδ_b per block (one HVP per block and spec)"),
+    trace_hvps=typer.Option("--trace-hvps", min=3, help="HVPs of the tr H estimate (shared by the specs)"),
+    trace_method=typer.Option("--trace-method", help="hutch++ or hutchinson"),
+    quick=typer.Option("--quick", help="small default token sets (smoke runs)"),
+    curvature_set=typer.Option("--curvature-set", help="curvature TokenSet file (TokenSet.save)"),
+    calib_set=typer.Option("--calib-set", help="calibration TokenSet file (GPTQ / AWQ)"),
+    modules=typer.Option("--modules", "-m", help="glob(s) of linear layers to quantize"),
+    seed=typer.Option("--seed", help="seed of the trace estimate and the default token sets"),
+    device=typer.Option("--device", help="torch device (default: cuda when available)"),
+    threads=typer.Option("--threads", min=1, help="torch threads"),
+    backend=option_of(ComputeOptions, "backend"),
+    compute_dtype=option_of(ComputeOptions, "compute_dtype"),
+    quiet=typer.Option("--quiet", "-q", help="No progress lines on stderr."),
+)
 
 
 def _ci(v: float, lo: float, hi: float) -> str:
@@ -99,93 +128,37 @@ EXPLAIN_HELP = {"max_memory": "bytes or e.g. 8GB each curvature step may allocat
 def explain(
     checkpoint: Annotated[str, typer.Argument(help=CHECKPOINT_HELP)],
     *,
-    spec: Annotated[
-        Optional[List[str]],
-        typer.Option("--spec", "-s", help=f"quantizer spec, repeatable (default: {' '.join(DEFAULT_SPECS)})"),
-    ] = None,
-    blocks: Annotated[
-        str, typer.Option("--blocks", help="block partition: layer, kind, layer_kind, module, parameter")
-    ] = "layer",
-    within: Annotated[
-        bool, typer.Option("--within", help="also δ_bᵀH_bbδ_b per block (one HVP per block and spec)")
-    ] = False,
-    trace_hvps: Annotated[
-        int, typer.Option("--trace-hvps", min=3, help="HVPs of the tr H estimate (shared by the specs)")
-    ] = 30,
-    trace_method: Annotated[str, typer.Option("--trace-method", help="hutch++ or hutchinson")] = "hutch++",
+    settings: ExplainSettings = ExplainSettings(),
     source: CheckpointOptions = CheckpointOptions(),
     out: Annotated[Path, typer.Option("--out", "-o", help="JSON file to write")] = Path("explain.json"),
     json_out: Annotated[bool, typer.Option("--json", help="print the JSON instead of the tables")] = False,
-    quick: Annotated[bool, typer.Option("--quick", help="small default token sets (smoke runs)")] = False,
-    curvature_set: Annotated[
-        Optional[Path], typer.Option("--curvature-set", help="curvature TokenSet file (TokenSet.save)")
-    ] = None,
-    calib_set: Annotated[
-        Optional[Path], typer.Option("--calib-set", help="calibration TokenSet file (GPTQ / AWQ)")
-    ] = None,
-    modules: Annotated[
-        Optional[List[str]], typer.Option("--modules", "-m", help="glob(s) of linear layers to quantize")
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="seed of the trace estimate and the default token sets")] = 0,
-    device: Annotated[
-        Optional[str], typer.Option("--device", help="torch device (default: cuda when available)")
-    ] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="torch threads")] = None,
     memory: MemoryOptions = MemoryOptions(),
-    backend: Annotated[str, option_of(ComputeOptions, "backend")] = "reverse",
-    compute_dtype: Annotated[Optional[str], option_of(ComputeOptions, "compute_dtype")] = None,
     errors: ErrorOptions = ErrorOptions(),
 ) -> None:
     """Explain CHECKPOINT's quantization error by factor (‖δ‖², tr H/n, κ), by block and by quantizer."""
     from losslens.geometry.base.results import EstimatorError
-    from losslens.measure.explain import BlockError, ExplainError, explain_checkpoint
-    from losslens.lm.quant import QuantizeError, QuantSpec
+    from losslens.lm.quant import QuantizeError
+    from losslens.lm.shared_settings import SettingsError
+    from losslens.measure.checkpoint_explanation import ExplainSettingsError, explain_measure, explain_payload
+    from losslens.measure.explain import BlockError, ExplainError
 
-    memory.apply()
-    specs = spec or DEFAULT_SPECS
     try:
-        specs = [str(QuantSpec.parse(s)) for s in specs]
-    except QuantizeError as e:
-        raise typer.BadParameter(str(e), param_hint="--spec") from None
-    try:
-        result = explain_checkpoint(
-            checkpoint,
-            specs,
-            label=source.label,
-            blocks=blocks,
-            within=within,
-            trace_matvecs=trace_hvps,
-            trace_method=trace_method,
-            seed=seed,
-            quick=quick,
-            device=device,
-            curvature_set=curvature_set,
-            calibration_set=calib_set,
-            modules=modules,
-            num_threads=threads,
-            max_memory=memory.max_memory,
-            cache_dir=source.cache_dir,
-            schedule=source.schedule,
-            tokens_per_step=source.tokens_per_step,
-            backend=backend,
-            compute_dtype=compute_dtype,
-            error_tolerance=errors.error_tolerance,
+        result = explain_measure(
+            checkpoint, settings, source=source, memory=memory, errors=replace(errors, strict=False)
         )
-    except (ExplainError, BlockError, QuantizeError, EstimatorError) as e:
+    except (ExplainError, BlockError, QuantizeError, EstimatorError, ExplainSettingsError, SettingsError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
-    payload = {k: v for k, v in result.items() if k != "explanations"}
-    payload["explanations"] = [e.to_dict() for e in result["explanations"]]
-    text = json.dumps(payload, indent=1, default=str)
+    text = json.dumps(explain_payload(result), indent=1)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    errors.warn(result["error_warning"])
+    warn_flagged(result["error_warning"])
     if json_out:
         typer.echo(text)
     else:
         _print(result)
         typer.echo(f"wrote {out}")
-    errors.exit_if_strict(result["error_warning"])
+    exit_if_strict(errors, result["error_warning"])
 
 
 def register(app: typer.Typer) -> None:

@@ -23,84 +23,92 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import typing
 from copy import copy
 from typing import Annotated, Any, Callable, Mapping
 
 import typer
+
+from losslens.lm.shared_settings import expand
 
 _CLI = "losslens.cli_option"
 
 
 def option(default: Any, *names: str, **settings: Any) -> Any:
     """A dataclass field that is also a command-line option: ``typer.Option(*names, **settings)``
-    (``help``, ``min``, ...) with ``default``. Use only inside an option group."""
+    (``help``, ``min``, ...) with ``default``. For a CLI-only group; the library's settings objects
+    (:mod:`losslens.lm.shared_settings`) get their flags from :func:`flags` instead."""
     return dataclasses.field(default=default, metadata={_CLI: typer.Option(*names, **settings)})
 
 
+_FLAGS: dict[type, dict[str, Any]] = {}
+"""settings class -> field name -> its ``typer.Option`` (registered by :func:`flags`)."""
+
+
+def flags(group: type, **options: Any) -> type:
+    """Give the library settings class ``group`` (:func:`losslens.lm.shared_settings.settings`) its command-line
+    flags: one ``typer.Option`` per field (its default stays the dataclass's). Every field needs one;
+    ``TypeError`` otherwise. Returns ``group``."""
+    names = {f.name for f in dataclasses.fields(group)}
+    if set(options) != names:
+        raise TypeError(
+            f"flags({group.__name__}): missing {sorted(names - set(options))}, unknown {sorted(set(options) - names)}"
+        )
+    _FLAGS[group] = dict(options)
+    return group
+
+
 def is_group(tp: Any) -> bool:
-    """Whether ``tp`` is an option group (a dataclass whose every field was made by :func:`option`)."""
+    """Whether ``tp`` is an option group: a settings class given its flags (:func:`flags`), or a
+    dataclass whose every field was made by :func:`option`."""
     if not (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
         return False
+    if tp in _FLAGS:
+        return True
     fields = dataclasses.fields(tp)
     return bool(fields) and all(_CLI in f.metadata for f in fields)
+
+
+def flag_of(group: type, name: str) -> Any:
+    """The ``typer.Option`` declared for field ``name`` of ``group`` (the registered one, else the field's)."""
+    if group in _FLAGS:
+        if name not in _FLAGS[group]:
+            raise KeyError(f"{group.__name__} has no option {name!r}")
+        return _FLAGS[group][name]
+    for f in dataclasses.fields(group):
+        if f.name == name:
+            return f.metadata[_CLI]
+    raise KeyError(f"{group.__name__} has no option {name!r}")
 
 
 def option_of(group: type, name: str, **changes: Any) -> Any:
     """The ``typer.Option`` of one field of ``group``, for a command that takes that option alone
     (``label: Annotated[Optional[str], option_of(CheckpointOptions, "label")] = None``); ``changes``
     replace settings of this copy (``help=...``)."""
-    info = copy(_field(group, name).metadata[_CLI])
+    info = copy(flag_of(group, name))
     for key, value in changes.items():
         setattr(info, key, value)
     return info
 
 
-def _field(group: type, name: str) -> dataclasses.Field:
-    for f in dataclasses.fields(group):
-        if f.name == name:
-            return f
-    raise KeyError(f"{group.__name__} has no option {name!r}")
-
-
 def cli(func: Callable[..., Any], help: Mapping[str, str | None] | None = None) -> Callable[..., Any]:
     """The CLI callback of the plain command ``func``: its option-group parameters expanded into
-    the groups' fields (keyword-only options), the rest of its signature unchanged. ``help``: a
-    field's help text for this command where it differs from the group's (``None``: no help).
-    Raises ``TypeError`` when a field's name is also a parameter of ``func`` or of another group."""
+    the groups' fields (keyword-only options, :func:`losslens.lm.shared_settings.expand`), the rest of its
+    signature unchanged. ``help``: a field's help text for this command where it differs from the
+    group's (``None``: no help). Raises ``TypeError`` when a field's name is also a parameter of
+    ``func`` or of another group."""
     help = dict(help or {})
-    sig = inspect.signature(func, eval_str=True)
-    params: list[inspect.Parameter] = []
-    groups: dict[str, tuple[type, list[str]]] = {}
+    sig, groups = expand(func, is_group)
+    owner = {f: cls for cls, fields in groups.values() for f in fields}
+    params = []
     for p in sig.parameters.values():
-        if not is_group(p.annotation):
-            params.append(p)
-            continue
-        cls = p.annotation
-        default = p.default if p.default is not inspect.Parameter.empty else cls()
-        hints = typing.get_type_hints(cls)
-        names = []
-        for f in dataclasses.fields(cls):
-            info = copy(f.metadata[_CLI])
-            if f.name in help:
-                info.help = help.pop(f.name)
-            params.append(
-                inspect.Parameter(
-                    f.name,
-                    inspect.Parameter.KEYWORD_ONLY,
-                    default=getattr(default, f.name),
-                    annotation=Annotated[hints[f.name], info],
-                )
-            )
-            names.append(f.name)
-        groups[p.name] = (cls, names)
-    seen = [p.name for p in params]
-    clash = sorted({n for n in seen if seen.count(n) > 1})
-    if clash or help:
-        raise TypeError(
-            f"{func.__name__}: option(s) {clash or sorted(help)} "
-            f"{'declared twice' if clash else 'are in none of its groups'}"
-        )
+        if p.name in owner:
+            info = copy(flag_of(owner[p.name], p.name))
+            if p.name in help:
+                info.help = help.pop(p.name)
+            p = p.replace(annotation=Annotated[p.annotation, info])
+        params.append(p)
+    if help:
+        raise TypeError(f"{func.__name__}: option(s) {sorted(help)} are in none of its groups")
 
     @functools.wraps(func)
     def command(*args: Any, **kwargs: Any) -> Any:
@@ -115,4 +123,24 @@ def cli(func: Callable[..., Any], help: Mapping[str, str | None] | None = None) 
     return command
 
 
-__all__ = ["cli", "is_group", "option", "option_of"]
+DETAILS: dict[str, str] = {}
+"""flag (``--schedule``) -> its long help, shown by ``--help-all`` in place of the short one ``--help``
+shows (registered by :func:`details`)."""
+
+
+def details(**texts: str) -> None:
+    """Register the long help of options, keyed by flag name without dashes (``max_memory=...`` for
+    ``--max-memory``); ``--help`` shows each option's short help, ``--help-all`` these."""
+    DETAILS.update({"--" + k.replace("_", "-"): v for k, v in texts.items()})
+
+
+def show_details(command: Any) -> None:
+    """Replace the help of ``command``'s options (a click command) by their long help (:data:`DETAILS`),
+    for ``--help-all``."""
+    for param in getattr(command, "params", []):
+        long = next((DETAILS[o] for o in getattr(param, "opts", []) if o in DETAILS), None)
+        if long is not None:
+            param.help = long
+
+
+__all__ = ["DETAILS", "cli", "details", "flag_of", "flags", "is_group", "option", "option_of", "show_details"]

@@ -1,83 +1,56 @@
-"""`losslens report`: a sweep's results store as one self-contained HTML report."""
+"""`losslens report`: a sweep's results store as one self-contained HTML report
+(:func:`losslens.study.report.store_report.write_report`; ``losslens.report`` from Python)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated
 
 import typer
+
+from losslens.cli.option_parsing import cli, flags
+from losslens.study.report.store_report import ReportSettings
+
+flags(
+    ReportSettings,
+    out=typer.Option("--out", "-o", help="Self-contained HTML report to write."),
+    surfaces=typer.Option("--surface", help="Surface JSON(s) from `losslens surface --json` to include."),
+    title=typer.Option("--title", help="Report title."),
+    n_boot=typer.Option("--n-boot", help="Bootstrap resamples for the correlation intervals."),
+    include_unconverged=typer.Option(
+        "--include-unconverged",
+        help="Correlate values whose estimator did not converge too (default: left out, counted and flagged).",
+    ),
+    allow_mixed=typer.Option("--allow-mixed", help="Pool rows computed with different settings or data."),
+)
 
 
 def report(
     store: Annotated[Path, typer.Argument(help="Results store of a sweep (SQLite, from `losslens sweep`).")],
     *,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Self-contained HTML report to write.")] = Path(
-        "report.html"
-    ),
-    surfaces: Annotated[
-        Optional[List[Path]],
-        typer.Option("--surface", help="Surface JSON(s) from `losslens surface --json` to include."),
-    ] = None,
-    title: Annotated[Optional[str], typer.Option("--title", help="Report title.")] = None,
-    n_boot: Annotated[int, typer.Option("--n-boot", help="Bootstrap resamples for the correlation intervals.")] = 2000,
-    include_unconverged: Annotated[
-        bool,
-        typer.Option(
-            "--include-unconverged",
-            help="Correlate values whose estimator did not converge too (default: left out, counted and flagged).",
-        ),
-    ] = False,
-    allow_mixed: Annotated[
-        bool, typer.Option("--allow-mixed", help="Pool rows computed with different settings or data.")
+    settings: ReportSettings = ReportSettings(),
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the page written and what it shows as one JSON object.")
     ] = False,
 ) -> None:
     """Turn a sweep's results store into one self-contained HTML report (works offline)."""
-    from losslens.geometry.surfaces.surface import Surface
-    from losslens.study.analysis import AnalysisError, analyse
-    from losslens.study.analysis.inputs import check_n_boot
-    from losslens.study.report.pages import ReportError, build_report, load_store
+    from losslens.study.analysis import AnalysisError
+    from losslens.study.report import store_report
+    from losslens.study.report.pages import ReportError
     from losslens.study.sweep import StoreError
 
-    if not store.is_file():
-        typer.echo(f"error: no results store at {store}", err=True)
-        raise typer.Exit(2)
     try:
-        check_n_boot(n_boot)
-        df, plan, vers = load_store(store)
-    except (AnalysisError, StoreError) as exc:
+        res = store_report.report(store, settings=settings)
+    except (store_report.ReportInputError, AnalysisError, StoreError, ReportError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
-    if df is None or len(df) == 0:
-        typer.echo(f"error: {store} holds no results yet; run `losslens sweep` first", err=True)
-        raise typer.Exit(2)
-    correlations, phases, notes = analyse(
-        df, n_boot=n_boot, include_unconverged=include_unconverged, allow_mixed=allow_mixed
-    )
-    surf = {}
-    for p in surfaces or []:
-        try:
-            surf[p.stem] = Surface.load(p)
-        except (OSError, ValueError, KeyError) as exc:
-            typer.echo(f"error: cannot read surface {p}: {exc}", err=True)
-            raise typer.Exit(2)
-    try:
-        path = build_report(
-            df,
-            out,
-            correlations=correlations,
-            phases=phases,
-            surfaces=surf or None,
-            plan=plan,
-            versions=vers,
-            title=title or f"losslens report: {store.name}",
-            notes="; ".join(notes) if notes else None,
-        )
-    except ReportError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2)
-    typer.echo(f"wrote {path} ({df['checkpoint'].nunique()} checkpoints, {len(df)} result rows)")
+    if as_json:
+        typer.echo(json.dumps(res, indent=2))
+    else:
+        typer.echo(f"wrote {res['path']} ({res['checkpoints']} checkpoints, {res['rows']} result rows)")
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the `losslens` app."""
-    app.command()(report)
+    app.command()(cli(report))

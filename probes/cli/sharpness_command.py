@@ -2,14 +2,15 @@
 (:func:`losslens.measure.sharpness.sharpness`), printed as two lines or as one JSON object.
 
 Registered by :mod:`losslens.cli.sweep_command` (after ``sweep``); callable from Python as
-``sharpness("path/to/checkpoint", as_json=True, memory=MemoryOptions(max_memory="2GB"))``.
+``sharpness("path/to/checkpoint", as_json=True, memory=MemoryOptions(max_memory="2GB"))``; the
+library function (what ``--json`` prints) is ``losslens.sharpness``.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Annotated, List, Optional
+from dataclasses import replace
+from typing import Annotated
 
 import typer
 
@@ -21,6 +22,26 @@ from losslens.cli.option_groups import (
     ErrorOptions,
     LoadOptions,
     MemoryOptions,
+    exit_if_strict,
+    warn_flagged,
+)
+from losslens.cli.option_parsing import flags
+from losslens.lm.shared_settings import SettingsError
+from losslens.measure.sharpness import SharpnessSettings
+
+flags(
+    SharpnessSettings,
+    num_matvecs=typer.Option("--num-matvecs", help="HVP budget of the trace estimate."),
+    method=typer.Option("--method", help="hutch++ | hutchinson"),
+    k=typer.Option("--k", help="Top-k eigenvalues."),
+    params=typer.Option("--params", help="Parameter globs (repeatable; default all)."),
+    seed=typer.Option("--seed", help="Seed of the random probe vectors."),
+    quick=typer.Option("--quick", help="Quick (small) curvature set."),
+    data=typer.Option("--data", help="Saved TokenSet file for the curvature set."),
+    max_iter=typer.Option("--max-iter", help="Eigen solver iterations (power) / Lanczos steps."),
+    tol=typer.Option("--tol", help="Eigen tolerance: converged when ‖Hv − λv‖ ≤ tol·|λ|."),
+    eigen_method=typer.Option("--eigen-method", help="lanczos | power"),
+    quiet=typer.Option("--quiet", "-q", help="No progress lines on stderr."),
 )
 
 
@@ -28,27 +49,7 @@ def sharpness(
     checkpoint: Annotated[str, typer.Argument(help=CHECKPOINT_HELP)],
     *,
     source: CheckpointOptions = CheckpointOptions(),
-    num_matvecs: Annotated[int, typer.Option("--num-matvecs", help="HVP budget of the trace estimate.")] = 100,
-    method: Annotated[str, typer.Option("--method", help="hutch++ | hutchinson")] = "hutch++",
-    k: Annotated[int, typer.Option("--k", help="Top-k eigenvalues.")] = 1,
-    params: Annotated[
-        Optional[List[str]], typer.Option("--params", help="Parameter globs (repeatable; default all).")
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-    quick: Annotated[bool, typer.Option("--quick", help="Quick (small) curvature set.")] = False,
-    data: Annotated[
-        Optional[Path], typer.Option("--data", help="Saved TokenSet file for the curvature set (default: built).")
-    ] = None,
-    max_iter: Annotated[
-        int, typer.Option("--max-iter", help="Eigen solver iterations (power) or Lanczos steps.")
-    ] = 100,
-    tol: Annotated[
-        float, typer.Option("--tol", help="Eigen solver tolerance: converged means ‖Hv − λv‖ ≤ tol·|λ|.")
-    ] = 1e-3,
-    eigen_method: Annotated[
-        str,
-        typer.Option("--eigen-method", help="lanczos (default) | power; converged means ‖Hv − λv‖ ≤ tol·|λ| for both"),
-    ] = "lanczos",
+    settings: SharpnessSettings = SharpnessSettings(),
     load: LoadOptions = LoadOptions(),
     memory: MemoryOptions = MemoryOptions(),
     compute: ComputeOptions = ComputeOptions(),
@@ -59,35 +60,17 @@ def sharpness(
     from losslens.lm.core.distributed import is_main_rank
     from losslens.measure import sharpness as one_checkpoint
 
-    memory.apply()
     try:
         res = one_checkpoint.sharpness(
             checkpoint,
-            label=source.label,
-            num_matvecs=num_matvecs,
-            method=method,
-            k=k,
-            params=params,
-            seed=seed,
-            quick=quick,
-            device=load.device,
-            data=data,
-            num_threads=compute.threads,
-            max_memory=memory.max_memory,
-            dtype=load.dtype,
-            max_iter=max_iter,
-            tol=tol,
-            eigen_method=eigen_method,
-            allow_pickle=load.allow_pickle,
-            cache_dir=source.cache_dir,
-            schedule=source.schedule,
-            tokens_per_step=source.tokens_per_step,
-            parallel=compute.parallel,
-            backend=compute.backend,
-            compute_dtype=compute.compute_dtype,
-            error_tolerance=errors.error_tolerance,
+            settings=settings,
+            source=source,
+            load=load,
+            memory=memory,
+            compute=compute,
+            errors=replace(errors, strict=False),  # --strict: the output first, then exit 1
         )
-    except one_checkpoint.SharpnessError as exc:
+    except (one_checkpoint.SharpnessError, SettingsError) as exc:  # others: the app's one line (or --debug)
         typer.echo(f"error: {exc}", err=True)  # every rank: a one-line error each
         raise typer.Exit(2)
     if not is_main_rank():
@@ -95,12 +78,12 @@ def sharpness(
     choice = res["backend_choice"] or {}
     if "requested" in choice:  # a backend replaced by another: said out loud, recorded in the result
         typer.echo(f"note: --backend {choice['requested']} -> {choice['chosen']}: {choice['why']}", err=True)
-    errors.warn(res["error_warning"])
+    warn_flagged(res["error_warning"])
     if as_json:
         typer.echo(json.dumps(res, indent=2))
     else:
         _print(res)
-    errors.exit_if_strict(res["error_warning"])
+    exit_if_strict(errors, res["error_warning"])
 
 
 def _print(res: dict) -> None:

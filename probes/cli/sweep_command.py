@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated, List
 
 import typer
 
 from losslens.cli.console import print_table, wide_console
-from losslens.cli.option_parsing import cli
+from losslens.cli.option_parsing import cli, flags
+from losslens.geometry.operators.names import BACKEND_NAMES
 from losslens.cli.option_groups import TRAJECTORY_HELP, ComputeOptions, LoadOptions, MemoryOptions, TrajectoryOptions
 from losslens.cli.sharpness_command import sharpness
-
-
-def _torch_dtype(name: str | None):
-    """A ``--dtype`` name as a torch dtype (None keeps the loader's default, float32)."""
-    if name is None:
-        return None
-    import torch
-
-    return getattr(torch, name)
+from losslens.study.trajectory_sweep import SweepSettings
 
 
 def correlation_summary(df, x=None, y=None, controls=None, methods=("pearson", "spearman"), n_boot: int = 2000):
@@ -82,16 +76,6 @@ def print_phases(df, console=None, gap: str | None = None) -> None:
         con.print(f"divergence onset of the {gap} gap: not computed ({exc})")
 
 
-def _check_quick(quick: bool, plan) -> None:
-    if quick and plan is not None:
-        typer.echo(
-            "error: --quick shrinks the built-in plan and cannot change a --plan file; drop --quick, or set "
-            "smaller sizes in the plan ([data] shapes, trace.num_matvecs, eigen.max_iter)",
-            err=True,
-        )
-        raise typer.Exit(2)
-
-
 def _waiting(holder: dict) -> None:
     typer.echo(f"waiting for the sweep writing this store (PID {holder.get('pid', '?')}) to finish ...", err=True)
 
@@ -125,8 +109,7 @@ SWEEP_HELP = {  # the sweep's own wording: what overrides the plan, what is per 
     "trust).",
     "max_memory": "Memory each curvature estimator may use beyond the model, e.g. 8GB (overrides the plan's "
     "max_memory).",
-    "backend": "HVP backend of the curvature probes (overrides the plan's backend): reverse | forward | difference | "
-    "auto",
+    "backend": f"HVP backend of the curvature probes (overrides the plan's backend): {' | '.join(BACKEND_NAMES)}",
     "compute_dtype": "dtype the curvature probes' products run in (overrides the plan's compute_dtype): float32 | "
     "bfloat16 | float16 | float64 (default: float32 for bfloat16/float16 weights)",
     "threads": "torch threads per process/task (default: the cores shared out between workers; torch's with one "
@@ -137,44 +120,40 @@ SWEEP_HELP = {  # the sweep's own wording: what overrides the plan, what is per 
 """Help texts of ``losslens sweep`` for fields of the shared option groups."""
 
 
+flags(
+    SweepSettings,
+    out=typer.Option("--out", "-o", help="SQLite results store (created or resumed)."),
+    plan=typer.Option("--plan", help="Plan file (.toml/.yaml/.json); default: the built-in plan."),
+    quick=typer.Option("--quick", help="Smaller default plan (fewer HVPs, smaller data)."),
+    executor=typer.Option("--executor", help="local | ray"),
+    address=typer.Option("--address", help="Ray cluster address (default: start a local cluster)."),
+    num_workers=typer.Option(
+        "--workers",
+        "--num-workers",
+        min=1,
+        help="local: worker processes, each probing whole checkpoints with its "
+        "own model (N workers need N x the memory of one) [default: the cores, $LOSSLENS_WORKERS; 1 on CUDA]; ray: "
+        "CPUs of the local cluster.",
+    ),
+    retry_failed=typer.Option("--retry-failed", help="Rerun rows stored as failed."),
+    allow_mixed=typer.Option("--allow-mixed", help="Add to a store written by another plan."),
+    wait=typer.Option("--wait", help="If another sweep is writing to --out, wait for it instead of stopping."),
+    export=typer.Option("--export", help="Also write the tidy results to .csv or .parquet."),
+    quiet=typer.Option("--quiet", "-q", help="No progress display (for logs)."),
+)
+
+
 def sweep(
     trajectory: Annotated[str, typer.Argument(help=TRAJECTORY_HELP)],
     *,
     source: TrajectoryOptions = TrajectoryOptions(),
-    out: Annotated[Path, typer.Option("--out", "-o", help="SQLite results store (created or resumed).")] = Path(
-        "results.sqlite"
-    ),
-    plan: Annotated[
-        Optional[Path], typer.Option("--plan", help="Plan file (.toml/.yaml/.json); default: the built-in plan.")
-    ] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Smaller default plan (fewer HVPs, smaller data).")] = False,
-    executor: Annotated[str, typer.Option("--executor", help="local | ray")] = "local",
-    address: Annotated[
-        Optional[str], typer.Option("--address", help="Ray cluster address (default: start a local cluster).")
-    ] = None,
-    num_workers: Annotated[
-        Optional[int],
-        typer.Option(
-            "--workers",
-            "--num-workers",
-            min=1,
-            help="local: worker processes, each probing whole checkpoints with its "
-            "own model (N workers need N x the memory of one) [default: the cores, $LOSSLENS_WORKERS; 1 on CUDA]; ray: "
-            "CPUs of the local cluster.",
-        ),
-    ] = None,
-    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Rerun rows stored as failed.")] = False,
-    allow_mixed: Annotated[bool, typer.Option("--allow-mixed", help="Add to a store written by another plan.")] = False,
-    wait: Annotated[
-        bool, typer.Option("--wait", help="If another sweep is writing to --out, wait for it instead of stopping.")
-    ] = False,
+    settings: SweepSettings = SweepSettings(),
     load: LoadOptions = LoadOptions(),
     memory: MemoryOptions = MemoryOptions(),
     compute: ComputeOptions = ComputeOptions(backend=None),
-    export: Annotated[
-        Optional[Path], typer.Option("--export", help="Also write the tidy results to .csv or .parquet.")
-    ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display (for logs).")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the sweep's summary (counts, failures, notes) as one JSON object.")
+    ] = False,
 ) -> None:
     """Run every probe of a plan on every checkpoint of a trajectory; resumable (kill and rerun).
 
@@ -184,88 +163,46 @@ def sweep(
 
     Exit status: 0 all rows ok; 1 some rows failed; 3 every row failed (the failed rows are in the
     store: fix the cause and rerun with --retry-failed); 2 bad input (nothing was run)."""
-    from losslens.lm.core.distributed import DistributedError, init_data_parallel, is_main_rank
-    from losslens.study.sweep import (
-        Plan,
-        PlanError,
-        Store,
-        StoreError,
-        SweepError,
-        SweepOptions,
-        load_plan,
-        resolve_trajectory,
-        run_sweep,
-    )
+    from losslens.lm.core.distributed import DistributedError, is_main_rank
+    from losslens.lm.shared_settings import SettingsError
+    from losslens.study.sweep import PlanError, StoreError, SweepError
+    from losslens.study.trajectory_sweep import SweepSettingsError
+    from losslens.study.sweep import Store
+    from losslens.study.trajectory_sweep import run_trajectory_sweep, sweep_summary
 
-    _check_quick(quick, plan)
-    memory.apply()
-    device = load.device
-    if compute.parallel == "data":
-        try:
-            device = init_data_parallel(device=device, command="sweep")[2]
-        except DistributedError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2)
-    dtypes = {"float32", "bfloat16", "float16", "float64"}
-    if load.dtype is not None and load.dtype not in dtypes:
-        typer.echo(f"error: --dtype {load.dtype!r} is unknown; valid: {', '.join(sorted(dtypes))}", err=True)
-        raise typer.Exit(2)
-    traj = resolve_trajectory(
-        trajectory,
-        cache_dir=source.cache_dir,
-        schedule=source.schedule,
-        tokens_per_step=source.tokens_per_step,
-        sidecars=[out.parent / "trajectory.json"],
-    )
-    sched, tps = traj.meta.get("schedule"), traj.meta.get("tokens_per_step")
-    if (sched or tps) and is_main_rank():
-        said = [f"LR from the schedule {sched}"] if sched else []
-        said += [f"tokens = step × {tps}"] if tps else []
-        typer.echo(f"{traj.name}: {'; '.join(said)}", err=True)
     flagged: list = []  # rows whose products' measured error is over the tolerance (printed after the sweep)
-    run = SweepOptions(
-        on_row=lambda row: flagged.append(row) if (row.extra or {}).get("error_warning") else None,
-        executor=executor,
-        address=address,
-        retry_failed=retry_failed,
-        allow_mixed=allow_mixed,
-        progress=not quiet,
-        device=device,
-        num_workers=num_workers,
-        num_threads=compute.threads,
-        wait=wait,
-        on_wait=_waiting,
-        allow_pickle=load.allow_pickle,
-        dtype=_torch_dtype(load.dtype),
-        parallel=compute.parallel,
-    )
     try:
-        p = Plan.default(quick=quick) if plan is None else load_plan(plan)
-        if memory.max_memory is not None:
-            p = p.replace(max_memory=memory.max_memory)
-        if compute.backend is not None:
-            p = p.replace(backend=compute.backend)
-        if compute.compute_dtype is not None:
-            p = p.replace(compute_dtype=compute.compute_dtype)
-        report = run_sweep(traj, p, out, run)
-    except (PlanError, StoreError, SweepError) as exc:
+        report = run_trajectory_sweep(
+            trajectory,
+            settings,
+            source=source,
+            load=load,
+            memory=memory,
+            compute=compute,
+            on_row=lambda row: flagged.append(row) if (row.extra or {}).get("error_warning") else None,
+            on_wait=_waiting,
+            on_note=lambda line: typer.echo(line, err=True),
+        )
+    except (PlanError, StoreError, SweepError, SweepSettingsError, SettingsError, DistributedError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
     if not is_main_rank():  # rank 0 reports; the others exit with its status when they failed alone
         raise typer.Exit(1 if report.n_failed else 0)
+    for line in error_warning_lines(flagged):
+        typer.echo(line, err=True)
+    if as_json:
+        typer.echo(json.dumps(sweep_summary(report), indent=2))
+        raise typer.Exit(report.exit_code)
     con = wide_console()
     con.print(str(report))
     for note in report.notes:
         con.print(f"  note: {note}")
     for ck, probe, spec, err in report.failures[:20]:
         con.print(f"  [red]failed[/red] {ck} {probe} {spec}: {err}")
-    for line in error_warning_lines(flagged):
-        typer.echo(line, err=True)
-    with Store(out) as st:
+    if settings.export is not None:
+        con.print(f"tidy results -> {settings.export}")
+    with Store(settings.out) as st:
         df = st.results()
-        if export is not None:
-            st.export(export)
-            con.print(f"tidy results -> {export}")
     tab = correlation_summary(df)
     if len(tab):
         print_table(tab, "correlations across checkpoints", con)

@@ -1,9 +1,9 @@
 """Sharpness of one checkpoint (``losslens sharpness``): Hessian trace with its interval and λ_max.
 
-Curvature of :func:`losslens.lm.core.next_token_loss.lm_loss` on the curvature token set (docs/science.md §4): the default
-set of :func:`losslens.lm.data.default_token_sets` (held-out embedded corpus, the checkpoint's
-tokenizer) or a saved :class:`TokenSet` file. Cost: ``num_matvecs`` HVPs for the trace plus the
-eigen solver's HVPs (≤ ``max_iter`` per eigenvalue).
+Curvature of :func:`losslens.lm.core.next_token_loss.lm_loss` on the curvature token set
+(docs/science.md §4): the default set of :func:`losslens.lm.data.default_token_sets` (held-out
+embedded corpus, the checkpoint's tokenizer) or a saved :class:`TokenSet` file. Cost: ``num_matvecs``
+HVPs for the trace plus the eigen solver's HVPs (≤ ``max_iter`` per eigenvalue).
 """
 
 from __future__ import annotations
@@ -12,7 +12,20 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from dataclasses import dataclass
+from typing import Optional
+
 from losslens.geometry.base.errors import LosslensError
+from losslens.geometry.base.progress import ProgressArg, echo, progress_bar
+from losslens.lm.shared_settings import (
+    CheckpointOptions,
+    ComputeOptions,
+    ErrorOptions,
+    LoadOptions,
+    MemoryOptions,
+    keywords,
+    settings,
+)
 
 TRACE_METHODS = ("hutch++", "hutchinson")
 """Hessian trace estimators a caller may name (the sweep's plans, ``losslens sharpness``): Hutch++ and Hutchinson."""
@@ -26,31 +39,104 @@ class SharpnessError(LosslensError, ValueError):
     """Bad checkpoint path/label or options."""
 
 
-def sharpness(
+@settings
+@dataclass(frozen=True)
+class SharpnessSettings:
+    """What ``losslens sharpness`` measures: the trace estimate's HVP budget and method, the top-``k``
+    eigenvalues' solver (``eigen_method``, ``max_iter``, ``tol``: converged means ``‖Hv − λv‖ ≤ tol·|λ|``),
+    the parameter globs (None: all), the seed, and the curvature set (``data``: a saved TokenSet file;
+    None: the default set, small with ``quick``). ``quiet``: no progress lines on stderr (default: the
+    products done / planned with an ETA, :mod:`losslens.geometry.base.progress`)."""
+
+    num_matvecs: int = 100
+    method: str = "hutch++"
+    k: int = 1
+    params: Optional[list[str]] = None
+    seed: int = 0
+    quick: bool = False
+    data: Optional[Path] = None
+    max_iter: int = 100
+    tol: float = 1e-3
+    eigen_method: str = "lanczos"
+    quiet: bool = False
+
+
+def measure_sharpness(
     checkpoint: str | Path,
-    label: str | None = None,
-    num_matvecs: int = 100,
-    method: str = "hutch++",
-    k: int = 1,
-    eigen_method: str = "lanczos",
-    tol: float = 1e-3,
-    max_iter: int = 100,
-    params: Sequence[str] | None = None,
-    seed: int = 0,
-    quick: bool = False,
-    device=None,
-    data: str | Path | None = None,
-    num_threads: int | None = None,
-    allow_pickle: bool = False,
-    max_memory=None,
-    dtype: str | None = None,
-    cache_dir: str | Path | None = None,
-    schedule: str | None = None,
-    tokens_per_step: int | None = None,
-    parallel: str = "none",
-    backend: str = "reverse",
-    compute_dtype: str | None = None,
-    error_tolerance: float = 1e-2,
+    settings: SharpnessSettings = SharpnessSettings(),
+    *,
+    source: CheckpointOptions = CheckpointOptions(),
+    load: LoadOptions = LoadOptions(),
+    memory: MemoryOptions = MemoryOptions(),
+    compute: ComputeOptions = ComputeOptions(),
+    errors: ErrorOptions = ErrorOptions(),
+) -> dict:
+    """Sharpness of one checkpoint from settings objects: what ``losslens sharpness --json`` prints
+    (:func:`sharpness` takes the same options as keyword parameters; the keys are documented there).
+    Applies ``memory.strict_memory`` to this process first; ``errors.strict``: a flagged result (its
+    products' measured error over ``errors.error_tolerance``) raises :class:`SharpnessError` instead of
+    being returned. Cost: ``num_matvecs`` HVPs for the trace plus ≤ ``max_iter`` per eigenvalue."""
+    memory.apply()
+    s = settings
+    res = _measure(
+        checkpoint,
+        label=source.label,
+        num_matvecs=s.num_matvecs,
+        method=s.method,
+        k=s.k,
+        params=s.params,
+        seed=s.seed,
+        quick=s.quick,
+        device=load.device,
+        data=s.data,
+        num_threads=compute.threads,
+        max_memory=memory.max_memory,
+        dtype=load.dtype,
+        max_iter=s.max_iter,
+        tol=s.tol,
+        eigen_method=s.eigen_method,
+        allow_pickle=load.allow_pickle,
+        cache_dir=source.cache_dir,
+        schedule=source.schedule,
+        tokens_per_step=source.tokens_per_step,
+        parallel=compute.parallel,
+        backend=compute.backend,
+        compute_dtype=compute.compute_dtype,
+        error_tolerance=errors.error_tolerance,
+        progress=not s.quiet,
+    )
+    if errors.strict and res["error_warning"]:
+        raise SharpnessError(f"{res['error_warning']['message']} (strict: the result is not returned)")
+    return res
+
+
+def _measure(
+    checkpoint: str | Path,
+    *,
+    label: str | None,
+    num_matvecs: int,
+    method: str,
+    k: int,
+    eigen_method: str,
+    tol: float,
+    max_iter: int,
+    params: Sequence[str] | None,
+    seed: int,
+    quick: bool,
+    device,
+    data: str | Path | None,
+    num_threads: int | None,
+    allow_pickle: bool,
+    max_memory,
+    dtype: str | None,
+    cache_dir: str | Path | None,
+    schedule: str | None,
+    tokens_per_step: int | None,
+    parallel: str,
+    backend: str,
+    compute_dtype: str | None,
+    error_tolerance: float,
+    progress: ProgressArg = False,
 ) -> dict:
     """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint as a dict.
 
@@ -86,13 +172,17 @@ def sharpness(
     ``dtype`` is the weights'. ``error_tolerance``: the products' measured relative error above which
     the result carries ``error_warning`` (the error, its likely cause and the fix; the CLI prints it
     and exits non-zero with ``--strict``); an error that could not be measured says why in
-    ``hvp_check["reference"]``.
+    ``hvp_check["reference"]``. ``progress``: the products done / planned with an ETA on stderr
+    (:func:`losslens.geometry.base.progress.progress_bar`; rank 0 only), after one stage line per step
+    (curvature set, loading).
     """
     from losslens.lm.checkpoints import CheckpointError, CheckpointLoader
     from losslens.lm.checkpoints.locate import open_checkpoint
 
     _check_options(method, eigen_method, num_matvecs, k, max_iter, tol)
     from losslens.geometry.operators.auto import AutoBackend
+    from losslens.geometry.operators.difference import DifferenceBackend
+    from losslens.geometry.operators.reverse import ReverseBackend
     from losslens.geometry.operators.names import BACKENDS, backend_named
     from losslens.lm.core.distributed import PARALLEL_MODES, DistributedError, init_data_parallel
 
@@ -102,7 +192,8 @@ def sharpness(
         raise SharpnessError(f"--backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")
     if parallel != "none" and isinstance(backend_named(backend), AutoBackend):
         raise SharpnessError(
-            f"--backend auto is not available with --parallel {parallel}: pass --backend reverse or difference"
+            f"--backend {backend} is not available with --parallel {parallel}: pass --backend "
+            f"{ReverseBackend.name} or {DifferenceBackend.name}"
         )
     from losslens.geometry.operators.precision import COMPUTE_DTYPES
 
@@ -124,6 +215,7 @@ def sharpness(
     except CheckpointError as exc:
         raise SharpnessError(str(exc)) from exc
     t0 = time.perf_counter()
+    echo(progress, f"{ref.label}: building the curvature set", "sharpness")
     if data is not None:
         from losslens.lm.core.tokenset import TokenSet
 
@@ -150,6 +242,9 @@ def sharpness(
         except (DistributedError, ValueError) as exc:
             raise SharpnessError(str(exc)) from exc
         pg = DataParallel()
+    if pg is not None and pg.rank != 0:
+        progress = False  # one display: rank 0's
+    echo(progress, f"{ref.label}: loading the weights ({len(batches)} curvature batches)", "sharpness")
     try:
         model = CheckpointLoader(
             traj, device=dev, dtype=getattr(torch, dtype) if dtype else None, allow_pickle=allow_pickle
@@ -180,14 +275,24 @@ def sharpness(
                 max_memory=max_memory,
                 backend=backend,
                 compute_dtype=compute_dtype,
+                error_tolerance=error_tolerance,  # over it the operator warns (ProductErrorWarning), once
                 **({"data_parallel": pg} if pg is not None else {}),
             )
         # both plans are checked before any product: a plan that cannot fit fails here, in one line
         trace_memory(op, method, num_matvecs)
         eigen_memory(op, k, eigen_method, max_iter)
         with torch_threads(num_threads):
-            est = (hutchpp_trace if method == "hutch++" else hutchinson_trace)(op, num_matvecs=num_matvecs, seed=seed)
-            ev = top_eigenvalues(op, k=k, method=eigen_method, tol=tol, max_iter=max_iter, seed=seed)
+            with progress_bar(progress, num_matvecs, what=f"trace ({method})", unit="HVP", label="sharpness") as bar:
+                op.on_products = bar.update
+                est = (hutchpp_trace if method == "hutch++" else hutchinson_trace)(
+                    op, num_matvecs=num_matvecs, seed=seed
+                )
+            most = (max_iter if eigen_method == "lanczos" else k * max_iter) + k  # + the Ritz vectors' refinement
+            what = f"top-{k} eigenvalues, {eigen_method} (at most)"
+            with progress_bar(progress, most, what=what, unit="HVP", label="sharpness") as bar:
+                op.on_products = bar.update
+                ev = top_eigenvalues(op, k=k, method=eigen_method, tol=tol, max_iter=max_iter, seed=seed)
+            op.on_products = None
     except (MemoryBudgetError, OperatorError) as exc:
         raise SharpnessError(str(exc)) from exc
     return {
@@ -260,4 +365,14 @@ def _check_options(method: str, eigen_method: str, num_matvecs, k, max_iter, tol
         raise SharpnessError(f"tol must be a positive number, got {tol!r}")
 
 
-__all__ = ["sharpness", "SharpnessError"]
+sharpness = keywords(
+    measure_sharpness,
+    "sharpness",
+    """``sharpness(checkpoint, *, num_matvecs=100, ..., max_memory=None, ...)``: :func:`measure_sharpness`
+with every option a keyword parameter named like the CLI's (``--max-memory`` -> ``max_memory``) and
+its default; a whole settings object may be passed by its name (``memory=MemoryOptions(...)``).
+``checkpoint``: a path or an ``hf:`` name (see ``_measure``). Returns what
+``losslens sharpness --json`` prints.""",
+)
+
+__all__ = ["EIGEN_METHODS", "TRACE_METHODS", "SharpnessError", "SharpnessSettings", "measure_sharpness", "sharpness"]

@@ -276,7 +276,8 @@ class Trajectory:
     ) -> "Trajectory":
         """A new trajectory whose checkpoints' LR and tokens are derived from ``schedule`` (a
         :class:`~losslens.lm.checkpoints.schedule.Schedule`, a spec string or a preset name) and
-        ``tokens_per_step`` (default: the schedule's), by step (:func:`~losslens.lm.checkpoints.schedule.apply_schedule`;
+        ``tokens_per_step`` (default: the schedule's), by step
+        (:func:`~losslens.lm.checkpoints.schedule.apply_schedule`;
         ``override=False`` only fills missing values). The spec is kept in ``meta["schedule"]``."""
         sched = as_schedule(schedule)
         tps = check_tokens_per_step(tokens_per_step)

@@ -1,4 +1,5 @@
-"""The LM loss through a closed-form, token-chunked head: the same number as :func:`~losslens.lm.core.next_token_loss.lm_loss`
+"""The LM loss through a closed-form, token-chunked head: the same number as
+:func:`~losslens.lm.core.next_token_loss.lm_loss`
 with a far smaller double-backward graph at large vocabularies.
 
 :func:`lm_loss_lean` runs the model's trunk (``model.base_model``: embeddings, blocks, final norm)

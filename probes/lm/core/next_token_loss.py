@@ -136,7 +136,8 @@ class ExcludingLoss:
         return f"ExcludingLoss({self.__name__}, exclude={list(self.exclude)})"
 
 
-# the curvature operators and surfaces weight each batch by its targets (losslens.geometry.base.batches), as evaluate() does
+# the curvature operators and surfaces weight each batch by its targets (losslens.geometry.base.batches), as evaluate()
+# does
 lm_loss.batch_weight = target_count
 
 
@@ -166,7 +167,7 @@ def evaluate(
     (:func:`losslens.geometry.base.modes.module_modes`). Cost: one forward per batch.
     Raises :class:`LossError` on an empty set or a non-finite loss.
     """
-    from tqdm.auto import tqdm
+    from losslens.geometry.base.progress import progress_bar
 
     batches = list(batches)
     if not batches:
@@ -174,11 +175,13 @@ def evaluate(
     t0 = time.perf_counter()
     total, count = 0.0, 0
     with module_modes(model, training=False):
-        for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
-            check_batch(model, batch)
-            n = getattr(loss_fn, "batch_weight", target_count)(batch)  # the operators' default weight: one rule
-            total += float(loss_fn(model, batch)) * n
-            count += n
+        with progress_bar(progress, len(batches), what=desc, unit="batch", plan=False) as bar:
+            for batch in batches:
+                check_batch(model, batch)
+                n = getattr(loss_fn, "batch_weight", target_count)(batch)  # the operators' default weight: one rule
+                total += float(loss_fn(model, batch)) * n
+                count += n
+                bar.update()
     if count == 0:
         raise LossError("no target token is counted: every token of the set is excluded")
     loss = total / count

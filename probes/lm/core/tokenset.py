@@ -71,9 +71,14 @@ class TokenSet:
 
     @property
     def content_hash(self) -> str:
-        """SHA-256 hex digest of the shape and the int64 token ids (stable across runs/machines)."""
+        """SHA-256 hex digest of the shape and the int64 token ids (stable across runs/machines), and of
+        the document framing when the set records one (``meta["framing"]``, :mod:`losslens.lm.data.framing`;
+        sets without it hash as before)."""
         h = hashlib.sha256()
         h.update(json.dumps(list(self.tokens.shape)).encode())
+        framing = self.meta.get("framing") if isinstance(self.meta, dict) else None
+        if framing:
+            h.update(json.dumps(framing, sort_keys=True).encode())
         h.update(self.tokens.contiguous().cpu().numpy().astype("<i8").tobytes())
         return h.hexdigest()
 

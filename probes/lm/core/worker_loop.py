@@ -78,6 +78,9 @@ def _serve(fd: int, threads: int, parent: int) -> None:
     global _SINK
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent)
+    from losslens.geometry.base.progress import plain_warnings
+
+    plain_warnings()  # as the CLI shows them: one `warning: …` line
     conn = Connection(fd)
 
     def send(obj: Any) -> None:

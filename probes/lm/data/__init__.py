@@ -10,7 +10,9 @@ Modules:
 - :mod:`.tokenizers` -- a checkpoint's own tokenizer, a byte-level BPE trained here, raw bytes;
   :func:`tokenizer_fingerprint`;
 - :mod:`.token_sets` -- token streams, non-overlapping windows, :func:`build_token_sets` and
-  :func:`default_token_sets`.
+  :func:`default_token_sets`;
+- :mod:`.framing` -- documents and rows framed as the model's tokenizer frames a document (BOS/EOS),
+  :func:`document_framing`, :func:`framing_effect` and :class:`FramingWarning`.
 
 The :class:`~losslens.lm.core.tokenset.TokenSet` container itself lives in :mod:`losslens.lm.core` (every room
 uses it); it is re-exported here.
@@ -30,6 +32,7 @@ from losslens.lm.data.corpus import (
     embedded_documents,
     is_heldout,
 )
+from losslens.lm.data.framing import FramingWarning, document_framing, framing_effect
 from losslens.lm.data.token_sets import (
     DEFAULT_SHAPES,
     QUICK_SHAPES,
@@ -70,4 +73,7 @@ __all__ = [
     "DEFAULT_SHAPES",
     "QUICK_SHAPES",
     "HELDOUT_MODULUS",
+    "document_framing",
+    "framing_effect",
+    "FramingWarning",
 ]

@@ -20,6 +20,7 @@ from losslens.lm.checkpoints import CheckpointError, CheckpointRef, Trajectory, 
 from losslens.lm.core.tokenset import TokenSet, TokenSetError
 
 from losslens.lm.data.corpus import DataError, TextSource
+from losslens.lm.data.framing import Framing, document_framing, framed_rows
 from losslens.lm.data.tokenizers import encode_documents, eos_id, load_tokenizer, tokenizer_fingerprint, tokenizer_name
 
 __all__ = [
@@ -51,16 +52,19 @@ QUICK_SHAPES: dict[str, tuple[int, int, int]] = {
 _STREAM_CACHE: dict[tuple, torch.Tensor] = {}
 
 
-def token_stream(tokenizer: Any, source: "TextSource | str | Path") -> torch.Tensor:
+def token_stream(tokenizer: Any, source: "TextSource | str | Path", framing: Framing | None = None) -> torch.Tensor:
     """All documents of ``source`` tokenized and concatenated into one int64 tensor [n_tokens].
 
-    Documents are encoded without special tokens and each is followed by the tokenizer's EOS id
-    when it has one. Streams of the embedded corpus are cached per process (keyed by the tokenizer
+    Documents are encoded without special tokens; with a ``framing`` that adds tokens
+    (:func:`~losslens.lm.data.framing.document_framing`) each is framed as the tokenizer frames it
+    (``prefix + ids + suffix``), otherwise each is followed by the tokenizer's EOS id when it has one.
+    Streams of the embedded corpus are cached per process (keyed by the tokenizer
     fingerprint). Cost: ~1 s per MB of text with a fast tokenizer.
     """
     source = _as_source(source)
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) or tokenizer is None else tokenizer
-    key = (tokenizer_fingerprint(tok), source) if source.kind in ("embedded", "text") else None
+    framing = framing if framing is not None and framing.name != "none" else None
+    key = (tokenizer_fingerprint(tok), source, framing) if source.kind in ("embedded", "text") else None
     if key is not None and key in _STREAM_CACHE:
         return _STREAM_CACHE[key]
     docs = source.documents()
@@ -68,7 +72,10 @@ def token_stream(tokenizer: Any, source: "TextSource | str | Path") -> torch.Ten
         raise DataError(f"text source {source.describe()} has no documents")
     ids = encode_documents(tok, [t for _, t in docs])
     eos = eos_id(tok)
-    parts = [np.asarray(d + ([eos] if eos is not None else []), dtype=np.int64) for d in ids]
+    if framing is not None:
+        parts = [np.asarray(framing.frame(d), dtype=np.int64) for d in ids]
+    else:
+        parts = [np.asarray(d + ([eos] if eos is not None else []), dtype=np.int64) for d in ids]
     stream = torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
     if key is not None:
         if len(_STREAM_CACHE) > 8:
@@ -149,6 +156,7 @@ def build_token_sets(
     text_or_source: "TextSource | str | Path",
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
+    frame: bool = True,
 ) -> dict[str, TokenSet]:
     """Disjoint token sets ``{name: TokenSet[n_batches, batch, seq]}`` from one text source.
 
@@ -159,18 +167,27 @@ def build_token_sets(
     ``meta`` records the source, its document split, the tokenizer name and fingerprint, all shapes,
     the seed, the stream length and hash, and the window start offsets. Deterministic for
     (tokenizer, source, shapes, seed). Raises :class:`TokenSetError` when the stream is too short.
+    ``frame``: documents and rows framed as the tokenizer frames a document (BOS / EOS as its
+    config says: :mod:`losslens.lm.data.framing`; recorded in ``meta["framing"]`` and the content
+    hash); False builds unframed sets from a framing tokenizer on purpose (recorded as well).
     """
     shapes = _check_shapes(shapes or DEFAULT_SHAPES)
     source = _as_source(text_or_source)
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) or tokenizer is None else tokenizer
-    stream = token_stream(tok, source)
+    framing = document_framing(tok)
     meta = {
         "source": source.describe(),
         "split": source.split,
         "tokenizer": tokenizer_name(tok),
         "tokenizer_fingerprint": tokenizer_fingerprint(tok),
     }
-    return token_sets_from_stream(stream, shapes, seed, meta, source_name=f"the token stream of {source.describe()}")
+    if framing.name != "none" and not frame:
+        meta["framing"] = dict(Framing().as_meta(), declined=framing.name)
+        framing = Framing()
+    stream = token_stream(tok, source, framing)
+    return token_sets_from_stream(
+        stream, shapes, seed, meta, source_name=f"the token stream of {source.describe()}", framing=framing
+    )
 
 
 def token_sets_from_stream(
@@ -179,10 +196,13 @@ def token_sets_from_stream(
     seed: int = 0,
     meta: dict | None = None,
     source_name: str = "the token stream",
+    framing: Framing | None = None,
 ) -> dict[str, TokenSet]:
     """Disjoint token sets cut from an already tokenized ``stream`` [n_tokens] (see
     :func:`plan_windows`); ``meta`` is copied into every set's metadata together with the shapes,
-    seed, stream length / hash and window start offsets."""
+    seed, stream length / hash and window start offsets. With a ``framing`` that adds tokens every
+    row starts with its prefix (:func:`~losslens.lm.data.framing.framed_rows`) and ``meta["framing"]``
+    records it."""
     shapes = _check_shapes(shapes)
     stream = torch.as_tensor(stream, dtype=torch.long).reshape(-1)
     plan = plan_windows(len(stream), shapes, seed, source_name=source_name)
@@ -195,11 +215,12 @@ def token_sets_from_stream(
             "stream_hash": hashlib.sha256(stream.numpy().astype("<i8").tobytes()).hexdigest(),
         }
     )
+    framing = framing or Framing()
+    if framing.name != "none":
+        common["framing"] = framing.as_meta()
     out = {}
     for name, (nb, b, s) in shapes.items():
-        starts = torch.from_numpy(plan[name])
-        idx = starts[:, None] + torch.arange(s)[None, :]
-        tokens = stream[idx].reshape(nb, b, s)
+        tokens = framed_rows(stream, plan[name], s, framing).reshape(nb, b, s)
         out[name] = TokenSet(tokens, name, dict(common, set=name, shape=[nb, b, s], window_starts=plan[name].tolist()))
     return out
 
@@ -211,6 +232,7 @@ def default_token_sets(
     seed: int = 0,
     seq_len: int | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
+    frame: bool = True,
 ) -> dict[str, TokenSet]:
     """The standard ``"eval"``, ``"calibration"`` and ``"curvature"`` sets for a model.
 
@@ -223,7 +245,8 @@ def default_token_sets(
     :func:`build_token_sets`, where a ``str`` is raw text).
     Shapes: :data:`DEFAULT_SHAPES` (16/8/4 batches of 8x128) or, with ``quick``, :data:`QUICK_SHAPES`;
     ``seq_len`` overrides the sequence length and must not exceed the model's context (raises
-    :class:`TokenSetError` if it does).
+    :class:`TokenSetError` if it does). ``frame``: as in :func:`build_token_sets` (rows framed as
+    the model's tokenizer frames a document, BOS first where it adds one).
     """
     tok = load_tokenizer(tokenizer_or_checkpoint)
     context = _context_length(tokenizer_or_checkpoint)
@@ -245,7 +268,7 @@ def default_token_sets(
         if source is None
         else _as_source(TextSource.parse(source) if isinstance(source, str) else source)
     )
-    return build_token_sets(tok, src, base, seed=seed)
+    return build_token_sets(tok, src, base, seed=seed, frame=frame)
 
 
 def _context_length(obj: Any) -> int | None:

@@ -6,7 +6,8 @@ a :class:`losslens.geometry.HessianOperator` of :func:`losslens.lm.core.next_tok
 2×16-token slice carrying every special token (on a float64 miniature of the architecture for
 models over 50M parameters or in half precision) — that the chosen backend's products agree with
 finite differences of the gradient and of the loss. An architecture whose ops lack a forward-AD rule falls back to the
-reverse backend with a :class:`~losslens.lm.models.second_order.SecondOrderWarning` naming the op; one whose products cannot
+reverse backend with a :class:`~losslens.lm.models.second_order.SecondOrderWarning` naming the op; one whose products
+cannot
 be trusted raises :class:`~losslens.lm.models.second_order.SecondOrderError` (recorded as a failed row
 by sweeps) — never a silently wrong number.
 
@@ -39,8 +40,10 @@ from torch import nn
 from losslens.geometry.base.params import ParamSpace, select_parameters
 from losslens.geometry.memory.model import MemoryBudgetError
 from losslens.geometry.operators.auto import AutoBackend
-from losslens.geometry.operators.names import backend_named
+from losslens.geometry.operators.names import DEFAULT_BACKEND, backend_named
 from losslens.geometry.operators.data_parallel import DataParallel
+from losslens.geometry.operators.difference import DifferenceBackend
+from losslens.geometry.operators.guarantees import warn_product_error
 from losslens.geometry.operators.hessian import HessianOperator
 from losslens.geometry.operators.interface import estimator_dtype
 from losslens.geometry.operators.reverse import ReverseBackend
@@ -53,10 +56,13 @@ from losslens.lm.models.miniature import check_precision, miniature_bound
 from losslens.lm.models.second_order import SecondOrderError, ensure_second_order
 from losslens.lm.models.zero_embeddings import curvature_loss, exclusion_record, zero_embedding_tokens
 
-__all__ = ["lm_hessian", "plan_lm_setup", "LmSetup", "error_warning", "UNCHECKED"]
+__all__ = ["lm_hessian", "plan_lm_setup", "LmSetup", "error_warning", "UNCHECKED", "ERROR_TOLERANCE"]
 
 #: The check precision of a ``backend="auto"`` operator whose second-order check cannot fit.
 UNCHECKED = "unchecked"
+#: Measured relative product error above which a result is flagged (:func:`error_warning`, the CLI's
+#: ``--error-tolerance`` default) and :func:`lm_hessian`'s operator warns (``ProductErrorWarning``).
+ERROR_TOLERANCE = 1e-2
 
 
 @dataclass(frozen=True)
@@ -78,9 +84,10 @@ def lm_hessian(
     model: nn.Module,
     batches: Sequence[torch.Tensor],
     params=None,
-    backend: str = "reverse",
+    backend: str = DEFAULT_BACKEND,
     check: bool = True,
     lean_head: bool = True,
+    error_tolerance: float = ERROR_TOLERANCE,
     **kwargs,
 ) -> HessianOperator:
     """Hessian of the mean LM loss over ``batches`` ([b, s] token tensors) w.r.t. ``params`` globs.
@@ -108,6 +115,12 @@ def lm_hessian(
     Tokens whose input-embedding row is zero (padding) are left out of the loss as inputs and
     targets, with every backend (:mod:`losslens.lm.models.zero_embeddings`: the first normalisation is
     singular there); ``op.excluded`` records which and how many (summed over the ranks).
+
+    This is the Python path that gets what ``losslens sharpness`` gets: the exclusion above, float64
+    fidelity for gradient differences, and an inexact backend's error measured before the operator is
+    returned, a :class:`~losslens.geometry.base.errors.ProductErrorWarning` (once) when it exceeds
+    ``error_tolerance`` (``op.error_tolerance``; the CLI's ``--error-tolerance`` default,
+    :data:`ERROR_TOLERANCE`), whether measured on the check slice or bounded on a miniature.
     """
     batches = list(batches)
     chosen = backend_named(backend)  # an unknown name raises here, before any work
@@ -141,7 +154,7 @@ def lm_hessian(
             checked = second_order()
         if not auto or not backend_named(checked).second_order:
             backend, chosen, auto = checked, backend_named(checked), False
-    lean = lean_head and isinstance(chosen, ReverseBackend)  # the lean head's derivatives are reverse-mode only
+    lean = lean_head and chosen.lean_head  # the lean head's derivatives are reverse-mode only
     if lean:
         kwargs.setdefault("loss_transient_bytes", setup.head_bytes)
     loss_fn = setup.lean_loss if lean else setup.exact_loss  # zero-embedding tokens left out
@@ -151,10 +164,11 @@ def lm_hessian(
     if precision == UNCHECKED and op.product_backend.second_order:
         why = op.backend_choice["why"]
         raise MemoryBudgetError(
-            f"backend='auto' chose the exact pass ({why}), but its second-order check does not "
-            "fit max_memory; raise max_memory or pass backend='difference'"
+            f"backend={AutoBackend.name!r} chose the exact pass ({why}), but its second-order check does not "
+            f"fit max_memory; raise max_memory or pass backend={DifferenceBackend.name!r}"
         )
     op.excluded = exclusion_record(setup.exclude, batches, op.parallel)
+    op.error_tolerance = float(error_tolerance)  # before the check below: it warns over this tolerance
     if not op.product_backend.exact and batches and op.checked()["rel_error"] is None:
         bound = miniature_bound(
             model,
@@ -163,6 +177,7 @@ def lm_hessian(
             compute_dtype=kwargs.get("compute_dtype"),
         )
         op.hvp_check = {**op.hvp_check, **bound}
+        warn_product_error(op)  # the bound, over the tolerance: said once, as a measured error is
     return op
 
 
@@ -205,7 +220,7 @@ def plan_lm_setup(
     return LmSetup(tuple(exclude), exact_loss, lean_loss, head_bytes, precision)
 
 
-def error_warning(check: dict | None, compute_dtype, tolerance: float = 1e-2) -> dict | None:
+def error_warning(check: dict | None, compute_dtype, tolerance: float = ERROR_TOLERANCE) -> dict | None:
     """The warning a result carries when its products' measured relative error exceeds ``tolerance``:
     ``{"rel_error", "tolerance", "cause", "fix", "message"}`` (one line); None when the error is within
     it, or not measured (``check["reference"]`` then says why) or the backend is exact (``check`` None)."""
@@ -222,10 +237,10 @@ def error_warning(check: dict | None, compute_dtype, tolerance: float = 1e-2) ->
         )
     elif kinked:
         cause = f"activations that are not smooth ({', '.join(kinked)}): gradient differences straddle their kinks"
-        fix = "--backend reverse (exact) where its pass fits"
+        fix = f"--backend {ReverseBackend.name} (exact) where its pass fits"
     else:
         cause = f"the gradient-difference step in {name} (possibly a token whose input-embedding row is zero)"
-        fix = "--backend reverse where its pass fits, or curvature data without zero-embedding tokens"
+        fix = f"--backend {ReverseBackend.name} where its pass fits, or curvature data without zero-embedding tokens"
     return {
         "rel_error": err,
         "tolerance": tolerance,

@@ -47,7 +47,10 @@ import torch
 from torch import nn
 
 from losslens.geometry.base.errors import LosslensError
+from losslens.geometry.operators.forward import ForwardBackend
 from losslens.geometry.operators.hessian import HessianOperator
+from losslens.geometry.operators.names import DEFAULT_BACKEND, SECOND_ORDER_BACKENDS
+from losslens.geometry.operators.reverse import ReverseBackend
 from losslens.lm.core.next_token_loss import lm_loss
 from losslens.lm.core.numerics import rel_error
 
@@ -85,7 +88,7 @@ def check_second_order(
     precision: str | torch.dtype = "auto",
     rtol: float | None = None,
     eps: float | None = None,
-    preferred: str = "reverse",
+    preferred: str = DEFAULT_BACKEND,
 ) -> SecondOrderReport:
     """Probe whether both HVP backends give the true Hessian of ``model`` on one tiny batch.
 
@@ -149,7 +152,7 @@ def check_second_order(
         )
     with curvature_safe(work, quiet=True):
         customs = custom_functions(work, loss_fn, batches[0])
-        op_rev = HessianOperator(work, loss_fn, batches, params=params, backend="reverse")
+        op_rev = HessianOperator(work, loss_fn, batches, params=params, backend=ReverseBackend.name)
         V = probe_vectors(op_rev, num_vectors, seed, dtype)
         ref, ref_half = fd_hvp(op_rev, V, eps), fd_hvp(op_rev, V, eps / 2)
         quad, quad_half = fd_quadratic(op_rev, V, 10 * eps), fd_quadratic(op_rev, V, 5 * eps)
@@ -162,8 +165,12 @@ def check_second_order(
             )
         checks: dict[str, BackendCheck] = {}
         products: dict[str, torch.Tensor] = {}
-        for backend, op in (("reverse", op_rev), ("forward", None)):
-            op = op or HessianOperator(work, loss_fn, batches, params=params, backend=backend)
+        for backend in SECOND_ORDER_BACKENDS:
+            op = (
+                op_rev
+                if backend == op_rev.backend
+                else HessianOperator(work, loss_fn, batches, params=params, backend=backend)
+            )
             try:
                 HV = op.matmat_flat(V)
             except Exception as e:  # noqa: BLE001 - every failure is reported, none is swallowed silently
@@ -183,7 +190,8 @@ def check_second_order(
                 quadratic_error=q_err,
                 worst_params=() if ok else worst_params(op_rev.space, HV, ref),
             )
-    agreement = rel_error(products["forward"], products["reverse"]) if len(products) == 2 else None
+    exact, reference = ForwardBackend.name, ReverseBackend.name
+    agreement = rel_error(products[exact], products[reference]) if len(products) == 2 else None
     _explain(checks, customs, tol, messages)
     (other,) = checks.keys() - {preferred}  # the other exact backend
     if checks[preferred].ok:
@@ -204,8 +212,8 @@ def check_second_order(
         dtype=str(dtype).replace("torch.", ""),
         dim=op_rev.dim,
         attention=attention,
-        reverse=checks["reverse"],
-        forward=checks["forward"],
+        reverse=checks[ReverseBackend.name],
+        forward=checks[ForwardBackend.name],
         backend_agreement=agreement,
         fd_noise=fd_noise,
         rtol=tol,
@@ -308,7 +316,7 @@ def architecture_key(model: nn.Module, params=None) -> str:
 def ensure_second_order(
     model: nn.Module,
     batch,
-    backend: str = "reverse",
+    backend: str = DEFAULT_BACKEND,
     params=None,
     loss_fn=None,
     cache: bool = True,

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from losslens.geometry.base.errors import LosslensError
+from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.geometry.operators.sharded import ShardedHessianOperator
 from losslens.lm.core.next_token_loss import lm_loss
 from losslens.lm.core.modules import find_blocks
@@ -89,7 +90,7 @@ def fsdp_lm_hessian(
     model: nn.Module,
     batches: Sequence[torch.Tensor],
     device: Any,
-    backend: str = "difference",
+    backend: str = DifferenceBackend.name,
     compute_dtype: Any = None,
     max_memory: Any = None,
 ) -> ShardedHessianOperator:
@@ -100,9 +101,9 @@ def fsdp_lm_hessian(
     tokens are found once, on the whole model, for both. FSDP2 runs first-order gradients only: an
     exact ``backend`` (reverse, forward, auto) is replaced by the difference backend out loud
     (``op.backend_choice`` says why; the CLI prints it)."""
-    from losslens.geometry.operators.auto import AutoBackend
     from losslens.geometry.operators.names import backend_named
     from losslens.geometry.operators.precision import compute_dtype_for
+    from losslens.lm.models.curvature import ERROR_TOLERANCE
     from losslens.lm.models.miniature import miniature_bound
 
     dtype = compute_dtype_for(next(model.parameters()).dtype, compute_dtype)
@@ -115,8 +116,10 @@ def fsdp_lm_hessian(
         shard_model(model, device, dtype), batches, exclude, max_memory=max_memory, compute_dtype=dtype
     )
     op.hvp_check = {**op.checked(), **mini}
+    op.error_tolerance = ERROR_TOLERANCE
+    op.checked()  # a ProductErrorWarning, once, when the miniature's bound exceeds the tolerance
     requested = backend_named(backend)
-    if isinstance(requested, AutoBackend) or requested.exact:
+    if not requested.shardable:
         op.backend_choice = {
             "chosen": op.backend,
             "requested": backend,

@@ -20,7 +20,7 @@ Modules: :mod:`.spec` (QuantSpec), :mod:`.rtn` (RTN/INT8 + the INT-b grid), :mod
 GPTQ), :mod:`.gptq_preset` (GPTQModel's default GPTQ: the ``gptq:…:gptqmodel`` preset),
 :mod:`.sequential` (model-level GPTQ driver), :mod:`.awq` (AWQ over a model), :mod:`.awq_search` (its
 search on one group of linears), :mod:`.backends`,
-:mod:`.api` (quantize), :mod:`.results` (QuantizedModel, LayerReport, CalibObjective), :mod:`.metrics`
+:mod:`.dispatch` (quantize), :mod:`.results` (QuantizedModel, LayerReport, CalibObjective), :mod:`.metrics`
 (quantization_error), :mod:`.plane` (the quantization plane A = Θ_K, B = Θ_{K−1}, C = Θ̂_K).
 """
 

@@ -144,7 +144,7 @@ def awq_model(
     ``on_group(result: AWQGroupResult)`` (optional) sees every group's search. Linears that never
     run on the calibration data are RTN-quantized with a note. Cost: see the module docstring.
     """
-    from tqdm.auto import tqdm
+    from losslens.geometry.base.progress import progress_bar
 
     opts = _options(spec)
     report: list = []
@@ -227,7 +227,7 @@ def awq_model(
                 outside_stats = [(names, hooks[names[0]]) for names in groups]
             if n_in_blocks:
                 inps = capture_block_inputs(model, blocks[0], batches)
-                bar = tqdm(total=n_in_blocks, desc=str(spec), disable=not progress, leave=False)
+                bar = progress_bar(progress, n_in_blocks, what=str(spec), unit="layer", label="quantize")
                 last = max(k for k, sel in enumerate(in_block) if sel)
                 for k, block in enumerate(blocks):
                     sel = in_block[k]

@@ -112,7 +112,8 @@ def quantize(
     rotation) and rotates the result back; each layer's report then holds ‖Q(WR) − WR‖/‖WR‖, which equals
     ‖Q(WR)Rᵀ − W‖/‖W‖ (R orthogonal), and a note naming the rotation.
 
-    Cost: RTN/INT8 and the formats of :mod:`losslens.lm.quant.formats` O(parameters); GPTQ one forward per calibration batch
+    Cost: RTN/INT8 and the formats of :mod:`losslens.lm.quant.formats` O(parameters); GPTQ one forward per calibration
+    batch
     to capture block 0's inputs, then per block (#input groups + 2) block forwards over the calibration set and one
     Cholesky + O(out·in²) update per linear (see :mod:`losslens.lm.quant.sequential`).
 
@@ -142,15 +143,23 @@ def quantize(
     return QuantizedModel(model=target, spec=spec, report=report, seconds=time.perf_counter() - t0)
 
 
+def _counted(linears: dict[str, nn.Linear], bar):
+    """``linears``' items, counted on ``bar`` (a :class:`losslens.geometry.base.progress.Progress`) as each is done."""
+    with bar:
+        for item in linears.items():
+            yield item
+            bar.update()
+
+
 def _dispatch(
     target: nn.Module, spec: QuantSpec, linears: dict[str, nn.Linear], batches, progress: bool
 ) -> list[LayerReport]:
     """Quantize ``linears`` of ``target`` in place with ``spec`` (no rotation); the per-layer reports."""
-    from tqdm.auto import tqdm
+    from losslens.geometry.base.progress import progress_bar
 
     report: list[LayerReport] = []
     if spec.method in ("rtn", "int8"):
-        for name, lin in tqdm(linears.items(), desc=str(spec), disable=not progress, leave=False):
+        for name, lin in _counted(linears, progress_bar(progress, len(linears), what=str(spec), unit="layer")):
             t = time.perf_counter()
             W = lin.weight.data
             new = (
@@ -179,7 +188,7 @@ def _dispatch(
 
         report = backends.quantize_with_backend(target, spec, linears, batches, progress=progress)
     elif spec.method in FORMAT_METHODS:
-        for name, lin in tqdm(linears.items(), desc=str(spec), disable=not progress, leave=False):
+        for name, lin in _counted(linears, progress_bar(progress, len(linears), what=str(spec), unit="layer")):
             t = time.perf_counter()
             new, notes = quantize_weight(lin.weight.data, spec)
             err = rel_error(new, lin.weight.data)

@@ -89,6 +89,7 @@ def quantization_error(
     calibration=None,
     modules=None,
     fp_loss: "float | LossResult | None" = None,
+    progress=False,
 ) -> QuantError:
     """Quantize a copy of ``model`` with ``spec`` and compare losses on ``eval_set``.
 
@@ -101,6 +102,8 @@ def quantization_error(
         modules: linear-layer globs (default: every Linear in the decoder blocks).
         fp_loss: the model's loss on ``eval_set`` if already known (float or LossResult), to save
             one evaluation when sweeping several specs.
+        progress: layers and batches done / planned on stderr (True, or a
+            :data:`losslens.geometry.base.progress.ProgressArg`).
 
     Cost: one evaluation of the quantized model (+1 of the FP model without ``fp_loss``) plus the
     quantization itself (see :func:`losslens.lm.quant.quantize`). Peak memory: two models.
@@ -111,11 +114,11 @@ def quantization_error(
     if calibration is not None and spec.needs_calibration:
         check_disjoint(eval_batches, calibration_batches(calibration))
     if fp_loss is None:
-        fp = evaluate(model, eval_batches).loss
+        fp = evaluate(model, eval_batches, progress=progress, desc="FP eval").loss
     else:
         fp = float(fp_loss.loss if isinstance(fp_loss, LossResult) else fp_loss)
-    qm = quantize(model, spec, calibration=calibration, modules=modules)
-    q_res = evaluate(qm.model, eval_batches)
+    qm = quantize(model, spec, calibration=calibration, modules=modules, progress=progress)
+    q_res = evaluate(qm.model, eval_batches, progress=progress, desc=f"{spec} eval")
     q = q_res.loss
     mods = dict(qm.model.named_modules())
     pooled = float(weight_kurtosis(qm.model, {n: mods[n] for n in qm.names}).pooled)

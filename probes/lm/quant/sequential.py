@@ -245,7 +245,7 @@ def gptq_sequential(
     ``on_layer(name, linear, result)`` is called after each layer's GPTQ; it must write
     ``result.weight`` into ``linear`` (the driver relies on it for the following groups and blocks).
     """
-    from tqdm.auto import tqdm
+    from losslens.geometry.base.progress import progress_bar
 
     blocks, in_block, outside = partition_by_block(model, linears)
     n_in_blocks = sum(len(sel) for sel in in_block)
@@ -253,7 +253,7 @@ def gptq_sequential(
     with module_modes(model, training=False):
         if n_in_blocks:
             inps = capture_block_inputs(model, blocks[0], batches)
-            bar = tqdm(total=n_in_blocks, desc="gptq", disable=not progress, leave=False)
+            bar = progress_bar(progress, n_in_blocks, what="GPTQ", unit="layer", label="quantize")
             last = max(k for k, sel in enumerate(in_block) if sel)
             for k, block in enumerate(blocks):
                 sel = in_block[k]

@@ -18,7 +18,7 @@ from losslens.lm.train.config import TrainConfig, TrainError, format_value, lr_a
 
 __all__ = ["FORK_KINDS", "ForkSchedule", "lr_function"]
 
-FORK_KINDS = ("cosine", "sgdr", "oscillate", "parent")
+FORK_KINDS = ("cosine", "sgdr", "oscillate", "parent", "constant", "linear", "wsd")
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,9 @@ class ForkSchedule:
       - ``oscillate`` -- oscillating lock-in: the cosine continuation plus ``amplitude`` (an LR,
         added) for ``bump_steps`` updates, then ``cool_steps`` updates on the baseline, repeated.
       - ``parent`` -- the parent's own schedule continued unchanged (``lr_at(S + t, parent)``).
+      - ``constant`` -- ``start_lr`` throughout; ``linear`` -- linear from ``start_lr`` to ``min_lr``
+        over ``steps``; ``wsd`` -- ``start_lr`` until update ``cooldown_at`` (default ``steps − steps // 5``),
+        then a linear cooldown to ``min_lr`` at ``steps`` (the seeds' WSD cooldown at a chosen step).
 
     ``None`` fields are filled by :meth:`resolve` from the parent: ``start_lr`` = the LR of the
     parent's last update before the checkpoint; ``min_lr`` = the parent's final LR
@@ -49,6 +52,7 @@ class ForkSchedule:
     amplitude: float | None = None
     bump_steps: int = 25
     cool_steps: int = 100
+    cooldown_at: int | None = None
 
     def __post_init__(self):
         if self.kind not in FORK_KINDS:
@@ -63,6 +67,8 @@ class ForkSchedule:
             raise TrainError(f"period must be >= 1 update, got {self.period}")
         if self.period_mult <= 0:
             raise TrainError(f"period_mult must be > 0, got {self.period_mult}")
+        if self.cooldown_at is not None and not 0 <= self.cooldown_at <= self.steps:
+            raise TrainError(f"cooldown_at must be an update in [0, steps={self.steps}], got {self.cooldown_at}")
         if self.bump_steps < 0 or self.cool_steps < 1:
             raise TrainError(f"need bump_steps >= 0 and cool_steps >= 1 (got {self.bump_steps}, {self.cool_steps})")
 
@@ -79,6 +85,8 @@ class ForkSchedule:
                 changes["restart_lr"] = parent_config.peak_lr
         if self.kind == "oscillate" and self.amplitude is None:
             changes["amplitude"] = start
+        if self.kind == "wsd" and self.cooldown_at is None:
+            changes["cooldown_at"] = self.steps - self.steps // 5
         return replace(self, **changes)
 
     @property
@@ -101,6 +109,16 @@ class ForkSchedule:
             raise TrainError("resolve() the fork schedule against its parent before asking for LRs")
         if self.kind == "cosine":
             return schedules.cosine_continuation_lr(t, self.steps, self.start_lr, self.min_lr)
+        if self.kind == "constant":
+            return float(self.start_lr)
+        if self.kind in ("linear", "wsd"):
+            at = (
+                0
+                if self.kind == "linear"
+                else (self.steps - self.steps // 5 if self.cooldown_at is None else self.cooldown_at)
+            )
+            p = min(1.0, max(0, t - at) / max(1, self.steps - at))
+            return self.start_lr + (self.min_lr - self.start_lr) * p
         if self.kind == "sgdr":
             return schedules.sgdr_lr(t, self.period, self.restart_lr, self.min_lr, self.period_mult)
         return schedules.oscillate_lr(
@@ -132,10 +150,16 @@ class ForkSchedule:
                 f"b{self.bump_steps}",
                 f"c{self.cool_steps}",
             ]
+        if self.kind == "wsd":
+            parts.append(f"cd{self.cooldown_at}" if self.cooldown_at is not None else "cdauto")
         return "-".join(parts)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields (``cooldown_at`` only when set, so older forks' lineages compare equal)."""
+        d = asdict(self)
+        if d["cooldown_at"] is None:
+            del d["cooldown_at"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ForkSchedule":

@@ -21,13 +21,18 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     step: int | None = None,
 ) -> None:
-    """Write an HF checkpoint: config.json, model.safetensors, tokenizer files (+ training_state.pt)."""
+    """Write an HF checkpoint: config.json, model.safetensors, tokenizer files (+ training_state.pt).
+    A model with tied tensors (a pretrained checkpoint's shared embedding and head) is written by its
+    own ``save_pretrained``, which stores a tied tensor once."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(str(folder))
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    if len({v.data_ptr() for v in model.state_dict().values()}) < len(state) and hasattr(model, "save_pretrained"):
+        model.save_pretrained(str(folder))
+    else:
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder))
     if optimizer is not None:

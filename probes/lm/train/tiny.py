@@ -21,10 +21,12 @@ A nanoGPT-style loop -- read it top to bottom:
    (plus ``training_state.pt`` with the AdamW state when ``save_optimizer``), and
    ``OUT/trajectory.json`` is rewritten with, per checkpoint: step, tokens seen
    (``step * batch_size * seq_len``), the LR of the last update, the mean training loss since the
-   previous checkpoint, and the validation loss (:func:`losslens.lm.core.next_token_loss.evaluate` on the validation set).
+   previous checkpoint, and the validation loss (:func:`losslens.lm.core.next_token_loss.evaluate` on the validation
+   set).
 
 The config and schedules (``wsd`` / ``cosine`` / ``constant`` / ``linear``) are in
-:mod:`losslens.lm.train.config` (:class:`~losslens.lm.train.config.TrainConfig`, :func:`~losslens.lm.train.config.lr_at`).
+:mod:`losslens.lm.train.config` (:class:`~losslens.lm.train.config.TrainConfig`,
+:func:`~losslens.lm.train.config.lr_at`).
 Grids of runs (``losslens train-tiny --sweep lr=1e-3,3e-3 --seeds 0,1``) are in
 :mod:`losslens.lm.train.grid`; schedule forks (continue a checkpoint under cosine / SGDR / oscillating
 schedules) in :mod:`losslens.lm.train.forks`, which reuses :func:`run_loop`.

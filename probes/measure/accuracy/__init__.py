@@ -13,7 +13,7 @@ Modules:
 - :mod:`.harness`   -- ``HFLM(pretrained=model, tokenizer=tok)`` + lm-eval's ``evaluate``, per-item
   outcomes, seeded subsamples;
 - :mod:`.stats`     -- mean ± stderr, paired bootstrap and McNemar for Δacc;
-- :mod:`.api`       -- :func:`task_accuracy` (FP and quantized variants) and :class:`AccuracyReport`.
+- :mod:`.variants`  -- :func:`task_accuracy` (FP and quantized variants) and :class:`AccuracyReport`.
 
 Needs the ``eval`` extra (``pip install 'losslens[eval]'``: lm-eval, pinned).
 """

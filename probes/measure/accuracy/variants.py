@@ -129,7 +129,11 @@ def evaluate_variants(
 ) -> AccuracyReport:
     """The work of :func:`task_accuracy` on a :class:`TaskSelection`. ``fp_scores``: FP scores
     already computed on the same prepared tasks (reused, not recomputed); ``prepared``: the
-    :func:`prepare_tasks` result to reuse."""
+    :func:`prepare_tasks` result to reuse. ``progress``: the variants scored / planned with an ETA on
+    stderr (:func:`losslens.geometry.base.progress.progress_bar`); lm-eval's own bars only on a terminal."""
+    import sys
+
+    from losslens.geometry.base.progress import progress_bar
     from losslens.lm.quant import quantize
 
     prepared = prepared if prepared is not None else prepare_tasks(selection, limit, num_fewshot, seed)
@@ -145,19 +149,28 @@ def evaluate_variants(
             "requested": list(selection.requested),
         },
     )
-    rep.scores[FP] = (
-        fp_scores
-        if fp_scores is not None
-        else score_model(model, tokenizer, prepared, batch_size, limit, seed, keep_samples, progress)
-    )
-    for spec in specs:
-        try:
-            qm = quantize(model, spec, calibration=calibration, modules=modules)
-        except Exception as exc:  # noqa: BLE001 - the variant's row fails, the others run
-            rep.errors[spec] = f"{type(exc).__name__}: {exc}"
-            continue
-        rep.scores[spec] = score_model(qm.model, tokenizer, prepared, batch_size, limit, seed, keep_samples, progress)
-        del qm
+    bars = bool(progress is True and sys.stderr.isatty())  # lm-eval's tqdm in a pipe: \r-lines, so terminal only
+    n = len(specs) + (fp_scores is None)
+    with progress_bar(progress, n, what="variants scored", unit="variant", label="accuracy") as bar:
+        if fp_scores is None:
+            bar.describe(FP)
+        rep.scores[FP] = (
+            fp_scores
+            if fp_scores is not None
+            else score_model(model, tokenizer, prepared, batch_size, limit, seed, keep_samples, bars)
+        )
+        bar.update(int(fp_scores is None))
+        for spec in specs:
+            bar.describe(str(spec))
+            try:
+                qm = quantize(model, spec, calibration=calibration, modules=modules)
+            except Exception as exc:  # noqa: BLE001 - the variant's row fails, the others run
+                rep.errors[spec] = f"{type(exc).__name__}: {exc}"
+                bar.update()
+                continue
+            rep.scores[spec] = score_model(qm.model, tokenizer, prepared, batch_size, limit, seed, keep_samples, bars)
+            del qm
+            bar.update()
     fill_statistics(rep, n_boot, seed)
     return rep
 

@@ -7,9 +7,10 @@
 
 Modules: :mod:`.blocks` (layers and module kinds of an LM's parameters), :mod:`.measure` (δ = θ̂ − θ
 of one quantizer measured once: one gradient, one HVP, the loss of θ̂; the trace of its space),
-:mod:`.api` (:class:`Explanation`, :func:`explain`, :func:`explain_specs`, the sweep row),
+:mod:`.explanation` (:class:`Explanation`, :func:`explain`, :func:`explain_specs`, the sweep row),
 :mod:`.checkpoint` (:func:`explain_checkpoint`, what ``losslens explain`` runs). The model-agnostic
-math is :mod:`losslens.geometry.estimators.attribution`; the trajectory analysis is :mod:`losslens.study.analysis.explain_shares`.
+math is :mod:`losslens.geometry.estimators.attribution`; the trajectory analysis is
+:mod:`losslens.study.analysis.explain_shares`.
 """
 
 from losslens.measure.explain.explanation import (

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from losslens.geometry.operators.names import DEFAULT_BACKEND
 from losslens.measure.explain.explanation import explain_specs, product_warning, worst_check
 from losslens.measure.explain.direction import ExplainError
 
@@ -35,19 +36,22 @@ def explain_checkpoint(
     cache_dir: str | Path | None = None,
     schedule: str | None = None,
     tokens_per_step: int | None = None,
-    backend: str = "reverse",
+    backend: str = DEFAULT_BACKEND,
     compute_dtype: str | None = None,
     error_tolerance: float = 1e-2,
+    progress: bool = False,
 ) -> dict:
     """Explanations of ``specs`` on one checkpoint, as ``{"checkpoint", "step", "lr", "data", "explanations"
-    (list of :class:`~losslens.measure.explain.explanation.Explanation`), "seconds", "device", "hvp_check", "error_warning"}``:
+    (list of :class:`~losslens.measure.explain.explanation.Explanation`), "seconds", "device", "hvp_check",
+    "error_warning"}``:
     ``hvp_check`` is the largest measured product error of all explanations (None: exact backend) and
     ``error_warning`` is set when it is over ``error_tolerance`` (error, cause, fix, message).
 
     ``checkpoint``: a checkpoint folder, a trajectory folder (``label`` picks one; default the last
     real checkpoint) or a hub name ``hf:ORG/NAME@REV``, opened by
     :func:`losslens.lm.checkpoints.open_checkpoint` with ``cache_dir``, ``schedule`` and ``tokens_per_step``
-    (the step / LR / tokens reported). Other arguments as :func:`~losslens.measure.explain.explanation.explain_specs`; ``quick``
+    (the step / LR / tokens reported). Other arguments as :func:`~losslens.measure.explain.explanation.explain_specs`;
+    ``quick``
     uses the small default token sets; ``num_threads`` sets torch's threads for the call;
     ``max_memory`` (bytes or ``"8GB"``) bounds each curvature estimator; ``backend`` picks the HVP backend and
     ``compute_dtype`` the dtype its products run in (None: float32 for half-precision weights).
@@ -109,6 +113,7 @@ def explain_checkpoint(
             backend=backend,
             compute_dtype=compute_dtype,
             error_tolerance=error_tolerance,
+            progress=progress,
         )
     check = worst_check([e.hvp_check for e in exps])
     return {

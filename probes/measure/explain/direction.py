@@ -23,6 +23,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
+from losslens.geometry.operators.names import DEFAULT_BACKEND
 from losslens.geometry.base.errors import LosslensError
 from losslens.geometry.estimators.attribution import direction_parts, within_block_curvature
 from losslens.geometry.estimators.directional import estimate_memory as direction_memory
@@ -145,7 +146,7 @@ def plan_curvature(
     within: Sequence[str] = (),
     max_memory=None,
     trace: tuple[str, int] | None = None,
-    backend: str = "reverse",
+    backend: str = DEFAULT_BACKEND,
     compute_dtype: str | None = None,
 ) -> dict[str, dict]:
     """Check, before any quantizer runs, that the curvature steps of an explanation fit ``max_memory``.
@@ -187,7 +188,7 @@ def measure_direction(
     within: Sequence[str] = (),
     max_memory=None,
     plan_trace: tuple[str, int] | None = None,
-    backend: str = "reverse",
+    backend: str = DEFAULT_BACKEND,
     compute_dtype: str | None = None,
 ) -> DirectionMeasure:
     """Quantize, then δᵀg, δᵀHδ, ‖δ‖² per quantized matrix and L(θ̂) − L(θ) on ``curvature``.
@@ -215,7 +216,8 @@ def measure_direction(
     plan_curvature(model, curvature, modules, within, max_memory, plan_trace, backend, compute_dtype)
     with _grad_enabled(model):
         delta, qm = quantized_direction(model, spec, calibration, modules)
-        # on the loss the curvature operator takes (zero-embedding tokens of θ left out, losslens.lm.models.zero_embeddings)
+        # on the loss the curvature operator takes (zero-embedding tokens of θ left out,
+        # losslens.lm.models.zero_embeddings)
         q_loss = evaluate(qm.model, list(curvature), loss_fn=curvature_loss(lm_loss, zero_embedding_tokens(model))).loss
         canonical, errors, quant_seconds = (
             str(qm.spec),
@@ -258,7 +260,7 @@ def direction_trace(
     method: str = "hutch++",
     seed: int = 0,
     max_memory=None,
-    backend: str = "reverse",
+    backend: str = DEFAULT_BACKEND,
     compute_dtype: str | None = None,
 ) -> TraceEstimate:
     """tr H of the LM loss on ``curvature`` w.r.t. the parameters ``names`` (the space of δ):
@@ -276,7 +278,7 @@ def checked_direction_trace(
     method: str = "hutch++",
     seed: int = 0,
     max_memory=None,
-    backend: str = "reverse",
+    backend: str = DEFAULT_BACKEND,
     compute_dtype: str | None = None,
 ) -> tuple[TraceEstimate, dict | None]:
     """:func:`direction_trace` and the measured error of its products (:func:`product_check`)."""

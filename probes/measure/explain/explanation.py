@@ -20,6 +20,8 @@ from typing import Any, Sequence
 
 from torch import nn
 
+from losslens.geometry.base.progress import ProgressArg, echo, progress_bar
+from losslens.geometry.operators.names import DEFAULT_BACKEND
 from losslens.geometry.estimators.attribution import assemble, factorise, group_parts
 from losslens.geometry.base.jsonable import jsonable
 from losslens.geometry.base.attribution_results import Attribution, QuadraticFactors
@@ -59,7 +61,8 @@ class Explanation:
 
     Attributes:
         spec: canonical quantizer spec; partition: the block partition of :attr:`attribution`.
-        attribution: the :class:`losslens.geometry.base.attribution_results.Attribution`: factors (gᵀδ, ½δᵀHδ, prediction,
+        attribution: the :class:`losslens.geometry.base.attribution_results.Attribution`: factors (gᵀδ, ½δᵀHδ,
+        prediction,
             measured ΔL, remainder, ‖δ‖², tr H with its interval, tr H/n, κ with its interval) and
             per-block δᵀHδ, gᵀδ, ‖δ‖² (and δ_bᵀH_bbδ_b when asked for).
         q_loss: L(θ̂) on the curvature set (nats); L(θ) is ``attribution.loss``.
@@ -147,7 +150,8 @@ def build_explanation(
     error_tolerance: float = 1e-2,
 ) -> Explanation:
     """An :class:`Explanation` from a measured direction and a trace of its space (no HVP);
-    ``trace_check``: the measured error of the trace's products (:func:`losslens.measure.explain.direction.product_check`),
+    ``trace_check``: the measured error of the trace's products
+    (:func:`losslens.measure.explain.direction.product_check`),
     flagged with the direction's when over ``error_tolerance``."""
     members = block_members(model, m.names, partition)
     a = assemble(
@@ -217,9 +221,10 @@ def explain_specs(
     trace_method: str = "hutch++",
     seed: int = 0,
     max_memory=None,
-    backend: str = "reverse",
+    backend: str = DEFAULT_BACKEND,
     compute_dtype: str | None = None,
     error_tolerance: float = 1e-2,
+    progress: ProgressArg = False,
 ) -> list[Explanation]:
     """Explain every quantizer in ``specs`` on ``model`` (one shared tr H estimate).
 
@@ -236,6 +241,8 @@ def explain_specs(
             the dtype the products run in (None: float32 for half-precision weights).
         error_tolerance: the products' measured relative error above which an explanation carries
             ``error_warning`` (its ``hvp_check`` is recorded either way).
+        progress: the specs measured / planned with an ETA, then the tr H stage, on stderr
+            (:func:`losslens.geometry.base.progress.progress_bar`).
 
     Cost: per spec the quantizer, one gradient, 1 HVP (+ blocks with ``within``) and one forward
     pass over the curvature set; once, ``trace_matvecs`` HVPs for tr H.
@@ -245,26 +252,31 @@ def explain_specs(
     if not specs:
         raise ExplainError("no quantizer spec given; pass e.g. ['rtn:4:g128']")
     plan_trace = (trace_method, trace_matvecs) if trace is None else None  # planned before any quantizer runs
-    measures = [
-        measure_direction(
-            model,
-            s,
-            curvature,
-            calibration,
-            modules,
-            within=(blocks,) if within else (),
-            max_memory=max_memory,
-            plan_trace=plan_trace,
-            backend=backend,
-            compute_dtype=compute_dtype,
-        )
-        for s in specs
-    ]
+    measures = []
+    with progress_bar(progress, len(specs), what="specs measured", unit="spec", label="explain") as bar:
+        for s in specs:
+            bar.describe(str(s))
+            measures.append(
+                measure_direction(
+                    model,
+                    s,
+                    curvature,
+                    calibration,
+                    modules,
+                    within=(blocks,) if within else (),
+                    max_memory=max_memory,
+                    plan_trace=plan_trace,
+                    backend=backend,
+                    compute_dtype=compute_dtype,
+                )
+            )
+            bar.update()
     names = {m.names for m in measures}
     if len(names) != 1:
         raise ExplainError("the quantizers moved different sets of matrices; explain them separately")
     source, trace_check = "given", None
     if trace is None:
+        echo(progress, f"tr H: {trace_matvecs} HVPs ({trace_method})", "explain")
         trace, trace_check = checked_direction_trace(
             model, measures[0].names, curvature, trace_matvecs, trace_method, seed, max_memory, backend, compute_dtype
         )

@@ -1,4 +1,5 @@
-"""The ``accuracy`` probe: task accuracy through lm-evaluation-harness, FP and quantized (:mod:`losslens.measure.accuracy`).
+"""The ``accuracy`` probe: task accuracy through lm-evaluation-harness, FP and quantized
+(:mod:`losslens.measure.accuracy`).
 
 Plan: ``accuracy = { tasks = ["embedded"], specs = ["rtn:4"], limit = 200 }`` (:class:`AccuracyProbe`).
 Rows ``fp``, ``fp@TASK``, ``SPEC``, ``SPEC@TASK``: ``acc`` (± stderr, 95% CI), ``acc_norm``; for a

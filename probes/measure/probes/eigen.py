@@ -86,4 +86,5 @@ PROBE = Probe(
     metric="lambda_1",
     aliases={"lambda_max": "lambda_1", "eigen": "lambda_1"},
     figure=figure,
+    flags_in_extra=True,
 )

@@ -36,7 +36,9 @@ class Probe:
       ``{key: metric}``; ``spec_keys``: metric names that take a spec (``delta_acc:rtn:4``);
       ``bare_spec``: a bare spec of this probe is a series key of ``metric`` (``gptq:3:g128``);
     - ``figure``: ``(draw, df, phases, specs) -> {key: Figure}`` or None, where ``draw`` is
-      :mod:`losslens.study.report.figures` handed in by the report (which sits below this room).
+      :mod:`losslens.study.report.figures` handed in by the report (which sits below this room);
+    - ``flags_in_extra``: rows written before per-value ``converged`` flags kept the estimator's
+      flag(s) in ``extra["converged"]`` (the store reads them there: :mod:`losslens.study.sweep.store_schema`).
     """
 
     name: str
@@ -51,6 +53,7 @@ class Probe:
     spec_keys: tuple[str, ...] = ()
     bare_spec: bool = False
     figure: Callable[..., dict] | None = None
+    flags_in_extra: bool = False
 
     def __post_init__(self):
         if not self.name.isidentifier():

@@ -83,4 +83,5 @@ PROBE = Probe(
     metric="trace",
     aliases={"trace": "trace"},
     figure=figure,
+    flags_in_extra=True,
 )

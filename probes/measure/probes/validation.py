@@ -21,7 +21,7 @@ def positive_int(name: str, v, minimum: int = 1) -> None:
         raise PlanError(f"{name} must be an integer >= {minimum}, got {v!r}")
 
 
-def canonical_spec(spec: str, where: str = "quant") -> str:
+def canonical_spec(spec: str, where: str = "spec") -> str:
     """Validate a quantizer spec and return its canonical string (``str(QuantSpec.parse(spec))``
     when :mod:`losslens.lm.quant` is installed; a basic grammar check otherwise)."""
     if not isinstance(spec, str) or not spec.strip():

@@ -15,7 +15,7 @@ Inputs are per-checkpoint series pulled out of the tidy results DataFrame of
   (seed 004's phases);
 - :mod:`.summary`     -- :func:`summary` (a table of correlations for several x/y pairs) and
   :func:`analyse` (what ``losslens report`` shows);
-- :mod:`.explain`     -- :func:`factor_table`, :func:`decompose_change`, :func:`science_check`: why ΔQ
+- :mod:`.explain_shares` -- :func:`factor_table`, :func:`decompose_change`, :func:`science_check`: why ΔQ
   changes (shares of ‖δ‖², tr H/n, κ and the remainder, from the ``explain`` probe);
 - :mod:`.inputs`      -- :class:`AnalysisError` and the input checks.
 

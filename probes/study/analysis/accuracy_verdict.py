@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from losslens.study.analysis.inputs import AnalysisError
+from losslens.measure.probes.accuracy import PROBE as ACCURACY
 
 __all__ = ["accuracy_verdict"]
 
@@ -23,7 +24,7 @@ def accuracy_verdict(df, spec: str | None = None, n_boot: int = 2000, seed: int 
     hold no accuracy row of a quantizer."""
     from losslens.study.analysis.summary import summary
 
-    acc = df[(df["probe"] == "accuracy") & (df["metric"] == "delta_acc") & (df["status"] == "ok")]
+    acc = df[(df["probe"] == ACCURACY.name) & (df["metric"] == "delta_acc") & (df["status"] == "ok")]
     specs = [s for s in dict.fromkeys(acc["spec"]) if isinstance(s, str) and "@" not in s]
     if not specs:
         raise AnalysisError(

@@ -86,15 +86,17 @@ class Correlation:
     def __str__(self) -> str:
         ctrl = f" | {', '.join(self.covariates)}" if self.covariates else ""
         if self.inference == DESCRIPTIVE or not math.isfinite(self.ci_low):
-            inner = f"within runs {self.r_within:+.3f} (descriptive: no interval, no p)"
+            rw = f"within runs {self.r_within:+.3f} " if math.isfinite(self.r_within) else ""
+            inner = f"{rw}(descriptive: no interval, no p)"
         else:
             inner = (
                 f"within runs {self.r_within:+.3f} [{self.ci_low:+.3f}, {self.ci_high:+.3f}] 95%, "
                 f"p = {self.p:.3g} "
                 f"({self.inference}, df {self.df:.0f})"
             )
+        neff = f"n_eff {self.n_eff:.1f}, " if math.isfinite(self.n_eff) else ""
         return (
-            f"{self.method}{ctrl}: r = {self.r:+.3f} pooled; {inner}; n = {self.n} (n_eff {self.n_eff:.1f}, "
+            f"{self.method}{ctrl}: r = {self.r:+.3f} pooled; {inner}; n = {self.n} ({neff}"
             f"{self.n_runs} run{'s' if self.n_runs != 1 else ''})"
             + (f" ({self.n_excluded} excluded: NaN)" if self.n_excluded else "")
             + (f"; {self.note}" if self.note else "")

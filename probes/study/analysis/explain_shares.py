@@ -27,6 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
+from losslens.measure.explain.explanation import FACTOR_METRICS
+from losslens.measure.probes.explain import PROBE as EXPLAIN
 from losslens.study.analysis.inputs import AnalysisError
 
 __all__ = [
@@ -41,27 +43,13 @@ __all__ = [
 
 TERMS = ("norm2", "trace_per_param", "kappa", "non_quadratic", "fp_loss")
 """The shares of :func:`decompose_change`, in order."""
-_FACTORS = (
-    "actual_delta",
-    "rel_delta",
-    "gTd",
-    "quadratic",
-    "pred_delta",
-    "remainder",
-    "norm2",
-    "trace",
-    "trace_per_param",
-    "rayleigh",
-    "kappa",
-    "loss",
-    "q_loss",
-)
+_FACTORS = FACTOR_METRICS
 _CKPT = ["run", "checkpoint", "step", "lr", "derived"]
 
 
 def explain_specs(df) -> list[str]:
     """Quantizer specs of the ``explain`` rows (ok), in table order."""
-    sel = df[(df["probe"] == "explain") & (df["status"] == "ok")]
+    sel = df[(df["probe"] == EXPLAIN.name) & (df["status"] == "ok")]
     return [s for s in dict.fromkeys(sel["spec"]) if isinstance(s, str)]
 
 
@@ -80,7 +68,9 @@ def factor_table(df, spec: str | None = None):
         if canon not in specs:
             raise AnalysisError(f"no explain rows for spec {spec!r}; available: {specs}")
         spec = canon
-    sel = df[(df["probe"] == "explain") & (df["status"] == "ok") & (df["spec"] == spec) & df["metric"].isin(_FACTORS)]
+    sel = df[
+        (df["probe"] == EXPLAIN.name) & (df["status"] == "ok") & (df["spec"] == spec) & df["metric"].isin(_FACTORS)
+    ]
     sel = sel.assign(run=sel["run"].fillna("run") if "run" in sel else "run")
     key = ["run", "checkpoint"]
     wide = sel.pivot_table(index=key, columns="metric", values="value", aggfunc="last")

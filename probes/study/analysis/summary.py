@@ -14,6 +14,10 @@ from typing import Sequence
 from losslens.study.analysis.correlation import correlate, partial_correlation
 from losslens.study.analysis.inputs import METHODS, AnalysisError, check_method, check_n_boot
 from losslens.study.analysis.phases import detect_phases
+from losslens.measure.probes.eigen import PROBE as EIGEN
+from losslens.measure.probes.kurtosis import PROBE as KURTOSIS
+from losslens.measure.probes.quant import PROBE as QUANT
+from losslens.measure.probes.trace import PROBE as TRACE
 from losslens.study.analysis.series import checkpoint_runs, series_frame, unconverged
 
 __all__ = ["summary", "analyse", "COLUMNS"]
@@ -81,11 +85,11 @@ def summary(
         if x is not None
         else [
             k
-            for k, p in (("trace", "trace"), ("lambda_max", "eigen"), ("kurtosis", "kurtosis"))
+            for k, p in ((TRACE.name, TRACE.name), ("lambda_max", EIGEN.name), (KURTOSIS.name, KURTOSIS.name))
             if (df["probe"] == p).any()
         ]
     )
-    ys = _keys(y) if y is not None else list(dict.fromkeys(df.loc[df["probe"] == "quant", "spec"]))
+    ys = _keys(y) if y is not None else list(dict.fromkeys(df.loc[df["probe"] == QUANT.name, "spec"]))
     ctrl = _keys(controls) if controls else []
     opts = dict(include_derived=include_derived, include_unconverged=include_unconverged, allow_mixed=allow_mixed)
     stat = dict(n_boot=n_boot, seed=seed, n_perm=n_perm)
@@ -187,7 +191,7 @@ def analyse(df, n_boot: int = 2000, include_unconverged: bool = False, allow_mix
     except AnalysisError as exc:
         notes.append(f"correlations not computed: {exc}")
     phases = {}
-    qspecs = [s for s in dict.fromkeys(df.loc[df["probe"] == "quant", "spec"]) if isinstance(s, str)]
+    qspecs = [s for s in dict.fromkeys(df.loc[df["probe"] == QUANT.name, "spec"]) if isinstance(s, str)]
     for run in runs:
         sub = df[df["run"].fillna("run") == run] if "run" in df else df
         try:

@@ -1,7 +1,8 @@
 """Checkpoints as point sources: their tensors read a row-slice at a time, under the model's names.
 
 :func:`checkpoint_source` turns a :class:`~losslens.lm.checkpoints.CheckpointRef` into a
-:class:`~losslens.geometry.surfaces.sources.PointSource` for :func:`losslens.geometry.surfaces.trajectory_pca.trajectory_pca`:
+:class:`~losslens.geometry.surfaces.sources.PointSource` for
+:func:`losslens.geometry.surfaces.trajectory_pca.trajectory_pca`:
 
 - safetensors checkpoints (what ``save_pretrained`` writes, single or sharded) are read lazily with
   plain positioned reads (no memory map, so no file pages stay mapped in the process): a slice

@@ -6,7 +6,8 @@ A measurement holds, beyond the model and optimizer already resident, at most th
   no-grad forward of an eval batch (activations, logits, loss temporaries; measured once with
   :func:`losslens.geometry.memory.graphs.peak_new_bytes` on the first eval batch);
 * the curvature phase: the memory plans of the Hutchinson trace and of Lanczos
-  (:func:`losslens.geometry.estimators.trace.estimate_memory`, :func:`losslens.geometry.estimators.eigen.estimate_memory`:
+  (:func:`losslens.geometry.estimators.trace.estimate_memory`,
+  :func:`losslens.geometry.estimators.eigen.estimate_memory`:
   their vectors plus one double-backward pass on the curvature set).
 
 Against ``settings.max_memory`` or, when None, :func:`losslens.geometry.memory.model.default_budget` of the

@@ -343,10 +343,11 @@ class RobustnessMonitor:
         return Measurement(step, values, rows, dt, event)
 
     def _fire(self, event: AlarmEvent) -> None:
-        """Warn once, write the store marker, call the user's hook."""
+        """Warn once (a :class:`QuantizationAlarm`; the log gets it at INFO, so a console with both shows
+        it once), write the store marker, call the user's hook."""
         msg = event.message()
         warnings.warn(msg, QuantizationAlarm, stacklevel=3)
-        log.warning(msg)
+        log.info(msg)
         self.store.set_meta({f"monitor_alarm:{self.run}": event.to_dict()})
         if self.on_alarm is not None:
             self.on_alarm(event)

@@ -16,7 +16,9 @@ from typing import Any
 from losslens.geometry.base.errors import LosslensError
 from losslens.geometry.memory.model import MemoryBudgetError
 
-from losslens.study.sweep.plan import DataSpec, EigenProbe, Plan, TraceProbe, canonical_spec
+from losslens.measure.probes.eigen import EigenProbe
+from losslens.measure.probes.trace import TraceProbe
+from losslens.study.sweep.plan import DataSpec, Plan, canonical_spec
 
 __all__ = ["MonitorSettings", "MonitorError", "MonitorMemoryError", "DEFAULT_SPECS"]
 

@@ -15,6 +15,8 @@ import html
 import numpy as np
 
 from losslens.study.report.figure_parts import RUN_COLOURS, _runs, metric_rows, specs_of
+from losslens.measure.probes.accuracy import PROBE as ACCURACY
+from losslens.measure.probes.quant import PROBE as QUANT
 
 __all__ = [
     "accuracy_pairs",
@@ -31,9 +33,9 @@ def accuracy_pairs(df):
     """DataFrame with one row per (run, checkpoint, spec): step, derived, dq (ΔQ L), delta_acc, its CI."""
     import pandas as pd
 
-    acc = metric_rows(df, "accuracy", "delta_acc")
+    acc = metric_rows(df, ACCURACY.name, "delta_acc")
     acc = acc[~acc["spec"].astype(str).str.contains("@")]
-    q = metric_rows(df, "quant", "rel_loss_error")
+    q = metric_rows(df, QUANT.name, "rel_loss_error")
     keys = [c for c in ("run", "checkpoint") if c in df]
     if acc.empty or q.empty:
         return pd.DataFrame(columns=[*keys, "spec", "step", "derived", "dq", "delta_acc", "ci_low", "ci_high"])
@@ -109,9 +111,9 @@ def accuracy_trajectory_figure(df):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    variants = [s for s in specs_of(df, "accuracy") if "@" not in s]
+    variants = [s for s in specs_of(df, ACCURACY.name) if "@" not in s]
     for i, v in enumerate(variants):
-        rows = metric_rows(df, "accuracy", "acc", v)
+        rows = metric_rows(df, ACCURACY.name, "acc", v)
         for j, run in enumerate(_runs(rows) if len(rows) else []):
             s = (
                 rows[(rows["run"].fillna("run").astype(str) == run) & ~rows["derived"].astype(bool)]
@@ -143,14 +145,14 @@ def accuracy_trajectory_figure(df):
 
 def accuracy_figures(df) -> dict:
     """``{"loss_vs_accuracy": …, "accuracy": …}``, or {} when the results hold no accuracy rows."""
-    if not (df["probe"] == "accuracy").any():
+    if not (df["probe"] == ACCURACY.name).any():
         return {}
-    return {"loss_vs_accuracy": loss_vs_accuracy_figure(df), "accuracy": accuracy_trajectory_figure(df)}
+    return {"loss_vs_accuracy": loss_vs_accuracy_figure(df), ACCURACY.name: accuracy_trajectory_figure(df)}
 
 
 def accuracy_note(df, summary_line: str = "") -> str:
     """The section's explanatory HTML paragraph(s)."""
-    tasks = sorted({s.split("@", 1)[1] for s in specs_of(df, "accuracy") if "@" in s})
+    tasks = sorted({s.split("@", 1)[1] for s in specs_of(df, ACCURACY.name) if "@" in s})
     note = (
         f'<p class="note">Tasks: {html.escape(", ".join(tasks))}. Δacc = acc_q − acc_fp of the mean over tasks '
         "(each task weighs the same), with a paired bootstrap 95% interval over items; the relative drop "

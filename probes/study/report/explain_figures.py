@@ -19,6 +19,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from losslens.measure.probes.explain import PROBE as EXPLAIN
+from losslens.measure.probes.loss import PROBE as LOSS
+from losslens.measure.probes.trace import PROBE as TRACE
 from losslens.study.report.figure_parts import (
     _add_lr,
     _add_series,
@@ -61,7 +64,7 @@ def explain_factors_figure(df, spec: str | None = None, phases=None, lr: bool = 
     colour per run, derived checkpoints as stars, error bars = stderr (trace, κ), LR dotted."""
     from plotly.subplots import make_subplots
 
-    spec = spec or (specs_of(df, "explain") or [None])[0]
+    spec = spec or (specs_of(df, EXPLAIN.name) or [None])[0]
     fig = make_subplots(
         rows=3,
         cols=2,
@@ -77,7 +80,7 @@ def explain_factors_figure(df, spec: str | None = None, phases=None, lr: bool = 
         drawn += _add_series(
             fig,
             df,
-            "explain",
+            EXPLAIN.name,
             metric,
             spec,
             metric,
@@ -113,13 +116,13 @@ def explain_factors_figure(df, spec: str | None = None, phases=None, lr: bool = 
         margin=dict(l=60, r=40, t=90, b=40),
     )
     if drawn == 0:
-        _empty(fig, f"no 'explain' rows{f' for {spec}' if spec else ''} in the results")
+        _empty(fig, f"no {EXPLAIN.name!r} rows{f' for {spec}' if spec else ''} in the results")
     return fig
 
 
 def _blocks(df, spec: str, partition: str) -> list[str]:
     pat = re.compile(rf"^dHd\[{re.escape(partition)}:(.+)\]$")
-    sel = df[(df["probe"] == "explain") & (df["spec"] == spec)]
+    sel = df[(df["probe"] == EXPLAIN.name) & (df["spec"] == spec)]
     return [m.group(1) for m in (pat.match(str(x)) for x in dict.fromkeys(sel["metric"])) if m]
 
 
@@ -129,18 +132,18 @@ def explain_heatmap_figure(df, spec: str | None = None, partition: str = "layer"
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    spec = spec or (specs_of(df, "explain") or [None])[0]
+    spec = spec or (specs_of(df, EXPLAIN.name) or [None])[0]
     blocks = _blocks(df, spec, partition) if spec else []
     if not blocks:
         fig = go.Figure()
         _empty(fig, f"no per-block explain rows for partition {partition!r}")
         return fig
     real = df[~df["derived"].astype(bool)] if "derived" in df else df
-    runs = list(dict.fromkeys(_run_col(real[real["probe"] == "explain"])))
+    runs = list(dict.fromkeys(_run_col(real[real["probe"] == EXPLAIN.name])))
     fig = make_subplots(
         rows=len(runs), cols=1, shared_xaxes=True, subplot_titles=runs, vertical_spacing=min(0.12, 0.3 / len(runs))
     )
-    total = metric_rows(real, "explain", "quadratic", spec)
+    total = metric_rows(real, EXPLAIN.name, "quadratic", spec)
     for i, run in enumerate(runs):
         rows = real[_run_col(real) == run]
         tot = total[_run_col(total) == run]
@@ -148,7 +151,7 @@ def explain_heatmap_figure(df, spec: str | None = None, partition: str = "layer"
         labels = list(tot.sort_values("step")["checkpoint"].astype(str))
         z = np.full((len(blocks), len(labels)), np.nan)
         for j, b in enumerate(blocks):
-            part = metric_rows(rows, "explain", f"dHd[{partition}:{b}]", spec).set_index("checkpoint")["value"]
+            part = metric_rows(rows, EXPLAIN.name, f"dHd[{partition}:{b}]", spec).set_index("checkpoint")["value"]
             z[j] = 0.5 * part.reindex(labels).to_numpy(float)
         share = z / tot.sort_values("step")["value"].to_numpy(float)[None, :]
         fig.add_trace(
@@ -259,7 +262,7 @@ def explain_shares_figure(check: dict | None, spec: str | None = None):
 def explain_figures(df, check: dict | None = None, phases=None, partition: str = "layer") -> dict[str, Any]:
     """The explain figures the results support: ``{"explain:factors", "explain:blocks", "explain:shares"}``
     (empty when there is no ``explain`` row; the shares only with ``check``)."""
-    specs = specs_of(df, "explain")
+    specs = specs_of(df, EXPLAIN.name)
     if not specs:
         return {}
     figs = {
@@ -292,8 +295,8 @@ def synthetic_explain(df, specs: Sequence[str] = ("rtn:4:g128", "gptq:4:g128"), 
         "seed",
         "data_hash",
     ]
-    ck = df[df["probe"] == "trace"].drop_duplicates(["run", "checkpoint"])
-    fp = df[(df["probe"] == "loss") & (df["metric"] == "loss")].set_index(["run", "checkpoint"])["value"]
+    ck = df[df["probe"] == TRACE.name].drop_duplicates(["run", "checkpoint"])
+    fp = df[(df["probe"] == LOSS.name) & (df["metric"] == LOSS.name)].set_index(["run", "checkpoint"])["value"]
     rows, nan, n = [], math.nan, 10_000
     for _, c in ck.iterrows():
         t = float(c["value"])
@@ -308,7 +311,7 @@ def synthetic_explain(df, specs: Sequence[str] = ("rtn:4:g128", "gptq:4:g128"), 
             gtd = 0.05 * quad
             rem = 0.03 * quad * rng.normal()
             dl = gtd + quad + rem
-            base = {col: c[col] for col in base_cols} | {"probe": "explain", "spec": spec, "status": "ok"}
+            base = {col: c[col] for col in base_cols} | {"probe": EXPLAIN.name, "spec": spec, "status": "ok"}
             se = 0.03 * t
             vals = {
                 "actual_delta": dl,

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from losslens.measure.probes.registry import REGISTRY
+from losslens.study.sweep.store_schema import FIRST_COLUMNS
 
 from losslens.study.report.figure_parts import (
     FigureError,
@@ -36,15 +37,19 @@ from losslens.study.report.figure_parts import (
     specs_of,
 )
 from losslens.study.report.scatter_figures import _pick_corr, sharpness_vs_quant_figure
+from losslens.measure.probes.eigen import PROBE as EIGEN
+from losslens.measure.probes.loss import PROBE as LOSS
+from losslens.measure.probes.quant import PROBE as QUANT
+from losslens.measure.probes.trace import PROBE as TRACE
 
 
 # --------------------------------------------------------------------------- figures
-def loss_figure(df, phases=None, lr: bool = True, metric: str = "loss"):
+def loss_figure(df, phases=None, lr: bool = True, metric: str = LOSS.metric):
     """Full-precision loss (``loss`` probe, metric ``loss`` or ``ppl``) vs step, LR on a secondary axis."""
-    fig = _base(lr, f"full-precision {metric} vs step", f"FP {metric} (nats)" if metric == "loss" else metric)
-    n = _add_series(fig, df, "loss", metric, None, f"FP {metric}", 0, secondary_y=False if lr else None)
+    fig = _base(lr, f"full-precision {metric} vs step", f"FP {metric} (nats)" if metric == LOSS.metric else metric)
+    n = _add_series(fig, df, LOSS.name, metric, None, f"FP {metric}", 0, secondary_y=False if lr else None)
     if n == 0:
-        _empty(fig, "no 'loss' probe in the results")
+        _empty(fig, f"no {LOSS.name!r} probe in the results")
     if lr:
         _add_lr(fig, df)
     _shade_phases(fig, _phase_list(phases), _x_max(df))
@@ -96,7 +101,7 @@ def quant_error_figure(
     are left out and counted in the title."""
     from plotly.subplots import make_subplots
 
-    specs = list(specs) if specs is not None else specs_of(df, "quant")
+    specs = list(specs) if specs is not None else specs_of(df, QUANT.name)
     n = max(1, len(specs))
     cols = max(1, min(cols, n))
     nrows = math.ceil(n / cols)
@@ -112,12 +117,12 @@ def quant_error_figure(
     drawn, dropped = 0, 0
     for i, spec in enumerate(specs):
         r, c = i // cols + 1, i % cols + 1
-        rows = metric_rows(df, "quant", metric, spec)
+        rows = metric_rows(df, QUANT.name, metric, spec)
         dropped += int((rows["value"].astype(float) <= 0).sum())
         drawn += _add_series(
             fig,
             df,
-            "quant",
+            QUANT.name,
             metric,
             spec,
             spec,
@@ -167,12 +172,16 @@ def curvature_figure(df, phases=None, lr: bool = True, trace_spec: str | None = 
         specs=[[{"secondary_y": lr}], [{"secondary_y": lr}]],
         subplot_titles=("Hessian trace", f"λ_max ({eigen_metric})"),
     )
-    tspecs = [trace_spec] if trace_spec else specs_of(df, "trace")
+    tspecs = [trace_spec] if trace_spec else specs_of(df, TRACE.name)
     n1 = sum(
-        _add_series(fig, df, "trace", "trace", s, f"trace ({s})", i, secondary_y=False if lr else None, row=1, col=1)
+        _add_series(
+            fig, df, TRACE.name, TRACE.name, s, f"trace ({s})", i, secondary_y=False if lr else None, row=1, col=1
+        )
         for i, s in enumerate(tspecs)
     )
-    n2 = _add_series(fig, df, "eigen", eigen_metric, None, "λ_max", 3, secondary_y=False if lr else None, row=2, col=1)
+    n2 = _add_series(
+        fig, df, EIGEN.name, eigen_metric, None, "λ_max", 3, secondary_y=False if lr else None, row=2, col=1
+    )
     if lr:
         _add_lr(fig, df, row=1, col=1)
         _add_lr(fig, df, row=2, col=1, showlegend=False)
@@ -200,7 +209,7 @@ def curvature_figure(df, phases=None, lr: bool = True, trace_spec: str | None = 
         margin=dict(l=60, r=60, t=80, b=40),
     )
     if n1 + n2 == 0:
-        _empty(fig, "no 'trace' or 'eigen' probe in the results")
+        _empty(fig, f"no {TRACE.name!r} or {EIGEN.name!r} probe in the results")
     return fig
 
 
@@ -218,13 +227,15 @@ def trajectory_figures(df, phases=None, correlations=None, specs: Sequence[str] 
         if p.figure is not None and p.name in probes:
             for key, fig in p.figure(draw, df, phases, specs).items():
                 figs.setdefault(key, fig)
-    qspecs = list(specs) if specs is not None else specs_of(df, "quant")
+    qspecs = list(specs) if specs is not None else specs_of(df, QUANT.name)
     sharp = (
-        ("trace", None, "trace") if "trace" in probes else (("eigen", None, "lambda_1") if "eigen" in probes else None)
+        (TRACE.name, None, TRACE.name)
+        if TRACE.name in probes
+        else ((EIGEN.name, None, "lambda_1") if EIGEN.name in probes else None)
     )
-    if sharp is not None and sharp[0] == "trace":
-        tspecs = specs_of(df, "trace")
-        sharp = ("trace", tspecs[0] if len(tspecs) > 1 else None, "trace")
+    if sharp is not None and sharp[0] == TRACE.name:
+        tspecs = specs_of(df, TRACE.name)
+        sharp = (TRACE.name, tspecs[0] if len(tspecs) > 1 else None, TRACE.name)
     if sharp is not None:
         for i, spec in enumerate(qspecs):
             figs[f"scatter:{spec}"] = sharpness_vs_quant_figure(
@@ -259,27 +270,7 @@ def synthetic_results(
             rows += _rows(run, f"{run}-lawa", int(steps[-1]), None, True, 3.05, 500 / (1 + r_i), specs, rng)
     return pd.DataFrame(
         rows,
-        columns=[
-            "run",
-            "checkpoint",
-            "step",
-            "tokens",
-            "lr",
-            "derived",
-            "probe",
-            "spec",
-            "metric",
-            "value",
-            "stderr",
-            "ci_low",
-            "ci_high",
-            "n_hvp",
-            "seconds",
-            "status",
-            "error",
-            "seed",
-            "data_hash",
-        ],
+        columns=FIRST_COLUMNS,
     )
 
 
@@ -300,13 +291,13 @@ def _rows(run, ckpt, step, lr, derived, loss, trace, specs, rng):
     )
     nan = float("nan")
     out = [
-        dict(base, probe="loss", spec="", metric="loss", value=loss, stderr=nan, ci_low=nan, ci_high=nan),
-        dict(base, probe="loss", spec="", metric="ppl", value=math.exp(loss), stderr=nan, ci_low=nan, ci_high=nan),
+        dict(base, probe=LOSS.name, spec="", metric=LOSS.metric, value=loss, stderr=nan, ci_low=nan, ci_high=nan),
+        dict(base, probe=LOSS.name, spec="", metric="ppl", value=math.exp(loss), stderr=nan, ci_low=nan, ci_high=nan),
         dict(
             base,
-            probe="trace",
+            probe=TRACE.name,
             spec="hutch++",
-            metric="trace",
+            metric=TRACE.metric,
             value=trace,
             stderr=0.03 * trace,
             ci_low=0.94 * trace,
@@ -315,7 +306,7 @@ def _rows(run, ckpt, step, lr, derived, loss, trace, specs, rng):
         ),
         dict(
             base,
-            probe="eigen",
+            probe=EIGEN.name,
             spec="lanczos",
             metric="lambda_1",
             value=trace / 12,
@@ -329,13 +320,20 @@ def _rows(run, ckpt, step, lr, derived, loss, trace, specs, rng):
         err = trace * 1e-5 * (10 ** (-i)) * (1 + rng.normal(0, 0.05))
         out.append(
             dict(
-                base, probe="quant", spec=spec, metric="rel_loss_error", value=err, stderr=nan, ci_low=nan, ci_high=nan
+                base,
+                probe=QUANT.name,
+                spec=spec,
+                metric="rel_loss_error",
+                value=err,
+                stderr=nan,
+                ci_low=nan,
+                ci_high=nan,
             )
         )
         out.append(
             dict(
                 base,
-                probe="quant",
+                probe=QUANT.name,
                 spec=spec,
                 metric="ppl_gap",
                 value=math.expm1(err * loss),

@@ -26,7 +26,8 @@ def _fmt(v) -> str:
 
 
 def landscape_figure(land: Landscape, title: str | None = None, off_plane: float = 0.5, height: int = 560):
-    """Plotly figure of ``land`` (needs its surface: :func:`~losslens.study.landscape.trajectory_landscape.trajectory_landscape`
+    """Plotly figure of ``land`` (needs its surface:
+    :func:`~losslens.study.landscape.trajectory_landscape.trajectory_landscape`
     with a grid). Returns a ``plotly.graph_objects.Figure``."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots

@@ -13,6 +13,7 @@ from losslens.geometry.surfaces.surface import Surface
 
 from losslens.study.report.explain_figures import explain_figures
 from losslens.study.report.flags import product_error_table
+from losslens.measure.probes.explain import PROBE as EXPLAIN
 
 _CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1200px;\
@@ -161,7 +162,7 @@ def _surfaces(surfaces) -> list[tuple[str, Any]]:
 
 def _explain_section(df, check, phases) -> str:
     """Figures and tables of the explain probe ('' when the results hold none)."""
-    if not (df["probe"] == "explain").any():
+    if not (df["probe"] == EXPLAIN.name).any():
         return ""
     note = ""
     if check is None:

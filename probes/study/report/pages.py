@@ -31,6 +31,7 @@ from losslens.lm.quant.awq import HELD_OUT_NOTE
 from losslens.study.report.accuracy_figures import accuracy_figures, accuracy_note
 from losslens.study.report.figure_parts import specs_of
 from losslens.study.report.figures import trajectory_figures
+from losslens.study.analysis.summary import COLUMNS as SUMMARY_COLUMNS
 from losslens.study.report.flags import unconverged_table
 from losslens.study.report.page_sections import (
     _CSS,
@@ -48,6 +49,9 @@ from losslens.study.report.page_sections import (
     figure_html,
 )
 from losslens.study.report.surface_figures import surface_figure, surface_profile_figure
+from losslens.measure.probes.accuracy import PROBE as ACCURACY
+from losslens.measure.probes.explain import PROBE as EXPLAIN
+from losslens.measure.probes.quant import PROBE as QUANT
 
 
 class ReportError(LosslensError, ValueError):
@@ -113,7 +117,7 @@ def build_report(
     fig_html = []
     for i, (name, fig) in enumerate(figs.items()):
         fig_html.append(f'<div class="figure" data-figure="{html.escape(name)}">{figure_html(fig, f"fig-{i}")}</div>')
-    awq = [s for s in specs_of(df, "quant") if s.split(":")[0] == "awq"]
+    awq = [s for s in specs_of(df, QUANT.name) if s.split(":")[0] == "awq"]
     if awq:
         fig_html.append(
             f'<p class="note" data-note="awq">{html.escape(", ".join(map(str, awq)))}: {html.escape(HELD_OUT_NOTE)}</p>'
@@ -131,13 +135,13 @@ def build_report(
 
     ex = _explain_section(df, explanation, _phases_for_figures(phases))
     if ex:
-        sections.append(("explain", "Why quantization error changes", ex))
+        sections.append((EXPLAIN.name, "Why quantization error changes", ex))
 
     acc_figs = accuracy_figures(df)
     if acc_figs:
         sections.append(
             (
-                "accuracy",
+                ACCURACY.name,
                 "Loss vs task accuracy",
                 accuracy_note(df, _accuracy_line(df))
                 + "".join(
@@ -149,31 +153,9 @@ def build_report(
 
     crows = [_descriptive(r) for r in _correlation_rows(correlations)]
     if crows:
-        cols = [
-            c
-            for c in (
-                "pair",
-                "x",
-                "y",
-                "method",
-                "controls",
-                "covariates",
-                "r",
-                "r_within",
-                "ci_low",
-                "ci_high",
-                "p",
-                "n",
-                "n_eff",
-                "n_runs",
-                "df",
-                "inference",
-                "n_excluded",
-                "n_unconverged",
-                "note",
-            )
-            if any(c in r for r in crows)
-        ]
+        head = SUMMARY_COLUMNS.index("r")  # the pair and its covariates before the statistics
+        shown = ("pair", *SUMMARY_COLUMNS[:head], "covariates", *SUMMARY_COLUMNS[head:])
+        cols = [c for c in shown if any(c in r for r in crows)]
         sections.append(
             (
                 "correlations",

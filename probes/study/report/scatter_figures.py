@@ -14,6 +14,9 @@ import numpy as np
 
 from losslens.study.report.figure_parts import _empty, _run_col, metric_rows, specs_of
 from losslens.study.report.flags import PRODUCT_ERROR_MARKER, UNCONVERGED_MARKER, product_error_text, unconverged_mask
+from losslens.measure.probes.eigen import PROBE as EIGEN
+from losslens.measure.probes.quant import PROBE as QUANT
+from losslens.measure.probes.trace import PROBE as TRACE
 
 
 def _corr_text(correlation) -> str:
@@ -53,7 +56,7 @@ def _corr_text(correlation) -> str:
 
 def sharpness_vs_quant_figure(
     df,
-    x: tuple[str, str | None, str] = ("trace", None, "trace"),
+    x: tuple[str, str | None, str] = (TRACE.name, None, TRACE.name),
     y: tuple[str, str | None, str] | str | None = None,
     correlation=None,
     log: bool = False,
@@ -65,10 +68,10 @@ def sharpness_vs_quant_figure(
     import plotly.graph_objects as go
 
     if y is None:
-        specs = specs_of(df, "quant")
-        y = ("quant", specs[0] if specs else None, "rel_loss_error")
+        specs = specs_of(df, QUANT.name)
+        y = (QUANT.name, specs[0] if specs else None, "rel_loss_error")
     elif isinstance(y, str):
-        y = ("quant", y, "rel_loss_error")
+        y = (QUANT.name, y, "rel_loss_error")
     xr = metric_rows(df, x[0], x[2], x[1])
     yr = metric_rows(df, y[0], y[2], y[1])
     key = ["run", "checkpoint"] if "run" in df else ["checkpoint"]
@@ -180,9 +183,9 @@ def _mark_inexact(fig, merged) -> None:
 
 def _series_label(key: tuple[str, str | None, str]) -> str:
     probe, spec, metric = key
-    if probe == "quant":
+    if probe == QUANT.name:
         return f"{metric} ({spec})" if spec else metric
-    head = metric if metric == probe or probe == "eigen" else f"{probe} {metric}"
+    head = metric if metric == probe or probe == EIGEN.name else f"{probe} {metric}"
     return f"{head} ({spec})" if spec else head
 
 

@@ -170,7 +170,8 @@ def surface_profile_figure(
 
 
 def profile_figure(profile: Profile, log: bool = False, title: str | None = None):
-    """Plotly figure of a :class:`~losslens.geometry.surfaces.surface.Profile`: loss along the line with its marked points."""
+    """Plotly figure of a :class:`~losslens.geometry.surfaces.surface.Profile`: loss along the line with its marked
+    points."""
     return _line_figure(profile.x, profile.loss, profile.points, "x (e1)", log, title or "loss along the line")
 
 

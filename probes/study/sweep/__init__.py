@@ -19,19 +19,12 @@ from losslens.study.sweep.executor import resolve_trajectory, run_sweep
 from losslens.study.sweep.lock import StoreLock, StoreLockedError
 from losslens.study.sweep.options import EXECUTORS, SweepOptions
 from losslens.study.sweep.outcome import EXIT_ALL_FAILED, EXIT_SOME_FAILED, SweepError, SweepReport
-from losslens.study.sweep.plan import (
-    PROBES,
-    AccuracyProbe,
-    BlockTraceProbe,
-    DataSpec,
-    EigenProbe,
-    ExplainProbe,
-    Plan,
-    PlanError,
-    Task,
-    TraceProbe,
-    load_plan,
-)
+from losslens.measure.probes.accuracy import AccuracyProbe
+from losslens.measure.probes.block_trace import BlockTraceProbe
+from losslens.measure.probes.eigen import EigenProbe
+from losslens.measure.probes.explain import ExplainProbe
+from losslens.measure.probes.trace import TraceProbe
+from losslens.study.sweep.plan import PROBES, DataSpec, Plan, PlanError, Task, load_plan
 from losslens.study.sweep.runner import probe_checkpoint
 from losslens.study.sweep.store import Store
 from losslens.study.sweep.store_errors import StoreError

@@ -17,7 +17,8 @@ Executors
 ---------
 ``local``  checkpoints in trajectory order, on ``num_workers`` worker processes (default: one per
            core, each with one torch thread; 1 on CUDA or for a single checkpoint; see
-           :mod:`losslens.study.sweep.local_workers`) or, with one worker, in this process. Each probe's row is written by
+           :mod:`losslens.study.sweep.local_workers`) or, with one worker, in this process. Each probe's row is written
+           by
            this process (its own transaction) the moment it finishes, so a kill loses at most the
            probes in flight. Rows are bit-identical whatever the number of workers (same thread
            count). N workers hold N models: N × the memory of one.

@@ -3,7 +3,8 @@ Ray (:func:`execute_ray`), and a data-parallel rank other than 0 (:func:`follow_
 
 Each takes ``work`` (``[(ref, pending tasks), ...]`` in trajectory order), the plan, the token sets,
 the trajectory, ``write(row)`` (called in this process for every row as it arrives), a
-:class:`~losslens.study.sweep.progress.SweepProgress` and the call's :class:`~losslens.study.sweep.options.SweepOptions`.
+:class:`~losslens.study.sweep.progress.SweepProgress` and the call's
+:class:`~losslens.study.sweep.options.SweepOptions`.
 """
 
 from __future__ import annotations

@@ -48,13 +48,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from losslens.measure.probes.accuracy import AccuracyProbe
-from losslens.measure.probes.block_trace import BlockTraceProbe
-from losslens.measure.probes.eigen import EigenProbe
-from losslens.measure.probes.explain import ExplainProbe
+from losslens.geometry.operators.names import DEFAULT_BACKEND
 from losslens.measure.probes.registry import PROBES, REGISTRY
 from losslens.measure.probes.tasks import Task
-from losslens.measure.probes.trace import TraceProbe
 from losslens.measure.probes.validation import PlanError, canonical_spec, settings_from_table as _build
 
 DATA_SETS = ("eval", "calibration", "curvature")
@@ -141,7 +137,7 @@ class Plan:
     seed: int = 0
     name: str = "sweep"
     max_memory: int | str | None = None
-    backend: str = "reverse"
+    backend: str = DEFAULT_BACKEND
     compute_dtype: str | None = None
 
     def __post_init__(self):
@@ -212,8 +208,8 @@ class Plan:
         kw: dict[str, Any] = dict(
             loss=True,
             quant=("rtn:3", "rtn:4", "int8", "gptq:3", "gptq:4"),
-            trace=TraceProbe("hutch++", 30 if quick else 100),
-            eigen=EigenProbe(k=1, method="lanczos", tol=1e-3, max_iter=20 if quick else 100),
+            trace={"method": "hutch++", "num_matvecs": 30 if quick else 100},
+            eigen={"k": 1, "method": "lanczos", "tol": 1e-3, "max_iter": 20 if quick else 100},
             directional=("rtn:4",),
             kurtosis=True,
             name="default",
@@ -245,9 +241,9 @@ class Plan:
         if both:
             raise PlanError(f"probe(s) {both} given both at top level and under [probes]")
         kw = {**d, **probes}
-        # An unlisted probe is off (loss included) when a [probes] table is given.
-        if probes and "loss" not in kw:
-            kw["loss"] = False
+        # An unlisted probe is off (the ones on by default included) when a [probes] table is given.
+        if probes:
+            kw.update({p.name: False for p in REGISTRY if p.default is True and p.name not in kw})
         return cls(**kw)
 
     @classmethod
@@ -361,11 +357,6 @@ def load_plan(plan: "Plan | str | Path | Mapping | None", quick: bool = False) -
 __all__ = [
     "Plan",
     "PlanError",
-    "AccuracyProbe",
-    "TraceProbe",
-    "EigenProbe",
-    "BlockTraceProbe",
-    "ExplainProbe",
     "DataSpec",
     "Task",
     "PROBES",

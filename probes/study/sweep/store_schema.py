@@ -10,7 +10,9 @@ import json
 import sqlite3
 import sys
 
-RESULT_COLUMNS = [
+from losslens.measure.probes.registry import REGISTRY
+
+FIRST_COLUMNS = [
     "run",
     "checkpoint",
     "step",
@@ -30,6 +32,10 @@ RESULT_COLUMNS = [
     "error",
     "seed",
     "data_hash",
+]
+"""The columns of the first release (every row of every store has them): the head of :data:`RESULT_COLUMNS`."""
+
+RESULT_COLUMNS = FIRST_COLUMNS + [
     "converged",
     "threads",
     "plan_hash",
@@ -63,6 +69,9 @@ CREATE TABLE IF NOT EXISTS results (
     UNIQUE (run, checkpoint, probe, spec));
 """
 _ADDED_COLUMNS = (("converged", "INTEGER"), ("threads", "INTEGER"))
+
+#: The probes whose rows written before per-value flags kept ``converged`` in ``extra``.
+FLAGS_IN_EXTRA: tuple[str, ...] = tuple(p.name for p in REGISTRY if p.flags_in_extra)
 
 _UPSERT_CHECKPOINT = (
     "INSERT INTO checkpoints(run, label, position, step, tokens, lr, derived, kind, location, ref_json) "
@@ -98,7 +107,9 @@ def migrate(conn: sqlite3.Connection) -> set[str]:
             for c, t in missing:
                 conn.execute(f"ALTER TABLE results ADD COLUMN {c} {t}")
             fill = []
-            for rid, extra in conn.execute("SELECT id, extra FROM results WHERE probe IN ('eigen', 'trace')"):
+            marks = ", ".join("?" * len(FLAGS_IN_EXTRA))
+            old = conn.execute(f"SELECT id, extra FROM results WHERE probe IN ({marks})", FLAGS_IN_EXTRA)
+            for rid, extra in old:
                 flag = json.loads(extra or "{}").get("converged")
                 if flag is not None:
                     fill.append((int(all(flag) if isinstance(flag, list) else bool(flag)), rid))
@@ -132,4 +143,4 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-__all__ = ["RESULT_COLUMNS", "versions", "migrate"]
+__all__ = ["RESULT_COLUMNS", "FIRST_COLUMNS", "FLAGS_IN_EXTRA", "versions", "migrate"]

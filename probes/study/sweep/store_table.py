@@ -13,7 +13,7 @@ from pathlib import Path
 from losslens.measure.probes.registry import PROBES
 
 from losslens.study.sweep.store_errors import StoreError
-from losslens.study.sweep.store_schema import RESULT_COLUMNS
+from losslens.study.sweep.store_schema import FLAGS_IN_EXTRA, RESULT_COLUMNS
 
 
 def tidy_results(conn: sqlite3.Connection, columns: set[str], include_failed: bool = True):
@@ -175,7 +175,7 @@ def warning_json(extra: str | dict | None) -> str:
 def _metric_flags(probe: str, metrics: list[dict], row_flag, extra: str | None) -> list:
     """Per metric entry: its own ``converged`` flag; else (rows written before per-value flags) the
     eigen/trace flags kept in ``extra``; else the row's flag; None where there is none."""
-    old = json.loads(extra or "{}").get("converged") if probe in ("eigen", "trace") else None
+    old = json.loads(extra or "{}").get("converged") if probe in FLAGS_IN_EXTRA else None
     out = []
     for j, m in enumerate(metrics):
         flag = m.get("converged")

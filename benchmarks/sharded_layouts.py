@@ -1,0 +1,121 @@
+"""Issue #48's layouts at 2, 4 and 8 gloo ranks: per-rank measured peak ÷ plan, state on disk, equality
+with the unsharded operator, θ bit-identical (``python -m benchmarks.sharded_layouts [--ranks 4,8]``).
+
+Model: a random-init Llama of ``--shape`` (``benchmarks.shapes``, default ``llama-128x6``) in float64
+with every weight rounded to bfloat16 (a bfloat16 checkpoint: the sharded master is kept in bfloat16),
+every block and the root ``fully_shard``-ed on a CPU mesh; ``--batches`` batches of 1 × 32 tokens split
+over the ranks (at least one per rank); one torch thread per process. Each rank runs the layouts of
+``tests.fsdp_memory_worker.estimator_calls`` (Hutchinson, Lanczos with the basis in RAM and on disk,
+Hutch++ with the sketch on disk) and records the tracked peak against the plan; one process runs the
+same estimators on the unsharded difference backend over all batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import torch
+
+BATCH_SEQ = 32
+
+
+def _batches(shape: str, n: int) -> list[torch.Tensor]:
+    from benchmarks.shapes import SHAPES
+
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, SHAPES[shape][4], (1, BATCH_SEQ), generator=g) for _ in range(n)]
+
+
+def _model(shape: str) -> torch.nn.Module:
+    from benchmarks.shapes import build
+
+    return build(shape, torch.float32).to(torch.bfloat16).to(torch.float64)
+
+
+def _rank(rank: int, world: int, port: int, out: str, shape: str, batches: int) -> None:
+    from losslens.geometry.operators.data_parallel import split_batches
+    from losslens.geometry.operators.sharded import ShardedHessianOperator
+    from losslens.lm.models.sharding import shard_model
+    from tests.fsdp_memory_worker import estimator_calls, layouts, old_loop_equal
+    from tests.gloo_ranks import gloo_group, record
+    from tests.tiny_models import lm_loss
+
+    with gloo_group(rank, world, port, timeout_s=1800):
+        model = shard_model(_model(shape))
+        mine = split_batches(_batches(shape, batches), rank, world)
+
+        def scenario():
+            op = ShardedHessianOperator(model, lm_loss, mine, max_memory=10**10)
+            res = layouts(op, estimator_calls(lanczos_steps=8))
+            res["old_loop_equal"] = old_loop_equal(op)
+            res["local_dim"], res["global_dim"] = op.local_dim, op.global_dim
+            return res
+
+        record(out, f"world{world}", rank, scenario)
+
+
+def run(ranks: tuple[int, ...] = (4, 8), shape: str = "llama-128x6", batches: int = 8) -> list[dict]:
+    from losslens.geometry import HessianOperator
+    from tests.fsdp_memory_worker import estimator_calls
+    from tests.gloo_ranks import run_ranks
+    from tests.tiny_models import lm_loss
+
+    torch.set_num_threads(1)
+    op = HessianOperator(_model(shape), lm_loss, _batches(shape, batches), backend="difference")
+    single = {}
+    for name, call in estimator_calls(lanczos_steps=8).items():
+        res = call(op)
+        single[name] = res.value if hasattr(res, "value") else res.values[0]
+    rows = []
+    for world in ranks:
+        with tempfile.TemporaryDirectory() as tmp:
+            results = run_ranks(_rank_entry(shape, batches), Path(tmp), world)[f"world{world}"]
+        if not all("ok" in r for r in results):
+            raise RuntimeError(str([r.get("trace") for r in results]))
+        first = results[0]["ok"]
+        for name in single:
+            res = first[name]
+            rows.append(
+                {
+                    "shape": shape,
+                    "ranks": world,
+                    "layout": name,
+                    "elements_per_rank": max(r["ok"]["local_dim"] for r in results),
+                    "peak_MB": res["peak"] / 1e6,
+                    "plan_MB": res["plan"] / 1e6,
+                    "measured_over_plan": res["peak"] / res["plan"],
+                    "disk_peak_MB": res["host_peak"] / 1e6,
+                    "disk_plan_MB": res["host_plan"] / 1e6,
+                    "value": res["value"],
+                    "rel_diff_vs_unsharded": abs(res["value"] - single[name]) / abs(single[name]),
+                    "theta_bit_identical": all(r["ok"][name]["unchanged"] for r in results),
+                    "products_bit_identical_to_grad_loop": all(r["ok"]["old_loop_equal"] for r in results),
+                }
+            )
+    return rows
+
+
+class _rank_entry:  # picklable for spawn: binds the shape and batches
+    def __init__(self, shape: str, batches: int):
+        self.shape, self.batches = shape, batches
+
+    def __call__(self, rank: int, world: int, port: int, out: str) -> None:
+        _rank(rank, world, port, out, self.shape, self.batches)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    from benchmarks import emit
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default="4,8")
+    parser.add_argument("--shape", default="llama-128x6")
+    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    return emit(run(tuple(int(r) for r in args.ranks.split(",")), args.shape, args.batches), args.json)
+
+
+if __name__ == "__main__":
+    main()
