@@ -37,6 +37,7 @@ import time
 import torch
 
 from losslens.geometry import HessianOperator, hutchinson_trace, top_eigenvalues
+from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.lm.core.next_token_loss import lm_loss
 from losslens.lm.core.threads import torch_threads
 from losslens.lm.models.families import FAMILIES, tiny_model
@@ -96,7 +97,9 @@ def _batches(family: str, seed: int, model: torch.nn.Module) -> list[torch.Tenso
 
 
 def _measure(model: torch.nn.Module, batches, backend: str, richardson: bool, V: torch.Tensor) -> dict:
-    op = HessianOperator(model, lm_loss, batches, backend=backend, richardson=richardson)
+    op = HessianOperator(
+        model, lm_loss, batches, backend=DifferenceBackend(richardson=richardson) if richardson else backend
+    )
     HV = op.matmat_flat(V.to(op.dtype)).double()
     tr = hutchinson_trace(op, num_matvecs=8, seed=0, max_memory="4GB").value
     lam = top_eigenvalues(op, k=1, method="lanczos", max_iter=40, tol=1e-6, seed=0, max_memory="4GB").values[0]

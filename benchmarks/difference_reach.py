@@ -68,6 +68,7 @@ def _exact_plan(model, batch, budget: str, probes: int) -> dict:
 
 def run(shape: str, seq: int, budget: str, probes: int, steps: int) -> dict:
     from losslens.geometry import HessianOperator, hutchinson_trace, top_eigenvalues
+    from losslens.geometry.operators.difference import DifferenceBackend
     from losslens.lm.core.next_token_loss import lm_loss
 
     t_start = time.perf_counter()
@@ -86,7 +87,7 @@ def run(shape: str, seq: int, budget: str, probes: int, steps: int) -> dict:
     out["exact"] = _exact_plan(model, batch, budget, probes)
     model.gradient_checkpointing_enable()
     op = HessianOperator(
-        model, lm_loss, [batch], backend="difference", max_memory=budget, check_batches=[batch[:, :64]]
+        model, lm_loss, [batch], backend=DifferenceBackend(check_batches=[batch[:, :64]]), max_memory=budget
     )
     out["dim"] = op.dim
     t0 = time.perf_counter()

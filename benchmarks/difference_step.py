@@ -19,7 +19,7 @@ import json
 import torch
 
 from losslens.geometry import HessianOperator, top_eigenvalues
-from losslens.geometry.operators.difference import relative_step
+from losslens.geometry.operators.difference import DifferenceBackend, relative_step
 from losslens.lm.core.next_token_loss import lm_loss
 from losslens.lm.models.families import FAMILIES
 from losslens.lm.models.fidelity import float64_fidelity
@@ -38,7 +38,7 @@ def product_errors(family: str, seed: int, factors: list[float]) -> list[float]:
     h = relative_step(torch.float32)
     out = []
     for f in factors:
-        got = HessianOperator(model, lm_loss, batches, backend="difference", difference_step=f * h)
+        got = HessianOperator(model, lm_loss, batches, backend=DifferenceBackend(step=f * h))
         got = got.matmat_flat(V.float()).double()
         out.append(max(float((got[i] - ref[i]).norm() / ref[i].norm()) for i in range(3)))
     return out
@@ -56,9 +56,7 @@ def lambda_errors(family: str, seed: int, factors: list[float]) -> list[float]:
     h = relative_step(torch.float32)
     out = []
     for f in factors:
-        op = HessianOperator(
-            copy.deepcopy(model).float(), lm_loss, batches, backend="difference", difference_step=f * h
-        )
+        op = HessianOperator(copy.deepcopy(model).float(), lm_loss, batches, backend=DifferenceBackend(step=f * h))
         got = top_eigenvalues(op, k=1, method="lanczos", max_iter=80, tol=1e-7, seed=0).values[0]
         out.append(abs(got - ref) / abs(ref))
     return out

@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from losslens.geometry.operators.hessian import HessianOperator
+from losslens.geometry.operators.reverse import ReverseBackend
 from losslens.lm.core.next_token_loss import lm_loss
 from losslens.lm.core.numerics import rel_error
 from losslens.lm.core.threads import torch_threads
@@ -90,7 +91,7 @@ def _methods(
 
     def reverse():
         for vec in (False, True):
-            op = HessianOperator(model, lm_loss, batches, backend="reverse", vectorize=vec)
+            op = HessianOperator(model, lm_loss, batches, backend=ReverseBackend(vectorize=vec))
             for k in ks_rev[vec]:
                 yield f"ours-reverse-{'vec' if vec else 'seq'}", k, op.matmat_flat
 

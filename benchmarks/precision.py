@@ -20,6 +20,7 @@ import warnings
 import torch
 
 from losslens.geometry import HessianOperator
+from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.lm.core.next_token_loss import lm_loss
 from losslens.lm.models.families import FAMILIES, tiny_model
 from losslens.lm.models.fidelity import float64_fidelity
@@ -80,7 +81,7 @@ def row(family: str, seed: int) -> dict:
         "seed": seed,
         "reverse_f32": err(),
         "difference_f32": err(backend="difference"),
-        "richardson_f32": err(backend="difference", richardson=True),
+        "richardson_f32": err(backend=DifferenceBackend(richardson=True)),
         "reverse_bf16": err(compute_dtype="bfloat16"),
         "difference_bf16": err(backend="difference", compute_dtype="bfloat16"),
     }

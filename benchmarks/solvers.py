@@ -31,6 +31,7 @@ from benchmarks import emit
 from benchmarks.hvp_models import build_model
 from losslens.geometry import HessianOperator, spectral_density, top_eigenvalues
 from losslens.geometry.memory.graphs import peak_new_bytes
+from losslens.geometry.operators.reverse import ReverseBackend
 from losslens.lm.core.next_token_loss import lm_loss
 from losslens.lm.core.lm_head import lm_loss_lean
 from losslens.lm.core.threads import torch_threads
@@ -56,7 +57,7 @@ def solver_rows(n_batches: int, steps: int, quick: bool) -> list[dict]:
     batches = [torch.randint(0, 512, shape, generator=g) for _ in range(n_batches)]
     rows = []
     for cache in (True, False):
-        op = HessianOperator(model, lm_loss, batches, cache_graphs=cache)
+        op = HessianOperator(model, lm_loss, batches, backend=ReverseBackend(cache_graphs=cache))
         t_grad = _timed(op.gradient)
         v = torch.randn(op.dim, generator=g)
         runs = {"power step (one product)": lambda: [op.matvec_flat(v) for _ in range(steps)]}
@@ -108,7 +109,7 @@ def lean_head_rows(shapes=("vocab50k-small", "pythia-160m"), quick: bool = False
         V = torch.randn(2, sum(p.numel() for p in model.parameters()), generator=g)
         out = {}
         for name, loss in (("autograd", lm_loss), ("lean", lm_loss_lean)):
-            op = HessianOperator(model, loss, batches, cache_graphs=True)
+            op = HessianOperator(model, loss, batches, backend=ReverseBackend(cache_graphs=True))
             graph = op.graph_bytes(0) - op.dim * 4
             _, peak = peak_new_bytes(lambda: op.matmat_flat(V[:1]))  # build + one product, every allocation
             t = _timed(lambda: op.matmat_flat(V), n=2) / 2

@@ -138,3 +138,42 @@ def test_a_gguf_checkpoint_forks(tmp_path, monkeypatch):
     (traj,) = fork_pretrained(path, [ForkSchedule("linear", steps=2)], tmp_path / "forks", text=text, **KW)
     assert traj.steps == [0, 1, 2] and traj.meta["fork"]["base"] == str(path.resolve())
     assert traj[0].meta["val_loss"] > traj[-1].meta["val_loss"] > 0  # the dequantized base, then trained on
+
+
+def test_cli_fork_of_a_pretrained_folder_and_a_hub_name(base, tmp_path, monkeypatch):
+    """`losslens fork` on an HF folder (and on hf:ORG/NAME through the hub cache) calls fork_pretrained."""
+    from typer.testing import CliRunner
+
+    from losslens.cli.app import app
+    from tests.hub_cache import add_revision
+
+    model_dir, text = base
+    common = ["--steps", "4", "--checkpoints", "2", "--seq-len", "32", "--batch-size", "2", "--start-lr", "1e-3",
+              "--text", str(text), "--threads", "1", "--quiet"]  # fmt: skip
+    out = tmp_path / "forks"
+    res = CliRunner().invoke(app, ["fork", str(model_dir), "--schedule", "wsd,cosine", "--seeds", "0,1",
+                                   "--cooldown-at", "2", "--out", str(out), *common])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    names = ["wsd-cd2-n4-s0", "cosine-n4-s0", "wsd-cd2-n4-s1", "cosine-n4-s1"]
+    assert [line.split(":")[0] for line in res.stdout.splitlines() if "checkpoints, steps 0..4" in line] == names
+    assert "at the base" in res.output and "losslens sweep" in res.output
+    index = json.loads((out / "forks.json").read_text())
+    assert sorted(e["path"] for e in index["forks"]) == sorted(names)
+    traj = Trajectory.from_folder(out / "wsd-cd2-n4-s1")
+    assert traj.steps == [0, 2, 4] and traj.meta["fork"]["seed"] == 1
+    assert traj.meta["fork"]["base"] == str(model_dir.resolve())
+    assert ForkSchedule.from_dict(traj.meta["fork"]["schedule"]).lr(4) == pytest.approx(1e-4)  # start LR / 10
+    # options of a train-tiny parent are refused by name; a pretrained base needs --steps
+    bad = CliRunner().invoke(app, ["fork", str(model_dir), "--at", "last", "--out", str(tmp_path / "x"), *common])
+    assert bad.exit_code != 0 and "--at apply to a train-tiny parent only" in bad.output
+    bad = CliRunner().invoke(app, ["fork", str(model_dir), "--out", str(tmp_path / "x"), "--quiet"])
+    assert bad.exit_code != 0 and "pass --steps N" in bad.output
+    # a hub name through the (offline) hub cache
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cache = tmp_path / "hub"
+    add_revision(cache, "org/tiny-llama", "main", model_dir)
+    res = CliRunner().invoke(app, ["fork", "hf:org/tiny-llama", "--schedule", "constant", "--cache-dir", str(cache),
+                                   "--out", str(tmp_path / "hub-forks"), *common])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    traj = Trajectory.from_folder(tmp_path / "hub-forks" / "constant-n4-s0")
+    assert traj.meta["fork"]["base"] == "hf:org/tiny-llama" and traj.steps == [0, 2, 4]

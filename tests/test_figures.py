@@ -309,3 +309,92 @@ def test_report_command_on_a_store(df, tmp_path):
     assert len(re.findall(r'class="plotly-graph-div"', text)) == 6
     res = CliRunner().invoke(app, ["report", str(tmp_path / "missing.sqlite")])
     assert res.exit_code == 2
+
+
+# --------------------------------------------------------------------------- issue 49: a report that reads at a glance
+def _run_of(trace, runs):
+    """The run a trace draws (None for the LR lines and the flagged-point overlays)."""
+    name = str(trace.name or "")
+    if name.startswith("LR") or "not converged" in name or "product error" in name:
+        return None
+    for r in runs:
+        if trace.legendgroup == r or name == r or f"· {r}" in name or name.startswith(f"{r} ("):
+            return r
+    return None
+
+
+def _trace_colour(trace):
+    if trace.type != "scatter":  # heatmaps and bars carry no run colour
+        return None
+    for c in (trace.line.color, trace.marker.color, trace.marker.line.color):
+        if isinstance(c, str):
+            return c
+    return None
+
+
+def test_a_run_has_one_colour_in_every_figure_of_a_page(df):
+    """The loss, quant, sharpness and scatter figures drew a run in a colour that depended on the
+    series' index (red was one run in the trace panel, another in λ_max). Under page_colours each
+    run has one colour everywhere, from the sorted run names; without a page map, from the figure's."""
+    from losslens.study.report.explain_figures import explain_figures, synthetic_explain
+    from losslens.study.report.figure_parts import page_colours, run_colour_map
+
+    full = synthetic_explain(df)
+    with page_colours(["wsd", "cosine", "extra"]) as colours:
+        figs = {**trajectory_figures(full), **explain_figures(full)}
+        alone = trajectory_figures(full[full["run"] == "wsd"])  # a figure of one run keeps the page's colour
+    assert colours == run_colour_map(["cosine", "extra", "wsd"]) and colours["cosine"] != colours["wsd"]
+    seen: dict[str, set] = {}
+    for fig in [*figs.values(), *alone.values()]:
+        for t in fig.data:
+            run = _run_of(t, ("wsd", "cosine"))
+            if run is not None and _trace_colour(t) is not None:
+                seen.setdefault(run, set()).add(_trace_colour(t))
+    assert seen == {"wsd": {colours["wsd"]}, "cosine": {colours["cosine"]}}, seen
+    # outside a page the colours come from the figure's own sorted runs
+    fig = loss_figure(df)
+    assert {_trace_colour(t) for t in fig.data if _run_of(t, ("cosine",))} == {
+        run_colour_map(["wsd", "cosine"])["cosine"]
+    }
+
+
+def test_quantization_error_is_drawn_in_percent_as_the_printed_summary(df):
+    """ΔQ L = L(θ̂)/L(θ) − 1 in % on every axis and hover (the figures drew the fraction, ticks `100µ`)."""
+    fig = quant_error_figure(df, specs=["rtn:4:g128"])
+    assert fig.layout.yaxis.title.text == "ΔQ L (%)" and "ΔQ L (%)" in fig.layout.title.text
+    rows = df[(df.probe == "quant") & (df.spec == "rtn:4:g128") & (df.metric == "rel_loss_error") & (df.run == "wsd")]
+    real = rows[~rows["derived"]].sort_values("step")["value"].to_numpy()
+    line = next(t for t in fig.data if t.name == "wsd" and t.mode == "lines+markers")
+    assert list(line.y) == pytest.approx(list(100 * real)) and "%" in line.hovertemplate
+    scatter = sharpness_vs_quant_figure(df, y="rtn:4:g128")
+    assert scatter.layout.yaxis.title.text == "ΔQ L (%) (rtn:4:g128)"
+    assert max(max(t.y) for t in scatter.data) == pytest.approx(100 * rows["value"].max())
+
+
+def test_tables_name_columns_for_people_and_keep_the_raw_name_in_a_tooltip():
+    from losslens.study.report.labels import COLUMN_LABELS
+    from losslens.study.report.page_sections import _table
+
+    html = _table([{"trace_per_param": 0.5, "kappa_ci": "[-0.1, +0.2]", "note": "a long note " * 20}])
+    assert '<th class="" title="trace_per_param">Δ log tr H / n</th>' in html
+    assert f'title="kappa_ci">{COLUMN_LABELS["kappa_ci"]}</th>' in html
+    assert html.startswith('<div class="table-wrap">') and '<td class="l wrap">a long note' in html
+
+
+def test_monitor_section_says_which_evaluations_were_skipped_and_why():
+    import pandas as pd
+
+    from losslens.study.report.page_notes import monitor_note
+
+    live = pd.DataFrame({"step": [100, 600, 700, 800]})
+    meta = {
+        "settings": {"every": 100, "time_budget": 0.1},
+        "skipped_for_time": 4,
+        "skipped_steps": [200, 300, 400, 500],
+    }
+    note = monitor_note(live, meta)
+    assert "Measured at step(s) 100, 600, 700, 800." in note and "Planned every 100 steps." in note
+    assert "Skipped step(s) 200, 300, 400, 500: the monitor keeps its measurements within 10% of the training" in note
+    older = monitor_note(live, {"settings": {"every": 100, "time_budget": 0.1}, "skipped_for_time": 4})
+    assert "4 planned evaluation(s) skipped" in older and "does not record which steps" in older
+    assert "No planned evaluation was skipped" in monitor_note(live, {"settings": {"every": 100}})

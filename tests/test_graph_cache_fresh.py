@@ -1,7 +1,7 @@
 """Kept gradient graphs must never outlive the weights they were built on (issue #23, item 3).
 
 Every way a user or the project may change a model between two products of one operator with
-``cache_graphs=True`` is applied, and the cached operator's product must equal a fresh operator's.
+``ReverseBackend(cache_graphs=True)`` is applied, and the cached operator's product must equal a fresh operator's.
 Before the fix the cache keyed on autograd's version counter only, which ``.data`` writes (the
 quantizers' way of writing weights) do not move: a product after in-place quantization was
 31–76% off.
@@ -14,6 +14,8 @@ import torch
 
 from losslens.geometry.operators.fingerprint import CHUNK, content_checksum, model_fingerprint
 from losslens.geometry.operators.hessian import HessianOperator
+from losslens.geometry.operators.interface import OperatorError
+from losslens.geometry.operators.reverse import ReverseBackend
 from losslens.lm.core.next_token_loss import lm_loss
 from losslens.lm.quant import quantize
 from tests.tiny_models import micro_gptneox, random_batches
@@ -22,7 +24,7 @@ from tests.tiny_models import micro_gptneox, random_batches
 def _setup(seed: int = 0):
     model = micro_gptneox(seed=seed, dtype=torch.float64)
     batches = random_batches(n_batches=2, seed=seed)
-    op = HessianOperator(model, lm_loss, batches, cache_graphs=True)
+    op = HessianOperator(model, lm_loss, batches, backend=ReverseBackend(cache_graphs=True))
     V = torch.randn(2, op.dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     first = op.matmat(V)
     assert op.num_graph_builds == 2
@@ -140,3 +142,21 @@ def test_fingerprint_is_stable_without_writes_and_sees_data_writes():
     assert model_fingerprint(model) != fp  # ... not to the fingerprint
     p.data.copy_(old)
     assert model_fingerprint(model) == fp  # the same bits again: the kept graphs are valid again
+
+
+def test_one_configured_backend_keeps_each_operators_graphs_apart():
+    """The kept graphs are the reverse backend's per-operator state: one ``ReverseBackend(cache_graphs=True)``
+    handed to two operators on different batches gives each its own graphs (each operator keeps a copy),
+    so neither reads the other's Hessian; the object handed over keeps nothing itself."""
+    model = micro_gptneox(seed=0, dtype=torch.float64)
+    shared = ReverseBackend(cache_graphs=True)
+    a_batches, b_batches = random_batches(n_batches=2, seed=1), random_batches(n_batches=2, seed=2)
+    a = HessianOperator(model, lm_loss, a_batches, backend=shared)
+    b = HessianOperator(model, lm_loss, b_batches, backend=shared)
+    V = torch.randn(2, a.dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    got_a, got_b = a.matmat(V), b.matmat(V)
+    assert a.kept_graphs == 2 and b.kept_graphs == 2 and shared.kept_graphs == 0
+    assert torch.equal(got_b, HessianOperator(model, lm_loss, b_batches).matmat(V))
+    assert torch.equal(a.matmat(V), got_a) and a.num_graph_builds == 2  # its own graphs, reused
+    with pytest.raises(OperatorError, match="vectorize must be True, False or 'auto'"):
+        ReverseBackend(vectorize="sometimes")

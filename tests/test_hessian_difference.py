@@ -12,7 +12,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from losslens.geometry import HessianOperator, OperatorError, hutchinson_trace, top_eigenvalues
 from losslens.geometry.memory.graphs import peak_new_bytes
-from losslens.geometry.operators.difference import relative_step, step_size, stencil
+from losslens.geometry.operators.auto import AutoBackend
+from losslens.geometry.operators.difference import DifferenceBackend, relative_step, step_size, stencil
 from losslens.lm.models.families import FAMILIES, tiny_model
 from losslens.lm.models.fidelity import float64_fidelity
 from tests.tiny_models import lm_loss, micro_gptneox, micro_llama, mlp_batches, mlp_loss, random_batches, tiny_mlp
@@ -65,7 +66,7 @@ def test_float64_central_and_richardson_micro_models(make, seed):
     V = _vectors(exact.dim, seed=seed)
     ref = exact.matmat_flat(V)
     central = HessianOperator(model, lm_loss, batches, backend="difference")
-    rich = HessianOperator(model, lm_loss, batches, backend="difference", richardson=True)
+    rich = HessianOperator(model, lm_loss, batches, backend=DifferenceBackend(richardson=True))
     assert _rel(central.matmat_flat(V), ref) <= 1e-6
     assert _rel(rich.matmat_flat(V), ref) <= 1e-8  # O(ε⁴)
     assert (central.num_gradients, rich.num_gradients) == (3 * 2 * 2, 3 * 4 * 2)  # k · stencil · batches
@@ -163,7 +164,7 @@ def test_half_precision_perturbs_a_float32_master():
         seen.append({n: p.detach().clone() for n, p in m.named_parameters()})
         return mlp_loss(m, b)
 
-    op = HessianOperator(model, loss, batches, backend="difference", difference_step=0.05, compute_dtype="bfloat16")
+    op = HessianOperator(model, loss, batches, backend=DifferenceBackend(step=0.05), compute_dtype="bfloat16")
     v = torch.randn(op.dim, generator=torch.Generator().manual_seed(0))
     op.checked()  # the error check runs before the first product (its own gradients): record from here
     seen.clear()
@@ -293,8 +294,10 @@ def test_estimators_record_the_measured_error_and_auto_chooses():
     tight = HessianOperator(model, lm_loss, batches, backend="auto", max_memory=budget)
     assert tight.backend == "difference" and tight.backend_choice["rel_error"] <= 1e-6
     assert hutchinson_trace(tight, num_matvecs=2, seed=0).memory["settings"]["backend_choice"]["chosen"] == "difference"
-    with pytest.raises(OperatorError, match="difference_tolerance"):
-        HessianOperator(model, lm_loss, batches, backend="auto", max_memory=budget, difference_tolerance=1e-14)
+    with pytest.raises(OperatorError, match="above its tolerance 1e-14"):
+        HessianOperator(
+            model, lm_loss, batches, backend=AutoBackend(DifferenceBackend(tolerance=1e-14)), max_memory=budget
+        )
 
 
 def test_error_check_records_why_when_no_exact_product_can_run():
@@ -429,7 +432,9 @@ def test_float32_lanczos_lambda_max_matches_the_exact_one(richardson):
         ref = top_eigenvalues(
             HessianOperator(model64, lm_loss, batches), k=1, method="lanczos", max_iter=80, tol=1e-7, seed=0
         ).values[0]
-    op = HessianOperator(copy.deepcopy(model64).float(), lm_loss, batches, backend="difference", richardson=richardson)
+    op = HessianOperator(
+        copy.deepcopy(model64).float(), lm_loss, batches, backend=DifferenceBackend(richardson=richardson)
+    )
     got = top_eigenvalues(op, k=1, method="lanczos", max_iter=80, tol=1e-7, seed=0).values[0]
     assert abs(got - ref) <= 1e-3 * abs(ref)
 
@@ -481,9 +486,7 @@ def test_eigenvalues_of_a_difference_operator_are_refined_rayleigh_quotients(met
         model,
         lm_loss,
         batches,
-        backend="difference",
-        richardson=True,
-        difference_step=0.5 * relative_step(torch.float32),
+        backend=DifferenceBackend(step=0.5 * relative_step(torch.float32), richardson=True),
     )
     V = res.vectors.double()
     HV = rich.matmat_flat(V.float()).double()

@@ -9,6 +9,7 @@ import torch
 from losslens.geometry.operators.attention import second_order_attention
 from losslens.geometry.operators.dense import DenseOperator, exact_hessian
 from losslens.geometry.operators.hessian import HessianOperator
+from losslens.geometry.operators.reverse import ReverseBackend
 from tests.tiny_models import (
     lm_loss,
     micro_gptneox,
@@ -21,10 +22,10 @@ from tests.tiny_models import (
 
 EXACT = 1e-8  # relative tolerance against the exact Hessian (float64)
 CONFIGS = [
-    dict(backend="reverse", vectorize=True),
-    dict(backend="reverse", vectorize=False),
+    dict(backend=ReverseBackend(vectorize=True)),
+    dict(backend=ReverseBackend(vectorize=False)),
     dict(backend="forward"),
-    dict(backend="reverse", vectorize=True, chunk_size=2),
+    dict(backend=ReverseBackend(vectorize=True), chunk_size=2),
     dict(backend="forward", chunk_size=2),
 ]
 CFG_IDS = ["rev-vec", "rev-seq", "fwd", "rev-vec-chunk2", "fwd-chunk2"]

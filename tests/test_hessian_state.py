@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from losslens.geometry.operators.hessian import HessianOperator
+from losslens.geometry.operators.reverse import ReverseBackend
 from losslens.geometry.operators.interface import OperatorError
 from losslens.geometry.base.params import ParameterSelectionError
 from tests.tiny_models import lm_loss, micro_gptneox, micro_llama, mlp_batches, mlp_loss, random_batches, tiny_mlp
@@ -86,7 +87,11 @@ def test_attention_modes_handled_automatically():
 def test_works_under_no_grad_and_is_deterministic():
     model = micro_llama(5)
     batches = random_batches(sizes=[2, 2], seq=5, seed=6)
-    for cfg in (dict(vectorize=True), dict(vectorize=False), dict(backend="forward")):
+    for cfg in (
+        dict(backend=ReverseBackend(vectorize=True)),
+        dict(backend=ReverseBackend(vectorize=False)),
+        dict(backend="forward"),
+    ):
         op = HessianOperator(model, lm_loss, batches, **cfg)
         V = _vecs(op, 3, seed=2)
         with torch.no_grad():
@@ -192,3 +197,18 @@ def test_bad_losses(mlp_setup, backend):
         with pytest.raises(OperatorError, match="loss is nan"):
             HessianOperator(model, nan_loss, batches).gradient()
     assert model[0].weight.grad is None and not model.training
+
+
+def test_constructor_takes_the_operator_settings_and_backends_their_own():
+    """``HessianOperator`` takes at most 12 parameters (issue #46): a backend's settings are given on
+    its object, and a name gives its defaults."""
+    import inspect
+
+    from losslens.geometry.operators.difference import DEFAULT_TOLERANCE, DifferenceBackend
+
+    assert len(inspect.signature(HessianOperator).parameters) <= 12
+    model, batches = tiny_mlp(), mlp_batches()
+    named = HessianOperator(model, mlp_loss, batches, backend="difference")
+    given = HessianOperator(model, mlp_loss, batches, backend=DifferenceBackend(step=1e-3, tolerance=0.5))
+    assert named.error_tolerance == DEFAULT_TOLERANCE and given.error_tolerance == 0.5
+    assert given.product_backend.step(given) == 1e-3 and named.product_backend.step(named) != 1e-3

@@ -157,7 +157,7 @@ def test_graph_cache_gives_identical_products_and_follows_weight_changes():
     model = micro_gptneox(seed=1, dtype=torch.float64)
     batches = random_batches(n_batches=3, seed=1)
     plain = HessianOperator(model, lm_loss, batches)
-    cached = HessianOperator(model, lm_loss, batches, cache_graphs=True)
+    cached = HessianOperator(model, lm_loss, batches, backend=ReverseBackend(cache_graphs=True))
     V = torch.randn(3, plain.dim, dtype=torch.float64)
     a = plain.matmat(V)
     b1, b2 = cached.matmat(V[:2]), cached.matmat(V[2:])
@@ -315,8 +315,8 @@ class _PlanOnly(CurvatureOperator):
     """A reverse-backend operator of 10M float32 dimensions for plans only (no products): one
     graph rebuilt per step costs 300 MB, the graphs of all batches kept 700 MB."""
 
-    vectorize, chunk_size, max_memory, num_matvecs, space = False, None, None, 0, None
-    product_backend = ReverseBackend()
+    chunk_size, max_memory, num_matvecs, space = None, None, 0, None
+    product_backend = ReverseBackend(vectorize=False)
     dim = 10_000_000
     dtype = torch.float32
     device = torch.device("cpu")

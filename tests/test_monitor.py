@@ -444,6 +444,8 @@ def test_time_budget_stretches_the_interval(tmp_path):
     got = [tight.step(model, s) for s in range(1, 5)]
     assert got[0] is not None and got[1:] == [None, None, None] and tight.n_skipped == 3
     assert Store(tmp_path / "a.sqlite").meta["monitor:monitor"]["skipped_for_time"] == 3
+    assert Store(tmp_path / "a.sqlite").meta["monitor:monitor"]["skipped_steps"] == [2, 3, 4]  # for the report
+    assert tight.summary()["skipped_steps"] == [2, 3, 4]
     loose = _monitor(tmp_path / "b.sqlite", every=2, curvature=False)
     assert [loose.step(model, s) is not None for s in range(1, 5)] == [False, True, False, True]
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: (name, module) -> why the literal there is not the backend's or the probe's name.
 OTHER_MEANINGS = {
     ("auto", "geometry/estimators/density.py"): "reorth='auto'",
-    ("auto", "geometry/operators/hessian.py"): "vectorize='auto'",
+    ("auto", "geometry/operators/reverse.py"): "vectorize='auto'",
     ("auto", "probes/lm/models/miniature.py"): "the second-order check's precision='auto'",
     ("auto", "probes/lm/models/second_order.py"): "the second-order check's precision='auto'",
     ("auto", "probes/lm/models/curvature.py"): "the second-order check's precision='auto'",
@@ -52,6 +52,13 @@ OTHER_MEANINGS = {
     ("trace", "probes/study/report/explain_figures.py"): "an explain factor (FACTOR_METRICS)",
     ("eigen", "probes/measure/sharpness.py"): "a section of `losslens sharpness`'s result",
     ("explain", "probes/__init__.py"): "the function losslens.explain (lazy exports)",
+    ("accuracy", "probes/__init__.py"): "the function losslens.accuracy (lazy exports)",
+    (
+        "accuracy",
+        "probes/measure/accuracy/checkpoint_accuracy.py",
+    ): "the function accuracy's name (keywords) and __all__",
+    ("accuracy", "probes/measure/accuracy/variants.py"): "the progress label of `losslens accuracy`",
+    ("loss", "probes/study/report/labels.py"): "the checkpoint record's loss column, given its human label",
     ("explain", "probes/measure/explain/__init__.py"): "the function explain in __all__",
     ("explain", "probes/measure/explain/explanation.py"): "the function explain in __all__",
     ("explain", "probes/measure/checkpoint_explanation.py"): "the function losslens.explain and its __all__",

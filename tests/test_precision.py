@@ -16,6 +16,7 @@ import torch
 from losslens.geometry import HessianOperator, hutchinson_trace, top_eigenvalues
 from losslens.geometry.operators.interface import OperatorError
 from losslens.geometry.operators.precision import compute_copy_bytes, compute_dtype_for
+from losslens.geometry.operators.reverse import ReverseBackend
 from losslens.lm.core.next_token_loss import lm_loss
 from benchmarks.precision import OTHERS, batches_of, bf16_model
 from losslens.lm.models.families import FAMILIES
@@ -130,13 +131,13 @@ def test_graphs_are_not_kept_over_the_float32_copies():
     call, and the memory plans never choose to keep them."""
     model = _model("llama", 1)
     batches = _batches(model, 1)
-    op = HessianOperator(model, lm_loss, batches, cache_graphs=True)
+    op = HessianOperator(model, lm_loss, batches, backend=ReverseBackend(cache_graphs=True))
     assert op.cache_graphs is False and not op.can_keep_graphs
     V = torch.randn(2, op.dim, generator=torch.Generator().manual_seed(0))
     a = op.matmat_flat(V)
     assert torch.equal(op.matmat_flat(V), a) and op.num_graph_builds == 4  # rebuilt each call
     est = hutchinson_trace(op, num_matvecs=4, seed=0)
     assert est.memory["settings"]["cache_graphs"] is False
-    exact = HessianOperator(copy.deepcopy(model).float(), lm_loss, batches, cache_graphs=True)
+    exact = HessianOperator(copy.deepcopy(model).float(), lm_loss, batches, backend=ReverseBackend(cache_graphs=True))
     kept = hutchinson_trace(exact, num_matvecs=4, seed=0).value
     assert exact.can_keep_graphs and abs(kept - est.value) <= 1e-5 * abs(est.value)

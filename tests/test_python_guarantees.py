@@ -25,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import losslens.geometry as geometry
 from losslens.geometry import HessianOperator, LosslensWarning, ProductErrorWarning, ZeroEmbeddingWarning
 from losslens.geometry.estimators.trace import hutchinson_trace
+from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.lm.core.next_token_loss import ExcludingLoss, lm_loss
 from losslens.lm.models.curvature import ERROR_TOLERANCE, lm_hessian
 from losslens.lm.models.families import FAMILIES, tiny_model
@@ -117,7 +118,7 @@ def _kept(family: str = "llama", dtype: torch.dtype = torch.float64):
 
 def test_a_bad_step_raises_under_the_error_filter_before_the_first_product_leaves():
     model, loss, batches = _kept()
-    op = HessianOperator(model, loss, batches, backend="difference", difference_step=0.5)
+    op = HessianOperator(model, loss, batches, backend=DifferenceBackend(step=0.5))
     V = torch.randn(1, op.dim, dtype=op.dtype, generator=torch.Generator().manual_seed(0))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -128,7 +129,7 @@ def test_a_bad_step_raises_under_the_error_filter_before_the_first_product_leave
 
 def test_the_product_error_warning_is_emitted_once_and_points_at_the_caller():
     model, loss, batches = _kept()
-    op = HessianOperator(model, loss, batches, backend="difference", difference_step=0.5)
+    op = HessianOperator(model, loss, batches, backend=DifferenceBackend(step=0.5))
     V = torch.randn(2, op.dim, dtype=op.dtype, generator=torch.Generator().manual_seed(0))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -144,7 +145,7 @@ def test_the_product_error_warning_is_emitted_once_and_points_at_the_caller():
 
 def test_the_warning_can_be_filtered_like_any_warning():
     model, loss, batches = _kept()
-    op = HessianOperator(model, loss, batches, backend="difference", difference_step=0.5)
+    op = HessianOperator(model, loss, batches, backend=DifferenceBackend(step=0.5))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("error")
         warnings.filterwarnings("ignore", category=LosslensWarning)
@@ -155,7 +156,7 @@ def test_the_warning_can_be_filtered_like_any_warning():
 def test_lm_hessian_warns_over_the_command_line_tolerance():
     model, _, batches = _setting("gpt_neox", torch.float64)
     with pytest.warns(ProductErrorWarning, match=rf"error_tolerance={ERROR_TOLERANCE:g}") as caught:
-        op = lm_hessian(model, batches, backend="difference", difference_step=0.5)
+        op = lm_hessian(model, batches, backend=DifferenceBackend(step=0.5))
     assert op.error_tolerance == ERROR_TOLERANCE and op.hvp_check["rel_error"] > ERROR_TOLERANCE
     assert len([w for w in caught if issubclass(w.category, ProductErrorWarning)]) == 1
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from losslens.geometry import HessianOperator
 from losslens.geometry.operators.branches import FrozenBranches
+from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.geometry.operators.product_check import product_error
 from losslens.geometry.operators.smoothness import NOT_SMOOTH, SMOOTH, activation_smoothness, continuous_gradients
 from losslens.lm.models.families import tiny_model
@@ -67,7 +68,7 @@ def test_a_perturbed_point_in_the_xielu_clamp_window_does_not_break_the_product(
     act = model.act
     alpha_n = float(act.beta + nn.functional.softplus(act.alpha_n.detach()))
     exact = alpha_n * math.exp(x)  # d²/dx² of αn·(eˣ − 1 − x) + βx
-    op = HessianOperator(model, lambda m, _: m(), [None], params="w", backend="difference", difference_step=h)
+    op = HessianOperator(model, lambda m, _: m(), [None], params="w", backend=DifferenceBackend(step=h))
     got = float(op.matmat_flat(torch.ones(1, 1, dtype=torch.float64)))
     # the central difference of a smooth f' over [x − ε, x + ε]: αn·(e^{x+ε} − e^{x−ε})/(2ε)
     assert got == pytest.approx(alpha_n * (math.exp(x + h) - math.exp(x - h)) / (2 * h), rel=1e-6)
@@ -110,10 +111,10 @@ def test_frozen_branches_make_difference_products_of_a_kinked_model_exact(act, m
     model, batches = _kinked_mlp(act)
     loss = lambda m, x: m(x).square().mean()  # noqa: E731
     exact = HessianOperator(model, loss, batches, params=["0.*", "2.*"])
-    frozen = HessianOperator(model, loss, batches, params=["0.*", "2.*"], backend="difference", difference_step=1e-5)
+    frozen = HessianOperator(model, loss, batches, params=["0.*", "2.*"], backend=DifferenceBackend(step=1e-5))
     assert product_error(frozen, exact, 2, seed=0) <= 1e-8
     monkeypatch.setattr(FrozenBranches, "__bool__", lambda self: False)  # the same products, not frozen
-    plain = HessianOperator(model, loss, batches, params=["0.*", "2.*"], backend="difference", difference_step=1e-5)
+    plain = HessianOperator(model, loss, batches, params=["0.*", "2.*"], backend=DifferenceBackend(step=1e-5))
     assert product_error(plain, exact, 2, seed=0) > 1e-3
 
 

@@ -40,14 +40,15 @@ def agreement(ctx: Context) -> list[dict]:
         spectral_density,
         top_eigenvalues,
     )
+    from losslens.geometry.operators.reverse import ReverseBackend
     from losslens.lm.core.next_token_loss import lm_loss
     from losslens.lm.models.families import FAMILIES, tiny_model
     from losslens.lm.models.fidelity import with_float64_fidelity
 
     rows: list[dict] = []
     backends = (
-        ("reverse-vmap", {"vectorize": True}, EXACT_TOL),
-        ("reverse-seq", {"vectorize": False}, EXACT_TOL),
+        ("reverse-vmap", {"backend": ReverseBackend(vectorize=True)}, EXACT_TOL),
+        ("reverse-seq", {"backend": ReverseBackend(vectorize=False)}, EXACT_TOL),
         ("forward", {"backend": "forward"}, EXACT_TOL),
         ("difference", {"backend": "difference"}, DIFFERENCE_TOL),
     )

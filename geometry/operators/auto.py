@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from losslens.geometry.memory.graphs import itemsize
-from losslens.geometry.operators.difference import DEFAULT_TOLERANCE, DifferenceBackend
+from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.geometry.operators.interface import OperatorError
 from losslens.geometry.operators.backend import ProductBackend
 from losslens.geometry.operators.reverse import ReverseBackend
@@ -20,11 +20,12 @@ __all__ = ["AutoBackend"]
 
 
 class AutoBackend:
-    """Choose between the exact reverse backend and ``difference`` (its settings) for an operator.
+    """Choose between the exact reverse backend and ``difference`` (their settings) for an operator.
 
     Args:
-        difference: the difference backend to fall back on (its step, stencil and check batches).
-        tolerance: the measured relative error above which the difference backend is refused.
+        difference: the difference backend to fall back on (its step, stencil, check batches and
+            ``tolerance``: the measured relative error above which it is refused).
+        reverse: the reverse backend to prefer (its ``vectorize`` and ``cache_graphs``; default ``ReverseBackend()``).
     """
 
     name = "auto"
@@ -36,12 +37,21 @@ class AutoBackend:
     shardable = False
     summary = f"{ReverseBackend.name} when its pass fits --max-memory, else {DifferenceBackend.name}"
 
-    def __init__(self, difference: DifferenceBackend | None = None, tolerance: float = DEFAULT_TOLERANCE):
+    def __init__(self, difference: DifferenceBackend | None = None, reverse: ReverseBackend | None = None):
         self.difference = difference or DifferenceBackend()
-        self.tolerance = float(tolerance)
+        self.reverse = reverse or ReverseBackend()
+
+    @property
+    def tolerance(self) -> float:
+        """The measured relative error above which the difference backend is refused (its ``tolerance``)."""
+        return self.difference.tolerance
 
     def __repr__(self) -> str:
-        return f"AutoBackend({self.difference!r}, tolerance={self.tolerance:g})"
+        return f"AutoBackend({self.difference!r}, {self.reverse!r})"
+
+    def with_check_batches(self, check_batches: Any) -> "AutoBackend":
+        """These settings with ``check_batches`` as the difference backend's error-check batches."""
+        return AutoBackend(self.difference.with_check_batches(check_batches), self.reverse)
 
     def choose(self, op: Any) -> tuple[ProductBackend, dict, dict | None]:
         """``(backend, backend_choice, hvp_check)``: the reverse backend when its pass (one vector,
@@ -53,7 +63,7 @@ class AutoBackend:
 
         budget = resolve_budget(op.max_memory, op.device)
         state = 3 * op.dim * itemsize(op.dtype)
-        reverse = ReverseBackend()
+        reverse = self.reverse.for_operator()
         try:
             exact = reverse.pass_bytes(op, 1, cached=False) + state
         except (RuntimeError, NotImplementedError, OperatorError) as exc:
@@ -90,9 +100,9 @@ class AutoBackend:
         if err is None or not err <= self.tolerance:
             measured = "could not be measured (no exact product on the check slice)" if err is None else f"is {err:.2g}"
             raise OperatorError(
-                f"backend={self.name!r}: {why_not} and the difference backend's error {measured}, above "
-                f"difference_tolerance={self.tolerance:g}; raise max_memory, loosen the tolerance or "
-                f"pass backend={self.difference.name!r}"
+                f"backend={self.name!r}: {why_not} and the difference backend's error {measured}, above its "
+                f"tolerance {self.tolerance:g}; raise max_memory, loosen it "
+                f"(AutoBackend(DifferenceBackend(tolerance=...))) or pass backend={self.difference.name!r}"
             )
         return (
             self.difference,

@@ -21,7 +21,8 @@ The backends, in detail (each computes the Hessian of the operator's weighted me
     Per data batch the gradient ``g = ∇L_b`` is built once with ``create_graph=True`` and that graph
     is reused for all k vectors: ``H_b v = ∇(g · v)``. The k second backwards run either as one
     vmapped backward (``is_grads_batched=True``, ``vectorize=True``) or as k sequential backwards on
-    the retained graph (``vectorize=False``). Only one batch's graph is alive at a time (batches
+    the retained graph (``vectorize=False``; ``ReverseBackend(vectorize=..., cache_graphs=...)``).
+    Only one batch's graph is alive at a time (batches
     outer, chunks of vectors inner), unless graphs are kept between calls (``cache_graphs``): then
     every batch's graph stays alive until a parameter or buffer changes (its identity, version or
     content: :mod:`losslens.geometry.operators.fingerprint`, one read of the model per call) or
@@ -35,12 +36,13 @@ The backends, in detail (each computes the Hessian of the operator's weighted me
 ``"difference"``, gradient differences (:mod:`losslens.geometry.operators.difference`)
     ``(∇L(θ+εv) − ∇L(θ−εv))/2ε`` from ``loss.backward()`` and ``.grad`` with θ perturbed in place
     and restored bit-exactly: first order only (fused attention, activation checkpointing, fused losses);
-    2 gradients per product (4 with ``richardson=True``); its error against the exact products is
+    2 gradients per product (4 with ``richardson=True``; ``DifferenceBackend(step, richardson,
+    check_batches, tolerance)``); its error against the exact products is
     measured on a check slice (:meth:`~losslens.geometry.operators.hessian.HessianOperator.checked`) and recorded
     in every estimator plan.
 ``"auto"``
     ``"reverse"`` when its pass fits ``max_memory``, else ``"difference"`` when its pass fits and its
-    error is ≤ ``difference_tolerance`` (else :class:`OperatorError`); why: ``backend_choice``.
+    error is ≤ the difference backend's ``tolerance`` (else :class:`OperatorError`); why: ``backend_choice``.
 
 The gradient-difference loop measures vectors through a :class:`VectorSpace`: whole vectors on this
 rank (:data:`LOCAL`) or a rank's shards of a global vector whose sums are all-reduced
@@ -132,8 +134,11 @@ class ProductBackend(abc.ABC):
 
     ``op`` below is the operator; a backend reads its public surface only (``model``, ``space``,
     ``batches``, ``batch_items``, ``batch_loss``, ``call_context``, ``graph_bytes``, dtypes,
-    ``chunk_size``, ``vectorize``, ``cache_graphs``, ``loss_transient_bytes``, ``max_memory``,
-    ``measured_passes``). Backends hold settings, not per-operator state: one object may serve
+    ``chunk_size``, ``can_keep_graphs``, ``loss_transient_bytes``, ``max_memory``, ``measured_passes``).
+    A backend holds its own settings (the reverse backend's ``vectorize`` and ``cache_graphs``, the
+    difference backend's step, stencil, check batches and tolerance) and whatever it keeps between
+    one operator's calls (the reverse backend's gradient graphs): an operator keeps
+    :meth:`for_operator` of the backend it is given, so one configured object may be handed to
     several operators.
     """
 
@@ -153,6 +158,19 @@ class ProductBackend(abc.ABC):
     shardable: ClassVar[bool] = False
     #: what it is, in a few words (the CLI's ``--backend`` help)
     summary: ClassVar[str] = ""
+
+    def for_operator(self) -> "ProductBackend":
+        """The object one operator keeps: this one (settings only); a backend that keeps state between
+        an operator's calls returns a copy of its settings with none kept."""
+        return self
+
+    def release_graphs(self) -> None:
+        """Free what it keeps between calls (the reverse backend's gradient graphs); nothing here."""
+
+    @property
+    def kept_graphs(self) -> int:
+        """Gradient graphs kept between calls now (0: this backend keeps none)."""
+        return 0
 
     def attention(self, model: nn.Module) -> ContextManager:
         """The attention context of a product (default: SDPA's twice-differentiable MATH kernel)."""

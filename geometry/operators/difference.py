@@ -48,7 +48,7 @@ for Rademacher vectors. ``c_R`` = :data:`RICHARDSON_STEP_CONSTANT` = 0.05; ``c``
 constant"): random products are rounding-dominated there (error ∝ 1/c up to c ≈ 0.15:
 0.9e-4–6.6e-4 at 0.1 against 1.8e-4–1.27e-3 at 0.05), while Hutchinson's
 Rademacher probes and the vectors Lanczos converges to are truncation-dominated (error ∝ c²); the
-latter are answered by refined Rayleigh quotients ("Eigenvalues" below). ``difference_step=h``
+latter are answered by refined Rayleigh quotients ("Eigenvalues" below). ``DifferenceBackend(step=h)``
 overrides h.
 
 Piecewise activations (ReLU, LeakyReLU, Hardtanh, ReLU², xIELU) are frozen on their branch at θ
@@ -289,9 +289,11 @@ class DifferenceBackend(ProductBackend):
     """Gradient-difference products (module docstring): first order only, its error measured.
 
     Args:
-        difference_step: the relative step h (default :func:`relative_step` of the parameters' dtype).
+        step: the relative step h (default :func:`relative_step` of the products' dtype).
         richardson: the 4-gradient Richardson stencil (O(ε⁴)).
         check_batches: the batches of the error check (default: a one-row copy of the first batch).
+        tolerance: the measured relative error above which an operator on it warns
+            (``ProductErrorWarning``) and ``backend="auto"`` refuses it (default :data:`DEFAULT_TOLERANCE`).
     """
 
     name = "difference"
@@ -301,12 +303,22 @@ class DifferenceBackend(ProductBackend):
     summary = "gradient differences, first order only; error measured and recorded"
 
     def __init__(
-        self, difference_step: float | None = None, richardson: bool = False, check_batches: Sequence[Any] | None = None
+        self,
+        step: float | None = None,
+        richardson: bool = False,
+        check_batches: Sequence[Any] | None = None,
+        tolerance: float = DEFAULT_TOLERANCE,
     ):
-        self.difference_step, self.richardson, self.check_batches = difference_step, bool(richardson), check_batches
+        #: the relative step h given (None: :func:`relative_step` of the products' dtype, :meth:`step`)
+        self.h = step
+        self.richardson, self.check_batches, self.tolerance = bool(richardson), check_batches, float(tolerance)
 
     def __repr__(self) -> str:
-        return f"DifferenceBackend(difference_step={self.difference_step}, richardson={self.richardson})"
+        return f"DifferenceBackend(step={self.h}, richardson={self.richardson}, tolerance={self.tolerance:g})"
+
+    def with_check_batches(self, check_batches: Sequence[Any]) -> "DifferenceBackend":
+        """These settings with ``check_batches`` as the error check's batches."""
+        return DifferenceBackend(self.h, self.richardson, check_batches, self.tolerance)
 
     @contextlib.contextmanager
     def attention(self, model: nn.Module) -> Iterator[None]:
@@ -316,8 +328,8 @@ class DifferenceBackend(ProductBackend):
             yield
 
     def step(self, op: Any) -> float:
-        """The relative step h: ``difference_step``, else :func:`relative_step` of the parameters' dtype."""
-        return self.difference_step or relative_step(op.param_dtype, self.richardson)
+        """The relative step h: the one given, else :func:`relative_step` of the parameters' dtype."""
+        return self.h or relative_step(op.param_dtype, self.richardson)
 
     def products(
         self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]
@@ -380,6 +392,6 @@ class DifferenceBackend(ProductBackend):
         activations are not smooth (Richardson cannot cancel a kink)."""
         if activation_smoothness(op.model)[0] < SMOOTH:
             return None
-        central = self.difference_step if self.difference_step and not self.richardson else None
+        central = self.h if self.h and not self.richardson else None
         step = central or REFINED_STEP_FRACTION * relative_step(op.param_dtype)
-        return DifferenceBackend(step, True, self.check_batches)
+        return DifferenceBackend(step, True, self.check_batches, self.tolerance)

@@ -113,7 +113,11 @@ class ForwardBackend(ProductBackend):
         graphs = [op.graph_bytes(i) for i in range(len(op.batches))]
         chunk = chunk or op.chunk_for(k, True)
         return forward_pass_bytes(
-            graphs, op.dim * itemsize(op.param_dtype), k, chunk, op.loss_transient_bytes + converted_bytes(op, k, chunk)
+            graphs,
+            op.dim * itemsize(op.param_dtype),
+            k,
+            chunk,
+            op.loss_transient_bytes + converted_bytes(op, k, chunk, True),
         )
 
     def pass_options(self, op: Any, k: int, calls: int, hvps: int) -> list[tuple[dict[str, Any], int, float]]:

@@ -10,10 +10,10 @@ vectors without ever forming H. A product backend computes them (:mod:`losslens.
 (forward-over-reverse, :mod:`~losslens.geometry.operators.forward`), ``"difference"`` (gradient differences,
 first order only, its error measured: :mod:`~losslens.geometry.operators.difference`); ``"auto"`` picks
 the exact one when it fits ``max_memory``, else the measured difference one
-(:mod:`~losslens.geometry.operators.auto`; why: ``backend_choice``).
-
-``vectorize="auto"`` picks the sequential second backwards on CPU (measured faster there, see
-benchmarks/README.md, "HVP throughput") and the vectorized one on CUDA.
+(:mod:`~losslens.geometry.operators.auto`; why: ``backend_choice``). A backend's own settings are
+given on its object (``ReverseBackend(vectorize=..., cache_graphs=...)``,
+``DifferenceBackend(step=..., richardson=..., check_batches=..., tolerance=...)``); the reverse
+backend also keeps the operator's gradient graphs between calls.
 
 Precision: products run in ``compute_dtype``, float32 by default for a float16/bfloat16 model
 (weights upcast for each call, the stored half weights untouched: :mod:`losslens.geometry.operators.precision`),
@@ -38,7 +38,7 @@ together (:mod:`losslens.geometry.operators.data_parallel`).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Iterator, Literal, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -56,7 +56,7 @@ from losslens.geometry.operators.difference import DEFAULT_TOLERANCE
 from losslens.geometry.operators.first_order import loss_and_gradient
 from losslens.geometry.operators.guarantees import before_products, warn_product_error
 from losslens.geometry.operators.interface import CurvatureOperator, OperatorError, estimator_dtype, is_finite
-from losslens.geometry.operators.reverse import GraphCache, ReverseBackend, check_loss, graph_bytes
+from losslens.geometry.operators.reverse import ReverseBackend, check_loss, graph_bytes
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 Backend = str  # a name of losslens.geometry.operators.names.BACKEND_NAMES
@@ -78,23 +78,17 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
             parameter names (:func:`losslens.geometry.base.params.select_parameters`).
         weights: one non-negative weight per batch, normalised to sum 1; default
             :func:`~losslens.geometry.base.batches.default_batch_weight` (``loss_fn.batch_weight``: tokens; else rows).
-        backend: ``"reverse"`` (default), ``"forward"``, ``"difference"`` or ``"auto"`` (module docstring),
-            or a backend object (:mod:`losslens.geometry.operators.backend`: ``ReverseBackend()``,
-            ``DifferenceBackend(step, richardson, check_batches)``, ``AutoBackend(...)``, ...).
+        backend: ``"reverse"`` (default), ``"forward"``, ``"difference"`` or ``"auto"`` with their
+            default settings (module docstring), or a configured backend object
+            (:mod:`losslens.geometry.operators.backend`): ``ReverseBackend(vectorize=True, cache_graphs=True)``
+            (:class:`~losslens.geometry.operators.reverse.ReverseBackend`: vmapped second backwards,
+            graphs kept between calls), ``DifferenceBackend(step=h, richardson=True, check_batches=[...],
+            tolerance=1e-2)`` (:class:`~losslens.geometry.operators.difference.DifferenceBackend`),
+            ``AutoBackend(DifferenceBackend(...), ReverseBackend(...))``. The operator keeps its own
+            copy (:meth:`~losslens.geometry.operators.backend.ProductBackend.for_operator`).
         chunk_size: most vectors per pass. ``None``: :data:`DEFAULT_CHUNK` for vmapped passes
             (memory grows linearly in the chunk); sequential reverse passes take one at a time anyway.
         progress: show a tqdm bar over batches.
-        vectorize: reverse backend only: ``True`` one vmapped second backward per chunk,
-            ``False`` k sequential second backwards on the retained graph, ``"auto"`` the measured
-            faster one for the device (sequential on CPU, vectorized on CUDA).
-        cache_graphs: reverse backend: keep every batch's gradient graph between calls (until a
-            parameter or buffer changes, ``.data`` writes included, or :meth:`release_graphs`;
-            checking costs one read of the model per call). Estimators switch it on themselves when
-            it fits their memory budget (:meth:`configured`).
-        difference_step, richardson, check_batches, difference_tolerance: the difference backend's
-            step h, 4-gradient Richardson stencil, error-check batches (default: a one-row copy of
-            the first batch) and the error above which ``"auto"`` refuses it (:mod:`.difference`; read
-            when ``backend`` is a name) and a measured error warns (``error_tolerance``, below).
         compute_dtype: the dtype the products run in (:mod:`losslens.geometry.operators.precision`): None
             (default) float32 for float16/bfloat16 weights, the weights' dtype otherwise; a dtype
             or ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"``. The weights stay stored
@@ -122,8 +116,8 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
 
     Attributes:
         space: the :class:`ParamSpace` fixing names, shapes and flat order of the parameters.
-        error_tolerance: measured relative product error above which the operator warns
-            (``difference_tolerance``; :func:`losslens.lm.models.curvature.lm_hessian` sets the CLI's).
+        error_tolerance: measured relative product error above which the operator warns (the
+            difference backend's ``tolerance``; :func:`losslens.lm.models.curvature.lm_hessian` sets the CLI's).
         weights: normalised batch weights (tuple of floats).
         num_matvecs: number of Hessian-vector products computed so far.
         num_graph_builds: number of per-batch gradient graphs built so far.
@@ -139,15 +133,9 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         backend: Backend | ProductBackend | AutoBackend = DEFAULT_BACKEND,
         chunk_size: int | None = None,
         progress: bool = False,
-        vectorize: bool | Literal["auto"] = "auto",
-        cache_graphs: bool = False,
         max_memory: int | str | None = None,
         loss_transient_bytes: int = 0,
         data_parallel: bool | Any = False,
-        difference_step: float | None = None,
-        richardson: bool = False,
-        check_batches: Sequence[Any] | None = None,
-        difference_tolerance: float = DEFAULT_TOLERANCE,
         compute_dtype: torch.dtype | str | None = None,
     ):
         if not isinstance(model, nn.Module):
@@ -160,11 +148,9 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         parallel = data_parallel is not False and data_parallel is not None
         if not batches and not parallel:  # data-parallel: an empty rank is refused on every rank, below
             raise OperatorError("the batch list is empty: the Hessian needs at least one batch")
-        chosen = backend_named(backend, difference_step, richardson, check_batches, difference_tolerance)
+        chosen = backend_named(backend)
         if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
             raise OperatorError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
-        if vectorize not in (True, False, "auto"):
-            raise OperatorError(f"vectorize must be True, False or 'auto', got {vectorize!r}")
 
         selected = select_parameters(model, params)
         self.space = ParamSpace.from_params(selected)
@@ -173,26 +159,23 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         self.loss_fn = loss_fn
         self.batches = batches
         self.weights = () if parallel else normalise_batch_weights(batches, weights, OperatorError, loss_fn)
-        self.product_backend: ProductBackend = ReverseBackend() if isinstance(chosen, AutoBackend) else chosen
+        # "auto" prices the exact pass on its reverse backend before it chooses (below)
+        self.product_backend: ProductBackend = (
+            chosen.reverse if isinstance(chosen, AutoBackend) else chosen
+        ).for_operator()
         self.chunk_size = chunk_size
         self.progress = progress
-        self.vectorize = (
-            (self.space.device.type != "cpu" or AUTO_VECTORIZE_CPU) if vectorize == "auto" else bool(vectorize)
-        )
-        self.cache_graphs = bool(cache_graphs) and self.can_keep_graphs
         self.max_memory = max_memory
         self.loss_transient_bytes = int(loss_transient_bytes)
         self.num_matvecs = 0
         self.num_graph_builds = 0
-        #: the reverse backend's kept graphs (``cache_graphs``)
-        self.graph_cache = GraphCache()
         #: measured bytes per batch shape: double-backward graphs and first-order gradient passes
         self.measured_passes: dict[Any, Any] = {}
         self.parallel: DataParallel | None = None
         if parallel:
             self.parallel = join_data_parallel(self, data_parallel, weights)
         self.hvp_check: dict | None = None
-        self.error_tolerance = float(difference_tolerance)
+        self.error_tolerance = float(getattr(chosen, "tolerance", DEFAULT_TOLERANCE))
         self.verify_products = True  # False: the caller measures the error (the error check's own operators)
         self.num_gradients = 0
         self.backend_choice: dict | None = None
@@ -227,9 +210,15 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         return self.product_backend.keeps_graphs and self.compute_dtype == self.space.dtype
 
     @property
+    def cache_graphs(self) -> bool:
+        """Whether gradient graphs are kept between calls: the backend's ``cache_graphs`` (reverse), where
+        :attr:`can_keep_graphs`."""
+        return bool(getattr(self.product_backend, "cache_graphs", False)) and self.can_keep_graphs
+
+    @property
     def kept_graphs(self) -> int:
         """Number of gradient graphs kept between calls now."""
-        return len(self.graph_cache.graphs)
+        return self.product_backend.kept_graphs
 
     @property
     def dtype(self) -> torch.dtype:
@@ -251,11 +240,9 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         return self.space.device
 
     def __repr__(self) -> str:
-        mode = f"vectorize={self.vectorize}" if self.product_backend.keeps_graphs else "vmap"
         return (
             f"HessianOperator(dim={self.dim}, params={len(self.space.names)} tensors, batches={len(self.batches)}, "
-            f"backend={self.backend!r}, {mode}, chunk_size={self.chunk_size}, dtype={self.param_dtype}, "
-            f"cache_graphs={self.cache_graphs})"
+            f"backend={self.product_backend!r}, chunk_size={self.chunk_size}, dtype={self.param_dtype})"
         )
 
     # ------------------------------------------------------------------ public API
@@ -288,19 +275,23 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
     def configured(
         self, chunk_size: int | None = None, cache_graphs: bool | None = None
     ) -> Iterator["HessianOperator"]:
-        """Temporarily set ``chunk_size`` / ``cache_graphs`` (estimators do this to fit their
-        budget); graphs kept for the block are released at its end."""
-        old = (self.chunk_size, self.cache_graphs)
+        """Temporarily set ``chunk_size`` / the backend's ``cache_graphs`` (estimators do this to fit
+        their budget; a backend that keeps no graphs ignores it); graphs kept for the block are
+        released at its end."""
+        backend = self.product_backend
+        old = (self.chunk_size, self.cache_graphs, getattr(backend, "cache_graphs", None))
         if chunk_size is not None:
             self.chunk_size = chunk_size
-        if cache_graphs is not None:
-            self.cache_graphs = bool(cache_graphs) and self.can_keep_graphs
+        if cache_graphs is not None and backend.keeps_graphs:
+            backend.cache_graphs = bool(cache_graphs)
         try:
             yield self
         finally:
             if self.cache_graphs and not old[1]:
                 self.release_graphs()
-            self.chunk_size, self.cache_graphs = old
+            self.chunk_size = old[0]
+            if backend.keeps_graphs:
+                backend.cache_graphs = old[2]
 
     def checked(self) -> dict | None:
         """The backend's measured error against an exact reference, measured once
@@ -326,8 +317,8 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         return op
 
     def release_graphs(self) -> None:
-        """Free the gradient graphs kept between calls."""
-        self.graph_cache.release()
+        """Free the gradient graphs kept between calls (the backend's)."""
+        self.product_backend.release_graphs()
 
     # ------------------------------------------------------------------ base-class hook
     def _matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
@@ -393,7 +384,3 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
                     f"the Hessian-vector product is NaN/Inf (first at parameter {name!r}); "
                     "check the model's weights, the vectors and the loss"
                 )
-
-
-#: Measured choice for ``vectorize="auto"`` on CPU (benchmarks/README.md, "HVP throughput").
-AUTO_VECTORIZE_CPU = False

@@ -11,11 +11,11 @@ it does. A new backend is one class with its attributes plus one entry of :data:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 from losslens.geometry.operators.auto import AutoBackend
 from losslens.geometry.operators.backend import ProductBackend
-from losslens.geometry.operators.difference import DEFAULT_TOLERANCE, DifferenceBackend
+from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.geometry.operators.forward import ForwardBackend
 from losslens.geometry.operators.interface import OperatorError
 from losslens.geometry.operators.reverse import ReverseBackend
@@ -55,25 +55,14 @@ def backend_class(name: str) -> type:
     raise OperatorError(f"backend must be one of {', '.join(map(repr, BACKEND_NAMES))}, got {name!r}")
 
 
-def backend_named(
-    name: Any,
-    difference_step: float | None = None,
-    richardson: bool = False,
-    check_batches: Sequence[Any] | None = None,
-    difference_tolerance: float | None = None,
-) -> Any:
-    """The backend object for ``name`` (one of :data:`BACKEND_NAMES`) with the difference backend's
-    settings; a :class:`ProductBackend` or :class:`~losslens.geometry.operators.auto.AutoBackend` passes
-    through unchanged. Raises :class:`~losslens.geometry.operators.interface.OperatorError` for anything else."""
+def backend_named(name: Any) -> Any:
+    """The backend object for ``name`` (one of :data:`BACKEND_NAMES`) with its default settings; a
+    configured :class:`ProductBackend` or :class:`~losslens.geometry.operators.auto.AutoBackend` passes
+    through unchanged (``DifferenceBackend(step=..., tolerance=...)``, ``ReverseBackend(cache_graphs=True)``).
+    Raises :class:`~losslens.geometry.operators.interface.OperatorError` for anything else."""
     if isinstance(name, (ProductBackend, AutoBackend)):
         return name
-    cls = backend_class(name)
-    if cls is DifferenceBackend or cls is AutoBackend:
-        difference = DifferenceBackend(difference_step, richardson, check_batches)
-        if cls is DifferenceBackend:
-            return difference
-        return AutoBackend(difference, DEFAULT_TOLERANCE if difference_tolerance is None else difference_tolerance)
-    return cls()
+    return backend_class(name)()
 
 
 def is_default_backend(name: str) -> bool:

@@ -6,13 +6,14 @@ gradient ``g = ∇L_b`` is built once with ``create_graph=True`` (:class:`Gradie
 ``H_b v = ∇(g · v)`` is one more backward per vector (``vectorize=False``) or one vmapped
 backward per chunk of vectors (``vectorize=True``, ``is_grads_batched``). Memory: the graph
 plus one chunk's second-backward intermediates (:func:`losslens.geometry.memory.graphs.pass_bytes`).
+The backend holds its settings (``vectorize``, ``cache_graphs``) and the operator's kept graphs.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -119,35 +120,78 @@ class GraphCache:
 
 class ReverseBackend(ProductBackend):
     """Reverse-over-reverse products: per batch one ``create_graph`` gradient, then one second backward
-    per vector (``op.vectorize=False``) or per chunk (vmapped). Memory: the graph of the largest batch
+    per vector (``vectorize=False``) or per chunk (vmapped). Memory: the graph of the largest batch
     (of every batch when graphs are kept) plus the second backward's transient
-    (:func:`losslens.geometry.memory.graphs.pass_bytes`)."""
+    (:func:`losslens.geometry.memory.graphs.pass_bytes`).
+
+    Args:
+        vectorize: ``True`` one vmapped second backward per chunk, ``False`` k sequential second
+            backwards on the retained graph, ``"auto"`` (default) the measured faster one for the
+            operator's device (sequential on CPU, vectorized on CUDA: :data:`AUTO_VECTORIZE_CPU`).
+        cache_graphs: keep every batch's gradient graph between calls (until a parameter or buffer
+            changes, ``.data`` writes included, or :meth:`release_graphs`; checking costs one read of
+            the model per call). Estimators switch it on themselves when it fits their memory budget
+            (:meth:`~losslens.geometry.operators.hessian.HessianOperator.configured`).
+
+    The kept graphs (:class:`GraphCache`) are per-operator state: an operator keeps its own copy of
+    the backend it is given (:meth:`for_operator`).
+    """
 
     name = "reverse"
     keeps_graphs = True
     lean_head = True
     summary = "exact"
 
+    def __init__(self, vectorize: bool | Literal["auto"] = "auto", cache_graphs: bool = False):
+        if vectorize not in (True, False, "auto"):
+            raise OperatorError(f"vectorize must be True, False or 'auto', got {vectorize!r}")
+        self.vectorize, self.cache_graphs = vectorize, bool(cache_graphs)
+        #: the kept gradient graphs (``cache_graphs``)
+        self.graphs = GraphCache()
+
+    def __repr__(self) -> str:
+        return f"ReverseBackend(vectorize={self.vectorize!r}, cache_graphs={self.cache_graphs})"
+
+    def for_operator(self) -> "ReverseBackend":
+        """The same settings with no graphs kept: what one operator holds."""
+        return ReverseBackend(self.vectorize, self.cache_graphs)
+
+    def vectorized(self, op: Any) -> bool:
+        """Whether the second backwards are vmapped on ``op``'s device (``vectorize``, "auto" resolved)."""
+        if self.vectorize == "auto":
+            return op.device.type != "cpu" or AUTO_VECTORIZE_CPU
+        return bool(self.vectorize)
+
+    def caching(self, op: Any) -> bool:
+        """Whether ``op``'s graphs are kept between calls: ``cache_graphs`` where the operator can keep them."""
+        return self.cache_graphs and op.can_keep_graphs
+
+    def release_graphs(self) -> None:
+        self.graphs.release()
+
+    @property
+    def kept_graphs(self) -> int:
+        return len(self.graphs.graphs)
+
     def products(
         self, op: Any, params: dict[str, torch.Tensor], vs: list[torch.Tensor], outs: list[torch.Tensor]
     ) -> None:
-        cache = op.graph_cache
-        chunk = op.chunk_for(vs[0].shape[0], op.vectorize)
-        if op.cache_graphs:  # kept graphs are the Hessian at the weights they were built on
+        cache, vectorize = self.graphs, self.vectorized(op)
+        chunk = op.chunk_for(vs[0].shape[0], vectorize)
+        if self.caching(op):  # kept graphs are the Hessian at the weights they were built on
             fp = model_fingerprint(op.model)  # identity, version and content of every tensor (.data writes too)
             if fp != cache.fingerprint:
                 cache.graphs.clear()
                 cache.fingerprint = fp
         for i, (w, batch) in op.batch_items("hvp"):
             graph = self._graph(op, params, batch, i)
-            reverse_products(graph, list(params.values()), vs, outs, w, chunk, op.vectorize, op.param_dtype)
+            reverse_products(graph, list(params.values()), vs, outs, w, chunk, vectorize, op.param_dtype)
             del graph  # not cached: this batch's graph is freed before the next batch
 
-    @staticmethod
-    def _graph(op: Any, params: dict[str, torch.Tensor], batch: Any, index: int) -> GradientGraph:
+    def _graph(self, op: Any, params: dict[str, torch.Tensor], batch: Any, index: int) -> GradientGraph:
         """Batch ``index``'s gradient graph: from the cache when kept and still valid, else built."""
-        cache = op.graph_cache
-        if op.cache_graphs and index in cache.graphs:  # valid: checked once per call in products
+        cache, keep = self.graphs, self.caching(op)
+        if keep and index in cache.graphs:  # valid: checked once per call in products
             return cache.graphs[index]
         tensors = list(params.values())
         graph = gradient_graph(op.batch_loss(params, batch, index), tensors)
@@ -161,27 +205,28 @@ class ReverseBackend(ProductBackend):
                 params,
                 [j for j in range(len(tensors)) if j not in graph.live],
             )
-        if op.cache_graphs:
+        if keep:
             cache.graphs[index] = graph
         return graph
 
     def pass_bytes(self, op: Any, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         graphs = [op.graph_bytes(i) for i in range(len(op.batches))]
         chunk = chunk or op.chunk_for(k, True)
+        vectorize = self.vectorized(op)
         return pass_bytes(
             graphs,
             op.dim * itemsize(op.param_dtype),
-            op.vectorize,
+            vectorize,
             k,
             chunk,
-            op.cache_graphs if cached is None else cached,
-            op.loss_transient_bytes + converted_bytes(op, k, chunk),
+            self.caching(op) if cached is None else cached,
+            op.loss_transient_bytes + converted_bytes(op, k, chunk, vectorize),
         )
 
     def pass_options(self, op: Any, k: int, calls: int, hvps: int) -> list[tuple[dict[str, Any], int, float]]:
         """Graphs rebuilt per call or kept; vmapped chunk sizes. Cost: 1.5 per graph build of every
         batch, 2 per vector (the measured shape), + 0.01 per vmapped chunk (larger ones run faster)."""
-        chunks = _chunks(k) if op.vectorize and op.chunk_size is None else [None]
+        chunks = _chunks(k) if self.vectorized(op) and op.chunk_size is None else [None]
         return [
             _option(op, k, chunk, cache, 1.5 * (1 if cache else calls) + 2.0 * hvps, hvps)
             for chunk in chunks
@@ -206,14 +251,14 @@ def graph_bytes(op: Any, index: int) -> int:
     return int(op.measured_passes[key] * rows + op.dim * itemsize(op.param_dtype))
 
 
-def converted_bytes(op: Any, k: int, chunk: int) -> int:
+def converted_bytes(op: Any, k: int, chunk: int, vectorize: bool) -> int:
     """Half models: each float32 vector is converted to the parameters' dtype, and adding a half
-    product into a float32 output casts it a parameter at a time (the largest, per vector in flight);
-    0 when the vectors are in the parameters' dtype."""
+    product into a float32 output casts it a parameter at a time (the largest, per vector in flight:
+    ``min(k, chunk)`` vmapped, one with ``vectorize`` False); 0 when the vectors are in the parameters' dtype."""
     if op.dtype == op.param_dtype:
         return 0
     largest = max((math.prod(s) for s in op.space.shapes), default=0)
-    return op.dim * itemsize(op.param_dtype) + (min(k, chunk) if op.vectorize else 1) * largest * itemsize(op.dtype)
+    return op.dim * itemsize(op.param_dtype) + (min(k, chunk) if vectorize else 1) * largest * itemsize(op.dtype)
 
 
 def _chunks(k: int) -> list[int]:
@@ -233,3 +278,7 @@ def _option(
         settings["chunk_size"] = chunk
         cost += 0.01 * hvps / chunk  # larger vmapped chunks run faster
     return settings, op.pass_bytes(k, cached=cache, chunk=chunk), cost
+
+
+#: Measured choice for ``vectorize="auto"`` on CPU (benchmarks/README.md, "HVP throughput").
+AUTO_VECTORIZE_CPU = False

@@ -129,7 +129,7 @@ def check_graph_floor(op: Any, plan: SetupPlan) -> None:
     slope = max(0, saved[1] - saved[0]) / PREFIX
     row = saved[1] + slope * (tokens - 2 * PREFIX)
     grad = op.dim * itemsize(op.param_dtype)
-    transient = op.loss_transient_bytes + converted_bytes(op, 1, 1)
+    transient = op.loss_transient_bytes + converted_bytes(op, 1, 1, False)
     need = pass_bytes([int(rows * row) + grad], grad, False, 1, 1, False, transient)
     need += STATE_VECTORS * op.dim * itemsize(op.dtype)
     if need > plan.budget:

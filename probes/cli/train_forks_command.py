@@ -1,5 +1,6 @@
-"""`losslens fork` (continue a checkpoint of a `train-tiny` run under a new LR schedule, with several
-data-order seeds) and `losslens compare-forks` (the forks' quantization gaps and wins per seed pair)."""
+"""`losslens fork` (continue a checkpoint of a `train-tiny` run, or a pretrained checkpoint, under new LR
+schedules, with several data-order seeds) and `losslens compare-forks` (the forks' quantization gaps and wins
+per seed pair)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,30 @@ from losslens.cli.train_command import parse_seeds
 
 
 def fork_cmd(
-    parent: Annotated[Path, typer.Argument(help="a train-tiny trajectory folder (trained with --save-optimizer)")],
+    parent: Annotated[
+        str,
+        typer.Argument(
+            help="a train-tiny trajectory folder (trained with --save-optimizer), or a pretrained checkpoint: "
+            "an HF checkpoint folder, a .gguf file or hf:ORG/NAME[@REV]"
+        ),
+    ],
     *,
-    at: Annotated[str, typer.Option("--at", help="parent checkpoint: label (step-000300), step number, or 'last'")],
-    schedule: Annotated[str, typer.Option(help="fork LR schedule: cosine | sgdr | oscillate | parent")] = "cosine",
+    at: Annotated[
+        Optional[str],
+        typer.Option("--at", help="train-tiny parent checkpoint: label (step-000300), step number, or 'last'"),
+    ] = None,
+    schedule: Annotated[
+        str,
+        typer.Option(
+            help="fork LR schedule: cosine | sgdr | oscillate | parent | constant | linear | wsd; a pretrained "
+            "base: comma-separated for several (constant,wsd,cosine), parent excluded"
+        ),
+    ] = "cosine",
     out: Annotated[Path, typer.Option("--out", help="folder for the forks (one sub-folder per seed + forks.json)")],
-    steps: Annotated[Optional[int], typer.Option(help="fork length in updates [the parent's remaining steps]")] = None,
+    steps: Annotated[
+        Optional[int],
+        typer.Option(help="fork length in updates [the parent's remaining steps; needed for a pretrained base]"),
+    ] = None,
     seeds: Annotated[
         str,
         typer.Option(
@@ -25,10 +44,14 @@ def fork_cmd(
         ),
     ] = "0",
     start_lr: Annotated[
-        Optional[float], typer.Option("--start-lr", help="LR at the fork [the parent's LR there]")
+        Optional[float], typer.Option("--start-lr", help="LR at the fork [the parent's LR there; pretrained: 1e-4]")
     ] = None,
     min_lr: Annotated[
-        Optional[float], typer.Option("--min-lr", help="final / floor LR [the parent's final LR]")
+        Optional[float],
+        typer.Option("--min-lr", help="final / floor LR [the parent's final LR; pretrained: start LR / 10]"),
+    ] = None,
+    cooldown_at: Annotated[
+        Optional[int], typer.Option("--cooldown-at", help="wsd: update where the cooldown starts [steps - steps // 5]")
     ] = None,
     period: Annotated[Optional[int], typer.Option(help="sgdr: first cycle length in updates [steps // 3]")] = None,
     restart_lr: Annotated[
@@ -40,7 +63,9 @@ def fork_cmd(
     ] = None,
     bump_steps: Annotated[int, typer.Option("--bump-steps", help="oscillate: updates per bump [25]")] = 25,
     cool_steps: Annotated[int, typer.Option("--cool-steps", help="oscillate: updates per cool phase [100]")] = 100,
-    checkpoints: Annotated[Optional[int], typer.Option(help="fork checkpoints, evenly spaced [min(10, steps)]")] = None,
+    checkpoints: Annotated[
+        Optional[int], typer.Option(help="fork checkpoints, evenly spaced [min(10, steps); pretrained: 5]")
+    ] = None,
     every: Annotated[
         Optional[int], typer.Option(help="a fork checkpoint every N updates (instead of --checkpoints)")
     ] = None,
@@ -57,18 +82,56 @@ def fork_cmd(
     data_dir: Annotated[
         Optional[Path], typer.Option("--data-dir", help="tokenizer/token-stream cache [PARENT/data or OUT/data]")
     ] = None,
+    text: Annotated[
+        Optional[Path],
+        typer.Option("--text", help="pretrained base: training text file or folder [the embedded corpus]"),
+    ] = None,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="pretrained base: tokens per training window")] = 128,
+    cache_dir: Annotated[
+        Optional[Path], typer.Option("--cache-dir", help="hf: base: the Hugging Face hub cache [$HF_HUB_CACHE]")
+    ] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="pretrained base: windows per update")] = 8,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads; 0 = torch default [auto]")] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite different runs in the fork folders")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
 ) -> None:
-    """Continue a checkpoint of a train-tiny trajectory under a new LR schedule, once per seed.
+    """Continue a checkpoint of a train-tiny trajectory, or a pretrained checkpoint, under new LR schedules,
+    once per seed.
 
-    Each fork is its own trajectory (OUT/<schedule>-at<step>-n<steps>-s<seed>/) whose
-    trajectory.json records its lineage; its first checkpoint is the parent checkpoint."""
+    Each fork is its own trajectory (OUT/<schedule>-at<step>-n<steps>-s<seed>/; a pretrained base:
+    OUT/<schedule>-n<steps>-s<seed>/) whose trajectory.json records its lineage; its first checkpoint is
+    the parent checkpoint (a pretrained base: re-saved in float32). A pretrained base is an HF checkpoint
+    folder, a .gguf file or hf:ORG/NAME[@REV]; it trains with fresh AdamW state on --text (default: the
+    embedded corpus) in windows of --batch-size x --seq-len tokens, resumable by rerunning the command."""
     from losslens.lm.checkpoints import CheckpointError, Trajectory
     from losslens.lm.train.config import TrainConfig, TrainError
     from losslens.lm.train.forks import ForkSchedule, fork_trajectory, parent_checkpoint
 
+    if is_pretrained_base(parent):
+        tiny_only = {"--at": at, "--every": every, "--save-optimizer": save_optimizer or None,
+                     "--restart-moments": restart_moments or None, "--data-dir": data_dir}  # fmt: skip
+        given = [k for k, v in tiny_only.items() if v is not None]
+        if given:
+            raise typer.BadParameter(
+                f"{', '.join(given)} apply to a train-tiny parent only; {parent} is a pretrained checkpoint"
+            )
+        if steps is None:
+            raise typer.BadParameter("a pretrained checkpoint has no remaining steps: pass --steps N")
+        kw = dict(min_lr=min_lr, period=period, restart_lr=restart_lr, period_mult=period_mult, amplitude=amplitude,
+                  bump_steps=bump_steps, cool_steps=cool_steps, cooldown_at=cooldown_at)  # fmt: skip
+        try:
+            scheds = [ForkSchedule(kind=k.strip(), steps=steps, **kw) for k in schedule.split(",") if k.strip()]
+        except TrainError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        _fork_pretrained_cmd(
+            parent, scheds, out, start_lr, parse_seeds(seeds), checkpoints, text, seq_len, batch_size, threads,
+            force, quiet, cache_dir,
+        )  # fmt: skip
+        return
+    if at is None:
+        raise typer.BadParameter("--at is needed for a train-tiny parent (a label, a step number or 'last')")
+    if "," in schedule:
+        raise typer.BadParameter("a train-tiny parent forks into one --schedule per call")
     try:
         ptraj = Trajectory.from_folder(parent)
         if steps is None:
@@ -89,6 +152,7 @@ def fork_cmd(
             amplitude=amplitude,
             bump_steps=bump_steps,
             cool_steps=cool_steps,
+            cooldown_at=cooldown_at,
         )
         trajs = fork_trajectory(
             ptraj,
@@ -119,6 +183,43 @@ def fork_cmd(
     typer.echo(
         f"wrote {len(trajs)} fork(s) to {Path(out).resolve()} (index: forks.json); compare with: "
         f"losslens compare-forks {out} ..."
+    )
+
+
+def is_pretrained_base(parent: str) -> bool:
+    """Whether ``losslens fork``'s argument is a pretrained checkpoint (an ``hf:`` name, a ``.gguf`` file,
+    or a folder with its own ``config.json``) rather than a train-tiny trajectory folder."""
+    p = Path(parent).expanduser()
+    return parent.startswith("hf:") or p.suffix.lower() == ".gguf" or (p / "config.json").is_file()
+
+
+def _fork_pretrained_cmd(
+    base, scheds, out, lr, seeds, checkpoints, text, seq_len, batch_size, threads, force, quiet, cache_dir
+):  # fmt: skip
+    """`losslens fork` of a pretrained checkpoint: one :func:`fork_pretrained` call per seed, then a line per fork."""
+    from losslens.lm.checkpoints import CheckpointError
+    from losslens.lm.train.checkpoint_forks import fork_pretrained
+    from losslens.lm.train.config import TrainError
+
+    trajs = []
+    try:
+        for seed in seeds or [0]:
+            trajs += fork_pretrained(
+                base, scheds, out, lr=1e-4 if lr is None else lr, text=text, seq_len=seq_len, batch_size=batch_size,
+                checkpoints=5 if checkpoints is None else checkpoints, seed=seed, progress=False if quiet else None,
+                overwrite=force, num_threads=threads, cache_dir=cache_dir,
+            )  # fmt: skip
+    except (TrainError, CheckpointError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    for t in trajs:
+        typer.echo(
+            f"{Path(t.meta['folder']).name}: {len(t)} checkpoints, steps {t.steps[0]}..{t.steps[-1]}; validation "
+            f"loss {t.meta['fork']['start_val_loss']:.4f} at the base, {t[-1].meta.get('val_loss', float('nan')):.4f} "
+            "at the end"
+        )
+    typer.echo(
+        f"wrote {len(trajs)} fork(s) of {base} to {Path(out).resolve()} (index: forks.json); sweep one with: "
+        f"losslens sweep {Path(out) / Path(trajs[0].meta['folder']).name} --quick"
     )
 
 

@@ -262,6 +262,7 @@ def _measure(
     from losslens.lm.core.threads import torch_threads
     from losslens.lm.models.curvature import error_warning, lm_hessian
 
+    echo(progress, f"{ref.label}: preparing the Hessian operator (backend {backend})", "sharpness")
     try:
         if parallel == "fsdp":  # every rank holds 1/N of θ, of every vector and of the estimators' state
             from losslens.lm.models.sharding import fsdp_lm_hessian

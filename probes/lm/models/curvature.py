@@ -40,7 +40,7 @@ from torch import nn
 from losslens.geometry.base.params import ParamSpace, select_parameters
 from losslens.geometry.memory.model import MemoryBudgetError
 from losslens.geometry.operators.auto import AutoBackend
-from losslens.geometry.operators.names import DEFAULT_BACKEND, backend_named
+from losslens.geometry.operators.names import DEFAULT_BACKEND, backend_class, backend_named
 from losslens.geometry.operators.data_parallel import DataParallel
 from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.geometry.operators.guarantees import warn_product_error
@@ -84,7 +84,7 @@ def lm_hessian(
     model: nn.Module,
     batches: Sequence[torch.Tensor],
     params=None,
-    backend: str = DEFAULT_BACKEND,
+    backend: Any = DEFAULT_BACKEND,
     check: bool = True,
     lean_head: bool = True,
     error_tolerance: float = ERROR_TOLERANCE,
@@ -99,7 +99,8 @@ def lm_hessian(
     (:func:`plan_lm_setup`). ``lean_head``: with the reverse backend, take the loss through
     the closed-form chunked LM head (:func:`losslens.lm.core.lm_head.lm_loss_lean`: the same loss, no
     ``[tokens, vocab]`` tensor in the double-backward graph; models whose logits are not a plain
-    linear head fall back to :func:`~losslens.lm.core.next_token_loss.lm_loss` by themselves). Extra keyword
+    linear head fall back to :func:`~losslens.lm.core.next_token_loss.lm_loss` by themselves). ``backend``:
+    a name or a configured backend object (:class:`HessianOperator`'s ``backend``). Extra keyword
     arguments go to :class:`HessianOperator` (``max_memory``, ``chunk_size``, ``data_parallel``, ...);
     with a :class:`~losslens.geometry.operators.data_parallel.DataParallel` as ``data_parallel`` the check is agreed
     over the ranks (a failure on one rank is raised on all).
@@ -108,7 +109,7 @@ def lm_hessian(
     second-order rule: the second-order check is skipped and the operator measures its own error
     against the exact reverse products on ``batches[0][:2, :32]`` (:meth:`HessianOperator.checked`).
     ``backend="auto"``: the reverse backend when its pass fits ``max_memory``, else the difference
-    backend when its measured error is within ``difference_tolerance``. With either, a float64
+    backend when its measured error is within its ``tolerance``. With either, a float64
     model's loss runs under :func:`~losslens.lm.models.fidelity.float64_fidelity` (HF's float32 norms and
     softmax in float64), so the float64 step measures the method, not float32 rounding.
 
@@ -125,8 +126,8 @@ def lm_hessian(
     batches = list(batches)
     chosen = backend_named(backend)  # an unknown name raises here, before any work
     auto = isinstance(chosen, AutoBackend)
-    if (auto or not chosen.exact) and batches:
-        kwargs.setdefault("check_batches", [batches[0][:2, :32]])
+    if (auto or not chosen.exact) and batches and (chosen.difference if auto else chosen).check_batches is None:
+        chosen = chosen.with_check_batches([batches[0][:2, :32]])  # the error check's slice
     runs_check = bool(check and batches and (auto or chosen.second_order))
     # every measuring step below is planned first, and refused before it runs when it cannot fit max_memory
     setup = plan_lm_setup(model, batches, params, chosen, runs_check, lean_head, kwargs)
@@ -134,7 +135,7 @@ def lm_hessian(
     if runs_check:
         probe = batches[0][:2, :16]
         parallel = kwargs.get("data_parallel")
-        exact = ReverseBackend() if auto else chosen
+        exact = chosen.reverse if auto else chosen
 
         def second_order() -> str:
             if precision == UNCHECKED:  # backend="auto", the check cannot fit: the exact backend is refused below
@@ -152,15 +153,16 @@ def lm_hessian(
             checked = parallel.agree(second_order, "the second-order check", batches[0].device)
         else:
             checked = second_order()
-        if not auto or not backend_named(checked).second_order:
-            backend, chosen, auto = checked, backend_named(checked), False
+        if not auto or not backend_class(checked).second_order:  # the check chose: keep the settings of its choice
+            chosen = chosen if checked == chosen.name else chosen.difference if auto else backend_named(checked)
+            auto = False
     lean = lean_head and chosen.lean_head  # the lean head's derivatives are reverse-mode only
     if lean:
         kwargs.setdefault("loss_transient_bytes", setup.head_bytes)
     loss_fn = setup.lean_loss if lean else setup.exact_loss  # zero-embedding tokens left out
     if auto or not chosen.exact:  # a float64 model's float32 islands would swamp the float64-sized step
         loss_fn = with_float64_fidelity(loss_fn, model)
-    op = HessianOperator(model, loss_fn, batches, params=params, backend=backend, **kwargs)
+    op = HessianOperator(model, loss_fn, batches, params=params, backend=chosen, **kwargs)
     if precision == UNCHECKED and op.product_backend.second_order:
         why = op.backend_choice["why"]
         raise MemoryBudgetError(

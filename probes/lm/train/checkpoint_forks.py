@@ -1,10 +1,10 @@
 """Forks of a real checkpoint: continued training of any HF checkpoint folder (or GGUF file) under the
 seeds' schedules (issue #47, item 2). Forks of a ``train-tiny`` trajectory are :mod:`losslens.lm.train.forks`.
 
-:func:`fork_pretrained` loads the base (a folder with ``config.json`` and weights, or a ``.gguf``
-file dequantized by :mod:`losslens.lm.checkpoints.gguf`) in float32, tokenizes the training text with
-the checkpoint's own tokenizer, framed as that tokenizer frames a document
-(:mod:`losslens.lm.data.framing`), and continues training once per schedule::
+:func:`fork_pretrained` loads the base (a folder with ``config.json`` and weights, a ``.gguf``
+file dequantized by :mod:`losslens.lm.checkpoints.gguf`, or a hub revision ``hf:ORG/NAME[@REV]``) in float32,
+tokenizes the training text with the checkpoint's own tokenizer, framed as that tokenizer frames a
+document (:mod:`losslens.lm.data.framing`), and continues training once per schedule::
 
     OUT/forks.json                      # index: one entry per fork
     OUT/<schedule label>-n<steps>-s<seed>/
@@ -47,8 +47,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from losslens.lm.checkpoints import CheckpointLoader, CheckpointRef, Trajectory
+from losslens.lm.checkpoints import CheckpointError, CheckpointLoader, CheckpointRef, Trajectory
+from losslens.lm.checkpoints.files import local_folder
 from losslens.lm.checkpoints.gguf import dequantized
+from losslens.lm.checkpoints.locate import open_checkpoint, parse_hub_name
 from losslens.lm.core.next_token_loss import evaluate
 from losslens.lm.core.threads import torch_threads
 from losslens.lm.data.corpus import TextSource
@@ -86,9 +88,11 @@ def fork_pretrained(
     overwrite: bool = False,
     num_threads: int | None = None,
     on_step: Callable | None = None,
+    cache_dir: str | Path | None = None,
 ) -> list[Trajectory]:
-    """Fork the checkpoint ``base`` (an HF folder or a ``.gguf`` file) once per schedule (see the
-    module docstring); returns one :class:`Trajectory` per schedule, in order.
+    """Fork the checkpoint ``base`` (an HF folder, a ``.gguf`` file or a hub revision ``hf:ORG/NAME[@REV]``
+    through the local Hugging Face cache) once per schedule (see the module docstring); returns one
+    :class:`Trajectory` per schedule, in order.
 
     ``lr``: the start LR of every schedule (AdamW; a pretrained model's peak LR is usually 1e-4 to 1e-3,
     ``lr`` is the LR it continues at); ``min_lr_ratio``: the decaying schedules end at
@@ -97,7 +101,8 @@ def fork_pretrained(
     spaced per fork (the last update is one); ``val_batches``: validation batches of the held-out
     text, framed as the tokenizer frames a document. ``progress``: None = a bar on a terminal, plain
     lines otherwise; False = silent. ``on_step(model, step, lr=, loss=)`` is called after every
-    update. Raises :class:`TrainError` for a ``parent`` schedule, a text too short, or a folder
+    update. ``cache_dir``: the Hugging Face hub cache for an ``hf:`` base (default ``$HF_HUB_CACHE``).
+    Raises :class:`TrainError` for a ``parent`` schedule, a text too short, or a folder
     holding another run (without ``overwrite``).
     """
     if not schedules:
@@ -106,10 +111,7 @@ def fork_pretrained(
         raise TrainError("a pretrained checkpoint has no schedule to continue: pick constant, wsd, cosine, ...")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    base_path = Path(base).expanduser()
-    if not base_path.exists():
-        raise TrainError(f"no checkpoint at {base_path}; give an HF checkpoint folder or a .gguf file")
-    folder = dequantized(base_path)
+    base_name, folder = _base_folder(base, cache_dir)
     tok = load_tokenizer(folder)
     framing = document_framing(tok)
     given = text if isinstance(text, TextSource) else None
@@ -135,7 +137,7 @@ def fork_pretrained(
         source_name=f"the held-out text of {source.describe()}",
         framing=framing,
     )["validation"]
-    base_info = {"base": str(base_path.resolve()), "base_folder": str(Path(folder).resolve())}
+    base_info = {"base": base_name, "base_folder": str(Path(folder).resolve())}
     results = []
     with torch_threads(num_threads if num_threads is not None else 0):
         for sched in schedules:
@@ -165,6 +167,24 @@ def fork_pretrained(
             )
             _write_index(out, results)
     return results
+
+
+def _base_folder(base: str | Path, cache_dir: str | Path | None) -> tuple[str, Path]:
+    """``(name recorded as the fork's base, local checkpoint folder)`` of ``base``: a folder, a ``.gguf``
+    file (its dequantized folder) or a hub revision ``hf:ORG/NAME[@REV]`` (its snapshot in the local
+    Hugging Face cache, downloaded when online; the last revision of a list)."""
+    if parse_hub_name(base) is not None:
+        try:
+            _, ref = open_checkpoint(base, cache_dir=cache_dir, alone=True)
+            return str(base), local_folder(ref)
+        except CheckpointError as exc:
+            raise TrainError(f"cannot fork {base}: {exc}") from exc
+    base_path = Path(base).expanduser()
+    if not base_path.exists():
+        raise TrainError(
+            f"no checkpoint at {base_path}; give an HF checkpoint folder, a .gguf file or a hub name hf:ORG/NAME"
+        )
+    return str(base_path.resolve()), dequantized(base_path)
 
 
 def _fork_one(

@@ -182,7 +182,10 @@ class RobustnessMonitor:
         self.monitor_seconds = 0.0
         self.prepare_seconds = 0.0
         self.n_measured = 0
-        self.n_skipped = 0
+        prior = self.store.meta.get(f"monitor:{self.run}")  # a resumed run keeps the skips counted before
+        prior = prior if isinstance(prior, Mapping) else {}
+        self.skipped_steps: list[int] = [int(t) for t in prior.get("skipped_steps") or []]
+        self.n_skipped = int(prior.get("skipped_for_time") or len(self.skipped_steps))
         self._last_cost = 0.0
         self._t0: float | None = None
         self._prepared = False
@@ -236,6 +239,7 @@ class RobustnessMonitor:
                     "data_hashes": self.data_hashes,
                     "measured": self.n_measured,
                     "skipped_for_time": self.n_skipped,
+                    "skipped_steps": self.skipped_steps,
                     "monitor_seconds": round(self.monitor_seconds, 3),
                     "prepare_seconds": round(self.prepare_seconds, 3),
                 }
@@ -284,6 +288,7 @@ class RobustnessMonitor:
         """:meth:`measure` if :meth:`due`, else count the skip and return None."""
         if not self.due():
             self.n_skipped += 1
+            self.skipped_steps.append(int(step))
             log.info(
                 "monitor: step %d skipped to stay within the time budget (%.0f%%)",
                 step,
@@ -358,6 +363,7 @@ class RobustnessMonitor:
             "run": self.run,
             "measured": self.n_measured,
             "skipped_for_time": self.n_skipped,
+            "skipped_steps": list(self.skipped_steps),
             "monitor_seconds": self.monitor_seconds,
             "prepare_seconds": self.prepare_seconds,
             "alarm": None if self.alarm is None or self.alarm.fired is None else self.alarm.fired.to_dict(),

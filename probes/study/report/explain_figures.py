@@ -34,9 +34,10 @@ from losslens.study.report.figure_parts import (
     metric_rows,
     specs_of,
 )
+from losslens.study.report.labels import metric_axis
 
 _PANELS = (
-    ("rel_delta", "ΔQ = ΔL/L (curvature set)", True),
+    ("rel_delta", "ΔQ = ΔL/L (%, curvature set)", True),
     ("norm2", "‖δ‖²", True),
     ("trace_per_param", "tr H / n (95% CI)", True),
     ("kappa", "κ (95% CI)", True),
@@ -92,8 +93,10 @@ def explain_factors_figure(df, spec: str | None = None, phases=None, lr: bool = 
             positive_only=log,
             by_run=True,
             legend=i == 0,
+            scale=metric_axis(metric)[1],
+            unit=metric_axis(metric)[2],
         )
-        fig.update_yaxes(type="log" if log else "linear", row=r, col=c, secondary_y=False)
+        fig.update_yaxes(type="log" if log else "linear", exponentformat="power", row=r, col=c, secondary_y=False)
         if lr:
             _add_lr(fig, df, row=r, col=c, showlegend=i == 0)
             fig.update_yaxes(
@@ -249,11 +252,12 @@ def explain_shares_figure(check: dict | None, spec: str | None = None):
             col=1,
         )
         fig.update_yaxes(title_text="Δ log (end/start)", row=i + 1, col=1)
+        fig.update_xaxes(automargin=True, row=i + 1, col=1)
     fig.update_layout(
         barmode="group",
         title="which factor moves ΔQ (log-scale shares sum to the total)",
         height=260 + 300 * len(parts),
-        legend=dict(orientation="h", y=-0.15),
+        legend=dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top"),
         margin=dict(l=60, r=40, t=80, b=40),
     )
     return fig

@@ -6,8 +6,10 @@ derived checkpoints as stars, unconverged values apart and values of inexact pro
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from typing import Mapping
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -34,10 +36,40 @@ RUN_COLOURS = (
     "#bcbd22",
     "#17becf",
 )
+RUN_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+_PAGE_COLOURS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("run_colours", default=None)
 
 
 class FigureError(LosslensError, ValueError):
     """The results table lacks what a figure needs."""
+
+
+# --------------------------------------------------------------------------- one colour per run
+def run_colour_map(runs: Iterable[str]) -> dict[str, str]:
+    """``{run: colour}``: the sorted distinct run names take :data:`RUN_COLOURS` in turn (cycling
+    after 10), so a run's colour depends only on the set of runs, never on a figure's order."""
+    names = sorted({str(r) for r in runs})
+    return {r: RUN_COLOURS[i % len(RUN_COLOURS)] for i, r in enumerate(names)}
+
+
+@contextlib.contextmanager
+def page_colours(runs: Iterable[str]) -> Iterator[dict[str, str]]:
+    """Within the block every figure draws run ``r`` in ``run_colour_map(runs)[r]`` (a report page
+    computes the map once from all its runs and draws all its figures inside)."""
+    token = _PAGE_COLOURS.set(run_colour_map(runs))
+    try:
+        yield _PAGE_COLOURS.get() or {}
+    finally:
+        _PAGE_COLOURS.reset(token)
+
+
+def run_colour(run: str, runs_here: Iterable[str] = ()) -> str:
+    """The colour of ``run``: from the page's map (:func:`page_colours`) when one is set and names
+    it, else from :func:`run_colour_map` of ``runs_here`` (the figure's own runs)."""
+    page = _PAGE_COLOURS.get()
+    if page and str(run) in page:
+        return page[str(run)]
+    return run_colour_map([*runs_here, run])[str(run)]
 
 
 # --------------------------------------------------------------------------- data access
@@ -127,10 +159,15 @@ def _add_series(
     positive_only: bool = False,
     by_run: bool = False,
     legend: bool = True,
+    scale: float = 1.0,
+    unit: str = "",
 ) -> int:
     """One line per run (+ star markers for derived checkpoints). Returns the number of points drawn.
-    ``by_run``: legend entries named and grouped by run (for small multiples, one panel per ``name``,
-    which goes into the hover and ``meta``); ``legend``: show legend entries."""
+    A run's colour is :func:`run_colour` (one per run on a page); ``colour_index`` tells the series
+    of one figure apart by dash (:data:`RUN_DASHES`). ``by_run``: legend entries named and grouped by
+    run (for small multiples, one panel per ``name``, which goes into the hover and ``meta``);
+    ``legend``: show legend entries; ``scale``: values and stderr are drawn × scale (100 for a
+    fraction in %), ``unit`` follows the value on hover."""
     import plotly.graph_objects as go
 
     rows = metric_rows(df, probe, metric, spec)
@@ -138,12 +175,16 @@ def _add_series(
         rows = rows[rows["value"].astype(float) > 0]
     if rows.empty:
         return 0
+    if scale != 1.0:  # e.g. a fraction drawn in %: flagged points and hover use the same numbers
+        scaled = {c: scale * rows[c].astype(float) for c in ("value", "stderr", "ci_low", "ci_high") if c in rows}
+        rows = rows.assign(**scaled)
     runs = _run_col(rows)
     n = 0
     multi = len(dict.fromkeys(runs)) > 1
-    for r_i, run in enumerate(dict.fromkeys(runs)):
+    for run in dict.fromkeys(runs):
         sub = rows[runs == run]
-        colour = RUN_COLOURS[(colour_index + r_i) % len(RUN_COLOURS)]
+        colour = run_colour(run, runs)
+        dash = RUN_DASHES[colour_index % len(RUN_DASHES)]
         label = f"{name} · {run}" if multi else name
         place = {
             **({"row": row, "col": col or 1} if row is not None else {}),
@@ -178,7 +219,7 @@ def _add_series(
                 y=part["value"].astype(float).tolist(),
                 error_y=err_arg,
                 customdata=custom,
-                hovertemplate=f"{label}<br>checkpoint %{{customdata[0]}}<br>step %{{x}}<br>value %{{y:.6g}}"
+                hovertemplate=f"{label}<br>checkpoint %{{customdata[0]}}<br>step %{{x}}<br>value %{{y:.6g}}{unit}"
                 f"<br>lr %{{customdata[1]}}<extra></extra>",
             )
             if is_derived:
@@ -195,8 +236,8 @@ def _add_series(
                 trace = go.Scatter(
                     name=entry,
                     mode="lines+markers",
-                    line=dict(color=colour),
-                    marker=dict(size=6),
+                    line=dict(color=colour, dash=dash),
+                    marker=dict(size=6, color=colour),
                     legendgroup=group,
                     showlegend=legend,
                     meta=name,
@@ -310,4 +351,4 @@ def _empty(fig, message: str) -> None:
     )
 
 
-__all__ = ["FigureError", "metric_rows", "specs_of"]
+__all__ = ["FigureError", "metric_rows", "specs_of", "page_colours", "run_colour", "run_colour_map"]

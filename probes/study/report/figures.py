@@ -36,6 +36,7 @@ from losslens.study.report.figure_parts import (
     metric_rows,
     specs_of,
 )
+from losslens.study.report.labels import metric_axis
 from losslens.study.report.scatter_figures import _pick_corr, sharpness_vs_quant_figure
 from losslens.measure.probes.eigen import PROBE as EIGEN
 from losslens.measure.probes.loss import PROBE as LOSS
@@ -115,6 +116,7 @@ def quant_error_figure(
         horizontal_spacing=0.1,
     )
     drawn, dropped = 0, 0
+    ytitle, scale, unit = metric_axis(metric)  # ΔQ L in %, as the printed summary gives it
     for i, spec in enumerate(specs):
         r, c = i // cols + 1, i % cols + 1
         rows = metric_rows(df, QUANT.name, metric, spec)
@@ -134,8 +136,17 @@ def quant_error_figure(
             positive_only=True,
             by_run=True,
             legend=i == 0,
+            scale=scale,
+            unit=unit,
         )
-        fig.update_yaxes(type="log", title_text=metric if c == 1 else None, row=r, col=c, secondary_y=False)
+        fig.update_yaxes(
+            type="log",
+            title_text=ytitle if c == 1 else None,
+            exponentformat="power",
+            row=r,
+            col=c,
+            secondary_y=False,
+        )
         if lr:
             _add_lr(fig, df, row=r, col=c, showlegend=i == 0)
             fig.update_yaxes(
@@ -150,9 +161,9 @@ def quant_error_figure(
                 secondary_y=True,
             )
         _shade_phases(fig, _phase_list(phases), _x_max(df), row=r, col=c, annotate=i == 0)
-    title = f"quantization error ({metric}) vs step, one panel per quantizer"
+    title = f"quantization error {ytitle} vs step, one panel per quantizer"
     if dropped:
-        title = f"quantization error ({metric}) vs step — {dropped} value(s) ≤ 0 not shown on the log axis"
+        title = f"quantization error {ytitle} vs step — {dropped} value(s) ≤ 0 not shown on the log axis"
     fig.update_layout(title=title, hovermode="closest", height=140 + 260 * nrows, margin=dict(l=60, r=40, t=80, b=40))
     fig.update_xaxes(title_text="step", row=nrows)
     if drawn == 0:
@@ -180,7 +191,7 @@ def curvature_figure(df, phases=None, lr: bool = True, trace_spec: str | None = 
         for i, s in enumerate(tspecs)
     )
     n2 = _add_series(
-        fig, df, EIGEN.name, eigen_metric, None, "λ_max", 3, secondary_y=False if lr else None, row=2, col=1
+        fig, df, EIGEN.name, eigen_metric, None, "λ_max", 0, secondary_y=False if lr else None, row=2, col=1
     )
     if lr:
         _add_lr(fig, df, row=1, col=1)

@@ -15,10 +15,9 @@ import math
 import numpy as np
 
 from losslens.study.landscape.trajectory_landscape import Landscape
+from losslens.study.report.figure_parts import run_colour
 
 __all__ = ["landscape_figure"]
-
-_RUN_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
 def _fmt(v) -> str:
@@ -93,7 +92,7 @@ def landscape_figure(land: Landscape, title: str | None = None, off_plane: float
         )
 
     for r_i, run in enumerate(land.runs):
-        colour = _RUN_COLOURS[r_i % len(_RUN_COLOURS)]
+        colour = run_colour(run.name, [r.name for r in land.runs])  # the page's colour of this run
         labs = run.labels
         px, py = [where[lab][0] for lab in labs], [where[lab][1] for lab in labs]
         pz = [s.points.get(lab, (0, 0, None))[2] for lab in labs]
@@ -196,12 +195,18 @@ def landscape_figure(land: Landscape, title: str | None = None, off_plane: float
             f"<br><sub>{len(flagged)} point(s) lie more than {100 * off_plane:.0f}% off the plane (hollow): their "
             "place on it is mostly a shadow</sub>"
         )
-    fig.update_layout(
-        title=t,
-        height=height,
-        legend=dict(orientation="h", y=-0.12),
-        scene=dict(xaxis_title=xlab, yaxis_title=ylab, zaxis_title="loss", aspectmode="cube"),
-        margin=dict(l=10, r=10, t=80, b=10),
+    fig.update_layout(  # the title (and subtitle) sits above the subplot titles; the legend below the axis titles
+        title=dict(text=t, y=1 - 24 / (height + (30 if flagged else 0)), yref="container", yanchor="top"),
+        height=height + (30 if flagged else 0),
+        legend=dict(orientation="h", y=-0.16, yanchor="top"),
+        scene=dict(
+            xaxis_title=f"PC{axes[0] + 1}",  # short: the contour's axes say the variance
+            yaxis_title=f"PC{axes[1] + 1}",
+            zaxis_title="loss",
+            aspectmode="cube",
+            camera=dict(eye=dict(x=1.9, y=-1.9, z=1.3)),  # far enough that the axis titles fit in the scene
+        ),
+        margin=dict(l=30, r=10, t=120 if flagged else 90, b=30),
     )
     fig.update_xaxes(title_text=xlab, row=1, col=2)
     fig.update_yaxes(title_text=ylab, row=1, col=2)

@@ -13,6 +13,7 @@ from losslens.geometry.surfaces.surface import Surface
 
 from losslens.study.report.explain_figures import explain_figures
 from losslens.study.report.flags import product_error_table
+from losslens.study.report.labels import column_label
 from losslens.measure.probes.explain import PROBE as EXPLAIN
 
 _CSS = """
@@ -23,7 +24,13 @@ h1{font-size:1.6em;margin-bottom:0}h2{border-bottom:1px solid #ddd;padding-botto
 table{border-collapse:collapse;font-size:.9em;margin:8px 0}th,td{border:1px solid #ddd;padding:3px 8px;text-align:right}
 th{background:#f5f5f5}td.l,th.l{text-align:left}pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:.85em}
 nav a{margin-right:12px}.note{color:#666;font-size:.9em}.failed{color:#b00020;font-weight:bold}
+.table-wrap{max-width:100%;overflow-x:auto}td.wrap{min-width:18em;max-width:36em;overflow-wrap:anywhere}
+p,li,h1,h2,h3{overflow-wrap:anywhere}.swatch{display:inline-block;width:1.6em;height:.55em;margin:0 4px 0 10px;\
+border-radius:2px;vertical-align:middle}
 """
+
+#: table cells of free text: wrapped in a cell of bounded width instead of stretching the row
+WRAPPED = ("note", "error", "cause", "fix", "notes")
 
 
 def _fmt(v: Any) -> str:
@@ -37,15 +44,23 @@ def _fmt(v: Any) -> str:
 
 
 def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, left: Sequence[str] = ()) -> str:
+    """An HTML table in its own horizontally scrolling box (a wide table never widens the page).
+    Headers are the human names of :data:`~losslens.study.report.labels.COLUMN_LABELS` with the
+    raw column name in their ``title`` tooltip; free-text columns (:data:`WRAPPED`) wrap."""
     if not rows:
         return '<p class="note">none</p>'
     columns = list(columns or rows[0].keys())
-    head = "".join(f'<th class="{"l" if c in left else ""}">{html.escape(str(c))}</th>' for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f'<td class="{"l" if c in left else ""}">{_fmt(r.get(c))}</td>' for c in columns) + "</tr>"
-        for r in rows
+
+    def cls(c) -> str:
+        return " ".join(k for k, on in (("l", c in left or c in WRAPPED), ("wrap", c in WRAPPED)) if on)
+
+    head = "".join(
+        f'<th class="{cls(c)}" title="{html.escape(str(c))}">{html.escape(column_label(c))}</th>' for c in columns
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{cls(c)}">{_fmt(r.get(c))}</td>' for c in columns) + "</tr>" for r in rows
+    )
+    return f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _correlation_rows(correlations) -> list[dict]:

@@ -29,7 +29,7 @@ from losslens.study.sweep.store import Store
 from losslens.lm.quant.awq import HELD_OUT_NOTE
 
 from losslens.study.report.accuracy_figures import accuracy_figures, accuracy_note
-from losslens.study.report.figure_parts import specs_of
+from losslens.study.report.figure_parts import page_colours, specs_of
 from losslens.study.report.figures import trajectory_figures
 from losslens.study.analysis.summary import COLUMNS as SUMMARY_COLUMNS
 from losslens.study.report.flags import unconverged_table
@@ -48,6 +48,7 @@ from losslens.study.report.page_sections import (
     _table,
     figure_html,
 )
+from losslens.study.report.page_notes import colour_legend, live_section, page_runs
 from losslens.study.report.surface_figures import surface_figure, surface_profile_figure
 from losslens.measure.probes.accuracy import PROBE as ACCURACY
 from losslens.measure.probes.explain import PROBE as EXPLAIN
@@ -99,22 +100,36 @@ def build_report(
     explanation : :func:`losslens.study.analysis.explain_shares.science_check` of ``df``; computed here when ``df``
         holds ``explain`` rows and it is not given (section "Why quantization error changes").
     live : ``{label: results DataFrame}`` of runs measured while training (:mod:`losslens.study.monitor`
-        stores), drawn in a section "Live monitor" (loss, ΔQ, curvature against the step).
+        stores), drawn in a section "Live monitor" (loss, ΔQ, curvature against the step); a value may be
+        ``{"results": DataFrame, "monitor": the store's "monitor:<run>" metadata}``, and the section then
+        says which planned evaluations were skipped and why.
     landscape : a :class:`losslens.study.landscape.trajectory_landscape.Landscape` with its surface (the runs in one
         principal plane), drawn in a section "Landscape" with its explained variance and the points
         off the plane (:func:`losslens.study.report.landscape_section.landscape_section`).
+
+    Every figure draws a run in one colour, the same on the whole page
+    (:func:`~losslens.study.report.figure_parts.page_colours` of all the page's runs, sorted).
     """
+    if df is None or len(df) == 0:
+        raise ReportError("the results table is empty: nothing to report (did the sweep write any row?)")
+    args = {k: v for k, v in locals().items() if k != "versions"}
+    with page_colours(page_runs(df, live, landscape)) as colours:
+        return _build(**args, software=versions, colours=colours)
+
+
+def _build(
+    df, out_path, correlations, phases, surfaces, plan, software, title, notes, explanation, live, landscape, colours
+) -> Path:
+    """:func:`build_report` inside its page's colours."""
     import plotly
     from plotly.offline import get_plotlyjs
 
-    if df is None or len(df) == 0:
-        raise ReportError("the results table is empty: nothing to report (did the sweep write any row?)")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     figs = trajectory_figures(df, phases=_phases_for_figures(phases), correlations=correlations)
     sections: list[tuple[str, str, str]] = []  # (anchor, heading, html)
 
-    fig_html = []
+    fig_html = [colour_legend(colours)]
     for i, (name, fig) in enumerate(figs.items()):
         fig_html.append(f'<div class="figure" data-figure="{html.escape(name)}">{figure_html(fig, f"fig-{i}")}</div>')
     awq = [s for s in specs_of(df, QUANT.name) if s.split(":")[0] == "awq"]
@@ -124,14 +139,8 @@ def build_report(
         )
     sections.append(("trajectory", "Trajectory", "".join(fig_html)))
 
-    for j, (label, ldf) in enumerate((live or {}).items()):
-        parts = [
-            f'<div class="figure" '
-            f'data-figure="live:{html.escape(str(label))}:{name}">{figure_html(fig, f"live-{j}-{i}")}</div>'
-            for i, (name, fig) in enumerate(trajectory_figures(ldf).items())
-            if not name.startswith("scatter")
-        ]
-        sections.append((f"live-{j}", f"Live monitor: {label}", "".join(parts)))
+    for j, (label, value) in enumerate((live or {}).items()):
+        sections.append(live_section(label, value, j))
 
     ex = _explain_section(df, explanation, _phases_for_figures(phases))
     if ex:
@@ -240,7 +249,7 @@ def build_report(
     meta = _table([{"item": k, "value": v} for k, v in counts.items()], left=("item",))
     if plan_text:
         meta += f"<h3>Plan</h3><pre>{html.escape(plan_text)}</pre>"
-    vers = dict(versions) if versions is not None else globals()["versions"]()
+    vers = dict(software) if software is not None else versions()
     meta += "<h3>Versions</h3>" + _table(
         [{"package": k, "version": v} for k, v in vers.items()], left=("package", "version")
     )

@@ -12,7 +12,8 @@ from typing import Mapping
 
 import numpy as np
 
-from losslens.study.report.figure_parts import _empty, _run_col, metric_rows, specs_of
+from losslens.study.report.figure_parts import _empty, _run_col, metric_rows, run_colour, specs_of
+from losslens.study.report.labels import metric_axis
 from losslens.study.report.flags import PRODUCT_ERROR_MARKER, UNCONVERGED_MARKER, product_error_text, unconverged_mask
 from losslens.measure.probes.eigen import PROBE as EIGEN
 from losslens.measure.probes.quant import PROBE as QUANT
@@ -74,6 +75,8 @@ def sharpness_vs_quant_figure(
         y = (QUANT.name, y, "rel_loss_error")
     xr = metric_rows(df, x[0], x[2], x[1])
     yr = metric_rows(df, y[0], y[2], y[1])
+    xr = xr.assign(value=metric_axis(x[2])[1] * xr["value"].astype(float))  # ΔQ in %, as everywhere
+    yr = yr.assign(value=metric_axis(y[2])[1] * yr["value"].astype(float))
     key = ["run", "checkpoint"] if "run" in df else ["checkpoint"]
     xr = xr.assign(run=_run_col(xr)) if "run" in xr else xr
     yr = yr.assign(run=_run_col(yr)) if "run" in yr else yr
@@ -112,6 +115,7 @@ def sharpness_vs_quant_figure(
                         y=part["value_y"].astype(float).tolist(),
                         mode="markers",
                         name=f"{run}{' (derived/LAWA)' if is_d else ''}",
+                        legendgroup=str(run),
                         marker=dict(
                             size=15 if is_d else 10,
                             symbol="star" if is_d else symbols[r_i % len(symbols)],
@@ -121,11 +125,11 @@ def sharpness_vs_quant_figure(
                             cmax=cmax,
                             showscale=first,
                             colorbar=dict(title="step") if first else None,
-                            line=dict(width=1, color="black"),
+                            line=dict(width=2, color=run_colour(str(run), runs)),
                         ),
                         customdata=list(zip(part["checkpoint"].astype(str), steps[m].tolist())),
                         hovertemplate="checkpoint %{customdata[0]}<br>step %{customdata[1]}<br>"
-                        "x %{x:.6g}<br>y %{y:.6g}<extra></extra>",
+                        f"{xlab} %{{x:.6g}}<br>{ylab} %{{y:.6g}}<extra>{run}</extra>",
                     )
                 )
                 first = False
@@ -184,6 +188,7 @@ def _mark_inexact(fig, merged) -> None:
 def _series_label(key: tuple[str, str | None, str]) -> str:
     probe, spec, metric = key
     if probe == QUANT.name:
+        metric = metric_axis(metric)[0]
         return f"{metric} ({spec})" if spec else metric
     head = metric if metric == probe or probe == EIGEN.name else f"{probe} {metric}"
     return f"{head} ({spec})" if spec else head

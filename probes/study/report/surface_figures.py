@@ -120,8 +120,8 @@ def surface_figure(surface: Surface, log: bool = False, title: str | None = None
     t = title or f"loss on the {kind} plane ({len(s.x)}×{len(s.y)} grid)"
     if s.n_nonfinite:
         t += f" — {s.n_nonfinite} non-finite point(s) shown as holes"
-    fig.update_layout(
-        title=t,
+    fig.update_layout(  # the title above the subplot titles; the 3-D scene zoomed out so its axis titles fit
+        title=dict(text=t, y=1 - 14 / height, yref="container", yanchor="top"),
         height=height,
         showlegend=False,
         scene=dict(
@@ -129,9 +129,9 @@ def surface_figure(surface: Surface, log: bool = False, title: str | None = None
             yaxis_title="y (e2)",
             zaxis_title=zlabel,
             aspectmode="cube",
-            camera=dict(eye=dict(x=1.5, y=-1.6, z=1.0)),
+            camera=dict(eye=dict(x=1.8, y=-1.9, z=1.2)),
         ),
-        margin=dict(l=10, r=10, t=60, b=10),
+        margin=dict(l=30, r=10, t=90, b=20),
     )
     fig.update_xaxes(title_text="x (e1)", row=1, col=2)
     fig.update_yaxes(title_text="y (e2)", row=1, col=2)
