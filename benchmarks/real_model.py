@@ -35,7 +35,8 @@ difference backends) against the float64 Hessian of the same bfloat16 weights wh
 islands kept in float64 by :func:`~losslens.lm.models.fidelity.float64_fidelity`), by double backward.
 
 Threads: pinned to 1 for the whole run (``torch.set_num_threads(1)``), restored afterwards. Cost at the defaults:
-about 60 whole-model products (~15 s each on one loaded 2-core EPYC thread) plus 2 float64 products.
+about 60 whole-model products plus 2 float64 ones: 19 min on one thread of this project's shared 2-core machine
+(6–26 s per product as the load changed; benchmarks/README.md, "Real model").
 """
 
 from __future__ import annotations

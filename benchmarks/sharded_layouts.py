@@ -7,7 +7,10 @@ every block and the root ``fully_shard``-ed on a CPU mesh; ``--batches`` batches
 over the ranks (at least one per rank); one torch thread per process. Each rank runs the layouts of
 ``tests.fsdp_memory_worker.estimator_calls`` (Hutchinson, Lanczos with the basis in RAM and on disk,
 Hutch++ with the sketch on disk) and records the tracked peak against the plan; one process runs the
-same estimators on the unsharded difference backend over all batches.
+same estimators on the unsharded difference backend over all batches. Both run HF's float32 islands
+(RMSNorm, rotary) in float64 (:func:`losslens.lm.models.fidelity.with_float64_fidelity`): without it
+the gradients carry float32 rounding that the step of a float64 difference amplifies (a 6.7% product
+error), and sharded and unsharded differ by their summation order at that level.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def _model(shape: str) -> torch.nn.Module:
 def _rank(rank: int, world: int, port: int, out: str, shape: str, batches: int) -> None:
     from losslens.geometry.operators.data_parallel import split_batches
     from losslens.geometry.operators.sharded import ShardedHessianOperator
+    from losslens.lm.models.fidelity import with_float64_fidelity
     from losslens.lm.models.sharding import shard_model
     from tests.fsdp_memory_worker import estimator_calls, layouts, old_loop_equal
     from tests.gloo_ranks import gloo_group, record
@@ -47,7 +51,8 @@ def _rank(rank: int, world: int, port: int, out: str, shape: str, batches: int) 
         mine = split_batches(_batches(shape, batches), rank, world)
 
         def scenario():
-            op = ShardedHessianOperator(model, lm_loss, mine, max_memory=10**10)
+            loss = with_float64_fidelity(lm_loss, model)  # HF's float32 islands (RMSNorm, rotary) run in float64
+            op = ShardedHessianOperator(model, loss, mine, max_memory=10**10)
             res = layouts(op, estimator_calls(lanczos_steps=8))
             res["old_loop_equal"] = old_loop_equal(op)
             res["local_dim"], res["global_dim"] = op.local_dim, op.global_dim
@@ -62,8 +67,11 @@ def run(ranks: tuple[int, ...] = (4, 8), shape: str = "llama-128x6", batches: in
     from tests.gloo_ranks import run_ranks
     from tests.tiny_models import lm_loss
 
+    from losslens.lm.models.fidelity import with_float64_fidelity
+
     torch.set_num_threads(1)
-    op = HessianOperator(_model(shape), lm_loss, _batches(shape, batches), backend="difference")
+    model = _model(shape)
+    op = HessianOperator(model, with_float64_fidelity(lm_loss, model), _batches(shape, batches), backend="difference")
     single = {}
     for name, call in estimator_calls(lanczos_steps=8).items():
         res = call(op)

@@ -3,7 +3,7 @@ of :mod:`losslens.geometry.operators.sharded_products` and off-device solver sta
 (:mod:`losslens.geometry.base.state_store`): formulas, each part named, not measurements
 (``bench scale --project``, ``python -m benchmarks.sharded --project``). The formulas are the ones
 the operator's and the estimators' plans use; tests/test_sharded_memory.py and
-``benchmarks.sharded --layouts`` (2, 4 and 8 gloo ranks) hold the plans against measured peaks.
+``python -m benchmarks.sharded_layouts`` (4 and 8 gloo ranks) hold the plans against measured peaks.
 
 Per rank of N, P parameters, a bfloat16 checkpoint run in ``compute`` (w bytes: 4 for float32), float32
 vectors (4 B), one sequence of ``seq`` tokens, activation checkpointing:

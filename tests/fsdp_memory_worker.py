@@ -7,7 +7,7 @@ the ranks), the disk-held state's peak, the plan's device and host bytes, and wh
 bit-identical. Also: one product against the loop that keeps ``.grad`` shards and a full-width master
 (:func:`~losslens.geometry.operators.difference.difference_products`), bit for bit.
 
-Also used by ``benchmarks/sharded.py --layouts`` at 4 and 8 ranks on larger shapes (:func:`layouts`)."""
+Also used by ``python -m benchmarks.sharded_layouts`` at 4 and 8 ranks on a larger shape (:func:`layouts`)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ estimators take ``basis_device``: the operator's device (default), ``"cpu"`` (ho
 the operator is on a GPU, so the chunks the projections move go by DMA) or :data:`DISK` (a file on
 local disk, memory-mapped, for a host that cannot hold it either, or a CPU run whose RAM cannot).
 Rows kept off the device are streamed a chunk at a time by the linear algebra of
-:mod:`losslens.geometry.base._linalg` (``gram``, ``combine_into``): no full-size copy on the device.
+``losslens.geometry.base._linalg`` (``gram``, ``combine_into``): no full-size copy on the device.
 
 :func:`state_rows` allocates a ``[rows, dim]`` block there. A disk block is a memory-mapped file in
 ``$LOSSLENS_STATE_DIR`` (default: the system's temporary directory), unlinked as soon as it is mapped:
@@ -66,6 +66,7 @@ class _DiskUse:
         self.live -= n
 
 
+#: Bytes of solver state on local disk now, and the most at once (process-wide).
 DISK_USE = _DiskUse()
 
 

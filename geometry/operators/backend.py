@@ -169,7 +169,7 @@ class ProductBackend(abc.ABC):
 
     @property
     def kept_graphs(self) -> int:
-        """Gradient graphs kept between calls now (0: this backend keeps none)."""
+        """Gradient graphs kept between calls now; the default backend keeps none."""
         return 0
 
     def attention(self, model: nn.Module) -> ContextManager:

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["rotary_tables", "STATIC_ROPE_TYPES_EXCLUDED"]
+__all__ = ["rotary_tables", "write_rotary_tables", "STATIC_ROPE_TYPES_EXCLUDED"]
 
 #: Rope types whose forward rewrites ``inv_freq`` (HF's ``dynamic_rope_update``): never recomputed here.
 STATIC_ROPE_TYPES_EXCLUDED = ("dynamic", "longrope")
@@ -136,3 +136,16 @@ def rotary_tables(model: nn.Module, dtype: torch.dtype) -> dict[int, torch.Tenso
                 continue
             out[id(buf)] = table.clone()
     return out
+
+
+def write_rotary_tables(model: nn.Module, dtype: torch.dtype) -> int:
+    """Write :func:`rotary_tables` into ``model``'s buffers (``.data`` replaced; for a model that is
+    itself cast to its compute dtype, as the FSDP2 path shards it: the same tables the one-process
+    policy swaps in for each call). Returns how many tables were written."""
+    tables = rotary_tables(model, dtype)
+    written = 0
+    for buf in model.buffers():
+        if id(buf) in tables:
+            buf.data = tables[id(buf)]
+            written += 1
+    return written

@@ -340,9 +340,9 @@ class ShardedHessianOperator(CurvatureOperator):
 
     def pass_bytes(self, k: int, cached: bool | None = None, chunk: int | None = None) -> int:
         """Predicted peak bytes of one product on this rank beyond its ``[k, dim]`` input and output:
-        the master copy of the local shards in its narrowest exact dtype, plus one cast of the largest
-        local tensor to the vectors' dtype when that is narrower
-        (:func:`~losslens.geometry.operators.sharded_products.master_bytes`), and one sharded gradient
+        the master copy of the local shards in its narrowest exact dtype, plus the larger of one cast
+        of the largest local tensor to the vectors' dtype when that is narrower (freed before the pass:
+        :func:`~losslens.geometry.operators.sharded_products.master_bytes`) and one sharded gradient
         pass of the largest batch (measured at one and two rows of the first batch, gradients
         dropped as they are reduce-scattered: all-gathered units, activations, one unit's
         reduce-scatter output; extrapolated in the rows), the same over every rank (collective:
@@ -354,8 +354,8 @@ class ShardedHessianOperator(CurvatureOperator):
             self._pass_fit = (float(2 * one - two), float(max(0, two - one)))
         fixed, per_row = self._pass_fit
         rows = max(one_row(b)[0] for b in self.batches)
-        master = master_bytes(self.locals, master_dtypes(self.locals), self.dtype, self._master_on_host)
-        need = int(master + max(fixed, 0.0) + per_row * rows)
+        kept, cast = master_bytes(self.locals, master_dtypes(self.locals), self.dtype, self._master_on_host)
+        need = int(kept + max(cast, max(fixed, 0.0) + per_row * rows))  # the cast is freed before the pass
         return self.parallel.max_int(need, self._device)
 
 

@@ -21,11 +21,11 @@ with the local shards perturbed in place and restored bit-exactly. Two per-rank 
   ``master.to(float32)``): θ and the products are bit-identical to a float32 master. Which dtype each
   tensor gets is checked on the values (one cast and compare per tensor), never assumed.
 
-Per-rank bytes of one product beyond its ``[k, dim]`` input and output (:func:`master_bytes` plus the
+Per-rank bytes of one product beyond its ``[k, dim]`` input and output (:func:`master_bytes` and the
 measured sharded gradient pass, :meth:`ShardedHessianOperator.pass_bytes`): the master (Σ numel × its
-dtype's bytes), one cast of the largest local tensor to the vectors' dtype when the master is
-narrower (the perturbation ``master + shift · v`` is formed in the vectors' dtype), and the pass
-(two all-gathered units, one unit's reduce-scatter output, the activations).
+dtype's bytes) plus the larger of the pass (two all-gathered units, one unit's reduce-scatter output,
+the activations) and one cast of the largest local tensor to the vectors' dtype when the master is
+narrower (the perturbation ``master + shift · v`` is formed in the vectors' dtype before the pass).
 """
 
 from __future__ import annotations
@@ -63,13 +63,13 @@ def master_dtypes(tensors: Sequence[torch.Tensor]) -> list[torch.dtype]:
 
 def master_bytes(
     tensors: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype], vector_dtype: torch.dtype, on_host: bool = False
-) -> int:
-    """Device bytes of the kept θ in ``dtypes`` (0 when ``on_host``: it lives in host RAM) plus, when some
-    tensor's master is not in ``vector_dtype`` or on the host, one copy of the largest such tensor in
-    ``vector_dtype`` (the perturbation's temporary)."""
+) -> tuple[int, int]:
+    """``(kept, cast)``: device bytes of the kept θ in ``dtypes`` (0 when ``on_host``: it lives in host
+    RAM), and of the perturbation's temporary, one copy of the largest tensor whose master is not in
+    ``vector_dtype`` or on the device (freed before the gradient pass: the two never add up)."""
     kept = 0 if on_host else sum(t.numel() * itemsize(d) for t, d in zip(tensors, dtypes))
     casts = [t.numel() for t, d in zip(tensors, dtypes) if d != vector_dtype or on_host]
-    return int(kept + (max(casts) * itemsize(vector_dtype) if casts else 0))
+    return int(kept), int(max(casts) * itemsize(vector_dtype) if casts else 0)
 
 
 def sharded_difference_products(

@@ -39,7 +39,9 @@ def shard_model(model: nn.Module, device: str | torch.device | None = None, comp
     ``compute_dtype`` (:func:`losslens.geometry.operators.precision.compute_dtype_for`; None: float32 for
     half-precision weights): the model is cast to it first, so the shards hold the weights in the
     dtype the products run in (half weights convert to float32 exactly; the checkpoint stays the
-    half source). Returns the model (now an ``FSDPModule``; parameters are ``DTensor`` shards)."""
+    half source), and its rotary tables are recomputed in that dtype from their definition
+    (:func:`losslens.geometry.operators.rotary.write_rotary_tables`), as the one-process path does.
+    Returns the model (now an ``FSDPModule``; parameters are ``DTensor`` shards)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -48,9 +50,12 @@ def shard_model(model: nn.Module, device: str | torch.device | None = None, comp
     from torch.distributed.fsdp import fully_shard
 
     from losslens.geometry.operators.precision import compute_dtype_for
+    from losslens.geometry.operators.rotary import write_rotary_tables
 
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    model.to(compute_dtype_for(next(model.parameters()).dtype, compute_dtype))
+    dtype = compute_dtype_for(next(model.parameters()).dtype, compute_dtype)
+    model.to(dtype)
+    write_rotary_tables(model, dtype)  # the tables the one-process policy computes in (precision.computed_in)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     try:
         _, blocks = find_blocks(model)

@@ -60,7 +60,7 @@ from losslens.lm.data.tokenizers import load_tokenizer, tokenizer_fingerprint, t
 
 from losslens.lm.train.config import FORMAT, TrainConfig, TrainError
 from losslens.lm.train.fork_schedule import ForkSchedule
-from losslens.lm.train.forks import fork_checkpoint_steps
+from losslens.lm.train.forks import fork_checkpoint_steps, write_fork_index
 from losslens.lm.train.run_files import save_checkpoint, write_json
 from losslens.lm.train.tiny import build_optimizer, run_loop
 
@@ -165,7 +165,7 @@ def fork_pretrained(
                     on_step,
                 )  # fmt: skip
             )
-            _write_index(out, results)
+            write_fork_index(out, results, PRETRAINED_FORKS_FORMAT, origin=("base",))
     return results
 
 
@@ -341,22 +341,3 @@ class _ProgressLines:
             file=sys.stderr,
             flush=True,
         )
-
-
-def _write_index(out: Path, trajs: list[Trajectory]) -> None:
-    path = out / "forks.json"
-    index = json.loads(path.read_text()) if path.is_file() else {"format": PRETRAINED_FORKS_FORMAT, "forks": []}
-    entries = {e["path"]: e for e in index.get("forks", [])}
-    for t in trajs:
-        f = t.meta["fork"]
-        name = Path(t.meta["folder"]).name
-        entries[name] = {
-            "path": name,
-            "condition": f["condition"],
-            "seed": f["seed"],
-            "base": f["base"],
-            "schedule": f["schedule"],
-            "final_val_loss": t[-1].meta.get("val_loss"),
-        }
-    index["forks"] = sorted(entries.values(), key=lambda e: (e["condition"], e["seed"]))
-    write_json(path, index)

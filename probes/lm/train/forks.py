@@ -50,7 +50,7 @@ from losslens.lm.train.run_files import save_checkpoint, write_json
 from losslens.lm.train.tiny import build_model, build_optimizer, run_loop
 from losslens.lm.train.tiny_data import prepare_data
 
-__all__ = ["fork_trajectory", "fork_checkpoint_steps", "parent_checkpoint"]
+__all__ = ["fork_trajectory", "fork_checkpoint_steps", "parent_checkpoint", "write_fork_index"]
 
 FORKS_FORMAT = "losslens-forks/1"
 
@@ -159,13 +159,18 @@ def fork_trajectory(
                     Path(data_dir),
                 )
             )
-            _write_index(out, results)
+            write_fork_index(out, results)
     return results
 
 
-def _write_index(out: Path, trajs: list[Trajectory]) -> None:
+def write_fork_index(
+    out: Path, trajs: list[Trajectory], fmt: str = FORKS_FORMAT, origin: Sequence[str] = ("parent", "parent_checkpoint")
+) -> None:
+    """Add ``trajs`` to ``out/forks.json`` (created in format ``fmt``): one entry per fork folder with its
+    condition, seed, the lineage fields ``origin`` (where it was forked from), schedule and final
+    validation loss; entries of other forks already there are kept."""
     path = out / "forks.json"
-    index = json.loads(path.read_text()) if path.is_file() else {"format": FORKS_FORMAT, "forks": []}
+    index = json.loads(path.read_text()) if path.is_file() else {"format": fmt, "forks": []}
     entries = {e["path"]: e for e in index.get("forks", [])}
     for t in trajs:
         f = t.meta["fork"]
@@ -174,8 +179,7 @@ def _write_index(out: Path, trajs: list[Trajectory]) -> None:
             "path": name,
             "condition": f["condition"],
             "seed": f["seed"],
-            "parent": f["parent"],
-            "parent_checkpoint": f["parent_checkpoint"],
+            **{k: f[k] for k in origin},
             "schedule": f["schedule"],
             "final_val_loss": t[-1].meta.get("val_loss"),
         }

@@ -24,6 +24,7 @@ from losslens.geometry.base.errors import LosslensError
 
 PHASE_COLOURS = ("rgba(31,119,180,0.10)", "rgba(214,39,40,0.10)", "rgba(44,160,44,0.10)", "rgba(148,103,189,0.10)")
 PHASE_LINES = ("rgb(31,119,180)", "rgb(214,39,40)", "rgb(44,160,44)", "rgb(148,103,189)")
+#: The colours runs take in turn on a page (one per run, the same in every figure).
 RUN_COLOURS = (
     "#1f77b4",
     "#ff7f0e",
@@ -351,4 +352,4 @@ def _empty(fig, message: str) -> None:
     )
 
 
-__all__ = ["FigureError", "metric_rows", "specs_of", "page_colours", "run_colour", "run_colour_map"]
+__all__ = ["FigureError", "RUN_COLOURS", "metric_rows", "specs_of", "page_colours", "run_colour", "run_colour_map"]

@@ -10,7 +10,7 @@ in one place.
 
 from __future__ import annotations
 
-# raw column name -> header shown (units in parentheses); columns not named here show as they are
+#: raw column name -> header shown (units in parentheses); columns not named here show as they are
 COLUMN_LABELS: dict[str, str] = {
     # correlations (losslens.study.analysis.summary)
     "pair": "pair",
@@ -80,7 +80,7 @@ COLUMN_LABELS: dict[str, str] = {
     "loss": "loss (nats)",
 }
 
-# metric -> (label, scale): drawn as label (%) with values × scale
+#: metric -> (label, scale): drawn as label (%) with values × scale
 PERCENT_METRICS: dict[str, tuple[str, float]] = {
     "rel_loss_error": ("ΔQ L", 100.0),
     "ppl_gap": ("ΔQ PPL", 100.0),

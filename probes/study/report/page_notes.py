@@ -51,7 +51,7 @@ def _steps(values) -> str:
 
 def monitor_note(df, meta: Mapping[str, Any] | None) -> str:
     """Which evaluations the monitor took, which it skipped and why (from the metadata its
-    :class:`~losslens.study.monitor.monitor.Monitor` records; older stores record only a count)."""
+    :class:`~losslens.study.monitor.monitor.RobustnessMonitor` records; older stores record only a count)."""
     measured = sorted({int(s) for s in df["step"].dropna()}) if "step" in df else []
     parts = [f"Measured at step(s) {_steps(measured)}." if measured else "No step measured."]
     meta = meta or {}

@@ -86,7 +86,9 @@ def build_report(
     live: Mapping[str, Any] | None = None,
     landscape=None,
 ) -> Path:
-    """Write a self-contained HTML report; returns its path.
+    """Write a self-contained HTML report; returns its path. Every figure draws a run in one colour,
+    the same on the whole page (:func:`~losslens.study.report.figure_parts.page_colours` of all the
+    page's runs, sorted).
 
     Parameters
     ----------
@@ -106,9 +108,6 @@ def build_report(
     landscape : a :class:`losslens.study.landscape.trajectory_landscape.Landscape` with its surface (the runs in one
         principal plane), drawn in a section "Landscape" with its explained variance and the points
         off the plane (:func:`losslens.study.report.landscape_section.landscape_section`).
-
-    Every figure draws a run in one colour, the same on the whole page
-    (:func:`~losslens.study.report.figure_parts.page_colours` of all the page's runs, sorted).
     """
     if df is None or len(df) == 0:
         raise ReportError("the results table is empty: nothing to report (did the sweep write any row?)")
