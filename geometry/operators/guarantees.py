@@ -71,8 +71,8 @@ def product_error_message(op: Any, check: dict, tolerance: float) -> str:
         fix = f"backend='reverse' (exact) where its pass fits: activations {', '.join(kinked)} are not smooth"
     else:
         fix = (
-            "backend='reverse' (exact) where its pass fits, or another difference_step / richardson=True; for a "
-            "language model build the operator with losslens.lm.models.lm_hessian (it leaves zero-embedding "
+            "backend='reverse' (exact) where its pass fits, or backend=DifferenceBackend(step=..., richardson=True); "
+            "for a language model build the operator with losslens.lm.models.lm_hessian (it leaves zero-embedding "
             "tokens out and runs a float64 model's float32 islands in float64)"
         )
     return (
