@@ -151,3 +151,37 @@ def test_a_live_bar_keeps_the_label_and_the_planned_line():
     text = out.getvalue()
     assert text.startswith("[sharpness] planned: 5 HVPs for trace, ")
     assert "[sharpness] trace: step-000060" in text and "5/5" in text
+
+
+@pytest.mark.parametrize(
+    "command, args, unit",
+    [
+        ("quantize", ["--spec", "gptq:4:g32", "--quick", "--json"], "layers"),
+        ("explain", ["--spec", "rtn:3:row", "--quick", "--trace-hvps", "4", "--json"], "spec"),
+        ("surface", ["--spec", "rtn:3:row", "--grid", "3"], "points"),
+    ],
+)
+def test_long_commands_through_a_pipe(command, args, unit, tmp_path):
+    """quantize (GPTQ layers), explain (specs measured) and surface (grid points) print plain progress
+    lines on stderr in a pipe, a planned line first; under --json stdout holds only the JSON."""
+    traj = tiny_trajectory_dir()
+    env = {**os.environ, "COLUMNS": "80", "LOSSLENS_PROGRESS_EVERY": "0"}
+    target = [str(traj / "step-000060")]
+    if command == "surface":
+        args = [*args, "--out", str(tmp_path / "surface.html")]
+    r = subprocess.run(
+        [sys.executable, "-m", "losslens", command, *target, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    assert not CONTROL.search(r.stderr), r.stderr
+    lines = r.stderr.splitlines()
+    assert any(re.search(rf"planned: \d+ {unit}", ln) for ln in lines), r.stderr
+    assert any("(100%)" in ln or re.search(rf"\d+ {unit} in \d+:\d\d", ln) for ln in lines), r.stderr
+    if "--json" in args:
+        text = r.stdout.strip()
+        rows = [json.loads(ln) for ln in text.splitlines()] if command == "quantize" else [json.loads(text)]
+        assert rows and all(isinstance(row, dict) for row in rows)
