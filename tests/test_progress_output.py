@@ -175,6 +175,7 @@ def test_long_commands_through_a_pipe(command, args, unit, tmp_path):
         text=True,
         env=env,
         timeout=600,
+        cwd=tmp_path,  # explain writes explain.json into the working folder
     )
     assert r.returncode == 0, r.stderr
     assert not CONTROL.search(r.stderr), r.stderr
