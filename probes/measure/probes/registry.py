@@ -14,6 +14,7 @@ from losslens.measure.probes.probe import Probe
 # isort: off
 from losslens.measure.probes.loss import PROBE as loss  # noqa: F401 - registers the probe (REGISTRY reads globals())
 from losslens.measure.probes.kurtosis import PROBE as kurtosis  # noqa: F401 - registers the probe (REGISTRY reads globals())
+from losslens.measure.probes.weight_norm import PROBE as weight_norm  # noqa: F401 - registers the probe (REGISTRY reads globals())
 from losslens.measure.probes.quant import PROBE as quant  # noqa: F401 - registers the probe (REGISTRY reads globals())
 from losslens.measure.probes.directional import PROBE as directional  # noqa: F401 - registers the probe (REGISTRY reads globals())
 from losslens.measure.probes.grad_norm import PROBE as grad_norm  # noqa: F401 - registers the probe (REGISTRY reads globals())
