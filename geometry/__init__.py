@@ -16,7 +16,7 @@ of batches, curvature is taken w.r.t. a declared parameter set (name globs).
 
 from __future__ import annotations
 
-import importlib
+from losslens.geometry.base.lazy import lazy_exports
 
 _WHERE = {  # public name -> the module that defines it (imported on first use: PEP 562)
     "second_order_attention": "losslens.geometry.operators.attention",
@@ -74,17 +74,4 @@ _WHERE = {  # public name -> the module that defines it (imported on first use: 
 __all__ = list(_WHERE)
 
 
-def __getattr__(name: str):
-    """The public ``name``, imported from its module on first use and kept (``import losslens.geometry``
-    imports no room, and so no torch, until a name is used)."""
-    try:
-        where = _WHERE[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(where), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _WHERE)

@@ -17,57 +17,45 @@ product error over its tolerance, ...) are :class:`LosslensWarning`\\ s; errors 
 
 from __future__ import annotations
 
-import importlib
+from losslens.geometry.base.lazy import lazy_exports
 
-_WHERE = {  # public name -> "module:attribute" (imported on first use)
+_WHERE = {  # public name -> the module defining it under that name (imported on first use)
     # the commands (losslens COMMAND ... --json)
-    "sharpness": "losslens.measure.sharpness:sharpness",
-    "quantize": "losslens.measure.checkpoint_quantization:quantize",
-    "explain": "losslens.measure.checkpoint_explanation:explain",
-    "sweep": "losslens.study.trajectory_sweep:sweep",
-    "report": "losslens.study.report.store_report:report",
-    "accuracy": "losslens.measure.accuracy.checkpoint_accuracy:accuracy",
-    "landscape": "losslens.study.landscape.trajectory_landscapes:landscape",
-    "surface": "losslens.measure.checkpoint_surface:surface",
+    "sharpness": "losslens.measure.sharpness",
+    "quantize": "losslens.measure.checkpoint_quantization",
+    "explain": "losslens.measure.checkpoint_explanation",
+    "sweep": "losslens.study.trajectory_sweep",
+    "report": "losslens.study.report.store_report",
+    "accuracy": "losslens.measure.accuracy.checkpoint_accuracy",
+    "landscape": "losslens.study.landscape.trajectory_landscapes",
+    "surface": "losslens.measure.checkpoint_surface",
     # trajectories, checkpoints and data
-    "Trajectory": "losslens.lm.checkpoints.trajectory:Trajectory",
-    "open_trajectory": "losslens.lm.checkpoints.locate:open_trajectory",
-    "open_checkpoint": "losslens.lm.checkpoints.locate:open_checkpoint",
-    "CheckpointLoader": "losslens.lm.checkpoints.loader:CheckpointLoader",
-    "default_token_sets": "losslens.lm.data.token_sets:default_token_sets",
-    "TokenSet": "losslens.lm.core.tokenset:TokenSet",
+    "Trajectory": "losslens.lm.checkpoints.trajectory",
+    "open_trajectory": "losslens.lm.checkpoints.locate",
+    "open_checkpoint": "losslens.lm.checkpoints.locate",
+    "CheckpointLoader": "losslens.lm.checkpoints.loader",
+    "default_token_sets": "losslens.lm.data.token_sets",
+    "TokenSet": "losslens.lm.core.tokenset",
     # the loss, its curvature operator and the estimators
-    "lm_loss": "losslens.lm.core.next_token_loss:lm_loss",
-    "lm_hessian": "losslens.lm.models.curvature:lm_hessian",
-    "HessianOperator": "losslens.geometry.operators.hessian:HessianOperator",
-    "hutchpp_trace": "losslens.geometry.estimators.trace:hutchpp_trace",
-    "hutchinson_trace": "losslens.geometry.estimators.trace:hutchinson_trace",
-    "top_eigenvalues": "losslens.geometry.estimators.eigen:top_eigenvalues",
-    "spectral_density": "losslens.geometry.estimators.density:spectral_density",
-    "quantization_error": "losslens.lm.quant.metrics:quantization_error",
+    "lm_loss": "losslens.lm.core.next_token_loss",
+    "lm_hessian": "losslens.lm.models.curvature",
+    "HessianOperator": "losslens.geometry.operators.hessian",
+    "hutchpp_trace": "losslens.geometry.estimators.trace",
+    "hutchinson_trace": "losslens.geometry.estimators.trace",
+    "top_eigenvalues": "losslens.geometry.estimators.eigen",
+    "spectral_density": "losslens.geometry.estimators.density",
+    "quantization_error": "losslens.lm.quant.metrics",
     # sweeps: the plan, the store, the runner, the summary table
-    "Plan": "losslens.study.sweep.plan:Plan",
-    "Store": "losslens.study.sweep.store:Store",
-    "run_sweep": "losslens.study.sweep.executor:run_sweep",
-    "summary": "losslens.study.analysis.summary:summary",
+    "Plan": "losslens.study.sweep.plan",
+    "Store": "losslens.study.sweep.store",
+    "run_sweep": "losslens.study.sweep.executor",
+    "summary": "losslens.study.analysis.summary",
     # errors and warnings
-    "LosslensError": "losslens.geometry.base.errors:LosslensError",
-    "LosslensWarning": "losslens.geometry.base.errors:LosslensWarning",
+    "LosslensError": "losslens.geometry.base.errors",
+    "LosslensWarning": "losslens.geometry.base.errors",
 }
 
 __all__ = list(_WHERE)
 
 
-def __getattr__(name: str):
-    """The public ``name``, imported from its module on first use and kept."""
-    try:
-        module, attr = _WHERE[name].split(":")
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _WHERE)

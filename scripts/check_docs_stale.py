@@ -115,6 +115,7 @@ def _defined(path: Path) -> tuple[frozenset[str], bool, str]:
                     names.add(sub.name)
                 elif isinstance(sub, ast.Assign):
                     names |= {n.id for t in sub.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    lazy |= "__getattr__" in names  # also bound by assignment (losslens.geometry.base.lazy.lazy_exports)
     return frozenset(names), lazy, source
 
 
