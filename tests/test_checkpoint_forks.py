@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -119,11 +120,20 @@ def test_a_killed_fork_resumes_to_the_same_weights(base, tmp_path):
     assert losses[0] == losses[1]
 
 
-def test_progress_lines_in_a_pipe(base, tmp_path, capsys):
+def test_progress_lines_in_a_pipe(base, tmp_path, capsys, monkeypatch):
+    """The shared progress lines (losslens.geometry.base.progress): label, updates done / planned, percent,
+    ETA, then the step, loss and LR; on stderr only."""
     model_dir, text = base
-    fork_pretrained(model_dir, [ForkSchedule("constant", steps=4)], tmp_path, text=text, report_every=2, **KW)
-    err = capsys.readouterr().err
-    assert "constant-n4-s0: step 2/4 (50%)" in err and "ETA" in err and "step 4/4" in err
+    monkeypatch.setenv("LOSSLENS_PROGRESS_EVERY", "0")  # a line per update
+    fork_pretrained(model_dir, [ForkSchedule("constant", steps=4)], tmp_path, text=text, **KW)
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and any(ln.startswith("[fork] planned: 4 steps for constant-n4-s0, ~") for ln in lines), err
+    two = next(ln for ln in lines if ln.startswith("[fork] constant-n4-s0: 2/4 steps (50%), "))
+    assert re.search(r", ETA \d+:\d\d \(step 2, loss \d+\.\d{3}, lr 1\.00e-03\)$", two), two
+    assert any(ln.startswith("[fork] constant-n4-s0: 4/4 steps (100%)") for ln in lines), err
+    fork_pretrained(model_dir, [ForkSchedule("constant", steps=2)], tmp_path, text=text, progress=False, **KW)
+    assert capsys.readouterr().err == ""  # progress=False (the CLI's --quiet): silent
 
 
 def test_a_gguf_checkpoint_forks(tmp_path, monkeypatch):

@@ -73,6 +73,21 @@ def test_demo_draws_its_runs_in_one_landscape(demo_dir):
     assert json.loads((out / "summary.json").read_text())["seconds"]["landscape"] > 0
 
 
+def test_demo_prints_no_nan_and_each_warning_once(demo_dir):
+    """Issue #49: the demo's output (stdout and stderr) has no `nan` (a descriptive row says why) and says
+    each warning, alarm or thing not computed once; no warning in Python's `file.py:N: XWarning` form."""
+    _, output = demo_dir
+    lines = output.splitlines()
+    assert not [ln for ln in lines if re.search(r"\bnan\b", ln, re.IGNORECASE)]
+    said = [
+        re.sub(r"^\s*(\[[\w-]+\]\s*)?", "", ln).strip()
+        for ln in lines
+        if re.search(r"warning|alarm|not computed", ln, re.IGNORECASE)
+    ]
+    assert len(said) == len(set(said)), [ln for ln in said if said.count(ln) > 1]
+    assert not re.search(r"\.py:\d+: \w*Warning", output)
+
+
 @pytest.mark.browser
 def test_demo_report_with_its_landscape_renders_in_chromium(demo_dir):
     from tests.test_report_browser import ARTIFACTS, _check_page, chromium_driver

@@ -1,6 +1,6 @@
 """Issue #49 items 1 and 3: progress on long commands (plain lines in a pipe, a planned line, nothing on
-stdout, ``--quiet``), help readable at 80 columns, no ``nan`` in descriptive rows, losslens warnings as
-one line."""
+stdout, ``--quiet``), no ``nan`` in descriptive rows, losslens warnings as one line. Help at 80 columns:
+test_help_columns.py; the other long commands through a pipe: test_progress_pipes.py."""
 
 from __future__ import annotations
 
@@ -86,32 +86,6 @@ def test_sharpness_quiet_prints_no_progress():
     assert r.exit_code == 0, r.output
     assert "[sharpness]" not in r.stderr and "planned" not in r.stderr
     assert json.loads(r.stdout)["eigen"]["num_matvecs"] >= 1
-
-
-@pytest.mark.parametrize("command", ["sharpness", "sweep", "quantize", "surface", "landscape"])
-def test_help_reads_at_80_columns(command):
-    from losslens.cli.app import app
-
-    r = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "80"})
-    assert r.exit_code == 0
-    lines = r.stdout.splitlines()
-    assert all(len(ln) <= 80 for ln in lines)
-    assert len(lines) < {"sharpness": 70, "sweep": 100}.get(command, 80), r.stdout
-    # every option's description starts at most 50 columns in: at least 30 columns to wrap into
-    opts = lines[lines.index("Options:") + 1 :]
-    for ln in opts:
-        if ln.startswith("  -") and "  " in ln.strip():
-            desc_col = len(ln) - len(ln.strip().split("  ", 1)[1].lstrip())
-            assert desc_col <= 50, ln
-
-
-def test_help_all_shows_the_long_help():
-    from losslens.cli.app import app
-
-    short = CliRunner().invoke(app, ["sharpness", "--help"], env={"COLUMNS": "80"}).stdout
-    full = CliRunner().invoke(app, ["sharpness", "--help-all"], env={"COLUMNS": "80"}).stdout
-    assert "glibc" not in short and "glibc" in full  # --strict-memory's details
-    assert len(full.splitlines()) > len(short.splitlines())
 
 
 def test_descriptive_rows_say_why_and_print_no_nan():

@@ -46,6 +46,7 @@ flags(
     allow_pickle=typer.Option("--allow-pickle", help="load a .bin/.pt checkpoint that needs full pickle"),
     label=option_of(CheckpointOptions, "label"),
     cache_dir=option_of(CheckpointOptions, "cache_dir"),
+    quiet=typer.Option("--quiet", "-q", help="no progress lines on stderr"),
 )
 
 
@@ -84,8 +85,9 @@ def accuracy(
 
 def _print(records: list[dict], checkpoint: str, settings: AccuracySettings) -> None:
     """The records as one table, and what ``acc`` and the mean are."""
-    from rich.console import Console
     from rich.table import Table
+
+    from losslens.cli.console import wide_console
 
     table = Table(
         title=f"task accuracy of {checkpoint} (limit {settings.limit or 'all'}, seed {settings.seed}; "
@@ -114,7 +116,7 @@ def _print(records: list[dict], checkpoint: str, settings: AccuracySettings) -> 
             _fmt(r.get("rel_drop"), pct=True),
             f"{r['p_mcnemar']:.3g}" if r.get("p_mcnemar") is not None else "",
         )
-    Console().print(table)
+    wide_console().print(table)  # 160 columns in a log or a pipe: no cell cut short
     typer.echo(
         "acc: lm-eval's acc (acc_norm where a task has no acc); mean: each task weighs the same (MMLU is one task)"
     )

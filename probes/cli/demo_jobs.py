@@ -125,6 +125,7 @@ def draw_landscape(settings, trajectories: dict, sets: dict, out: Path, progress
 
     import torch
 
+    from losslens.geometry.base.progress import Progress
     from losslens.study.landscape.trajectory_landscape import trajectory_landscape
 
     if not settings.landscape_grid:
@@ -144,7 +145,7 @@ def draw_landscape(settings, trajectories: dict, sets: dict, out: Path, progress
             spec=settings.headline_spec,
             grid=settings.landscape_grid,
             checkpoint_path=str(folder / "grid.npz"),
-            progress=progress,
+            progress=Progress(None, what="landscape", label="demo", quiet=not progress, live=False),  # [demo] lines
         )
     (folder / "landscape.json").write_text(json.dumps(land.describe(), indent=2))
     seconds["landscape"] = time.perf_counter() - t0

@@ -222,8 +222,7 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
         try:
             phases[run.name] = detect_phases(ok[ok["run"] == run.name], gap=settings.headline_spec)
         except AnalysisError as exc:
-            problems.append(f"phases of {run.name} not computed: {exc}")
-            echo(f"[demo] {problems[-1]}")
+            problems.append(f"phases of {run.name} not computed: {exc}")  # said once: under NOT COMPUTED
 
     t0 = time.perf_counter()
     surfaces = draw_planes(settings, trajectories, sets, out, progress, echo, pool)
@@ -240,7 +239,6 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
             (out / "explain.md").write_text(explain_text + "\n")
         except AnalysisError as exc:
             problems.append(f"explain analysis not computed: {exc}")
-            echo(f"[demo] {problems[-1]}")
     accuracy_text = ""
     if (ok["probe"] == "accuracy").any():
         from losslens.study.analysis.accuracy_verdict import accuracy_verdict

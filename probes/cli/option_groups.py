@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from losslens.cli.option_parsing import DETAILS, details, flag_of, flags
+from losslens.cli.option_parsing import flag_of, flags, long_help
 from losslens.geometry.operators.names import backend_help
 from losslens.lm import shared_settings as settings
 from losslens.lm.shared_settings import (
@@ -32,12 +32,11 @@ CHECKPOINT_DETAILS = (
     "the last), a hub revision hf:ORG/NAME@REV (hf:EleutherAI/pythia-160m@step143000), or a hub "
     "trajectory hf:ORG/NAME@step* with --label."
 )
-TRAJECTORY_HELP = "Folder of checkpoints or hf:ORG/NAME@step* (see --help-all)."
-CHECKPOINT_HELP = "Checkpoint folder/file, trajectory folder, or hf:ORG/NAME@REV."
-DETAILS.update({"trajectory": TRAJECTORY_DETAILS, "checkpoint": CHECKPOINT_DETAILS})
+TRAJECTORY_HELP = long_help("Folder of checkpoints or hf:ORG/NAME@step* (see --help-all).", TRAJECTORY_DETAILS)
+CHECKPOINT_HELP = long_help("Checkpoint folder/file, trajectory folder, or hf:ORG/NAME@REV.", CHECKPOINT_DETAILS)
 
-# --help shows the short help of each option (one line at 80 columns); --help-all the long one
-details(
+# --help shows the short help of each option (one line at 80 columns); --help-all the long one (long_help)
+_LONG = dict(
     cache_dir="Hugging Face hub cache holding hf: revisions (default: $HF_HUB_CACHE, $HF_HOME/hub or "
     "~/.cache/huggingface/hub).",
     schedule="LR schedule giving every checkpoint its LR (and tokens) from its step, replacing recorded values: a "
@@ -71,44 +70,59 @@ details(
 
 flags(
     TrajectoryOptions,
-    cache_dir=typer.Option("--cache-dir", help="Hugging Face hub cache for hf: names."),
-    schedule=typer.Option("--schedule", help="LR schedule: a preset or FAMILY:key=value,..."),
-    tokens_per_step=typer.Option("--tokens-per-step", min=1, help="Tokens per optimizer step."),
+    cache_dir=typer.Option("--cache-dir", help=long_help("Hugging Face hub cache for hf: names.", _LONG["cache_dir"])),
+    schedule=typer.Option(
+        "--schedule", help=long_help("LR schedule: preset or FAMILY:key=value,...", _LONG["schedule"])
+    ),
+    tokens_per_step=typer.Option(
+        "--tokens-per-step", min=1, help=long_help("Tokens per optimizer step.", _LONG["tokens_per_step"])
+    ),
 )
 
 flags(
     CheckpointOptions,
     **{f: flag_of(TrajectoryOptions, f) for f in ("cache_dir", "schedule", "tokens_per_step")},
-    label=typer.Option("--label", help="Checkpoint label in a trajectory (default: last)."),
+    label=typer.Option("--label", help=long_help("Checkpoint label in a trajectory (default: last).", _LONG["label"])),
 )
 
 flags(
     LoadOptions,
     device=typer.Option("--device", help="torch device, e.g. cuda, cpu (default: the command's)."),
     dtype=typer.Option("--dtype", help="Weights dtype: float32 | bfloat16 | float16 | float64."),
-    allow_pickle=typer.Option("--allow-pickle", help="Allow .bin/.pt files that need full pickle."),
+    allow_pickle=typer.Option(
+        "--allow-pickle", help=long_help("Allow .bin/.pt files that need full pickle.", _LONG["allow_pickle"])
+    ),
 )
 
 flags(
     MemoryOptions,
-    max_memory=typer.Option("--max-memory", help="Memory per estimator beyond the model, e.g. 8GB."),
+    max_memory=typer.Option(
+        "--max-memory", help=long_help("Memory per estimator beyond the model, e.g. 8GB.", _LONG["max_memory"])
+    ),
     strict_memory=typer.Option(
-        "--strict-memory/--no-strict-memory", help="Make --max-memory a cap on resident memory (CPU)."
+        "--strict-memory/--no-strict-memory",
+        help=long_help("Make --max-memory a cap on resident memory (CPU).", _LONG["strict_memory"]),
     ),
 )
 
 flags(
     ComputeOptions,
-    backend=typer.Option("--backend", help="HVP backend: reverse | forward | difference | auto."),
-    compute_dtype=typer.Option("--compute-dtype", help="dtype the Hessian products run in."),
+    backend=typer.Option(
+        "--backend", help=long_help("HVP backend: reverse | forward | difference | auto.", _LONG["backend"])
+    ),
+    compute_dtype=typer.Option(
+        "--compute-dtype", help=long_help("dtype the Hessian products run in.", _LONG["compute_dtype"])
+    ),
     threads=typer.Option("--threads", help="torch threads (default: torch's)."),
-    parallel=typer.Option("--parallel", help="none | data | fsdp (under torchrun)."),
+    parallel=typer.Option("--parallel", help=long_help("none | data | fsdp (under torchrun).", _LONG["parallel"])),
 )
 
 flags(
     ErrorOptions,
-    error_tolerance=typer.Option("--error-tolerance", help="HVP relative error above which to warn."),
-    strict=typer.Option("--strict", help="Exit 1 when the result is flagged."),
+    error_tolerance=typer.Option(
+        "--error-tolerance", help=long_help("HVP relative error above which to warn.", _LONG["error_tolerance"])
+    ),
+    strict=typer.Option("--strict", help=long_help("Exit 1 when the result is flagged.", _LONG["strict"])),
 )
 
 

@@ -123,24 +123,26 @@ def cli(func: Callable[..., Any], help: Mapping[str, str | None] | None = None) 
     return command
 
 
-DETAILS: dict[str, str] = {}
-"""flag (``--schedule``) -> its long help, shown by ``--help-all`` in place of the short one ``--help``
-shows (registered by :func:`details`)."""
+LONG_HELP: dict[str, str] = {}
+"""an option's short help (what ``--help`` shows) -> its long help (what ``--help-all`` shows in its place),
+registered by :func:`long_help`. Keyed by the short text, not the flag: two commands' ``--schedule``
+(a trajectory's LR schedule, a fork's) keep their own long help."""
 
 
-def details(**texts: str) -> None:
-    """Register the long help of options, keyed by flag name without dashes (``max_memory=...`` for
-    ``--max-memory``); ``--help`` shows each option's short help, ``--help-all`` these."""
-    DETAILS.update({"--" + k.replace("_", "-"): v for k, v in texts.items()})
+def long_help(short: str, long: str) -> str:
+    """Register ``long`` as the ``--help-all`` text of the options (and arguments) whose ``--help`` text is
+    ``short``; returns ``short``: ``typer.Option("--schedule", help=long_help("LR schedule.", "..."))``."""
+    LONG_HELP[short] = long
+    return short
 
 
 def show_details(command: Any) -> None:
-    """Replace the help of ``command``'s options (a click command) by their long help (:data:`DETAILS`),
-    for ``--help-all``."""
+    """Replace the help of ``command``'s options and arguments (a click command) by their long help
+    (:data:`LONG_HELP`), for ``--help-all``."""
     for param in getattr(command, "params", []):
-        long = next((DETAILS[o] for o in getattr(param, "opts", []) if o in DETAILS), None)
+        long = LONG_HELP.get(getattr(param, "help", None) or "")
         if long is not None:
             param.help = long
 
 
-__all__ = ["DETAILS", "cli", "details", "flag_of", "flags", "is_group", "option", "option_of", "show_details"]
+__all__ = ["LONG_HELP", "cli", "flag_of", "flags", "is_group", "long_help", "option", "option_of", "show_details"]

@@ -9,7 +9,7 @@ from typing import Annotated, List
 import typer
 
 from losslens.cli.console import print_table, wide_console
-from losslens.cli.option_parsing import cli, flags
+from losslens.cli.option_parsing import cli, flags, long_help
 from losslens.geometry.operators.names import BACKEND_NAMES
 from losslens.cli.option_groups import TRAJECTORY_HELP, ComputeOptions, LoadOptions, MemoryOptions, TrajectoryOptions
 from losslens.cli.sharpness_command import sharpness
@@ -102,20 +102,37 @@ def _exit_with_failures(report) -> None:
 
 
 SWEEP_HELP = {  # the sweep's own wording: what overrides the plan, what is per worker, which modes it has
-    "device": "Device to load checkpoints on (default: cuda if present).",
-    "dtype": "Load the weights as float32 (default), bfloat16, float16 or float64; curvature algebra stays float32 "
-    "at least.",
-    "allow_pickle": "Load .bin/.pt checkpoints that need full pickle (can run arbitrary code: only for files you "
-    "trust).",
-    "max_memory": "Memory each curvature estimator may use beyond the model, e.g. 8GB (overrides the plan's "
-    "max_memory).",
-    "backend": f"HVP backend of the curvature probes (overrides the plan's backend): {' | '.join(BACKEND_NAMES)}",
-    "compute_dtype": "dtype the curvature probes' products run in (overrides the plan's compute_dtype): float32 | "
-    "bfloat16 | float16 | float64 (default: float32 for bfloat16/float16 weights)",
-    "threads": "torch threads per process/task (default: the cores shared out between workers; torch's with one "
-    "process; 1 is best for tiny models).",
-    "parallel": "none | data: under torchrun, split each checkpoint's curvature batches over the ranks (rank 0 writes "
-    "the store and prints).",
+    "device": long_help(
+        "Device (default: cuda if present).", "Device to load checkpoints on (default: cuda if present)."
+    ),
+    "dtype": long_help(
+        "Weights dtype (default: float32).",
+        "Load the weights as float32 (default), bfloat16, float16 or float64; curvature algebra stays float32 "
+        "at least.",
+    ),
+    "max_memory": long_help(
+        "Memory per estimator, e.g. 8GB (over the plan's).",
+        "Memory each curvature estimator may use beyond the model, e.g. 8GB (overrides the plan's max_memory).",
+    ),
+    "backend": long_help(
+        "HVP backend (overrides the plan's).",
+        f"HVP backend of the curvature probes (overrides the plan's backend): {' | '.join(BACKEND_NAMES)}",
+    ),
+    "compute_dtype": long_help(
+        "dtype of the products (overrides the plan's).",
+        "dtype the curvature probes' products run in (overrides the plan's compute_dtype): float32 | bfloat16 | "
+        "float16 | float64 (default: float32 for bfloat16/float16 weights)",
+    ),
+    "threads": long_help(
+        "torch threads per process (default: auto).",
+        "torch threads per process/task (default: the cores shared out between workers; torch's with one process; "
+        "1 is best for tiny models).",
+    ),
+    "parallel": long_help(
+        "none | data (under torchrun).",
+        "none | data: under torchrun, split each checkpoint's curvature batches over the ranks (rank 0 writes the "
+        "store and prints).",
+    ),
 }
 """Help texts of ``losslens sweep`` for fields of the shared option groups."""
 
@@ -123,22 +140,40 @@ SWEEP_HELP = {  # the sweep's own wording: what overrides the plan, what is per 
 flags(
     SweepSettings,
     out=typer.Option("--out", "-o", help="SQLite results store (created or resumed)."),
-    plan=typer.Option("--plan", help="Plan file (.toml/.yaml/.json); default: the built-in plan."),
-    quick=typer.Option("--quick", help="Smaller default plan (fewer HVPs, smaller data)."),
+    plan=typer.Option(
+        "--plan",
+        help=long_help(
+            "Plan file (default: the built-in plan).", "Plan file (.toml/.yaml/.json); default: the built-in plan."
+        ),
+    ),
+    quick=typer.Option("--quick", help="Smaller default plan (fewer HVPs, less data)."),
     executor=typer.Option("--executor", help="local | ray"),
-    address=typer.Option("--address", help="Ray cluster address (default: start a local cluster)."),
+    address=typer.Option(
+        "--address",
+        help=long_help(
+            "Ray address (default: a local cluster).", "Ray cluster address (default: start a local cluster)."
+        ),
+    ),
     num_workers=typer.Option(
         "--workers",
         "--num-workers",
         min=1,
-        help="local: worker processes, each probing whole checkpoints with its "
-        "own model (N workers need N x the memory of one) [default: the cores, $LOSSLENS_WORKERS; 1 on CUDA]; ray: "
-        "CPUs of the local cluster.",
+        help=long_help(
+            "Worker processes (default: the cores).",
+            "local: worker processes, each probing whole checkpoints with its own model (N workers need N x the "
+            "memory of one) [default: the cores, $LOSSLENS_WORKERS; 1 on CUDA]; ray: CPUs of the local cluster.",
+        ),
     ),
     retry_failed=typer.Option("--retry-failed", help="Rerun rows stored as failed."),
     allow_mixed=typer.Option("--allow-mixed", help="Add to a store written by another plan."),
-    wait=typer.Option("--wait", help="If another sweep is writing to --out, wait for it instead of stopping."),
-    export=typer.Option("--export", help="Also write the tidy results to .csv or .parquet."),
+    wait=typer.Option(
+        "--wait",
+        help=long_help(
+            "Wait for another sweep writing --out.",
+            "If another sweep is writing to --out, wait for it instead of stopping.",
+        ),
+    ),
+    export=typer.Option("--export", help="Also write the results to .csv/.parquet."),
     quiet=typer.Option("--quiet", "-q", help="No progress display (for logs)."),
 )
 
@@ -152,7 +187,13 @@ def sweep(
     memory: MemoryOptions = MemoryOptions(),
     compute: ComputeOptions = ComputeOptions(backend=None),
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print the sweep's summary (counts, failures, notes) as one JSON object.")
+        bool,
+        typer.Option(
+            "--json",
+            help=long_help(
+                "Print the summary as JSON.", "Print the sweep's summary (counts, failures, notes) as one JSON object."
+            ),
+        ),
     ] = False,
 ) -> None:
     """Run every probe of a plan on every checkpoint of a trajectory; resumable (kill and rerun).

@@ -83,7 +83,7 @@ def train_tiny_cmd(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite a different run in --out")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines on stderr")] = False,
     monitor: Annotated[
         bool,
         typer.Option(

@@ -9,6 +9,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from losslens.cli.option_parsing import long_help
 from losslens.cli.train_command import parse_seeds
 
 
@@ -16,84 +17,116 @@ def fork_cmd(
     parent: Annotated[
         str,
         typer.Argument(
-            help="a train-tiny trajectory folder (trained with --save-optimizer), or a pretrained checkpoint: "
-            "an HF checkpoint folder, a .gguf file or hf:ORG/NAME[@REV]"
+            help=long_help(
+                "train-tiny run folder, or a pretrained checkpoint",
+                "a train-tiny trajectory folder (trained with --save-optimizer), or a pretrained checkpoint: "
+                "an HF checkpoint folder, a .gguf file or hf:ORG/NAME[@REV]",
+            )
         ),
     ],
     *,
     at: Annotated[
         Optional[str],
-        typer.Option("--at", help="train-tiny parent checkpoint: label (step-000300), step number, or 'last'"),
+        typer.Option("--at", help="train-tiny parent: step-000300, a step, or 'last'"),
     ] = None,
     schedule: Annotated[
         str,
         typer.Option(
-            help="fork LR schedule: cosine | sgdr | oscillate | parent | constant | linear | wsd; a pretrained "
-            "base: comma-separated for several (constant,wsd,cosine), parent excluded"
+            help=long_help(
+                "LR schedule: cosine, sgdr, oscillate, parent, ...",
+                "fork LR schedule: cosine | sgdr | oscillate | parent | constant | linear | wsd; a pretrained "
+                "base: comma-separated for several (constant,wsd,cosine), parent excluded",
+            )
         ),
     ] = "cosine",
-    out: Annotated[Path, typer.Option("--out", help="folder for the forks (one sub-folder per seed + forks.json)")],
+    out: Annotated[Path, typer.Option("--out", help="folder for the forks (+ forks.json)")],
     steps: Annotated[
         Optional[int],
-        typer.Option(help="fork length in updates [the parent's remaining steps; needed for a pretrained base]"),
+        typer.Option(
+            help=long_help(
+                "fork length in updates [the parent's remaining]",
+                "fork length in updates [the parent's remaining steps; needed for a pretrained base]",
+            )
+        ),
     ] = None,
     seeds: Annotated[
         str,
         typer.Option(
-            "--seeds", help="data-order seeds, comma-separated (the parent's data seed continues its data order)"
+            "--seeds",
+            help=long_help(
+                "data-order seeds, comma-separated",
+                "data-order seeds, comma-separated (the parent's data seed continues its data order)",
+            ),
         ),
     ] = "0",
     start_lr: Annotated[
-        Optional[float], typer.Option("--start-lr", help="LR at the fork [the parent's LR there; pretrained: 1e-4]")
+        Optional[float], typer.Option("--start-lr", help="LR at the fork [the parent's; pretrained: 1e-4]")
     ] = None,
     min_lr: Annotated[
         Optional[float],
-        typer.Option("--min-lr", help="final / floor LR [the parent's final LR; pretrained: start LR / 10]"),
+        typer.Option(
+            "--min-lr",
+            help=long_help(
+                "final / floor LR [the parent's final LR]",
+                "final / floor LR [the parent's final LR; pretrained: start LR / 10]",
+            ),
+        ),
     ] = None,
     cooldown_at: Annotated[
-        Optional[int], typer.Option("--cooldown-at", help="wsd: update where the cooldown starts [steps - steps // 5]")
+        Optional[int], typer.Option("--cooldown-at", help="wsd: cooldown start [steps - steps // 5]")
     ] = None,
     period: Annotated[Optional[int], typer.Option(help="sgdr: first cycle length in updates [steps // 3]")] = None,
     restart_lr: Annotated[
         Optional[float], typer.Option("--restart-lr", help="sgdr: LR at each restart [the parent's peak LR]")
     ] = None,
-    period_mult: Annotated[float, typer.Option("--period-mult", help="sgdr: cycle length multiplier [1]")] = 1.0,
+    period_mult: Annotated[float, typer.Option("--period-mult", help="sgdr: cycle length multiplier")] = 1.0,
     amplitude: Annotated[
         Optional[float], typer.Option(help="oscillate: LR added during bumps [the LR at the fork]")
     ] = None,
-    bump_steps: Annotated[int, typer.Option("--bump-steps", help="oscillate: updates per bump [25]")] = 25,
-    cool_steps: Annotated[int, typer.Option("--cool-steps", help="oscillate: updates per cool phase [100]")] = 100,
+    bump_steps: Annotated[int, typer.Option("--bump-steps", help="oscillate: updates per bump")] = 25,
+    cool_steps: Annotated[int, typer.Option("--cool-steps", help="oscillate: updates per cool phase")] = 100,
     checkpoints: Annotated[
-        Optional[int], typer.Option(help="fork checkpoints, evenly spaced [min(10, steps); pretrained: 5]")
+        Optional[int],
+        typer.Option(
+            help=long_help(
+                "fork checkpoints, evenly spaced [min(10, steps)]",
+                "fork checkpoints, evenly spaced [min(10, steps); pretrained: 5]",
+            )
+        ),
     ] = None,
-    every: Annotated[
-        Optional[int], typer.Option(help="a fork checkpoint every N updates (instead of --checkpoints)")
-    ] = None,
-    save_optimizer: Annotated[
-        bool, typer.Option("--save-optimizer", help="save AdamW state in the fork's checkpoints (forkable forks)")
-    ] = False,
+    every: Annotated[Optional[int], typer.Option(help="a checkpoint every N updates (not --checkpoints)")] = None,
+    save_optimizer: Annotated[bool, typer.Option("--save-optimizer", help="save AdamW state (forkable forks)")] = False,
     restart_moments: Annotated[
         bool,
         typer.Option(
             "--restart-moments",
-            help="allow a parent checkpoint without AdamW state: moments restart from zero (recorded in the lineage)",
+            help=long_help(
+                "no AdamW state at the parent: zero moments",
+                "allow a parent checkpoint without AdamW state: moments restart from zero (recorded in the lineage)",
+            ),
         ),
     ] = False,
     data_dir: Annotated[
-        Optional[Path], typer.Option("--data-dir", help="tokenizer/token-stream cache [PARENT/data or OUT/data]")
+        Optional[Path], typer.Option("--data-dir", help="token cache [PARENT/data or OUT/data]")
     ] = None,
     text: Annotated[
         Optional[Path],
-        typer.Option("--text", help="pretrained base: training text file or folder [the embedded corpus]"),
+        typer.Option(
+            "--text",
+            help=long_help(
+                "pretrained: training text [embedded corpus]",
+                "pretrained base: training text file or folder [the embedded corpus]",
+            ),
+        ),
     ] = None,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="pretrained base: tokens per training window")] = 128,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="pretrained: tokens per window")] = 128,
     cache_dir: Annotated[
-        Optional[Path], typer.Option("--cache-dir", help="hf: base: the Hugging Face hub cache [$HF_HUB_CACHE]")
+        Optional[Path], typer.Option("--cache-dir", help="hf: base: hub cache [$HF_HUB_CACHE]")
     ] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="pretrained base: windows per update")] = 8,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="pretrained: windows per update")] = 8,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads; 0 = torch default [auto]")] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite different runs in the fork folders")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines on stderr")] = False,
 ) -> None:
     """Continue a checkpoint of a train-tiny trajectory, or a pretrained checkpoint, under new LR schedules,
     once per seed.
@@ -206,7 +239,7 @@ def _fork_pretrained_cmd(
         for seed in seeds or [0]:
             trajs += fork_pretrained(
                 base, scheds, out, lr=1e-4 if lr is None else lr, text=text, seq_len=seq_len, batch_size=batch_size,
-                checkpoints=5 if checkpoints is None else checkpoints, seed=seed, progress=False if quiet else None,
+                checkpoints=5 if checkpoints is None else checkpoints, seed=seed, progress=not quiet,
                 overwrite=force, num_threads=threads, cache_dir=cache_dir,
             )  # fmt: skip
     except (TrainError, CheckpointError) as exc:

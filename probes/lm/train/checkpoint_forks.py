@@ -26,8 +26,8 @@ document (:mod:`losslens.lm.data.framing`), and continues training once per sche
   from its last checkpoint and gives the same weights bit for bit as an uninterrupted run (same
   machine, threads and versions); a finished fork is returned as it is; a folder holding another run
   raises unless ``overwrite``.
-- **Progress**: a tqdm bar (with ETA) on a terminal; in a pipe, plain lines every ``report_every``
-  updates: step, loss, LR, seconds per update and the estimated time left.
+- **Progress** (:mod:`losslens.geometry.base.progress`): a live bar on a terminal; in a pipe, a plain
+  line every few seconds: updates done / planned, seconds per update, the time left, step, loss, LR.
 
 Units: steps are AdamW updates; LRs AdamW learning rates; losses mean next-token CE in nats.
 Cost per fork: ``schedule.steps`` forward + backward passes of ``batch_size × seq_len`` tokens, plus
@@ -40,13 +40,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
+from losslens.geometry.base.progress import ProgressArg
 from losslens.lm.checkpoints import CheckpointError, CheckpointLoader, CheckpointRef, Trajectory
 from losslens.lm.checkpoints.files import local_folder
 from losslens.lm.checkpoints.gguf import dequantized
@@ -58,10 +58,10 @@ from losslens.lm.data.framing import document_framing
 from losslens.lm.data.token_sets import token_sets_from_stream, token_stream
 from losslens.lm.data.tokenizers import load_tokenizer, tokenizer_fingerprint, tokenizer_name
 
-from losslens.lm.train.config import FORMAT, TrainConfig, TrainError
+from losslens.lm.train.config import TrainConfig, TrainError
 from losslens.lm.train.fork_schedule import ForkSchedule
 from losslens.lm.train.forks import fork_checkpoint_steps, write_fork_index
-from losslens.lm.train.run_files import save_checkpoint, write_json
+from losslens.lm.train.run_files import fork_start_entry, save_checkpoint, trajectory_record, write_json
 from losslens.lm.train.tiny import build_optimizer, run_loop
 
 __all__ = ["fork_pretrained", "PRETRAINED_FORKS_FORMAT"]
@@ -83,8 +83,7 @@ def fork_pretrained(
     weight_decay: float = 0.0,
     grad_clip: float = 1.0,
     val_batches: int = 2,
-    progress: bool | None = None,
-    report_every: int | None = None,
+    progress: ProgressArg = True,
     overwrite: bool = False,
     num_threads: int | None = None,
     on_step: Callable | None = None,
@@ -99,11 +98,11 @@ def fork_pretrained(
     ``lr * min_lr_ratio``. ``text``: None (the embedded corpus), a file or folder path, or a
     :class:`TextSource`. ``seq_len`` / ``batch_size``: one update's windows; ``checkpoints``: evenly
     spaced per fork (the last update is one); ``val_batches``: validation batches of the held-out
-    text, framed as the tokenizer frames a document. ``progress``: None = a bar on a terminal, plain
-    lines otherwise; False = silent. ``on_step(model, step, lr=, loss=)`` is called after every
-    update. ``cache_dir``: the Hugging Face hub cache for an ``hf:`` base (default ``$HF_HUB_CACHE``).
-    Raises :class:`TrainError` for a ``parent`` schedule, a text too short, or a folder
-    holding another run (without ``overwrite``).
+    text, framed as the tokenizer frames a document. ``progress``: updates done / planned, loss and LR
+    on stderr (``[fork]``; a bar on a terminal, plain lines in a pipe); False = silent.
+    ``on_step(model, step, lr=, loss=)`` is called after every update. ``cache_dir``: the Hugging Face
+    hub cache for an ``hf:`` base (default ``$HF_HUB_CACHE``). Raises :class:`TrainError` for a
+    ``parent`` schedule, a text too short, or a folder holding another run (without ``overwrite``).
     """
     if not schedules:
         raise TrainError("give at least one schedule to fork into")
@@ -160,7 +159,6 @@ def fork_pretrained(
                     weight_decay,
                     grad_clip,
                     progress,
-                    report_every,
                     overwrite,
                     on_step,
                 )  # fmt: skip
@@ -189,7 +187,7 @@ def _base_folder(base: str | Path, cache_dir: str | Path | None) -> tuple[str, P
 
 def _fork_one(
     folder, base_info, tok, train, val, data, schedule, out, lr, min_lr_ratio, seq_len, batch_size,
-    checkpoints, seed, weight_decay, grad_clip, progress, report_every, overwrite, on_step,
+    checkpoints, seed, weight_decay, grad_clip, progress, overwrite, on_step,
 ) -> Trajectory:  # fmt: skip
     t_start = time.perf_counter()
     model = CheckpointLoader(CheckpointRef.from_path(folder)).load(CheckpointRef.from_path(folder))
@@ -256,24 +254,18 @@ def _fork_one(
         fork.mkdir(parents=True)
         val.save(fork / "validation.safetensors")
         tok.save_pretrained(str(fork / "tokenizer"))
-        record = _start_record(name, cfg, model, data, val, lineage, sched, seed)
+        note = (
+            f"fork of the pretrained checkpoint {lineage['base']} under {sched.label}, seed {seed}, float32 "
+            f"training; {lineage['optimizer_state']}"
+        )
+        versions = {"torch": torch.__version__, "transformers": __import__("transformers").__version__}
+        record = trajectory_record(cfg, model, val, {**data, "data_seed": seed}, versions, [note], fork=lineage)
         lineage["start_val_loss"] = evaluate(model, val).loss
-        record["fork"] = lineage
         save_checkpoint(fork / "step-000000", model, tok, optimizer, 0)
         record["checkpoints"].append(
-            {"path": "step-000000", "step": 0, "tokens": 0, "lr": lr, "train_loss": None,
-             "val_loss": lineage["start_val_loss"], "seconds": round(time.perf_counter() - t_start, 3),
-             "phase": "start", "fork_start": True}
-        )  # fmt: skip
+            fork_start_entry("step-000000", 0, 0, lr, None, lineage["start_val_loss"], time.perf_counter() - t_start)
+        )
         write_json(tj_path, record)
-    tty = progress is None and sys.stderr.isatty()
-    lines = _ProgressLines(name, start, sched.steps, report_every) if progress is None and not tty else None
-
-    def step_hook(model, step, lr, loss):
-        if lines is not None:
-            lines(step, lr, loss)
-        if on_step is not None:
-            on_step(model, step, lr=lr, loss=loss)
 
     def keep_latest_state(step: int) -> dict:
         for p in fork.glob("step-*/training_state.pt"):  # the newest checkpoint alone keeps AdamW's state
@@ -283,61 +275,12 @@ def _fork_one(
 
     run_loop(
         model, optimizer, train, val, tok, fork, record, cfg, start=start, checkpoint_steps=ckpt_steps,
-        lr_fn=lambda step: sched.lr(step), progress=bool(tty or progress), t_start=t_start,
-        checkpoint_extra=keep_latest_state, on_step=step_hook,
+        lr_fn=lambda step: sched.lr(step), progress=progress, t_start=t_start,
+        checkpoint_extra=keep_latest_state, on_step=on_step, label="fork",
     )  # fmt: skip
     return Trajectory.from_folder(fork)
-
-
-def _start_record(name, cfg, model, data, val, lineage, sched, seed) -> dict:
-    import transformers
-
-    return {
-        "format": FORMAT,
-        "name": name,
-        "config": cfg.to_dict(),
-        "n_params": sum(p.numel() for p in model.parameters()),
-        "tokenizer": "tokenizer",
-        "validation_set": "validation.safetensors",
-        "data": {
-            **data,
-            "validation_hash": val.content_hash,
-            "tokens_per_step": cfg.tokens_per_step,
-            "data_seed": seed,
-        },
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "fork": lineage,
-        "notes": [
-            f"fork of the pretrained checkpoint {lineage['base']} under {sched.label}, seed {seed}, float32 "
-            f"training; {lineage['optimizer_state']}"
-        ],
-        "checkpoints": [],
-        "complete": False,
-    }
 
 
 def _same(a: dict, b: dict) -> bool:
     keys = ("base", "schedule", "seed", "checkpoint_steps", "parent_lr")
     return all(a.get(k) == b.get(k) for k in keys)
-
-
-class _ProgressLines:
-    """Plain progress lines for a pipe: every ``every`` updates (default: 20 lines per fork), the step,
-    loss, LR, seconds per update and the time left (updates left × mean seconds per update so far)."""
-
-    def __init__(self, name: str, start: int, total: int, every: int | None):
-        self.name, self.start, self.total = name, start, total
-        self.every = max(1, every if every is not None else total // 20)
-        self.t0 = time.perf_counter()
-
-    def __call__(self, step: int, lr: float, loss: float) -> None:
-        if step % self.every and step != self.total:
-            return
-        per = (time.perf_counter() - self.t0) / max(1, step - self.start)
-        left = per * (self.total - step)
-        print(
-            f"{self.name}: step {step}/{self.total} ({100 * step / self.total:.0f}%), loss {loss:.4f}, lr {lr:.3g}, "
-            f"{per:.2f} s/step, ETA {int(left // 60)}m{int(left % 60):02d}s",
-            file=sys.stderr,
-            flush=True,
-        )

@@ -40,13 +40,14 @@ from typing import Sequence
 
 import torch
 
+from losslens.geometry.base.progress import ProgressArg
 from losslens.lm.checkpoints import CheckpointLoader, CheckpointRef, Trajectory
 from losslens.lm.core.next_token_loss import evaluate
 from losslens.lm.core.threads import torch_threads
 
-from losslens.lm.train.config import FORMAT, TrainConfig, TrainError, format_value
+from losslens.lm.train.config import TrainConfig, TrainError, format_value
 from losslens.lm.train.fork_schedule import ForkSchedule, lr_function
-from losslens.lm.train.run_files import save_checkpoint, write_json
+from losslens.lm.train.run_files import fork_start_entry, save_checkpoint, trajectory_record, write_json
 from losslens.lm.train.tiny import build_model, build_optimizer, run_loop
 from losslens.lm.train.tiny_data import prepare_data
 
@@ -105,7 +106,7 @@ def fork_trajectory(
     every: int | None = None,
     save_optimizer: bool = False,
     restart_moments: bool = False,
-    progress: bool = True,
+    progress: ProgressArg = True,
     overwrite: bool = False,
     data_dir: str | Path | None = None,
     num_threads: int | None = None,
@@ -117,6 +118,7 @@ def fork_trajectory(
     ``checkpoints`` / ``every``: fork checkpoint spacing (:func:`fork_checkpoint_steps`).
     ``save_optimizer``: also save AdamW state in the fork's checkpoints (forkable forks).
     ``restart_moments``: allow a parent checkpoint without AdamW state (moments restart at zero).
+    ``progress``: updates done / planned, loss and LR on stderr (``[fork]``; False: silent).
     A finished fork with the same lineage and config is returned as is; a folder holding another
     run raises :class:`TrainError` unless ``overwrite``. ``data_dir``: tokenizer / token-stream
     cache (default: the parent's ``data/`` when present, else ``out_dir/data``). ``num_threads`` as
@@ -197,7 +199,7 @@ def _fork_one(
     every,
     save_optimizer: bool,
     restart_moments: bool,
-    progress: bool,
+    progress: ProgressArg,
     overwrite: bool,
     data_dir: Path,
 ) -> Trajectory:
@@ -283,44 +285,24 @@ def _fork_one(
     lineage["start_val_loss"] = start_loss
     lineage["start_loss_matches"] = None if pv is None else bool(abs(start_loss - pv) <= 1e-6 * max(1.0, abs(pv)))
 
-    record = {
-        "format": FORMAT,
-        "name": name,
-        "config": cfg.to_dict(),
-        "n_params": sum(p.numel() for p in model.parameters()),
-        "tokenizer": "tokenizer",
-        "validation_set": "validation.safetensors",
-        "data": {
-            **(ptraj.meta.get("data") or {}),
-            "validation_hash": val.content_hash,
-            "train_tokens": len(train),
-            "tokens_per_step": cfg.tokens_per_step,
-            "data_seed": seed,
-        },
-        "versions": ptraj.meta.get("versions"),
-        "fork": lineage,
-        "notes": [
-            f"fork of {ptraj.name} at {ref.label} (step {s0}) under {sched.label}, seed {seed}; "
-            f"optimizer state {opt_note}"
-        ],
-        "checkpoints": [],
-        "complete": False,
-    }
+    data = {**(ptraj.meta.get("data") or {}), "train_tokens": len(train), "data_seed": seed}
+    note = (
+        f"fork of {ptraj.name} at {ref.label} (step {s0}) under {sched.label}, seed {seed}; optimizer state {opt_note}"
+    )
+    record = trajectory_record(cfg, model, val, data, ptraj.meta.get("versions"), [note], fork=lineage)
     start_folder = folder / f"step-{s0:06d}"
     model.train()
     save_checkpoint(start_folder, model, tok, optimizer if save_optimizer else None, s0)
     record["checkpoints"].append(
-        {
-            "path": start_folder.name,
-            "step": s0,
-            "tokens": s0 * cfg.tokens_per_step,
-            "lr": parent_lr,
-            "train_loss": ref.meta.get("train_loss"),
-            "val_loss": start_loss,
-            "seconds": round(time.perf_counter() - t_start, 3),
-            "phase": "start",
-            "fork_start": True,
-        }
+        fork_start_entry(
+            start_folder.name,
+            s0,
+            s0 * cfg.tokens_per_step,
+            parent_lr,
+            ref.meta.get("train_loss"),
+            start_loss,
+            time.perf_counter() - t_start,
+        )  # fmt: skip
     )
     write_json(tj_path, record)
 
@@ -339,6 +321,7 @@ def _fork_one(
         progress=progress,
         t_start=t_start,
         checkpoint_extra=lambda step: {"phase": sched.phase(step - s0)},
+        label="fork",
     )
     return Trajectory.from_folder(folder)
 

@@ -42,7 +42,6 @@ about 1–1.5 min (9 s per 100 steps); the former 1.06M preset (hidden 128, 4 la
 """
 
 from __future__ import annotations
-from __future__ import annotations
 
 import json
 import math
@@ -55,13 +54,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from losslens.geometry.base.progress import ProgressArg, progress_bar
 from losslens.lm.checkpoints import CheckpointLoader, CheckpointRef, Trajectory
 from losslens.lm.core.next_token_loss import evaluate, lm_loss
 from losslens.lm.core.threads import torch_threads
 from losslens.lm.core.tokenset import TokenSet
 
-from losslens.lm.train.config import FORMAT, TrainConfig, TrainError, lr_at
-from losslens.lm.train.run_files import save_checkpoint, write_json
+from losslens.lm.train.config import TrainConfig, TrainError, lr_at
+from losslens.lm.train.run_files import save_checkpoint, trajectory_record, write_json
 from losslens.lm.train.tiny_data import get_batch, prepare_data
 
 __all__ = ["train_tiny", "build_model", "build_optimizer", "run_loop"]
@@ -114,7 +114,7 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
 def train_tiny(
     config: TrainConfig,
     out_dir: str | Path,
-    progress: bool = True,
+    progress: ProgressArg = True,
     resume_from: str | Path | None = None,
     overwrite: bool = False,
     data_dir: str | Path | None = None,
@@ -128,6 +128,8 @@ def train_tiny(
     unless ``overwrite=True`` (which deletes its step-* folders and trajectory.json). An unfinished
     run with the same config continues from its last checkpoint if that has ``training_state.pt``
     (``save_optimizer=True``), and restarts otherwise.
+    ``progress``: updates done / planned, loss and LR on stderr (``[train-tiny]``; a live bar on a
+    terminal, a plain line every few seconds in a pipe; False: silent).
     ``resume_from``: a checkpoint folder (of this or another run) to continue from at its step.
     ``data_dir``: where the tokenizer / token streams are cached (default ``out_dir/data``).
     ``num_threads``: torch CPU threads during training, restored afterwards. ``None`` = auto: 1
@@ -146,7 +148,7 @@ def train_tiny(
 
 
 def _train(
-    config: TrainConfig, out: Path, progress: bool, resume_from, overwrite: bool, data_dir, on_step=None
+    config: TrainConfig, out: Path, progress: ProgressArg, resume_from, overwrite: bool, data_dir, on_step=None
 ) -> Trajectory:
     out.mkdir(parents=True, exist_ok=True)
     tj_path = out / "trajectory.json"
@@ -172,35 +174,23 @@ def _train(
     tok.save_pretrained(str(out / "tokenizer"))
     model = build_model(config, tok)
     optimizer = build_optimizer(model, config)
-    n_params = sum(p.numel() for p in model.parameters())
 
     start, records, notes = 0, [], []
     if resume_from is not None:
         start, records, notes = _resume(Path(resume_from), model, optimizer, config, out)
-    record = {
-        "format": FORMAT,
-        "name": config.run_name,
-        "config": config.to_dict(),
-        "n_params": n_params,
-        "tokenizer": "tokenizer",
-        "validation_set": "validation.safetensors",
-        "data": {
-            "source": "embedded[train]",
-            "validation_source": "embedded[heldout]",
-            "train_tokens": len(train),
-            "validation_hash": val.content_hash,
-            "split": "document-level sha256 hash, 1 in 10 held out",
-            "tokens_per_step": config.tokens_per_step,
-        },
-        "versions": {
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "transformers": __import__("transformers").__version__,
-        },
-        "notes": notes,
-        "checkpoints": records,
-        "complete": False,
+    data = {
+        "source": "embedded[train]",
+        "validation_source": "embedded[heldout]",
+        "train_tokens": len(train),
+        "split": "document-level sha256 hash, 1 in 10 held out",
     }
+    versions = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "transformers": __import__("transformers").__version__,
+    }
+    record = trajectory_record(config, model, val, data, versions, notes)
+    record["checkpoints"] = records
     run_loop(
         model,
         optimizer,
@@ -216,6 +206,7 @@ def _train(
         progress=progress,
         t_start=t_start,
         on_step=on_step,
+        label="train-tiny",
     )
     return Trajectory.from_folder(out)
 
@@ -232,10 +223,11 @@ def run_loop(
     start: int,
     checkpoint_steps: list[int],
     lr_fn,
-    progress: bool = False,
+    progress: ProgressArg = False,
     t_start: float | None = None,
     checkpoint_extra=None,
     on_step=None,
+    label: str | None = None,
 ) -> None:
     """The training loop shared by :func:`train_tiny` and forks (:mod:`losslens.lm.train.forks`).
 
@@ -246,10 +238,10 @@ def run_loop(
     checkpoint, val loss, seconds since ``t_start``, plus ``checkpoint_extra(step)`` when given) to
     ``record["checkpoints"]`` and rewrites ``out/trajectory.json``; ``record["complete"]`` turns
     true at ``config.steps``. ``on_step(model, step, lr=lr, loss=loss)``, when given, is called after
-    every update (before the checkpoint of that step).
+    every update (before the checkpoint of that step). ``progress``
+    (:data:`~losslens.geometry.base.progress.ProgressArg`): updates done / planned with the step, loss
+    and LR, on stderr under ``[label]``.
     """
-    from tqdm.auto import tqdm
-
     t_start = time.perf_counter() if t_start is None else t_start
     tj_path = out / "trajectory.json"
     ckpt_steps = {s for s in checkpoint_steps if s > start}
@@ -257,25 +249,16 @@ def run_loop(
     model.train()
     t_loop = time.perf_counter()
     losses: list[float] = []
-    bar = tqdm(range(start + 1, config.steps + 1), desc=record["name"], disable=not progress, unit="step")
-    for step in bar:
-        lr = lr_fn(step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss = lm_loss(model, get_batch(train, step, config))
-        if not math.isfinite(loss.item()):
-            raise TrainError(f"training diverged at step {step} (loss {float(loss)}); lower the learning rate")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        losses.append(loss.item())
-        if on_step is not None:
-            on_step(model, step, lr=lr, loss=losses[-1])
-        if progress:
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr:.2e}", refresh=False)
-        if step in ckpt_steps:
+    with progress_bar(progress, config.steps - start, what=record["name"], unit="step", label=label) as bar:
+        for step in range(start + 1, config.steps + 1):
+            lr = lr_fn(step)
+            losses.append(_update(model, optimizer, train, config, step, lr))
+            if on_step is not None:
+                on_step(model, step, lr=lr, loss=losses[-1])
+            bar.describe(f"step {step}, loss {losses[-1]:.3f}, lr {lr:.2e}")
+            bar.update()
+            if step not in ckpt_steps:
+                continue
             val_loss = evaluate(model, val).loss
             model.train()
             folder = out / f"step-{step:06d}"
@@ -297,7 +280,23 @@ def run_loop(
             record["steps_per_second"] = round((step - start) / (time.perf_counter() - t_loop), 3)
             record["complete"] = step == config.steps
             write_json(tj_path, record)
-    bar.close()
+
+
+def _update(
+    model: nn.Module, optimizer: torch.optim.Optimizer, train, config: TrainConfig, step: int, lr: float
+) -> float:
+    """One AdamW update at LR ``lr`` on batch ``step``; its training loss (:class:`TrainError` when not finite)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss = lm_loss(model, get_batch(train, step, config))
+    if not math.isfinite(loss.item()):
+        raise TrainError(f"training diverged at step {step} (loss {float(loss)}); lower the learning rate")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if config.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+    optimizer.step()
+    return loss.item()
 
 
 def _resume(

@@ -26,7 +26,8 @@ class AccuracySettings:
     ``limit`` items per task (None: all), the few-shot examples (None: the preset's or the task's),
     the seed of the subsample and of the bootstrap, the paired bootstrap resamples of the Δacc
     intervals, sequences per forward pass, and the checkpoint's device (None: cpu), pickle
-    permission, label and hub cache."""
+    permission, label and hub cache. ``quiet``: no progress lines on stderr (default: the variants
+    scored / planned with an ETA, :mod:`losslens.geometry.base.progress`)."""
 
     tasks: list[str] = field(default_factory=lambda: ["embedded"])
     spec: Optional[list[str]] = None
@@ -39,6 +40,7 @@ class AccuracySettings:
     allow_pickle: bool = False
     label: Optional[str] = None
     cache_dir: Optional[Path] = None
+    quiet: bool = False
 
 
 def checkpoint_accuracy(checkpoint: str | Path, settings: AccuracySettings = AccuracySettings()) -> list[dict]:
@@ -91,6 +93,7 @@ def checkpoint_accuracy(checkpoint: str | Path, settings: AccuracySettings = Acc
         seed=s.seed,
         batch_size=s.batch_size,
         n_boot=s.n_boot,
+        progress=not s.quiet,
     )
     records = rep.records()
     for r in records:

@@ -25,6 +25,7 @@ import torch
 
 from losslens.geometry.base.jsonable import jsonable
 from losslens.geometry.base.params import literal_glob
+from losslens.geometry.base.progress import ProgressArg
 from losslens.geometry.surfaces.grid import GridSpec
 from losslens.geometry.surfaces.sources import DictSource
 from losslens.geometry.surfaces.surface import Surface, evaluate_surface
@@ -146,7 +147,7 @@ def trajectory_landscape(
     allow_pickle: bool = False,
     max_memory: int | str | None = None,
     checkpoint_path: str | None = None,
-    progress: bool = False,
+    progress: ProgressArg = False,
     on_stage: Callable[[str], None] | None = None,
 ) -> Landscape:
     """The landscape of ``trajectories`` (see the module docstring).
@@ -166,6 +167,7 @@ def trajectory_landscape(
     allow_pickle : read ``.bin``/``.pt`` checkpoints that need full pickle (only files you trust).
     max_memory : budget of the PCA plan and of the surface (each checked before its work).
     checkpoint_path : ``.npz`` file making the surface resumable.
+    progress : the surface's points done / planned on stderr (:data:`~losslens.geometry.base.progress.ProgressArg`).
     on_stage : called with a short description as each stage starts (a CLI's progress line).
     """
     trajs = [trajectories] if isinstance(trajectories, Trajectory) else list(trajectories)

@@ -11,12 +11,12 @@ the interactive page; :func:`landscape_description` returns
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from losslens.geometry.base.errors import LosslensError
+from losslens.geometry.base.progress import Progress
 from losslens.lm.shared_settings import (
     WEIGHT_DTYPES,
     LoadOptions,
@@ -122,7 +122,7 @@ def landscape_of(
             f"{n} checkpoint(s) in {len(trajs)} trajectory(ies) span at most {max(n - 1, 0)} principal axes, and "
             f"--k {s.k} needs {s.k + 1}: give more checkpoints or another trajectory (e.g. a fork)"
         )
-    stage = (lambda _: None) if s.quiet else (lambda text: print(f"[landscape] {text}", file=sys.stderr, flush=True))
+    shown = Progress(None, what="landscape", label="landscape", quiet=s.quiet, live=False)  # the stages' lines
     sets = {"eval": TokenSet.load(s.data)} if s.data is not None else default_token_sets(trajs[0], quick=s.quick)
     if s.calibration is not None:
         sets["calibration"] = TokenSet.load(s.calibration)
@@ -144,8 +144,8 @@ def landscape_of(
         allow_pickle=load.allow_pickle,
         max_memory=memory.max_memory,
         checkpoint_path=None if s.resume is None else str(s.resume),
-        progress=not s.quiet,
-        on_stage=stage,
+        progress=shown,  # the grid's points under [landscape]
+        on_stage=shown.echo,
     )
     ev = sets["eval"]
     info = {

@@ -1,0 +1,80 @@
+"""Issue #49 item 1, the rest of the long commands through a pipe: ``landscape``, ``accuracy``, ``sweep``,
+``fork`` and ``train-tiny`` print plain progress lines on stderr (a planned line first, the last units
+done, no control characters), stdout holds only their results (under ``--json`` only the JSON), and
+``--quiet`` silences the progress. Each runs on the shared tiny trajectory in a few seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.fixtures_trajectory import data_cache_dir, tiny_trajectory_dir
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # every control character but \t and \n
+PLAN = 'name = "pipe"\nseed = 0\n[data]\neval = [2, 2, 32]\n[probes]\nloss = true\nquant = ["rtn:4"]\n'
+
+
+def _args(command: str, tmp_path) -> tuple[list[str], str, str]:
+    """The command line of ``command`` at its smallest, its progress label and unit."""
+    traj = tiny_trajectory_dir()
+    if command == "landscape":
+        return [str(traj), "--grid", "3", "--quick", "--out", str(tmp_path / "l.html"), "--json"], "landscape", "points"
+    if command == "accuracy":
+        args = [str(traj / "step-000060"), "-s", "rtn:3:row", "-s", "rtn:4:row", "--limit", "8", "--n-boot", "10"]
+        return [*args, "--json"], "accuracy", "variants"
+    if command == "sweep":
+        (tmp_path / "plan.toml").write_text(PLAN)
+        args = [str(traj), "--plan", str(tmp_path / "plan.toml"), "--out", str(tmp_path / "s.sqlite")]
+        return [*args, "--threads", "1", "--workers", "1", "--json"], "sweep", "rows"
+    if command == "fork":
+        args = [str(traj), "--at", "step-000040", "--steps", "4", "--checkpoints", "2", "--restart-moments"]
+        return [*args, "--out", str(tmp_path / "forks")], "fork", "steps"
+    args = ["--tiny", "--steps", "6", "--checkpoints", "2", "--out", str(tmp_path / "run")]
+    return [*args, "--data-dir", str(data_cache_dir())], "train-tiny", "steps"
+
+
+@pytest.mark.parametrize("command", ["landscape", "accuracy", "sweep", "fork", "train-tiny"])
+def test_progress_through_a_pipe(command, tmp_path):
+    if command == "accuracy":
+        pytest.importorskip("lm_eval")
+    args, label, unit = _args(command, tmp_path)
+    env = {**os.environ, "COLUMNS": "80", "LOSSLENS_PROGRESS_EVERY": "0"}
+    r = subprocess.run(
+        [sys.executable, "-m", "losslens", command, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert not CONTROL.search(r.stderr), r.stderr
+    lines = r.stderr.splitlines()
+    assert any(re.match(rf"\[{label}\] planned: \d+ {unit} for .+, ~\d", ln) for ln in lines), r.stderr
+    done = [ln for ln in lines if re.match(rf"\[{label}\] .+: \d+/\d+ {unit} \(\d+%\)", ln)]
+    assert any("ETA" in ln for ln in done), r.stderr
+    assert "(100%)" in done[-1] and re.search(rf"\[{label}\] .+: \d+ {unit} in \d+:\d\d$", r.stderr, re.M)
+    assert f"[{label}]" not in r.stdout and "planned:" not in r.stdout  # progress never on stdout
+    if "--json" in args:
+        text = r.stdout.strip()
+        rows = [json.loads(ln) for ln in text.splitlines()] if command == "accuracy" else [json.loads(text)]
+        assert rows and all(isinstance(row, dict) for row in rows)
+
+
+@pytest.mark.parametrize("command", ["fork", "train-tiny", "accuracy", "landscape"])
+def test_quiet_prints_no_progress(command, tmp_path, monkeypatch):
+    if command == "accuracy":
+        pytest.importorskip("lm_eval")
+    from losslens.cli.app import app
+
+    args, label, _ = _args(command, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, [command, *args, "--quiet"], env={"COLUMNS": "80", "LOSSLENS_PROGRESS_EVERY": "0"})
+    assert r.exit_code == 0, r.output
+    assert f"[{label}]" not in r.stderr and "planned" not in r.stderr, r.stderr
