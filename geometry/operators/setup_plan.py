@@ -15,8 +15,10 @@ first, from what is known without running anything:
   loss's own temporaries. Every estimator's smallest plan is at least this, so refusing when it
   exceeds the budget never refuses a run that would have been accepted;
 - :func:`plan_setup`: that refusal (:class:`~losslens.geometry.memory.model.MemoryBudgetError`, one line:
-  the bytes needed and available, what to change: :func:`refusal`); the second-order check is
-  planned by its caller from the same budget (:func:`losslens.lm.models.curvature.plan_lm_setup`);
+  the bytes needed and available, what to change: :func:`refusal`), then the two below in order of
+  cost: the graph floor and the caller's sizing of the second-order check
+  (:func:`losslens.lm.models.lm_setup.plan_lm_setup` passes
+  :func:`losslens.lm.models.miniature.check_precision`);
 - :func:`check_graph_floor`: before the one-row graph of a long row is measured, the graph is
   measured on two short prefixes of that row (:data:`PREFIX` and 2 × :data:`PREFIX` tokens: one
   gradient and a few tokens of activations each) and extrapolated to a lower bound of the whole
@@ -48,11 +50,15 @@ STATE_VECTORS = 3
 
 @dataclass(frozen=True)
 class SetupPlan:
-    """What :func:`plan_setup` found: ``budget`` (bytes, None when the caller gave none) and
-    ``floor`` (bytes of :func:`setup_floor`, which fits the budget)."""
+    """What :func:`plan_setup` found: ``budget`` (bytes, None when the caller gave none), ``floor``
+    (bytes of :func:`setup_floor`, which fits the budget), ``check``: what the caller's second-order
+    check sizing returned (its precision; None without a budget or a check) and ``check_refused``: an
+    optional check did not fit."""
 
     budget: int | None
     floor: int
+    check: str | None = None
+    check_refused: bool = False
 
 
 def setup_floor(dim: int, param_dtype: torch.dtype, vector_dtype: torch.dtype, transient: int = 0) -> int:
@@ -77,12 +83,18 @@ def plan_setup(
     vector_dtype: torch.dtype,
     max_memory: Any,
     transient: int = 0,
+    graph_probe: Any = None,
+    check: Any = None,
+    check_optional: bool = False,
 ) -> SetupPlan:
-    """Plan an operator's set-up on ``model`` for ``dim`` selected numbers before anything runs.
-
-    Raises :class:`~losslens.geometry.memory.model.MemoryBudgetError` when :func:`setup_floor` exceeds
-    ``max_memory`` (None: nothing is refused, the set-up is as before: estimators may still be
-    given their own budget). Returns a :class:`SetupPlan`. Cost: none (arithmetic)."""
+    """Plan an operator's set-up on ``model`` for ``dim`` selected numbers before anything runs, refusing
+    in the order of cost: :func:`setup_floor` over ``max_memory`` (arithmetic); with ``graph_probe``
+    (a reverse-backend operator of the run's loss and batches) :func:`check_graph_floor` (two gradients
+    of one short row); with ``check`` (``check(budget) -> precision``: the caller's second-order check
+    sizing, raising :class:`~losslens.geometry.memory.model.MemoryBudgetError` when it cannot fit; run
+    only when the steps before fit) its answer, recorded as ``check`` (``check_refused``, not raised,
+    when ``check_optional``). ``max_memory=None``: nothing is refused and nothing measured, the set-up is as
+    before (estimators may still be given their own budget). Returns a :class:`SetupPlan`."""
     floor = setup_floor(dim, param_dtype, vector_dtype, transient)
     if max_memory is None:
         return SetupPlan(None, floor)
@@ -97,7 +109,17 @@ def plan_setup(
             f"{str(param_dtype).replace('torch.', '')} and {STATE_VECTORS} vectors, planned before any "
             "measurement",
         )
-    return SetupPlan(budget, floor)
+    plan = SetupPlan(budget, floor)
+    if graph_probe is not None:
+        check_graph_floor(graph_probe, plan)
+    if check is None:
+        return plan
+    try:
+        return SetupPlan(budget, floor, check(budget))
+    except MemoryBudgetError:
+        if not check_optional:
+            raise
+        return SetupPlan(budget, floor, None, check_refused=True)
 
 
 def check_graph_floor(op: Any, plan: SetupPlan) -> None:

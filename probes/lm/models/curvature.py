@@ -11,19 +11,12 @@ cannot
 be trusted raises :class:`~losslens.lm.models.second_order.SecondOrderError` (recorded as a failed row
 by sweeps) — never a silently wrong number.
 
-:func:`plan_lm_setup` settles, before anything is measured, what the operator is built from (the
-zero-embedding tokens left out of its loss, found once: :mod:`losslens.lm.models.zero_embeddings`; the loss
-with and without the lean head) and refuses (:class:`~losslens.geometry.memory.model.MemoryBudgetError`, one
-line) when a measuring step of the set-up cannot fit ``max_memory``, in the order of their cost:
-
-1. the smallest product any estimator makes (:func:`losslens.geometry.operators.setup_plan.plan_setup`:
-   two gradients and three vectors, arithmetic only);
-2. with the reverse backend, the smallest pass on a lower bound of the batches' graph measured on a
-   short prefix of one row (:func:`losslens.geometry.operators.setup_plan.check_graph_floor`);
-3. the second-order check (:func:`losslens.lm.models.second_order.ensure_second_order`), on a float64 copy
-   or on the float64 miniature when it fits (:func:`losslens.lm.models.miniature.check_precision`), else
-   refused (``backend="auto"``: ``"unchecked"``, the check is skipped and the choice made without it;
-   :func:`lm_hessian` refuses if the exact backend is chosen).
+:func:`losslens.lm.models.lm_setup.plan_lm_setup` settles, before anything is measured, what the operator
+is built from (the compute dtype, the zero-embedding tokens left out of its loss, the loss with and
+without the lean head, the miniature) and refuses
+(:class:`~losslens.geometry.memory.model.MemoryBudgetError`, one line) when a measuring step of the
+set-up cannot fit ``max_memory``, in the order of their cost (that module's docstring); then the
+check runs once and the one operator is built from the plan.
 
 With ``max_memory=None`` nothing is refused and the check chooses as before (an estimator may be
 given its own budget later). An accepted run measures and computes what it did before.
@@ -31,13 +24,11 @@ given its own budget later). An accepted run measures and computes what it did b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
-from losslens.geometry.base.params import ParamSpace, select_parameters
 from losslens.geometry.memory.model import MemoryBudgetError
 from losslens.geometry.operators.auto import AutoBackend
 from losslens.geometry.operators.names import DEFAULT_BACKEND, backend_class, backend_named
@@ -45,39 +36,16 @@ from losslens.geometry.operators.data_parallel import DataParallel
 from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.geometry.operators.guarantees import warn_product_error
 from losslens.geometry.operators.hessian import HessianOperator
-from losslens.geometry.operators.interface import estimator_dtype
 from losslens.geometry.operators.reverse import ReverseBackend
-from losslens.geometry.operators.setup_plan import check_graph_floor, plan_setup
-from losslens.lm.core.next_token_loss import lm_loss
-from losslens.lm.core.lm_head import head_transient_bytes, lm_loss_lean
 
 from losslens.lm.models.fidelity import with_float64_fidelity
-from losslens.lm.models.miniature import check_precision, miniature_bound
+from losslens.lm.models.lm_setup import UNCHECKED, LmSetup, plan_lm_setup
 from losslens.lm.models.second_order import SecondOrderError, ensure_second_order
-from losslens.lm.models.zero_embeddings import curvature_loss, exclusion_record, zero_embedding_tokens
 
-__all__ = ["lm_hessian", "plan_lm_setup", "LmSetup", "error_warning", "UNCHECKED", "ERROR_TOLERANCE"]
-
-#: The check precision of a ``backend="auto"`` operator whose second-order check cannot fit.
-UNCHECKED = "unchecked"
+__all__ = ["lm_hessian", "lm_operator", "error_warning", "ERROR_TOLERANCE"]
 #: Measured relative product error above which a result is flagged (:func:`error_warning`, the CLI's
 #: ``--error-tolerance`` default) and :func:`lm_hessian`'s operator warns (``ProductErrorWarning``).
 ERROR_TOLERANCE = 1e-2
-
-
-@dataclass(frozen=True)
-class LmSetup:
-    """What :func:`plan_lm_setup` settles before anything is measured: the zero-embedding tokens left
-    out of every loss (``exclude``), the loss without them (``exact_loss``: what the second-order check
-    differentiates) and through the lean head when it was asked for (``lean_loss``, else
-    ``exact_loss``), that head's chunk temporaries (``head_bytes``, 0 without it) and the second-order
-    check's ``precision`` (``"auto"``, ``"miniature"`` or :data:`UNCHECKED`)."""
-
-    exclude: tuple[int, ...]
-    exact_loss: Any
-    lean_loss: Any
-    head_bytes: int
-    precision: str
 
 
 def lm_hessian(
@@ -96,7 +64,7 @@ def lm_hessian(
     copy of models under 50M parameters, else a float64 miniature, plus a few HVPs, gradients and
     forwards on 2×16 tokens). With ``max_memory`` every measuring step of the set-up (the check,
     the graph of a batch) is planned first and refused before it runs when it cannot fit
-    (:func:`plan_lm_setup`). ``lean_head``: with the reverse backend, take the loss through
+    (:func:`losslens.lm.models.lm_setup.plan_lm_setup`). ``lean_head``: with the reverse backend, take the loss through
     the closed-form chunked LM head (:func:`losslens.lm.core.lm_head.lm_loss_lean`: the same loss, no
     ``[tokens, vocab]`` tensor in the double-backward graph; models whose logits are not a plain
     linear head fall back to :func:`~losslens.lm.core.next_token_loss.lm_loss` by themselves). ``backend``:
@@ -123,103 +91,87 @@ def lm_hessian(
     ``error_tolerance`` (``op.error_tolerance``; the CLI's ``--error-tolerance`` default,
     :data:`ERROR_TOLERANCE`), whether measured on the check slice or bounded on a miniature.
     """
-    batches = list(batches)
-    chosen = backend_named(backend)  # an unknown name raises here, before any work
+    setup = plan_lm_setup(
+        model,
+        batches,
+        params,
+        backend,
+        check,
+        lean_head,
+        max_memory=kwargs.get("max_memory"),
+        compute_dtype=kwargs.get("compute_dtype"),
+        loss_transient_bytes=kwargs.get("loss_transient_bytes"),
+        data_parallel=kwargs.get("data_parallel"),
+    )  # every measuring step of the set-up is planned first, and refused before it runs when it cannot fit
+    return lm_operator(setup, error_tolerance, **kwargs)
+
+
+def lm_operator(setup: LmSetup, error_tolerance: float = ERROR_TOLERANCE, **kwargs) -> HessianOperator:
+    """The one operator of a planned set-up (:func:`losslens.lm.models.lm_setup.plan_lm_setup`): the
+    second-order check (when the set-up runs one; it may change the backend, out loud), then the
+    operator of the set-up's loss in its compute dtype, its excluded tokens recorded, and an inexact
+    backend's error measured (or bounded on the set-up's miniature) and warned about over
+    ``error_tolerance``. ``kwargs``: :class:`HessianOperator`'s (``max_memory``, ``chunk_size``,
+    ``data_parallel``, ...). What :func:`lm_hessian` returns."""
+    model, batches, chosen = setup.model, setup.batches, setup.backend
     auto = isinstance(chosen, AutoBackend)
-    if (auto or not chosen.exact) and batches and (chosen.difference if auto else chosen).check_batches is None:
-        chosen = chosen.with_check_batches([batches[0][:2, :32]])  # the error check's slice
-    runs_check = bool(check and batches and (auto or chosen.second_order))
-    # every measuring step below is planned first, and refused before it runs when it cannot fit max_memory
-    setup = plan_lm_setup(model, batches, params, chosen, runs_check, lean_head, kwargs)
-    precision = setup.precision
-    if runs_check:
-        probe = batches[0][:2, :16]
-        parallel = kwargs.get("data_parallel")
-        exact = chosen.reverse if auto else chosen
-
-        def second_order() -> str:
-            if precision == UNCHECKED:  # backend="auto", the check cannot fit: the exact backend is refused below
-                return exact.name
-            try:
-                return ensure_second_order(
-                    model, probe, backend=exact.name, params=params, loss_fn=setup.exact_loss, precision=precision
-                )
-            except SecondOrderError:
-                if not auto:
-                    raise
-                return chosen.difference.name  # no exact backend is trustworthy: only the first-order one can run
-
-        if isinstance(parallel, DataParallel):  # a check failing on one rank fails on every rank, never hangs
-            checked = parallel.agree(second_order, "the second-order check", batches[0].device)
-        else:
-            checked = second_order()
+    kwargs["compute_dtype"] = setup.compute_dtype  # decided once
+    if setup.runs_check:
+        checked = _second_order_check(setup, kwargs.get("data_parallel"))
         if not auto or not backend_class(checked).second_order:  # the check chose: keep the settings of its choice
             chosen = chosen if checked == chosen.name else chosen.difference if auto else backend_named(checked)
             auto = False
-    lean = lean_head and chosen.lean_head  # the lean head's derivatives are reverse-mode only
+    lean = setup.lean_head and chosen.lean_head  # the lean head's derivatives are reverse-mode only
     if lean:
         kwargs.setdefault("loss_transient_bytes", setup.head_bytes)
     loss_fn = setup.lean_loss if lean else setup.exact_loss  # zero-embedding tokens left out
     if auto or not chosen.exact:  # a float64 model's float32 islands would swamp the float64-sized step
         loss_fn = with_float64_fidelity(loss_fn, model)
-    op = HessianOperator(model, loss_fn, batches, params=params, backend=chosen, **kwargs)
-    if precision == UNCHECKED and op.product_backend.second_order:
+    op = HessianOperator(model, loss_fn, batches, params=setup.params, backend=chosen, **kwargs)
+    if setup.precision == UNCHECKED and op.product_backend.second_order:
         why = op.backend_choice["why"]
         raise MemoryBudgetError(
             f"backend={AutoBackend.name!r} chose the exact pass ({why}), but its second-order check does not "
             f"fit max_memory; raise max_memory or pass backend={DifferenceBackend.name!r}"
         )
-    op.excluded = exclusion_record(setup.exclude, batches, op.parallel)
+    op.excluded = setup.excluded
     op.error_tolerance = float(error_tolerance)  # before the check below: it warns over this tolerance
     if not op.product_backend.exact and batches and op.checked()["rel_error"] is None:
-        bound = miniature_bound(
-            model,
-            op.check_batches or [batches[0][:2, :32]],
-            exclude=setup.exclude,
-            compute_dtype=kwargs.get("compute_dtype"),
-        )
-        op.hvp_check = {**op.hvp_check, **bound}
+        op.hvp_check = {**op.hvp_check, **setup.bounded_error(op.check_batches or [batches[0][:2, :32]])}
         warn_product_error(op)  # the bound, over the tolerance: said once, as a measured error is
     return op
 
 
-def plan_lm_setup(
-    model: nn.Module,
-    batches: Sequence[torch.Tensor],
-    params: Any,
-    exact_backend: Any,
-    runs_check: bool,
-    lean_head: bool,
-    kwargs: dict,
-) -> LmSetup:
-    """Settle :func:`lm_hessian`'s set-up before anything is measured (module docstring): the
-    zero-embedding tokens (found once) and the losses without them, the lean head's temporaries
-    (``lean_head`` as given to ``lm_hessian``) and the second-order check's precision, refusing each
-    measuring step that cannot fit ``kwargs["max_memory"]``. ``exact_backend``: the backend the check is
-    for (a reverse one gets the graph bound); ``runs_check``: the check will run; ``kwargs``: the
-    operator's keyword arguments. Raises :class:`~losslens.geometry.memory.model.MemoryBudgetError` before any
-    measurement that cannot fit. Cost: one pass over the input embedding and arithmetic, plus with the
-    reverse backend and a budget two gradients of one short row."""
-    exclude = zero_embedding_tokens(model)  # every loss below leaves them out, the check's included
-    exact_loss = curvature_loss(lm_loss, exclude)
-    lean_loss = curvature_loss(lm_loss_lean, exclude) if lean_head else exact_loss
-    head_bytes = head_transient_bytes(model, batches) if lean_head else 0  # the lean head's chunk temporaries
-    space = ParamSpace.from_params(select_parameters(model, params))
-    plan = plan_setup(model, space.dim, space.dtype, estimator_dtype(space.dtype), kwargs.get("max_memory"))
-    precision = "auto"
-    if plan.budget is not None:  # None: nothing is refused, the check chooses as before
-        if isinstance(exact_backend, ReverseBackend) and batches and kwargs.get("data_parallel") is None:
-            transient = kwargs.get("loss_transient_bytes", head_bytes)
-            probe = HessianOperator(model, lean_loss, batches, params=params, loss_transient_bytes=transient)
-            check_graph_floor(probe, plan)
-        if runs_check:
-            try:
-                precision = check_precision(model, plan.budget)
-            except MemoryBudgetError:
-                if not isinstance(exact_backend, AutoBackend):
-                    raise
-                precision = UNCHECKED
-    return LmSetup(tuple(exclude), exact_loss, lean_loss, head_bytes, precision)
+def _second_order_check(setup: LmSetup, parallel: Any) -> str:
+    """The backend the second-order check trusts for the set-up's backend on a 2×16 slice of its first
+    batch, checked at the set-up's precision (on its miniature when it uses one); an ``auto`` backend
+    whose exact pass no check can trust gets the difference backend. With a :class:`DataParallel` a
+    check failing on one rank fails on every rank (never hangs)."""
+    chosen, probe = setup.backend, setup.batches[0][:2, :16]
+    auto = isinstance(chosen, AutoBackend)
+    exact = chosen.reverse if auto else chosen
+
+    def second_order() -> str:
+        if setup.precision == UNCHECKED:  # backend="auto", the check cannot fit: the exact backend is refused later
+            return exact.name
+        try:
+            return ensure_second_order(
+                setup.model,
+                probe,
+                backend=exact.name,
+                params=setup.params,
+                loss_fn=setup.exact_loss,
+                precision=setup.precision,
+                build=setup.miniature,
+            )
+        except SecondOrderError:
+            if not auto:
+                raise
+            return chosen.difference.name  # no exact backend is trustworthy: only the first-order one can run
+
+    if isinstance(parallel, DataParallel):
+        return parallel.agree(second_order, "the second-order check", probe.device)
+    return second_order()
 
 
 def error_warning(check: dict | None, compute_dtype, tolerance: float = ERROR_TOLERANCE) -> dict | None:

@@ -24,7 +24,6 @@ from torch import nn
 from losslens.geometry.memory.model import format_bytes
 from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.geometry.operators.hessian import HessianOperator
-from losslens.geometry.operators.precision import compute_dtype_for
 from losslens.geometry.operators.setup_plan import refusal
 from losslens.lm.core.next_token_loss import lm_loss
 
@@ -90,12 +89,14 @@ def miniature(model: nn.Module, dtype: torch.dtype = torch.float64) -> nn.Module
         return None
 
 
-def working_model(model: nn.Module, precision, messages: list[str]) -> tuple[nn.Module, str]:
+def working_model(model: nn.Module, precision, messages: list[str], build=None) -> tuple[nn.Module, str]:
     """The model :func:`losslens.lm.models.second_order.check_second_order` runs on, and what it is:
     ``precision="native"`` the model; a torch dtype: the model in it (a copy when it differs);
     ``"auto"``: a float64 copy under 50M parameters (not half precision), else a float64
     :func:`miniature` (a float32 copy when none can be built); ``"miniature"``: the miniature
-    whatever the size (no copy: a memory budget leaves no room for one). Notes go to ``messages``."""
+    whatever the size (no copy: a memory budget leaves no room for one). Notes go to ``messages``.
+    ``build``: what makes the float64 miniature (default :func:`miniature`; a set-up passes its own,
+    built once: :meth:`losslens.lm.models.lm_setup.LmSetup.miniature`)."""
     n_params = sum(p.numel() for p in model.parameters())
     model_dtype = next(model.parameters()).dtype
     if precision == "native":
@@ -108,7 +109,7 @@ def working_model(model: nn.Module, precision, messages: list[str]) -> tuple[nn.
         raise ValueError(f"precision must be 'auto', 'miniature', 'native' or a torch dtype, got {precision!r}")
     if precision == "auto" and _copy_checked(n_params, model_dtype):
         return (model, "model") if model_dtype == torch.float64 else (copy.deepcopy(model).double(), "float64 copy")
-    mini = miniature(model)
+    mini = miniature(model) if build is None else build()
     if mini is not None:
         messages.append(
             f"checked on a float64 miniature of {type(model).__name__} ({sum(p.numel() for p in mini.parameters())} "
@@ -128,16 +129,16 @@ def _copy_checked(n_params: int, dtype: torch.dtype) -> bool:
     return n_params < 50_000_000 and dtype not in (torch.float16, torch.bfloat16)
 
 
-def check_precision(model: nn.Module, budget: int) -> str:
+def check_precision(model: nn.Module, budget: int, build=None) -> str:
     """The :func:`working_model` precision whose second-order check fits ``budget`` bytes
     (:data:`CHECK_FACTOR` × 8 bytes × the parameters it runs on): ``"auto"`` when the float64 copy (or
     the model itself, already float64) fits, else ``"miniature"`` when the miniature's check fits;
     else :class:`~losslens.geometry.memory.model.MemoryBudgetError` (one line). Cost: a miniature built to
-    count its parameters."""
+    count its parameters (``build()``: the set-up's, built once; default :func:`miniature`)."""
     n = sum(p.numel() for p in model.parameters())
     if _copy_checked(n, next(model.parameters()).dtype) and CHECK_FACTOR * 8 * n <= budget:
         return "auto"
-    mini = miniature(model)
+    mini = miniature(model) if build is None else build()
     if mini is None:  # no miniature: the check runs on the model itself, as before (not bounded here)
         return "auto"
     need = CHECK_FACTOR * 8 * sum(p.numel() for p in mini.parameters())
@@ -170,7 +171,12 @@ def fill_zero_embedding_rows(work: nn.Module) -> None:
 
 
 def miniature_bound(
-    model: nn.Module, batches: Sequence[torch.Tensor], seed: int = 0, exclude: Sequence[int] = (), compute_dtype=None
+    model: nn.Module,
+    batches: Sequence[torch.Tensor],
+    seed: int = 0,
+    exclude: Sequence[int] = (),
+    compute_dtype=None,
+    build=None,
 ) -> dict:
     """The difference backend's error where no exact product can run on the model itself: on a
     miniature of the architecture (:func:`miniature`, same class and config
@@ -178,12 +184,16 @@ def miniature_bound(
     against the exact reverse products of its float64 copy (HF's float32 islands in float64,
     :func:`~losslens.lm.models.fidelity.float64_fidelity`), on ``batches``, with the tokens ``exclude``
     and the miniature's own zero-embedding tokens left out of the loss.
-    Returns ``{"rel_error", "reference"}`` (rel_error None when no miniature can be built). Cost: a
-    miniature (~10⁴–10⁶ parameters) and 2 products of each backend on the check batches."""
+    Returns ``{"rel_error", "reference"}`` (rel_error None when no miniature can be built). ``build()``:
+    a float64 miniature (the set-up's, built once; default :func:`miniature`), cast to the model's
+    dtype here (the same values as building it there: its float32 initialisation is exact in float64).
+    Cost: a miniature (~10⁴–10⁶ parameters) and 2 products of each backend on the check batches."""
     from losslens.geometry.operators.product_check import product_error
 
     dtype = next(model.parameters()).dtype
-    mini = miniature(model, dtype=dtype)
+    mini = miniature(model, dtype=dtype) if build is None else build()
+    if mini is not None:
+        mini = mini.to(dtype)
     if mini is None:
         return {"rel_error": None, "reference": "unavailable: no exact product on the model and no miniature of it"}
     exact = copy.deepcopy(mini).double()
@@ -197,7 +207,7 @@ def miniature_bound(
         diff.verify_products = False  # its error is what this measures (and the caller reports)
         error = product_error(diff, ref, 2, seed)
     name = str(dtype).replace("torch.", "")
-    computed = str(compute_dtype_for(dtype, compute_dtype)).replace("torch.", "")
+    computed = str(diff.compute_dtype).replace("torch.", "")
     name = name if computed == name else f"{name} (computed in {computed})"
     return {
         "rel_error": error,

@@ -89,6 +89,7 @@ def check_second_order(
     rtol: float | None = None,
     eps: float | None = None,
     preferred: str = DEFAULT_BACKEND,
+    build=None,
 ) -> SecondOrderReport:
     """Probe whether both HVP backends give the true Hessian of ``model`` on one tiny batch.
 
@@ -125,6 +126,8 @@ def check_second_order(
         eps: gradient-difference step along unit vectors; default 1e-2 (float64) / 3e-2 (float32) /
             0.1 (half). The loss second difference uses 10ε (its noise grows like 1/ε²).
         preferred: backend to recommend when both are ok.
+        build: what makes the float64 miniature when one is used (a set-up's, built once:
+            :meth:`losslens.lm.models.lm_setup.LmSetup.miniature`; default a new one).
 
     Returns :class:`~losslens.lm.models.second_order_report.SecondOrderReport`. Cost: 2·num_vectors HVPs,
     8·num_vectors gradients and 4·num_vectors + 2 forwards on the batch, plus the copy or miniature.
@@ -133,7 +136,7 @@ def check_second_order(
     loss_fn = loss_fn or lm_loss
     batches = [batch] if isinstance(batch, torch.Tensor) else list(batch)
     messages: list[str] = []
-    work, checked_on = working_model(model, precision, messages)
+    work, checked_on = working_model(model, precision, messages, build)
     if checked_on == "float64 miniature":
         params = None
     if work is not model:
@@ -152,7 +155,8 @@ def check_second_order(
         )
     with curvature_safe(work, quiet=True):
         customs = custom_functions(work, loss_fn, batches[0])
-        op_rev = HessianOperator(work, loss_fn, batches, params=params, backend=ReverseBackend.name)
+        ops = {b: HessianOperator(work, loss_fn, batches, params=params, backend=b) for b in SECOND_ORDER_BACKENDS}
+        op_rev = ops[ReverseBackend.name]
         V = probe_vectors(op_rev, num_vectors, seed, dtype)
         ref, ref_half = fd_hvp(op_rev, V, eps), fd_hvp(op_rev, V, eps / 2)
         quad, quad_half = fd_quadratic(op_rev, V, 10 * eps), fd_quadratic(op_rev, V, 5 * eps)
@@ -166,11 +170,7 @@ def check_second_order(
         checks: dict[str, BackendCheck] = {}
         products: dict[str, torch.Tensor] = {}
         for backend in SECOND_ORDER_BACKENDS:
-            op = (
-                op_rev
-                if backend == op_rev.backend
-                else HessianOperator(work, loss_fn, batches, params=params, backend=backend)
-            )
+            op = ops[backend]
             try:
                 HV = op.matmat_flat(V)
             except Exception as e:  # noqa: BLE001 - every failure is reported, none is swallowed silently
@@ -321,6 +321,7 @@ def ensure_second_order(
     loss_fn=None,
     cache: bool = True,
     precision: str | torch.dtype = "auto",
+    build=None,
 ) -> str:
     """The HVP backend to use for ``model``: ``backend`` when trustworthy, else the other one with a
     :class:`SecondOrderWarning` naming the op; raises :class:`SecondOrderError` when neither is.
@@ -328,7 +329,8 @@ def ensure_second_order(
     Runs :func:`check_second_order` on ``batch`` (trim it to ~2×8 tokens: the check costs
     2 HVPs + 8 gradients per probe vector) once per architecture (:func:`architecture_key`), so a
     sweep over a trajectory pays once. ``precision``: :func:`check_second_order`'s (``"miniature"``
-    when a memory budget leaves no room for a float64 copy: :mod:`losslens.geometry.operators.setup_plan`). Use as::
+    when a memory budget leaves no room for a float64 copy: :mod:`losslens.geometry.operators.setup_plan`);
+    ``build``: :func:`check_second_order`'s (the set-up's miniature). Use as::
 
         backend = ensure_second_order(model, curvature_batches[0][:2, :16], backend="reverse")
         op = HessianOperator(model, lm_loss, batches, backend=backend)
@@ -336,7 +338,9 @@ def ensure_second_order(
     key = architecture_key(model, params) + f"|{backend}|{precision}"
     rep = _CACHE.get(key) if cache else None
     if rep is None:
-        rep = check_second_order(model, batch, loss_fn=loss_fn, params=params, preferred=backend, precision=precision)
+        rep = check_second_order(
+            model, batch, loss_fn=loss_fn, params=params, preferred=backend, precision=precision, build=build
+        )
         if cache:
             _CACHE[key] = rep
         if rep.usable and rep.recommended != backend:
