@@ -111,7 +111,7 @@ def project(
                 False,
                 transient_bytes(b * s, vocab, torch.float32 if w == 4 else torch.bfloat16),
             )
-            need = {name: model_b + n * vec + pass_b + temporaries_bytes(dim, 5) for name, n in VECTORS.items()}
+            need = {name: model_b + n * vec + pass_b + temporaries_bytes(dim, count=5) for name, n in VECTORS.items()}
             room = gpu_bytes - model_b - pass_b - 2 * vec
             t_grad = 6 * dim_all * b * s / (mfu * peak_flops)
             if sel == "all":
@@ -168,7 +168,7 @@ def difference_need(
     w = COMPUTE[compute]
     vec, model_b = 4 * dim, 2 * dim + (4 * dim if w == 4 else 0)
     pass_b = w * dim + w * dim + b * L * s * h * w + b * layer_s + b * outside_128 * s / 128 + 4 * vocab * h
-    need = {name: model_b + n * vec + pass_b + temporaries_bytes(dim, 5) for name, n in VECTORS.items()}
+    need = {name: model_b + n * vec + pass_b + temporaries_bytes(dim, count=5) for name, n in VECTORS.items()}
     room = gpu_bytes - model_b - pass_b - 2 * vec
     return {
         "kind": "projection",

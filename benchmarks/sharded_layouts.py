@@ -105,6 +105,56 @@ def run(ranks: tuple[int, ...] = (4, 8), shape: str = "llama-128x6", batches: in
     return rows
 
 
+def rounding(shape: str = "llama-128x6", batches: int = 8) -> list[dict]:
+    """How far float64 rounding alone moves each one-process estimate on the layouts' problem: the same
+    estimators with the batches summed in reverse order (another summation order, as the ranks'
+    reduce-scatter is), the products' relative change ``‖ΔHV‖/‖HV‖`` on two Gaussian vectors, and
+    Hutch++'s sketch (seed 4, s = 3): the condition number of ``Y = H S`` (√ of its Gram matrix's
+    eigenvalue ratio) and the cancellation ``(|tr QᵀHQ| + |residual|) / |value|``. Cost: the three
+    estimators twice, 10 more products (each ``2 · batches`` gradients); one process, one thread."""
+    from losslens.geometry import HessianOperator
+    from losslens.geometry.base._linalg import gram, orthonormalize_rows, rowdot
+    from losslens.geometry.estimators.sampling import rademacher
+    from losslens.lm.models.fidelity import with_float64_fidelity
+    from tests.fsdp_memory_worker import estimator_calls
+    from tests.tiny_models import lm_loss
+
+    torch.set_num_threads(1)
+    model = _model(shape)
+    data = _batches(shape, batches)
+    loss = with_float64_fidelity(lm_loss, model)
+    ops = [HessianOperator(model, loss, order, backend="difference") for order in (data, data[::-1])]
+    calls = {k: v for k, v in estimator_calls(lanczos_steps=8).items() if not k.endswith("-disk")}
+    calls["hutchpp"] = estimator_calls(lanczos_steps=8)["hutchpp-disk"]
+    rows = []
+    for name, call in calls.items():
+        a, b = (call(op) for op in ops)
+        va, vb = (r.value if hasattr(r, "value") else r.values[0] for r in (a, b))
+        rows.append(
+            {"shape": shape, "estimator": name, "value": va, "rel_diff_reversed_batches": abs(va - vb) / abs(va)}
+        )
+    V = torch.randn(2, ops[0].dim, generator=torch.Generator().manual_seed(11), dtype=ops[0].dtype)
+    HA, HB = (op.matmat_flat(V) for op in ops)
+    product_change = float(((HA - HB).norm(dim=1) / HA.norm(dim=1)).max())
+    op = ops[0]
+    Y = op.matmat_flat(rademacher(op.generator(4), 3, op.dim, op.dtype, op.device))
+    lam = torch.linalg.eigvalsh(gram(Y, Y))
+    Q = orthonormalize_rows(Y)
+    low = float(rowdot(Q, op.matmat_flat(Q)).sum())
+    value = rows[-1]["value"]
+    rows.append(
+        {
+            "shape": shape,
+            "products_rel_change_reversed_batches": product_change,
+            "hutchpp_sketch_condition": float((lam.max() / lam.min()).sqrt()),
+            "hutchpp_low_rank_part": low,
+            "hutchpp_residual_part": value - low,
+            "hutchpp_cancellation": (abs(low) + abs(value - low)) / abs(value),
+        }
+    )
+    return rows
+
+
 class _rank_entry:  # picklable for spawn: binds the shape and batches
     def __init__(self, shape: str, batches: int):
         self.shape, self.batches = shape, batches
@@ -121,7 +171,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--shape", default="llama-128x6")
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--rounding", action="store_true", help="one process: the estimates with the batches reversed")
     args = parser.parse_args(argv)
+    if args.rounding:
+        return emit(rounding(args.shape, args.batches), args.json)
     return emit(run(tuple(int(r) for r in args.ranks.split(",")), args.shape, args.batches), args.json)
 
 

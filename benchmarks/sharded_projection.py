@@ -15,16 +15,22 @@ vectors (4 B), one sequence of ``seq`` tokens, activation checkpointing:
                                       w · P / N        before: in the shards' dtype
     .grad shards                      0                after: reduce-scattered into the output vector
                                       w · P / N        before
-    perturbation's cast               4 · V · h / N    (the largest local tensor, the embedding's shard)
-    all-gathered units                3 · w · B        (current and prefetched block, one block's
+    pass: the larger of               (the cast is freed before the gradient pass starts:
+                                                       ShardedHessianOperator.pass_bytes counts
+                                                       max(cast, pass), so the two never add up)
+      perturbation's cast             4 · V · h / N    (the largest local tensor, the embedding's shard)
+      all-gathered units              3 · w · B        (current and prefetched block, one block's
                                                        reduce-scatter output; B = parameters per block)
-    activations                       L·s·h·w + s·(14h + 2ff)·w + 2·s·V·4
+      + activations                   L·s·h·w + s·(14h + 2ff)·w + 2·s·V·4
                                                        (block inputs, one block's recompute, float32
                                                        logits and their gradient)
     device vectors                    n_dev · 4 · P / N  (Hutchinson block 1: v and Hv; Lanczos and
                                                        Hutch++ with state on the host: the row in
                                                        and the product; before: the whole state)
-    temporaries                       3 · 8 · 2²¹ B    (the chunked reductions)
+    temporaries                       3 · 8 · 2²¹ B    (the chunked reductions of float32 vectors:
+                                                       two float64 copies of a chunk and their
+                                                       product; 1 chunk for float64 vectors,
+                                                       losslens.geometry.memory.model.chunk_temporaries)
     host state                        m · 4 · P / N    (basis / sketch of m rows, pinned host RAM)
 
 Transfer of host state at :data:`~losslens.geometry.base.state_store.HOST_LINK_BYTES_PER_S`: Lanczos
@@ -35,6 +41,8 @@ gradients with one recomputed forward (8/3 gradients).
 """
 
 from __future__ import annotations
+
+import torch
 
 from losslens.geometry.base.state_store import HOST_LINK_BYTES_PER_S
 from losslens.geometry.memory.model import temporaries_bytes
@@ -88,6 +96,15 @@ def per_rank(
     }
 
 
+def device_bytes(parts: dict[str, float], vectors: float, temporaries: float) -> float:
+    """Device bytes per rank of :func:`per_rank`'s parts with the estimator's vectors and the chunk
+    temporaries: the perturbation's cast counts only where it exceeds the gradient pass (gathered
+    units + activations), as :meth:`ShardedHessianOperator.pass_bytes` plans it."""
+    fixed = sum(v for k, v in parts.items() if k not in ("perturbation cast", "gathered units", "activations"))
+    gradient_pass = parts["gathered units"] + parts["activations"]
+    return fixed + max(parts["perturbation cast"], gradient_pass) + vectors + temporaries
+
+
 def project(
     gpu_bytes: float = 80e9,
     seq: int = 2048,
@@ -102,14 +119,14 @@ def project(
     for (shape, gpus), compute in ((lay, cd) for lay in LAYOUTS for cd in computes):
         P = param_count(shape)
         vec = 4 * P / gpus
-        temps = temporaries_bytes(int(P / gpus))
+        temps = temporaries_bytes(int(P / gpus), torch.float32)
         before = per_rank(shape, gpus, compute, seq, False)
         t_grad = 6 * P * seq / (mfu * peak_flops)
         for est, (n_before, n_after, n_host) in ESTIMATORS.items():
-            need_before = sum(before.values()) + n_before * vec + temps
+            need_before = device_bytes(before, n_before * vec, temps)
             for host_master in (False, True):  # the master goes to the host only where the device is short
                 after = per_rank(shape, gpus, compute, seq, True, host_master)
-                need_after = sum(after.values()) + n_after * vec + temps
+                need_after = device_bytes(after, n_after * vec, temps)
                 if need_after <= gpu_bytes:
                     break
             master_host = 2 * P / gpus if host_master else 0.0

@@ -28,9 +28,10 @@ def dense(seed=0):
     return DenseOperator(sym_with_spectrum(EIGS, seed=seed))
 
 
-def vec(op, n=1, temporaries=3):
-    """A budget of ``n`` full-dim vectors besides the chunk temporaries the plan counts (3)."""
-    return vector_bytes(op.dim, op.dtype, n) + temporaries_bytes(op.dim, temporaries)
+def vec(op, n=1):
+    """A budget of ``n`` full-dim vectors besides the chunk temporaries the plan counts (1 for float64
+    vectors, 3 for float32)."""
+    return vector_bytes(op.dim, op.dtype, n) + temporaries_bytes(op.dim, op.dtype)
 
 
 def test_parse_and_format_bytes():
@@ -356,16 +357,44 @@ def test_lanczos_planner_gives_convergence_its_basis_before_the_graph_cache():
 
 def test_chunk_temporaries_are_at_most_51_MB():
     """README: the float64 chunk temporaries of the reductions take ≤ 51 MB whatever the dimension
-    (every estimator plans 3 alive, of CHUNK float64 numbers each)."""
+    (every estimator plans them for its vectors' dtype: 3 chunks of CHUNK float64 numbers for float32
+    vectors, 1 for float64 ones)."""
     import re
     from pathlib import Path
 
-    from losslens.geometry.memory.model import CHUNK_TEMPORARIES, temporaries_bytes
+    from losslens.geometry.memory.model import chunk_temporaries, temporaries_bytes
 
-    counts = {
-        int(c or CHUNK_TEMPORARIES)
+    calls = [
+        c
         for f in Path("geometry/estimators").glob("*.py")
-        for c in re.findall(r"temporaries_bytes\(op\.dim(?:, (\d+))?\)", f.read_text())
+        for c in re.findall(r"temporaries_bytes\(([^)]*)\)", f.read_text())
+    ]
+    assert calls and set(calls) == {"op.dim, op.dtype"}, calls  # every plan counts them for its vectors' dtype
+    counts = {chunk_temporaries(dt) for dt in (torch.float64, torch.float32, torch.bfloat16, None)}
+    assert counts == {1, 3}
+    assert temporaries_bytes(10**12, torch.float32) <= 51e6 < temporaries_bytes(10**12, count=4)
+    assert temporaries_bytes(10**12, torch.float64) <= 17e6
+
+
+@pytest.mark.parametrize("case", ["power", "power k=3", "lanczos", "slq full", "slq none", "hutch++", "hutchinson"])
+def test_float64_vectors_plan_one_chunk_and_allocate_what_the_plan_says(case):
+    """Float64 vectors: the reductions cast nothing, so the plan counts one float64 chunk, and every
+    tensor the estimator allocates stays within 0.95–1 of it (the plan's parts: vectors, one chunk)."""
+    d = torch.rand(3_000_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    d[:3] = torch.tensor([50.0, 30.0, 20.0], dtype=torch.float64)
+    op = _Diagonal(d)
+    runs = {
+        "power": lambda: top_eigenvalues(op, k=1, method="power", max_iter=8, tol=1e-12),
+        "power k=3": lambda: top_eigenvalues(op, k=3, method="power", max_iter=8, tol=1e-12),
+        "lanczos": lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=12, tol=1e-300),
+        "slq full": lambda: spectral_density(op, num_runs=2, num_steps=6, reorth="full"),
+        "slq none": lambda: spectral_density(op, num_runs=2, num_steps=6, reorth="none"),
+        "hutch++": lambda: hutchpp_trace(op, num_matvecs=15),
+        "hutchinson": lambda: hutchinson_trace(op, num_matvecs=4),
     }
-    assert counts and max(counts) == 3
-    assert temporaries_bytes(10**12, max(counts)) <= 51e6 < temporaries_bytes(10**12, max(counts) + 1)
+    res, peak = peak_new_bytes(runs[case])
+    predicted = res.memory["predicted_bytes"]
+    from losslens.geometry.memory.model import TEMPORARIES_PART
+
+    assert res.memory["parts"][TEMPORARIES_PART] == 8 * (1 << 21)
+    assert 0.95 * predicted <= peak <= predicted + 4096, (case, peak, predicted, res.memory["parts"])

@@ -1,10 +1,10 @@
 """Per-rank memory of the FSDP2-sharded operator (issue #48), 2 gloo ranks on a float64 micro Llama
-whose weights are bfloat16 numbers: every layout's measured peak is 0.85–1.05 of its plan on the
-device (never over it; measured 0.89–0.95: alone 0.94–0.95, inside the whole suite 0.89 for the
-Hutchinson-sized layouts, where the plan's few kB of chunk reserve weigh most) and equal to it for
-the state on disk; the estimates equal the unsharded difference backend
-(1e-8); θ comes back bit-identical; the master is kept in bfloat16; the products equal, bit for bit,
-the loop that keeps ``.grad`` shards and a full-width master."""
+whose weights are bfloat16 numbers: every layout's measured peak is 0.9–1.05 of its plan on the
+device (measured 0.98–0.995: the plan counts one float64 chunk temporary for float64 vectors,
+``losslens.geometry.memory.model.chunk_temporaries``) and equal to it for the state on disk; the
+estimates equal the unsharded difference backend (1e-8); θ comes back bit-identical; the master is
+kept in bfloat16; the products equal, bit for bit, the loop that keeps ``.grad`` shards and a
+full-width master."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def single():
 def test_measured_peak_matches_the_plan_and_the_estimate_the_unsharded_one(ranks, single, layout):
     for got in ranks:
         res = got[layout]
-        assert 0.85 <= res["peak"] / res["plan"] <= 1.05, (layout, res["peak"], res["plan"])
+        assert 0.9 <= res["peak"] / res["plan"] <= 1.05, (layout, res["peak"], res["plan"])
         assert res["host_peak"] == res["host_plan"], (layout, res["host_peak"], res["host_plan"])
         assert (res["host_plan"] > 0) == layout.endswith("-disk")
         assert res["unchanged"]

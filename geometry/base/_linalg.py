@@ -126,6 +126,7 @@ def residual_norms(A: torch.Tensor, B: torch.Tensor, scale) -> torch.Tensor:
         a = A[:, s].to(torch.float64)
         d = a - lam.to(a.device) * B[:, s].to(device=a.device, dtype=torch.float64)
         out += (d * d).sum(dim=1).cpu()
+        del a, d  # before the next chunk's: float64 rows then hold one chunk (two halves) at most
     return _summed(out).sqrt()
 
 

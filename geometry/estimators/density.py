@@ -76,7 +76,7 @@ def estimate_memory(
                 parts = {
                     f"current vectors and products [{2 * r}, dim]": 2 * r * vec,
                     "operator pass": pass_b,
-                    TEMPORARIES_PART: temporaries_bytes(op.dim),
+                    TEMPORARIES_PART: temporaries_bytes(op.dim, op.dtype),
                 }
                 host = {}
                 if mode == "full":

@@ -36,7 +36,7 @@ def estimate_memory(op: CurvatureOperator, max_memory=None) -> MemoryEstimate:
     parts = {
         "direction, gradient, H d [3, dim]": 3 * vec,
         "operator pass": op.pass_bytes(1, cached=False),
-        TEMPORARIES_PART: temporaries_bytes(op.dim),
+        TEMPORARIES_PART: temporaries_bytes(op.dim, op.dtype),
     }
     settings = {"cache_graphs": False}
     backend = getattr(op, "product_backend", None)

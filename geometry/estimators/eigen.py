@@ -101,7 +101,7 @@ def estimate_memory(
             parts = {
                 f"eigenvectors found, iterate and product [{n_vec}, dim]": n_vec * vec,
                 "operator pass": pass_b,
-                TEMPORARIES_PART: temporaries_bytes(op.dim),
+                TEMPORARIES_PART: temporaries_bytes(op.dim, op.dtype),
             }
             cands.append(MemoryEstimate(parts, budget, {**settings}))
         cands.sort(key=lambda e: not e.settings.get("cache_graphs", False))
@@ -131,7 +131,7 @@ def estimate_memory(
         # while iterating: the basis, one vector (the product, then the next basis vector) and the
         # reductions' temporaries; at the end the k Ritz vectors are formed beside the basis, which
         # is then freed before their k products: the larger phase counts
-        temps = temporaries_bytes(op.dim)
+        temps = temporaries_bytes(op.dim, op.dtype)
         state = max(basis_here + vec + copied + temps, basis_here + k * vec, 2 * k * vec + temps)
         parts, host = with_basis(
             {

@@ -99,7 +99,7 @@ def plan_probe_blocks(op: CurvatureOperator, m: int, block_size: int | None, max
                 f"probes [{b}, dim]": b * vec,
                 f"products [{b}, dim]": b * vec,
                 "operator pass": pass_b,
-                TEMPORARIES_PART: temporaries_bytes(op.dim),
+                TEMPORARIES_PART: temporaries_bytes(op.dim, op.dtype),
             }
             cands.append(Candidate(MemoryEstimate(parts, budget, {"block_size": b, **settings}), cost))
     return choose(cands, what, _ADVICE)

@@ -3,21 +3,20 @@
 Every estimator in losslens states its peak memory as a formula and checks it before it starts:
 
     peak ≈ resident (model weights, data: already allocated, not counted)
-         + state   (the full-dim vectors the estimator holds, n · dim · bytes(dtype))
-         + pass    (one operator product on k vectors: the double-backward graph of one batch,
-                    or of every batch when graphs are kept between calls, plus the transient
-                    of the second backward; see :meth:`losslens.geometry.operators.hessian.HessianOperator.pass_bytes`)
+         + state   (the full-dim vectors the estimator holds, n · dim · bytes(dtype), and the float64 chunk
+                    temporaries of its reductions for that dtype: :func:`temporaries_bytes`)
+         + pass    (one product on k vectors: the double-backward graph of one batch, or of every batch when
+                    kept, plus the second backward's transient: ``HessianOperator.pass_bytes``)
 
-``max_memory`` is the number of bytes an estimator may add on top of what is resident. It is an
-int (bytes), a size string such as ``"8GB"``/``"512MiB"`` (:mod:`losslens.geometry.memory.sizes`: a unit, 1 MB up to the
-device's memory), or None for :func:`default_budget`: a fixed
-fraction of the device's *total* memory (host RAM, or the GPU's memory less what this process's
-tensors hold), never of what happens to be free at call time, so the same machine and settings
-give the same plan and the same numbers. Estimators pick the largest fitting setting (block size,
-Hutch++ sketch, Lanczos basis, graph cache) and record it in their result (``memory`` field; sweeps
-make the numerically relevant ones part of a row's identity, :func:`identity_settings`); when even
-the smallest setting does not fit they raise :class:`MemoryBudgetError` before any work, with the
-bytes needed, the bytes available and what would fit.
+``max_memory`` is the number of bytes an estimator may add on top of what is resident. It is an int (bytes), a
+size string such as ``"8GB"``/``"512MiB"`` (:mod:`losslens.geometry.memory.sizes`: a unit, 1 MB up to the
+device's memory), or None for :func:`default_budget`: a fixed fraction of the device's *total* memory (host
+RAM, or the GPU's memory less what this process's tensors hold), never of what happens to be free at call
+time, so the same machine and settings give the same plan and the same numbers. Estimators pick the largest
+fitting setting (block size, Hutch++ sketch, Lanczos basis, graph cache) and record it in their result
+(``memory`` field; sweeps make the numerically relevant ones part of a row's identity,
+:func:`identity_settings`); when even the smallest setting does not fit they raise :class:`MemoryBudgetError`
+before any work, with the bytes needed, the bytes available and what would fit.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ __all__ = [
     "format_bytes",
     "vector_bytes",
     "temporaries_bytes",
+    "chunk_temporaries",
     "TEMPORARIES_PART",
     "CPU_FRACTION",
     "CUDA_FRACTION",
@@ -198,18 +198,25 @@ def resolve_budget(max_memory: Any, device: torch.device | str) -> int:
     return default_budget(device) if max_memory is None else parse_bytes(max_memory, device)
 
 
-#: float64 chunk temporaries alive at once in the chunked reductions and orthonormalisations of
-#: losslens.geometry.base._linalg (``CHUNK`` numbers each), measured with graph_memory.peak_new_bytes on diagonal
-#: operators (tests/test_memory_budget.py): 3 (a norm of float32 rows: two float64 copies of a chunk
-#: and their product) in the traces, power iteration, directional curvature, Lanczos and SLQ (whose
-#: Gram-Schmidt passes against a basis work in the vectors' dtype, in smaller chunks). Float64
-#: vectors need only 1 (the product), so their plans are up to 2 chunks (34 MB) high.
+#: float64 chunk temporaries (``CHUNK`` numbers each) alive at once in the reductions of losslens.geometry.base._linalg
+#: for vectors narrower than float64, measured with peak_new_bytes on diagonal operators (tests/test_memory_budget.py):
+#: 3 in every estimator (a norm of float32 rows: two float64 copies of a chunk and their product).
 CHUNK_TEMPORARIES = 3
+#: The same for float64 vectors, whose ``.to(float64)`` is a view: only ``rowdot``'s product (or
+#: ``residual_norms``' difference and its square, half chunks) is allocated; measured 1 in every estimator.
+FLOAT64_CHUNK_TEMPORARIES = 1
 TEMPORARIES_PART = "chunked reductions' temporaries (float64)"
 
 
-def temporaries_bytes(dim: int, count: int = CHUNK_TEMPORARIES) -> int:
-    """Bytes of ``count`` float64 chunk temporaries for vectors of ``dim`` numbers (≤ count × 16.8 MB)."""
+def chunk_temporaries(dtype: torch.dtype | None) -> int:
+    """Float64 chunk temporaries alive at once for vectors of ``dtype``: 1 for float64, else (and None) 3."""
+    return FLOAT64_CHUNK_TEMPORARIES if dtype == torch.float64 else CHUNK_TEMPORARIES
+
+
+def temporaries_bytes(dim: int, dtype: torch.dtype | None = None, count: int | None = None) -> int:
+    """Bytes of ``count`` (default :func:`chunk_temporaries` of the vectors' ``dtype``) float64 chunks of
+    ``8 × min(dim, CHUNK)`` bytes for vectors of ``dim`` numbers (≤ 50.3 MB for float32, 16.8 MB for float64)."""
+    count = chunk_temporaries(dtype) if count is None else count
     return int(count) * 8 * min(int(dim), CHUNK)
 
 
@@ -233,8 +240,7 @@ class MemoryEstimate:
     settings: dict[str, Any] = field(default_factory=dict)
     host_parts: dict[str, int] = field(default_factory=dict)
     host_budget: int = 0
-    #: state kept off the device (issue #48): ``{"bytes": moved between it and the device over the
-    #: run, "seconds": at the assumed rate, "where": "cpu" or "disk"}``; empty when on the device
+    #: state off the device (#48): ``{"bytes": moved over the run, "seconds" (assumed rate), "where": "cpu"|"disk"}``
     transfer: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -368,12 +374,11 @@ def basis_storage(
     basis_dtype: torch.dtype | None = None,
     vector_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.device, torch.dtype, bool]:
-    """``(device, dtype, on_host)`` where an estimator keeps a large basis: the operator's device
-    and the vectors' dtype by default; ``basis_device="cpu"`` keeps it in host RAM when the
-    operator is on a GPU (counted against the host budget); ``basis_device="disk"`` on local disk,
-    memory-mapped (:mod:`losslens.geometry.base.state_store`; counted against the free disk space,
-    ``device`` is then the string ``"disk"``); ``basis_dtype`` (e.g. bfloat16) stores it in lower
-    precision (arithmetic still in float32)."""
+    """``(device, dtype, on_host)`` where an estimator keeps a large basis: the operator's device and the
+    vectors' dtype by default; ``"cpu"`` keeps it in host RAM when the operator is on a GPU (counted against
+    the host budget); ``"disk"`` on local disk, memory-mapped (:mod:`losslens.geometry.base.state_store`;
+    counted against the free disk space; ``device`` is then ``"disk"``); ``basis_dtype`` (e.g. bfloat16)
+    stores it in lower precision (arithmetic still in float32)."""
     if basis_dtype is not None and basis_dtype not in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
         raise MemoryBudgetError(f"basis_dtype must be a floating dtype, got {basis_dtype}")
     if basis_device == DISK:
