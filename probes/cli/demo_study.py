@@ -39,6 +39,11 @@ import pandas as pd
 from losslens.lm.core.workers import WorkerPool
 from losslens.cli.demo_jobs import draw_landscape, draw_planes, train_all
 from losslens.cli.demo_settings import DEFAULT, QUICK, DemoSettings, has_lm_eval
+from losslens.measure.probes.accuracy import PROBE as ACCURACY
+from losslens.measure.probes.explain import PROBE as EXPLAIN
+from losslens.measure.probes.loss import PROBE as LOSS
+from losslens.measure.probes.quant import PROBE as QUANT
+from losslens.measure.probes.trace import PROBE as TRACE
 
 
 @dataclass
@@ -113,17 +118,17 @@ def final_table(df: pd.DataFrame, settings: DemoSettings) -> pd.DataFrame:
             v = sub.loc[m, "value"]
             return float(v.iloc[0]) if len(v) else math.nan
 
-        row: dict[str, Any] = {"run": run, "fp_loss": round(val(last, "loss", "loss"), 4)}
+        row: dict[str, Any] = {"run": run, "fp_loss": round(val(last, LOSS.name, LOSS.metric), 4)}
         for spec in settings.quant:
-            row[spec] = round(100 * val(last, "quant", "rel_loss_error", spec), 3)
-        row["trace"] = round(val(last, "trace", "trace"), 1)
+            row[spec] = round(100 * val(last, QUANT.name, QUANT.metric, spec), 3)
+        row["trace"] = round(val(last, TRACE.name, TRACE.metric), 1)
         if len(lawa):
             ck = lawa.iloc[0]
-            row["lawa_fp_loss"] = round(val(ck, "loss", "loss"), 4)
+            row["lawa_fp_loss"] = round(val(ck, LOSS.name, LOSS.metric), 4)
             row[f"lawa_{settings.headline_spec}"] = round(
-                100 * val(ck, "quant", "rel_loss_error", settings.headline_spec), 3
+                100 * val(ck, QUANT.name, QUANT.metric, settings.headline_spec), 3
             )
-            row["lawa_trace"] = round(val(ck, "trace", "trace"), 1)
+            row["lawa_trace"] = round(val(ck, TRACE.name, TRACE.metric), 1)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -211,9 +216,9 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
     ok = df[df["status"] == "ok"]
     correlations = summary(
         ok,
-        x=["trace", "lambda_max"],
+        x=[TRACE.name, "lambda_max"],
         y=[settings.headline_spec],
-        controls=["lr", "loss"],
+        controls=["lr", LOSS.name],
         methods=("spearman", "pearson"),
         seed=settings.seed,
     )
@@ -230,7 +235,7 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
     land = draw_landscape(settings, trajectories, sets, out, progress, echo, seconds)
 
     explanation, explain_text = None, ""
-    if (ok["probe"] == "explain").any():
+    if (ok["probe"] == EXPLAIN.name).any():
         from losslens.study.analysis.explain_shares import format_check, science_check
 
         try:
@@ -240,7 +245,7 @@ def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:
         except AnalysisError as exc:
             problems.append(f"explain analysis not computed: {exc}")
     accuracy_text = ""
-    if (ok["probe"] == "accuracy").any():
+    if (ok["probe"] == ACCURACY.name).any():
         from losslens.study.analysis.accuracy_verdict import accuracy_verdict
 
         try:

@@ -13,6 +13,9 @@ from losslens.cli.option_parsing import cli, flags, long_help
 from losslens.geometry.operators.names import BACKEND_NAMES
 from losslens.cli.option_groups import TRAJECTORY_HELP, ComputeOptions, LoadOptions, MemoryOptions, TrajectoryOptions
 from losslens.cli.sharpness_command import sharpness
+from losslens.measure.probes.loss import PROBE as LOSS
+from losslens.measure.probes.quant import PROBE as QUANT
+from losslens.measure.probes.trace import PROBE as TRACE
 from losslens.study.trajectory_sweep import SweepSettings
 
 
@@ -52,12 +55,12 @@ def print_phases(df, console=None, gap: str | None = None) -> None:
     from losslens.study.analysis import AnalysisError, convergence_onset, divergence_onset, series_frame
 
     con = console or wide_console()
-    qs = list(dict.fromkeys(df.loc[(df["probe"] == "quant") & (df["status"] == "ok"), "spec"]))
+    qs = list(dict.fromkeys(df.loc[(df["probe"] == QUANT.name) & (df["status"] == "ok"), "spec"]))
     if gap is None and qs:
         gap = next((q for q in qs if q.startswith("rtn:4")), qs[0])
     try:
-        frame = series_frame(df, ["step", "lr", "loss"])
-        c = convergence_onset(frame["step"], frame["loss"], frame["lr"])
+        frame = series_frame(df, ["step", "lr", LOSS.name])
+        c = convergence_onset(frame["step"], frame[LOSS.name], frame["lr"])
         tail = "" if c.found else " (the loss still improves at the last checkpoint)"
         con.print(f"FP-convergence onset: step {c.step:g}, lr {c.lr}{tail}")
     except (AnalysisError, KeyError) as exc:
@@ -258,7 +261,7 @@ def correlate(
     *,
     x: Annotated[
         List[str], typer.Option("--x", help="x series (repeatable): trace, lambda_max, kurtosis, loss, lr, ...")
-    ] = ["trace"],
+    ] = [TRACE.name],
     y: Annotated[
         List[str],
         typer.Option(

@@ -43,6 +43,8 @@ from torch import nn
 from losslens.lm.core.tokenset import TokenSet
 from losslens.study.sweep.datasets import data_hashes
 from losslens.study.sweep.store import Store
+from losslens.measure.probes.loss import PROBE as LOSS
+from losslens.measure.probes.quant import PROBE as QUANT
 from losslens.measure.probes.rows import ProbeRow
 from losslens.measure.probes.state import CheckpointState
 
@@ -202,8 +204,8 @@ class RobustnessMonitor:
             self.alarm.fired = AlarmEvent(**{k: marker[k] for k in AlarmEvent.__dataclass_fields__})
         df = self.store.results(include_failed=False)
         df = df[(df["run"] == self.run) & (df["data_hash"] == self.data_hash)]
-        loss = df[(df["probe"] == "loss") & (df["metric"] == "loss")].set_index("step")["value"]
-        dq = df[(df["probe"] == "quant") & (df["spec"] == self.alarm.spec) & (df["metric"] == "rel_loss_error")]
+        loss = df[(df["probe"] == LOSS.name) & (df["metric"] == LOSS.metric)].set_index("step")["value"]
+        dq = df[(df["probe"] == QUANT.name) & (df["spec"] == self.alarm.spec) & (df["metric"] == QUANT.metric)]
         dq = dq.set_index("step")["value"]
         lrs = df.groupby("step")["lr"].first()
         for step in sorted(set(loss.index) & set(dq.index)):

@@ -15,8 +15,12 @@ import torch
 
 from losslens.study.sweep.runner import PROBE_FUNCS
 from losslens.study.sweep.store import Store
+from losslens.measure.probes.eigen import PROBE as EIGEN
+from losslens.measure.probes.loss import PROBE as LOSS
+from losslens.measure.probes.quant import PROBE as QUANT
 from losslens.measure.probes.rows import ProbeRow
 from losslens.measure.probes.state import CheckpointState
+from losslens.measure.probes.trace import PROBE as TRACE
 
 from losslens.study.monitor.settings import MonitorError, MonitorSettings
 
@@ -55,7 +59,7 @@ def run_task(
         row.seed = seed
     if row.status == "ok":
         flag_floor(row, settings)
-        if task.probe == "loss":
+        if task.probe == LOSS.name:
             row.extra = {
                 **row.extra,
                 **({"train_loss": float(train_loss)} if train_loss is not None else {}),
@@ -66,7 +70,7 @@ def run_task(
 
 def flag_floor(row: ProbeRow, settings: MonitorSettings) -> None:
     """Precision floor: trace CI relative half-width ≤ ``trace_ci_floor``; λ_max converged."""
-    if row.probe == "trace":
+    if row.probe == TRACE.name:
         m = row.metrics[0]
         half = 0.5 * (m["ci_high"] - m["ci_low"]) / abs(m["value"]) if m["value"] else math.inf
         row.extra = {
@@ -75,7 +79,7 @@ def flag_floor(row: ProbeRow, settings: MonitorSettings) -> None:
             "floor": settings.trace_ci_floor,
             "below_floor": bool(half > settings.trace_ci_floor),
         }
-    elif row.probe == "eigen":
+    elif row.probe == EIGEN.name:
         ok = all(bool(m.get("converged")) for m in row.metrics)
         res = row.extra.get("residuals") or [math.nan]
         lam = row.metrics[0]["value"]
@@ -96,18 +100,18 @@ def stored_values(store: Store, run: str, label: str) -> dict[str, float]:
     raw = raw[(raw["run"] == run) & (raw["checkpoint"] == label)]
     out: dict[str, float] = {}
     for _, r in df.iterrows():
-        if r["probe"] == "loss" and r["metric"] == "loss":
+        if r["probe"] == LOSS.name and r["metric"] == LOSS.metric:
             out["loss"] = float(r["value"])
-        elif r["probe"] == "quant" and r["metric"] == "rel_loss_error":
+        elif r["probe"] == QUANT.name and r["metric"] == QUANT.metric:
             out[f"dq/{r['spec']}"] = float(r["value"])
-        elif r["probe"] == "trace":
+        elif r["probe"] == TRACE.name:
             out["trace"] = float(r["value"])
-        elif r["probe"] == "eigen" and r["metric"] == "lambda_1":
+        elif r["probe"] == EIGEN.name and r["metric"] == EIGEN.metric:
             out["lambda_max"] = float(r["value"])
     below = 0.0
     for _, r in raw.iterrows():
         ex = json.loads(r["extra"] or "{}")
-        if r["probe"] == "trace" and "rel_ci_half_width" in ex:
+        if r["probe"] == TRACE.name and "rel_ci_half_width" in ex:
             out["trace_rel_ci"] = float(ex["rel_ci_half_width"])
         below = max(below, float(bool(ex.get("below_floor"))))
     if "trace" in out or "lambda_max" in out:
