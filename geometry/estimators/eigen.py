@@ -80,7 +80,9 @@ def estimate_memory(
     basis_dtype: torch.dtype | None = None,
 ) -> MemoryEstimate:
     """The memory plan :func:`top_eigenvalues` would run with, without running it (raises
-    :class:`~losslens.geometry.memory.model.MemoryBudgetError` when nothing fits)."""
+    :class:`~losslens.geometry.memory.model.MemoryBudgetError` when nothing fits; the operator is
+    checked first)."""
+    check_op(op)
     if k > op.dim:
         raise EstimatorError(f"k must be <= the operator dimension {op.dim}, got k={k}")
     budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
@@ -229,11 +231,7 @@ def top_eigenvalues(
         the Ritz vectors under its refined products (Richardson's stencil; ``memory["refined"]``
         keeps the Ritz values): k more products of 4 gradients each.
     """
-    check_op(op)
-    dim = op.dim
-    k = check_int("k", k, 1)
-    if k > dim:
-        raise EstimatorError(f"k must be <= the operator dimension {dim}, got k={k}")
+    k = check_int("k", k, 1)  # the operator and k <= its dimension: checked by estimate_memory below
     max_iter = check_int("max_iter", max_iter, 1)
     if not (isinstance(tol, (int, float)) and tol > 0 and math.isfinite(tol)):
         raise EstimatorError(f"tol must be a positive finite number, got {tol!r}")
