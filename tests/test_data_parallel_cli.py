@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from losslens.lm.core.tokenset import TokenSet
+from losslens.lm.shared_settings import SettingsError
 from losslens.measure.sharpness import SharpnessError, sharpness
 from losslens.study.sweep.testing import SEQ, VOCAB, tiny_trajectory
 
@@ -231,3 +232,40 @@ def test_torchrun_fsdp_bfloat16_within_1e3_of_float32_exact_with_its_error_shown
     assert two["trace"]["value"] == pytest.approx(exact["trace"]["value"], rel=1e-3)
     assert two["eigen"]["values"][0] == pytest.approx(exact["eigen"]["values"][0], rel=1e-3)
     assert two["hvp_check"]["rel_error"] <= 1e-2 and two["error_warning"] is None
+
+
+def test_torchrun_fsdp_solver_state_on_disk_and_master_on_host_leave_the_numbers(setup):
+    """`--state-device disk --master-device cpu` (issue #48) through the CLI at 2 ranks: the Hutch++
+    sketch and the Lanczos basis memory-mapped on local disk, counted in the plans' host part with their
+    transfer time; θ's copy kept on the host (recorded; on a CPU-only machine the host is the device,
+    so no bytes move). The estimates equal one process's difference backend with its state in RAM."""
+    ckpt, data = setup
+    one = sharpness(ckpt, data=data, backend="difference", **{**ARGS, "method": "hutch++", "num_matvecs": 9})
+    args = _cli_args(ckpt, data)
+    args[args.index("hutchinson")], args[args.index("--num-matvecs") + 1] = "hutch++", "9"
+    r = _torchrun_sharpness(args, "fsdp", "--state-device", "disk", "--master-device", "cpu")
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = json.loads(r.stdout[r.stdout.index("{") :])
+    assert two["trace"]["method"] == one["trace"]["method"] == "hutch++"
+    for part in ("trace", "eigen"):
+        mem, ref = two[part]["memory"], one[part]["memory"]
+        assert mem["settings"]["basis_device"] == "disk" and ref["settings"]["basis_device"] == "cpu"
+        assert mem["host_bytes"] > 0 and "host_bytes" not in ref
+        assert mem["transfer"]["where"] == "disk" and mem["transfer"]["seconds"] > 0
+    assert two["parallel"]["master_device"] == "cpu"
+    assert two["trace"]["value"] == pytest.approx(one["trace"]["value"], rel=1e-8)
+    assert two["eigen"]["values"][0] == pytest.approx(one["eigen"]["values"][0], rel=1e-7)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"master_device": "cpu"}, "--master-device cpu needs --parallel fsdp"),
+        ({"state_device": "gpu"}, "--state-device 'gpu' is unknown; valid: device, cpu, disk"),
+        ({"master_device": "disk", "parallel": "fsdp"}, "--master-device 'disk' is unknown; valid: device, cpu"),
+    ],
+)
+def test_state_places_are_checked_before_anything_is_loaded(setup, options, match):
+    ckpt, data = setup
+    with pytest.raises(SettingsError, match=match):  # the CLI prints it in one line (exit 2)
+        sharpness(ckpt, data=data, **{**ARGS, **options})

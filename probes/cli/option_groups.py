@@ -19,6 +19,7 @@ from losslens.lm.shared_settings import (
     ErrorOptions,
     LoadOptions,
     MemoryOptions,
+    StateOptions,
     TrajectoryOptions,
 )
 
@@ -62,6 +63,13 @@ _LONG = dict(
     parallel="none | data | fsdp, under torchrun: data splits the curvature batches over the ranks; fsdp also "
     "shards the model, every vector and the estimators' state (FSDP2, gradient differences). Only rank 0 "
     "prints.",
+    state_device="Where the estimators' large state lives, a Lanczos basis or a Hutch++ sketch: device (the "
+    "operator's), cpu (host RAM, pinned when the model is on a GPU) or disk (memory-mapped in $LOSSLENS_STATE_DIR, "
+    "default the temporary folder); off the device it is streamed a chunk at a time, and the memory plan counts it "
+    "against host RAM or free disk with its transfer time. The numbers do not change.",
+    master_device="With --parallel fsdp: where the copy of θ that restores the shards after each perturbation "
+    "lives: device, or cpu (host RAM, pinned on a GPU: moved in a tensor at a time per perturbation; its bytes "
+    "leave the device's plan).",
     error_tolerance="Relative error of the HVP products (measured against an exact reference) above which a "
     "warning is printed and the result flagged (error_warning).",
     strict="Exit with status 1 when the result is flagged (measured product error over --error-tolerance); "
@@ -102,6 +110,17 @@ flags(
     strict_memory=typer.Option(
         "--strict-memory/--no-strict-memory",
         help=long_help("Make --max-memory a cap on resident memory (CPU).", _LONG["strict_memory"]),
+    ),
+)
+
+flags(
+    StateOptions,
+    state_device=typer.Option(
+        "--state-device",
+        help=long_help("Lanczos basis / Hutch++ sketch: device | cpu | disk.", _LONG["state_device"]),
+    ),
+    master_device=typer.Option(
+        "--master-device", help=long_help("Sharded θ copy: device | cpu (--parallel fsdp).", _LONG["master_device"])
     ),
 )
 
@@ -166,6 +185,7 @@ __all__ = [
     "ErrorOptions",
     "LoadOptions",
     "MemoryOptions",
+    "StateOptions",
     "TrajectoryOptions",
     "apply_strict_memory",
     "check_max_memory",

@@ -22,6 +22,7 @@ from losslens.cli.option_groups import (
     ErrorOptions,
     LoadOptions,
     MemoryOptions,
+    StateOptions,
     exit_if_strict,
     warn_flagged,
 )
@@ -52,6 +53,7 @@ def sharpness(
     settings: SharpnessSettings = SharpnessSettings(),
     load: LoadOptions = LoadOptions(),
     memory: MemoryOptions = MemoryOptions(),
+    state: StateOptions = StateOptions(),
     compute: ComputeOptions = ComputeOptions(),
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     errors: ErrorOptions = ErrorOptions(),
@@ -68,6 +70,7 @@ def sharpness(
             load=load,
             memory=memory,
             compute=compute,
+            state=state,
             errors=replace(errors, strict=False),  # --strict: the output first, then exit 1
         )
     except (one_checkpoint.SharpnessError, SettingsError) as exc:  # others: the app's one line (or --debug)

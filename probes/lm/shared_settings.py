@@ -10,8 +10,9 @@ torch.
 
 Shared groups: :class:`TrajectoryOptions` (hub cache, LR schedule, tokens per step),
 :class:`CheckpointOptions` (those and the label), :class:`LoadOptions` (device, dtype, pickle),
-:class:`MemoryOptions` (the estimators' budget, ``strict_memory``), :class:`ComputeOptions` (HVP backend,
-compute dtype, threads, parallelism) and :class:`ErrorOptions` (the products' error tolerance).
+:class:`MemoryOptions` (the estimators' budget, ``strict_memory``), :class:`StateOptions` (where solver
+state and the sharded operator's copy of θ live), :class:`ComputeOptions` (HVP backend, compute dtype,
+threads, parallelism) and :class:`ErrorOptions` (the products' error tolerance).
 """
 
 from __future__ import annotations
@@ -200,6 +201,51 @@ class ErrorOptions:
     strict: bool = False
 
 
+STATE_DEVICES = ("device", "cpu", "disk")
+"""Where the estimators' solver state may live (``state_device``, ``--state-device``)."""
+MASTER_DEVICES = ("device", "cpu")
+"""Where the sharded operator's kept copy of θ may live (``master_device``, ``--master-device``)."""
+
+
+@settings
+@dataclasses.dataclass(frozen=True)
+class StateOptions:
+    """Where the large state lives (issue #48; :mod:`losslens.geometry.base.state_store`): the estimators'
+    solver state, a Lanczos basis or a Hutch++ sketch (``state_device``: ``"device"``, the operator's;
+    ``"cpu"``, host RAM, pinned on a GPU; ``"disk"``, memory-mapped in ``$LOSSLENS_STATE_DIR``), planned
+    in the memory plan's host part with its transfer time; and the copy of θ the sharded operator
+    restores θ from (``master_device``: ``"device"`` or ``"cpu"``, moved in per perturbation;
+    ``parallel="fsdp"`` only, :class:`losslens.geometry.operators.sharded.ShardedHessianOperator`)."""
+
+    state_device: str = "device"
+    master_device: str = "device"
+
+    def check(self, parallel: str) -> None:
+        """:class:`SettingsError` naming the option for a place not in :data:`STATE_DEVICES` /
+        :data:`MASTER_DEVICES`, or a master off the device without ``parallel="fsdp"``."""
+        if self.state_device not in STATE_DEVICES:
+            raise SettingsError(f"--state-device {self.state_device!r} is unknown; valid: {', '.join(STATE_DEVICES)}")
+        if self.master_device not in MASTER_DEVICES:
+            raise SettingsError(
+                f"--master-device {self.master_device!r} is unknown; valid: {', '.join(MASTER_DEVICES)}"
+            )
+        if self.master_device != "device" and parallel != "fsdp":
+            raise SettingsError(
+                f"--master-device {self.master_device} needs --parallel fsdp: only the sharded operator keeps a "
+                "copy of θ (the other paths differentiate at θ itself)"
+            )
+
+    @property
+    def basis_device(self) -> str | None:
+        """The estimators' ``basis_device`` (None: the operator's device)."""
+        return None if self.state_device == "device" else self.state_device
+
+    @property
+    def master(self) -> str | None:
+        """The sharded operator's ``master_device`` (None: its device)."""
+        return None if self.master_device == "device" else self.master_device
+
+
 def apply_strict_memory(strict: bool | None, max_memory: str | None = None) -> bool:
     """``strict_memory`` (``None``: on when ``max_memory`` was given):
     :func:`losslens.geometry.memory.allocator.return_freed_memory` with the 64 kB mmap threshold measured to keep
@@ -242,7 +288,10 @@ __all__ = [
     "ErrorOptions",
     "LoadOptions",
     "MemoryOptions",
+    "MASTER_DEVICES",
+    "STATE_DEVICES",
     "SettingsError",
+    "StateOptions",
     "TrajectoryOptions",
     "apply_strict_memory",
     "check_max_memory",

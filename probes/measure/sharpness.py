@@ -23,6 +23,7 @@ from losslens.lm.shared_settings import (
     ErrorOptions,
     LoadOptions,
     MemoryOptions,
+    StateOptions,
     keywords,
     settings,
 )
@@ -70,12 +71,15 @@ def measure_sharpness(
     memory: MemoryOptions = MemoryOptions(),
     compute: ComputeOptions = ComputeOptions(),
     errors: ErrorOptions = ErrorOptions(),
+    state: StateOptions = StateOptions(),
 ) -> dict:
     """Sharpness of one checkpoint from settings objects: what ``losslens sharpness --json`` prints
     (:func:`sharpness` takes the same options as keyword parameters; the keys are documented there).
+    ``state``: where the Lanczos basis / Hutch++ sketch and the sharded copy of θ live (checked first).
     Applies ``memory.strict_memory`` to this process first; ``errors.strict``: a flagged result (its
     products' measured error over ``errors.error_tolerance``) raises :class:`SharpnessError` instead of
     being returned. Cost: ``num_matvecs`` HVPs for the trace plus ≤ ``max_iter`` per eigenvalue."""
+    state.check(compute.parallel)  # a SettingsError naming the option, as memory.apply()'s
     memory.apply()
     s = settings
     res = _measure(
@@ -104,6 +108,8 @@ def measure_sharpness(
         compute_dtype=compute.compute_dtype,
         error_tolerance=errors.error_tolerance,
         progress=not s.quiet,
+        basis_device=state.basis_device,
+        master_device=state.master,
     )
     if errors.strict and res["error_warning"]:
         raise SharpnessError(f"{res['error_warning']['message']} (strict: the result is not returned)")
@@ -137,6 +143,8 @@ def _measure(
     compute_dtype: str | None,
     error_tolerance: float,
     progress: ProgressArg = False,
+    basis_device: str | None = None,
+    master_device: str | None = None,
 ) -> dict:
     """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint as a dict.
 
@@ -174,7 +182,8 @@ def _measure(
     and exits non-zero with ``--strict``); an error that could not be measured says why in
     ``hvp_check["reference"]``. ``progress``: the products done / planned with an ETA on stderr
     (:func:`losslens.geometry.base.progress.progress_bar`; rank 0 only), after one stage line per step
-    (curvature set, loading).
+    (curvature set, loading). ``basis_device``: the estimators' (None: the operator's device; ``"cpu"``,
+    ``"disk"``: in the plans' ``host_parts``); ``master_device``: the sharded operator's (``"cpu"``).
     """
     from losslens.lm.checkpoints import CheckpointError, CheckpointLoader
     from losslens.lm.checkpoints.locate import open_checkpoint
@@ -267,7 +276,7 @@ def _measure(
         if parallel == "fsdp":  # every rank holds 1/N of θ, of every vector and of the estimators' state
             from losslens.lm.models.sharding import fsdp_lm_hessian
 
-            op = fsdp_lm_hessian(model, batches, dev, backend, compute_dtype, max_memory)
+            op = fsdp_lm_hessian(model, batches, dev, backend, compute_dtype, max_memory, master_device)
         else:
             op = lm_hessian(
                 model,
@@ -280,19 +289,21 @@ def _measure(
                 **({"data_parallel": pg} if pg is not None else {}),
             )
         # both plans are checked before any product: a plan that cannot fit fails here, in one line
-        trace_memory(op, method, num_matvecs)
-        eigen_memory(op, k, eigen_method, max_iter)
+        state = {"basis_device": basis_device} if basis_device is not None else {}  # solver state's place
+        trace_memory(op, method, num_matvecs, **state)
+        eigen_memory(op, k, eigen_method, max_iter, **state)
         with torch_threads(num_threads):
             with progress_bar(progress, num_matvecs, what=f"trace ({method})", unit="HVP", label="sharpness") as bar:
                 op.on_products = bar.update
-                est = (hutchpp_trace if method == "hutch++" else hutchinson_trace)(
-                    op, num_matvecs=num_matvecs, seed=seed
-                )
+                if method == "hutch++":
+                    est = hutchpp_trace(op, num_matvecs=num_matvecs, seed=seed, **state)
+                else:  # no solver state: nothing to place
+                    est = hutchinson_trace(op, num_matvecs=num_matvecs, seed=seed)
             most = (max_iter if eigen_method == "lanczos" else k * max_iter) + k  # + the Ritz vectors' refinement
             what = f"top-{k} eigenvalues, {eigen_method} (at most)"
             with progress_bar(progress, most, what=what, unit="HVP", label="sharpness") as bar:
                 op.on_products = bar.update
-                ev = top_eigenvalues(op, k=k, method=eigen_method, tol=tol, max_iter=max_iter, seed=seed)
+                ev = top_eigenvalues(op, k=k, method=eigen_method, tol=tol, max_iter=max_iter, seed=seed, **state)
             op.on_products = None
     except (MemoryBudgetError, OperatorError) as exc:
         raise SharpnessError(str(exc)) from exc
@@ -335,7 +346,11 @@ def _measure(
             "world_size": pg.world_size if pg else 1,
             "backend": pg.backend if pg else None,
             "batches_per_rank": pg.gather_objects(len(batches)) if pg else [len(batches)],
-            **({"elements_per_rank": pg.gather_objects(op.local_dim)} if parallel == "fsdp" else {}),
+            **(
+                {"elements_per_rank": pg.gather_objects(op.local_dim), "master_device": master_device or "device"}
+                if parallel == "fsdp"
+                else {}
+            ),
         },
         "backend": op.backend,
         "hvp_check": op.checked(),

@@ -98,6 +98,7 @@ def fsdp_lm_hessian(
     backend: str = DifferenceBackend.name,
     compute_dtype: Any = None,
     max_memory: Any = None,
+    master_device: Any = None,
 ) -> ShardedHessianOperator:
     """``sharpness --parallel fsdp``: the sharded Hessian of ``model`` (loaded whole on this rank, cast
     to the compute dtype, then sharded by :func:`shard_model`) with its error measured first on a
@@ -105,7 +106,8 @@ def fsdp_lm_hessian(
     (:func:`losslens.lm.models.miniature.miniature_bound`, the same on every rank). The zero-embedding
     tokens are found once, on the whole model, for both. FSDP2 runs first-order gradients only: an
     exact ``backend`` (reverse, forward, auto) is replaced by the difference backend out loud
-    (``op.backend_choice`` says why; the CLI prints it)."""
+    (``op.backend_choice`` says why; the CLI prints it). ``master_device``: ``"cpu"`` keeps the
+    operator's copy of θ in host RAM (``--master-device cpu``)."""
     from losslens.geometry.operators.names import backend_named
     from losslens.geometry.operators.precision import compute_dtype_for
     from losslens.lm.models.curvature import ERROR_TOLERANCE
@@ -118,7 +120,12 @@ def fsdp_lm_hessian(
     if batches:
         mini = miniature_bound(model, [batches[0][:2, :32]], exclude=exclude)
     op = sharded_lm_hessian(
-        shard_model(model, device, dtype), batches, exclude, max_memory=max_memory, compute_dtype=dtype
+        shard_model(model, device, dtype),
+        batches,
+        exclude,
+        max_memory=max_memory,
+        compute_dtype=dtype,
+        master_device=master_device,
     )
     op.hvp_check = {**op.checked(), **mini}
     op.error_tolerance = ERROR_TOLERANCE
