@@ -8,5 +8,8 @@
 - :mod:`.grid`         -- :func:`train_sweep`: the cartesian product of config values, one folder per run;
 - :mod:`.fork_schedule` -- :class:`ForkSchedule` (a fork's LR schedule) and :func:`lr_function` (any run's LR);
 - :mod:`.forks`        -- :func:`fork_trajectory`: continue a checkpoint under a new schedule, exactly;
-- :mod:`.fork_compare` -- :func:`compare_forks`: the forks' quantization gaps and wins per seed pair.
+- :mod:`.fork_compare` -- :func:`compare_forks`: the forks' quantization gaps and wins per seed pair;
+- :mod:`.train_settings` -- :class:`TrainSettings` and :func:`train_runs` (``losslens train-tiny``'s runs);
+- :mod:`.fork_settings` -- :class:`ForkSettings`, :class:`CompareSettings` and :func:`fork_runs`,
+  :func:`compare_fork_runs` (``losslens fork`` / ``compare-forks``).
 """
