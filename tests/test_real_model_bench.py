@@ -42,5 +42,26 @@ def test_the_benchmark_on_a_tiny_gguf(tmp_path, monkeypatch):
     # item 4: the bf16 load's default products against the all-float64 Hessian
     assert by[("bfloat16", "reverse", "HV vs float64 Hessian (all tables float64)")]["value"] < 1e-5
     assert by[("bfloat16", "difference", "HV vs float64 Hessian (all tables float64)")]["value"] < 1e-3
+    # the references that keep autograd's padding_idx mask: the same Hessian here, no pad token in the batch
+    assert rows[0]["pad_tokens"] == 0 and py["same_vector_rel_diff_padding_cleared"] < 1e-5
+    assert by[("bfloat16", "plain autograd", "float64 reference with the padding_idx mask kept")]["value"] < 1e-6
+    plain = by[("bfloat16", "plain autograd", "float32 double backward, padding_idx mask kept (as PyHessian)")]
+    assert plain["value"] < 1e-4 and len(plain["errors_vs_masked"]) == 1
+    rounded = by[("bfloat16", "plain autograd", "float32 double backward, rotary tables bf16-rounded")]
+    assert rounded["value"] > plain["value"]  # bf16-rounded rotary tables move the Hessian more than float32 rounding
     table = markdown(rows)
     assert table.count("\n") == len(rows) and "| float32 → float32 | pyhessian | λ_max (power) |" in table
+
+
+def test_the_check_only_rows_on_a_tiny_gguf(tmp_path, monkeypatch):
+    from benchmarks.real_model import run
+    from tests.gguf_files import train_tiny_llama, write_gguf
+
+    monkeypatch.setenv("LOSSLENS_CACHE_DIR", str(tmp_path / "cache"))
+    model, tok = train_tiny_llama(steps=2)
+    rows = run(gguf=write_gguf(tmp_path / "tiny.gguf", model, tok, linear_type="F32"), check_only=True)
+    by = {(r["backend"], r["quantity"]): r for r in rows[1:]}
+    assert {r["load"] for r in rows[1:]} == {"bfloat16"} and "trace (Hutch++)" not in {q for _, q in by}
+    assert by[("difference", "recorded product error")]["product_error"] < 1e-3
+    assert by[("reverse", "recorded product error")]["product_error"] is None
+    assert len(by[("reverse", "HV vs float64 Hessian (all tables float64)")]["errors"]) == 2
