@@ -94,3 +94,102 @@ def test_long_help_belongs_to_its_own_option(monkeypatch, capsys):
     sweep = " ".join(_help(["sweep", "--help-all"], 200, monkeypatch, capsys).split())
     assert "comma-separated for several (constant,wsd,cosine)" in fork and "pythia-160m" not in fork
     assert "pythia-160m" in sweep and "constant,wsd,cosine" not in sweep
+
+
+# --------------------------------------------------------------------------- the accuracy table at 80 columns
+def _on_a_terminal(args: list[str], columns: int = 80) -> str:
+    """What ``losslens ARGS`` prints on stdout when stdout is a terminal (a pseudo-terminal) of ``columns``,
+    escape sequences and carriage returns removed."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = {**os.environ, "COLUMNS": str(columns), "LOSSLENS_PROGRESS_EVERY": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "losslens", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=600) == 0, err
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode()).replace("\r", "")
+
+
+def test_accuracy_table_reads_on_a_terminal_of_80_columns():
+    """Issue 49: on a real terminal of 80 columns (a pipe gets 160) the accuracy table cut every cell
+    (``vari…``, ``[+0.…``, ``McNe…``); now a compact table fits, with acc ± se, Δacc, its interval and
+    McNemar's p whole, and says where acc_norm and the relative drop are (--json)."""
+    pytest.importorskip("lm_eval")
+    from tests.fixtures_trajectory import tiny_trajectory_dir
+
+    ckpt = tiny_trajectory_dir() / "step-000060"
+    text = _on_a_terminal(["accuracy", str(ckpt), "-s", "rtn:3:row", "-s", "gptq:4:g128", "--limit", "8", "-q"])
+    lines = text.splitlines()
+    assert all(len(ln) <= 80 for ln in lines), [ln for ln in lines if len(ln) > 80]
+    assert "…" not in text, text
+    rows = [ln.split() for ln in lines if ln.split()[:1] in (["fp"], ["rtn:3:row"], ["gptq:4:g128"])]
+    assert len(rows) == 6, text  # FP and two specs, each on the task and the mean
+    for row in rows:
+        assert row[1] in ("losslens_pydoc_mc", "mean") and row[2] == "8", row
+        assert re.fullmatch(r"\d\.\d{3}", row[3]) and row[4] == "±" and re.fullmatch(r"\d\.\d{3}", row[5]), row
+        if row[0] != "fp":  # Δacc, the interval "[+a, +b]" and McNemar's p
+            assert re.fullmatch(r"[+-]\d+\.\d\d", row[6]) and re.fullmatch(r"\[[+-]\d+\.\d,", row[7]), row
+            assert re.fullmatch(r"[+-]\d+\.\d\]", row[8]) and float(row[9]) <= 1, row
+    assert "acc_norm and the relative drop: --json" in " ".join(text.split())
+
+
+def test_accuracy_table_wraps_long_names_instead_of_cutting_them():
+    """Longer names than the terminal can hold in one line wrap inside their cell; no cell is cut."""
+    import io
+
+    from rich.console import Console
+
+    from losslens.cli.accuracy_command import _print
+    from losslens.measure.accuracy.checkpoint_accuracy import AccuracySettings
+
+    task = "mmlu_high_school_government_and_politics"
+    row = {"task": task, "n": 193, "acc": 0.25, "acc_stderr": 0.031, "acc_norm": 0.26}
+    delta = {"delta_acc": -0.0123, "delta_ci_low": -0.0456, "delta_ci_high": 0.0101, "p_mcnemar": 0.0423}
+    records = [{"variant": "fp", **row}, {"variant": "gguf:Q4_K_M:imatrix", **row, **delta, "rel_drop": 0.05}]
+    buf = io.StringIO()
+    _print(records, "runs/x/step-000800", AccuracySettings(), console=Console(file=buf, width=80, color_system=None))
+    text = buf.getvalue()
+    assert all(len(ln) <= 80 for ln in text.splitlines()) and "…" not in text, text
+    lines = text.splitlines()
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("variant"))
+    at, n_at = lines[header].index("task"), lines[header].index(" n ") + 1
+    groups: list[list[str]] = []
+    for ln in lines[header + 2 :]:  # a row starts where its n is; the lines of its folded cells follow
+        if ln.startswith("acc:"):
+            break
+        if ln[n_at : n_at + 1].strip():
+            groups.append([ln])
+        elif ln.strip():
+            groups[-1].append(ln)
+    variants = ["".join(ln[:at].strip() for ln in g) for g in groups]
+    tasks = ["".join(ln[at:].split()[0] for ln in g if ln[at:][:1].strip()) for g in groups]
+    assert variants == ["fp", "gguf:Q4_K_M:imatrix"] and tasks == [task, task], text  # folded, none cut
+    assert " ".join(groups[1][0][at:].split()[1:]) == "193 0.250 ± 0.031 -1.23 [-4.6, +1.0] 0.0423", text
+    assert "rel. drop" not in text and "acc_norm and the relative drop: --json" in " ".join(text.split())
+    wide = io.StringIO()
+    _print(records, "runs/x/step-000800", AccuracySettings(), console=Console(file=wide, width=160, color_system=None))
+    assert "rel. drop" in wide.getvalue() and "McNemar p" in wide.getvalue()  # where it fits: the full table

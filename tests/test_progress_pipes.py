@@ -28,10 +28,11 @@ def _args(command: str, tmp_path) -> tuple[list[str], str, str]:
     if command == "accuracy":
         args = [str(traj / "step-000060"), "-s", "rtn:3:row", "-s", "rtn:4:row", "--limit", "8", "--n-boot", "10"]
         return [*args, "--json"], "accuracy", "variants"
-    if command == "sweep":
+    if command in ("sweep", "sweep-workers"):
         (tmp_path / "plan.toml").write_text(PLAN)
         args = [str(traj), "--plan", str(tmp_path / "plan.toml"), "--out", str(tmp_path / "s.sqlite")]
-        return [*args, "--threads", "1", "--workers", "1", "--json"], "sweep", "rows"
+        workers = "2" if command == "sweep-workers" else "1"
+        return [*args, "--threads", "1", "--workers", workers, "--json"], "sweep", "rows"
     if command == "fork":
         args = [str(traj), "--at", "step-000040", "--steps", "4", "--checkpoints", "2", "--restart-moments"]
         return [*args, "--out", str(tmp_path / "forks")], "fork", "steps"
@@ -39,14 +40,14 @@ def _args(command: str, tmp_path) -> tuple[list[str], str, str]:
     return [*args, "--data-dir", str(data_cache_dir())], "train-tiny", "steps"
 
 
-@pytest.mark.parametrize("command", ["landscape", "accuracy", "sweep", "fork", "train-tiny"])
+@pytest.mark.parametrize("command", ["landscape", "accuracy", "sweep", "sweep-workers", "fork", "train-tiny"])
 def test_progress_through_a_pipe(command, tmp_path):
     if command == "accuracy":
         pytest.importorskip("lm_eval")
     args, label, unit = _args(command, tmp_path)
     env = {**os.environ, "COLUMNS": "80", "LOSSLENS_PROGRESS_EVERY": "0"}
     r = subprocess.run(
-        [sys.executable, "-m", "losslens", command, *args],
+        [sys.executable, "-m", "losslens", command.removesuffix("-workers"), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -65,6 +66,49 @@ def test_progress_through_a_pipe(command, tmp_path):
         text = r.stdout.strip()
         rows = [json.loads(ln) for ln in text.splitlines()] if command == "accuracy" else [json.loads(text)]
         assert rows and all(isinstance(row, dict) for row in rows)
+    if command == "sweep-workers":  # issue 49: the plan is not extrapolated from the workers' start-up
+        planned = next(ln for ln in lines if "planned:" in ln)
+        assert re.search(r"on 2 workers, ~\d+ s \(first row [\d.e-]+ s; not counted: [\d.e+-]+ s of start-up", planned)
+        finished = [ln for ln in lines if re.match(r"\[sweep\] checkpoint step-\d+ done \(\d/3\)", ln)]
+        assert len(finished) == 3 and all(re.search(r", ~\d+:\d\d left$", ln) for ln in finished[:2]), r.stderr
+
+
+def _row(probe: str, seconds: float, load: float | None = None, status: str = "ok"):
+    from losslens.measure.probes.rows import ProbeRow
+
+    return ProbeRow("c", probe, "", status, extra={} if load is None else {"load_seconds": load}, seconds=seconds)
+
+
+def test_sweep_estimate_counts_measured_rows_and_warm_loads_not_start_up(capsys):
+    """Issue 49: the sweep's time left comes from the rows' own seconds per probe and the loads after
+    each worker's first, over the workers busy; the wall time before the first row (start-up, the
+    first loads that import the model's code) is named, never extrapolated."""
+    from losslens.study.sweep.progress import SweepProgress
+
+    keys = [("loss", ""), ("trace", "")]
+    bar = SweepProgress(6, 3, workers=2, pending=[keys, keys, keys])
+    assert bar.seconds_left() is None
+    bar.measured(_row("loss", 1.0, load=20.0))  # a worker's first checkpoint: a slow first load
+    bar.probe_done()
+    planned = capsys.readouterr().err.splitlines()[0]
+    assert re.match(
+        r"\[sweep\] planned: 6 rows for probe rows on 2 workers, ~3 s \(first row 1 s; not counted: ", planned
+    )
+    # left: loss ×2 at 1 s, trace ×3 at the mean row (1 s), loads not yet measured warm: 5 s over 2 workers
+    assert bar.seconds_left() == pytest.approx(2.5)
+    bar.measured(_row("trace", 3.0))
+    bar.probe_done()
+    bar.checkpoint_done("c1")  # loss ×2 at 1 s + trace ×2 at 3 s = 8 s over 2 workers
+    assert bar.seconds_left() == pytest.approx(4.0)
+    assert capsys.readouterr().err.splitlines()[-1] == "[sweep] checkpoint c1 done (1/3), ~0:04 left"
+    bar.measured(_row("loss", 3.0, load=18.0))  # the other worker's first load: not a warm one
+    bar.measured(_row("trace", 5.0))
+    bar.probe_done(2)
+    bar.checkpoint_done("c2")  # loss at 2 s + trace at 4 s, one checkpoint left: one worker busy
+    assert bar.seconds_left() == pytest.approx(6.0)
+    bar.measured(_row("loss", 0.0, load=0.5, status="failed"))  # a warm load counts; a failed row is done only
+    assert bar._load() == pytest.approx(0.5) and bar.seconds_left() == pytest.approx(4.0)
+    bar.close()
 
 
 @pytest.mark.parametrize("command", ["fork", "train-tiny", "accuracy", "landscape"])

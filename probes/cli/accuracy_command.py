@@ -83,27 +83,49 @@ def accuracy(
         raise typer.Exit(1)
 
 
-def _print(records: list[dict], checkpoint: str, settings: AccuracySettings) -> None:
-    """The records as one table, and what ``acc`` and the mean are."""
-    from rich.table import Table
+def _print(records: list[dict], checkpoint: str, settings: AccuracySettings, console=None) -> None:
+    """The records as one table, and what ``acc`` and the mean are. The full table where it fits the
+    console (a pipe or a log gets 160 columns); on a narrower terminal (80 columns) a compact one: acc ± se
+    and Δacc with its interval in fewer columns, ``acc_norm`` and the relative drop left to ``--json``,
+    and no cell cut short (a long name wraps)."""
+    from rich.measure import Measurement
 
     from losslens.cli.console import wide_console
 
-    table = Table(
-        title=f"task accuracy of {checkpoint} (limit {settings.limit or 'all'}, seed {settings.seed}; "
+    console = console or wide_console()
+    title = (
+        f"task accuracy of {checkpoint} (limit {settings.limit or 'all'}, seed {settings.seed}; "
         "Δ in points, paired 95% CI)"
     )
+    table = _full_table(records, title)
+    compact = Measurement.get(console, console.options.update(width=10_000), table).maximum > console.width
+    console.print(_compact_table(records, title) if compact else table)
+    note = "acc: lm-eval's acc (acc_norm where a task has no acc); mean: each task weighs the same (MMLU is one task)"
+    if compact:
+        note += "; p: McNemar's; acc_norm and the relative drop: --json"
+    console.print(note, markup=False, highlight=False)
+
+
+def _ci(r: dict) -> str:
+    if r.get("delta_ci_low") is None:
+        return ""
+    return f"[{100 * r['delta_ci_low']:+.1f}, {100 * r['delta_ci_high']:+.1f}]"
+
+
+def _p(r: dict) -> str:
+    return f"{r['p_mcnemar']:.3g}" if r.get("p_mcnemar") is not None else ""
+
+
+def _full_table(records: list[dict], title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
     for c in ("variant", "task", "n", "acc", "± se", "acc_norm", "Δacc", "95% CI", "rel. drop", "McNemar p"):
         table.add_column(c, justify="left" if c in ("variant", "task") else "right")
     for r in records:
         if "error" in r:
             table.add_row(r["variant"], r["task"], "", "failed", "", "", "", "", "", "")
             continue
-        ci = (
-            f"[{100 * r['delta_ci_low']:+.1f}, {100 * r['delta_ci_high']:+.1f}]"
-            if r.get("delta_ci_low") is not None
-            else ""
-        )
         table.add_row(
             r["variant"],
             r["task"],
@@ -112,14 +134,37 @@ def _print(records: list[dict], checkpoint: str, settings: AccuracySettings) -> 
             _fmt(r["acc_stderr"]),
             _fmt(r.get("acc_norm")),
             _fmt(r.get("delta_acc"), pct=True),
-            ci,
+            _ci(r),
             _fmt(r.get("rel_drop"), pct=True),
-            f"{r['p_mcnemar']:.3g}" if r.get("p_mcnemar") is not None else "",
+            _p(r),
         )
-    wide_console().print(table)  # 160 columns in a log or a pipe: no cell cut short
-    typer.echo(
-        "acc: lm-eval's acc (acc_norm where a task has no acc); mean: each task weighs the same (MMLU is one task)"
-    )
+    return table
+
+
+def _compact_table(records: list[dict], title: str):
+    """Seven columns, one space between them, no vertical rules: about 75 columns for the longest usual
+    names (``gptq:4:g128``, a 17-character task); longer cells wrap, none is cut."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    for c in ("variant", "task", "n", "acc ± se", "Δacc", "95% CI", "p"):
+        table.add_column(c, justify="left" if c in ("variant", "task") else "right", overflow="fold")
+    for r in records:
+        if "error" in r:
+            table.add_row(r["variant"], r["task"], "", "failed", "", "", "")
+            continue
+        se = f" ± {r['acc_stderr']:.3f}" if r.get("acc_stderr") is not None else ""
+        table.add_row(
+            r["variant"],
+            r["task"],
+            str(r["n"]),
+            f"{r['acc']:.3f}{se}",
+            _fmt(r.get("delta_acc"), pct=True),
+            _ci(r),
+            _p(r),
+        )
+    return table
 
 
 def register(app: typer.Typer) -> None:

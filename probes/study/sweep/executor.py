@@ -33,6 +33,7 @@ Executors
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -200,16 +201,20 @@ def run_sweep(
         def write(row: ProbeRow) -> None:
             store.write(row, data_hash=dhash, plan_hash=plan.hash, run=run)
             _count(report, row)
+            bar.measured(row)
             if opts.on_row is not None:
                 opts.on_row(row)
 
-        bar = SweepProgress(n_todo, len(work), enabled=opts.progress)
+        threads = opts.num_threads
+        if local:
+            if opts.pool is None:
+                workers, threads = resolve_workers(workers, len(work), auto_device(opts.device), opts.num_threads)
+            report.workers = opts.pool.size if opts.pool is not None else workers
+        pending = [[t.key for t in todo] for _, todo in work]
+        at_once = report.workers if local else int(opts.num_workers or os.cpu_count() or 1)
+        bar = SweepProgress(n_todo, len(work), enabled=opts.progress, workers=at_once, pending=pending)
         try:
             if local:
-                threads = opts.num_threads
-                if opts.pool is None:
-                    workers, threads = resolve_workers(workers, len(work), auto_device(opts.device), opts.num_threads)
-                report.workers = opts.pool.size if opts.pool is not None else workers
                 execute_local(work, plan, sets, traj, write, bar, replace(opts, num_threads=threads), workers, group)
             else:
                 execute_ray(work, plan, sets, traj, write, bar, opts)
