@@ -2,7 +2,7 @@
 
     flock /tmp/losslens-bench.lock python -m benchmarks.formats OUT [--quick]
 
-Runs ``losslens demo`` (``losslens.cli.demo_settings.DEFAULT``, or ``QUICK`` with ``--quick``) with every new
+Runs ``losslens demo`` (``losslens.study.demo.demo_settings.DEFAULT``, or ``QUICK`` with ``--quick``) with every new
 format, a few RTN/GPTQ/INT8 baselines and two ``had+`` variants as both the quant and the explain
 specs (accuracy panel off, 3×3 planes), then prints, per run and spec: ΔQ at the final real
 checkpoint and at LAWA(3), the explain factors there (‖δ‖², tr H/n, κ, non-quadratic factor), the
@@ -51,13 +51,13 @@ def measure(out: Path, quick: bool) -> dict:
     from scipy.stats import spearmanr
 
     from losslens.study.analysis.explain_shares import decay_window, decompose_change, factor_table
-    from losslens.cli.demo_study import run_demo
-    from losslens.cli.demo_settings import DEFAULT, QUICK
+    from losslens.study.demo.demo_study import run_demo
+    from losslens.study.demo.demo_settings import DEFAULT, QUICK, DemoOptions
 
     specs = BASELINES + NEW
     settings = replace(QUICK if quick else DEFAULT, quant=specs, explain=specs, accuracy_limit=0, grid=3)
     t0 = time.perf_counter()
-    res = run_demo(out, settings=settings, progress=False, workers=2)
+    res = run_demo(DemoOptions(out=out, quiet=True, workers=2), settings=settings)
     seconds = time.perf_counter() - t0
     df = res.results
     ok = df[df["status"] == "ok"]

@@ -1,6 +1,6 @@
 """The robustness monitor's alarm on the demo's configuration (issue #29).
 
-Trains the demo's four runs (WSD and cosine, peak LR 3e-3 and 1e-2; ``probes/cli/demo_study.py: DEFAULT``)
+Trains the demo's four runs (WSD and cosine, peak LR 3e-3 and 1e-2; ``probes/study/demo/demo_settings.py: DEFAULT``)
 for each seed given, with a :class:`losslens.study.monitor.RobustnessMonitor` measuring ΔQ (RTN INT3,
 INT2-g32) and the FP loss every ``--every`` steps on a held-out set of the embedded corpus
 (curvature off: the alarm reads ΔQ and loss only), one store per run. Prints, per run, the step at
@@ -29,7 +29,7 @@ def run_one(run, seed: int, out: Path, every: int, eval_shape, settings_kw: dict
     from safetensors.torch import load_file
 
     from losslens.lm.data import token_sets_from_stream
-    from losslens.cli.demo_settings import DEFAULT
+    from losslens.study.demo.demo_settings import DEFAULT
     from losslens.study.monitor import RobustnessMonitor
     from losslens.lm.train.tiny import train_tiny
     from losslens.lm.train.tiny_data import prepare_data
@@ -79,7 +79,7 @@ def replay(path: Path, settings=None) -> list[dict]:
     """The alarm of :class:`~losslens.study.monitor.MonitorSettings` (default: today's defaults) replayed
     on the stored (step, loss, ΔQ) histories of a results file (or a folder of per-run files): the same :class:`Alarm`
     the monitor updates live, fed the same measurements in order. Returns per run the step it fires at."""
-    from losslens.cli.demo_settings import DEFAULT
+    from losslens.study.demo.demo_settings import DEFAULT
     from losslens.study.monitor import Alarm, MonitorSettings
 
     s = settings or MonitorSettings()
@@ -121,7 +121,7 @@ def replay(path: Path, settings=None) -> list[dict]:
 def main(argv=None) -> None:
     from concurrent.futures import ProcessPoolExecutor
 
-    from losslens.cli.demo_settings import DEFAULT
+    from losslens.study.demo.demo_settings import DEFAULT
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--replay", default=None, help="a results JSON of an earlier run: the alarm with today's settings")

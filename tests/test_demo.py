@@ -8,8 +8,16 @@ import pytest
 from typer.testing import CliRunner
 
 from losslens.cli.app import app
-from losslens.cli.demo_settings import QUICK
+from losslens.study.demo.demo_settings import QUICK, DemoError, DemoOptions
+from losslens.study.demo.demo_study import run_demo
 from losslens.study.sweep import Store
+
+
+def test_demo_refuses_an_unknown_executor_before_any_work(tmp_path):
+    """Issue #46 item 3: the library checks the demo's options (the command only parses and prints)."""
+    with pytest.raises(DemoError, match="unknown executor 'dask'; valid: local, ray"):
+        run_demo(DemoOptions(out=tmp_path / "demo", executor="dask"))
+    assert not (tmp_path / "demo").exists()
 
 
 @pytest.fixture(scope="module")

@@ -73,8 +73,8 @@ OTHER_MEANINGS = {
     ("trace", "probes/study/monitor/monitor_rows.py"): "the monitor's logged value of the trace (stored_values' key)",
     ("trace", "probes/study/monitor/memory.py"): "a section of the monitor's memory plan: the trace estimator's",
     ("eigen", "probes/study/monitor/memory.py"): "a section of the monitor's memory plan: the eigen estimator's",
-    ("trace", "probes/cli/demo_study.py"): "a column of the demo's final table (printed, and in summary.json)",
-    ("accuracy", "probes/cli/demo_study.py"): "a key of the demo's summary.json (the accuracy verdict's text)",
+    ("trace", "probes/study/demo/demo_study.py"): "a column of the demo's final table (printed, and in summary.json)",
+    ("accuracy", "probes/study/demo/demo_study.py"): "a key of the demo's summary.json (the accuracy verdict's text)",
 }
 
 #: (name, module) -> the work left: modules other engineers own right now that still spell the name.

@@ -89,7 +89,7 @@ def test_sharpness_quiet_prints_no_progress():
 
 
 def test_descriptive_rows_say_why_and_print_no_nan():
-    from losslens.cli.demo_study import _correlation_line
+    from losslens.study.demo.demo_study import _correlation_line
     from losslens.study.analysis.correlation import Correlation
 
     nan = math.nan

@@ -1,55 +1,40 @@
-"""`losslens demo`: the whole study on the embedded trajectories (see :mod:`losslens.cli.demo_study`)."""
+"""`losslens demo`: the whole study on the embedded trajectories. The work is
+:func:`losslens.study.demo.demo_study.run_demo` (options: :class:`~losslens.study.demo.demo_settings.DemoOptions`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Optional
-
 import typer
 
+from losslens.cli.option_parsing import cli, flags
+from losslens.study.demo.demo_settings import DemoOptions
+from losslens.study.demo.demo_study import run_demo
 
-def demo(
-    *,
-    out: Annotated[Path, typer.Option("--out", help="folder for runs, results.sqlite and report.html")] = Path(
-        "demo-out"
+flags(
+    DemoOptions,
+    out=typer.Option("--out", help="folder for runs, results.sqlite and report.html"),
+    quick=typer.Option("--quick", help="toy-size study (≤ 2 min; what the tests run)"),
+    executor=typer.Option("--executor", help="sweep executor: local or ray"),
+    quiet=typer.Option("--quiet", "-q", help="no progress bars"),
+    threads=typer.Option("--threads", help="torch threads per process (1 is fastest for the demo's tiny models)"),
+    workers=typer.Option(
+        "--workers",
+        min=1,
+        help="worker processes for training, sweeps and planes [default: the cores, $LOSSLENS_WORKERS]",
     ),
-    quick: Annotated[bool, typer.Option("--quick", help="toy-size study (≤ 2 min; what the tests run)")] = False,
-    executor: Annotated[str, typer.Option("--executor", help="sweep executor: local or ray")] = "local",
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
-    threads: Annotated[
-        int, typer.Option("--threads", help="torch threads per process (1 is fastest for the demo's tiny models)")
-    ] = 1,
-    workers: Annotated[
-        Optional[int],
-        typer.Option(
-            "--workers",
-            min=1,
-            help="worker processes for training, sweeps and planes [default: the cores, $LOSSLENS_WORKERS]",
-        ),
-    ] = None,
-) -> None:
-    """Train the embedded trajectories, sweep them, correlate, draw planes, write a report. Resumable."""
-    from losslens.cli.demo_study import run_demo
-    from losslens.study.sweep import EXECUTORS
+)
 
-    if executor not in EXECUTORS:  # before minutes of training, not after
-        typer.echo(f"error: unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}", err=True)
-        raise typer.Exit(2)
-    result = run_demo(
-        out, quick=quick, progress=not quiet, executor=executor, echo=typer.echo, threads=threads, workers=workers
-    )
+
+def demo(*, options: DemoOptions = DemoOptions()) -> None:
+    """Train the embedded trajectories, sweep them, correlate, draw planes, write a report. Resumable."""
+    result = run_demo(options, echo=typer.echo)
     typer.echo("")
     typer.echo(result.summary_text())
     typer.echo("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items()))
     if result.exit_code:
-        failed = "; ".join(f"{n} probe row(s) failed in {r}" for r, n in result.failures.items())
-        typer.echo(
-            f"error: {failed}; the rest of the study is done and the report lists the failed rows: {result.report}",
-            err=True,
-        )
+        typer.echo(f"error: {result.failure_text()}", err=True)
         raise typer.Exit(result.exit_code)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the `losslens` app."""
-    app.command()(demo)
+    app.command()(cli(demo))

@@ -4,7 +4,8 @@
 - :mod:`losslens.study.analysis` -- series, correlations with intervals, phases, summaries;
 - :mod:`losslens.study.report` -- Plotly figures and the self-contained HTML report;
 - :mod:`losslens.study.monitor` -- the training-time robustness monitor;
-- :mod:`losslens.study.landscape` -- principal planes through whole trajectories.
+- :mod:`losslens.study.landscape` -- principal planes through whole trajectories;
+- :mod:`losslens.study.demo` -- ``losslens demo``: the whole study on the embedded trajectories.
 
 The room imports nothing at package level.
 """

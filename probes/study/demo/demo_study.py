@@ -14,8 +14,8 @@
 
 Every stage is resumable: finished runs are not retrained, finished store rows not recomputed,
 finished surfaces (``DIR/surfaces/*.json``) not re-evaluated. The default settings were chosen so
-that the seeds' effect is measurable at this scale (docs/science.md §8; see :data:`~losslens.cli.demo_settings.DEFAULT`,
-and :mod:`losslens.cli.demo_settings` for every setting).
+that the seeds' effect is measurable at this scale (docs/science.md §8; see
+:data:`~losslens.study.demo.demo_settings.DEFAULT`, and :mod:`losslens.study.demo.demo_settings` for every setting).
 
 All cores: with ``workers`` > 1 (default: one per core) the runs train in parallel, each sweep
 probes its checkpoints on the workers (:mod:`losslens.study.sweep.local_workers`; only this process writes the
@@ -37,8 +37,8 @@ from typing import Any
 import pandas as pd
 
 from losslens.lm.core.workers import WorkerPool
-from losslens.cli.demo_jobs import draw_landscape, draw_planes, train_all
-from losslens.cli.demo_settings import DEFAULT, QUICK, DemoSettings, has_lm_eval
+from losslens.study.demo.demo_jobs import draw_landscape, draw_planes, train_all
+from losslens.study.demo.demo_settings import DEFAULT, QUICK, DemoOptions, DemoSettings, has_lm_eval
 from losslens.measure.probes.accuracy import PROBE as ACCURACY
 from losslens.measure.probes.explain import PROBE as EXPLAIN
 from losslens.measure.probes.loss import PROBE as LOSS
@@ -69,6 +69,13 @@ class DemoResult:
         failed rows). Analyses that could not be computed (``problems``) are flagged in the
         summary and the report, not in the exit status: the data, not the run, lacked something."""
         return 1 if self.failures else 0
+
+    def failure_text(self) -> str:
+        """The failed probe rows per run and where the report lists them (empty when none failed)."""
+        if not self.failures:
+            return ""
+        failed = "; ".join(f"{n} probe row(s) failed in {r}" for r, n in self.failures.items())
+        return f"{failed}; the rest of the study is done and the report lists the failed rows: {self.report}"
 
     def summary_text(self) -> str:
         lines = ["Final checkpoint of each run (ΔQ L = L(θ̂)/L(θ) − 1, in %):", self.final.to_string(index=False), ""]
@@ -133,32 +140,27 @@ def final_table(df: pd.DataFrame, settings: DemoSettings) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def run_demo(
-    out: str | Path = "demo-out",
-    quick: bool = False,
-    settings: DemoSettings | None = None,
-    progress: bool = True,
-    executor: str = "local",
-    echo=print,
-    threads: int | None = 1,
-    workers: int | None = None,
-) -> DemoResult:
-    """Run the whole study into ``out`` (resumable) and return what it produced.
+def run_demo(options: DemoOptions = DemoOptions(), settings: DemoSettings | None = None, echo=print) -> DemoResult:
+    """``losslens demo``: run the whole study into ``options.out`` (resumable) and return what it produced;
+    ``settings``: the study (None: :data:`QUICK` with ``options.quick``, else :data:`DEFAULT`), ``echo``: the
+    ``[demo]`` lines. :class:`DemoError` for bad options, before anything runs.
 
-    ``threads``: torch intra-op threads of this process and of every worker (this process's is
+    ``options.threads``: torch intra-op threads of this process and of every worker (this process's is
     restored afterwards). The demo's models are tiny (hidden 64): one thread is faster than two on
     2 cores (measured 5× under load, from synchronisation on small matrices). ``None`` leaves
-    torch's setting alone. ``workers``: worker processes for training, the local sweeps and the
+    torch's setting alone. ``options.workers``: worker processes for training, the local sweeps and the
     planes (default ``$LOSSLENS_WORKERS``, else one per core divided by ``threads``; 1: all in this
     process). Each worker holds one tiny model (a few MB).
     """
     from losslens.lm.core.threads import torch_threads
     from losslens.study.sweep.local_workers import resolve_workers
 
-    settings = settings or (QUICK if quick else DEFAULT)
-    n, _ = resolve_workers(workers, max(len(settings.runs), settings.checkpoints + 1), None, threads)
-    with torch_threads(threads), WorkerPool(n, threads) if n > 1 else contextlib.nullcontext(None) as pool:
-        return _run_demo(out, settings, progress, executor, echo, pool)
+    o = options
+    o.check()
+    settings = settings or (QUICK if o.quick else DEFAULT)
+    n, _ = resolve_workers(o.workers, max(len(settings.runs), settings.checkpoints + 1), None, o.threads)
+    with torch_threads(o.threads), WorkerPool(n, o.threads) if n > 1 else contextlib.nullcontext(None) as pool:
+        return _run_demo(o.out, settings, not o.quiet, o.executor, echo, pool)
 
 
 def _run_demo(out, settings, progress, executor, echo, pool) -> DemoResult:

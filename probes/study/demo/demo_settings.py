@@ -1,10 +1,41 @@
-"""The demo's settings: the embedded trajectories (:class:`DemoRun`), everything the demo does
-(:class:`DemoSettings`, recorded in ``DIR/demo.json``), and the two studies it runs: :data:`DEFAULT` and
-:data:`QUICK` (``--quick``). The demo itself is :mod:`losslens.cli.demo_study`."""
+"""The demo's settings: how ``losslens demo`` runs (:class:`DemoOptions`, its options), the embedded
+trajectories (:class:`DemoRun`), everything the demo does (:class:`DemoSettings`, recorded in
+``DIR/demo.json``), and the two studies it runs: :data:`DEFAULT` and :data:`QUICK` (``--quick``). The demo
+itself is :mod:`losslens.study.demo.demo_study`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+from losslens.geometry.base.errors import LosslensError
+from losslens.lm.shared_settings import settings
+from losslens.study.sweep.options import EXECUTORS
+
+
+class DemoError(LosslensError, ValueError):
+    """Demo options the demo cannot use; the message names the option and the valid values."""
+
+
+@settings
+@dataclass(frozen=True)
+class DemoOptions:
+    """How ``losslens demo`` runs: into ``out`` (resumable), the toy-size study (``quick``: :data:`QUICK`,
+    else :data:`DEFAULT`), the sweeps' ``executor`` (one of ``EXECUTORS``), no progress (``quiet``), torch
+    ``threads`` per process (None: torch's) and ``workers`` (None: ``$LOSSLENS_WORKERS``, else the cores)."""
+
+    out: Path = Path("demo-out")
+    quick: bool = False
+    executor: str = "local"
+    quiet: bool = False
+    threads: Optional[int] = 1
+    workers: Optional[int] = None
+
+    def check(self) -> None:
+        """:class:`DemoError` for an unknown executor (before minutes of training, not after)."""
+        if self.executor not in EXECUTORS:
+            raise DemoError(f"unknown executor {self.executor!r}; valid: {', '.join(EXECUTORS)}")
 
 
 @dataclass(frozen=True)
@@ -52,7 +83,7 @@ class DemoSettings:
     monitor_run: str | None = None
     monitor_every: int = 50
     landscape_grid: int = 0
-    """Grid points per axis of the runs' landscape (:func:`losslens.cli.demo_jobs.draw_landscape`); 0: none."""
+    """Grid points per axis of the runs' landscape (:func:`losslens.study.demo.demo_jobs.draw_landscape`); 0: none."""
 
     def train_config(self, run: DemoRun):
         from losslens.lm.train.config import TrainConfig
