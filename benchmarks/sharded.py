@@ -50,15 +50,16 @@ def _rank(rank: int, world: int, port: int, out: str, shape: str, probes: int, s
         from losslens.geometry import hutchinson_trace, top_eigenvalues
         from losslens.geometry.memory.graphs import peak_new_bytes
         from losslens.geometry.operators.data_parallel import split_batches
+        from losslens.geometry.operators.data_parallel import DataParallel
+        from losslens.lm.models.lm_setup import plan_lm_setup
         from losslens.lm.models.sharding import shard_model, sharded_lm_hessian
-        from losslens.lm.models.zero_embeddings import zero_embedding_tokens
 
         model = shard_model(build(shape, torch.float32), "cpu")
         g = torch.Generator().manual_seed(0)
         batches = [torch.randint(0, SHAPES[shape][4], (ROWS, SEQ), generator=g) for _ in range(BATCHES)]
-        op = sharded_lm_hessian(
-            model, split_batches(batches, rank, world), zero_embedding_tokens(model), max_memory=64 * 10**9
-        )
+        mine = split_batches(batches, rank, world)
+        setup = plan_lm_setup(model, mine, backend="difference", lean_head=False, data_parallel=DataParallel())
+        op = sharded_lm_hessian(model, setup, max_memory=64 * 10**9)
         op.pass_bytes(1)  # measured once, outside the tracked calls
         rows = {}
         for name, call in (

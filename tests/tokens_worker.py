@@ -87,12 +87,17 @@ def run(rank: int, world: int, port: int, out: str) -> None:
         record(out, "fsdp", rank, fsdp)
         padded = shard_model(zero_row_model())
 
-        def fsdp_zero_row():  # the zero row found shard by shard; sharded_lm_hessian leaves token PAD out
+        def fsdp_zero_row():  # the zero row found shard by shard (the plan); sharded_lm_hessian leaves token PAD out
+            from losslens.geometry.operators.data_parallel import DataParallel
+            from losslens.lm.models.lm_setup import plan_lm_setup
             from losslens.lm.models.sharding import sharded_lm_hessian
-            from losslens.lm.models.zero_embeddings import zero_embedding_tokens
 
-            found = zero_embedding_tokens(padded)
-            op = sharded_lm_hessian(padded, split_batches(padded_batches(), rank, world), found, richardson=True)
+            mine_padded = split_batches(padded_batches(), rank, world)
+            setup = plan_lm_setup(
+                padded, mine_padded, backend="difference", lean_head=False, data_parallel=DataParallel()
+            )
+            found = setup.exclude
+            op = sharded_lm_hessian(padded, setup, richardson=True)
             return {
                 "hv": _global(op.matmat_flat(_local(probes(dim), op)), op),
                 "excluded": op.excluded,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Sequence
 
 from dataclasses import dataclass
 from typing import Optional
@@ -73,98 +72,31 @@ def measure_sharpness(
     errors: ErrorOptions = ErrorOptions(),
     state: StateOptions = StateOptions(),
 ) -> dict:
-    """Sharpness of one checkpoint from settings objects: what ``losslens sharpness --json`` prints
-    (:func:`sharpness` takes the same options as keyword parameters; the keys are documented there).
-    ``state``: where the Lanczos basis / Hutch++ sketch and the sharded copy of θ live (checked first).
-    Applies ``memory.strict_memory`` to this process first; ``errors.strict``: a flagged result (its
-    products' measured error over ``errors.error_tolerance``) raises :class:`SharpnessError` instead of
-    being returned. Cost: ``num_matvecs`` HVPs for the trace plus ≤ ``max_iter`` per eigenvalue."""
-    state.check(compute.parallel)  # a SettingsError naming the option, as memory.apply()'s
-    memory.apply()
-    s = settings
-    res = _measure(
-        checkpoint,
-        label=source.label,
-        num_matvecs=s.num_matvecs,
-        method=s.method,
-        k=s.k,
-        params=s.params,
-        seed=s.seed,
-        quick=s.quick,
-        device=load.device,
-        data=s.data,
-        num_threads=compute.threads,
-        max_memory=memory.max_memory,
-        dtype=load.dtype,
-        max_iter=s.max_iter,
-        tol=s.tol,
-        eigen_method=s.eigen_method,
-        allow_pickle=load.allow_pickle,
-        cache_dir=source.cache_dir,
-        schedule=source.schedule,
-        tokens_per_step=source.tokens_per_step,
-        parallel=compute.parallel,
-        backend=compute.backend,
-        compute_dtype=compute.compute_dtype,
-        error_tolerance=errors.error_tolerance,
-        progress=not s.quiet,
-        basis_device=state.basis_device,
-        master_device=state.master,
-    )
-    if errors.strict and res["error_warning"]:
-        raise SharpnessError(f"{res['error_warning']['message']} (strict: the result is not returned)")
-    return res
-
-
-def _measure(
-    checkpoint: str | Path,
-    *,
-    label: str | None,
-    num_matvecs: int,
-    method: str,
-    k: int,
-    eigen_method: str,
-    tol: float,
-    max_iter: int,
-    params: Sequence[str] | None,
-    seed: int,
-    quick: bool,
-    device,
-    data: str | Path | None,
-    num_threads: int | None,
-    allow_pickle: bool,
-    max_memory,
-    dtype: str | None,
-    cache_dir: str | Path | None,
-    schedule: str | None,
-    tokens_per_step: int | None,
-    parallel: str,
-    backend: str,
-    compute_dtype: str | None,
-    error_tolerance: float,
-    progress: ProgressArg = False,
-    basis_device: str | None = None,
-    master_device: str | None = None,
-) -> dict:
-    """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint as a dict.
+    """Trace (value, stderr, 95% CI, HVPs, seconds) and top-k eigenvalues of one checkpoint: what
+    ``losslens sharpness --json`` prints (:func:`sharpness` takes the same options as keyword
+    parameters). Every option is checked first, once, before anything is loaded
+    (:class:`SharpnessError` naming the option); ``memory.strict_memory`` is applied to this process;
+    ``errors.strict``: a flagged result (its products' measured error over ``errors.error_tolerance``)
+    raises :class:`SharpnessError` instead of being returned. Cost: ``num_matvecs`` HVPs for the trace
+    plus ≤ ``max_iter`` per eigenvalue. The options, by settings object:
 
     ``checkpoint``: a checkpoint folder or weight file (its step / tokens / LR are read from the
-    trajectory folder around it), a trajectory folder (``label`` picks one; default the last real
-    checkpoint), or a hub name ``hf:ORG/NAME@REV`` (``hf:ORG/NAME@step*`` with ``label``), opened by
-    :func:`losslens.lm.checkpoints.open_checkpoint` with ``cache_dir`` (hub cache), ``schedule`` and
-    ``tokens_per_step`` (:mod:`losslens.lm.checkpoints.schedule`: the LR / tokens reported). ``data``: a saved
-    TokenSet file for the curvature set (default: built). ``num_threads``: torch threads for the
-    estimators (None: torch's default). ``allow_pickle``: load torch files that need full pickle.
-    ``max_memory``: bytes or ``"8GB"`` each estimator may allocate beyond the model (default: a
+    trajectory folder around it), a trajectory folder (``source.label`` picks one; default the last real
+    checkpoint), or a hub name ``hf:ORG/NAME@REV`` (``hf:ORG/NAME@step*`` with a label), opened by
+    :func:`losslens.lm.checkpoints.open_checkpoint` with ``source``'s ``cache_dir`` (hub cache), ``schedule`` and
+    ``tokens_per_step`` (:mod:`losslens.lm.checkpoints.schedule`: the LR / tokens reported). ``settings.data``: a saved
+    TokenSet file for the curvature set (default: built). ``compute.threads``: torch threads for the
+    estimators (None: torch's default). ``load.allow_pickle``: load torch files that need full pickle.
+    ``memory.max_memory``: bytes or ``"8GB"`` each estimator may allocate beyond the model (default: a
     third of the total RAM, 80% of the GPU memory this process's tensors do not hold; never what
     happens to be free, so reruns choose the same settings: :mod:`losslens.geometry.memory.model`); what each chose
-    (sketch size, block, basis, graph cache) is returned under ``memory``. ``dtype``: ``float32``
+    (sketch size, block, basis, graph cache) is returned under ``memory``. ``load.dtype``: ``float32``
     (default), ``bfloat16``, ``float16`` or ``float64`` to load the weights in; products run in it,
-    estimator algebra in float32 at least. ``backend``: the HVP backend (``reverse``, ``forward``,
+    estimator algebra in float32 at least. ``compute.backend``: the HVP backend (``reverse``, ``forward``,
     ``difference`` or ``auto``, :class:`losslens.geometry.HessianOperator`); the result records it, the
     difference backend's measured error (``hvp_check``) and, for ``auto``, the choice and why
     (``backend_choice``). Bad options raise :class:`SharpnessError` before anything is loaded; a
-    plan that cannot fit raises it before any product. ``parallel="data"`` (under ``torchrun``):
+    plan that cannot fit raises it before any product. ``compute.parallel="data"`` (under ``torchrun``):
     every rank loads the model, takes its contiguous share of the curvature batches and runs the
     same estimators; products are all-reduced (:mod:`losslens.geometry.operators.data_parallel`), so the numbers
     are one process's over all batches; every rank returns the same dict. ``parallel="fsdp"``:
@@ -175,78 +107,58 @@ def _measure(
     input-embedding row is zero (padding) are left out of the loss; ``excluded`` records which and
     how many positions and targets (:mod:`losslens.lm.models.zero_embeddings`).
 
-    ``compute_dtype``: the dtype the products run in (None: float32 for bfloat16/float16 weights,
+    ``compute.compute_dtype``: the dtype the products run in (None: float32 for bfloat16/float16 weights,
     the weights' dtype otherwise; :mod:`losslens.geometry.operators.precision`); recorded as ``compute_dtype``,
-    ``dtype`` is the weights'. ``error_tolerance``: the products' measured relative error above which
+    ``dtype`` is the weights'. ``errors.error_tolerance``: the products' measured relative error above which
     the result carries ``error_warning`` (the error, its likely cause and the fix; the CLI prints it
     and exits non-zero with ``--strict``); an error that could not be measured says why in
-    ``hvp_check["reference"]``. ``progress``: the products done / planned with an ETA on stderr
+    ``hvp_check["reference"]``. Unless ``settings.quiet``, the products done / planned with an ETA on stderr
     (:func:`losslens.geometry.base.progress.progress_bar`; rank 0 only), after one stage line per step
-    (curvature set, loading). ``basis_device``: the estimators' (None: the operator's device; ``"cpu"``,
-    ``"disk"``: in the plans' ``host_parts``); ``master_device``: the sharded operator's (``"cpu"``).
+    (curvature set, loading). ``state.basis_device``: where the estimators' solver state lives (None:
+    the operator's device; ``"cpu"``, ``"disk"``: in the plans' ``host_parts``); ``state.master``: where
+    the sharded operator's copy of θ lives (``"cpu"``); ``state`` is checked against
+    ``compute.parallel`` first.
     """
+    s, parallel, backend = settings, compute.parallel, compute.backend
+    _check_settings(s, load, memory, compute, state)  # every option, once, before anything is loaded
+    memory.apply()
+    progress: ProgressArg = not s.quiet
+    params = list(s.params) if s.params else None
+    from losslens.geometry.operators.difference import DifferenceBackend
     from losslens.lm.checkpoints import CheckpointError, CheckpointLoader
     from losslens.lm.checkpoints.locate import open_checkpoint
+    from losslens.lm.core.distributed import DistributedError, init_data_parallel
 
-    _check_options(method, eigen_method, num_matvecs, k, max_iter, tol)
-    from losslens.geometry.operators.auto import AutoBackend
-    from losslens.geometry.operators.difference import DifferenceBackend
-    from losslens.geometry.operators.reverse import ReverseBackend
-    from losslens.geometry.operators.names import BACKENDS, backend_named
-    from losslens.lm.core.distributed import PARALLEL_MODES, DistributedError, init_data_parallel
-
-    if parallel not in PARALLEL_MODES:
-        raise SharpnessError(f"--parallel {parallel!r} is unknown; valid: {', '.join(PARALLEL_MODES)}")
-    if backend not in BACKENDS:
-        raise SharpnessError(f"--backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")
-    if parallel != "none" and isinstance(backend_named(backend), AutoBackend):
-        raise SharpnessError(
-            f"--backend {backend} is not available with --parallel {parallel}: pass --backend "
-            f"{ReverseBackend.name} or {DifferenceBackend.name}"
-        )
-    from losslens.geometry.operators.precision import COMPUTE_DTYPES
-
-    if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
-        raise SharpnessError(f"--compute-dtype {compute_dtype!r} is unknown; valid: {', '.join(COMPUTE_DTYPES)}")
-    if dtype is not None and dtype not in _DTYPES:
-        raise SharpnessError(f"--dtype {dtype!r} is unknown; valid: {', '.join(_DTYPES)}")
-    if max_memory is not None:
-        from losslens.geometry.memory.model import MemoryBudgetError, parse_bytes
-
-        try:
-            parse_bytes(max_memory, device)
-        except MemoryBudgetError as exc:
-            raise SharpnessError(f"--max-memory: {exc}") from exc
     try:
         traj, ref = open_checkpoint(
-            checkpoint, label, cache_dir=cache_dir, schedule=schedule, tokens_per_step=tokens_per_step, alone=True
+            checkpoint,
+            source.label,
+            cache_dir=source.cache_dir,
+            schedule=source.schedule,
+            tokens_per_step=source.tokens_per_step,
+            alone=True,
         )
     except CheckpointError as exc:
         raise SharpnessError(str(exc)) from exc
     t0 = time.perf_counter()
     echo(progress, f"{ref.label}: building the curvature set", "sharpness")
-    if data is not None:
+    if s.data is not None:
         from losslens.lm.core.tokenset import TokenSet
 
-        curv = TokenSet.load(data)
+        curv = TokenSet.load(s.data)
     else:
         from losslens.lm.data import default_token_sets
 
-        curv = default_token_sets(traj, quick=quick, seed=seed)["curvature"]
+        curv = default_token_sets(traj, quick=s.quick, seed=s.seed)["curvature"]
     import torch
 
-    dev = device or ("cuda" if torch.cuda.is_available() else None)
+    dev = load.device or ("cuda" if torch.cuda.is_available() else None)
     batches, pg = list(curv), None
     if parallel in ("data", "fsdp"):
         from losslens.geometry.operators.data_parallel import DataParallel, split_batches
 
-        if parallel == "fsdp" and params:
-            raise SharpnessError(
-                "--params is not supported with --parallel fsdp yet: sharded curvature is w.r.t. "
-                "every parameter (or use --parallel data with a selection)"
-            )
         try:
-            rank, world, dev = init_data_parallel(device=device, mode=parallel)
+            rank, world, dev = init_data_parallel(device=load.device, mode=parallel)
             batches = split_batches(batches, rank, world)
         except (DistributedError, ValueError) as exc:
             raise SharpnessError(str(exc)) from exc
@@ -256,7 +168,7 @@ def _measure(
     echo(progress, f"{ref.label}: loading the weights ({len(batches)} curvature batches)", "sharpness")
     try:
         model = CheckpointLoader(
-            traj, device=dev, dtype=getattr(torch, dtype) if dtype else None, allow_pickle=allow_pickle
+            traj, device=dev, dtype=getattr(torch, load.dtype) if load.dtype else None, allow_pickle=load.allow_pickle
         ).load(ref)
     except CheckpointError as exc:
         raise SharpnessError(f"cannot load {ref.label!r}: {exc}") from exc
@@ -269,54 +181,68 @@ def _measure(
     from losslens.geometry.estimators.trace import estimate_memory as trace_memory
     from losslens.geometry.estimators.trace import hutchinson_trace, hutchpp_trace
     from losslens.lm.core.threads import torch_threads
-    from losslens.lm.models.curvature import error_warning, lm_hessian
+    from losslens.lm.models.curvature import error_warning, lm_operator
+    from losslens.lm.models.lm_setup import plan_lm_setup
+    from losslens.lm.models.sharding import fsdp_lm_hessian
 
     echo(progress, f"{ref.label}: preparing the Hessian operator (backend {backend})", "sharpness")
+    fsdp = parallel == "fsdp"  # every rank holds 1/N of θ, of every vector and of the estimators' state
     try:
-        if parallel == "fsdp":  # every rank holds 1/N of θ, of every vector and of the estimators' state
-            from losslens.lm.models.sharding import fsdp_lm_hessian
-
-            op = fsdp_lm_hessian(model, batches, dev, backend, compute_dtype, max_memory, master_device)
-        else:
-            op = lm_hessian(
-                model,
-                batches,
-                params=list(params) if params else None,
-                max_memory=max_memory,
-                backend=backend,
-                compute_dtype=compute_dtype,
-                error_tolerance=error_tolerance,  # over it the operator warns (ProductErrorWarning), once
+        setup = plan_lm_setup(  # decided once: compute dtype, excluded tokens, losses, the set-up's memory
+            model,
+            batches,
+            params=params,
+            backend=DifferenceBackend.name if fsdp else backend,
+            lean_head=not fsdp,
+            max_memory=None if fsdp else memory.max_memory,  # the sharded operator plans its own shards
+            compute_dtype=compute.compute_dtype,
+            data_parallel=pg,
+            bound=fsdp,  # no exact product runs on the shards: the error is bounded on a miniature
+        )
+        if fsdp:
+            op = fsdp_lm_hessian(setup, dev, backend, max_memory=memory.max_memory, master_device=state.master)
+        else:  # over error_tolerance the operator warns (ProductErrorWarning), once
+            op = lm_operator(
+                setup,
+                errors.error_tolerance,
+                max_memory=memory.max_memory,
                 **({"data_parallel": pg} if pg is not None else {}),
             )
         # both plans are checked before any product: a plan that cannot fit fails here, in one line
-        state = {"basis_device": basis_device} if basis_device is not None else {}  # solver state's place
-        trace_memory(op, method, num_matvecs, **state)
-        eigen_memory(op, k, eigen_method, max_iter, **state)
-        with torch_threads(num_threads):
-            with progress_bar(progress, num_matvecs, what=f"trace ({method})", unit="HVP", label="sharpness") as bar:
+        place = {"basis_device": state.basis_device} if state.basis_device is not None else {}  # solver state
+        trace_memory(op, s.method, s.num_matvecs, **place)
+        eigen_memory(op, s.k, s.eigen_method, s.max_iter, **place)
+        with torch_threads(compute.threads):
+            with progress_bar(
+                progress, s.num_matvecs, what=f"trace ({s.method})", unit="HVP", label="sharpness"
+            ) as bar:
                 op.on_products = bar.update
-                if method == "hutch++":
-                    est = hutchpp_trace(op, num_matvecs=num_matvecs, seed=seed, **state)
+                if s.method == "hutch++":
+                    est = hutchpp_trace(op, num_matvecs=s.num_matvecs, seed=s.seed, **place)
                 else:  # no solver state: nothing to place
-                    est = hutchinson_trace(op, num_matvecs=num_matvecs, seed=seed)
-            most = (max_iter if eigen_method == "lanczos" else k * max_iter) + k  # + the Ritz vectors' refinement
-            what = f"top-{k} eigenvalues, {eigen_method} (at most)"
+                    est = hutchinson_trace(op, num_matvecs=s.num_matvecs, seed=s.seed)
+            most = (
+                s.max_iter if s.eigen_method == "lanczos" else s.k * s.max_iter
+            ) + s.k  # + the Ritz vectors' refinement
+            what = f"top-{s.k} eigenvalues, {s.eigen_method} (at most)"
             with progress_bar(progress, most, what=what, unit="HVP", label="sharpness") as bar:
                 op.on_products = bar.update
-                ev = top_eigenvalues(op, k=k, method=eigen_method, tol=tol, max_iter=max_iter, seed=seed, **state)
+                ev = top_eigenvalues(
+                    op, k=s.k, method=s.eigen_method, tol=s.tol, max_iter=s.max_iter, seed=s.seed, **place
+                )
             op.on_products = None
     except (MemoryBudgetError, OperatorError) as exc:
         raise SharpnessError(str(exc)) from exc
-    return {
+    res = {
         "checkpoint": ref.label,
         "step": ref.step,
         "tokens": ref.tokens,
         "lr": ref.lr,
         "location": ref.location,
         "dim": getattr(op, "global_dim", op.dim),
-        "params": list(params) if params else None,
+        "params": params,
         "data": {"shape": list(curv.tokens.shape), "content_hash": curv.content_hash},
-        "dtype": dtype or str(getattr(op, "storage_dtype", op.param_dtype)).replace("torch.", ""),
+        "dtype": load.dtype or str(getattr(op, "storage_dtype", op.param_dtype)).replace("torch.", ""),
         "compute_dtype": str(op.param_dtype).replace("torch.", ""),
         "trace": {
             "value": est.value,
@@ -326,7 +252,7 @@ def _measure(
             "method": est.method,
             "num_matvecs": est.num_matvecs,
             "seconds": est.seconds,
-            "seed": seed,
+            "seed": s.seed,
             "memory": est.memory,
         },
         "eigen": {
@@ -347,7 +273,7 @@ def _measure(
             "backend": pg.backend if pg else None,
             "batches_per_rank": pg.gather_objects(len(batches)) if pg else [len(batches)],
             **(
-                {"elements_per_rank": pg.gather_objects(op.local_dim), "master_device": master_device or "device"}
+                {"elements_per_rank": pg.gather_objects(op.local_dim), "master_device": state.master or "device"}
                 if parallel == "fsdp"
                 else {}
             ),
@@ -358,27 +284,69 @@ def _measure(
         "excluded": getattr(
             op, "excluded", None
         ),  # zero-embedding tokens left out (losslens.lm.models.zero_embeddings)
-        "error_warning": error_warning(op.checked(), op.param_dtype, error_tolerance),
+        "error_warning": error_warning(op.checked(), op.param_dtype, errors.error_tolerance),
     }
+    if errors.strict and res["error_warning"]:
+        raise SharpnessError(f"{res['error_warning']['message']} (strict: the result is not returned)")
+    return res
 
 
-def _check_options(method: str, eigen_method: str, num_matvecs, k, max_iter, tol) -> None:
-    """Refuse bad options up front (before data and weights are loaded), naming the valid range."""
-    if method not in TRACE_METHODS:
-        raise SharpnessError(f"trace method {method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
-    if eigen_method not in EIGEN_METHODS:
-        raise SharpnessError(f"eigen method {eigen_method!r} is unknown; valid: {', '.join(EIGEN_METHODS)}")
-    least = 3 if method == "hutch++" else 1
-    if not isinstance(num_matvecs, int) or isinstance(num_matvecs, bool) or num_matvecs < least:
+def _check_settings(
+    s: SharpnessSettings, load: LoadOptions, memory: MemoryOptions, compute: ComputeOptions, state: StateOptions
+) -> None:
+    """Refuse bad options up front (before data and weights are loaded), naming the option and the
+    valid range: :class:`SharpnessError` (``state``'s own check raises its ``SettingsError``)."""
+    from losslens.geometry.operators.auto import AutoBackend
+    from losslens.geometry.operators.difference import DifferenceBackend
+    from losslens.geometry.operators.names import BACKENDS, backend_named
+    from losslens.geometry.operators.precision import COMPUTE_DTYPES
+    from losslens.geometry.operators.reverse import ReverseBackend
+    from losslens.lm.core.distributed import PARALLEL_MODES
+
+    state.check(compute.parallel)  # a SettingsError naming the option, as memory.apply()'s
+    if s.method not in TRACE_METHODS:
+        raise SharpnessError(f"trace method {s.method!r} is unknown; valid: {', '.join(TRACE_METHODS)}")
+    if s.eigen_method not in EIGEN_METHODS:
+        raise SharpnessError(f"eigen method {s.eigen_method!r} is unknown; valid: {', '.join(EIGEN_METHODS)}")
+    least = 3 if s.method == "hutch++" else 1
+    if not isinstance(s.num_matvecs, int) or isinstance(s.num_matvecs, bool) or s.num_matvecs < least:
         raise SharpnessError(
-            f"num_matvecs (--num-matvecs) must be an integer >= {least} for {method} (its HVP budget"
-            f"{'; Hutch++ splits it in three parts' if method == 'hutch++' else ''}), got {num_matvecs!r}"
+            f"num_matvecs (--num-matvecs) must be an integer >= {least} for {s.method} (its HVP budget"
+            f"{'; Hutch++ splits it in three parts' if s.method == 'hutch++' else ''}), got {s.num_matvecs!r}"
         )
-    for name, v in (("k (--k)", k), ("max_iter", max_iter)):
+    for name, v in (("k (--k)", s.k), ("max_iter", s.max_iter)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise SharpnessError(f"{name} must be an integer >= 1, got {v!r}")
-    if not (isinstance(tol, (int, float)) and tol > 0):
-        raise SharpnessError(f"tol must be a positive number, got {tol!r}")
+    if not (isinstance(s.tol, (int, float)) and s.tol > 0):
+        raise SharpnessError(f"tol must be a positive number, got {s.tol!r}")
+    parallel, backend = compute.parallel, compute.backend
+    if parallel not in PARALLEL_MODES:
+        raise SharpnessError(f"--parallel {parallel!r} is unknown; valid: {', '.join(PARALLEL_MODES)}")
+    if backend not in BACKENDS:
+        raise SharpnessError(f"--backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")
+    if parallel != "none" and isinstance(backend_named(backend), AutoBackend):
+        raise SharpnessError(
+            f"--backend {backend} is not available with --parallel {parallel}: pass --backend "
+            f"{ReverseBackend.name} or {DifferenceBackend.name}"
+        )
+    if parallel == "fsdp" and s.params:
+        raise SharpnessError(
+            "--params is not supported with --parallel fsdp yet: sharded curvature is w.r.t. "
+            "every parameter (or use --parallel data with a selection)"
+        )
+    if compute.compute_dtype is not None and compute.compute_dtype not in COMPUTE_DTYPES:
+        raise SharpnessError(
+            f"--compute-dtype {compute.compute_dtype!r} is unknown; valid: {', '.join(COMPUTE_DTYPES)}"
+        )
+    if load.dtype is not None and load.dtype not in _DTYPES:
+        raise SharpnessError(f"--dtype {load.dtype!r} is unknown; valid: {', '.join(_DTYPES)}")
+    if memory.max_memory is not None:
+        from losslens.geometry.memory.model import MemoryBudgetError, parse_bytes
+
+        try:
+            parse_bytes(memory.max_memory, load.device)
+        except MemoryBudgetError as exc:
+            raise SharpnessError(f"--max-memory: {exc}") from exc
 
 
 sharpness = keywords(
@@ -387,7 +355,7 @@ sharpness = keywords(
     """``sharpness(checkpoint, *, num_matvecs=100, ..., max_memory=None, ...)``: :func:`measure_sharpness`
 with every option a keyword parameter named like the CLI's (``--max-memory`` -> ``max_memory``) and
 its default; a whole settings object may be passed by its name (``memory=MemoryOptions(...)``).
-``checkpoint``: a path or an ``hf:`` name (see ``_measure``). Returns what
+``checkpoint``: a path or an ``hf:`` name (see :func:`measure_sharpness`). Returns what
 ``losslens sharpness --json`` prints.""",
 )
 

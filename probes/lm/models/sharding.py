@@ -10,12 +10,13 @@ group. Tied input/output embeddings stay one parameter. :func:`sharded_lm_hessia
 The difference backend's accuracy cannot be measured against an exact product on the sharded model
 (double backward does not run under FSDP2), so :func:`sharded_lm_hessian` accepts the error measured
 beforehand on the unsharded architecture (a float64 miniature: :func:`losslens.lm.models.miniature.miniature_bound`) and
-records it on the operator (``op.hvp_check``), with the zero-embedding tokens found once on the whole model.
+records it on the operator (``op.hvp_check``), with the zero-embedding tokens found once on the whole model
+(:func:`losslens.lm.models.lm_setup.plan_lm_setup`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,10 +24,8 @@ from torch import nn
 from losslens.geometry.base.errors import LosslensError
 from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.geometry.operators.sharded import ShardedHessianOperator
-from losslens.lm.core.next_token_loss import lm_loss
 from losslens.lm.core.modules import find_blocks
 from losslens.lm.models.fidelity import with_float64_fidelity
-from losslens.lm.models.zero_embeddings import curvature_loss, exclusion_record, zero_embedding_tokens
 
 
 class ShardingError(LosslensError, ValueError):
@@ -69,65 +68,52 @@ def shard_model(model: nn.Module, device: str | torch.device | None = None, comp
 
 def sharded_lm_hessian(
     model: nn.Module,
-    batches: Sequence[torch.Tensor],
-    exclude: Sequence[int],
+    setup: Any,
     max_memory: Any = None,
     hvp_check: dict | None = None,
     **kwargs,
 ) -> ShardedHessianOperator:
-    """The sharded Hessian of the mean LM loss over this rank's ``batches`` ([b, s] token tensors) of
-    an FSDP2 model (:func:`shard_model`). ``exclude``: the tokens whose input-embedding row is zero,
-    left out of the loss as in :func:`losslens.lm.models.curvature.lm_hessian` (``op.excluded`` records
-    them): :func:`~losslens.lm.models.zero_embeddings.zero_embedding_tokens` of the model, found once by
-    the caller (on the sharded model it is a collective). ``hvp_check``: the difference backend's
-    measured error on the unsharded architecture, recorded as ``op.hvp_check``. Extra keywords go to
-    the operator (``difference_step``, ``richardson``)."""
-    loss_fn = curvature_loss(lm_loss, exclude)  # zero-embedding tokens left out, as lm_hessian
+    """The sharded Hessian of the mean LM loss of an FSDP2 model (:func:`shard_model`) over this rank's
+    batches, as planned by ``setup`` (:func:`losslens.lm.models.lm_setup.plan_lm_setup` with
+    ``data_parallel``: its batches, its loss without the zero-embedding tokens, as
+    :func:`losslens.lm.models.curvature.lm_hessian` leaves them out, and their record ``op.excluded``).
+    ``hvp_check``: the difference backend's measured error on the unsharded architecture, recorded
+    as ``op.hvp_check``. Extra keywords go to the operator (``compute_dtype``, ``difference_step``)."""
     op = ShardedHessianOperator(
-        model, with_float64_fidelity(loss_fn, model), list(batches), max_memory=max_memory, **kwargs
+        model, with_float64_fidelity(setup.exact_loss, model), setup.batches, max_memory=max_memory, **kwargs
     )  # float64 fidelity: as lm_hessian's difference backend
     op.hvp_check = hvp_check
-    op.excluded = exclusion_record(exclude, list(batches), op.parallel)
+    op.excluded = setup.excluded
     return op
 
 
 def fsdp_lm_hessian(
-    model: nn.Module,
-    batches: Sequence[torch.Tensor],
-    device: Any,
-    backend: str = DifferenceBackend.name,
-    compute_dtype: Any = None,
-    max_memory: Any = None,
-    master_device: Any = None,
+    setup: Any, device: Any, backend: str = DifferenceBackend.name, max_memory: Any = None, master_device: Any = None
 ) -> ShardedHessianOperator:
-    """``sharpness --parallel fsdp``: the sharded Hessian of ``model`` (loaded whole on this rank, cast
-    to the compute dtype, then sharded by :func:`shard_model`) with its error measured first on a
-    miniature of the architecture in the compute dtype against its float64 exact products
-    (:func:`losslens.lm.models.miniature.miniature_bound`, the same on every rank). The zero-embedding
-    tokens are found once, on the whole model, for both. FSDP2 runs first-order gradients only: an
-    exact ``backend`` (reverse, forward, auto) is replaced by the difference backend out loud
-    (``op.backend_choice`` says why; the CLI prints it). ``master_device``: ``"cpu"`` keeps the
-    operator's copy of θ in host RAM (``--master-device cpu``)."""
+    """``sharpness --parallel fsdp``: the sharded Hessian of the planned model (``setup``:
+    :func:`losslens.lm.models.lm_setup.plan_lm_setup` of the whole model, loaded on this rank, with
+    ``data_parallel`` and ``bound=True``), cast to the set-up's compute dtype and sharded by
+    :func:`shard_model`, its loss without the zero-embedding tokens found once on the whole model, and
+    its error the one the set-up bounded on a miniature of the architecture against float64 exact
+    products (the same on every rank: double backward does not run under FSDP2). An exact ``backend``
+    (reverse, forward, auto) is replaced by the difference backend out loud (``op.backend_choice``
+    says why; the CLI prints it). ``max_memory``: the sharded operator's budget per rank;
+    ``master_device``: ``"cpu"`` keeps its copy of θ in host RAM (``--master-device cpu``)."""
     from losslens.geometry.operators.names import backend_named
-    from losslens.geometry.operators.precision import compute_dtype_for
     from losslens.lm.models.curvature import ERROR_TOLERANCE
-    from losslens.lm.models.miniature import miniature_bound
 
-    dtype = compute_dtype_for(next(model.parameters()).dtype, compute_dtype)
-    model.to(dtype)  # the products run in it: on the miniature and on the shards
-    exclude = zero_embedding_tokens(model)
-    mini = {"rel_error": None, "reference": "unavailable: no batch to measure on"}
-    if batches:
-        mini = miniature_bound(model, [batches[0][:2, :32]], exclude=exclude)
-    op = sharded_lm_hessian(
-        shard_model(model, device, dtype),
-        batches,
-        exclude,
+    model = setup.model.to(setup.compute_dtype)  # the products run in it, on the shards
+    sharded = shard_model(model, device, setup.compute_dtype)
+    op = ShardedHessianOperator(
+        sharded,
+        with_float64_fidelity(setup.exact_loss, sharded),  # float64 fidelity: as lm_hessian's difference backend
+        setup.batches,
         max_memory=max_memory,
-        compute_dtype=dtype,
+        compute_dtype=setup.compute_dtype,
         master_device=master_device,
     )
-    op.hvp_check = {**op.checked(), **mini}
+    op.excluded = setup.excluded
+    op.hvp_check = {**op.checked(), **setup.bound}
     op.error_tolerance = ERROR_TOLERANCE
     op.checked()  # a ProductErrorWarning, once, when the miniature's bound exceeds the tolerance
     requested = backend_named(backend)
