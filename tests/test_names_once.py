@@ -51,6 +51,8 @@ OTHER_MEANINGS = {
     ("trace", "probes/study/analysis/explain_shares.py"): "an explain factor (FACTOR_METRICS)",
     ("trace", "probes/study/report/explain_figures.py"): "an explain factor (FACTOR_METRICS)",
     ("eigen", "probes/measure/sharpness.py"): "a section of `losslens sharpness`'s result",
+    ("trace", "probes/cli/sharpness_command.py"): "a section of `losslens sharpness`'s result (printed)",
+    ("eigen", "probes/cli/sharpness_command.py"): "a section of `losslens sharpness`'s result (printed)",
     ("explain", "probes/__init__.py"): "the function losslens.explain (lazy exports)",
     ("accuracy", "probes/__init__.py"): "the function losslens.accuracy (lazy exports)",
     (
@@ -80,8 +82,6 @@ OTHER_MEANINGS = {
 #: (name, module) -> the work left: modules other engineers own right now that still spell the name.
 NOT_YET = {
     ("reverse", "probes/lm/shared_settings.py"): "torch-free settings module: needs a torch-free DEFAULT_BACKEND",
-    ("trace", "probes/cli/sharpness_command.py"): "front-door move",
-    ("eigen", "probes/cli/sharpness_command.py"): "front-door move",
 }
 
 
