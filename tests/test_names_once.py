@@ -31,7 +31,7 @@ OTHER_MEANINGS = {
     ("auto", "probes/study/report/explain_figures.py"): "plotly tickmode='auto'",
     ("auto", "probes/study/report/figure_parts.py"): "plotly tickmode='auto'",
     ("auto", "probes/study/report/figures.py"): "plotly tickmode='auto'",
-    ("difference", "probes/cli/bench_command.py"): "the benchmark called 'difference'",
+    ("difference", "probes/study/bench_suite.py"): "the benchmark called 'difference'",
     ("loss", "geometry/estimators/attribution.py"): "a factor of the quadratic attribution",
     ("loss", "geometry/estimators/directional.py"): "a directional estimate's field",
     ("loss", "geometry/surfaces/resume.py"): "a loss surface's column",

@@ -13,7 +13,7 @@ pytest.importorskip("pyhessian")
 
 
 def test_bench_real_model_needs_the_gguf_and_is_not_in_all():
-    from losslens.cli.bench_command import BY_NAME_ONLY, SUITE
+    from losslens.study.bench_suite import BY_NAME_ONLY, SUITE
 
     assert "real_model" in BY_NAME_ONLY and "real_model" not in SUITE
     res = CliRunner().invoke(app, ["bench", "real_model"])
