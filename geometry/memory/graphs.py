@@ -33,11 +33,6 @@ SECOND_BACKWARD_FACTOR = 0.45
 FORWARD_FACTOR = 1.9
 
 
-def itemsize(dtype: torch.dtype) -> int:
-    """Bytes of one number of ``dtype``."""
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def one_row(batch: Any) -> tuple[int, Any, Any]:
     """``(rows, one-row copy, shape key)`` of a batch: a tensor or a tuple/list of tensors sharing
     their first dimension; anything else is measured whole (rows = 1). A copy, not a view: saved

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from losslens.geometry.memory.graphs import itemsize
 from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.geometry.operators.interface import OperatorError
 from losslens.geometry.operators.backend import ProductBackend
@@ -62,7 +61,7 @@ class AutoBackend:
         from losslens.geometry.memory.model import format_bytes, resolve_budget
 
         budget = resolve_budget(op.max_memory, op.device)
-        state = 3 * op.dim * itemsize(op.dtype)
+        state = 3 * op.dim * op.dtype.itemsize
         reverse = self.reverse.for_operator()
         try:
             exact = reverse.pass_bytes(op, 1, cached=False) + state

@@ -101,7 +101,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from losslens.geometry.memory.graphs import first_rows, itemsize, one_row, peak_new_bytes
+from losslens.geometry.memory.graphs import first_rows, one_row, peak_new_bytes
 from losslens.geometry.operators.backend import LOCAL, ProductBackend, VectorSpace
 from losslens.geometry.operators.product_check import measure
 from losslens.geometry.operators.branches import FrozenBranches
@@ -281,7 +281,7 @@ def pass_bytes(
     """
     per_row = 0 if two_rows is None else max(0, two_rows - one_row_bytes)
     gradient = one_row_bytes + (rows - 1) * per_row
-    master = dim * itemsize(param_dtype)
+    master = dim * param_dtype.itemsize
     return int(master + gradient + 4 * largest + transient)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from losslens.geometry.memory.graphs import forward_pass_bytes, itemsize
+from losslens.geometry.memory.graphs import forward_pass_bytes
 from losslens.geometry.operators.backend import ProductBackend
 from losslens.geometry.operators.interface import OperatorError
 from losslens.geometry.operators.precision import cast_inputs
@@ -114,7 +114,7 @@ class ForwardBackend(ProductBackend):
         chunk = chunk or op.chunk_for(k, True)
         return forward_pass_bytes(
             graphs,
-            op.dim * itemsize(op.param_dtype),
+            op.dim * op.param_dtype.itemsize,
             k,
             chunk,
             op.loss_transient_bytes + converted_bytes(op, k, chunk, True),

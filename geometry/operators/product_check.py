@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from losslens.geometry.base._linalg import CHUNK
-from losslens.geometry.memory.graphs import itemsize, one_row
+from losslens.geometry.memory.graphs import one_row
 from losslens.geometry.memory.model import temporaries_bytes
 from losslens.geometry.operators.interface import CurvatureOperator, OperatorError
 
@@ -55,7 +55,7 @@ def check_bytes(op: Any, *passes: int) -> int:
     """Peak bytes of :func:`product_error` on operators of ``op.dim`` whose single-vector passes
     take ``passes`` bytes: three vectors of the vector dtype, the larger pass (the products run
     one after the other) and three float64 chunks."""
-    return 3 * op.dim * itemsize(op.dtype) + max(passes, default=0) + temporaries_bytes(op.dim)
+    return 3 * op.dim * op.dtype.itemsize + max(passes, default=0) + temporaries_bytes(op.dim)
 
 
 def _describe(batches: Sequence[Any]) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import torch
 
-from losslens.geometry.memory.graphs import itemsize, one_row, pass_bytes, saved_graph_bytes
+from losslens.geometry.memory.graphs import one_row, pass_bytes, saved_graph_bytes
 from losslens.geometry.operators.backend import ProductBackend
 from losslens.geometry.operators.derivatives import check_dead_rows
 from losslens.geometry.operators.fingerprint import model_fingerprint
@@ -215,7 +215,7 @@ class ReverseBackend(ProductBackend):
         vectorize = self.vectorized(op)
         return pass_bytes(
             graphs,
-            op.dim * itemsize(op.param_dtype),
+            op.dim * op.param_dtype.itemsize,
             vectorize,
             k,
             chunk,
@@ -248,7 +248,7 @@ def graph_bytes(op: Any, index: int) -> int:
 
         with op.call_context(ReverseBackend()) as params:
             op.measured_passes[key] = saved_graph_bytes(op.model, build)
-    return int(op.measured_passes[key] * rows + op.dim * itemsize(op.param_dtype))
+    return int(op.measured_passes[key] * rows + op.dim * op.param_dtype.itemsize)
 
 
 def converted_bytes(op: Any, k: int, chunk: int, vectorize: bool) -> int:
@@ -258,7 +258,7 @@ def converted_bytes(op: Any, k: int, chunk: int, vectorize: bool) -> int:
     if op.dtype == op.param_dtype:
         return 0
     largest = max((math.prod(s) for s in op.space.shapes), default=0)
-    return op.dim * itemsize(op.param_dtype) + (min(k, chunk) if vectorize else 1) * largest * itemsize(op.dtype)
+    return op.dim * op.param_dtype.itemsize + (min(k, chunk) if vectorize else 1) * largest * op.dtype.itemsize
 
 
 def _chunks(k: int) -> list[int]:

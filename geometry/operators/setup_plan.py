@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from losslens.geometry.memory.graphs import itemsize, pass_bytes, saved_graph_bytes
+from losslens.geometry.memory.graphs import pass_bytes, saved_graph_bytes
 from losslens.geometry.memory.model import MemoryBudgetError, format_bytes, resolve_budget
 
 __all__ = ["SetupPlan", "setup_floor", "plan_setup", "check_graph_floor", "refusal", "PREFIX"]
@@ -65,7 +65,7 @@ def setup_floor(dim: int, param_dtype: torch.dtype, vector_dtype: torch.dtype, t
     """Least bytes any estimator on an operator of ``dim`` selected numbers holds beyond the model:
     two gradients in ``param_dtype``, the loss's temporaries ``transient`` and ``STATE_VECTORS``
     vectors in ``vector_dtype``."""
-    return int(2 * dim * itemsize(param_dtype) + transient + STATE_VECTORS * dim * itemsize(vector_dtype))
+    return int(2 * dim * param_dtype.itemsize + transient + STATE_VECTORS * dim * vector_dtype.itemsize)
 
 
 def refusal(what: str, need: int, budget: int, why: str) -> MemoryBudgetError:
@@ -150,10 +150,10 @@ def check_graph_floor(op: Any, plan: SetupPlan) -> None:
             saved.append(saved_graph_bytes(op.model, build))
     slope = max(0, saved[1] - saved[0]) / PREFIX
     row = saved[1] + slope * (tokens - 2 * PREFIX)
-    grad = op.dim * itemsize(op.param_dtype)
+    grad = op.dim * op.param_dtype.itemsize
     transient = op.loss_transient_bytes + converted_bytes(op, 1, 1, False)
     need = pass_bytes([int(rows * row) + grad], grad, False, 1, 1, False, transient)
-    need += STATE_VECTORS * op.dim * itemsize(op.dtype)
+    need += STATE_VECTORS * op.dim * op.dtype.itemsize
     if need > plan.budget:
         raise refusal(
             "the curvature operator's smallest pass",

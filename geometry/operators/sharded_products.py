@@ -35,7 +35,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from losslens.geometry.memory.graphs import itemsize
 from losslens.geometry.operators.backend import VectorSpace
 from losslens.geometry.operators.difference import step_size, stencil
 
@@ -52,7 +51,7 @@ def master_dtypes(tensors: Sequence[torch.Tensor]) -> list[torch.dtype]:
     for t in tensors:
         t, chosen = t.detach(), t.dtype
         for d in NARROW:
-            if itemsize(d) >= itemsize(t.dtype) or not t.is_floating_point():
+            if d.itemsize >= t.dtype.itemsize or not t.is_floating_point():
                 break
             if torch.equal(t.to(d).to(t.dtype), t):
                 chosen = d
@@ -67,9 +66,9 @@ def master_bytes(
     """``(kept, cast)``: device bytes of the kept θ in ``dtypes`` (0 when ``on_host``: it lives in host
     RAM), and of the perturbation's temporary, one copy of the largest tensor whose master is not in
     ``vector_dtype`` or on the device (freed before the gradient pass: the two never add up)."""
-    kept = 0 if on_host else sum(t.numel() * itemsize(d) for t, d in zip(tensors, dtypes))
+    kept = 0 if on_host else sum(t.numel() * d.itemsize for t, d in zip(tensors, dtypes))
     casts = [t.numel() for t, d in zip(tensors, dtypes) if d != vector_dtype or on_host]
-    return int(kept), int(max(casts) * itemsize(vector_dtype) if casts else 0)
+    return int(kept), int(max(casts) * vector_dtype.itemsize if casts else 0)
 
 
 def sharded_difference_products(
