@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+from pathlib import Path
 from typing import Annotated, Optional
 
 import pytest
@@ -20,7 +21,9 @@ from losslens.cli.option_groups import (
     ErrorOptions,
     LoadOptions,
     MemoryOptions,
+    QUIET_HELP,
     TrajectoryOptions,
+    threads_help,
 )
 from losslens.cli.explain_command import explain
 from losslens.cli.sharpness_command import sharpness
@@ -131,6 +134,32 @@ def test_shared_options_come_from_one_declaration():
         assert ex[f.name].default == sh[f.name].default == f.default
     assert option_of(CheckpointOptions, "label", help="h").help == "h"
     assert option_of(CheckpointOptions, "label").help != "h"  # a copy: the group's declaration is unchanged
+
+
+def _params(group=None):
+    """(command name, click parameter) of every command of the app, subcommands included."""
+    group = group or typer.main.get_command(app)
+    for name, cmd in group.commands.items():
+        yield from (((name, p) for p in cmd.params) if not hasattr(cmd, "commands") else _params(cmd))
+
+
+def test_quiet_and_threads_are_declared_once_with_each_commands_default():
+    """Issue #46 item 3: every command with -q/--quiet or --threads takes the one declaration in
+    option_groups (same flags, help, check), keeping its own default; no command module declares them."""
+    quiet = {c: p for c, p in _params() if "--quiet" in p.opts}
+    threads = {c: p for c, p in _params() if "--threads" in p.opts}
+    assert {"sharpness", "sweep", "explain", "quantize", "accuracy", "demo", "fork", "compare-forks"} <= set(quiet)
+    assert {"sharpness", "sweep", "explain", "demo", "train-tiny", "fork", "compare-forks"} <= set(threads)
+    for c, p in quiet.items():
+        assert (sorted(p.opts), p.secondary_opts, p.default, p.help) == (["--quiet", "-q"], [], False, QUIET_HELP), c
+    for c, p in threads.items():
+        assert p.opts == ["--threads"] and p.min == 0 and not p.show_default, c
+        assert p.help.startswith(threads_help("").removesuffix(").")), c
+    assert {c: p.default for c, p in threads.items() if p.default is not None} == {"demo": 1}  # the rest: None
+    assert threads["sweep"].help == threads_help("auto") and threads["sharpness"].help == threads_help("torch's")
+    root = Path(__file__).resolve().parents[1] / "probes" / "cli"
+    declared = [f.name for f in root.glob("*.py") if '"--quiet"' in f.read_text() or '"--threads"' in f.read_text()]
+    assert declared == ["option_groups.py"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Annotated
 
 import typer
 
-from losslens.cli.option_groups import CHECKPOINT_HELP, CheckpointOptions
+from losslens.cli.option_groups import CHECKPOINT_HELP, CheckpointOptions, quiet_option
 from losslens.cli.option_parsing import cli, flags, option_of
 from losslens.lm.shared_settings import SettingsError
 from losslens.measure.accuracy.checkpoint_accuracy import AccuracySettings
@@ -46,7 +46,7 @@ flags(
     allow_pickle=typer.Option("--allow-pickle", help="load a .bin/.pt checkpoint that needs full pickle"),
     label=option_of(CheckpointOptions, "label"),
     cache_dir=option_of(CheckpointOptions, "cache_dir"),
-    quiet=typer.Option("--quiet", "-q", help="no progress lines on stderr"),
+    quiet=quiet_option(),
 )
 
 

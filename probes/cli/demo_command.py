@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from losslens.cli.option_groups import quiet_option, threads_option
 from losslens.cli.option_parsing import cli, flags
 from losslens.study.demo.demo_settings import DemoOptions
 from losslens.study.demo.demo_study import run_demo
@@ -14,8 +15,8 @@ flags(
     out=typer.Option("--out", help="folder for runs, results.sqlite and report.html"),
     quick=typer.Option("--quick", help="toy-size study (≤ 2 min; what the tests run)"),
     executor=typer.Option("--executor", help="sweep executor: local or ray"),
-    quiet=typer.Option("--quiet", "-q", help="no progress bars"),
-    threads=typer.Option("--threads", help="torch threads per process (1 is fastest for the demo's tiny models)"),
+    quiet=quiet_option(),
+    threads=threads_option("1, the fastest for the demo's tiny models"),
     workers=typer.Option(
         "--workers",
         min=1,

@@ -29,6 +29,8 @@ from losslens.cli.option_groups import (
     MemoryOptions,
     exit_if_strict,
     warn_flagged,
+    quiet_option,
+    threads_option,
 )
 from losslens.cli.option_parsing import cli, flags, option_of
 from losslens.measure.checkpoint_explanation import DEFAULT_SPECS, ExplainSettings
@@ -46,10 +48,10 @@ flags(
     modules=typer.Option("--modules", "-m", help="glob(s) of linear layers to quantize"),
     seed=typer.Option("--seed", help="seed of the trace estimate and the default token sets"),
     device=typer.Option("--device", help="torch device (default: cuda when available)"),
-    threads=typer.Option("--threads", min=1, help="torch threads"),
+    threads=threads_option("torch's"),
     backend=option_of(ComputeOptions, "backend"),
     compute_dtype=option_of(ComputeOptions, "compute_dtype"),
-    quiet=typer.Option("--quiet", "-q", help="No progress lines on stderr."),
+    quiet=quiet_option(),
 )
 
 

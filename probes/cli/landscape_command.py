@@ -17,7 +17,7 @@ from typing import Annotated, List
 
 import typer
 
-from losslens.cli.option_groups import TRAJECTORY_HELP, LoadOptions, MemoryOptions, TrajectoryOptions
+from losslens.cli.option_groups import TRAJECTORY_HELP, LoadOptions, MemoryOptions, TrajectoryOptions, quiet_option
 from losslens.cli.option_parsing import cli, flags
 from losslens.lm.shared_settings import SettingsError
 from losslens.study.landscape.trajectory_landscapes import LandscapeSettings
@@ -50,7 +50,7 @@ flags(
         "--calibration", help="Calibration TokenSet file (GPTQ/AWQ; default: the default calibration set)."
     ),
     resume=typer.Option("--resume", help=".npz file of finished grid rows (written as it goes; rerun resumes)."),
-    quiet=typer.Option("--quiet", "-q", help="No progress lines."),
+    quiet=quiet_option(),
 )
 
 

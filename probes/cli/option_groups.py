@@ -4,12 +4,12 @@ trajectory or checkpoint is named and dated (:mod:`losslens.lm.checkpoints.locat
 :mod:`losslens.lm.checkpoints.schedule`), how its weights are loaded, the memory budget, the HVP
 backend and parallelism, and the tolerance of the products' measured error. A command takes a group
 as one parameter (``memory: MemoryOptions = MemoryOptions()``); ``--help`` lists the group's fields
-as its options."""
+as its options. ``-q/--quiet`` and ``--threads``, fields of many commands' own settings, are declared here once
+(:func:`quiet_option`, :func:`threads_option`)."""
 
 from __future__ import annotations
 
 import typer
-
 from losslens.cli.option_parsing import flag_of, flags, long_help
 from losslens.geometry.operators.names import backend_help
 from losslens.lm import shared_settings as settings
@@ -76,6 +76,29 @@ _LONG = dict(
     "default: warn and exit 0.",
 )
 
+QUIET_HELP = "No progress output on stderr."
+"""The help of ``-q/--quiet`` in every command."""
+
+
+def quiet_option() -> typer.models.OptionInfo:
+    """The one declaration of ``-q/--quiet`` (a settings field ``quiet: bool = False``): ``quiet=quiet_option()``
+    in a command's :func:`~losslens.cli.option_parsing.flags`."""
+    return typer.Option("--quiet", "-q", help=QUIET_HELP)
+
+
+def threads_help(default: str) -> str:
+    """The help of ``--threads``; ``default``: what the command does without it (the field's default)."""
+    return f"torch threads per process (default: {default})."
+
+
+def threads_option(default: str) -> typer.models.OptionInfo:
+    """The one declaration of ``--threads`` (a settings field ``threads: Optional[int]``, at least 0; 0 and None
+    leave torch's count unless ``default`` says otherwise): ``threads=threads_option("torch's")`` in a command's
+    :func:`~losslens.cli.option_parsing.flags`, ``default`` saying what the field's default does there (the help
+    says it; typer's ``[default: ...]`` is not shown)."""
+    return typer.Option("--threads", min=0, show_default=False, help=threads_help(default))
+
+
 flags(
     TrajectoryOptions,
     cache_dir=typer.Option("--cache-dir", help=long_help("Hugging Face hub cache for hf: names.", _LONG["cache_dir"])),
@@ -132,7 +155,7 @@ flags(
     compute_dtype=typer.Option(
         "--compute-dtype", help=long_help("dtype the Hessian products run in.", _LONG["compute_dtype"])
     ),
-    threads=typer.Option("--threads", help="torch threads (default: torch's)."),
+    threads=threads_option("torch's"),
     parallel=typer.Option("--parallel", help=long_help("none | data | fsdp (under torchrun).", _LONG["parallel"])),
 )
 
@@ -178,6 +201,7 @@ def exit_if_strict(errors: ErrorOptions, warning: dict | None) -> None:
 __all__ = [
     "CHECKPOINT_DETAILS",
     "CHECKPOINT_HELP",
+    "QUIET_HELP",
     "TRAJECTORY_DETAILS",
     "TRAJECTORY_HELP",
     "CheckpointOptions",
@@ -190,5 +214,8 @@ __all__ = [
     "apply_strict_memory",
     "check_max_memory",
     "exit_if_strict",
+    "quiet_option",
+    "threads_help",
+    "threads_option",
     "warn_flagged",
 ]

@@ -21,7 +21,7 @@ from typing import Annotated
 
 import typer
 
-from losslens.cli.option_groups import CHECKPOINT_HELP, CheckpointOptions
+from losslens.cli.option_groups import CHECKPOINT_HELP, CheckpointOptions, quiet_option
 from losslens.cli.option_parsing import cli, flags, option_of
 from losslens.measure.checkpoint_quantization import DEFAULT_SPECS, QuantizeSettings
 
@@ -42,7 +42,7 @@ flags(
         "--modules", "-m", help="glob(s) of linear layers to quantize (default: every Linear in the blocks)"
     ),
     device=typer.Option("--device", help="torch device (default: cpu)"),
-    progress=typer.Option("--progress/--quiet", " /-q", help="Progress lines on stderr (--quiet: none)."),
+    quiet=quiet_option(),
     allow_pickle=typer.Option(
         "--allow-pickle",
         help="load a .bin/.pt checkpoint that needs full pickle (can run arbitrary code: only for files you trust)",

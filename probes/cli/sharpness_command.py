@@ -25,6 +25,7 @@ from losslens.cli.option_groups import (
     StateOptions,
     exit_if_strict,
     warn_flagged,
+    quiet_option,
 )
 from losslens.cli.option_parsing import flags
 from losslens.lm.shared_settings import SettingsError
@@ -42,7 +43,7 @@ flags(
     max_iter=typer.Option("--max-iter", help="Eigen solver iterations (power) / Lanczos steps."),
     tol=typer.Option("--tol", help="Eigen tolerance: converged when ‖Hv − λv‖ ≤ tol·|λ|."),
     eigen_method=typer.Option("--eigen-method", help="lanczos | power"),
-    quiet=typer.Option("--quiet", "-q", help="No progress lines on stderr."),
+    quiet=quiet_option(),
 )
 
 

@@ -11,7 +11,15 @@ import typer
 from losslens.cli.console import print_table, wide_console
 from losslens.cli.option_parsing import cli, flags, long_help
 from losslens.geometry.operators.names import BACKEND_NAMES
-from losslens.cli.option_groups import TRAJECTORY_HELP, ComputeOptions, LoadOptions, MemoryOptions, TrajectoryOptions
+from losslens.cli.option_groups import (
+    TRAJECTORY_HELP,
+    ComputeOptions,
+    LoadOptions,
+    MemoryOptions,
+    TrajectoryOptions,
+    quiet_option,
+    threads_help,
+)
 from losslens.cli.sharpness_command import sharpness
 from losslens.measure.probes.loss import PROBE as LOSS
 from losslens.measure.probes.quant import PROBE as QUANT
@@ -127,7 +135,7 @@ SWEEP_HELP = {  # the sweep's own wording: what overrides the plan, what is per 
         "float16 | float64 (default: float32 for bfloat16/float16 weights)",
     ),
     "threads": long_help(
-        "torch threads per process (default: auto).",
+        threads_help("auto"),
         "torch threads per process/task (default: the cores shared out between workers; torch's with one process; "
         "1 is best for tiny models).",
     ),
@@ -177,7 +185,7 @@ flags(
         ),
     ),
     export=typer.Option("--export", help="Also write the results to .csv/.parquet."),
-    quiet=typer.Option("--quiet", "-q", help="No progress display (for logs)."),
+    quiet=quiet_option(),
 )
 
 

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from losslens.cli.option_groups import quiet_option, threads_option
 from losslens.cli.option_parsing import cli, flags
 from losslens.lm.train.config import TrainError
 from losslens.lm.train.train_settings import TrainSettings
@@ -41,7 +42,7 @@ flags(
     resume_from=typer.Option("--resume-from", help="continue from this checkpoint folder"),
     name=typer.Option(help="run name [derived from the config]"),
     data_dir=typer.Option("--data-dir", help="tokenizer/token-stream cache to share between runs [OUT/data]"),
-    threads=typer.Option(help="torch CPU threads; 0 = torch default [auto: 1 for hidden <= 64, else torch default]"),
+    threads=threads_option("auto: 1 for hidden <= 64, else torch's; 0: torch's"),
     sweep=typer.Option(
         "--sweep",
         help="sweep KEY=V1,V2,... (repeatable; keys: lr, "
@@ -52,7 +53,7 @@ flags(
         "--seeds", help="comma-separated seeds, e.g. 0,1 (a sweep over seeds; runs in OUT/<name>-s<seed>/)"
     ),
     force=typer.Option("--force", help="overwrite a different run in --out"),
-    quiet=typer.Option("--quiet", "-q", help="no progress lines on stderr"),
+    quiet=quiet_option(),
 )
 flags(
     WatchSettings,

@@ -11,6 +11,7 @@ from typing import Annotated, List
 
 import typer
 
+from losslens.cli.option_groups import quiet_option, threads_option
 from losslens.cli.option_parsing import cli, flags, long_help
 from losslens.lm.checkpoints import CheckpointError
 from losslens.lm.train.config import TrainError
@@ -80,9 +81,9 @@ flags(
     seq_len=typer.Option("--seq-len", help="pretrained: tokens per window"),
     cache_dir=typer.Option("--cache-dir", help="hf: base: hub cache [$HF_HUB_CACHE]"),
     batch_size=typer.Option("--batch-size", help="pretrained: windows per update"),
-    threads=typer.Option(help="torch CPU threads; 0 = torch default [auto]"),
+    threads=threads_option("auto; 0: torch's"),
     force=typer.Option("--force", help="overwrite different runs in the fork folders"),
-    quiet=typer.Option("--quiet", "-q", help="no progress lines on stderr"),
+    quiet=quiet_option(),
 )
 flags(
     CompareSettings,
@@ -92,8 +93,8 @@ flags(
     by=typer.Option(help="compare the final gap or the mean gap over checkpoints"),
     quick=typer.Option("--quick", help="small evaluation set (noisier)"),
     csv=typer.Option("--csv", help="write the per-checkpoint table here"),
-    threads=typer.Option(help="torch CPU threads; 0 = torch default [auto]"),
-    quiet=typer.Option("--quiet", "-q", help="no per-checkpoint progress lines"),
+    threads=threads_option("auto; 0: torch's"),
+    quiet=quiet_option(),
 )
 
 

@@ -31,7 +31,8 @@ class QuantizeSettings:
     """What ``losslens quantize`` measures: the specs (None: :data:`DEFAULT_SPECS`), the token sets
     (``eval_set`` / ``calib_set`` files, else the default sets, small with ``quick``; only their first
     ``eval_batches`` / ``calib_batches``), the linears quantized (``modules`` globs; None: every Linear
-    in the blocks), and the checkpoint's label, hub cache, device (None: cpu) and pickle permission."""
+    in the blocks), no progress lines on stderr (``quiet``), and the checkpoint's label, hub cache, device
+    (None: cpu) and pickle permission."""
 
     spec: Optional[list[str]] = None
     calib_batches: Optional[int] = None
@@ -41,7 +42,7 @@ class QuantizeSettings:
     quick: bool = False
     modules: Optional[list[str]] = None
     device: Optional[str] = None
-    progress: bool = True
+    quiet: bool = False
     allow_pickle: bool = False
     label: Optional[str] = None
     cache_dir: Optional[Path] = None
@@ -84,7 +85,7 @@ def quantize_checkpoint(checkpoint: str | Path, settings: QuantizeSettings = Qua
             cal = cal.subset(s.calib_batches)
     except (TokenSetError, OSError, ValueError) as e:
         raise QuantizeCheckpointError(f"cannot build or read the token sets: {e}") from None
-    fp = evaluate(model, ev, progress=s.progress)
+    fp = evaluate(model, ev, progress=not s.quiet)
     rows = []
     for q in specs:
         try:
@@ -95,7 +96,7 @@ def quantize_checkpoint(checkpoint: str | Path, settings: QuantizeSettings = Qua
                 calibration=cal if q.needs_calibration else None,
                 modules=s.modules or None,
                 fp_loss=fp,
-                progress=s.progress,
+                progress=not s.quiet,
             )
         except QuantizeError as e:
             raise QuantizeCheckpointError(f"{q}: {e}") from None
