@@ -28,6 +28,7 @@ OTHER_MEANINGS = {
     ("auto", "probes/lm/models/miniature.py"): "the second-order check's precision='auto'",
     ("auto", "probes/lm/models/second_order.py"): "the second-order check's precision='auto'",
     ("auto", "probes/lm/models/lm_setup.py"): "the second-order check's precision='auto'",
+    ("auto", "probes/cli/sweep_command.py"): "--threads' default: the cores shared out between workers",
     ("auto", "probes/study/report/explain_figures.py"): "plotly tickmode='auto'",
     ("auto", "probes/study/report/figure_parts.py"): "plotly tickmode='auto'",
     ("auto", "probes/study/report/figures.py"): "plotly tickmode='auto'",
