@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from losslens.cli.app import app
 from losslens.cli.option_parsing import cli, flag_of, option, option_of
 from losslens.cli.option_groups import (
+    device_help,
     CheckpointOptions,
     ComputeOptions,
     ErrorOptions,
@@ -158,8 +159,23 @@ def test_quiet_and_threads_are_declared_once_with_each_commands_default():
     assert {c: p.default for c, p in threads.items() if p.default is not None} == {"demo": 1}  # the rest: None
     assert threads["sweep"].help == threads_help("auto") and threads["sharpness"].help == threads_help("torch's")
     root = Path(__file__).resolve().parents[1] / "probes" / "cli"
-    declared = [f.name for f in root.glob("*.py") if '"--quiet"' in f.read_text() or '"--threads"' in f.read_text()]
+    flags = ('"--quiet"', '"--threads"', '"--device"')
+    declared = [f.name for f in root.glob("*.py") if any(flag in f.read_text() for flag in flags)]
     assert declared == ["option_groups.py"]
+
+
+def test_device_is_declared_once_with_each_commands_default():
+    """Issue #46 item 3: ``--device`` is one declaration (option_groups.device_option), its help naming
+    each command's own default."""
+    devices = {c: p for c, p in _params() if "--device" in p.opts}
+    assert {"sharpness", "explain", "quantize", "accuracy", "surface"} <= set(devices)
+    for c, p in devices.items():
+        assert p.opts == ["--device"] and p.default is None, c
+        if c != "bench":  # bench reuses LoadOptions' declaration with its own help (the GPU check's device)
+            assert p.help.startswith(device_help("").split("(default")[0]), c
+    assert devices["quantize"].help == device_help("cpu") and devices["explain"].help == device_help(
+        "cuda when available"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

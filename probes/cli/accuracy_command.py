@@ -22,7 +22,7 @@ from typing import Annotated
 
 import typer
 
-from losslens.cli.option_groups import CHECKPOINT_HELP, CheckpointOptions, quiet_option
+from losslens.cli.option_groups import CHECKPOINT_HELP, CheckpointOptions, device_option, quiet_option
 from losslens.cli.option_parsing import cli, flags, option_of
 from losslens.lm.shared_settings import SettingsError
 from losslens.measure.accuracy.checkpoint_accuracy import AccuracySettings
@@ -42,7 +42,7 @@ flags(
     seed=typer.Option("--seed", help="seed of the subsample and of the bootstrap"),
     n_boot=typer.Option("--n-boot", min=0, help="paired bootstrap resamples for the Δacc intervals"),
     batch_size=typer.Option("--batch-size", min=1, help="sequences per forward pass"),
-    device=typer.Option("--device", help="torch device (default: cpu)"),
+    device=device_option("cpu"),
     allow_pickle=typer.Option("--allow-pickle", help="load a .bin/.pt checkpoint that needs full pickle"),
     label=option_of(CheckpointOptions, "label"),
     cache_dir=option_of(CheckpointOptions, "cache_dir"),

@@ -31,6 +31,7 @@ from losslens.cli.option_groups import (
     warn_flagged,
     quiet_option,
     threads_option,
+    device_option,
 )
 from losslens.cli.option_parsing import cli, flags, option_of
 from losslens.measure.checkpoint_explanation import DEFAULT_SPECS, ExplainSettings
@@ -47,7 +48,7 @@ flags(
     calib_set=typer.Option("--calib-set", help="calibration TokenSet file (GPTQ / AWQ)"),
     modules=typer.Option("--modules", "-m", help="glob(s) of linear layers to quantize"),
     seed=typer.Option("--seed", help="seed of the trace estimate and the default token sets"),
-    device=typer.Option("--device", help="torch device (default: cuda when available)"),
+    device=device_option("cuda when available"),
     threads=threads_option("torch's"),
     backend=option_of(ComputeOptions, "backend"),
     compute_dtype=option_of(ComputeOptions, "compute_dtype"),

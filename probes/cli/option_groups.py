@@ -91,6 +91,17 @@ def threads_help(default: str) -> str:
     return f"torch threads per process (default: {default})."
 
 
+def device_help(default: str) -> str:
+    """``--device``'s one help text, ``default`` saying what the command does without it."""
+    return f"torch device, e.g. cuda, cpu (default: {default})."
+
+
+def device_option(default: str) -> typer.models.OptionInfo:
+    """The one declaration of ``--device`` (a settings field ``device: Optional[str]``, None: the
+    command's default, which ``default`` names in the help)."""
+    return typer.Option("--device", help=device_help(default))
+
+
 def threads_option(default: str) -> typer.models.OptionInfo:
     """The one declaration of ``--threads`` (a settings field ``threads: Optional[int]``, at least 0; 0 and None
     leave torch's count unless ``default`` says otherwise): ``threads=threads_option("torch's")`` in a command's
@@ -118,7 +129,7 @@ flags(
 
 flags(
     LoadOptions,
-    device=typer.Option("--device", help="torch device, e.g. cuda, cpu (default: the command's)."),
+    device=device_option("the command's"),
     dtype=typer.Option("--dtype", help="Weights dtype: float32 | bfloat16 | float16 | float64."),
     allow_pickle=typer.Option(
         "--allow-pickle", help=long_help("Allow .bin/.pt files that need full pickle.", _LONG["allow_pickle"])

@@ -21,7 +21,7 @@ from typing import Annotated
 
 import typer
 
-from losslens.cli.option_groups import CHECKPOINT_HELP, CheckpointOptions, quiet_option
+from losslens.cli.option_groups import CHECKPOINT_HELP, CheckpointOptions, device_option, quiet_option
 from losslens.cli.option_parsing import cli, flags, option_of
 from losslens.measure.checkpoint_quantization import DEFAULT_SPECS, QuantizeSettings
 
@@ -41,7 +41,7 @@ flags(
     modules=typer.Option(
         "--modules", "-m", help="glob(s) of linear layers to quantize (default: every Linear in the blocks)"
     ),
-    device=typer.Option("--device", help="torch device (default: cpu)"),
+    device=device_option("cpu"),
     quiet=quiet_option(),
     allow_pickle=typer.Option(
         "--allow-pickle",

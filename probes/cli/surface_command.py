@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from losslens.cli.option_groups import CHECKPOINT_HELP, CheckpointOptions, quiet_option
+from losslens.cli.option_groups import CHECKPOINT_HELP, CheckpointOptions, device_option, quiet_option
 from losslens.cli.option_parsing import cli, flags, option_of
 from losslens.measure.checkpoint_surface import SurfaceSettings
 
@@ -37,7 +37,7 @@ flags(
     ),
     seed=typer.Option("--seed", help="Seed of the random plane."),
     resume=typer.Option("--resume", help=".npz file of finished grid rows (written as it goes; rerun resumes)."),
-    device=typer.Option("--device", help="Device (default cpu; e.g. cuda)."),
+    device=device_option("cpu"),
     quiet=quiet_option(),
     allow_pickle=typer.Option(
         "--allow-pickle",

@@ -19,6 +19,7 @@ from losslens.cli.option_groups import (
     TrajectoryOptions,
     quiet_option,
     threads_help,
+    device_help,
 )
 from losslens.cli.sharpness_command import sharpness
 from losslens.measure.probes.loss import PROBE as LOSS
@@ -113,9 +114,7 @@ def _exit_with_failures(report) -> None:
 
 
 SWEEP_HELP = {  # the sweep's own wording: what overrides the plan, what is per worker, which modes it has
-    "device": long_help(
-        "Device (default: cuda if present).", "Device to load checkpoints on (default: cuda if present)."
-    ),
+    "device": long_help(device_help("cuda if present"), "Device to load checkpoints on (default: cuda if present)."),
     "dtype": long_help(
         "Weights dtype (default: float32).",
         "Load the weights as float32 (default), bfloat16, float16 or float64; curvature algebra stays float32 "
