@@ -142,8 +142,9 @@ def final_table(df: pd.DataFrame, settings: DemoSettings) -> pd.DataFrame:
 
 def run_demo(options: DemoOptions = DemoOptions(), settings: DemoSettings | None = None, echo=print) -> DemoResult:
     """``losslens demo``: run the whole study into ``options.out`` (resumable) and return what it produced;
-    ``settings``: the study (None: :data:`QUICK` with ``options.quick``, else :data:`DEFAULT`), ``echo``: the
-    ``[demo]`` lines. :class:`DemoError` for bad options, before anything runs.
+    ``settings``: the study (None: :data:`~losslens.study.demo.demo_settings.QUICK` with ``options.quick``,
+    else :data:`~losslens.study.demo.demo_settings.DEFAULT`), ``echo``: the ``[demo]`` lines.
+    :class:`DemoError` for bad options, before anything runs.
 
     ``options.threads``: torch intra-op threads of this process and of every worker (this process's is
     restored afterwards). The demo's models are tiny (hidden 64): one thread is faster than two on
