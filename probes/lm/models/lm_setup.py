@@ -13,11 +13,11 @@ one (:func:`losslens.lm.models.sharding.fsdp_lm_hessian`) alike:
 - the memory plan of the set-up's measuring steps, refused before they run when they cannot fit
   ``max_memory``, in the order of their cost (:mod:`losslens.geometry.operators.setup_plan`):
   the smallest product (arithmetic), the graph floor of the reverse backend (two gradients of one
-  short row, on the operator the run will use), the second-order check
+  short row, on a reverse operator of the run's loss and batches), the second-order check
   (:func:`losslens.lm.models.miniature.check_precision`: a float64 copy or a float64 miniature);
 - the float64 miniature of the architecture, built at most once per set-up
-  (:attr:`LmSetup.miniature`), which the second-order check and the difference backend's error bound
-  both use.
+  (:meth:`LmSetup.miniature`), which the second-order check and the difference backend's error bound
+  both use; with ``bound=True`` (the FSDP2 path) that bound is made here.
 
 Cost: one pass over the input embedding and arithmetic; with the reverse backend and a budget,
 two gradients of one short row; a miniature (10⁴–10⁶ parameters) only when a check needs one.
