@@ -13,6 +13,7 @@ import json
 import warnings
 from typing import Any, Mapping
 
+from losslens.geometry.base.errors import LosslensWarning
 from losslens.study.sweep.plan import Plan
 
 
@@ -78,6 +79,7 @@ def _calibration_for(shape: tuple[int, int, int], widest: int | None) -> tuple[i
     warnings.warn(
         f"calibration set {nb}×{b}×{s} has {nb * b * s} token rows, fewer than the widest quantized layer's "
         f"{widest} inputs: using {need} batches ({need * b * s} rows) so that GPTQ/AWQ get a full-rank H",
+        LosslensWarning,  # the CLI shows it as one `warning: …` line
         stacklevel=3,
     )
     return need, b, s
