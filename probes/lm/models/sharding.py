@@ -104,15 +104,9 @@ def fsdp_lm_hessian(
 
     model = setup.model.to(setup.compute_dtype)  # the products run in it, on the shards
     sharded = shard_model(model, device, setup.compute_dtype)
-    op = ShardedHessianOperator(
-        sharded,
-        with_float64_fidelity(setup.exact_loss, sharded),  # float64 fidelity: as lm_hessian's difference backend
-        setup.batches,
-        max_memory=max_memory,
-        compute_dtype=setup.compute_dtype,
-        master_device=master_device,
+    op = sharded_lm_hessian(
+        sharded, setup, max_memory=max_memory, compute_dtype=setup.compute_dtype, master_device=master_device
     )
-    op.excluded = setup.excluded
     op.hvp_check = {**op.checked(), **setup.bound}
     op.error_tolerance = ERROR_TOLERANCE
     op.checked()  # a ProductErrorWarning, once, when the miniature's bound exceeds the tolerance
