@@ -17,7 +17,10 @@ from typer.testing import CliRunner
 from tests.fixtures_trajectory import data_cache_dir, tiny_trajectory_dir
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # every control character but \t and \n
-PLAN = 'name = "pipe"\nseed = 0\n[data]\neval = [2, 2, 32]\n[probes]\nloss = true\nquant = ["rtn:4"]\n'
+PLAN = (
+    'name = "pipe"\nseed = 0\n[data]\neval = [2, 2, 32]\ncurvature = [1, 2, 32]\n[probes]\nloss = true\n'
+    'quant = ["rtn:4"]\ntrace = { method = "hutchinson", num_matvecs = 4 }\n'
+)
 
 
 def _args(command: str, tmp_path) -> tuple[list[str], str, str]:
@@ -66,6 +69,8 @@ def test_progress_through_a_pipe(command, tmp_path):
         text = r.stdout.strip()
         rows = [json.loads(ln) for ln in text.splitlines()] if command == "accuracy" else [json.loads(text)]
         assert rows and all(isinstance(row, dict) for row in rows)
+    if command.startswith("sweep"):  # inside a row: its products, from this process or from a worker
+        assert re.search(r"^\[sweep\] step-\d+ · trace hutchinson: \d/4 HVPs.*, set-up [\d.e+-]+ s", r.stderr, re.M)
     if command == "sweep-workers":  # issue 49: the plan is not extrapolated from the workers' start-up
         planned = next(ln for ln in lines if "planned:" in ln)
         assert re.search(r"on 2 workers, ~\d+ s \(first row [\d.e-]+ s; not counted: [\d.e+-]+ s of start-up", planned)
@@ -122,3 +127,38 @@ def test_quiet_prints_no_progress(command, tmp_path, monkeypatch):
     r = CliRunner().invoke(app, [command, *args, "--quiet"], env={"COLUMNS": "80", "LOSSLENS_PROGRESS_EVERY": "0"})
     assert r.exit_code == 0, r.output
     assert f"[{label}]" not in r.stderr and "planned" not in r.stderr, r.stderr
+
+
+def test_sweep_counts_each_running_rows_products_apart(capsys):
+    """Issue #47: a whole-model curvature row runs minutes; its products are counted inside the row,
+    per checkpoint (two workers' rows at once do not add up), with the set-up before the first product
+    said apart from the time per product."""
+    from losslens.measure.probes.tasks import make_task
+    from losslens.study.sweep.progress import SweepProgress, _RowProducts
+
+    row = _RowProducts("c1 · trace hutch++", 12)
+    row.t0 = 0.0
+    row.add(1, 3.0)  # the first product ends the set-up (building and checking the operator)
+    row.add(2, 5.0)
+    row.add(3, 25.0)  # 5 products after the first in 22 s
+    assert row.status(25.0) == "c1 · trace hutch++: 6/12 HVPs, 4.4 s/HVP, set-up 3 s, elapsed 0:25"
+
+    bar = SweepProgress(4, 2, workers=2)
+    bar._p.every = 0.0  # a line per message
+    trace = make_task("trace", "hutch++", {"num_matvecs": 12}, curvature=True)
+    bar.start_probe("c1", trace)
+    bar.start_probe("c2", trace)
+    bar.products(1, "c1")
+    bar.products(2, "c2")
+    bar.products(3, "c1")
+    assert (bar._running["c1"].n, bar._running["c2"].n) == (4, 2)
+    err = capsys.readouterr().err.splitlines()
+    assert [ln.split(",")[0] for ln in err] == [
+        "[sweep] c1 · trace hutch++: 1/12 HVPs",
+        "[sweep] c2 · trace hutch++: 2/12 HVPs",
+        "[sweep] c1 · trace hutch++: 4/12 HVPs",
+    ]
+    bar.checkpoint_done("c1")
+    bar.products(5, "c1")  # a late message of a finished checkpoint: ignored
+    assert "c1" not in bar._running
+    bar.close()

@@ -224,6 +224,26 @@ def test_one_store_holds_several_runs_with_the_same_labels(tmp_path):
     assert got == {"wsd": (1.0, pytest.approx(0.1)), "cosine": (2.0, pytest.approx(0.2))}
 
 
+def test_a_second_trajectory_under_one_run_name_is_refused(tmp_path):
+    """Issue #47: forks of one base share labels (step-000000 in each). Sweeping a second fork into a
+    store under the first one's run name used to keep the first fork's rows as its numbers (they were
+    'done'); the store refuses and names the fix. A trajectory that moved (its old folder gone) resumes."""
+    plan = Plan(quant=("rtn:4",))
+    a, b = tmp_path / "a" / "step-0", tmp_path / "b" / "step-0"
+    a.mkdir(parents=True), b.mkdir(parents=True)
+    with Store(tmp_path / "r.sqlite") as st:
+        st.bind(plan, "h")
+        st.add_checkpoints([Ref("step-0", 0, 0, 1e-3, location=str(a))])
+        st.add_checkpoints([Ref("step-0", 0, 0, 1e-3, location=str(a))])  # the same one again: fine
+        with pytest.raises(StoreError, match=r"holds checkpoint step-0 from .*a/step-0, not .*b/step-0.*--run NAME"):
+            st.add_checkpoints([Ref("step-0", 0, 0, 1e-3, location=str(b))])
+        st.add_checkpoints([Ref("step-0", 0, 0, 1e-3, location=str(b))], run="b")  # its own run: fine
+        a.rmdir()
+        moved = tmp_path / "moved" / "step-0"
+        st.add_checkpoints([Ref("step-0", 0, 0, 1e-3, location=str(moved))])  # a moved: resumes
+        assert set(st.checkpoints()["location"]) == {str(moved), str(b)}
+
+
 def test_a_calibration_set_too_short_for_gptq_gets_more_batches(tmp_path):
     from losslens.lm.checkpoints import Trajectory
     from losslens.study.sweep.datasets import _calibration_for, _first_config, _widest_input

@@ -60,20 +60,29 @@ def correlation_summary(df, x=None, y=None, controls=None, methods=("pearson", "
 
 
 def print_phases(df, console=None, gap: str | None = None) -> None:
-    """Print the FP-convergence onset and the divergence onset of a quantization gap (SCIENCE §6)."""
-    from losslens.study.analysis import AnalysisError, convergence_onset, divergence_onset, series_frame
-
+    """Print the FP-convergence onset and the divergence onset of a quantization gap (SCIENCE §6), for
+    each run of the store (forks of one base share their steps: each is its own series)."""
     con = console or wide_console()
     qs = list(dict.fromkeys(df.loc[(df["probe"] == QUANT.name) & (df["status"] == "ok"), "spec"]))
     if gap is None and qs:
         gap = next((q for q in qs if q.startswith("rtn:4")), qs[0])
+    runs = list(dict.fromkeys(df["run"])) if "run" in df and len(df) else []
+    if len(runs) <= 1:
+        _print_run_phases(df, con, gap, "")
+    for run in runs if len(runs) > 1 else ():
+        _print_run_phases(df[df["run"] == run], con, gap, f"{run}: ")
+
+
+def _print_run_phases(df, con, gap: str | None, prefix: str) -> None:
+    from losslens.study.analysis import AnalysisError, convergence_onset, divergence_onset, series_frame
+
     try:
         frame = series_frame(df, ["step", "lr", LOSS.name])
         c = convergence_onset(frame["step"], frame[LOSS.name], frame["lr"])
         tail = "" if c.found else " (the loss still improves at the last checkpoint)"
-        con.print(f"FP-convergence onset: step {c.step:g}, lr {c.lr}{tail}")
+        con.print(f"{prefix}FP-convergence onset: step {c.step:g}, lr {c.lr}{tail}")
     except (AnalysisError, KeyError) as exc:
-        con.print(f"FP-convergence onset: not computed ({exc})")
+        con.print(f"{prefix}FP-convergence onset: not computed ({exc})")
     if gap is None:
         return
     try:
@@ -81,11 +90,11 @@ def print_phases(df, console=None, gap: str | None = None) -> None:
         d = divergence_onset(frame["step"], frame[gap], frame["lr"])
         excl = f"; {d.n_excluded} non-positive/NaN gaps excluded" if d.n_excluded else ""
         con.print(
-            f"divergence onset of the {gap} gap: step {d.step:g}, lr {d.lr} (log-gap slope "
+            f"{prefix}divergence onset of the {gap} gap: step {d.step:g}, lr {d.lr} (log-gap slope "
             f"{d.details['slope_before']:.3g} -> {d.details['slope_after']:.3g} per step{excl})"
         )
     except (AnalysisError, KeyError) as exc:
-        con.print(f"divergence onset of the {gap} gap: not computed ({exc})")
+        con.print(f"{prefix}divergence onset of the {gap} gap: not computed ({exc})")
 
 
 def _waiting(holder: dict) -> None:
@@ -185,6 +194,14 @@ flags(
     ),
     export=typer.Option("--export", help="Also write the results to .csv/.parquet."),
     quiet=quiet_option(),
+    run=typer.Option(
+        "--run",
+        help=long_help(
+            "This trajectory's name in the store (default: the plan's).",
+            "This trajectory's name in the store (default: the plan's name): one name per trajectory lets "
+            "several (forks of one base) share one store, its correlations and its report.",
+        ),
+    ),
 )
 
 

@@ -36,7 +36,8 @@ class SweepSettings:
     built-in plan, smaller with ``quick``), the executor (``local`` worker processes or ``ray`` at
     ``address``) and its ``workers``, whether failed rows are rerun, a store of another plan is added
     to, and another sweep writing the store is waited for, a tidy ``export`` file (.csv/.parquet),
-    and ``quiet`` (no progress display)."""
+    ``quiet`` (no progress display) and ``run``: the trajectory's name in the store (None: the plan's
+    name), so that several trajectories (forks of one base) share one store and its analyses."""
 
     out: Path = Path("results.sqlite")
     plan: Optional[Path] = None
@@ -49,6 +50,7 @@ class SweepSettings:
     wait: bool = False
     export: Optional[Path] = None
     quiet: bool = False
+    run: Optional[str] = None
 
 
 def run_trajectory_sweep(
@@ -110,6 +112,7 @@ def run_trajectory_sweep(
         allow_pickle=load.allow_pickle,
         dtype=dtype,
         parallel=compute.parallel,
+        run=s.run,
     )
     p = Plan.default(quick=s.quick) if s.plan is None else load_plan(s.plan)
     if memory.max_memory is not None:

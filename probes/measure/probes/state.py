@@ -28,7 +28,8 @@ class CheckpointState:
 
     ``plan``: the sweep's :class:`losslens.study.sweep.plan.Plan`; ``token_sets``: ``{name: TokenSet}``;
     ``parallel``: a :class:`losslens.geometry.operators.data_parallel.DataParallel` when the curvature batches are
-    split over data-parallel ranks. ``label`` and ``ref`` are set by the driver.
+    split over data-parallel ranks. ``label`` and ``ref`` are set by the driver; so is ``on_products``,
+    told of every ``n`` Hessian-vector products of the shared operator (a progress display's, or None).
     """
 
     def __init__(self, model: torch.nn.Module, plan, token_sets: Mapping[str, Any], parallel=None):
@@ -38,6 +39,7 @@ class CheckpointState:
         self.token_sets = token_sets
         self.label = ""
         self.ref = None
+        self.on_products = None
         self._fp = None
         self._op = None
         self._directions: dict[str, Any] = {}
@@ -78,6 +80,7 @@ class CheckpointState:
                 compute_dtype=self.plan.compute_dtype,
                 **extra,
             )
+        self._op.on_products = self.on_products
         return self._op
 
     def has_direction(self, spec: str) -> bool:

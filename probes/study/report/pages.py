@@ -240,7 +240,7 @@ def _build(
             )
 
     counts = {
-        "checkpoints": int(df["checkpoint"].nunique()),
+        "checkpoints": count_checkpoints(df),
         "runs": int(df["run"].fillna("run").nunique()) if "run" in df else 1,
         "result rows": int(len(df)),
     }
@@ -370,3 +370,11 @@ def load_store(path: str | os.PathLike):
 
 
 __all__ = ["ReportError", "build_report", "surface_page", "export_png", "versions", "figure_html", "load_store"]
+
+
+def count_checkpoints(df) -> int:
+    """Checkpoints in the results ``df``: distinct (run, checkpoint) pairs (forks of one base share labels
+    such as ``step-000000``)."""
+    if "run" not in df:
+        return int(df["checkpoint"].nunique())
+    return int(df[["run", "checkpoint"]].fillna("").drop_duplicates().shape[0])

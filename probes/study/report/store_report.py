@@ -35,14 +35,14 @@ class ReportSettings:
 
 
 def write_report(store: str | Path, settings: ReportSettings = ReportSettings()) -> dict:
-    """Write the report of the results store ``store``; returns ``{"path", "checkpoints", "rows"}``
+    """Write the report of the results store ``store``; returns ``{"path", "checkpoints", "runs", "rows"}``
     (the page written, the checkpoints and result rows it shows: what ``losslens report --json``
     prints). Raises :class:`ReportInputError` for a missing or empty store or an unreadable surface,
     and the analysis' / the page's errors (``AnalysisError``, ``StoreError``, ``ReportError``)."""
     from losslens.geometry.surfaces.surface import Surface
     from losslens.study.analysis import analyse
     from losslens.study.analysis.inputs import check_n_boot
-    from losslens.study.report.pages import build_report, load_store
+    from losslens.study.report.pages import build_report, count_checkpoints, load_store
 
     s = settings
     store = Path(store)
@@ -72,7 +72,8 @@ def write_report(store: str | Path, settings: ReportSettings = ReportSettings())
         title=s.title or f"losslens report: {store.name}",
         notes="; ".join(notes) if notes else None,
     )
-    return {"path": str(path), "checkpoints": int(df["checkpoint"].nunique()), "rows": len(df)}
+    runs = int(df["run"].fillna("").nunique()) if "run" in df else 1
+    return {"path": str(path), "checkpoints": count_checkpoints(df), "runs": runs, "rows": len(df)}
 
 
 report = keywords(
@@ -80,7 +81,7 @@ report = keywords(
     "report",
     """``report(store, *, out="report.html", surfaces=None, title=None, n_boot=2000, ...)``: write the
     HTML report of a sweep's results store (:func:`write_report`) with the CLI's options as keyword
-    parameters; returns ``{"path", "checkpoints", "rows"}`` (what ``losslens report --json`` prints).""",
+    parameters; returns ``{"path", "checkpoints", "runs", "rows"}`` (what ``losslens report --json`` prints).""",
 )
 
 __all__ = ["ReportInputError", "ReportSettings", "report", "write_report"]

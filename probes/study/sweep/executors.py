@@ -47,7 +47,9 @@ def execute_local(
     loader = get_loader(traj, device=device, dtype=opts.dtype, allow_pickle=opts.allow_pickle)
     with torch_threads(opts.num_threads):
         for ref, tasks in work:
-            rows = probe_checkpoint(ref, tasks, plan, token_sets, loader, on_start=progress.start_probe, parallel=group)
+            rows = probe_checkpoint(
+                ref, tasks, plan, token_sets, loader, progress.start_probe, group, on_products=progress.products
+            )
             for row in rows:
                 write(row)
                 progress.probe_done()

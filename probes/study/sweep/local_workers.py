@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Callable
 
 from losslens.lm.core.worker_loop import WorkerError, emit
@@ -98,16 +99,37 @@ def check_memory(n: int, refs, dtype=None, device=None, explicit: bool = True) -
 
 
 def checkpoint_job(context, ref, tasks) -> None:
-    """A worker's job: probe one checkpoint; ``("start", task key)`` before each probe and
+    """A worker's job: probe one checkpoint; ``("start", task key)`` before each probe,
+    ``("products", n)`` for its Hessian-vector products (at most one message a second) and
     ``("row", ProbeRow)`` after it are emitted to the parent."""
     from losslens.study.sweep.runner import get_loader, probe_checkpoint
 
     plan, token_sets, traj, device, dtype, allow_pickle = context
     loader = get_loader(traj, device=device, dtype=dtype, allow_pickle=allow_pickle)
+    products = _Batched(lambda n: emit(("products", n)))
     for row in probe_checkpoint(
-        ref, tasks, plan, token_sets, loader, on_start=lambda _label, t: emit(("start", t.key))
+        ref, tasks, plan, token_sets, loader, on_start=lambda _label, t: emit(("start", t.key)), on_products=products
     ):
+        products.flush()
         emit(("row", row))
+
+
+class _Batched:
+    """Counts handed on at most once every ``seconds`` (a tiny model's thousands of products per second
+    would flood the parent's pipe); :meth:`flush` hands on the rest."""
+
+    def __init__(self, send: Callable[[int], None], seconds: float = 1.0):
+        self.send, self.seconds, self.n, self.last = send, seconds, 0, time.perf_counter()
+
+    def __call__(self, n: int) -> None:
+        self.n += n
+        if time.perf_counter() - self.last >= self.seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.n:
+            self.send(self.n)
+        self.n, self.last = 0, time.perf_counter()
 
 
 def execute_workers(
@@ -137,6 +159,8 @@ def execute_workers(
             what, x = ev.value
             if what == "start":
                 progress.start_probe(label, by_key[ev.job][x])
+            elif what == "products":
+                progress.products(x, label)
             else:
                 write(x)
                 received[ev.job] += 1

@@ -35,6 +35,29 @@ class _RowsProgress(Progress):
         return re.sub(r", ETA [\d:]+", f", ETA {duration(left)}", text, count=1)
 
 
+class _RowProducts:
+    """The Hessian-vector products of one running row: ``text`` (checkpoint · probe spec), ``planned``
+    (the probe's budget when it has one), their count and the time per product after the first (the
+    set-up before it, building and checking the operator, is said apart)."""
+
+    def __init__(self, text: str, planned: int | None):
+        self.text, self.planned, self.n = text, planned, 0
+        self.t0 = self.said = time.perf_counter()
+        self.first: float | None = None
+
+    def add(self, n: int, now: float) -> None:
+        if self.first is None:
+            self.first, self.n_first = now, n
+        self.n += n
+
+    def status(self, now: float) -> str:
+        of = f"/{self.planned}" if self.planned else ""
+        out = f"{self.text}: {self.n}{of} HVPs"
+        if self.n > self.n_first:
+            out += f", {(now - self.first) / (self.n - self.n_first):.3g} s/HVP"
+        return out + f", set-up {self.first - self.t0:.2g} s, elapsed {duration(now - self.t0)}"
+
+
 class SweepProgress:
     """Probes done / planned (ETA) and one line per finished checkpoint; silent when not ``enabled``.
 
@@ -51,6 +74,8 @@ class SweepProgress:
         self._unkeyed = 0 if pending is not None else n_probes  # rows to run whose probe is not known
         self._seconds: dict[tuple[str, str], list[float]] = {}
         self._loads: list[float] = []
+        self._row: _RowProducts | None = None  # the products of the row started last
+        self._running: dict[str, _RowProducts] = {}  # ... of the row running on each checkpoint
         self._first: tuple[float, float] | None = None  # (wall seconds to the first row, its measured seconds)
         self._t0 = time.perf_counter()
         self._p = _RowsProgress(
@@ -66,7 +91,23 @@ class SweepProgress:
     def start_probe(self, label: str, task) -> None:
         """``task``: the :class:`~losslens.measure.probes.tasks.Task` about to run on checkpoint ``label``."""
         spec = f" {task.spec}" if task.spec else ""
-        self._p.describe(f"{label} · {task.probe}{spec}")
+        self._running[label] = self._row = _RowProducts(f"{label} · {task.probe}{spec}", task.opts.get("num_matvecs"))
+        self._p.describe(self._row.text)
+
+    def products(self, n: int, label: str | None = None) -> None:
+        """``n`` more Hessian-vector products of the row running on checkpoint ``label`` (None: the row
+        started last; workers run one row per checkpoint at a time): on a terminal the bar's text counts
+        them; in a pipe a line every ``every`` seconds of a long row (a whole-model curvature row runs
+        minutes)."""
+        row = self._row if label is None else self._running.get(label)
+        if row is None or not self.enabled:
+            return
+        now = time.perf_counter()
+        row.add(n, now)
+        self._p.describe(row.status(now))
+        if now - max(row.t0, row.said) >= self._p.every and not self._p.live:
+            self._p.echo(row.status(now))
+            row.said = now
 
     def measured(self, row) -> None:
         """A :class:`~losslens.measure.probes.rows.ProbeRow` arrived: its seconds join its probe's mean and
@@ -127,6 +168,7 @@ class SweepProgress:
         )
 
     def checkpoint_done(self, label: str) -> None:
+        self._running.pop(label, None)
         self.n_done += 1
         left = self.seconds_left()
         rest = f", ~{duration(left)} left" if left is not None and self.n_done < self.n_checkpoints else ""

@@ -36,11 +36,13 @@ def probe_checkpoint(
     loader,
     on_start: Callable[[str, Task], None] | None = None,
     parallel=None,
+    on_products: Callable[[int], None] | None = None,
 ) -> Iterator[ProbeRow]:
     """Run ``tasks`` on checkpoint ``ref``; yield one row per task as it finishes.
 
     ``loader``: a :class:`losslens.lm.checkpoints.CheckpointLoader` (reused across checkpoints).
-    ``on_start(label, task)`` is called before each probe (for progress displays). The first row
+    ``on_start(label, task)`` is called before each probe (for progress displays), ``on_products(n)``
+    after every ``n`` Hessian-vector products of the checkpoint's curvature operator. The first row
     carries ``extra["load_seconds"]`` (loading the weights). Rows carry the wall time of their probe
     (the FP evaluation is charged to the probe that first needs it) and the torch thread count.
     ``parallel``: a :class:`~losslens.geometry.operators.data_parallel.DataParallel` when every rank of a process
@@ -79,6 +81,7 @@ def probe_checkpoint(
     st = CheckpointState(model, plan, token_sets, parallel)
     st.label = label
     st.ref = ref
+    st.on_products = on_products
     first = True
     for t in tasks:
         if on_start is not None:

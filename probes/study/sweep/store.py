@@ -175,9 +175,13 @@ class Store:
         run = self._run(run)
         rows = []
         start = self.conn.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM checkpoints").fetchone()[0]
-        known = {r[0]: r[1] for r in self.conn.execute("SELECT label, position FROM checkpoints WHERE run = ?", (run,))}
+        stored = self.conn.execute("SELECT label, position, location FROM checkpoints WHERE run = ?", (run,))
+        known, where = {}, {}
+        for label, position, location in stored:
+            known[label], where[label] = position, location
         for i, ref in enumerate(refs):
             label = str(ref.label)
+            _same_checkpoint(run, label, where.get(label), _str(getattr(ref, "location", None)))
             pos = known.get(label, start + i)
             d = ref.to_dict() if hasattr(ref, "to_dict") else asdict(ref) if is_dataclass(ref) else dict(vars(ref))
             rows.append(
@@ -351,3 +355,22 @@ def _str(x):
 
 
 __all__ = ["Store"]
+
+
+def _same_checkpoint(run: str, label: str, stored: str | None, new: str | None) -> None:
+    """Refuse a second trajectory under one run name: its checkpoints' labels (``step-000000`` in every
+    fork) would match the first one's rows, and a resumed sweep would keep those rows as this
+    trajectory's numbers. A stored folder that no longer exists is taken as moved (resuming after a
+    move is allowed)."""
+    if stored is None or new is None or stored == new:
+        return
+    if Path(new).resolve() == Path(stored).resolve():
+        return
+    moved = not stored.startswith("hf:") and not Path(stored).exists()
+    if moved:
+        return
+    raise StoreError(
+        f"run {run!r} of this store holds checkpoint {label} from {stored}, not {new}: give each "
+        "trajectory its own run name (losslens sweep --run NAME; run_sweep(..., SweepOptions(run=NAME))), "
+        "or write this one to another store"
+    )
