@@ -105,11 +105,13 @@ def losslens_rows(model, batches, load_name: str, backend: str, matvecs: int, la
         {**common, "tool": "losslens", "quantity": "trace (Hutch++)", "value": tr.value, "stderr": tr.stderr,
          "ci95": [tr.ci_low, tr.ci_high], "products": tr.num_matvecs, "seconds": t_s,
          "s_per_product": t_s / tr.num_matvecs, "plan_GB": tr.memory["predicted_bytes"] / 1e9,
-         "peak_GB": t_peak / 1e9},
+         "peak_GB": t_peak / 1e9, "settings": tr.memory.get("settings", {}),
+         "budget_GB": tr.memory["budget_bytes"] / 1e9},
         {**common, "tool": "losslens", "quantity": "λ_max (Lanczos)", "value": ev.values[0],
          "residual": ev.residuals[0], "converged": bool(ev.converged[0]), "iterations": ev.iterations,
          "products": ev.num_matvecs, "seconds": e_s, "s_per_product": e_s / max(1, ev.num_matvecs),
-         "plan_GB": ev.memory["predicted_bytes"] / 1e9, "peak_GB": e_peak / 1e9},
+         "plan_GB": ev.memory["predicted_bytes"] / 1e9, "peak_GB": e_peak / 1e9,
+         "settings": ev.memory.get("settings", {}), "budget_GB": ev.memory["budget_bytes"] / 1e9},
     ]  # fmt: skip
     return rows, op
 
@@ -340,8 +342,8 @@ def _fmt(x, spec=".4g") -> str:
 def markdown(rows: list[dict]) -> str:
     """The benchmarks/README.md table: one line per measured quantity."""
     head = ("| load → compute | backend | quantity | value | products | s / product | wall s | plan GB | peak GB | "
-            "convergence | product error |")  # fmt: skip
-    lines = [head, "|" + " --- |" * 11]
+            "chosen | convergence | product error |")  # fmt: skip
+    lines = [head, "|" + " --- |" * 12]
     for r in rows:
         if r["tool"] == "setup":
             continue
@@ -367,9 +369,25 @@ def markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {r['load']} → {r['compute']} | {r['backend']} | {r['quantity']} | {_fmt(r.get('value'))} | "
             f"{r.get('products', '')} | {_fmt(r.get('s_per_product'), '.1f')} | {_fmt(r.get('seconds'), '.0f')} | "
-            f"{_fmt(r.get('plan_GB'), '.2f')} | {_fmt(r.get('peak_GB'), '.2f')} | {conv} | {_fmt(err)} |"
+            f"{_fmt(r.get('plan_GB'), '.2f')} | {_fmt(r.get('peak_GB'), '.2f')} | {chosen(r.get('settings'))} | "
+            f"{conv} | {_fmt(err)} |"
         )
     return "\n".join(lines)
+
+
+def chosen(settings: dict | None) -> str:
+    """What the memory plan chose (``memory["settings"]`` of an estimate): the Hutch++ sketch or the
+    Lanczos basis, and whether the reverse pass's graphs are kept between products."""
+    if not settings:
+        return ""
+    out = []
+    if "sketch_size" in settings:
+        out.append(f"sketch {settings['sketch_size']}" + (" (capped)" if settings.get("sketch_capped") else ""))
+    if "basis_size" in settings:
+        out.append(f"basis {settings['basis_size']}")
+    if "cache_graphs" in settings:
+        out.append("graphs kept" if settings["cache_graphs"] else "graphs rebuilt")
+    return ", ".join(out)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

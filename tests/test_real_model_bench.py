@@ -34,6 +34,7 @@ def test_the_benchmark_on_a_tiny_gguf(tmp_path, monkeypatch):
             tr, ev = by[(load, backend, "trace (Hutch++)")], by[(load, backend, "λ_max (Lanczos)")]
             assert tr["products"] == 6 and tr["plan_GB"] > 0 and tr["seconds"] > 0
             assert ev["products"] <= 4 + 2 and ev["value"] > 0  # iterations, then the Ritz vector's check
+            assert tr["settings"]["sketch_size"] >= 1 and "basis_size" in ev["settings"]  # what the plan chose
     assert by[("float32", "difference", "trace (Hutch++)")]["product_error"] < 1e-3  # recorded by the backend
     assert by[("float32", "reverse", "trace (Hutch++)")]["product_error"] is None  # exact: nothing to record
     # PyHessian on the same batch: the same product on the same vector, and its own estimates
@@ -51,6 +52,7 @@ def test_the_benchmark_on_a_tiny_gguf(tmp_path, monkeypatch):
     assert rounded["value"] > plain["value"]  # bf16-rounded rotary tables move the Hessian more than float32 rounding
     table = markdown(rows)
     assert table.count("\n") == len(rows) and "| float32 → float32 | pyhessian | λ_max (power) |" in table
+    assert "| sketch " in table and ("graphs kept" in table or "graphs rebuilt" in table)
 
 
 def test_the_check_only_rows_on_a_tiny_gguf(tmp_path, monkeypatch):
