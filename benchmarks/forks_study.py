@@ -31,6 +31,7 @@ machine's cores); one sweep worker (a second would double the curvature rows' ~1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import subprocess
@@ -71,7 +72,7 @@ def _losslens(args: list[str], log: Path, stdout: Path | None = None) -> dict:
     lines) goes to ``log``; stdout to ``stdout`` when given."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
-    with open(log, "a") as err, open(stdout, "w") if stdout else open(log, "a") as out:
+    with open(log, "a") as err, open(stdout, "w") if stdout else contextlib.nullcontext(err) as out:
         err.write(f"$ losslens {' '.join(args)}\n")
         err.flush()
         rc = subprocess.call([sys.executable, "-m", "losslens", *args], stdout=out, stderr=err)
@@ -85,16 +86,15 @@ def _losslens(args: list[str], log: Path, stdout: Path | None = None) -> dict:
     }
 
 
-def _check(stage: dict, name: str, allowed=(0,)) -> None:
-    if stage["returncode"] not in allowed:
+def _check(stage: dict, name: str) -> None:
+    if stage["returncode"] != 0:
         raise SystemExit(f"{name} failed (exit {stage['returncode']}): see the log; rerun to resume")
 
 
 def forks_of(out: Path) -> list[Path]:
     """The fork trajectories ``losslens fork`` wrote under ``OUT/forks``, in its forks.json order."""
-    index = json.loads((out / "forks" / "forks.json").read_text())
-    entries = index["forks"] if isinstance(index, dict) else index
-    return [out / "forks" / Path(e["path"] if isinstance(e, dict) else e).name for e in entries]
+    index = json.loads((out / "forks" / "forks.json").read_text())  # losslens.lm.train.forks.write_fork_index
+    return [out / "forks" / e["path"] for e in index["forks"]]
 
 
 def run(

@@ -69,7 +69,8 @@ def print_phases(df, console=None, gap: str | None = None) -> None:
     runs = list(dict.fromkeys(df["run"])) if "run" in df and len(df) else []
     if len(runs) <= 1:
         _print_run_phases(df, con, gap, "")
-    for run in runs if len(runs) > 1 else ():
+        return
+    for run in runs:
         _print_run_phases(df[df["run"] == run], con, gap, f"{run}: ")
 
 

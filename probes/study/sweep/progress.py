@@ -41,9 +41,9 @@ class _RowProducts:
     set-up before it, building and checking the operator, is said apart)."""
 
     def __init__(self, text: str, planned: int | None):
-        self.text, self.planned, self.n = text, planned, 0
+        self.text, self.planned, self.n, self.n_first = text, planned, 0, 0
         self.t0 = self.said = time.perf_counter()
-        self.first: float | None = None
+        self.first: float | None = None  # when the first products ended (n_first of them)
 
     def add(self, n: int, now: float) -> None:
         if self.first is None:
