@@ -251,6 +251,15 @@ class _Diagonal(CurvatureOperator):
         return V * self.d
 
 
+class _RefinedDiagonal(_Diagonal):
+    """diag(d) whose "refined" products are its products: an inexact operator's final block, planned."""
+
+    refines = True
+
+    def refined_matmat_flat(self, V):
+        return self.matmat_flat(V)
+
+
 def test_peak_new_bytes_counts_live_tensors_once_and_ignores_existing_ones():
     x = torch.randn(500, 500)
 
@@ -268,17 +277,31 @@ def test_peak_new_bytes_counts_live_tensors_once_and_ignores_existing_ones():
 
 
 @pytest.mark.parametrize(
-    "case", ["power", "power k=3", "lanczos", "lanczos restarted", "slq full", "slq none", "hutch++", "hutchinson"]
+    "case",
+    [
+        "power",
+        "power k=3",
+        "power k=4 refined",
+        "lanczos",
+        "lanczos k=3 refined",
+        "lanczos restarted",
+        "slq full",
+        "slq none",
+        "hutch++",
+        "hutchinson",
+    ],
 )
 def test_estimators_allocate_what_their_plan_says(case):
     """Every tensor the estimator allocates, tracked op by op, against its recorded plan."""
     d = torch.rand(3_000_000, generator=torch.Generator().manual_seed(0))  # vectors 12 MB, chunks 16.8 MB
     d[:3] = torch.tensor([50.0, 30.0, 20.0])
-    op = _Diagonal(d)
+    op, refined = _Diagonal(d), _RefinedDiagonal(d)
     runs = {
         "power": lambda: top_eigenvalues(op, k=1, method="power", max_iter=8, tol=1e-12),
         "power k=3": lambda: top_eigenvalues(op, k=3, method="power", max_iter=8, tol=1e-12),
+        "power k=4 refined": lambda: top_eigenvalues(refined, k=4, method="power", max_iter=8, tol=1e-12),
         "lanczos": lambda: top_eigenvalues(op, k=1, method="lanczos", max_iter=12, tol=1e-12),
+        "lanczos k=3 refined": lambda: top_eigenvalues(refined, k=3, method="lanczos", max_iter=12, tol=1e-12),
         "lanczos restarted": lambda: top_eigenvalues(
             op, k=1, method="lanczos", max_iter=30, tol=1e-12, max_memory=vec(op, 10)
         ),

@@ -96,14 +96,40 @@ def _lanczos_topk(op, k, tol, max_iter, g, basis_size, basis_device=None, basis_
     Y = Q.combine(S[:, sel].T.copy(), op.dtype, op.device)  # [k, dim]
     del Q  # the basis is freed before H Y
     Y /= row_norms(Y).to(device=Y.device, dtype=Y.dtype)[:, None]
-    HY = op.matmat_flat(Y)  # k HVPs
-    lam = torch.as_tensor(vals, dtype=torch.float64)
-    res = residual_norms(HY, Y, lam).numpy()
-    del HY
+    values, res, Y, refined = _final_pairs(op, Y, [float(v) for v in vals])  # k HVPs
     floor = eps * float(np.max(np.abs(theta)))
-    conv = [bool(r <= tol * abs(v) + floor) for r, v in zip(res, vals)]
-    extra = {"restarts": restarts, "breakdowns": breakdowns, "basis_size": m}
-    return [float(v) for v in vals], [float(r) for r in res], conv, Y, steps, extra
+    conv = [bool(r <= tol * abs(v) + floor) for r, v in zip(res, values)]
+    extra = {"restarts": restarts, "breakdowns": breakdowns, "basis_size": m, **refined}
+    return values, res, conv, Y, steps, extra
+
+
+def _final_pairs(op, Y: torch.Tensor, values: list[float], residuals: list[float] | None = None):
+    """The eigenpairs returned for the unit vectors ``Y`` [k, dim] with the solve's ``values``: the
+    true residuals ``‖H yᵢ − λᵢ yᵢ‖`` from one block of k products. An operator with refined products
+    (:meth:`~losslens.geometry.operators.interface.CurvatureOperator.refined_matmat_flat`: the
+    gradient-difference backend's Richardson stencil) gives that block, and the values become its
+    Rayleigh quotients ``yᵢᵀHyᵢ / yᵢᵀyᵢ``, ranked by ``|λ|`` again (a near tie may swap); otherwise
+    ``residuals`` of the solve, when given (power iteration's: computed from its last products), are
+    kept without a product. Returns ``(values, residuals, Y, {"refined": ...} or {})``, ``refined``
+    keeping the solve's values. Memory: the k products beside ``Y``."""
+    HY = op.refined_matmat_flat(Y)
+    if HY is None and residuals is not None:
+        return values, residuals, Y, {}
+    exact = HY is None
+    if exact:
+        HY = op.matmat_flat(Y)
+        lam = values
+    else:
+        lam = [float(q) for q in rowdot(Y, HY) / rowdot(Y, Y)]
+    res = [float(r) for r in residual_norms(HY, Y, torch.as_tensor(lam, dtype=torch.float64))]
+    del HY
+    if exact:
+        return values, res, Y, {}
+    order = [int(i) for i in _select(np.asarray(lam), len(lam))]
+    if order != list(range(len(lam))):
+        _permute_rows_(Y, order)
+    refined = {"refined": {"ritz_values": list(values), "stencil": "richardson"}}
+    return [lam[i] for i in order], [res[i] for i in order], Y, refined
 
 
 def _kept(theta: np.ndarray, k: int, m: int) -> int:
@@ -181,7 +207,13 @@ def _power_topk(op, k, tol, max_iter, g):
         conv.append(bool(r <= tol * abs(lam) + eps * scale))
     order = [int(j) for j in _select(np.asarray(vals), k)]
     _permute_rows_(F, order)
-    return [vals[i] for i in order], [res[i] for i in order], [conv[i] for i in order], F, iters
+    vals, res, F, refined = _final_pairs(op, F, [vals[i] for i in order], [res[i] for i in order])
+    if refined:  # the refined residuals decide, at the products' round-off of the largest |λ|
+        floor = eps * max(abs(x) for x in vals)
+        conv = [bool(r <= tol * abs(v) + floor) for r, v in zip(res, vals)]
+    else:
+        conv = [conv[i] for i in order]
+    return vals, res, conv, F, iters, refined
 
 
 def _permute_rows_(F: torch.Tensor, order: list[int]) -> None:

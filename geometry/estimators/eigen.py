@@ -20,8 +20,9 @@ steps wanted, the basis is thick-restarted (Wu & Simon 2000): the best Ritz vect
 recurrence goes on, so memory stays at m vectors for any number of steps. The planner fills the
 budget with basis vectors up to max(16, 4k) (what convergence needs) before it keeps gradient
 graphs between steps, and refuses bases below k + 4. Power iteration holds ``(k + 2) · n · b``
-(2 for k = 1). Both add one operator pass, with every batch's gradient graph kept between steps
-when it fits (each step then costs one second backward, not a graph rebuild), and 3 float64 chunk
+(2 for k = 1; at least 2k on an operator with refined products, whose final block of k products
+runs beside the k vectors found). Both add one operator pass, with every batch's gradient graph
+kept between steps when it fits (each step then costs one second backward, not a graph rebuild), and 3 float64 chunk
 temporaries; ``tests/test_memory_budget.py`` checks measured = plan at 10M dimensions.
 """
 
@@ -34,7 +35,7 @@ import torch
 
 from losslens.geometry.estimators._checks import check_int, check_op, on_operator_vectors
 from losslens.geometry.estimators._eigen_solvers import _lanczos_topk, _power_topk
-from losslens.geometry.base._linalg import RowBasis, rowdot
+from losslens.geometry.base._linalg import RowBasis
 from losslens.geometry.base.state_store import state_transfer
 from losslens.geometry.memory.model import (
     MemoryEstimate,
@@ -95,14 +96,16 @@ def estimate_memory(
     copied = vec if on_host and torch.device(op.device).type != "cpu" else 0
     cands = []
     if method == "power":
+        # an operator with refined products runs them on the k vectors found at the end: 2k vectors
+        final = {s.get("cache_graphs", False): b for s, b, _ in pass_options(op, k, 1)} if op.refines else {}
         for settings, pass_b, _ in pass_options(op, 1, steps):
             # the k rows of the vectors found, the iterate and its product (the next iterate is the
             # product normalised in place); at the end one row for the in-place reordering. k = 1:
             # the iterate is the vector found
-            n_vec = k + 2 if k > 1 else 2
+            n_vec = max(k + 2 if k > 1 else 2, 2 * k if op.refines else 0)
             parts = {
                 f"eigenvectors found, iterate and product [{n_vec}, dim]": n_vec * vec,
-                "operator pass": pass_b,
+                "operator pass": max(pass_b, final.get(settings.get("cache_graphs", False), pass_b)),
                 TEMPORARIES_PART: temporaries_bytes(op.dim, op.dtype),
             }
             cands.append(MemoryEstimate(parts, budget, {**settings}))
@@ -194,7 +197,8 @@ def top_eigenvalues(
             wanted: memory), it is thick-restarted: the ℓ Ritz vectors of largest ``|θ|`` are kept
             with their coupling to the residual (Wu & Simon 2000), ℓ chosen at each restart as
             TRLan's adaptive scheme does (``_kept``). Cost: one HVP per step, plus one
-            block of k HVPs for the true residuals of the Ritz vectors, which decide ``converged``.
+            block of k HVPs for the true residuals of the Ritz vectors, which decide ``converged``
+            (refined products on an inexact operator: see Returns).
 
             ``"power"`` — power iteration for the largest-``|λ|`` eigenpair, then deflated power
             iteration (iterates orthogonalised against the eigenvectors already found, as PyHessian
@@ -227,9 +231,11 @@ def top_eigenvalues(
         ≤ tol·``|λ_i|`` up to the products' round-off, 10·ε·``|λ_1|`` with ε the precision of the products
         or the vectors, whichever is coarser),
         ``vectors`` [k, dim], ``num_matvecs`` and ``memory`` (the plan, plus restarts). On an
-        inexact operator (the gradient-difference backend) ``values`` are the Rayleigh quotients of
-        the Ritz vectors under its refined products (Richardson's stencil; ``memory["refined"]``
-        keeps the Ritz values): k more products of 4 gradients each.
+        inexact operator (the gradient-difference backend) the final block of k products is its
+        refined one (Richardson's stencil, 4 gradients per product): ``values`` are the Rayleigh
+        quotients of the Ritz vectors under it, and ``residuals`` and ``converged`` are theirs
+        (``memory["refined"]`` keeps the solve's values). Lanczos' final block is that one block;
+        power iteration, whose residuals come from its last products, adds it (k more products).
     """
     k = check_int("k", k, 1)  # the operator and k <= its dimension: checked by estimate_memory below
     max_iter = check_int("max_iter", max_iter, 1)
@@ -248,14 +254,7 @@ def top_eigenvalues(
                 op, k, tol, max_iter, g, plan.settings["basis_size"], basis_device, basis_dtype
             )
         else:
-            values, residuals, converged, vectors, iters = _power_topk(op, k, tol, max_iter, g)
-            extra = {}
-    values, refined = _refined_values(op, values, vectors)
-    if refined is not None:  # sorted by |λ| again (a near tie may swap)
-        order = sorted(range(len(values)), key=lambda i: -abs(values[i]))
-        values, residuals, converged = ([xs[i] for i in order] for xs in (values, residuals, converged))
-        vectors = vectors[order]
-        extra = {**extra, "refined": refined}
+            values, residuals, converged, vectors, iters, extra = _power_topk(op, k, tol, max_iter, g)
     for name, xs in (("eigenvalue", values), ("eigen residual", residuals)):
         if not all(math.isfinite(x) for x in xs):
             raise EstimatorError(f"{name} estimates are not finite ({xs}); check the loss and the operator")
@@ -271,19 +270,3 @@ def top_eigenvalues(
         vectors=vectors,
         memory={**plan.to_dict(), **extra},
     )
-
-
-def _refined_values(op: CurvatureOperator, values: list[float], vectors) -> tuple[list[float], dict | None]:
-    """The Rayleigh quotients ``vᵢᵀHvᵢ / vᵢᵀvᵢ`` of the Ritz vectors ``vectors`` [k, dim] with the
-    operator's refined products (:meth:`~losslens.geometry.operators.interface.CurvatureOperator.refined_matmat_flat`:
-    an inexact operator's more accurate stencil), in place of ``values``; unchanged (and None) for an
-    operator whose products are already exact. Returns ``(values, {"ritz_values", "stencil"})``.
-    Cost: k refined products. Residuals and ``converged`` stay those of the solve."""
-    if vectors is None:
-        return values, None
-    V = vectors.to(device=op.device, dtype=op.dtype)
-    HV = op.refined_matmat_flat(V)
-    if HV is None:
-        return values, None
-    quotients = rowdot(V, HV) / rowdot(V, V)
-    return [float(q) for q in quotients], {"ritz_values": [float(v) for v in values], "stencil": "richardson"}

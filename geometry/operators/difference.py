@@ -65,7 +65,10 @@ quotients, but the Ritz values were up to 9.6e-3 off (c = 0.1). So
 returns the Rayleigh quotients ``vᵀHv`` of its Ritz vectors measured with Richardson's stencil at
 half the central step (:meth:`DifferenceBackend.refined`; O(ε⁴) truncation, 3× the central rounding,
 which λ's size makes small): within 1.8e-4 on the tiny families (benchmarks/README.md, "Step constant").
-Cost: k products of 4 gradients.
+The residuals ``‖Hv − λv‖`` that decide ``converged`` come from the same refined products: the
+central ones measured the distance to the eigenvectors of the central stencil's operator and
+understated the true residual up to 3.9× (benchmarks/README.md, "Residuals of a difference eigen
+solve"). Cost: the solver's final block of k products, at 4 gradients each instead of 2.
 
 θ comes back **bit-exactly** after every product: it is copied back from the master copy
 (``p.copy_(master)``; a bfloat16 → float32 → bfloat16 round trip is exact), never un-perturbed by

@@ -117,6 +117,13 @@ class CurvatureOperator(abc.ABC):
     def _matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
         """``V`` [k, dim] (validated) -> ``V @ H`` [k, dim] (H symmetric, so rows are H v_i)."""
 
+    @property
+    def refines(self) -> bool:
+        """Whether :meth:`refined_matmat_flat` may run products (an operator whose product backend is
+        inexact): what an eigen solve's memory plan counts its final block for."""
+        backend = getattr(self, "product_backend", None)
+        return backend is not None and not backend.exact
+
     def refined_matmat_flat(self, V: torch.Tensor) -> torch.Tensor | None:
         """More accurate products of a few vectors (an eigen solve's Ritz vectors), or None where
         this operator's products are already as accurate as it can make them (every exact operator).

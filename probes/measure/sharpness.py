@@ -223,7 +223,7 @@ def measure_sharpness(
                     est = hutchinson_trace(op, num_matvecs=s.num_matvecs, seed=s.seed)
             most = (
                 s.max_iter if s.eigen_method == "lanczos" else s.k * s.max_iter
-            ) + s.k  # + the Ritz vectors' refinement
+            ) + s.k  # + the final block of k products (the true residuals)
             what = f"top-{s.k} eigenvalues, {s.eigen_method} (at most)"
             with progress_bar(progress, most, what=what, unit="HVP", label="sharpness") as bar:
                 op.on_products = bar.update
