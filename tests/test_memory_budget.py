@@ -256,8 +256,8 @@ class _RefinedDiagonal(_Diagonal):
 
     refines = True
 
-    def refined_matmat_flat(self, V):
-        return self.matmat_flat(V)
+    def _refined_matmat_flat(self, V):
+        return self._matmat_flat(V)
 
 
 def test_peak_new_bytes_counts_live_tensors_once_and_ignores_existing_ones():

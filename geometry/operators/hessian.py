@@ -320,14 +320,27 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         """Free the gradient graphs kept between calls (the backend's)."""
         self.product_backend.release_graphs()
 
-    # ------------------------------------------------------------------ base-class hook
+    @property
+    def refines(self) -> bool:
+        """An inexact backend's products may be refined (:meth:`_refined_matmat_flat`)."""
+        return not self.product_backend.exact
+
+    # ------------------------------------------------------------------ base-class hooks
     def _matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
+        return self._products(V, self.product_backend)
+
+    def _refined_matmat_flat(self, V: torch.Tensor) -> torch.Tensor | None:
+        """The products of the backend's ``refined(self)`` (difference: Richardson's stencil), or None."""
+        refined = self.product_backend.refined(self)
+        return None if refined is None else self._products(V, refined)
+
+    def _products(self, V: torch.Tensor, backend: ProductBackend) -> torch.Tensor:
         k = V.shape[0]
         out = torch.zeros_like(V)
         # column blocks of a row-major [k, dim] tensor view as [k, *shape] without copies
         views_in = [V[:, s].view(k, *shape) for s, shape in zip(self.space.slices.values(), self.space.shapes)]
         views_out = [out[:, s].view(k, *shape) for s, shape in zip(self.space.slices.values(), self.space.shapes)]
-        self._accumulate(views_in, views_out, reduce=[out])
+        self._accumulate(views_in, views_out, reduce=[out], backend=backend)
         return out
 
     # ------------------------------------------------------------------ internals
@@ -361,16 +374,17 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
         return DEFAULT_CHUNK if vmapped else k
 
     def _accumulate(
-        self, vs: list[torch.Tensor], outs: list[torch.Tensor], reduce: list[torch.Tensor] | None = None
+        self, vs: list, outs: list, reduce: list | None = None, backend: ProductBackend | None = None
     ) -> None:
-        """``outs[j] += Σ_b w_b (H_b V)_j`` for V given per parameter as ``vs[j]`` ``[k, *shape_j]``.
-        Data-parallel: over this rank's batches, then the contiguous tensors ``reduce`` (holding
-        ``outs``) are all-reduced, after every rank reported success."""
+        """``outs[j] += Σ_b w_b (H_b V)_j`` for V per parameter as ``vs[j]`` ``[k, *shape_j]``, ``backend``'s products
+        (default this operator's). Data-parallel: over this rank's batches, then the contiguous tensors
+        ``reduce`` (holding ``outs``) are all-reduced, after every rank reported success."""
+        backend = backend or self.product_backend
 
         def local() -> None:
             before_products(self)  # the zero-embedding check and an inexact backend's error, once
-            with self.call_context() as params:
-                self.product_backend.products(self, params, vs, outs)
+            with self.call_context(backend) as params:
+                backend.products(self, params, vs, outs)
 
         if self.parallel is None:
             local()

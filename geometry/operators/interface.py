@@ -117,41 +117,43 @@ class CurvatureOperator(abc.ABC):
     def _matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
         """``V`` [k, dim] (validated) -> ``V @ H`` [k, dim] (H symmetric, so rows are H v_i)."""
 
-    @property
-    def refines(self) -> bool:
-        """Whether :meth:`refined_matmat_flat` may run products (an operator whose product backend is
-        inexact): what an eigen solve's memory plan counts its final block for."""
-        backend = getattr(self, "product_backend", None)
-        return backend is not None and not backend.exact
+    #: whether :meth:`refined_matmat_flat` may run products (an operator whose products are inexact):
+    #: what an eigen solve's memory plan counts its final block for
+    refines: bool = False
 
     def refined_matmat_flat(self, V: torch.Tensor) -> torch.Tensor | None:
-        """More accurate products of a few vectors (an eigen solve's Ritz vectors), or None where
-        this operator's products are already as accurate as it can make them (every exact operator).
-        An operator with a ``product_backend`` runs :meth:`matmat_flat` once with the backend's
-        ``refined(op)`` in its place (the gradient-difference backend: Richardson's stencil at half the
-        central step, geometry/operators/difference.py "Eigenvalues"). Costs what that backend costs."""
-        backend = getattr(self, "product_backend", None)
-        refined = None if backend is None else backend.refined(self)
-        if refined is None:
-            return None
-        self.product_backend = refined
-        try:
-            return self.matmat_flat(V)
-        finally:
-            self.product_backend = backend
+        """More accurate products of a few vectors ``V`` [k, dim] (an eigen solve's Ritz vectors), or
+        None where this operator's products are already as accurate as it can make them (every exact
+        operator). Validated, counted and checked as :meth:`matmat_flat`; the subclass hook is
+        :meth:`_refined_matmat_flat` (the gradient-difference backend: Richardson's stencil at half the
+        central step, geometry/operators/difference.py "Eigenvalues"). Costs what those products cost."""
+        out = self._refined_matmat_flat(self._block(V))
+        return None if out is None else self._counted(out)
+
+    def _refined_matmat_flat(self, V: torch.Tensor) -> torch.Tensor | None:
+        """Hook: refined products of the validated ``V`` [k, dim], or None (the default: none)."""
+        return None
 
     def matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
         """Apply the operator to k flat vectors: ``V`` [k, dim] -> [k, dim]. Costs k matvecs."""
+        return self._counted(self._matmat_flat(self._block(V)))
+
+    def _block(self, V: torch.Tensor) -> torch.Tensor:
+        """``V`` checked to be a non-empty ``[k, dim]`` block, on this operator's device and dtype."""
         if not isinstance(V, torch.Tensor) or V.ndim != 2:
             raise OperatorError(f"expected a [k, {self.dim}] tensor of row vectors, got {getattr(V, 'shape', type(V))}")
         if V.shape[0] == 0:
             raise OperatorError("k = 0: pass at least one vector")
         if V.shape[1] != self.dim:
             raise OperatorError(f"vectors have length {V.shape[1]}, the operator has dim {self.dim}")
-        out = self._matmat_flat(V.to(device=self.device, dtype=self.dtype))
-        self.num_matvecs += V.shape[0]
+        return V.to(device=self.device, dtype=self.dtype)
+
+    def _counted(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` (the products of a block) counted in :attr:`num_matvecs`, reported to
+        :attr:`on_products` and checked finite."""
+        self.num_matvecs += out.shape[0]
         if self.on_products is not None:
-            self.on_products(V.shape[0])
+            self.on_products(out.shape[0])
         if not is_finite(out):
             raise OperatorError("the operator returned NaN/Inf; check the loss and the model's weights")
         return out

@@ -194,6 +194,9 @@ class ShardedHessianOperator(CurvatureOperator):
     def richardson(self) -> bool:
         return self.product_backend.richardson
 
+    #: the difference backend's products may be refined (:meth:`_refined_matmat_flat`)
+    refines = True
+
     @property
     def dtype(self) -> torch.dtype:
         return estimator_dtype(self._param_dtype)
@@ -236,7 +239,7 @@ class ShardedHessianOperator(CurvatureOperator):
         return out
 
     @contextlib.contextmanager
-    def _call_context(self) -> Iterator[None]:
+    def _call_context(self, backend: DifferenceBackend) -> Iterator[None]:
         """Eval mode (checkpointed layers flagged for HF), grad on, true embedding derivatives
         (``padding_idx`` cleared: :func:`~losslens.geometry.operators.derivatives.true_derivatives`);
         the caller's ``.grad`` restored after."""
@@ -244,7 +247,7 @@ class ShardedHessianOperator(CurvatureOperator):
         try:
             with (
                 module_modes(self.model, training=False),
-                self.product_backend.attention(self.model),  # checkpointed layers flagged, xIELU continuous
+                backend.attention(self.model),  # checkpointed layers flagged, xIELU continuous
                 torch.enable_grad(),
                 true_derivatives(self.model),
             ):
@@ -261,6 +264,14 @@ class ShardedHessianOperator(CurvatureOperator):
         return 0.0, self.batches[0]
 
     def _matmat_flat(self, V: torch.Tensor) -> torch.Tensor:
+        return self._products(V, self.product_backend)
+
+    def _refined_matmat_flat(self, V: torch.Tensor) -> torch.Tensor | None:
+        """Richardson's products at half the central step (``DifferenceBackend.refined``), or None."""
+        refined = self.product_backend.refined(self)
+        return None if refined is None else self._products(V, refined)
+
+    def _products(self, V: torch.Tensor, backend: DifferenceBackend) -> torch.Tensor:
         out = torch.zeros_like(V)
         vs, outs = self._views(V), self._views(out)
         space = ReducedVectors(lambda values: self.parallel.sum_floats(values, self._device), self.global_dim)
@@ -275,7 +286,7 @@ class ShardedHessianOperator(CurvatureOperator):
 
         def local() -> None:
             branches = FrozenBranches(self.model)
-            with self._call_context(), branches.active():
+            with self._call_context(backend), branches.active():
                 replay = branches.record_all([(i, 1.0, b) for i, b in rounds], loss_of)  # branches at θ
                 if replay is not None:
                     _reshard(self.model)  # a forward without backward leaves the root's gathered θ in place
@@ -286,8 +297,8 @@ class ShardedHessianOperator(CurvatureOperator):
                     loss_of,
                     vs,
                     outs,
-                    self.product_backend.step(self),
-                    self.richardson,
+                    backend.step(self),
+                    backend.richardson,
                     space,
                     replay=replay,
                     master_device=self.master_device,
@@ -323,7 +334,7 @@ class ShardedHessianOperator(CurvatureOperator):
         sliced = batch if sliced is None else sliced  # not row-shaped: measured whole
 
         def run() -> None:
-            with self._call_context():
+            with self._call_context(self.product_backend):
                 handles = [p.register_post_accumulate_grad_hook(_drop_grad) for p in self.params.values()]
                 try:
                     for p in self.params.values():
