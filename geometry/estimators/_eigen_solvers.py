@@ -3,8 +3,10 @@ Lanczos (``_lanczos_topk``, the restart size ``_kept``) and deflated power itera
 (``_power_topk``), with what they share (the ranking by ``|θ|``, the round-off floor of a residual);
 their seeded Gaussian start vectors are ``losslens.geometry.base._linalg.gaussian_unit``.
 
-Both take an operator already configured by the memory plan and return the values ranked by magnitude
-(sign kept), their true residuals, the converged flags and the unit vectors ``[k, dim]``; the memory
+Both take an operator already configured by the memory plan and return a :class:`Solve`: the values
+ranked by magnitude (sign kept) and their unit vectors ``[k, dim]``, the true residuals and
+converged flags where the solve has them (power iteration), which the final block of
+:func:`losslens.geometry.estimators.eigen.top_eigenvalues` completes; the memory
 each holds is stated in the :mod:`losslens.geometry.estimators.eigen` module docstring (and planned by its
 ``estimate_memory``).
 """
@@ -12,12 +14,30 @@ each holds is stated in the :mod:`losslens.geometry.estimators.eigen` module doc
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from losslens.geometry.base._linalg import RowBasis, gaussian_unit, project_out, residual_norms, row_norms, rowdot
 from losslens.geometry.operators.interface import CurvatureOperator
+
+
+@dataclass
+class Solve:
+    """What a solver returns: ``values`` ranked by ``|λ|`` (sign kept), their unit ``vectors`` [k, dim],
+    ``iterations`` (products of the solve), ``floor`` (the round-off floor of their residuals,
+    10·ε·``|λ_1|``), power iteration's own ``residuals`` and ``converged`` (from its last products;
+    None for Lanczos, whose true residuals need one more block) and ``extra`` (what the result's
+    ``memory`` records)."""
+
+    values: list[float]
+    vectors: torch.Tensor
+    iterations: int
+    floor: float
+    residuals: list[float] | None = None
+    converged: list[bool] | None = None
+    extra: dict = field(default_factory=dict)
 
 
 def _select(theta: np.ndarray, k: int) -> np.ndarray:
@@ -96,40 +116,8 @@ def _lanczos_topk(op, k, tol, max_iter, g, basis_size, basis_device=None, basis_
     Y = Q.combine(S[:, sel].T.copy(), op.dtype, op.device)  # [k, dim]
     del Q  # the basis is freed before H Y
     Y /= row_norms(Y).to(device=Y.device, dtype=Y.dtype)[:, None]
-    values, res, Y, refined = _final_pairs(op, Y, [float(v) for v in vals])  # k HVPs
-    floor = eps * float(np.max(np.abs(theta)))
-    conv = [bool(r <= tol * abs(v) + floor) for r, v in zip(res, values)]
-    extra = {"restarts": restarts, "breakdowns": breakdowns, "basis_size": m, **refined}
-    return values, res, conv, Y, steps, extra
-
-
-def _final_pairs(op, Y: torch.Tensor, values: list[float], residuals: list[float] | None = None):
-    """The eigenpairs returned for the unit vectors ``Y`` [k, dim] with the solve's ``values``: the
-    true residuals ``‖H yᵢ − λᵢ yᵢ‖`` from one block of k products. An operator with refined products
-    (:meth:`~losslens.geometry.operators.interface.CurvatureOperator.refined_matmat_flat`: the
-    gradient-difference backend's Richardson stencil) gives that block, and the values become its
-    Rayleigh quotients ``yᵢᵀHyᵢ / yᵢᵀyᵢ``, ranked by ``|λ|`` again (a near tie may swap); otherwise
-    ``residuals`` of the solve, when given (power iteration's: computed from its last products), are
-    kept without a product. Returns ``(values, residuals, Y, {"refined": ...} or {})``, ``refined``
-    keeping the solve's values. Memory: the k products beside ``Y``."""
-    HY = op.refined_matmat_flat(Y)
-    if HY is None and residuals is not None:
-        return values, residuals, Y, {}
-    exact = HY is None
-    if exact:
-        HY = op.matmat_flat(Y)
-        lam = values
-    else:
-        lam = [float(q) for q in rowdot(Y, HY) / rowdot(Y, Y)]
-    res = [float(r) for r in residual_norms(HY, Y, torch.as_tensor(lam, dtype=torch.float64))]
-    del HY
-    if exact:
-        return values, res, Y, {}
-    order = [int(i) for i in _select(np.asarray(lam), len(lam))]
-    if order != list(range(len(lam))):
-        _permute_rows_(Y, order)
-    refined = {"refined": {"ritz_values": list(values), "stencil": "richardson"}}
-    return [lam[i] for i in order], [res[i] for i in order], Y, refined
+    extra = {"restarts": restarts, "breakdowns": breakdowns, "basis_size": m}
+    return Solve([float(v) for v in vals], Y, steps, eps * float(np.max(np.abs(theta))), extra=extra)
 
 
 def _kept(theta: np.ndarray, k: int, m: int) -> int:
@@ -207,13 +195,9 @@ def _power_topk(op, k, tol, max_iter, g):
         conv.append(bool(r <= tol * abs(lam) + eps * scale))
     order = [int(j) for j in _select(np.asarray(vals), k)]
     _permute_rows_(F, order)
-    vals, res, F, refined = _final_pairs(op, F, [vals[i] for i in order], [res[i] for i in order])
-    if refined:  # the refined residuals decide, at the products' round-off of the largest |λ|
-        floor = eps * max(abs(x) for x in vals)
-        conv = [bool(r <= tol * abs(v) + floor) for r, v in zip(res, vals)]
-    else:
-        conv = [conv[i] for i in order]
-    return vals, res, conv, F, iters, refined
+    vals = [vals[i] for i in order]
+    floor = eps * max(abs(x) for x in vals)  # the products' round-off of the largest |λ|
+    return Solve(vals, F, iters, floor, [res[i] for i in order], [conv[i] for i in order])
 
 
 def _permute_rows_(F: torch.Tensor, order: list[int]) -> None:

@@ -31,11 +31,12 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import torch
 
 from losslens.geometry.estimators._checks import check_int, check_op, on_operator_vectors
-from losslens.geometry.estimators._eigen_solvers import _lanczos_topk, _power_topk
-from losslens.geometry.base._linalg import RowBasis
+from losslens.geometry.estimators._eigen_solvers import Solve, _lanczos_topk, _permute_rows_, _power_topk, _select
+from losslens.geometry.base._linalg import RowBasis, residual_norms, rowdot
 from losslens.geometry.base.state_store import state_transfer
 from losslens.geometry.memory.model import (
     MemoryEstimate,
@@ -250,11 +251,10 @@ def top_eigenvalues(
     g = op.generator(seed)
     with op.configured(**plan.operator_settings):
         if method == "lanczos":
-            values, residuals, converged, vectors, iters, extra = _lanczos_topk(
-                op, k, tol, max_iter, g, plan.settings["basis_size"], basis_device, basis_dtype
-            )
+            solve = _lanczos_topk(op, k, tol, max_iter, g, plan.settings["basis_size"], basis_device, basis_dtype)
         else:
-            values, residuals, converged, vectors, iters, extra = _power_topk(op, k, tol, max_iter, g)
+            solve = _power_topk(op, k, tol, max_iter, g)
+        values, residuals, converged, vectors, refined = _final_pairs(op, solve, tol)
     for name, xs in (("eigenvalue", values), ("eigen residual", residuals)):
         if not all(math.isfinite(x) for x in xs):
             raise EstimatorError(f"{name} estimates are not finite ({xs}); check the loss and the operator")
@@ -266,7 +266,37 @@ def top_eigenvalues(
         seconds=time.perf_counter() - t0,
         seed=int(seed),
         method=method,
-        iterations=iters,
+        iterations=solve.iterations,
         vectors=vectors,
-        memory={**plan.to_dict(), **extra},
+        memory={**plan.to_dict(), **solve.extra, **refined},
     )
+
+
+def _final_pairs(op: CurvatureOperator, solve: Solve, tol: float):
+    """The eigenpairs returned for the solve's unit vectors Y [k, dim] and values: their true residuals
+    ``‖H yᵢ − λᵢ yᵢ‖`` from one block of k products, and ``converged`` (residual ≤ tol·|λᵢ| + the
+    solve's round-off floor). An operator with refined products
+    (:meth:`~losslens.geometry.operators.interface.CurvatureOperator.refined_matmat_flat`: the
+    gradient-difference backend's Richardson stencil) gives that block, and the values become its
+    Rayleigh quotients ``yᵢᵀHyᵢ / yᵢᵀyᵢ``, ranked by ``|λ|`` again (a near tie may swap); otherwise
+    power iteration's residuals (from its last products) are kept without a product. Returns
+    ``(values, residuals, converged, Y, {"refined": {...}} or {})``, ``refined`` keeping the solve's
+    values. Memory: the k products beside Y."""
+    Y, values = solve.vectors, solve.values
+    HY = op.refined_matmat_flat(Y)
+    if HY is None and solve.residuals is not None:
+        return values, solve.residuals, solve.converged, Y, {}
+    refined = HY is not None
+    if not refined:
+        HY = op.matmat_flat(Y)
+    lam = [float(q) for q in rowdot(Y, HY) / rowdot(Y, Y)] if refined else values
+    res = [float(r) for r in residual_norms(HY, Y, torch.as_tensor(lam, dtype=torch.float64))]
+    del HY
+    conv = [bool(r <= tol * abs(v) + solve.floor) for r, v in zip(res, lam)]
+    if not refined:
+        return values, res, conv, Y, {}
+    order = [int(i) for i in _select(np.asarray(lam), len(lam))]
+    if order != list(range(len(lam))):
+        _permute_rows_(Y, order)
+    ranked = ([xs[i] for i in order] for xs in (lam, res, conv))
+    return *ranked, Y, {"refined": {"ritz_values": list(values), "stencil": "richardson"}}

@@ -38,7 +38,6 @@ from losslens.geometry.operators.guarantees import warn_product_error
 from losslens.geometry.operators.hessian import HessianOperator
 from losslens.geometry.operators.reverse import ReverseBackend
 
-from losslens.lm.models.fidelity import with_float64_fidelity
 from losslens.lm.models.lm_setup import UNCHECKED, LmSetup, plan_lm_setup
 from losslens.lm.models.second_order import SecondOrderError, ensure_second_order
 
@@ -124,9 +123,8 @@ def lm_operator(setup: LmSetup, error_tolerance: float = ERROR_TOLERANCE, **kwar
     lean = setup.lean_head and chosen.lean_head  # the lean head's derivatives are reverse-mode only
     if lean:
         kwargs.setdefault("loss_transient_bytes", setup.head_bytes)
-    loss_fn = setup.lean_loss if lean else setup.exact_loss  # zero-embedding tokens left out
-    if auto or not chosen.exact:  # a float64 model's float32 islands would swamp the float64-sized step
-        loss_fn = with_float64_fidelity(loss_fn, model)
+    # zero-embedding tokens left out; a float64 model's float32 islands would swamp a float64-sized step
+    loss_fn = setup.difference_loss if auto or not chosen.exact else setup.lean_loss if lean else setup.exact_loss
     op = HessianOperator(model, loss_fn, batches, params=setup.params, backend=chosen, **kwargs)
     if setup.precision == UNCHECKED and op.product_backend.second_order:
         why = op.backend_choice["why"]

@@ -25,7 +25,6 @@ from losslens.geometry.base.errors import LosslensError
 from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.geometry.operators.sharded import ShardedHessianOperator
 from losslens.lm.core.modules import find_blocks
-from losslens.lm.models.fidelity import with_float64_fidelity
 
 
 class ShardingError(LosslensError, ValueError):
@@ -80,7 +79,7 @@ def sharded_lm_hessian(
     ``hvp_check``: the difference backend's measured error on the unsharded architecture, recorded
     as ``op.hvp_check``. Extra keywords go to the operator (``compute_dtype``, ``difference_step``)."""
     op = ShardedHessianOperator(
-        model, with_float64_fidelity(setup.exact_loss, model), setup.batches, max_memory=max_memory, **kwargs
+        model, setup.difference_loss, setup.batches, max_memory=max_memory, **kwargs
     )  # float64 fidelity: as lm_hessian's difference backend
     op.hvp_check = hvp_check
     op.excluded = setup.excluded
