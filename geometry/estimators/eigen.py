@@ -22,8 +22,8 @@ budget with basis vectors up to max(16, 4k) (what convergence needs) before it k
 graphs between steps, and refuses bases below k + 4. Power iteration holds ``(k + 2) · n · b``
 (2 for k = 1; at least 2k on an operator with refined products, whose final block of k products
 runs beside the k vectors found). Both add one operator pass, with every batch's gradient graph
-kept between steps when it fits (each step then costs one second backward, not a graph rebuild), and 3 float64 chunk
-temporaries; ``tests/test_memory_budget.py`` checks measured = plan at 10M dimensions.
+kept between steps when it fits (each step then costs one second backward, not a graph rebuild),
+and 3 float64 chunk temporaries; ``tests/test_memory_budget.py`` checks measured = plan at 10M dimensions.
 """
 
 from __future__ import annotations

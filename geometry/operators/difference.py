@@ -67,7 +67,7 @@ half the central step (:meth:`DifferenceBackend.refined`; O(ε⁴) truncation, 3
 which λ's size makes small): within 1.8e-4 on the tiny families (benchmarks/README.md, "Step constant").
 The residuals ``‖Hv − λv‖`` that decide ``converged`` come from the same refined products: the
 central ones measured the distance to the eigenvectors of the central stencil's operator and
-understated the true residual up to 3.9× (benchmarks/README.md, "Residuals of a difference eigen
+understated the true residual up to 16× (benchmarks/README.md, "Residuals of a difference eigen
 solve"). Cost: the solver's final block of k products, at 4 gradients each instead of 2.
 
 θ comes back **bit-exactly** after every product: it is copied back from the master copy
