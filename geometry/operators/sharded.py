@@ -239,15 +239,16 @@ class ShardedHessianOperator(CurvatureOperator):
         return out
 
     @contextlib.contextmanager
-    def _call_context(self, backend: DifferenceBackend) -> Iterator[None]:
-        """Eval mode (checkpointed layers flagged for HF), grad on, true embedding derivatives
-        (``padding_idx`` cleared: :func:`~losslens.geometry.operators.derivatives.true_derivatives`);
-        the caller's ``.grad`` restored after."""
+    def _call_context(self, backend: DifferenceBackend | None = None) -> Iterator[None]:
+        """Eval mode (checkpointed layers flagged for HF by ``backend``, default this operator's), grad
+        on, true embedding derivatives (``padding_idx`` cleared:
+        :func:`~losslens.geometry.operators.derivatives.true_derivatives`); the caller's ``.grad``
+        restored after."""
         grads = [(p, p.grad) for p in self.params.values()]
         try:
             with (
                 module_modes(self.model, training=False),
-                backend.attention(self.model),  # checkpointed layers flagged, xIELU continuous
+                (backend or self.product_backend).attention(self.model),  # checkpointed layers flagged, xIELU
                 torch.enable_grad(),
                 true_derivatives(self.model),
             ):
@@ -334,7 +335,7 @@ class ShardedHessianOperator(CurvatureOperator):
         sliced = batch if sliced is None else sliced  # not row-shaped: measured whole
 
         def run() -> None:
-            with self._call_context(self.product_backend):
+            with self._call_context():
                 handles = [p.register_post_accumulate_grad_hook(_drop_grad) for p in self.params.values()]
                 try:
                     for p in self.params.values():
