@@ -55,6 +55,8 @@ CLAIM_PATTERNS = (
 )
 MARKER = re.compile(r"<!--\s*backed:\s*(.*?)\s*-->", re.DOTALL)
 SETTING = "setting"
+#: a ``;`` that separates two references (not one inside a quoted row text)
+_OUTSIDE_QUOTES = re.compile(r';(?=(?:[^"]*"[^"]*")*[^"]*$)')
 
 
 @dataclass
@@ -99,7 +101,7 @@ def claims(text: str) -> list[Claim]:
     """Every claim of a Markdown text with the references its block's markers name."""
     found = []
     for first, block in _blocks(_strip_code(text)):
-        refs = [r.strip() for m in MARKER.finditer(block) for r in m.group(1).split(";") if r.strip()]
+        refs = [r.strip() for m in MARKER.finditer(block) for r in _OUTSIDE_QUOTES.split(m.group(1)) if r.strip()]
         plain = MARKER.sub("", block)
         for pat in CLAIM_PATTERNS:
             for m in pat.finditer(plain):

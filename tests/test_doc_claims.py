@@ -95,3 +95,9 @@ def test_cli_exit_status_and_listing(tmp_path):
     readme = _repo(tmp_path, "Takes 6 min.\n")
     r = subprocess.run([sys.executable, str(SCRIPT), str(readme)], capture_output=True, text=True)
     assert r.returncode == 1 and "'6 min' <- NOTHING" in r.stdout and "error: README.md:1" in r.stdout
+
+
+def test_a_semicolon_inside_a_quoted_row_does_not_split_the_reference():
+    mod = _checker()
+    found = mod.claims('Within 5% here.<!-- backed: benchmarks/README.md#x "a; b"; tests/test_x.py::test_y -->\n')
+    assert found and found[0].backing == ['benchmarks/README.md#x "a; b"', "tests/test_x.py::test_y"]
