@@ -15,6 +15,7 @@ what ``losslens sharpness`` gets, or says why not.
 from __future__ import annotations
 
 import contextlib
+import copy
 import warnings
 
 import pytest
@@ -183,3 +184,15 @@ def test_a_raw_operator_whose_loss_counts_zero_embedding_tokens_warns_naming_the
         warnings.simplefilter("error", ZeroEmbeddingWarning)
         op.matmat_flat(torch.ones(1, op.dim, dtype=op.dtype))
         HessianOperator(model, ExcludingLoss(lm_loss, (pad,)), batches).matmat_flat(torch.ones(1, op.dim))
+
+
+def test_float64_products_of_float32_weights_run_hf_float32_islands_in_float64():
+    """``compute_dtype="float64"`` on float32 weights: the gradient differences' loss runs under float64
+    fidelity (the set-up decides it from the compute dtype), so the products are float64-accurate
+    against a double backward of the float64 copy, not float32-accurate."""
+    model, pad, batches = _setting("llama", torch.float32)
+    op = lm_hessian(model, batches, backend="difference", compute_dtype="float64")
+    assert op.param_dtype == torch.float64
+    V = torch.randn(2, op.dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ref = _kept_token_hvps(copy.deepcopy(model).double(), op.space.names, batches, pad, V)
+    assert _relative(op.matmat_flat(V), ref) <= TOLERANCE[torch.float64]

@@ -9,8 +9,8 @@ one (:func:`losslens.lm.models.sharding.fsdp_lm_hessian`) alike:
 - the zero-embedding tokens left out of every loss, found once
   (:mod:`losslens.lm.models.zero_embeddings`), and the losses without them: the exact loss (what the
   second-order check differentiates), the lean head's (:func:`losslens.lm.core.lm_head.lm_loss_lean`)
-  and the gradient differences' (the exact loss, a float64 model's float32 islands in float64:
-  :func:`losslens.lm.models.fidelity.with_float64_fidelity`);
+  and the gradient differences' (the exact loss; products in float64 keep HF's float32 islands in
+  float64: :class:`losslens.lm.models.fidelity.FidelityLoss`);
 - the lean head's chunk temporaries;
 - the memory plan of the set-up's measuring steps, refused before they run when they cannot fit
   ``max_memory``, in the order of their cost (:mod:`losslens.geometry.operators.setup_plan`):
@@ -46,7 +46,7 @@ from losslens.geometry.operators.reverse import ReverseBackend
 from losslens.geometry.operators.setup_plan import plan_setup
 from losslens.lm.core.lm_head import head_transient_bytes, lm_loss_lean
 from losslens.lm.core.next_token_loss import lm_loss
-from losslens.lm.models.fidelity import with_float64_fidelity
+from losslens.lm.models.fidelity import FidelityLoss
 from losslens.lm.models.miniature import check_precision, miniature, miniature_bound
 from losslens.lm.models.zero_embeddings import curvature_loss, exclusion_record, zero_embedding_tokens
 
@@ -64,8 +64,8 @@ class LmSetup:
     head), ``compute_dtype`` (the products' dtype), ``exclude`` (the zero-embedding token ids left out
     of every loss) and ``excluded`` (what results record about them, summed over the ranks),
     ``exact_loss`` (the loss without them), ``lean_loss`` (through the lean head when asked for, else
-    ``exact_loss``), ``difference_loss`` (``exact_loss`` under float64 fidelity for a float64 model: what
-    an inexact or ``auto`` backend differences, one process or sharded), ``head_bytes`` (the lean
+    ``exact_loss``), ``difference_loss`` (``exact_loss`` under float64 fidelity when the products run in
+    float64: what an inexact or ``auto`` backend differences, one process or sharded), ``head_bytes`` (the lean
     head's chunk temporaries, 0 without it), ``budget`` (bytes; None: nothing is refused) and
     ``precision`` (the second-order check's: ``"auto"``, ``"miniature"`` or :data:`UNCHECKED`);
     ``bound``: with ``bound=True``, the difference backend's error bounded on the miniature
@@ -148,7 +148,7 @@ def plan_lm_setup(
     excluded = exclusion_record(exclude, batches, parallel or None)
     exact_loss = curvature_loss(lm_loss, exclude)
     lean_loss = curvature_loss(lm_loss_lean, exclude) if lean_head else exact_loss
-    difference_loss = with_float64_fidelity(exact_loss, model)  # the float64-sized step measures the method
+    difference_loss = FidelityLoss(exact_loss) if dtype == torch.float64 else exact_loss  # a float64-sized step
     head_bytes = head_transient_bytes(model, batches) if lean_head else 0  # the lean head's chunk temporaries
     setup = LmSetup(
         model, batches, params, chosen, runs_check, lean_head, dtype, exclude, excluded, exact_loss, lean_loss,
