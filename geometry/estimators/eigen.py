@@ -96,9 +96,10 @@ def estimate_memory(
     # a basis off a GPU: each product's input is a copy of a basis row on the device
     copied = vec if on_host and torch.device(op.device).type != "cpu" else 0
     cands = []
+    # the final block of k products (Lanczos' true residuals; power iteration's only on an operator with
+    # refined products, run beside the k vectors found: 2k vectors), by whether graphs are kept
+    final = {s.get("cache_graphs", False): b for s, b, _ in pass_options(op, k, 1)}
     if method == "power":
-        # an operator with refined products runs them on the k vectors found at the end: 2k vectors
-        final = {s.get("cache_graphs", False): b for s, b, _ in pass_options(op, k, 1)} if op.refines else {}
         for settings, pass_b, _ in pass_options(op, 1, steps):
             # the k rows of the vectors found, the iterate and its product (the next iterate is the
             # product normalised in place); at the end one row for the in-place reordering. k = 1:
@@ -106,7 +107,9 @@ def estimate_memory(
             n_vec = max(k + 2 if k > 1 else 2, 2 * k if op.refines else 0)
             parts = {
                 f"eigenvectors found, iterate and product [{n_vec}, dim]": n_vec * vec,
-                "operator pass": max(pass_b, final.get(settings.get("cache_graphs", False), pass_b)),
+                "operator pass": max(
+                    pass_b, final.get(settings.get("cache_graphs", False), pass_b) if op.refines else 0
+                ),
                 TEMPORARIES_PART: temporaries_bytes(op.dim, op.dtype),
             }
             cands.append(MemoryEstimate(parts, budget, {**settings}))
@@ -127,7 +130,6 @@ def estimate_memory(
     # with the graphs kept beats a bigger one rebuilt every step
     order = [(m, c) for c in (True, False) for m in big] + [(m, c) for m in small for c in (True, False)]
     options = {s.get("cache_graphs", False): (s, b) for s, b, _ in pass_options(op, 1, steps)}
-    final = {s.get("cache_graphs", False): (s, b) for s, b, _ in pass_options(op, k, 1)}
     for m, cache in order:
         if cache not in options:
             continue
@@ -142,7 +144,7 @@ def estimate_memory(
         parts, host = with_basis(
             {
                 "residual (or the Ritz vectors and products at the end)": state - basis_here - temps,
-                "operator pass": max(pass_b, final[cache][1] if cache in final else pass_b),
+                "operator pass": max(pass_b, final.get(cache, pass_b)),
                 TEMPORARIES_PART: temps,
             },
             f"basis [{rows}, dim] {str(bdtype).replace('torch.', '')}",
