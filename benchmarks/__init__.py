@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 
 def emit(rows: list[dict], json_path: str | None = None) -> list[dict]:
@@ -13,3 +14,11 @@ def emit(rows: list[dict], json_path: str | None = None) -> list[dict]:
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=2, default=str)
     return rows
+
+
+def show_table(text: str, markdown_path: str | Path | None = None) -> str:
+    """Print a Markdown table and, with ``markdown_path``, write it to that file."""
+    print(text)
+    if markdown_path:
+        Path(markdown_path).write_text(text + "\n")
+    return text

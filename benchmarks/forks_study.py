@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import show_table
+
 SCHEDULES = ("constant", "wsd", "cosine")
 QUANT = ("rtn:4", "rtn:3", "int8", "gptq:4:g128:gptqmodel", "mxfp4", "nvfp4", "gguf:Q4_K")
 
@@ -244,10 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
         grid=a.grid,
         browser=not a.no_browser,
     )
-    text = table(a.out)
-    print(text)
-    if a.markdown:
-        Path(a.markdown).write_text(text + "\n")
+    show_table(table(a.out), a.markdown)
     return summary
 
 

