@@ -13,6 +13,8 @@ estimator predicted (``memory["predicted_bytes"]``) and their ratio. A timing ro
 seconds per gradient, per graph build (``create_graph``) and per HVP (sequential second backward
 on a kept graph), and their ratios to the gradient.
 
+``PROBE@BACKEND`` runs a probe on another product backend (``lanczos@difference``; ``power-k3``: three
+deflated eigenvalues, whose final block of refined products an inexact operator plans beside them).
 ``--probes hutchinson+tracked`` (any probe + ``+tracked``) also tracks every tensor allocation of
 the run (losslens.geometry.memory.graphs.peak_new_bytes: ``tracked_GB``, the live tensors' peak, beside the
 RSS); ``LOSSLENS_BENCH_ALLOCATOR=cli`` (or ``cli:BYTES``) runs the children with
@@ -92,20 +94,20 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
     from losslens.lm.models.curvature import lm_hessian
 
     track = probe.endswith("+tracked") or os.environ.get("LOSSLENS_BENCH_TRACK") == "1"  # also track allocations
-    probe = probe.removesuffix("+tracked")
+    probe, _, chosen = probe.removesuffix("+tracked").partition("@")  # PROBE@BACKEND (default reverse)
     dt = getattr(torch, dtype)
     model = build(shape, dt)
     vocab = SHAPES[shape][4]
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, vocab, (BATCH, SEQ), generator=g) for _ in range(BATCHES)]
-    backend = probe.split("-", 1)[1] if probe.startswith("pass-") else "reverse"
+    backend = probe.split("-", 1)[1] if probe.startswith("pass-") else chosen or "reverse"
     op = lm_hessian(
         model,
         batches[:1] if probe.startswith("pass-") else batches,
         backend=backend,  # as sharpness does
         max_memory=int(max_memory) if max_memory.isdigit() else max_memory,
     )  # digits: bytes, uncapped
-    row = {"shape": shape, "dtype": dtype, "probe": probe, "dim": op.dim, "max_memory": max_memory}
+    row = {"shape": shape, "dtype": dtype, "probe": probe, "backend": backend, "dim": op.dim, "max_memory": max_memory}
     if probe == "timing":
         return {**row, **_timing(op)}
     if probe.startswith("pass-"):
@@ -130,8 +132,9 @@ def child(shape: str, probe: str, dtype: str, max_memory: str) -> dict:
         elif probe == "hutchinson":
             res = hutchinson_trace(op, num_matvecs=8)
             out = {"value": res.value, "stderr": res.stderr}
-        elif probe in ("lanczos", "power"):
-            res = top_eigenvalues(op, k=1, method=probe, max_iter=8, tol=1e-3)
+        elif probe in ("lanczos", "power", "power-k3"):  # power-k3: three deflated eigenvalues
+            method, k = ("lanczos", 1) if probe == "lanczos" else ("power", 3 if probe == "power-k3" else 1)
+            res = top_eigenvalues(op, k=k, method=method, max_iter=8, tol=1e-3)
             out = {"value": res.values[0], "converged": res.converged[0], "iterations": res.iterations}
         elif probe == "slq":
             res = spectral_density(op, num_runs=2, num_steps=4)
