@@ -26,11 +26,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import losslens.geometry as geometry
 from losslens.geometry import HessianOperator, LosslensWarning, ProductErrorWarning, ZeroEmbeddingWarning
 from losslens.geometry.estimators.trace import hutchinson_trace
+from losslens.geometry.memory.model import MemoryBudgetError
 from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.lm.core.next_token_loss import ExcludingLoss, lm_loss
 from losslens.lm.models.curvature import ERROR_TOLERANCE, lm_hessian
 from losslens.lm.models.families import FAMILIES, tiny_model
 from losslens.lm.models.fidelity import float64_fidelity
+from losslens.lm.models.lm_setup import plan_lm_setup
 
 SEQ = 10
 TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3}
@@ -196,3 +198,29 @@ def test_float64_products_of_float32_weights_run_hf_float32_islands_in_float64()
     V = torch.randn(2, op.dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     ref = _kept_token_hvps(copy.deepcopy(model).double(), op.space.names, batches, pad, V)
     assert _relative(op.matmat_flat(V), ref) <= TOLERANCE[torch.float64]
+
+
+def _least_budget(model, batches, compute_dtype) -> int:
+    """The smallest ``max_memory`` (bytes, to 1%) that the set-up's plan accepts, by bisection."""
+    lo, hi = 1, 10**10
+    while hi - lo > hi // 100:
+        mid = (lo + hi) // 2
+        try:
+            plan_lm_setup(model, batches, check=False, max_memory=mid, compute_dtype=compute_dtype)
+            hi = mid
+        except MemoryBudgetError:
+            lo = mid
+    return hi
+
+
+def test_the_set_up_plans_the_graph_floor_in_the_compute_dtype():
+    """The reverse pass's graph floor is planned on the operator the products run on: with
+    ``compute_dtype="float64"`` on float32 weights its graph, gradient and vectors are float64, so the
+    least budget the plan accepts is 1.5–2.2× the float32 one (1.76× here; it was the same: the floor
+    was measured in the weights' dtype, and a float64 run past it was refused only by the estimators)."""
+    model = tiny_model("llama", seed=0, dtype=torch.float32, hidden_size=16, intermediate_size=32)
+    batches = [torch.randint(3, 96, (2, 64), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    f32, f64 = _least_budget(model, batches, None), _least_budget(model, batches, "float64")
+    setup = plan_lm_setup(model, batches, check=False, compute_dtype="float64")
+    assert setup.compute_dtype == torch.float64
+    assert 1.5 * f32 <= f64 <= 2.2 * f32, (f32, f64)

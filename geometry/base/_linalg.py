@@ -15,7 +15,8 @@ ranks. Everything else acts column by column and needs no communication, so an e
 these helpers runs unchanged on one device and on N ranks. Random rows come from
 :func:`rademacher_rows` and :func:`gaussian_rows`, whose streams do not depend on how the columns are
 split: a rank draws the global stream and keeps its columns, so sharded and unsharded runs see the
-same vectors.
+same vectors. Eigenpairs held as rows are ranked by :func:`magnitude_order` (``|λ|``, sign kept) and
+reordered in place by :func:`permute_rows_` (one temporary row).
 """
 
 from __future__ import annotations
@@ -356,3 +357,27 @@ class RowBasis:
             combine_into(out, torch.as_tensor(M[:, start : start + B.shape[0]].copy()), B)
             start += B.shape[0]
         return out
+
+
+def magnitude_order(values) -> np.ndarray:
+    """Indices that rank ``values`` by magnitude, largest first (ties: larger value first), stable."""
+    v = np.asarray(values, dtype=float)
+    return np.lexsort((-v, -np.abs(v)))
+
+
+def permute_rows_(F: torch.Tensor, order: list[int]) -> None:
+    """``F[:] = F[order]`` in place, through one temporary row (cycle by cycle)."""
+    tmp, placed = None, set()
+    for start in range(len(order)):
+        if start in placed or order[start] == start:
+            continue
+        tmp = F[start].clone() if tmp is None else tmp.copy_(F[start])
+        i = start
+        while True:
+            placed.add(i)
+            j = order[i]
+            if j == start:
+                F[i].copy_(tmp)
+                break
+            F[i].copy_(F[j])
+            i = j

@@ -1,7 +1,8 @@
 """The two iterations behind :func:`losslens.geometry.estimators.eigen.top_eigenvalues`: thick-restart
 Lanczos (``_lanczos_topk``, the restart size ``_kept``) and deflated power iteration
-(``_power_topk``), with what they share (the ranking by ``|θ|``, the round-off floor of a residual);
-their seeded Gaussian start vectors are ``losslens.geometry.base._linalg.gaussian_unit``.
+(``_power_topk``), with what they share (the round-off floor of a residual); their ranking by
+``|θ|`` is ``losslens.geometry.base._linalg.magnitude_order``, their seeded Gaussian start vectors
+``losslens.geometry.base._linalg.gaussian_unit``.
 
 Both take an operator already configured by the memory plan and return a :class:`Solve`: the values
 ranked by magnitude (sign kept) and their unit vectors ``[k, dim]``, the true residuals and
@@ -19,7 +20,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from losslens.geometry.base._linalg import RowBasis, gaussian_unit, project_out, residual_norms, row_norms, rowdot
+from losslens.geometry.base._linalg import (
+    RowBasis,
+    gaussian_unit,
+    magnitude_order,
+    permute_rows_,
+    project_out,
+    residual_norms,
+    row_norms,
+    rowdot,
+)
 from losslens.geometry.operators.interface import CurvatureOperator
 
 
@@ -42,8 +52,7 @@ class Solve:
 
 def _select(theta: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest |theta| (ties: larger value first), stable."""
-    order = np.lexsort((-theta, -np.abs(theta)))
-    return order[:k]
+    return magnitude_order(theta)[:k]
 
 
 def _breakdown_eps(op: CurvatureOperator) -> float:
@@ -132,8 +141,7 @@ def _kept(theta: np.ndarray, k: int, m: int) -> int:
     tests/test_estimators_eigen.py (λ_max over a cluster at 0.95–0.99 of it)."""
     if m - 2 < k + 1:
         return min(k + 1, m - 1)
-    order = np.lexsort((-theta, -np.abs(theta)))
-    th = theta[order]
+    th = theta[magnitude_order(theta)]
     best, best_l = -1.0, k + 1
     for ell in range(k + 1, m - 1):
         rest = th[ell:]
@@ -193,26 +201,8 @@ def _power_topk(op, k, tol, max_iter, g):
         vals.append(lam)
         res.append(r)
         conv.append(bool(r <= tol * abs(lam) + eps * scale))
-    order = [int(j) for j in _select(np.asarray(vals), k)]
-    _permute_rows_(F, order)
+    order = [int(j) for j in magnitude_order(vals)]
+    permute_rows_(F, order)
     vals = [vals[i] for i in order]
     floor = eps * max(abs(x) for x in vals)  # the products' round-off of the largest |λ|
     return Solve(vals, F, iters, floor, [res[i] for i in order], [conv[i] for i in order])
-
-
-def _permute_rows_(F: torch.Tensor, order: list[int]) -> None:
-    """``F[:] = F[order]`` in place, through one temporary row (cycle by cycle)."""
-    tmp, placed = None, set()
-    for start in range(len(order)):
-        if start in placed or order[start] == start:
-            continue
-        tmp = F[start].clone() if tmp is None else tmp.copy_(F[start])
-        i = start
-        while True:
-            placed.add(i)
-            j = order[i]
-            if j == start:
-                F[i].copy_(tmp)
-                break
-            F[i].copy_(F[j])
-            i = j

@@ -31,12 +31,11 @@ from __future__ import annotations
 import math
 import time
 
-import numpy as np
 import torch
 
 from losslens.geometry.estimators._checks import check_int, check_op, on_operator_vectors
-from losslens.geometry.estimators._eigen_solvers import Solve, _lanczos_topk, _permute_rows_, _power_topk, _select
-from losslens.geometry.base._linalg import RowBasis, residual_norms, rowdot
+from losslens.geometry.estimators._eigen_solvers import Solve, _lanczos_topk, _power_topk
+from losslens.geometry.base._linalg import RowBasis, magnitude_order, permute_rows_, residual_norms, rowdot
 from losslens.geometry.base.state_store import state_transfer
 from losslens.geometry.memory.model import (
     MemoryEstimate,
@@ -130,6 +129,7 @@ def estimate_memory(
     # with the graphs kept beats a bigger one rebuilt every step
     order = [(m, c) for c in (True, False) for m in big] + [(m, c) for m in small for c in (True, False)]
     options = {s.get("cache_graphs", False): (s, b) for s, b, _ in pass_options(op, 1, steps)}
+    temps = temporaries_bytes(op.dim, op.dtype)
     for m, cache in order:
         if cache not in options:
             continue
@@ -139,7 +139,6 @@ def estimate_memory(
         # while iterating: the basis, one vector (the product, then the next basis vector) and the
         # reductions' temporaries; at the end the k Ritz vectors are formed beside the basis, which
         # is then freed before their k products: the larger phase counts
-        temps = temporaries_bytes(op.dim, op.dtype)
         state = max(basis_here + vec + copied + temps, basis_here + k * vec, 2 * k * vec + temps)
         parts, host = with_basis(
             {
@@ -297,8 +296,8 @@ def _final_pairs(op: CurvatureOperator, solve: Solve, tol: float):
     conv = [bool(r <= tol * abs(v) + solve.floor) for r, v in zip(res, lam)]
     if not refined:
         return values, res, conv, Y, {}
-    order = [int(i) for i in _select(np.asarray(lam), len(lam))]
+    order = [int(i) for i in magnitude_order(lam)]
     if order != list(range(len(lam))):
-        _permute_rows_(Y, order)
+        permute_rows_(Y, order)
     ranked = ([xs[i] for i in order] for xs in (lam, res, conv))
     return *ranked, Y, {"refined": {"ritz_values": list(values), "stencil": "richardson"}}

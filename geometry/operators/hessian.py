@@ -37,7 +37,6 @@ together (:mod:`losslens.geometry.operators.data_parallel`).
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
@@ -271,27 +270,25 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
             else self.parallel.planned_pass_bytes(need, k, self.dim, self.dtype, self.device)
         )
 
-    @contextlib.contextmanager
-    def configured(
-        self, chunk_size: int | None = None, cache_graphs: bool | None = None
-    ) -> Iterator["HessianOperator"]:
-        """Temporarily set ``chunk_size`` / the backend's ``cache_graphs`` (estimators do this to fit
-        their budget; a backend that keeps no graphs ignores it); graphs kept for the block are
-        released at its end."""
+    def _configure(self, chunk_size: int | None, cache_graphs: bool | None) -> Callable[[], None]:
+        """``chunk_size`` / the backend's ``cache_graphs`` for an estimator's block (a backend that keeps
+        no graphs ignores it; :meth:`~losslens.geometry.operators.interface.CurvatureOperator.configured`);
+        the restore releases the graphs kept for the block."""
         backend = self.product_backend
         old = (self.chunk_size, self.cache_graphs, getattr(backend, "cache_graphs", None))
         if chunk_size is not None:
             self.chunk_size = chunk_size
         if cache_graphs is not None and backend.keeps_graphs:
             backend.cache_graphs = bool(cache_graphs)
-        try:
-            yield self
-        finally:
+
+        def restore() -> None:
             if self.cache_graphs and not old[1]:
                 self.release_graphs()
             self.chunk_size = old[0]
             if backend.keeps_graphs:
                 backend.cache_graphs = old[2]
+
+        return restore
 
     def checked(self) -> dict | None:
         """The backend's measured error against an exact reference, measured once

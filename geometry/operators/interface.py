@@ -110,8 +110,19 @@ class CurvatureOperator(abc.ABC):
     def configured(
         self, chunk_size: int | None = None, cache_graphs: bool | None = None
     ) -> Iterator["CurvatureOperator"]:
-        """Temporarily apply an estimator's memory plan (a no-op for operators without knobs)."""
-        yield self
+        """Within the block, the settings of an estimator's memory plan (its ``operator_settings``):
+        ``chunk_size`` (most vectors per pass) and ``cache_graphs`` (keep the gradient graphs between
+        products); the previous settings are back at its end, however it ends. The subclass hook is
+        :meth:`_configure` (default: no knobs, nothing to set)."""
+        restore = self._configure(chunk_size, cache_graphs)
+        try:
+            yield self
+        finally:
+            restore()
+
+    def _configure(self, chunk_size: int | None, cache_graphs: bool | None) -> Callable[[], None]:
+        """Hook: apply the settings given (None: leave it) and return what restores the previous ones."""
+        return lambda: None
 
     @abc.abstractmethod
     def _matmat_flat(self, V: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,10 @@
 from — the one-process operator (:func:`losslens.lm.models.curvature.lm_hessian`) and the FSDP2
 one (:func:`losslens.lm.models.sharding.fsdp_lm_hessian`) alike:
 
-- the compute dtype (:func:`losslens.geometry.operators.precision.compute_dtype_for`: float32 for
-  half-precision weights unless asked otherwise);
+- the parameter selection and the compute dtype (:func:`losslens.geometry.operators.precision.compute_dtype_for`:
+  float32 for half-precision weights unless asked otherwise), by the rules of the operator itself: they
+  are read off the reverse operator of the run's loss built here (no product runs on it), on which the
+  graph floor below is measured;
 - the zero-embedding tokens left out of every loss, found once
   (:mod:`losslens.lm.models.zero_embeddings`), and the losses without them: the exact loss (what the
   second-order check differentiates), the lean head's (:func:`losslens.lm.core.lm_head.lm_loss_lean`)
@@ -35,13 +37,11 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from losslens.geometry.base.params import ParamSpace, select_parameters
 from losslens.geometry.operators.auto import AutoBackend
 from losslens.geometry.operators.data_parallel import DataParallel
 from losslens.geometry.operators.hessian import HessianOperator
 from losslens.geometry.operators.interface import estimator_dtype
 from losslens.geometry.operators.names import DEFAULT_BACKEND, backend_named
-from losslens.geometry.operators.precision import compute_dtype_for
 from losslens.geometry.operators.reverse import ReverseBackend
 from losslens.geometry.operators.setup_plan import plan_setup
 from losslens.lm.core.lm_head import head_transient_bytes, lm_loss_lean
@@ -142,14 +142,20 @@ def plan_lm_setup(
     parallel = data_parallel
     if parallel is not None and parallel is not False and not isinstance(parallel, DataParallel):
         parallel = DataParallel(None if parallel is True else parallel)
-    space = ParamSpace.from_params(select_parameters(model, params))
-    dtype = compute_dtype_for(space.dtype, compute_dtype)
     exclude = tuple(zero_embedding_tokens(model))  # every loss below leaves them out, the check's included
     excluded = exclusion_record(exclude, batches, parallel or None)
     exact_loss = curvature_loss(lm_loss, exclude)
     lean_loss = curvature_loss(lm_loss_lean, exclude) if lean_head else exact_loss
-    difference_loss = FidelityLoss(exact_loss) if dtype == torch.float64 else exact_loss  # a float64-sized step
     head_bytes = head_transient_bytes(model, batches) if lean_head else 0  # the lean head's chunk temporaries
+    transient = head_bytes if loss_transient_bytes is None else loss_transient_bytes
+    # the reverse operator of the run's loss: its parameter selection and compute dtype are every operator's
+    # of the run (decided here once, by the operator's own rules); the graph floor below is measured on it
+    reverse = HessianOperator(
+        model, lean_loss, batches, params=params, loss_transient_bytes=transient, compute_dtype=compute_dtype,
+        data_parallel=parallel or False,
+    )  # fmt: skip
+    space, dtype = reverse.space, reverse.compute_dtype
+    difference_loss = FidelityLoss(exact_loss) if dtype == torch.float64 else exact_loss  # a float64-sized step
     setup = LmSetup(
         model, batches, params, chosen, runs_check, lean_head, dtype, exclude, excluded, exact_loss, lean_loss,
         difference_loss, head_bytes, None,
@@ -158,17 +164,15 @@ def plan_lm_setup(
         setup.bound = {"rel_error": None, "reference": "unavailable: no batch to measure on"}
         if batches:
             setup.bound = setup.bounded_error([batches[0][:2, :32]])
-    probe = None  # the reverse pass's graph, bounded on a short prefix before the whole row is measured
-    if max_memory is not None and isinstance(chosen, ReverseBackend) and batches and data_parallel is None:
-        transient = head_bytes if loss_transient_bytes is None else loss_transient_bytes
-        probe = HessianOperator(model, lean_loss, batches, params=params, loss_transient_bytes=transient)
+    # the reverse pass's graph, bounded on a short prefix before the whole row is measured
+    floor = isinstance(chosen, ReverseBackend) and batches and data_parallel is None
     plan = plan_setup(
         model,
         space.dim,
         space.dtype,
         estimator_dtype(space.dtype),
         max_memory,
-        graph_probe=probe,
+        graph_probe=reverse if floor else None,
         check=functools.partial(check_precision, model, build=setup.miniature) if runs_check else None,
         check_optional=auto,  # backend="auto": unchecked, then its exact pass is refused if chosen
     )
