@@ -38,7 +38,7 @@ def _exact_plan(model, batch, budget: str, probes: int) -> dict:
     from losslens.geometry import HessianOperator
     from losslens.geometry.estimators.trace import estimate_memory
     from losslens.geometry.memory.graphs import one_row
-    from losslens.geometry.memory.model import MemoryBudgetError
+    from losslens.geometry.memory.budget import MemoryBudgetError
     from losslens.lm.core.next_token_loss import lm_loss
 
     s = batch.shape[1]

@@ -88,7 +88,7 @@ def measure(shape: str, dtype: str, command: str, budget: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from losslens.geometry.memory.sizes import parse_size
+    from losslens.geometry.memory.budget import parse_size
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="pythia-14m,pythia-70m,pythia-160m")

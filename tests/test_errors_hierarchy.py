@@ -67,7 +67,7 @@ def test_the_walk_finds_the_error_classes_of_every_room():
         "losslens.measure.explain.direction.ExplainError",
         "losslens.measure.explain.blocks.BlockError",
         "losslens.lm.core.distributed.DistributedError",
-        "losslens.geometry.memory.model.MemoryBudgetError",
+        "losslens.geometry.memory.budget.MemoryBudgetError",
         "losslens.geometry.surfaces.planes.PlaneError",
         "losslens.study.sweep.lock.StoreLockedError",
         "losslens.lm.checkpoints.errors.MissingWeightsError",
@@ -85,7 +85,7 @@ def test_every_exception_class_of_geometry_and_probes_is_a_losslens_error():
 
 
 def test_the_specific_classes_keep_their_builtin_bases():
-    from losslens.geometry.memory.model import MemoryBudgetError
+    from losslens.geometry.memory.budget import MemoryBudgetError
     from losslens.lm.checkpoints.errors import CheckpointError, MissingWeightsError
     from losslens.lm.models.sharding import ShardingError
 

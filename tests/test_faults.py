@@ -401,7 +401,7 @@ def test_debug_shows_the_traceback_and_internal_errors_say_so(pristine, monkeypa
     def bug(*a, **k):
         return 1 / 0
 
-    monkeypatch.setattr(sharp_mod, "sharpness", bug)
+    monkeypatch.setattr(sharp_mod, "measure_sharpness", bug)
     r = _cli("sharpness", pristine)
     assert r.exit_code == 70 and "Traceback" not in r.output
     (line,) = _error_lines(r.output)

@@ -17,7 +17,8 @@ from losslens.geometry.memory.graphs import peak_new_bytes
 from losslens.geometry.operators.hessian import HessianOperator
 from losslens.geometry.operators.reverse import ReverseBackend
 from losslens.geometry.operators.interface import CurvatureOperator
-from losslens.geometry.memory.model import MemoryBudgetError, format_bytes, parse_bytes, temporaries_bytes, vector_bytes
+from losslens.geometry.memory.model import temporaries_bytes, vector_bytes
+from losslens.geometry.memory.budget import MemoryBudgetError, format_bytes, parse_bytes
 from losslens.geometry.estimators.trace import estimate_memory, hutchinson_trace, hutchpp_trace
 from tests.tiny_models import lm_loss, micro_gptneox, random_batches, sym_with_spectrum
 
@@ -209,7 +210,7 @@ def test_a_bfloat16_basis_halves_the_basis_memory_at_a_stated_accuracy():
 
 
 def test_the_default_budget_is_a_fraction_of_total_memory_and_can_be_shared(monkeypatch):
-    from losslens.geometry.memory.model import CPU_FRACTION, MEMORY_FRACTION_ENV, default_budget, total_bytes
+    from losslens.geometry.memory.budget import CPU_FRACTION, MEMORY_FRACTION_ENV, default_budget, total_bytes
 
     monkeypatch.delenv(MEMORY_FRACTION_ENV, raising=False)
     total = total_bytes("cpu")

@@ -9,8 +9,9 @@ import json
 import pytest
 import torch
 
-import losslens.geometry.memory.model as mm
-from losslens.geometry.memory.model import MEMORY_FRACTION_ENV, default_budget, identity_settings, total_bytes
+import losslens.geometry.memory.budget as budget
+from losslens.geometry.memory.model import NEUTRAL_SETTINGS, identity_settings
+from losslens.geometry.memory.budget import MEMORY_FRACTION_ENV, default_budget, total_bytes
 from losslens.study.analysis.inputs import AnalysisError
 from losslens.study.analysis.series import series
 from losslens.lm.models.curvature import lm_hessian
@@ -28,7 +29,7 @@ def traj(tmp_path_factory):
 
 def _free(monkeypatch, nbytes: int) -> None:
     """Pretend the host has ``nbytes`` of RAM available right now."""
-    monkeypatch.setattr(mm, "_host_available", lambda: int(nbytes))
+    monkeypatch.setattr(budget, "_host_available", lambda: int(nbytes))
 
 
 def test_the_default_budget_does_not_follow_free_memory(monkeypatch):
@@ -36,7 +37,7 @@ def test_the_default_budget_does_not_follow_free_memory(monkeypatch):
     _free(monkeypatch, 2**30)
     low = default_budget("cpu")
     _free(monkeypatch, 16 * 2**30)
-    assert default_budget("cpu") == low == int(mm.CPU_FRACTION * total_bytes("cpu"))
+    assert default_budget("cpu") == low == int(budget.CPU_FRACTION * total_bytes("cpu"))
     monkeypatch.setenv(MEMORY_FRACTION_ENV, "0.05")
     assert default_budget("cpu") == int(0.05 * total_bytes("cpu"))
 
@@ -108,6 +109,6 @@ def test_keeping_graphs_between_products_does_not_change_the_numbers():
     with op.configured(cache_graphs=True):
         kept = torch.cat([op.matmat_flat(V[:1]), op.matmat_flat(V[1:])])
     assert torch.equal(plain, kept)
-    assert mm.NEUTRAL_SETTINGS == {"cache_graphs"}
+    assert NEUTRAL_SETTINGS == {"cache_graphs"}
     assert identity_settings({"settings": {"cache_graphs": True, "block_size": 2}}) == {"block_size": 2}
     assert identity_settings(None) == {} and identity_settings({}) == {}

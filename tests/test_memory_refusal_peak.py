@@ -34,7 +34,7 @@ def status(key):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
 from losslens.geometry.estimators.trace import estimate_memory as trace_memory
-from losslens.geometry.memory.model import MemoryBudgetError
+from losslens.geometry.memory.budget import MemoryBudgetError
 from losslens.measure.explain.explanation import explain_specs
 from losslens.lm.models.curvature import lm_hessian
 case, dtype, budget = sys.argv[1], getattr(torch, sys.argv[2]), sys.argv[3]

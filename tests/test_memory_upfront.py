@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losslens.geometry.memory.model import MemoryBudgetError
+from losslens.geometry.memory.budget import MemoryBudgetError
 from losslens.geometry.surfaces.moving import estimate_memory, forward_bytes, planned_forward_bytes
 from losslens.geometry.surfaces.random_planes import random_plane
 from losslens.geometry.surfaces.surface import evaluate_surface

@@ -26,7 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import losslens.geometry as geometry
 from losslens.geometry import HessianOperator, LosslensWarning, ProductErrorWarning, ZeroEmbeddingWarning
 from losslens.geometry.estimators.trace import hutchinson_trace
-from losslens.geometry.memory.model import MemoryBudgetError
+from losslens.geometry.memory.budget import MemoryBudgetError
 from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.lm.core.next_token_loss import ExcludingLoss, lm_loss
 from losslens.lm.models.curvature import ERROR_TOLERANCE, lm_hessian

@@ -1,6 +1,6 @@
 """Strict sizes (issue #36): one parser for every size a user writes (--max-memory, a plan's
-max_memory), losslens.geometry.memory.sizes.parse_size behind losslens.geometry.memory.model.parse_bytes. A bad size is
-one line, exit 2, saying what was read and what is accepted; a good one parses to its exact bytes."""
+max_memory), losslens.geometry.memory.budget.parse_size behind its parse_bytes. A bad size is one line,
+exit 2, saying what was read and what is accepted; a good one parses to its exact bytes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from losslens.geometry.memory.model import MemoryBudgetError, _room, parse_bytes
-from losslens.geometry.memory.sizes import MIN_SIZE, SizeError, parse_size
+from losslens.geometry.memory.budget import MemoryBudgetError, _room, parse_bytes
+from losslens.geometry.memory.budget import MIN_SIZE, SizeError, parse_size
 from losslens.cli.app import app
 
 RAM = _room("cpu")[0]

@@ -144,13 +144,13 @@ def test_the_default_worker_count(monkeypatch):
 
 
 def test_workers_whose_models_exceed_the_memory_are_refused_or_lowered(traj, tmp_path, monkeypatch):
-    import losslens.geometry.memory.model
+    import losslens.geometry.memory.budget
     from losslens.lm.checkpoints import Trajectory, load_model
     from losslens.lm.checkpoints.files import weights_bytes
 
     size = weights_bytes(Trajectory.from_folder(traj)[0])
     assert size == 4 * sum(p.numel() for p in load_model(traj / "step-000100").parameters())  # float32, from the header
-    monkeypatch.setattr(losslens.geometry.memory.model, "available_bytes", lambda device: int(2.5 * size))
+    monkeypatch.setattr(losslens.geometry.memory.budget, "available_bytes", lambda device: int(2.5 * size))
     plan = tiny_plan_toml(tmp_path / "p.toml", traj, probes="loss = true\n")
     out = tmp_path / "r.sqlite"
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from losslens.geometry.memory.model import MemoryBudgetError
+from losslens.geometry.memory.budget import MemoryBudgetError
 from losslens.geometry.surfaces.sources import DictSource, MeanSource
 from losslens.geometry.surfaces.trajectory_axes import TrajectoryPCAError
 from losslens.geometry.surfaces.trajectory_pca import trajectory_pca

@@ -28,12 +28,12 @@ from losslens.geometry.memory.model import (
     choose,
     state_budget,
     pass_options,
-    resolve_budget,
     TEMPORARIES_PART,
     temporaries_bytes,
     vector_bytes,
     with_basis,
 )
+from losslens.geometry.memory.budget import resolve_budget
 from losslens.geometry.operators.interface import CurvatureOperator
 from losslens.geometry.base.results import EstimatorError, SpectralDensity
 from losslens.geometry.estimators.sampling import rademacher
@@ -58,7 +58,7 @@ def estimate_memory(
     """The memory plan :func:`spectral_density` would run with: how many runs go in lock-step and
     whether they keep their bases (``reorth="full"``) or not (``"none"``). Full
     re-orthogonalisation is preferred; ``"auto"`` falls back to ``"none"`` only when not even one
-    run's basis fits. Raises :class:`~losslens.geometry.memory.model.MemoryBudgetError` when nothing fits."""
+    run's basis fits. Raises :class:`~losslens.geometry.memory.budget.MemoryBudgetError` when nothing fits."""
     if reorth not in ("auto", "full", "none"):
         raise EstimatorError(f"reorth must be 'auto', 'full' or 'none', got {reorth!r}")
     budget = resolve_budget(op.max_memory if max_memory is None else max_memory, op.device)
@@ -132,7 +132,7 @@ def spectral_density(
             PyHessian's kernel width (its "sigma_squared" = 1e-5 · max(1, span)) unless that is
             narrower than the grid can resolve. The grid spans [min node − 4σ, max node + 4σ].
         max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
-            :func:`losslens.geometry.memory.model.default_budget`).
+            :func:`losslens.geometry.memory.budget.default_budget`).
         reorth: ``"full"`` (each run keeps its Lanczos basis; as PyHessian), ``"none"`` (three-term
             recurrence, 3 vectors per run; see ``geometry/estimators/_lanczos.py`` for its accuracy cost) or
             ``"auto"`` (full when at least one run's basis fits, with as many runs in lock-step as

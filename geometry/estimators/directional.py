@@ -18,10 +18,10 @@ from losslens.geometry.memory.model import (
     TEMPORARIES_PART,
     MemoryEstimate,
     first_fitting,
-    resolve_budget,
     temporaries_bytes,
     vector_bytes,
 )
+from losslens.geometry.memory.budget import resolve_budget
 from losslens.geometry.operators.interface import CurvatureOperator
 from losslens.geometry.base.results import DirectionalCurvature, EstimatorError
 

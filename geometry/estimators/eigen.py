@@ -42,13 +42,13 @@ from losslens.geometry.memory.model import (
     basis_storage,
     first_fitting,
     pass_options,
-    resolve_budget,
     state_budget,
     TEMPORARIES_PART,
     temporaries_bytes,
     vector_bytes,
     with_basis,
 )
+from losslens.geometry.memory.budget import resolve_budget
 from losslens.geometry.operators.interface import CurvatureOperator
 from losslens.geometry.base.results import EigenResult, EstimatorError
 
@@ -81,7 +81,7 @@ def estimate_memory(
     basis_dtype: torch.dtype | None = None,
 ) -> MemoryEstimate:
     """The memory plan :func:`top_eigenvalues` would run with, without running it (raises
-    :class:`~losslens.geometry.memory.model.MemoryBudgetError` when nothing fits; the operator is
+    :class:`~losslens.geometry.memory.budget.MemoryBudgetError` when nothing fits; the operator is
     checked first)."""
     check_op(op)
     if k > op.dim:
@@ -214,7 +214,7 @@ def top_eigenvalues(
         max_iter: Lanczos steps, or power iterations per eigenvalue, ≥ 1.
         seed: seed of the random start vector(s).
         max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
-            :func:`losslens.geometry.memory.model.default_budget`); see the module docstring.
+            :func:`losslens.geometry.memory.budget.default_budget`); see the module docstring.
         max_basis: Lanczos basis size, ≥ k + 2 (default: the steps wanted, or what fits; see the
             module docstring). Accuracy cost of a small basis: none at convergence, but more steps:
             k = 1 on a top eigenvalue over a cluster at 0.95–0.99 of it took ≤ 1.8× (basis 6) and

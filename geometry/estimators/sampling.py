@@ -25,11 +25,11 @@ from losslens.geometry.memory.model import (
     MemoryEstimate,
     choose,
     pass_options,
-    resolve_budget,
     TEMPORARIES_PART,
     temporaries_bytes,
     vector_bytes,
 )
+from losslens.geometry.memory.budget import resolve_budget
 from losslens.geometry.operators.interface import CurvatureOperator
 from losslens.geometry.base.results import EstimatorError
 

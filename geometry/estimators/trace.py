@@ -45,13 +45,13 @@ from losslens.geometry.memory.model import (
     basis_storage,
     choose,
     pass_options,
-    resolve_budget,
     state_budget,
     TEMPORARIES_PART,
     temporaries_bytes,
     vector_bytes,
     with_basis,
 )
+from losslens.geometry.memory.budget import resolve_budget
 from losslens.geometry.operators.interface import CurvatureOperator
 from losslens.geometry.base.results import EstimatorError, TraceEstimate
 
@@ -70,7 +70,7 @@ def estimate_memory(
     """The memory plan :func:`hutchinson_trace` / :func:`hutchpp_trace` /
     :func:`~losslens.geometry.estimators.blocks.block_traces` would run with (``method`` ``"hutchinson"``,
     ``"hutch++"`` or ``"blocks"``), without running it. Raises
-    :class:`~losslens.geometry.memory.model.MemoryBudgetError` when nothing fits."""
+    :class:`~losslens.geometry.memory.budget.MemoryBudgetError` when nothing fits."""
     if method == "hutch++":
         return _plan_hutchpp(op, num_matvecs, max_memory, basis_device, basis_dtype)
     if method in ("hutchinson", "blocks"):
@@ -130,7 +130,7 @@ def hutchinson_trace(
         block_size: probes per ``matmat`` call (default: the fastest of 16, 8, 4, 2, 1 that fits
             ``max_memory``). Memory: ``2 · block_size · dim`` numbers plus one operator pass.
         max_memory: bytes (or ``"8GB"``) the call may allocate; default ``op.max_memory`` or
-            :func:`losslens.geometry.memory.model.default_budget`.
+            :func:`losslens.geometry.memory.budget.default_budget`.
 
     Returns:
         :class:`TraceEstimate` with ``stderr = std(samples, ddof=1)/√m`` and a 95% Student-t
@@ -263,7 +263,7 @@ def hutchpp_trace(
     Args:
         op: any curvature operator; num_matvecs: budget m ≥ 3; seed: seed of S and G;
         max_memory: bytes (or ``"8GB"``) the call may allocate (default ``op.max_memory`` or
-            :func:`losslens.geometry.memory.model.default_budget`).
+            :func:`losslens.geometry.memory.budget.default_budget`).
         basis_device: ``"cpu"`` keeps the sketch basis in host RAM (pinned) when the operator is on a
             GPU, ``"disk"`` on local disk, memory-mapped (:mod:`losslens.geometry.base.state_store`);
             no accuracy cost; projections stream it chunk by chunk (the plan's ``transfer``).

@@ -1,4 +1,4 @@
-"""The memory model and budget of the curvature estimators.
+"""The memory model of the curvature estimators: their plans, held against a budget.
 
 Every estimator in losslens states its peak memory as a formula and checks it before it starts:
 
@@ -9,194 +9,36 @@ Every estimator in losslens states its peak memory as a formula and checks it be
                     kept, plus the second backward's transient: ``HessianOperator.pass_bytes``)
 
 ``max_memory`` is the number of bytes an estimator may add on top of what is resident. It is an int (bytes), a
-size string such as ``"8GB"``/``"512MiB"`` (:mod:`losslens.geometry.memory.sizes`: a unit, 1 MB up to the
-device's memory), or None for :func:`default_budget`: a fixed fraction of the device's *total* memory (host
-RAM, or the GPU's memory less what this process's tensors hold), never of what happens to be free at call
-time, so the same machine and settings give the same plan and the same numbers. Estimators pick the largest
+size string such as ``"8GB"``/``"512MiB"`` (a unit, 1 MB up to the device's memory), or None for the default
+budget: a fixed fraction of the device's *total* memory (host RAM, or the GPU's memory less what this
+process's tensors hold), never of what happens to be free at call time, so the same machine and settings give
+the same plan and the same numbers (:mod:`losslens.geometry.memory.budget`). Estimators pick the largest
 fitting setting (block size, Hutch++ sketch, Lanczos basis, graph cache) and record it in their result
 (``memory`` field; sweeps make the numerically relevant ones part of a row's identity,
-:func:`identity_settings`); when even the smallest setting does not fit they raise :class:`MemoryBudgetError`
+:func:`identity_settings`); when even the smallest setting does not fit they raise
+:class:`~losslens.geometry.memory.budget.MemoryBudgetError`
 before any work, with the bytes needed, the bytes available and what would fit.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from losslens.geometry.base._linalg import CHUNK
-from losslens.geometry.base.results import EstimatorError
 from losslens.geometry.base.state_store import DISK, disk_free_bytes
-from losslens.geometry.memory.sizes import SizeError, parse_size
+from losslens.geometry.memory.budget import MemoryBudgetError, default_budget, format_bytes
 
 __all__ = [
-    "MemoryBudgetError",
     "MemoryEstimate",
-    "available_bytes",
-    "total_bytes",
-    "default_budget",
-    "parse_bytes",
-    "resolve_budget",
     "identity_settings",
-    "format_bytes",
     "vector_bytes",
     "temporaries_bytes",
     "chunk_temporaries",
     "TEMPORARIES_PART",
-    "CPU_FRACTION",
-    "CUDA_FRACTION",
 ]
-
-#: Fraction of the total memory an estimator takes by default. CPU RAM is shared with the OS, other
-#: processes and the model itself, so a third; a GPU's memory (less this process's tensors) is ours.
-CPU_FRACTION = 1 / 3
-#: The same for a GPU, whose free memory is ours.
-CUDA_FRACTION = 0.8
-#: Environment variable overriding the default fraction (of total host RAM or GPU memory). Worker
-#: processes that share one machine get ``CPU_FRACTION / N`` each (losslens.lm.core.workers).
-MEMORY_FRACTION_ENV = "LOSSLENS_MEMORY_FRACTION"
-
-
-class MemoryBudgetError(EstimatorError):
-    """A curvature plan cannot fit in its memory budget (raised before any work is done)."""
-
-
-def format_bytes(n: float) -> str:
-    """``1.5e9`` -> ``"1.50 GB"`` (decimal units, as ``--max-memory`` takes them)."""
-    n = float(n)
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
-
-
-def parse_bytes(value: Any, device: torch.device | str | None = None) -> int:
-    """Bytes of a size string (:func:`losslens.geometry.memory.sizes.parse_size`, at most the memory of ``device``)
-    or an int of bytes; :class:`MemoryBudgetError` otherwise."""
-    limits = _room(device) if isinstance(value, str) else ()  # a size string may not exceed the device's memory
-    try:
-        return parse_size(value, *limits)
-    except SizeError as exc:
-        raise MemoryBudgetError(str(exc)) from exc
-
-
-def _room(device: torch.device | str | None) -> tuple[int, str]:
-    """(bytes, what) no size may exceed: a CUDA device's memory, else the host's RAM; None: the larger
-    of the RAM and each GPU's memory."""
-    dev = None if device is None else torch.device(device)
-    if dev is not None and dev.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(dev).total_memory, f"the memory of {dev}"
-    rooms = [(_host_total(), "this machine's RAM")]
-    if dev is None and torch.cuda.is_available():
-        rooms += [
-            (torch.cuda.get_device_properties(i).total_memory, f"the memory of cuda:{i}")
-            for i in range(torch.cuda.device_count())
-        ]
-    return max(rooms)
-
-
-def _cgroup_limit() -> int | None:
-    """A cgroup-v2 memory limit (containers) in bytes, or None without one."""
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
-        return None if limit == "max" else int(limit)
-    except (OSError, ValueError):
-        return None
-
-
-def _cgroup_free() -> int | None:
-    """Bytes left under a cgroup-v2 memory limit (containers), or None without a limit."""
-    limit = _cgroup_limit()
-    if limit is None:
-        return None
-    try:
-        with open("/sys/fs/cgroup/memory.current") as f:
-            used = int(f.read().strip())
-        return max(0, limit - used)
-    except (OSError, ValueError):
-        return None
-
-
-def _host_memory(meminfo_key: str, sysconf_pages: str, cgroup_cap: int | None) -> int:
-    """Bytes of the Linux ``/proc/meminfo`` entry ``meminfo_key`` (elsewhere ``sysconf_pages`` ×
-    the page size, else 8 GiB), capped by ``cgroup_cap`` when there is one."""
-    value = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith(meminfo_key + ":"):
-                    value = int(line.split()[1]) * 1024
-                    break
-    except OSError:
-        pass
-    if value is None:
-        try:
-            value = os.sysconf(sysconf_pages) * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            value = 8 * 2**30
-    return min(value, cgroup_cap) if cgroup_cap is not None else value
-
-
-def _host_total() -> int:
-    """Bytes of physical RAM (Linux ``MemTotal``), capped by a cgroup limit."""
-    return _host_memory("MemTotal", "SC_PHYS_PAGES", _cgroup_limit())
-
-
-def _host_available() -> int:
-    """Bytes of RAM available to new allocations (MemAvailable, capped by what a cgroup limit leaves)."""
-    return _host_memory("MemAvailable", "SC_AVPHYS_PAGES", _cgroup_free())
-
-
-def available_bytes(device: torch.device | str) -> int:
-    """Bytes free for new tensors on ``device`` now: CUDA free memory plus what torch's caching
-    allocator holds unused; host RAM available (Linux ``MemAvailable``, cgroup limits respected)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return int(free + max(0, cached))
-    return int(_host_available())
-
-
-def total_bytes(device: torch.device | str) -> int:
-    """Bytes of memory ``device`` has for this process's new tensors, independent of what other
-    processes use: a GPU's total memory less what this process's tensors hold now (the model,
-    the data); host RAM: the physical total (a cgroup limit when lower)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        _free, total = torch.cuda.mem_get_info(device)
-        return int(max(0, total - torch.cuda.memory_allocated(device)))
-    return int(_host_total())
-
-
-def default_budget(device: torch.device | str) -> int:
-    """The default ``max_memory``: :data:`CUDA_FRACTION` of :func:`total_bytes` on a GPU,
-    :data:`CPU_FRACTION` of the host's total RAM on a CPU; ``$LOSSLENS_MEMORY_FRACTION`` overrides
-    the fraction (set for worker processes that share the machine). It does not depend on how much
-    memory happens to be free when an estimator starts, so its choices (sketch size, basis) and
-    numbers do not either; a plan larger than what is free then fails or swaps rather than
-    silently changing the result (pass a smaller ``max_memory`` on a busy machine)."""
-    device = torch.device(device)
-    frac = CUDA_FRACTION if device.type == "cuda" else CPU_FRACTION
-    env = os.environ.get(MEMORY_FRACTION_ENV, "").strip()
-    if env:
-        try:
-            frac = float(env)
-        except ValueError:
-            raise MemoryBudgetError(f"{MEMORY_FRACTION_ENV} must be a fraction such as 0.25, got {env!r}") from None
-        if not 0 < frac <= 1:
-            raise MemoryBudgetError(f"{MEMORY_FRACTION_ENV} must be in (0, 1], got {env!r}")
-    return int(frac * total_bytes(device))
-
-
-def resolve_budget(max_memory: Any, device: torch.device | str) -> int:
-    """``max_memory`` (None, bytes or a size string) as bytes; None gives :func:`default_budget`."""
-    return default_budget(device) if max_memory is None else parse_bytes(max_memory, device)
-
 
 #: float64 chunk temporaries (``CHUNK`` numbers each) alive at once in the reductions of losslens.geometry.base._linalg
 #: for vectors narrower than float64, measured with peak_new_bytes on diagonal operators (tests/test_memory_budget.py):

@@ -58,7 +58,7 @@ class AutoBackend:
         else the difference backend when its pass fits and its measured error is ≤ ``tolerance``
         (with that measurement), else :class:`OperatorError` (one line); the reverse backend when
         neither pass fits (the estimators then refuse with the bytes needed)."""
-        from losslens.geometry.memory.model import format_bytes, resolve_budget
+        from losslens.geometry.memory.budget import format_bytes, resolve_budget
 
         budget = resolve_budget(op.max_memory, op.device)
         state = 3 * op.dim * op.dtype.itemsize

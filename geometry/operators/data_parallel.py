@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from losslens.geometry.base.batches import raw_batch_weights
-from losslens.geometry.memory.model import default_budget
+from losslens.geometry.memory.budget import default_budget
 from losslens.geometry.operators.interface import OperatorError
 
 

@@ -93,7 +93,7 @@ class HessianOperator(ParamDictProducts, CurvatureOperator):
             or ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"``. The weights stay stored
             in their dtype; a different compute dtype runs on copies made for each call.
         max_memory: default memory budget of the estimators run on this operator (bytes or
-            ``"8GB"``; None: :func:`losslens.geometry.memory.model.default_budget` at each estimator call).
+            ``"8GB"``; None: :func:`losslens.geometry.memory.budget.default_budget` at each estimator call).
         loss_transient_bytes: bytes ``loss_fn`` allocates for a moment beyond what autograd saves,
             whatever the batch size (e.g. the chunk temporaries of the lean LM head,
             ``losslens.lm.core.lm_head.head_transient_bytes``); added to every pass of the memory model.

@@ -75,7 +75,7 @@ class CurvatureOperator(abc.ABC):
     num_matvecs: int = 0
     #: called with k after every product of k vectors (a progress display's ``update``; None: nothing)
     on_products: Callable[[int], Any] | None = None
-    #: default memory budget of estimators on this operator (None: losslens.geometry.memory.model.default_budget)
+    #: default memory budget of estimators on this operator (None: losslens.geometry.memory.budget.default_budget)
     max_memory: int | str | None = None
 
     @property

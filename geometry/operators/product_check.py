@@ -87,7 +87,7 @@ def measure(op: Any, backend: Any, num_vectors: int = 2, seed: int = 0) -> dict:
     }
     diff = op.sibling(batches, type(backend)(backend.h, backend.richardson))  # its step and stencil, no check
     try:
-        from losslens.geometry.memory.model import format_bytes, resolve_budget
+        from losslens.geometry.memory.budget import format_bytes, resolve_budget
 
         reference = op.sibling(batches, ReverseBackend())
         need = check_bytes(op, diff.pass_bytes(1), reference.pass_bytes(1, cached=False))

@@ -14,7 +14,7 @@ first, from what is known without running anything:
   difference backend's kept θ and its gradient) plus three vectors in the vector dtype, plus the
   loss's own temporaries. Every estimator's smallest plan is at least this, so refusing when it
   exceeds the budget never refuses a run that would have been accepted;
-- :func:`plan_setup`: that refusal (:class:`~losslens.geometry.memory.model.MemoryBudgetError`, one line:
+- :func:`plan_setup`: that refusal (:class:`~losslens.geometry.memory.budget.MemoryBudgetError`, one line:
   the bytes needed and available, what to change: :func:`refusal`), then the two below in order of
   cost: the graph floor and the caller's sizing of the second-order check
   (:func:`losslens.lm.models.lm_setup.plan_lm_setup` passes
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from losslens.geometry.memory.graphs import pass_bytes, saved_graph_bytes
-from losslens.geometry.memory.model import MemoryBudgetError, format_bytes, resolve_budget
+from losslens.geometry.memory.budget import MemoryBudgetError, format_bytes, resolve_budget
 
 __all__ = ["SetupPlan", "setup_floor", "plan_setup", "check_graph_floor", "refusal", "PREFIX"]
 
@@ -91,7 +91,7 @@ def plan_setup(
     in the order of cost: :func:`setup_floor` over ``max_memory`` (arithmetic); with ``graph_probe``
     (a reverse-backend operator of the run's loss and batches) :func:`check_graph_floor` (two gradients
     of one short row); with ``check`` (``check(budget) -> precision``: the caller's second-order check
-    sizing, raising :class:`~losslens.geometry.memory.model.MemoryBudgetError` when it cannot fit; run
+    sizing, raising :class:`~losslens.geometry.memory.budget.MemoryBudgetError` when it cannot fit; run
     only when the steps before fit) its answer, recorded as ``check`` (``check_refused``, not raised,
     when ``check_optional``). ``max_memory=None``: nothing is refused and nothing measured, the set-up is as
     before (estimators may still be given their own budget). Returns a :class:`SetupPlan`."""
@@ -138,6 +138,8 @@ def check_graph_floor(op: Any, plan: SetupPlan) -> None:
         return
     rows, tokens = batch.shape
     index = next(i for i, b in enumerate(op.batches) if b is batch)
+    grad = op.dim * op.param_dtype.itemsize  # the pass's parts that need no measurement
+    transient = op.loss_transient_bytes + converted_bytes(op, 1, 1, False)
     saved = []
     with op.call_context(ReverseBackend()) as params:
         for t in (PREFIX, 2 * PREFIX):
@@ -150,8 +152,6 @@ def check_graph_floor(op: Any, plan: SetupPlan) -> None:
             saved.append(saved_graph_bytes(op.model, build))
     slope = max(0, saved[1] - saved[0]) / PREFIX
     row = saved[1] + slope * (tokens - 2 * PREFIX)
-    grad = op.dim * op.param_dtype.itemsize
-    transient = op.loss_transient_bytes + converted_bytes(op, 1, 1, False)
     need = pass_bytes([int(rows * row) + grad], grad, False, 1, 1, False, transient)
     need += STATE_VECTORS * op.dim * op.dtype.itemsize
     if need > plan.budget:

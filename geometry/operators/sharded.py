@@ -168,7 +168,7 @@ class ShardedHessianOperator(CurvatureOperator):
         self.rounds = self.parallel.max_int(len(self.batches), self._device)
         self.max_memory = max_memory
         if max_memory is None:
-            from losslens.geometry.memory.model import default_budget
+            from losslens.geometry.memory.budget import default_budget
 
             self.max_memory = self.parallel.min_int(default_budget(self._device), self._device)
         self.product_backend = DifferenceBackend(difference_step, richardson)

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from losslens.geometry.memory.graphs import first_rows, one_row, peak_new_bytes
-from losslens.geometry.memory.model import MemoryEstimate, first_fitting, resolve_budget
+from losslens.geometry.memory.model import MemoryEstimate, first_fitting
+from losslens.geometry.memory.budget import resolve_budget
 from losslens.geometry.base.modes import module_modes
 from losslens.geometry.base.params import ParamGlobs, iter_names
 from losslens.geometry.surfaces.planes import Plane
@@ -81,7 +82,7 @@ def estimate_memory(
     from the model's (3 dicts), ``points_per_forward`` stacked copies when vmapping several
     points (> 1), and ``forward``: the peak bytes of one evaluation's forwards (of all its
     points, measured: :func:`forward_bytes` or :func:`~losslens.geometry.memory.graphs.peak_new_bytes`; 0
-    leaves it out). Raises :class:`~losslens.geometry.memory.model.MemoryBudgetError` when over
+    leaves it out). Raises :class:`~losslens.geometry.memory.budget.MemoryBudgetError` when over
     ``max_memory``."""
     targets = dict(model.named_parameters(remove_duplicate=False))
     targets.update(dict(model.named_buffers(remove_duplicate=False)))

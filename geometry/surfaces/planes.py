@@ -26,7 +26,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from losslens.geometry.base.jsonable import jsonable
-from losslens.geometry.memory.model import MemoryEstimate, first_fitting, resolve_budget
+from losslens.geometry.memory.model import MemoryEstimate, first_fitting
+from losslens.geometry.memory.budget import resolve_budget
 from losslens.geometry.base.errors import LosslensError
 
 Params = Mapping[str, torch.Tensor]
@@ -191,8 +192,8 @@ def estimate_memory(A: Params, max_memory=None, kind: str = "points") -> MemoryE
     """Memory of building a plane (``kind`` ``"points"``/``"random"``) or line (``"line"``) from
     points like ``A``: the result holds the origin and one direction per axis in A's dtypes
     (3 model-size dicts for a plane, 2 for a line); temporaries are float64 copies of one tensor at
-    a time (three of the largest). Raises :class:`~losslens.geometry.memory.model.MemoryBudgetError` when over
-    ``max_memory`` (default: :func:`losslens.geometry.memory.model.default_budget` of A's device)."""
+    a time (three of the largest). Raises :class:`~losslens.geometry.memory.budget.MemoryBudgetError` when over
+    ``max_memory`` (default: :func:`losslens.geometry.memory.budget.default_budget` of A's device)."""
     keys = [k for k, t in A.items() if torch.is_floating_point(t)]
     if not keys:
         raise PlaneError("the point has no floating-point parameters")

@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from losslens.geometry.base.params import ParamGlobs, iter_names
-from losslens.geometry.memory.model import MemoryEstimate, first_fitting, resolve_budget
+from losslens.geometry.memory.model import MemoryEstimate, first_fitting
+from losslens.geometry.memory.budget import resolve_budget
 from losslens.geometry.surfaces.random_planes import _filter_normalize_
 from losslens.geometry.surfaces.sources import PointSource, as_rows, as_source, chunk_rows, row_count
 from losslens.geometry.surfaces.trajectory_axes import CHUNK_ELEMENTS, TrajectoryPCA, TrajectoryPCAError, _check_same
@@ -61,7 +62,7 @@ def estimate_memory(
     the centre and ``k`` axes (float32, or the checkpoints' dtype when wider), G and U (N² float64
     each), three float64 ``[N, chunk]`` slice matrices, and ``held_bytes`` that sources hold whole
     (a source's ``held_bytes`` attribute, e.g. torch-file checkpoints). Raises
-    :class:`~losslens.geometry.memory.model.MemoryBudgetError` when over ``max_memory`` (default: the host's
+    :class:`~losslens.geometry.memory.budget.MemoryBudgetError` when over ``max_memory`` (default: the host's
     default budget)."""
     vec = sum(int(np.prod(s)) * _storage_dtype(dtypes[n]).itemsize for n, s in shapes.items())
     chunk = max(min(chunk_elements, max(int(np.prod(s)) if s else 1, 1)) for s in shapes.values())

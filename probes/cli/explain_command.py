@@ -155,12 +155,12 @@ def explain(
     text = json.dumps(explain_payload(result), indent=1)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    warn_flagged(result["error_warning"])
     if json_out:
         typer.echo(text)
     else:
         _print(result)
         typer.echo(f"wrote {out}")
+    warn_flagged(result["error_warning"])  # after the result: the last line the user reads
     exit_if_strict(errors, result["error_warning"])
 
 

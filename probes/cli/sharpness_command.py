@@ -61,12 +61,12 @@ def sharpness(
 ) -> None:
     """Sharpness of one checkpoint: Hessian trace (95% CI), top eigenvalue(s), HVPs, timing, memory plan."""
     from losslens.lm.core.distributed import is_main_rank
-    from losslens.measure import sharpness as one_checkpoint
+    from losslens.measure.sharpness import SharpnessError, measure_sharpness
 
     try:
-        res = one_checkpoint.sharpness(
+        res = measure_sharpness(
             checkpoint,
-            settings=settings,
+            settings,
             source=source,
             load=load,
             memory=memory,
@@ -74,7 +74,7 @@ def sharpness(
             state=state,
             errors=replace(errors, strict=False),  # --strict: the output first, then exit 1
         )
-    except (one_checkpoint.SharpnessError, SettingsError) as exc:  # others: the app's one line (or --debug)
+    except (SharpnessError, SettingsError) as exc:  # others: the app's one line (or --debug)
         typer.echo(f"error: {exc}", err=True)  # every rank: a one-line error each
         raise typer.Exit(2)
     if not is_main_rank():
@@ -82,11 +82,11 @@ def sharpness(
     choice = res["backend_choice"] or {}
     if "requested" in choice:  # a backend replaced by another: said out loud, recorded in the result
         typer.echo(f"note: --backend {choice['requested']} -> {choice['chosen']}: {choice['why']}", err=True)
-    warn_flagged(res["error_warning"])
     if as_json:
         typer.echo(json.dumps(res, indent=2))
     else:
         _print(res)
+    warn_flagged(res["error_warning"])  # after the result: the last line the user reads
     exit_if_strict(errors, res["error_warning"])
 
 

@@ -270,10 +270,10 @@ def apply_strict_memory(strict: bool | None, max_memory: str | None = None) -> b
 
 
 def check_max_memory(max_memory: str) -> int:
-    """``max_memory`` in bytes, read by the one size parser (:func:`losslens.geometry.memory.model.parse_bytes`:
+    """``max_memory`` in bytes, read by the one size parser (:func:`losslens.geometry.memory.budget.parse_bytes`:
     a number and a unit, from 1 MB to this machine's memory); :class:`SettingsError` naming ``--max-memory``
     and saying what was read and what is accepted otherwise."""
-    from losslens.geometry.memory.model import MemoryBudgetError, parse_bytes
+    from losslens.geometry.memory.budget import MemoryBudgetError, parse_bytes
 
     try:
         return parse_bytes(max_memory)

@@ -176,7 +176,7 @@ def measure_sharpness(
     model.eval()
     from losslens.geometry.estimators.eigen import estimate_memory as eigen_memory
     from losslens.geometry.estimators.eigen import top_eigenvalues
-    from losslens.geometry.memory.model import MemoryBudgetError
+    from losslens.geometry.memory.budget import MemoryBudgetError
     from losslens.geometry.operators.interface import OperatorError
     from losslens.geometry.estimators.trace import estimate_memory as trace_memory
     from losslens.geometry.estimators.trace import hutchinson_trace, hutchpp_trace
@@ -341,7 +341,7 @@ def _check_settings(
     if load.dtype is not None and load.dtype not in _DTYPES:
         raise SharpnessError(f"--dtype {load.dtype!r} is unknown; valid: {', '.join(_DTYPES)}")
     if memory.max_memory is not None:
-        from losslens.geometry.memory.model import MemoryBudgetError, parse_bytes
+        from losslens.geometry.memory.budget import MemoryBudgetError, parse_bytes
 
         try:
             parse_bytes(memory.max_memory, load.device)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterable, Iterator
 
-from losslens.geometry.memory.model import CPU_FRACTION, MEMORY_FRACTION_ENV
+from losslens.geometry.memory.budget import CPU_FRACTION, MEMORY_FRACTION_ENV
 
 from losslens.lm.core.worker_loop import _PROTOCOL, WorkerError, _recv, _send
 

@@ -14,7 +14,7 @@ by sweeps) — never a silently wrong number.
 :func:`losslens.lm.models.lm_setup.plan_lm_setup` settles, before anything is measured, what the operator
 is built from (the compute dtype, the zero-embedding tokens left out of its loss, the loss with and
 without the lean head, the miniature) and refuses
-(:class:`~losslens.geometry.memory.model.MemoryBudgetError`, one line) when a measuring step of the
+(:class:`~losslens.geometry.memory.budget.MemoryBudgetError`, one line) when a measuring step of the
 set-up cannot fit ``max_memory``, in the order of their cost (that module's docstring); then the
 check runs once and the one operator is built from the plan.
 
@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from losslens.geometry.memory.model import MemoryBudgetError
+from losslens.geometry.memory.budget import MemoryBudgetError
 from losslens.geometry.operators.auto import AutoBackend
 from losslens.geometry.operators.names import DEFAULT_BACKEND, backend_class, backend_named
 from losslens.geometry.operators.data_parallel import DataParallel

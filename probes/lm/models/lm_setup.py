@@ -131,7 +131,7 @@ def plan_lm_setup(
     ``bound``: bound the difference backend's error on the miniature now, on a 2×32 slice of the first
     batch, the miniature in the model's dtype and its products in the compute dtype (what the sharded
     operator records: no exact product runs on it).
-    Raises :class:`~losslens.geometry.memory.model.MemoryBudgetError` (one line) before any
+    Raises :class:`~losslens.geometry.memory.budget.MemoryBudgetError` (one line) before any
     measurement that cannot fit ``max_memory``."""
     batches = list(batches)
     chosen = backend_named(backend)

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from losslens.geometry.memory.model import format_bytes
+from losslens.geometry.memory.budget import format_bytes
 from losslens.geometry.operators.difference import DifferenceBackend
 from losslens.geometry.operators.hessian import HessianOperator
 from losslens.geometry.operators.setup_plan import refusal
@@ -133,7 +133,7 @@ def check_precision(model: nn.Module, budget: int, build=None) -> str:
     """The :func:`working_model` precision whose second-order check fits ``budget`` bytes
     (:data:`CHECK_FACTOR` × 8 bytes × the parameters it runs on): ``"auto"`` when the float64 copy (or
     the model itself, already float64) fits, else ``"miniature"`` when the miniature's check fits;
-    else :class:`~losslens.geometry.memory.model.MemoryBudgetError` (one line). Cost: a miniature built to
+    else :class:`~losslens.geometry.memory.budget.MemoryBudgetError` (one line). Cost: a miniature built to
     count its parameters (``build()``: the set-up's, built once; default :func:`miniature`)."""
     n = sum(p.numel() for p in model.parameters())
     if _copy_checked(n, next(model.parameters()).dtype) and CHECK_FACTOR * 8 * n <= budget:

@@ -155,7 +155,7 @@ def plan_curvature(
     (:func:`losslens.lm.core.modules.select_linears`, as :func:`losslens.lm.quant.quantize` does). On the LM
     Hessian of that space this plans δᵀg and δᵀHδ (:func:`losslens.geometry.estimators.directional.estimate_memory`),
     the within-block curvatures of each partition in ``within``, and, when ``trace`` =
-    ``(method, num_matvecs)``, tr H. Raises :class:`~losslens.geometry.memory.model.MemoryBudgetError` when
+    ``(method, num_matvecs)``, tr H. Raises :class:`~losslens.geometry.memory.budget.MemoryBudgetError` when
     one does not fit. Returns the plans (``MemoryEstimate.to_dict``) by step. Cost: no HVP; the
     operator measures one batch's graph on one row (a forward and backward of one sequence).
     """
@@ -207,7 +207,7 @@ def measure_direction(
             its products run in (None: float32 for half-precision weights).
 
     Every curvature step's memory is planned (:func:`plan_curvature`) before quantizing: a budget
-    that cannot hold them raises :class:`~losslens.geometry.memory.model.MemoryBudgetError` before GPTQ runs.
+    that cannot hold them raises :class:`~losslens.geometry.memory.budget.MemoryBudgetError` before GPTQ runs.
     Cost: the quantizer; one gradient + 1 HVP (+ one HVP per within block); one forward pass of
     θ̂ over the curvature set. Memory: δ, g, Hδ (three vectors of the quantized matrices' size),
     one quantized copy of the model.

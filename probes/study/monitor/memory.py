@@ -10,7 +10,7 @@ A measurement holds, beyond the model and optimizer already resident, at most th
   :func:`losslens.geometry.estimators.eigen.estimate_memory`:
   their vectors plus one double-backward pass on the curvature set).
 
-Against ``settings.max_memory`` or, when None, :func:`losslens.geometry.memory.model.default_budget` of the
+Against ``settings.max_memory`` or, when None, :func:`losslens.geometry.memory.budget.default_budget` of the
 model's device (a fraction of what is free now). Training's own peak is not known here: on a GPU,
 call ``prepare`` after the first optimizer step (when the optimizer state exists) for a budget that
 already excludes it, or give ``max_memory``.
@@ -23,7 +23,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from losslens.geometry.memory.model import MemoryBudgetError, format_bytes, resolve_budget
+from losslens.geometry.memory.budget import MemoryBudgetError, format_bytes, resolve_budget
 
 from losslens.study.monitor.settings import MonitorMemoryError, MonitorSettings
 

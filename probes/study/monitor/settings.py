@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from losslens.geometry.base.errors import LosslensError
-from losslens.geometry.memory.model import MemoryBudgetError
+from losslens.geometry.memory.budget import MemoryBudgetError
 
 from losslens.measure.probes.eigen import EigenProbe
 from losslens.measure.probes.trace import TraceProbe
@@ -126,7 +126,7 @@ class MonitorSettings:
             if v is not None:
                 set_(name, (v,) if isinstance(v, str) else tuple(v))
         if self.max_memory is not None:
-            from losslens.geometry.memory.model import parse_bytes
+            from losslens.geometry.memory.budget import parse_bytes
 
             try:
                 parse_bytes(self.max_memory)

@@ -74,12 +74,12 @@ def resolve_workers(
 
 def check_memory(n: int, refs, dtype=None, device=None, explicit: bool = True) -> tuple[int, str | None]:
     """``(workers, note)``: ``n`` when N copies of the model fit the available memory
-    (:func:`losslens.geometry.memory.model.available_bytes` of the device, host RAM on CPU); otherwise raise
+    (:func:`losslens.geometry.memory.budget.available_bytes` of the device, host RAM on CPU); otherwise raise
     :class:`WorkerError` when ``explicit``, or lower n to what fits (note says so). Checked on the
     first checkpoint whose size can be read from its files' headers (hub checkpoints: unchecked)."""
     if n <= 1:
         return n, None
-    from losslens.geometry.memory.model import available_bytes, format_bytes as gb
+    from losslens.geometry.memory.budget import available_bytes, format_bytes as gb
     from losslens.lm.checkpoints.files import weights_bytes
 
     size = next((b for b in (weights_bytes(r, dtype) for r in refs[:3]) if b), None)

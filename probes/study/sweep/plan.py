@@ -164,7 +164,7 @@ class Plan:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise PlanError(f"seed must be an integer, got {self.seed!r}")
         if self.max_memory is not None:
-            from losslens.geometry.memory.model import MemoryBudgetError, parse_bytes
+            from losslens.geometry.memory.budget import MemoryBudgetError, parse_bytes
 
             try:
                 parse_bytes(self.max_memory)
