@@ -97,7 +97,12 @@ def estimate_memory(
     cands = []
     # the final block of k products (Lanczos' true residuals; power iteration's only on an operator with
     # refined products, run beside the k vectors found: 2k vectors), by whether graphs are kept
-    final = {s.get("cache_graphs", False): b for s, b, _ in pass_options(op, k, 1)}
+    final = (
+        {s.get("cache_graphs", False): b for s, b, _ in pass_options(op, k, 1)}
+        if method == "lanczos" or op.refines
+        else {}
+    )
+    temps = temporaries_bytes(op.dim, op.dtype)
     if method == "power":
         for settings, pass_b, _ in pass_options(op, 1, steps):
             # the k rows of the vectors found, the iterate and its product (the next iterate is the
@@ -106,10 +111,8 @@ def estimate_memory(
             n_vec = max(k + 2 if k > 1 else 2, 2 * k if op.refines else 0)
             parts = {
                 f"eigenvectors found, iterate and product [{n_vec}, dim]": n_vec * vec,
-                "operator pass": max(
-                    pass_b, final.get(settings.get("cache_graphs", False), pass_b) if op.refines else 0
-                ),
-                TEMPORARIES_PART: temporaries_bytes(op.dim, op.dtype),
+                "operator pass": max(pass_b, final.get(settings.get("cache_graphs", False), pass_b)),
+                TEMPORARIES_PART: temps,
             }
             cands.append(MemoryEstimate(parts, budget, {**settings}))
         cands.sort(key=lambda e: not e.settings.get("cache_graphs", False))
@@ -129,7 +132,6 @@ def estimate_memory(
     # with the graphs kept beats a bigger one rebuilt every step
     order = [(m, c) for c in (True, False) for m in big] + [(m, c) for m in small for c in (True, False)]
     options = {s.get("cache_graphs", False): (s, b) for s, b, _ in pass_options(op, 1, steps)}
-    temps = temporaries_bytes(op.dim, op.dtype)
     for m, cache in order:
         if cache not in options:
             continue
